@@ -1,0 +1,500 @@
+//! The reference algorithms.
+//!
+//! [`PolicyState`] holds one key's state for one policy and decides requests
+//! against it. The memory store keeps one per key; other stores (the Redis
+//! Lua scripts) implement the same arithmetic and are tested against this
+//! module. All arithmetic is in integer microseconds since the Unix epoch.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{Algorithm, Policy, PolicyState, Timestamp};
+//!
+//! let policy = Policy::new("jobs", Algorithm::FixedWindow, "2/min")?;
+//! let now = Timestamp::from_secs(600); // the start of a minute
+//! let mut state = PolicyState::new(&policy, now);
+//! assert!(state.decide(&policy, now, 1).is_allowed());
+//! assert!(state.decide(&policy, now, 1).is_allowed());
+//! let third = state.decide(&policy, now, 1);
+//! assert_eq!(third.retry_after(), Some(Duration::from_secs(60)));
+//! # Ok::<(), tollgate_core::ConfigError>(())
+//! ```
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::decision::{Decision, LimitStatus, Outcome};
+use crate::policy::{Algorithm, LimitParams, Policy};
+use crate::time::Timestamp;
+
+/// The state of one limit under one algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimitState {
+    /// Fixed window: the current window's start and the cost counted in it.
+    FixedWindow {
+        /// Start of the window, a multiple of the period.
+        start: u64,
+        /// Cost admitted in the window.
+        count: u64,
+    },
+    /// Sliding log: every admitted request of the last period.
+    SlidingLog {
+        /// `(time, cost)` of admitted requests, oldest first.
+        entries: VecDeque<(u64, u64)>,
+        /// The sum of the entries' costs.
+        used: u64,
+    },
+    /// Sliding window counter.
+    SlidingWindow {
+        /// Start of the current window, a multiple of the period.
+        start: u64,
+        /// Cost admitted in the previous window.
+        prev: u64,
+        /// Cost admitted in the current window.
+        curr: u64,
+    },
+    /// Token bucket.
+    TokenBucket {
+        /// Whole tokens in the bucket.
+        tokens: u64,
+        /// When the last whole token was added; refill progress counts from here.
+        refilled_at: u64,
+    },
+    /// Leaky bucket (queue).
+    LeakyBucket {
+        /// When the queue can next release a request: the last admitted
+        /// request's departure plus its cost in intervals.
+        free_at: u64,
+    },
+    /// GCRA.
+    Gcra {
+        /// Theoretical arrival time.
+        tat: u64,
+    },
+}
+
+impl LimitState {
+    fn fresh(algorithm: Algorithm, p: &LimitParams, now: u64) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => LimitState::FixedWindow {
+                start: window_start(now, p.period_us),
+                count: 0,
+            },
+            Algorithm::SlidingLog => LimitState::SlidingLog {
+                entries: VecDeque::new(),
+                used: 0,
+            },
+            Algorithm::SlidingWindow => LimitState::SlidingWindow {
+                start: window_start(now, p.period_us),
+                prev: 0,
+                curr: 0,
+            },
+            Algorithm::TokenBucket => LimitState::TokenBucket {
+                tokens: p.capacity,
+                refilled_at: now,
+            },
+            Algorithm::LeakyBucket => LimitState::LeakyBucket { free_at: 0 },
+            Algorithm::Gcra => LimitState::Gcra { tat: 0 },
+        }
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        match self {
+            LimitState::FixedWindow { .. } => Algorithm::FixedWindow,
+            LimitState::SlidingLog { .. } => Algorithm::SlidingLog,
+            LimitState::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            LimitState::TokenBucket { .. } => Algorithm::TokenBucket,
+            LimitState::LeakyBucket { .. } => Algorithm::LeakyBucket,
+            LimitState::Gcra { .. } => Algorithm::Gcra,
+        }
+    }
+
+    /// Brings the state up to `now` without changing what it means:
+    /// rolls windows, drops expired log entries, adds refilled tokens.
+    fn advance(&mut self, p: &LimitParams, now: u64) {
+        let period = p.period_us;
+        match self {
+            LimitState::FixedWindow { start, count } => {
+                let ws = window_start(now, period);
+                if ws > *start {
+                    *start = ws;
+                    *count = 0;
+                }
+            }
+            LimitState::SlidingLog { entries, used } => {
+                while let Some(&(t, c)) = entries.front() {
+                    if t.saturating_add(period) > now {
+                        break;
+                    }
+                    *used -= c;
+                    entries.pop_front();
+                }
+            }
+            LimitState::SlidingWindow { start, prev, curr } => {
+                let ws = window_start(now, period);
+                if ws > *start {
+                    *prev = if ws - *start == period { *curr } else { 0 };
+                    *curr = 0;
+                    *start = ws;
+                }
+            }
+            LimitState::TokenBucket {
+                tokens,
+                refilled_at,
+            } => {
+                let gained = now.saturating_sub(*refilled_at) / p.interval_us;
+                if gained >= p.capacity.saturating_sub(*tokens) {
+                    *tokens = p.capacity;
+                    *refilled_at = now.max(*refilled_at);
+                } else {
+                    *tokens += gained;
+                    *refilled_at += gained * p.interval_us;
+                }
+            }
+            LimitState::LeakyBucket { .. } | LimitState::Gcra { .. } => {}
+        }
+    }
+
+    /// `(remaining, reset)` in the current state. `queue_free` is the
+    /// joint departure time of a leaky-bucket policy.
+    fn status(&self, p: &LimitParams, now: u64, queue_free: u64) -> (u64, u64) {
+        let (n, period, t, cap) = (p.limit.count(), p.period_us, p.interval_us, p.capacity);
+        match *self {
+            LimitState::FixedWindow { start, count } => (
+                n.saturating_sub(count),
+                (start + period).saturating_sub(now),
+            ),
+            LimitState::SlidingLog { ref entries, used } => (
+                n.saturating_sub(used),
+                entries
+                    .back()
+                    .map_or(0, |&(last, _)| (last + period).saturating_sub(now)),
+            ),
+            LimitState::SlidingWindow { start, prev, curr } => {
+                let used = curr + weighted(prev, now.saturating_sub(start), period);
+                let reset = if curr > 0 {
+                    start + 2 * period
+                } else if prev > 0 {
+                    start + period
+                } else {
+                    now
+                };
+                (n.saturating_sub(used), reset.saturating_sub(now))
+            }
+            LimitState::TokenBucket {
+                tokens,
+                refilled_at,
+            } => {
+                let reset = if tokens >= cap {
+                    0
+                } else {
+                    (refilled_at + (cap - tokens) * t).saturating_sub(now)
+                };
+                (tokens, reset)
+            }
+            LimitState::LeakyBucket { .. } => {
+                let backlog = queue_free.saturating_sub(now);
+                ((cap * t).saturating_sub(backlog) / t, backlog)
+            }
+            LimitState::Gcra { tat } => {
+                let backlog = tat.saturating_sub(now);
+                ((cap * t).saturating_sub(backlog) / t, backlog)
+            }
+        }
+    }
+
+    /// `Ok` if this limit admits `cost` now (`cost <= capacity` holds),
+    /// otherwise the exact time from `now` until it would.
+    fn admits(&self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) -> Result<(), u64> {
+        let (n, period, t, cap) = (p.limit.count(), p.period_us, p.interval_us, p.capacity);
+        match *self {
+            LimitState::FixedWindow { start, count } => {
+                if count + cost <= n {
+                    Ok(())
+                } else {
+                    Err((start + period).saturating_sub(now))
+                }
+            }
+            LimitState::SlidingLog { ref entries, used } => {
+                if used + cost <= n {
+                    return Ok(());
+                }
+                let need = used + cost - n;
+                let mut freed = 0;
+                for &(at, c) in entries {
+                    freed += c;
+                    if freed >= need {
+                        return Err((at + period).saturating_sub(now));
+                    }
+                }
+                Err(0) // unreachable while `cost <= n`
+            }
+            LimitState::SlidingWindow { start, prev, curr } => {
+                let elapsed = now.saturating_sub(start);
+                if curr + weighted(prev, elapsed, period) + cost <= n {
+                    return Ok(());
+                }
+                // Later in this window: prev * (P - e) <= (n - curr - cost) * P.
+                if let Some(budget) = n.checked_sub(curr + cost) {
+                    let e = first_offset(prev, u128::from(budget) * u128::from(period), period);
+                    if e < period {
+                        return Err((start + e).saturating_sub(now));
+                    }
+                }
+                // In the next window, where `curr` becomes the previous count.
+                let budget = u128::from(n - cost) * u128::from(period);
+                let e = first_offset(curr, budget, period);
+                Err((start + period + e).saturating_sub(now))
+            }
+            LimitState::TokenBucket {
+                tokens,
+                refilled_at,
+            } => {
+                if cost <= tokens {
+                    Ok(())
+                } else {
+                    Err((refilled_at + (cost - tokens) * t).saturating_sub(now))
+                }
+            }
+            LimitState::LeakyBucket { .. } => {
+                let departure = queue_free.max(now);
+                if departure + cost * t - now <= cap * t {
+                    Ok(())
+                } else {
+                    Err(departure + cost * t - cap * t - now)
+                }
+            }
+            LimitState::Gcra { tat } => {
+                let base = tat.max(now);
+                if base + cost * t - now <= cap * t {
+                    Ok(())
+                } else {
+                    Err(base + cost * t - cap * t - now)
+                }
+            }
+        }
+    }
+
+    /// Consumes `cost` (which [`LimitState::admits`] accepted).
+    fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) {
+        match self {
+            LimitState::FixedWindow { count, .. } => *count += cost,
+            LimitState::SlidingLog { entries, used } => {
+                let at = entries.back().map_or(now, |&(last, _)| last.max(now));
+                match entries.back_mut() {
+                    Some((last, c)) if *last == at => *c += cost,
+                    _ => entries.push_back((at, cost)),
+                }
+                *used += cost;
+            }
+            LimitState::SlidingWindow { curr, .. } => *curr += cost,
+            LimitState::TokenBucket { tokens, .. } => *tokens -= cost,
+            LimitState::LeakyBucket { free_at } => {
+                *free_at = queue_free.max(now) + cost * p.interval_us;
+            }
+            LimitState::Gcra { tat } => *tat = (*tat).max(now) + cost * p.interval_us,
+        }
+    }
+
+    /// From when on the state is indistinguishable from a fresh one.
+    fn expires_at(&self, p: &LimitParams) -> u64 {
+        match *self {
+            LimitState::FixedWindow { start, count } => {
+                if count == 0 {
+                    0
+                } else {
+                    start + p.period_us
+                }
+            }
+            LimitState::SlidingLog { ref entries, .. } => {
+                entries.back().map_or(0, |&(at, _)| at + p.period_us)
+            }
+            LimitState::SlidingWindow { start, prev, curr } => {
+                if curr > 0 {
+                    start + 2 * p.period_us
+                } else if prev > 0 {
+                    start + p.period_us
+                } else {
+                    0
+                }
+            }
+            LimitState::TokenBucket {
+                tokens,
+                refilled_at,
+            } => refilled_at + (p.capacity - tokens.min(p.capacity)) * p.interval_us,
+            LimitState::LeakyBucket { free_at } => free_at,
+            LimitState::Gcra { tat } => tat,
+        }
+    }
+}
+
+fn window_start(now: u64, period: u64) -> u64 {
+    now - now % period
+}
+
+/// `ceil(prev * (P - e) / P)`: the previous window's weighted count,
+/// rounded up so that `curr + weighted + cost <= n` holds exactly when
+/// `curr + prev * (P - e) / P + cost <= n` does in real numbers.
+fn weighted(prev: u64, elapsed: u64, period: u64) -> u64 {
+    let left = u128::from(period.saturating_sub(elapsed));
+    let w = (u128::from(prev) * left).div_ceil(u128::from(period));
+    u64::try_from(w).unwrap_or(u64::MAX)
+}
+
+/// The smallest offset `e` in `0..=P` into a window with
+/// `count * (P - e) <= budget`.
+fn first_offset(count: u64, budget: u128, period: u64) -> u64 {
+    if count == 0 {
+        return 0;
+    }
+    let k = budget / u128::from(count);
+    let k = u64::try_from(k).unwrap_or(u64::MAX).min(period);
+    period - k
+}
+
+/// One key's state for one policy: a [`LimitState`] per limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyState {
+    fingerprint: u64,
+    limits: SmallVec<[LimitState; 2]>,
+}
+
+impl PolicyState {
+    /// The state of a key that has never been seen.
+    pub fn new(policy: &Policy, now: Timestamp) -> Self {
+        Self {
+            fingerprint: policy.fingerprint(),
+            limits: policy
+                .params()
+                .iter()
+                .map(|p| LimitState::fresh(policy.algorithm(), p, now.as_micros()))
+                .collect(),
+        }
+    }
+
+    /// Each limit's state, in the policy's order.
+    pub fn limits(&self) -> &[LimitState] {
+        &self.limits
+    }
+
+    fn fits(&self, policy: &Policy) -> bool {
+        self.fingerprint == policy.fingerprint()
+            && self.limits.len() == policy.params().len()
+            && self
+                .limits
+                .iter()
+                .all(|s| s.algorithm() == policy.algorithm())
+    }
+
+    /// Decides a request of `cost` at `now` and, if it is admitted, consumes
+    /// it from every limit. If any limit denies, nothing is consumed.
+    ///
+    /// A cost of 0 is a peek: it is always admitted and changes nothing. A
+    /// cost above a limit's capacity is [`Outcome::CostExceedsCapacity`].
+    /// A state built for another policy shape is started afresh.
+    pub fn decide(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+        if !self.fits(policy) {
+            *self = Self::new(policy, now);
+        }
+        let params = policy.params();
+        let now_us = now.as_micros();
+        for (state, p) in self.limits.iter_mut().zip(params) {
+            state.advance(p, now_us);
+        }
+        let queue_free = self.queue_free();
+
+        let too_costly = params.iter().find(|p| cost > p.capacity);
+        if let Some(p) = too_costly {
+            let outcome = Outcome::CostExceedsCapacity {
+                cost,
+                capacity: p.capacity,
+            };
+            return self.decision(policy, outcome, now, Duration::ZERO, queue_free, |_| None);
+        }
+
+        let denials: SmallVec<[Option<u64>; 2]> = self
+            .limits
+            .iter()
+            .zip(params)
+            .map(|(state, p)| state.admits(p, now_us, cost, queue_free).err())
+            .collect();
+        if let Some(retry) = denials.iter().flatten().max() {
+            let outcome = Outcome::Limited {
+                retry_after: Duration::from_micros(*retry),
+            };
+            return self.decision(policy, outcome, now, Duration::ZERO, queue_free, |i| {
+                denials[i].map(Duration::from_micros)
+            });
+        }
+
+        if cost > 0 {
+            for (state, p) in self.limits.iter_mut().zip(params) {
+                state.commit(p, now_us, cost, queue_free);
+            }
+        }
+        let delay = if policy.algorithm() == Algorithm::LeakyBucket && cost > 0 {
+            Duration::from_micros(queue_free.saturating_sub(now_us))
+        } else {
+            Duration::ZERO
+        };
+        let queue_free = self.queue_free();
+        self.decision(policy, Outcome::Allowed, now, delay, queue_free, |_| None)
+    }
+
+    /// The time the state stops mattering: from then on it is
+    /// indistinguishable from a fresh one and may be forgotten.
+    pub fn expires_at(&self, policy: &Policy) -> Timestamp {
+        let at = self
+            .limits
+            .iter()
+            .zip(policy.params())
+            .map(|(s, p)| s.expires_at(p))
+            .max()
+            .unwrap_or(0);
+        Timestamp::from_micros(at)
+    }
+
+    /// The joint departure time of a leaky-bucket policy: a request leaves
+    /// when every limit's queue lets it.
+    fn queue_free(&self) -> u64 {
+        self.limits
+            .iter()
+            .map(|s| match *s {
+                LimitState::LeakyBucket { free_at } => free_at,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn decision(
+        &self,
+        policy: &Policy,
+        outcome: Outcome,
+        now: Timestamp,
+        delay: Duration,
+        queue_free: u64,
+        retry: impl Fn(usize) -> Option<Duration>,
+    ) -> Decision {
+        let now_us = now.as_micros();
+        let statuses =
+            self.limits
+                .iter()
+                .zip(policy.params())
+                .enumerate()
+                .map(|(i, (state, p))| {
+                    let (remaining, reset) = state.status(p, now_us, queue_free);
+                    LimitStatus::new(
+                        i,
+                        p.limit,
+                        p.capacity,
+                        remaining,
+                        Duration::from_micros(reset),
+                        retry(i),
+                    )
+                });
+        Decision::new(policy.clone(), outcome, now, delay, statuses)
+    }
+}

@@ -1,0 +1,144 @@
+//! Error types of the core crate.
+
+use std::time::Duration;
+
+use crate::policy::Algorithm;
+
+/// Why a limit or a policy could not be built.
+///
+/// Every variant names the value that was rejected, so the message can be
+/// shown to whoever wrote the configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A limit allows zero requests per period.
+    #[error("limit count must be at least 1, got 0")]
+    ZeroCount,
+    /// A limit's count is larger than [`Limit::MAX_COUNT`](crate::Limit::MAX_COUNT).
+    #[error("limit count {count} is larger than the maximum {max}")]
+    CountTooLarge {
+        /// The count that was given.
+        count: u64,
+        /// The largest count accepted.
+        max: u64,
+    },
+    /// A limit's period is zero.
+    #[error("limit period must not be zero")]
+    ZeroPeriod,
+    /// A limit's period is shorter than one millisecond.
+    #[error("limit period {period:?} is shorter than the minimum of 1ms")]
+    PeriodTooShort {
+        /// The period that was given.
+        period: Duration,
+    },
+    /// A limit's period is longer than [`Limit::MAX_PERIOD`](crate::Limit::MAX_PERIOD).
+    #[error("limit period {period:?} is longer than the maximum of {max:?}")]
+    PeriodTooLong {
+        /// The period that was given.
+        period: Duration,
+        /// The longest period accepted.
+        max: Duration,
+    },
+    /// A limit's period is not a whole number of microseconds.
+    #[error("limit period {period:?} is not a whole number of microseconds")]
+    SubMicrosecondPeriod {
+        /// The period that was given.
+        period: Duration,
+    },
+    /// A limit string such as `"100/min"` could not be parsed.
+    #[error("invalid limit {input:?}: {reason}")]
+    InvalidLimit {
+        /// The text that was given.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// An algorithm name could not be parsed.
+    #[error(
+        "unknown algorithm {input:?}: expected one of fixed_window, sliding_log, \
+         sliding_window, token_bucket, leaky_bucket, gcra"
+    )]
+    UnknownAlgorithm {
+        /// The text that was given.
+        input: String,
+    },
+    /// A policy name is empty, too long, or holds characters that cannot be
+    /// sent in a header.
+    #[error(
+        "invalid policy name {name:?}: use 1 to 64 characters from A-Z, a-z, 0-9, '_', '-', '.' and ':'"
+    )]
+    InvalidName {
+        /// The name that was given.
+        name: String,
+    },
+    /// A policy has no limit.
+    #[error("policy {policy:?} has no limit")]
+    NoLimits {
+        /// The policy's name.
+        policy: String,
+    },
+    /// A policy has more limits than [`Policy::MAX_LIMITS`](crate::Policy::MAX_LIMITS).
+    #[error("policy {policy:?} has {count} limits, more than the maximum of {max}")]
+    TooManyLimits {
+        /// The policy's name.
+        policy: String,
+        /// How many limits were given.
+        count: usize,
+        /// The largest number accepted.
+        max: usize,
+    },
+    /// A burst of zero was given.
+    #[error("burst must be at least 1, got 0")]
+    ZeroBurst,
+    /// A burst was given for an algorithm that has no burst.
+    #[error(
+        "algorithm {algorithm} has no burst setting (only token_bucket, leaky_bucket and gcra do)"
+    )]
+    BurstNotSupported {
+        /// The policy's algorithm.
+        algorithm: Algorithm,
+    },
+    /// A store or layer setting is out of range.
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidSetting {
+        /// The setting's name.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Numbers derived from the configuration do not fit the supported range.
+    #[error("{what} overflows the supported range")]
+    Overflow {
+        /// Which derived value overflowed.
+        what: &'static str,
+    },
+}
+
+/// Why a store could not reach a decision.
+///
+/// A store error never means "allowed": the caller applies its failure
+/// policy instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The memory store holds its maximum number of keys, all still inside
+    /// their windows, so a new key cannot be tracked.
+    #[error("store is full: all {max_keys} keys are still inside their windows")]
+    Full {
+        /// The configured maximum number of keys.
+        max_keys: usize,
+    },
+    /// The store did not answer within its deadline.
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store's backend failed; the source says how.
+    #[error("store backend failed")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl StoreError {
+    /// Wraps a backend error, keeping it as the [`source`](std::error::Error::source).
+    pub fn backend(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Backend(Box::new(error))
+    }
+}

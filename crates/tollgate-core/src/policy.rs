@@ -1,0 +1,598 @@
+//! Policies: a name, an algorithm and the limits that must all hold.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::error::ConfigError;
+use crate::limit::Limit;
+
+/// The rate-limiting algorithm of a policy.
+///
+/// Every store implements all six with identical decisions. The guide
+/// "choosing an algorithm" compares them; in short:
+///
+/// | algorithm | admits | state per limit |
+/// |---|---|---|
+/// | [`FixedWindow`](Algorithm::FixedWindow) | N per window aligned to the Unix epoch; up to 2N across a boundary | 2 integers |
+/// | [`SlidingLog`](Algorithm::SlidingLog) | exactly N in any period-long interval | one entry per admitted request |
+/// | [`SlidingWindow`](Algorithm::SlidingWindow) | weighted estimate of the previous and current window | 3 integers |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | bursts up to the capacity, refilled continuously | 2 integers |
+/// | [`LeakyBucket`](Algorithm::LeakyBucket) | shapes: admits with a delay so requests leave at the rate | 1 integer |
+/// | [`Gcra`](Algorithm::Gcra) | rate plus burst, like `governor` | 1 integer |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Counts per window; windows are aligned to multiples of the period
+    /// since the Unix epoch, as GitHub does.
+    FixedWindow,
+    /// Remembers every admitted request for one period: exact.
+    SlidingLog,
+    /// Sliding window counter: the current window's count plus the previous
+    /// window's count weighted by how much of it still overlaps the sliding
+    /// period.
+    SlidingWindow,
+    /// A bucket of `burst` tokens (default: the limit's count), refilled
+    /// continuously at count per period.
+    TokenBucket,
+    /// A leaky bucket used as a queue: requests are admitted with a delay so
+    /// that they leave at count per period; a request that finds the queue
+    /// (`burst` places, default count) full is rejected.
+    LeakyBucket,
+    /// Generic cell rate algorithm: count per period with bursts of `burst`
+    /// (default: the limit's count).
+    Gcra,
+}
+
+impl Algorithm {
+    /// Every algorithm, in a fixed order.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ];
+
+    /// The configuration name, such as `"sliding_window"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Whether a policy with this algorithm accepts a `burst`.
+    pub const fn has_burst(self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
+        )
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| ConfigError::UnknownAlgorithm {
+                input: s.to_owned(),
+            })
+    }
+}
+
+/// The numbers an algorithm works with for one limit, derived once when the
+/// policy is built. Stores use them; see the algorithm docs for meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LimitParams {
+    /// The limit itself.
+    pub limit: Limit,
+    /// The period in microseconds.
+    pub period_us: u64,
+    /// Microseconds per unit of cost for the rate-based algorithms
+    /// ([`Limit::interval_micros`]).
+    pub interval_us: u64,
+    /// How much cost can be admitted at once: the burst for the rate-based
+    /// algorithms when one is set, otherwise the limit's count. This is the
+    /// value reported as `x-ratelimit-limit`.
+    pub capacity: u64,
+}
+
+/// A named rate-limiting policy: one algorithm and one or more limits that
+/// must all hold.
+///
+/// Cloning is cheap (the policy is shared behind an [`Arc`]). Build one with
+/// [`Policy::builder`]; every invalid setting is a [`ConfigError`] from
+/// [`PolicyBuilder::build`].
+///
+/// ```
+/// use tollgate_core::{Algorithm, Policy};
+///
+/// let policy = Policy::builder("search")
+///     .algorithm(Algorithm::SlidingWindow)
+///     .limit("25/5s")
+///     .limit("300/min")
+///     .build()?;
+/// assert_eq!(policy.name(), "search");
+/// assert_eq!(policy.limits().len(), 2);
+///
+/// let err = Policy::builder("search").limit("0/s").build().unwrap_err();
+/// assert_eq!(err.to_string(), "limit count must be at least 1, got 0");
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct Policy {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Inner {
+    name: Box<str>,
+    algorithm: Algorithm,
+    burst: Option<u64>,
+    params: Box<[LimitParams]>,
+    limits: Box<[Limit]>,
+    fingerprint: u64,
+}
+
+impl Policy {
+    /// The largest number of limits one policy may have.
+    pub const MAX_LIMITS: usize = 8;
+
+    /// Starts a policy named `name`. The algorithm defaults to
+    /// [`Algorithm::Gcra`].
+    pub fn builder(name: impl Into<String>) -> PolicyBuilder {
+        PolicyBuilder {
+            name: name.into(),
+            algorithm: Algorithm::Gcra,
+            limits: Vec::new(),
+            burst: None,
+            error: None,
+        }
+    }
+
+    /// A policy with a single limit.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy};
+    ///
+    /// let policy = Policy::new("api", Algorithm::FixedWindow, "100/min")?;
+    /// assert_eq!(policy.limits()[0].count(), 100);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`PolicyBuilder::build`].
+    pub fn new(
+        name: impl Into<String>,
+        algorithm: Algorithm,
+        limit: impl IntoLimit,
+    ) -> Result<Self, ConfigError> {
+        Self::builder(name)
+            .algorithm(algorithm)
+            .limit(limit)
+            .build()
+    }
+
+    /// The name reported to clients (`x-ratelimit-resource`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
+
+    /// The limits, all of which must hold.
+    pub fn limits(&self) -> &[Limit] {
+        &self.inner.limits
+    }
+
+    /// The burst, if one was set.
+    pub fn burst(&self) -> Option<u64> {
+        self.inner.burst
+    }
+
+    /// The derived numbers for each limit, in the order of [`Policy::limits`].
+    pub fn params(&self) -> &[LimitParams] {
+        &self.inner.params
+    }
+
+    /// A hash of the algorithm and the derived numbers of every limit (not
+    /// the name). State built under one fingerprint is not valid under
+    /// another, so stores start it afresh when the configuration changes.
+    pub fn fingerprint(&self) -> u64 {
+        self.inner.fingerprint
+    }
+
+    /// Whether two handles point at the same policy value.
+    pub fn ptr_eq(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.inner.name)
+            .field("algorithm", &self.inner.algorithm)
+            .field("limits", &self.inner.limits)
+            .field("burst", &self.inner.burst)
+            .finish()
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}", self.name(), self.algorithm())?;
+        for limit in self.limits() {
+            write!(f, ", {limit}")?;
+        }
+        if let Some(burst) = self.burst() {
+            write!(f, ", burst {burst}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner == other.inner
+    }
+}
+
+impl Eq for Policy {}
+
+/// Something that can become a [`Limit`]: a `Limit` or a string such as
+/// `"100/min"`. A string that does not parse is reported by
+/// [`PolicyBuilder::build`].
+pub trait IntoLimit {
+    /// Converts into a limit.
+    ///
+    /// # Errors
+    ///
+    /// When the value does not describe a valid limit.
+    fn into_limit(self) -> Result<Limit, ConfigError>;
+}
+
+impl IntoLimit for Limit {
+    fn into_limit(self) -> Result<Limit, ConfigError> {
+        Ok(self)
+    }
+}
+
+impl IntoLimit for &str {
+    fn into_limit(self) -> Result<Limit, ConfigError> {
+        self.parse()
+    }
+}
+
+impl IntoLimit for String {
+    fn into_limit(self) -> Result<Limit, ConfigError> {
+        self.parse()
+    }
+}
+
+impl IntoLimit for Result<Limit, ConfigError> {
+    fn into_limit(self) -> Result<Limit, ConfigError> {
+        self
+    }
+}
+
+/// Builds a [`Policy`]; see [`Policy::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "call .build() to get the policy"]
+pub struct PolicyBuilder {
+    name: String,
+    algorithm: Algorithm,
+    limits: Vec<Limit>,
+    burst: Option<u64>,
+    error: Option<ConfigError>,
+}
+
+impl PolicyBuilder {
+    /// Sets the algorithm.
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Adds a limit. All limits of a policy must hold for a request to be
+    /// admitted, and a request denied by one consumes nothing from the others.
+    pub fn limit(mut self, limit: impl IntoLimit) -> Self {
+        match limit.into_limit() {
+            Ok(limit) => self.limits.push(limit),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// Sets the burst of a token bucket (its capacity), a leaky bucket (its
+    /// queue size) or GCRA (its burst). It applies to every limit of the
+    /// policy; the default is each limit's count.
+    pub fn burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Checks the configuration and builds the policy.
+    ///
+    /// # Errors
+    ///
+    /// The first problem found: a limit that did not parse or is out of
+    /// range, an invalid name, no limits or too many, a zero burst or a burst
+    /// for an algorithm without one, or derived values that overflow.
+    pub fn build(self) -> Result<Policy, ConfigError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        validate_name(&self.name)?;
+        if self.limits.is_empty() {
+            return Err(ConfigError::NoLimits { policy: self.name });
+        }
+        if self.limits.len() > Policy::MAX_LIMITS {
+            return Err(ConfigError::TooManyLimits {
+                policy: self.name,
+                count: self.limits.len(),
+                max: Policy::MAX_LIMITS,
+            });
+        }
+        if let Some(burst) = self.burst {
+            if burst == 0 {
+                return Err(ConfigError::ZeroBurst);
+            }
+            if !self.algorithm.has_burst() {
+                return Err(ConfigError::BurstNotSupported {
+                    algorithm: self.algorithm,
+                });
+            }
+            if burst > Limit::MAX_COUNT {
+                return Err(ConfigError::Overflow { what: "burst" });
+            }
+        }
+        let params = self
+            .limits
+            .iter()
+            .map(|&limit| params_for(self.algorithm, limit, self.burst))
+            .collect::<Result<Box<[_]>, _>>()?;
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            // SipHash with fixed keys: stable for a given build.
+            let mut h = std::hash::DefaultHasher::new();
+            self.algorithm.hash(&mut h);
+            params.hash(&mut h);
+            h.finish()
+        };
+        Ok(Policy {
+            inner: Arc::new(Inner {
+                fingerprint,
+                name: self.name.into_boxed_str(),
+                algorithm: self.algorithm,
+                burst: self.burst,
+                params,
+                limits: self.limits.into_boxed_slice(),
+            }),
+        })
+    }
+}
+
+/// The longest span of time any algorithm's state may cover, in
+/// microseconds (about 35 years). Keeps every timestamp well inside the
+/// 2^53 range that Lua numbers represent exactly.
+pub(crate) const MAX_SPAN_US: u64 = 1 << 50;
+
+fn params_for(
+    algorithm: Algorithm,
+    limit: Limit,
+    burst: Option<u64>,
+) -> Result<LimitParams, ConfigError> {
+    let capacity = if algorithm.has_burst() {
+        burst.unwrap_or(limit.count())
+    } else {
+        limit.count()
+    };
+    let interval_us = limit.interval_micros();
+    if algorithm.has_burst()
+        && capacity
+            .checked_mul(interval_us)
+            .is_none_or(|span| span > MAX_SPAN_US)
+    {
+        return Err(ConfigError::Overflow {
+            what: "burst x interval",
+        });
+    }
+    Ok(LimitParams {
+        limit,
+        period_us: limit.period_micros(),
+        interval_us,
+        capacity,
+    })
+}
+
+fn validate_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidName {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// The serialized form of a [`Policy`].
+#[cfg(feature = "serde")]
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyConfig {
+    name: String,
+    algorithm: Algorithm,
+    limits: Vec<Limit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Policy {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        PolicyConfig {
+            name: self.name().to_owned(),
+            algorithm: self.algorithm(),
+            limits: self.limits().to_vec(),
+            burst: self.burst(),
+        }
+        .serialize(serializer)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Policy {
+    /// Deserializes `{ name, algorithm, limits = ["N/period", ...], burst? }`
+    /// and validates it like [`PolicyBuilder::build`].
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let config = PolicyConfig::deserialize(deserializer)?;
+        let mut builder = Policy::builder(config.name).algorithm(config.algorithm);
+        for limit in config.limits {
+            builder = builder.limit(limit);
+        }
+        if let Some(burst) = config.burst {
+            builder = builder.burst(burst);
+        }
+        builder.build().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_setting_is_a_named_error() {
+        let cases: Vec<(PolicyBuilder, ConfigError)> = vec![
+            (
+                Policy::builder("").limit("1/s"),
+                ConfigError::InvalidName {
+                    name: String::new(),
+                },
+            ),
+            (
+                Policy::builder("has space").limit("1/s"),
+                ConfigError::InvalidName {
+                    name: "has space".into(),
+                },
+            ),
+            (
+                Policy::builder("x".repeat(65)).limit("1/s"),
+                ConfigError::InvalidName {
+                    name: "x".repeat(65),
+                },
+            ),
+            (
+                Policy::builder("p"),
+                ConfigError::NoLimits { policy: "p".into() },
+            ),
+            (
+                (0..9).fold(Policy::builder("p"), |b, _| b.limit("1/s")),
+                ConfigError::TooManyLimits {
+                    policy: "p".into(),
+                    count: 9,
+                    max: 8,
+                },
+            ),
+            (
+                Policy::builder("p").limit("1/s").burst(0),
+                ConfigError::ZeroBurst,
+            ),
+            (
+                Policy::builder("p")
+                    .algorithm(Algorithm::FixedWindow)
+                    .limit("1/s")
+                    .burst(3),
+                ConfigError::BurstNotSupported {
+                    algorithm: Algorithm::FixedWindow,
+                },
+            ),
+            (
+                Policy::builder("p").limit("1/366d").burst(1_000_000_000),
+                ConfigError::Overflow {
+                    what: "burst x interval",
+                },
+            ),
+            (
+                Policy::builder("p").limit("1/s").limit("0/s"),
+                ConfigError::ZeroCount,
+            ),
+        ];
+        for (builder, expected) in cases {
+            assert_eq!(builder.build(), Err(expected));
+        }
+    }
+
+    #[test]
+    fn capacity_is_burst_for_rate_algorithms_only() {
+        let gcra = Policy::builder("g")
+            .limit("10/s")
+            .burst(3)
+            .build()
+            .expect("valid");
+        assert_eq!(gcra.params()[0].capacity, 3);
+        assert_eq!(gcra.params()[0].interval_us, 100_000);
+        let fixed = Policy::new("f", Algorithm::FixedWindow, "10/s").expect("valid");
+        assert_eq!(fixed.params()[0].capacity, 10);
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.as_str().parse::<Algorithm>(), Ok(a));
+        }
+        assert!(matches!(
+            "lru".parse::<Algorithm>(),
+            Err(ConfigError::UnknownAlgorithm { .. })
+        ));
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn serde_validates() {
+        let json = r#"{"name":"search","algorithm":"gcra","limits":["25/5s","300/min"],"burst":5}"#;
+        let policy: Policy = serde_json::from_str(json).expect("valid");
+        assert_eq!(policy.limits().len(), 2);
+        assert_eq!(policy.burst(), Some(5));
+        assert_eq!(serde_json::to_string(&policy).expect("serializes"), json);
+        let err = serde_json::from_str::<Policy>(
+            r#"{"name":"s","algorithm":"fixed_window","limits":["1/s"],"burst":5}"#,
+        )
+        .expect_err("burst on fixed window");
+        assert!(err.to_string().contains("has no burst"), "{err}");
+        let err = serde_json::from_str::<Policy>(
+            r#"{"name":"s","algorithm":"gcra","limits":["1/s"],"colour":5}"#,
+        )
+        .expect_err("unknown field");
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+}

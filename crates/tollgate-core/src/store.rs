@@ -1,0 +1,111 @@
+//! The store abstraction.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::Policy;
+
+/// Where rate-limit state lives: decides one request atomically.
+///
+/// A store owns its clock. `check` must decide and consume atomically per
+/// key: two concurrent checks of one key never both see the same remaining
+/// allowance. A cost of 0 is a peek that consumes nothing and creates no
+/// state. A store error is never a decision: the caller applies its failure
+/// policy.
+///
+/// Stores that can decide without I/O also implement
+/// [`try_check_now`](Store::try_check_now), which lets callers skip the
+/// future (and its allocation) entirely.
+///
+/// A complete (if unbounded) store over the [reference
+/// algorithms](crate::algorithm):
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use tollgate_core::{
+///     Algorithm, Clock, Decision, FakeClock, Key, Policy, PolicyState, Store, StoreError,
+/// };
+///
+/// #[derive(Default)]
+/// struct MapStore {
+///     clock: FakeClock,
+///     map: Mutex<HashMap<(String, Key), PolicyState>>,
+/// }
+///
+/// impl Store for MapStore {
+///     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+///         let now = self.clock.now();
+///         let mut map = self.map.lock().unwrap();
+///         let state = map
+///             .entry((policy.name().to_owned(), key.clone()))
+///             .or_insert_with(|| PolicyState::new(policy, now));
+///         Ok(state.decide(policy, now, cost))
+///     }
+/// }
+///
+/// # futures_lite_block_on(async {
+/// let store = MapStore::default();
+/// let policy = Policy::new("demo", Algorithm::Gcra, "1/s")?;
+/// let key = Key::user("ada");
+/// assert!(store.check(&key, &policy, 1).await?.is_allowed());
+/// assert!(!store.check(&key, &policy, 1).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+/// # }
+/// ```
+pub trait Store: Send + Sync + 'static {
+    /// Decides a request of `cost` by `key` under `policy`, and consumes it
+    /// if admitted.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot decide (full, unreachable,
+    /// too slow).
+    fn check(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decides without waiting, for stores that need no I/O. Returns `None`
+    /// when the store must be asked through [`check`](Store::check); the
+    /// default does.
+    fn try_check_now(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (key, policy, cost);
+        None
+    }
+}
+
+impl<S: Store> Store for Arc<S> {
+    fn check(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).check(key, policy, cost)
+    }
+
+    fn try_check_now(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        (**self).try_check_now(key, policy, cost)
+    }
+}

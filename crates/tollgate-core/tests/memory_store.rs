@@ -1,0 +1,201 @@
+//! The memory store: exact under concurrency, atomic across limits, bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Barrier;
+use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Store, StoreError, Timestamp};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hundred_tasks_one_key_limit_five_admit_exactly_five() {
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new("conc", algorithm, "5/min").unwrap();
+        for round in 0..100 {
+            let store = MemoryStore::builder()
+                .clock(FakeClock::default())
+                .build()
+                .unwrap();
+            let barrier = Arc::new(Barrier::new(100));
+            let tasks: Vec<_> = (0..100)
+                .map(|_| {
+                    let (store, policy, barrier) = (store.clone(), policy.clone(), barrier.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        store
+                            .check(&Key::user("one"), &policy, 1)
+                            .await
+                            .unwrap()
+                            .is_allowed()
+                    })
+                })
+                .collect();
+            let mut allowed = 0;
+            for task in tasks {
+                allowed += usize::from(task.await.unwrap());
+            }
+            assert_eq!(allowed, 5, "{algorithm}, round {round}");
+        }
+    }
+}
+
+#[test]
+fn a_denial_by_one_limit_consumes_nothing_from_the_others() {
+    for algorithm in Algorithm::ALL {
+        if algorithm == Algorithm::LeakyBucket {
+            continue; // its own test below: departures are joint
+        }
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let policy = Policy::builder("multi")
+            .algorithm(algorithm)
+            .limit("3/s")
+            .limit("10/min")
+            .build()
+            .unwrap();
+        let key = Key::user("ada");
+        for _ in 0..3 {
+            assert!(
+                store.check_sync(&key, &policy, 1).unwrap().is_allowed(),
+                "{algorithm}"
+            );
+        }
+        // Fifty denials by the per-second limit.
+        for _ in 0..50 {
+            let d = store.check_sync(&key, &policy, 1).unwrap();
+            assert!(!d.is_allowed(), "{algorithm}");
+            assert_eq!(
+                d.binding().index(),
+                0,
+                "{algorithm}: the per-second limit denies"
+            );
+            assert_eq!(d.limits()[1].remaining(), 7, "{algorithm}");
+        }
+        // A denial by the per-minute limit consumes nothing per second either.
+        let d = store.check_sync(&key, &policy, 8).unwrap();
+        assert!(!d.is_allowed(), "{algorithm}");
+        // Two seconds on, even the sliding window counter has forgotten the first second.
+        clock.advance(Duration::from_secs(2));
+        let d = store.check_sync(&key, &policy, 1).unwrap();
+        assert!(d.is_allowed(), "{algorithm}");
+        assert_eq!(d.limits()[1].remaining(), 6, "{algorithm}");
+        assert_eq!(d.limits()[0].remaining(), 2, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_leaky_bucket_denial_does_not_push_back_the_other_queue() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    // One per second with a one-place queue, and 100 per 10 s.
+    let policy = Policy::builder("shape")
+        .algorithm(Algorithm::LeakyBucket)
+        .limit("1/s")
+        .limit("100/10s")
+        .build()
+        .unwrap();
+    let key = Key::user("ada");
+    assert!(store.check_sync(&key, &policy, 1).unwrap().is_allowed());
+    for _ in 0..50 {
+        let d = store.check_sync(&key, &policy, 1).unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+        assert_eq!(d.binding().index(), 0, "only the per-second queue is full");
+        assert_eq!(d.limits()[1].retry_after(), None);
+    }
+    // Had the denials queued work on the second limit, this request would
+    // wait behind it (and be refused by the first limit's one-place queue).
+    clock.advance(Duration::from_secs(1));
+    let d = store.check_sync(&key, &policy, 1).unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.delay(), Duration::ZERO);
+}
+
+#[test]
+fn a_million_keys_never_exceed_the_cap_and_live_keys_are_kept() {
+    const MAX: usize = 100_000;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let store = MemoryStore::builder()
+        .max_keys(MAX)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let policy = Policy::new("spray", Algorithm::FixedWindow, "1/10s").unwrap();
+
+    let mut full = 0usize;
+    let mut sentinel = Key::custom("sentinel-0");
+    assert!(
+        store
+            .check_sync(&sentinel, &policy, 1)
+            .unwrap()
+            .is_allowed()
+    );
+    for i in 0..1_000_000u64 {
+        if i % 250_000 == 0 && i > 0 {
+            // The sentinel is still inside its window: it must be remembered.
+            assert!(
+                !store
+                    .check_sync(&sentinel, &policy, 1)
+                    .unwrap()
+                    .is_allowed(),
+                "at {i}"
+            );
+            // A new window: everything so far expires and is swept as new keys arrive.
+            clock.advance(Duration::from_secs(10));
+            sentinel = Key::custom(format!("sentinel-{i}"));
+            assert!(
+                store
+                    .check_sync(&sentinel, &policy, 1)
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+        match store.check_sync(&Key::from(i), &policy, 1) {
+            Ok(d) => assert!(d.is_allowed()),
+            Err(StoreError::Full { max_keys }) => {
+                assert_eq!(max_keys, MAX);
+                full += 1;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+        if i % 1_000 == 0 {
+            assert!(store.len() <= MAX, "{} keys at {i}", store.len());
+        }
+    }
+    assert!(store.len() <= MAX);
+    assert!(
+        store.len() > MAX * 9 / 10,
+        "the cap is used, not undercut: {}",
+        store.len()
+    );
+    assert!(
+        !store
+            .check_sync(&sentinel, &policy, 1)
+            .unwrap()
+            .is_allowed()
+    );
+    // Four windows of 250,000 new keys each, of which at most MAX fit.
+    assert!(full >= 4 * (250_000 - MAX), "{full} rejected");
+}
+
+#[test]
+fn bad_store_settings_are_typed_errors() {
+    let err = MemoryStore::builder().max_keys(0).build().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid setting max_keys: must be at least 1"
+    );
+    let err = MemoryStore::builder().shards(0).build().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid setting shards: must be at least 1"
+    );
+    let err = MemoryStore::builder()
+        .max_keys(4)
+        .shards(8)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid setting shards: must not exceed max_keys"
+    );
+}

@@ -1,0 +1,234 @@
+//! Properties of every algorithm on random arrival sequences.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use tollgate_core::{Algorithm, Outcome, Policy, PolicyState, Timestamp};
+
+#[derive(Debug, Clone)]
+struct Case {
+    policy: Policy,
+    start: u64,
+    /// `(gap before the request in µs, cost)`.
+    arrivals: Vec<(u64, u64)>,
+}
+
+fn periods() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(1_000u64),
+        Just(7_000),
+        Just(1_000_000),
+        Just(13_000_000),
+        Just(60_000_000),
+        1_000u64..5_000_000,
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let algorithm = prop::sample::select(Algorithm::ALL.to_vec());
+    let limits = prop::collection::vec((1u64..12, periods()), 1..=2);
+    let burst = prop::option::of(1u64..15);
+    (algorithm, limits, burst, 0u64..10_000_000_000)
+        .prop_flat_map(|(algorithm, limits, burst, start)| {
+            let mut b = Policy::builder("prop").algorithm(algorithm);
+            for (count, period) in &limits {
+                b = b.limit(tollgate_core::Limit::new(
+                    *count,
+                    Duration::from_micros(*period),
+                ));
+            }
+            if algorithm.has_burst() {
+                if let Some(burst) = burst {
+                    b = b.burst(burst);
+                }
+            }
+            let policy = b.build().expect("generated policies are valid");
+            let longest = limits.iter().map(|l| l.1).max().unwrap_or(1_000);
+            let gap = prop_oneof![
+                3 => Just(0u64),
+                4 => 0..longest / 4 + 1,
+                1 => 0..longest * 2,
+            ];
+            let arrivals = prop::collection::vec(
+                (
+                    gap,
+                    prop_oneof![8 => Just(1u64), 1 => Just(0), 2 => 2u64..5],
+                ),
+                1..120,
+            );
+            (Just(policy), Just(start), arrivals)
+        })
+        .prop_map(|(policy, start, arrivals)| Case {
+            policy,
+            start: 1_600_000_000_000_000 + start,
+            arrivals,
+        })
+}
+
+/// One admitted request.
+#[derive(Debug, Clone, Copy)]
+struct Admit {
+    at: u64,
+    cost: u64,
+    departs: u64,
+}
+
+fn run(
+    case: &Case,
+    mut on_decision: impl FnMut(&PolicyState, u64, u64, &tollgate_core::Decision),
+) -> Vec<Admit> {
+    let mut now = case.start;
+    let mut state = PolicyState::new(&case.policy, Timestamp::from_micros(now));
+    let mut admits = Vec::new();
+    for &(gap, cost) in &case.arrivals {
+        now += gap;
+        let before = state.clone();
+        let d = state.decide(&case.policy, Timestamp::from_micros(now), cost);
+        on_decision(&before, now, cost, &d);
+        if d.is_allowed() && cost > 0 {
+            admits.push(Admit {
+                at: now,
+                cost,
+                departs: now + d.delay().as_micros() as u64,
+            });
+        }
+    }
+    admits
+}
+
+fn check_admission_bounds(case: &Case, admits: &[Admit]) -> Result<(), TestCaseError> {
+    for p in case.policy.params() {
+        let (n, period, t, cap) = (p.limit.count(), p.period_us, p.interval_us, p.capacity);
+        match case.policy.algorithm() {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                // Never more than n in any aligned window.
+                let mut by_window = std::collections::HashMap::<u64, u64>::new();
+                for a in admits {
+                    *by_window.entry(a.at / period).or_default() += a.cost;
+                }
+                for (w, sum) in by_window {
+                    prop_assert!(sum <= n, "window {w}: {sum} > {n}");
+                }
+            }
+            Algorithm::SlidingLog => {
+                // Never more than n in any period-long interval.
+                for (i, a) in admits.iter().enumerate() {
+                    let sum: u64 = admits[..=i]
+                        .iter()
+                        .filter(|b| b.at + period > a.at)
+                        .map(|b| b.cost)
+                        .sum();
+                    prop_assert!(sum <= n, "{sum} > {n} in the period ending at {}", a.at);
+                }
+            }
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                // In any interval [a, b]: at most capacity + (b - a) / interval.
+                for i in 0..admits.len() {
+                    let mut sum = 0;
+                    for j in i..admits.len() {
+                        sum += admits[j].cost;
+                        let allowance = cap + (admits[j].at - admits[i].at) / t;
+                        prop_assert!(sum <= allowance, "{sum} > {allowance}");
+                    }
+                }
+            }
+            Algorithm::LeakyBucket => {
+                // Departures are spaced by cost * interval, and nobody waits
+                // longer than the queue holds.
+                let mut departures: Vec<Admit> = admits.to_vec();
+                departures.sort_by_key(|a| a.departs);
+                for w in departures.windows(2) {
+                    prop_assert!(
+                        w[1].departs - w[0].departs >= w[0].cost * t,
+                        "departures {} and {} closer than {}",
+                        w[0].departs,
+                        w[1].departs,
+                        w[0].cost * t
+                    );
+                }
+                for a in admits {
+                    prop_assert!(a.departs - a.at <= (cap - a.cost) * t);
+                }
+            }
+            other => prop_assert!(false, "untested algorithm {other}"),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 768,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/proptest-regressions/properties.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn never_more_admits_than_the_limit_allows(case in case()) {
+        let admits = run(&case, |_, _, _, _| {});
+        check_admission_bounds(&case, &admits)?;
+    }
+
+    #[test]
+    fn retry_after_is_exact(case in case()) {
+        let mut failures = Vec::new();
+        run(&case, |before, now, cost, d| {
+            let Outcome::Limited { retry_after } = d.outcome() else { return };
+            let r = retry_after.as_micros() as u64;
+            if r == 0 {
+                failures.push(format!("zero retry_after at {now}"));
+                return;
+            }
+            let mut probe = before.clone();
+            if probe.decide(&case.policy, Timestamp::from_micros(now + r - 1), cost).is_allowed() {
+                failures.push(format!("allowed 1 µs before retry_after {r} at {now}"));
+            }
+            let mut probe = before.clone();
+            if !probe.decide(&case.policy, Timestamp::from_micros(now + r), cost).is_allowed() {
+                failures.push(format!("denied at retry_after {r} from {now}"));
+            }
+        });
+        prop_assert!(failures.is_empty(), "{failures:?}");
+    }
+
+    #[test]
+    fn remaining_never_grows_without_time_passing(case in case()) {
+        let mut last: Option<(u64, u64)> = None;
+        let mut failures = Vec::new();
+        run(&case, |_, now, _, d| {
+            let remaining = d.limits().iter().map(|l| l.remaining()).min().unwrap_or(0);
+            if let Some((at, before)) = last {
+                if at == now && remaining > before {
+                    failures.push(format!("remaining grew from {before} to {remaining} at {now}"));
+                }
+            }
+            last = Some((now, remaining));
+        });
+        prop_assert!(failures.is_empty(), "{failures:?}");
+    }
+
+    #[test]
+    fn denials_consume_nothing(case in case()) {
+        let mut failures = Vec::new();
+        run(&case, |before, now, _, d| {
+            if d.is_allowed() {
+                return;
+            }
+            // The state after a denial decides the next peek exactly as the
+            // state before it did.
+            let mut a = before.clone();
+            let mut b = before.clone();
+            let denied = b.decide(&case.policy, Timestamp::from_micros(now), 1_000_000);
+            let _ = denied;
+            let later = Timestamp::from_micros(now + 1);
+            if a.decide(&case.policy, later, 0) != b.decide(&case.policy, later, 0) {
+                failures.push(format!("denial at {now} changed the state"));
+            }
+        });
+        prop_assert!(failures.is_empty(), "{failures:?}");
+    }
+}

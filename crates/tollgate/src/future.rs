@@ -1,0 +1,228 @@
+//! The response future of the rate-limit service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use pin_project_lite::pin_project;
+use tollgate_core::{Decision, StoreError};
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::response::{FailureMode, Responder};
+
+type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    ///
+    /// It asks the store (only when the store cannot answer at once), holds
+    /// a shaped request for its delay, then runs the inner service's future
+    /// and adds the rate-limit headers to its response.
+    pub struct ResponseFuture<F, S, B> {
+        #[pin]
+        state: State<F, S, B>,
+        responder: Arc<Responder>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, S, B> {
+        Checking {
+            check: Check,
+            inner: Option<S>,
+            request: Option<Request<B>>,
+        },
+        Delaying {
+            sleep: Pin<Box<tokio::time::Sleep>>,
+            inner: Option<S>,
+            request: Option<Request<B>>,
+            decision: Option<Decision>,
+        },
+        Calling {
+            #[pin]
+            future: F,
+            decision: Option<Decision>,
+        },
+        Responding {
+            response: Option<Response<Full<Bytes>>>,
+        },
+    }
+}
+
+impl<F, S, B> ResponseFuture<F, S, B>
+where
+    S: Service<Request<B>, Future = F>,
+{
+    pub(crate) fn call(
+        mut inner: S,
+        request: Request<B>,
+        decision: Option<Decision>,
+        responder: Arc<Responder>,
+    ) -> Self {
+        Self {
+            state: State::Calling {
+                future: inner.call(request),
+                decision,
+            },
+            responder,
+        }
+    }
+
+    pub(crate) fn respond(response: Response<Full<Bytes>>, responder: Arc<Responder>) -> Self {
+        Self {
+            state: State::Responding {
+                response: Some(response),
+            },
+            responder,
+        }
+    }
+
+    pub(crate) fn check(
+        check: Check,
+        inner: S,
+        request: Request<B>,
+        responder: Arc<Responder>,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                check,
+                inner: Some(inner),
+                request: Some(request),
+            },
+            responder,
+        }
+    }
+
+    pub(crate) fn decided(
+        result: Result<Decision, StoreError>,
+        inner: S,
+        request: Request<B>,
+        responder: Arc<Responder>,
+    ) -> Self {
+        let state = next_state(result, inner, request, &responder);
+        Self { state, responder }
+    }
+}
+
+/// What follows a store's answer.
+fn next_state<F, S, B>(
+    result: Result<Decision, StoreError>,
+    mut inner: S,
+    request: Request<B>,
+    responder: &Responder,
+) -> State<F, S, B>
+where
+    S: Service<Request<B>, Future = F>,
+{
+    match result {
+        Ok(decision) if decision.is_allowed() => {
+            if decision.delay() > Duration::ZERO {
+                State::Delaying {
+                    sleep: Box::pin(tokio::time::sleep(decision.delay())),
+                    inner: Some(inner),
+                    request: Some(request),
+                    decision: Some(decision),
+                }
+            } else {
+                State::Calling {
+                    future: inner.call(request),
+                    decision: Some(decision),
+                }
+            }
+        }
+        Ok(decision) => State::Responding {
+            response: Some(responder.reject(&decision)),
+        },
+        Err(error) => match responder.failure {
+            FailureMode::Open => {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    "rate-limit store failed; letting the request through"
+                );
+                State::Calling {
+                    future: inner.call(request),
+                    decision: None,
+                }
+            }
+            FailureMode::Closed => {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    "rate-limit store failed; answering 503"
+                );
+                State::Responding {
+                    response: Some(Responder::unavailable()),
+                }
+            }
+        },
+    }
+}
+
+impl<F, S, B, ResBody, E> Future for ResponseFuture<F, S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>, Error = E, Future = F>,
+    F: Future<Output = Result<Response<ResBody>, E>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking {
+                    check,
+                    inner,
+                    request,
+                } => {
+                    let result = ready!(check.as_mut().poll(cx));
+                    let next = match (inner.take(), request.take()) {
+                        (Some(inner), Some(request)) => {
+                            next_state(result, inner, request, this.responder)
+                        }
+                        _ => State::Responding { response: None },
+                    };
+                    this.state.set(next);
+                }
+                StateProj::Delaying {
+                    sleep,
+                    inner,
+                    request,
+                    decision,
+                } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let next = match (inner.take(), request.take()) {
+                        (Some(mut inner), Some(request)) => State::Calling {
+                            future: inner.call(request),
+                            decision: decision.take(),
+                        },
+                        _ => State::Responding { response: None },
+                    };
+                    this.state.set(next);
+                }
+                StateProj::Calling { future, decision } => {
+                    let response = ready!(future.poll(cx))?;
+                    let mut response = response.map(ResponseBody::inner);
+                    if let Some(decision) = decision.take() {
+                        this.responder.decorate(&decision, &mut response);
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Responding { response } => {
+                    // `None` only if polled again after completion.
+                    let response = response.take().unwrap_or_else(|| {
+                        let mut r = Response::new(Full::default());
+                        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        r
+                    });
+                    return Poll::Ready(Ok(response.map(ResponseBody::own)));
+                }
+            }
+        }
+    }
+}

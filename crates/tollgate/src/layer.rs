@@ -1,0 +1,154 @@
+//! The rate-limit layer.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use tollgate_core::{Decision, MemoryStore, Policy};
+use tower_layer::Layer;
+
+use crate::headers::HeaderStyle;
+use crate::response::{FailureMode, MissingKey, Responder};
+use crate::service::{RateLimit, Shared};
+
+/// Applies a rate-limit [`Policy`] to every request of the wrapped service.
+///
+/// Each request's [`Key`](crate::Key) comes from the key extractor `K` (a
+/// closure or one of the [extractors](crate::KeyExtractor)); its state lives
+/// in the store `St`, the embedded [`MemoryStore`] unless another is set
+/// with [`store`](RateLimitLayer::store). All services made by one layer,
+/// and all their clones, share that state.
+///
+/// Admitted requests get GitHub-style `x-ratelimit-*` headers; denied ones
+/// a 429 with `Retry-After` and an `application/problem+json` body.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
+///
+/// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(RateLimitLayer::new(policy, GlobalKey));
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct RateLimitLayer<K, St = MemoryStore> {
+    policy: Policy,
+    store: Arc<St>,
+    extractor: Arc<K>,
+    cost: u64,
+    responder: Responder,
+}
+
+impl<K, St> Clone for RateLimitLayer<K, St> {
+    fn clone(&self) -> Self {
+        Self {
+            policy: self.policy.clone(),
+            store: self.store.clone(),
+            extractor: self.extractor.clone(),
+            cost: self.cost,
+            responder: self.responder.clone(),
+        }
+    }
+}
+
+impl<K> RateLimitLayer<K, MemoryStore> {
+    /// Limits requests by `policy`, keyed by `extractor`, on a new
+    /// [`MemoryStore`] with the system clock.
+    pub fn new(policy: Policy, extractor: K) -> Self {
+        Self {
+            policy,
+            store: Arc::new(MemoryStore::new()),
+            extractor: Arc::new(extractor),
+            cost: 1,
+            responder: Responder::default(),
+        }
+    }
+}
+
+impl<K, St> RateLimitLayer<K, St> {
+    /// Keeps state in `store` instead. Pass a clone of one store to several
+    /// layers to let them share state (state is per policy name and key).
+    pub fn store<St2>(self, store: St2) -> RateLimitLayer<K, St2> {
+        RateLimitLayer {
+            policy: self.policy,
+            store: Arc::new(store),
+            extractor: self.extractor,
+            cost: self.cost,
+            responder: self.responder,
+        }
+    }
+
+    /// The cost of each request (default 1). A cost of 0 only reads the
+    /// state: requests are never denied, but carry the headers.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Which rate-limit headers to send (default [`HeaderStyle::GitHub`]).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.responder.headers = style;
+        self
+    }
+
+    /// The status of a rejection (default 429). GitHub-compatible clients
+    /// may expect 403.
+    pub fn rejection_status(mut self, status: StatusCode) -> Self {
+        self.responder.status = status;
+        self
+    }
+
+    /// Builds rejections with `f` instead of the problem+json response.
+    /// The layer still adds the rate-limit headers, and `Retry-After` unless
+    /// `f` set one.
+    pub fn rejection<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.responder.custom = Some(Arc::new(f));
+        self
+    }
+
+    /// What to do with a request that yields no key (default
+    /// [`MissingKey::Error`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.responder.missing = missing;
+        self
+    }
+
+    /// What to do when the store fails (default [`FailureMode::Open`]).
+    pub fn on_store_error(mut self, failure: FailureMode) -> Self {
+        self.responder.failure = failure;
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The store.
+    pub fn get_store(&self) -> &St {
+        &self.store
+    }
+}
+
+impl<S, K, St> Layer<S> for RateLimitLayer<K, St> {
+    type Service = RateLimit<S, K, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(
+            inner,
+            Arc::new(Shared {
+                policy: self.policy.clone(),
+                store: self.store.clone(),
+                extractor: self.extractor.clone(),
+                cost: self.cost,
+                responder: Arc::new(self.responder.clone()),
+            }),
+        )
+    }
+}

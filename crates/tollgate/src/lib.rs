@@ -1,0 +1,92 @@
+//! Exact rate limiting for Axum, Tonic and any Tower service, on an
+//! embedded in-memory store or, with `tollgate-redis`, shared across many
+//! servers through Redis.
+//!
+//! Add a [`RateLimitLayer`] with a [`Policy`] and a [key
+//! extractor](KeyExtractor). Every response of the route carries
+//! GitHub-style `x-ratelimit-*` headers; a denied request gets a 429 with
+//! `Retry-After` (whole seconds, rounded up) and an `application/problem+json`
+//! body.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, body::Body, routing::get};
+//! use http::{Request, StatusCode};
+//! use tollgate::{Algorithm, FakeClock, GlobalKey, MemoryStore, Policy, RateLimitLayer, Timestamp};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+//! let store = MemoryStore::builder().clock(clock.clone()).build()?;
+//! let policy = Policy::new("hello", Algorithm::FixedWindow, "2/min")?;
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(policy, GlobalKey).store(store));
+//!
+//! let request = || Request::get("/").body(Body::empty()).unwrap();
+//! let first = app.clone().oneshot(request()).await?;
+//! assert_eq!(first.status(), StatusCode::OK);
+//! assert_eq!(first.headers()["x-ratelimit-remaining"], "1");
+//! assert_eq!(first.headers()["x-ratelimit-reset"], "1700000100");
+//!
+//! app.clone().oneshot(request()).await?;
+//! let third = app.clone().oneshot(request()).await?;
+//! assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(third.headers()["retry-after"], "60");
+//!
+//! clock.advance(Duration::from_secs(60));
+//! assert_eq!(app.oneshot(request()).await?.status(), StatusCode::OK);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Keys
+//!
+//! A key extractor is a closure `Fn(&Request<B>) -> Option<Key>` or one of
+//! [`GlobalKey`], [`HeaderKey`], [`ExtensionKey`] (an authenticated user id
+//! put into request extensions by your auth layer) and `PeerIp` (the socket
+//! peer, with IPv6 grouped by /56). A request without a key is never
+//! counted against a shared bucket: by default it gets a 500 and an error
+//! log ([`MissingKey`]).
+//!
+//! Behind a reverse proxy the socket peer is the proxy. Do not key by the
+//! leftmost `X-Forwarded-For` entry: clients write it themselves.
+//!
+//! # Outside HTTP
+//!
+//! [`RateLimiter`] offers `check`, `check_n` and a bounded
+//! `until_ready` wait for jobs and outbound calls.
+//!
+//! # Feature flags
+//!
+//! | feature | default | enables |
+//! |---|---|---|
+//! | `axum` | yes | `PeerIp`, from axum's `ConnectInfo` |
+
+mod body;
+mod clock;
+mod extract;
+mod future;
+pub mod headers;
+mod layer;
+mod limiter;
+mod response;
+mod service;
+
+pub use body::ResponseBody;
+pub use clock::TokioClock;
+#[cfg(feature = "axum")]
+pub use extract::PeerIp;
+pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, ToKey};
+pub use future::ResponseFuture;
+pub use headers::HeaderStyle;
+pub use layer::RateLimitLayer;
+pub use limiter::{RateLimiter, WaitError};
+pub use response::{FailureMode, MissingKey};
+pub use service::RateLimit;
+
+pub use tollgate_core::{
+    Algorithm, Clock, ConfigError, Decision, FakeClock, Key, KeyKind, Limit, LimitStatus,
+    MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError, SystemClock, Timestamp,
+};

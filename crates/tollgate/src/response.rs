@@ -1,0 +1,161 @@
+//! Responses the layer produces itself: rejections and failures.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use tollgate_core::{Decision, Outcome};
+
+use crate::headers::{self, HeaderStyle};
+
+/// What the layer does with a request from which no key can be extracted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Answer 500 and log the reason at error level (the default): a
+    /// missing key is a wiring bug, such as a peer-IP extractor on a server
+    /// started without connect info.
+    #[default]
+    Error,
+    /// Answer with this status (for example 401 on routes keyed by user).
+    Reject(StatusCode),
+    /// Let the request through unlimited, without rate-limit headers.
+    Allow,
+}
+
+/// What the layer does when the store cannot decide.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// Let the request through without rate-limit headers, and log a
+    /// warning (the default).
+    #[default]
+    Open,
+    /// Answer 503 with `Retry-After: 1`.
+    Closed,
+}
+
+pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
+
+/// Builds the responses the layer answers by itself.
+#[derive(Clone)]
+pub(crate) struct Responder {
+    pub(crate) headers: HeaderStyle,
+    pub(crate) status: StatusCode,
+    pub(crate) custom: Option<CustomRejection>,
+    pub(crate) missing: MissingKey,
+    pub(crate) failure: FailureMode,
+}
+
+impl Default for Responder {
+    fn default() -> Self {
+        Self {
+            headers: HeaderStyle::default(),
+            status: StatusCode::TOO_MANY_REQUESTS,
+            custom: None,
+            missing: MissingKey::default(),
+            failure: FailureMode::default(),
+        }
+    }
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Responder")
+            .field("headers", &self.headers)
+            .field("status", &self.status)
+            .field("custom", &self.custom.as_ref().map(|_| ".."))
+            .field("missing", &self.missing)
+            .field("failure", &self.failure)
+            .finish()
+    }
+}
+
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+impl Responder {
+    /// Adds the rate-limit headers of an admitted request.
+    pub(crate) fn decorate<B>(&self, decision: &Decision, response: &mut Response<B>) {
+        headers::write(self.headers, decision, response.headers_mut());
+    }
+
+    /// The response to a denied request.
+    pub(crate) fn reject(&self, decision: &Decision) -> Response<Full<Bytes>> {
+        let mut response = match &self.custom {
+            Some(custom) => custom(decision).map(Full::new),
+            None => self.problem(decision),
+        };
+        let headers = response.headers_mut();
+        if !headers.contains_key(RETRY_AFTER) {
+            headers::write_retry_after(decision, headers);
+        }
+        headers::write(self.headers, decision, headers);
+        response
+    }
+
+    fn problem(&self, decision: &Decision) -> Response<Full<Bytes>> {
+        let name = decision.policy().name();
+        let detail = match decision.outcome() {
+            Outcome::CostExceedsCapacity { cost, capacity } => format!(
+                "request cost {cost} exceeds the capacity {capacity} of limit '{name}'; it can never be admitted"
+            ),
+            _ => match headers::retry_after_secs(decision) {
+                Some(secs) => format!("limit '{name}' exceeded, retry in {secs} s"),
+                None => format!("limit '{name}' exceeded"),
+            },
+        };
+        // Policy names are validated to [A-Za-z0-9_.:-], so nothing needs escaping.
+        let body = format!(
+            r#"{{"type":"{QUOTA_EXCEEDED}","title":"{}","status":{},"detail":"{detail}","violated-policies":["{name}"]}}"#,
+            self.status
+                .canonical_reason()
+                .unwrap_or("Too Many Requests"),
+            self.status.as_u16(),
+        );
+        problem_response(self.status, body)
+    }
+
+    /// The response to a request without a key, unless it is let through.
+    pub(crate) fn missing_key(&self, policy: &str) -> Response<Full<Bytes>> {
+        let status = match self.missing {
+            MissingKey::Reject(status) => status,
+            _ => {
+                tracing::error!(
+                    policy,
+                    "no rate-limit key could be extracted from the request; answering 500 \
+                     (check the key extractor, e.g. serve with connect info for peer-IP keys)"
+                );
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        let body = format!(
+            r#"{{"type":"about:blank","title":"{}","status":{},"detail":"no rate-limit key for this request"}}"#,
+            status.canonical_reason().unwrap_or("Error"),
+            status.as_u16(),
+        );
+        problem_response(status, body)
+    }
+
+    /// The response when the store failed and the failure mode is closed.
+    pub(crate) fn unavailable() -> Response<Full<Bytes>> {
+        let body = r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"the rate limiter is unavailable"}"#;
+        let mut response = problem_response(StatusCode::SERVICE_UNAVAILABLE, body.to_owned());
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        response
+    }
+}
+
+fn problem_response(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}

@@ -1,0 +1,127 @@
+//! The rate-limit service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tollgate_core::{Policy, Store};
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::extract::KeyExtractor;
+use crate::future::ResponseFuture;
+use crate::response::{MissingKey, Responder};
+
+/// Configuration and state shared by a layer's services and their clones.
+pub(crate) struct Shared<K, St> {
+    pub(crate) policy: Policy,
+    pub(crate) store: Arc<St>,
+    pub(crate) extractor: Arc<K>,
+    pub(crate) cost: u64,
+    pub(crate) responder: Arc<Responder>,
+}
+
+/// A service that rate-limits requests before passing them to `S`.
+/// Made by [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// The decision is made in `call`, not in `poll_ready`, which only asks the
+/// inner service: the service is always ready as far as limiting goes, as
+/// axum expects. Clones share all state.
+pub struct RateLimit<S, K, St> {
+    inner: S,
+    shared: Arc<Shared<K, St>>,
+}
+
+impl<S, K, St> RateLimit<S, K, St> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<K, St>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.shared.policy
+    }
+}
+
+impl<S: Clone, K, St> Clone for RateLimit<S, K, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, St> fmt::Debug for RateLimit<S, K, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("policy", &self.shared.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    K: KeyExtractor<ReqBody>,
+    St: Store,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // Take the service that was driven to readiness; leave its clone.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = &self.shared;
+        let responder = shared.responder.clone();
+
+        let Some(key) = shared.extractor.extract(&request) else {
+            return match shared.responder.missing {
+                MissingKey::Allow => ResponseFuture::call(inner, request, None, responder),
+                _ => {
+                    let response = shared.responder.missing_key(shared.policy.name());
+                    ResponseFuture::respond(response, responder)
+                }
+            };
+        };
+
+        match shared
+            .store
+            .try_check_now(&key, &shared.policy, shared.cost)
+        {
+            Some(result) => ResponseFuture::decided(result, inner, request, responder),
+            None => {
+                let shared = shared.clone();
+                let check =
+                    Box::pin(
+                        async move { shared.store.check(&key, &shared.policy, shared.cost).await },
+                    );
+                ResponseFuture::check(check, inner, request, responder)
+            }
+        }
+    }
+}

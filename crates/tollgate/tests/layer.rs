@@ -1,0 +1,420 @@
+//! The layer through `oneshot`, without TCP.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::connect_info::MockConnectInfo;
+use axum::middleware::{self, Next};
+use axum::routing::get;
+use http::{Request, Response, StatusCode};
+use tollgate::{
+    Algorithm, ExtensionKey, FailureMode, FakeClock, GlobalKey, HeaderKey, HeaderStyle, Key,
+    MemoryStore, MissingKey, PeerIp, Policy, RateLimitLayer, Timestamp, TokioClock,
+};
+use tower::{Service, ServiceExt, service_fn};
+
+/// 10:00:40 UTC on 2023-11-14; a whole minute.
+const T0: u64 = 1_700_000_040;
+
+fn clock_and_store() -> (FakeClock, MemoryStore) {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    (clock, store)
+}
+
+fn app(layer: RateLimitLayer<GlobalKey, MemoryStore>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn get_root() -> Request<Body> {
+    Request::get("/").body(Body::empty()).unwrap()
+}
+
+fn header<'a>(res: &'a Response<impl Sized>, name: &str) -> Option<&'a str> {
+    res.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+async fn body_json(
+    res: Response<impl http_body::Body<Error = impl std::fmt::Debug>>,
+) -> serde_json::Value {
+    let bytes = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn exact_headers_on_200_and_429() {
+    let (clock, store) = clock_and_store();
+    clock.advance(Duration::from_millis(12_500)); // 12.5 s into the minute
+    let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
+
+    for (remaining, used) in [("2", "1"), ("1", "2"), ("0", "3")] {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(header(&res, "x-ratelimit-used"), Some(used));
+        assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
+        assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
+        assert_eq!(header(&res, "retry-after"), None);
+    }
+
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&res, "x-ratelimit-used"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
+    assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
+    // 47.5 s left, rounded up.
+    assert_eq!(header(&res, "retry-after"), Some("48"));
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(
+        body_json(res).await,
+        serde_json::json!({
+            "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": "limit 'core' exceeded, retry in 48 s",
+            "violated-policies": ["core"],
+        })
+    );
+}
+
+#[tokio::test]
+async fn retry_after_rounds_up_and_is_at_least_one() {
+    let (clock, store) = clock_and_store();
+    // GCRA 2 per 3 s: one unit every 1.5 s.
+    let policy = Policy::new("g", Algorithm::Gcra, "2/3s").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
+    for _ in 0..2 {
+        assert_eq!(
+            app.clone().oneshot(get_root()).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("2"),
+        "1.5 s rounds up to 2"
+    );
+    // The reset is 3 s away: epoch seconds rounded up.
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000043"));
+
+    clock.advance(Duration::from_millis(1_499));
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("1"),
+        "1 ms rounds up to 1 s"
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        app.oneshot(get_root()).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn clones_and_separate_layer_calls_share_one_limit() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("shared", Algorithm::SlidingLog, "5/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey).store(store);
+    let inner =
+        service_fn(|_: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::empty())) });
+    let a = tower::Layer::layer(&layer, inner);
+    let b = tower::Layer::layer(&layer, inner);
+    let mut services = [a.clone(), a, b.clone(), b];
+    let mut allowed = 0;
+    for i in 0..20 {
+        let svc = &mut services[i % 4];
+        let res = svc.ready().await.unwrap().call(get_root()).await.unwrap();
+        allowed += usize::from(res.status() == StatusCode::OK);
+    }
+    assert_eq!(allowed, 5);
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_gets_500_by_default() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("users", Algorithm::Gcra, "5/min").unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new()).store(store.clone()),
+    );
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(header(&res, "x-ratelimit-limit"), None);
+    assert_eq!(
+        body_json(res).await["detail"],
+        "no rate-limit key for this request"
+    );
+    assert_eq!(store.len(), 0, "no shared fallback bucket was used");
+
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
+    );
+    assert_eq!(
+        app.oneshot(get_root()).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy, ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_missing_key(MissingKey::Allow),
+    );
+    for _ in 0..10 {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-limit"), None);
+    }
+    assert_eq!(store.len(), 0);
+}
+
+#[tokio::test]
+async fn a_custom_rejection_keeps_the_headers() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("custom", Algorithm::TokenBucket, "1/s").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .rejection(|d| {
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(format!("slow down, {} left", d.remaining()).into())
+                .unwrap()
+        });
+    let app = app(layer);
+    app.clone().oneshot(get_root()).await.unwrap();
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    let body = to_bytes(Body::new(res.into_body()), 1024).await.unwrap();
+    assert_eq!(&body[..], b"slow down, 0 left");
+}
+
+#[tokio::test]
+async fn forbidden_mode_and_no_headers_mode() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("gh", Algorithm::FixedWindow, "1/min").unwrap();
+    let app403 = app(RateLimitLayer::new(policy.clone(), GlobalKey)
+        .store(store.clone())
+        .rejection_status(StatusCode::FORBIDDEN));
+    app403.clone().oneshot(get_root()).await.unwrap();
+    let res = app403.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    let body = body_json(res).await;
+    assert_eq!(
+        (body["status"].as_u64(), body["title"].as_str()),
+        (Some(403), Some("Forbidden"))
+    );
+
+    let quiet_policy = Policy::new("quiet", Algorithm::FixedWindow, "1/min").unwrap();
+    let quiet = app(RateLimitLayer::new(quiet_policy, GlobalKey)
+        .store(store)
+        .headers(HeaderStyle::None));
+    let ok = quiet.clone().oneshot(get_root()).await.unwrap();
+    assert!(
+        ok.headers()
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-ratelimit"))
+    );
+    let res = quiet.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        res.headers()
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-ratelimit"))
+    );
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+}
+
+#[tokio::test]
+async fn a_cost_above_capacity_is_rejected_without_retry_after() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("export", Algorithm::TokenBucket, "5/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store).cost(10));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), None);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("5"));
+    assert_eq!(
+        body_json(res).await["detail"],
+        "request cost 10 exceeds the capacity 5 of limit 'export'; it can never be admitted"
+    );
+}
+
+#[tokio::test]
+async fn store_failures_follow_the_failure_mode() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    // One key fits; a second key finds the store full.
+    let store = MemoryStore::builder()
+        .max_keys(1)
+        .clock(clock)
+        .build()
+        .unwrap();
+    let policy = Policy::new("full", Algorithm::FixedWindow, "5/min").unwrap();
+    let by_header = HeaderKey::new(http::HeaderName::from_static("x-client"));
+    let request = |client: &str| {
+        Request::get("/")
+            .header("x-client", client)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let open = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(policy.clone(), by_header.clone()).store(store.clone()));
+    assert_eq!(
+        header(
+            &open.clone().oneshot(request("a")).await.unwrap(),
+            "x-ratelimit-remaining"
+        ),
+        Some("4")
+    );
+    let res = open.oneshot(request("b")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), None);
+
+    let closed = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy, by_header)
+            .store(store)
+            .on_store_error(FailureMode::Closed),
+    );
+    let res = closed.oneshot(request("b")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+}
+
+#[tokio::test]
+async fn users_from_an_auth_layer_and_peers_by_ip() {
+    #[derive(Clone)]
+    struct UserId(String);
+    impl tollgate::ToKey for UserId {
+        fn to_key(&self) -> Key {
+            Key::user(&self.0)
+        }
+    }
+    async fn auth(mut req: Request<Body>, next: Next) -> Response<Body> {
+        if let Some(user) = req
+            .headers()
+            .get("x-demo-user")
+            .and_then(|v| v.to_str().ok())
+        {
+            let user = UserId(user.to_owned());
+            req.extensions_mut().insert(user);
+        }
+        next.run(req).await
+    }
+    let (_, store) = clock_and_store();
+    let per_user = Policy::new("per-user", Algorithm::FixedWindow, "2/min").unwrap();
+    let per_ip = Policy::new("per-ip", Algorithm::FixedWindow, "3/min").unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(per_user, ExtensionKey::<UserId>::new()).store(store.clone()))
+        .layer(middleware::from_fn(auth))
+        .layer(RateLimitLayer::new(per_ip, PeerIp::new()).store(store))
+        .layer(MockConnectInfo(SocketAddr::from(([203, 0, 113, 9], 5000))));
+    let as_user = |user: &str| {
+        Request::get("/")
+            .header("x-demo-user", user)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let statuses: Vec<u16> = {
+        let mut v = Vec::new();
+        for user in ["ada", "ada", "ada", "bob"] {
+            v.push(
+                app.clone()
+                    .oneshot(as_user(user))
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16(),
+            );
+        }
+        v
+    };
+    // ada's third request is over her own limit; bob's is the IP's fourth.
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    let res = app.oneshot(as_user("bob")).await.unwrap();
+    assert_eq!(header(&res, "x-ratelimit-resource"), Some("per-ip"));
+}
+
+#[tokio::test]
+async fn works_with_any_body_type_outside_axum() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("plain", Algorithm::SlidingWindow, "1/min").unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(policy, |_: &Request<String>| Some(Key::custom("k"))).store(store),
+        )
+        .service(service_fn(|req: Request<String>| async move {
+            Ok::<_, Infallible>(Response::new(http_body_util::Full::new(
+                bytes::Bytes::from(req.into_body()),
+            )))
+        }));
+    let res = svc
+        .clone()
+        .oneshot(Request::new("hi".to_owned()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"hi");
+    let res = svc.oneshot(Request::new("again".to_owned())).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leaky_bucket_holds_requests_for_their_delay() {
+    let clock = TokioClock::starting_at(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let policy = Policy::new("shape", Algorithm::LeakyBucket, "4/s").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
+    let start = tokio::time::Instant::now();
+    let handles: Vec<_> = (0..5)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let res = app.oneshot(get_root()).await.unwrap();
+                (res.status(), start.elapsed())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.unwrap());
+    }
+    results.sort_by_key(|r| (r.1, r.0.as_u16()));
+    let ms = |n| Duration::from_millis(n);
+    assert_eq!(
+        results,
+        vec![
+            (StatusCode::OK, ms(0)),
+            (StatusCode::TOO_MANY_REQUESTS, ms(0)),
+            (StatusCode::OK, ms(250)),
+            (StatusCode::OK, ms(500)),
+            (StatusCode::OK, ms(750)),
+        ]
+    );
+}
