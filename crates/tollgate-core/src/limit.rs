@@ -35,7 +35,7 @@ pub struct Limit {
 
 impl Limit {
     /// The largest count a limit may have.
-    pub const MAX_COUNT: u64 = 1_000_000_000;
+    pub const MAX_COUNT: u64 = u32::MAX as u64;
     /// The longest period a limit may have (366 days).
     pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 86_400);
     /// The shortest period a limit may have.
@@ -70,7 +70,7 @@ impl Limit {
                 max: Self::MAX_PERIOD,
             });
         }
-        if period.subsec_nanos() % 1_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000) {
             return Err(ConfigError::SubMicrosecondPeriod { period });
         }
         Ok(Self {
@@ -230,7 +230,7 @@ impl fmt::Display for Limit {
         let (unit, micros) = SHOWN
             .iter()
             .copied()
-            .find(|&(_, micros)| self.period_us % micros == 0)
+            .find(|&(_, micros)| self.period_us.is_multiple_of(micros))
             .unwrap_or(("us", 1));
         match self.period_us / micros {
             1 => write!(f, "{}/{unit}", self.count),
@@ -336,7 +336,7 @@ mod tests {
             Err(ConfigError::SubMicrosecondPeriod { .. })
         ));
         assert!(matches!(
-            "1000000001/s".parse::<Limit>(),
+            "4294967296/s".parse::<Limit>(),
             Err(ConfigError::CountTooLarge { .. })
         ));
     }

@@ -39,10 +39,10 @@ fn case() -> impl Strategy<Value = Case> {
                     Duration::from_micros(*period),
                 ));
             }
-            if algorithm.has_burst() {
-                if let Some(burst) = burst {
-                    b = b.burst(burst);
-                }
+            if algorithm.has_burst()
+                && let Some(burst) = burst
+            {
+                b = b.burst(burst);
             }
             let policy = b.build().expect("generated policies are valid");
             let longest = limits.iter().map(|l| l.1).max().unwrap_or(1_000);
@@ -201,11 +201,10 @@ proptest! {
         let mut failures = Vec::new();
         run(&case, |_, now, _, d| {
             let remaining = d.limits().iter().map(|l| l.remaining()).min().unwrap_or(0);
-            if let Some((at, before)) = last {
-                if at == now && remaining > before {
+            if let Some((at, before)) = last
+                && at == now && remaining > before {
                     failures.push(format!("remaining grew from {before} to {remaining} at {now}"));
                 }
-            }
             last = Some((now, remaining));
         });
         prop_assert!(failures.is_empty(), "{failures:?}");
