@@ -1,0 +1,52 @@
+//! The connections a [`RedisStore`](crate::RedisStore) can run on.
+
+use std::future::Future;
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::{Cmd, FromRedisValue};
+
+use crate::error::RedisStoreError;
+
+/// A bb8 pool of multiplexed Redis connections (from `bb8-redis`).
+pub type Pool = bb8::Pool<bb8_redis::RedisConnectionManager>;
+
+/// A connection (or pool) that sends commands to Redis.
+///
+/// Implemented for redis-rs's multiplexed [`ConnectionManager`] (the
+/// default), a bb8 [`Pool`], a plain [`MultiplexedConnection`] and a
+/// cluster connection. Implement it to run the store on anything else.
+pub trait RedisConnection: Send + Sync + 'static {
+    /// Sends `cmd` and returns its reply.
+    fn query<T: FromRedisValue + Send>(
+        &self,
+        cmd: &Cmd,
+    ) -> impl Future<Output = Result<T, RedisStoreError>> + Send;
+}
+
+impl RedisConnection for ConnectionManager {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        Ok(cmd.query_async(&mut self.clone()).await?)
+    }
+}
+
+impl RedisConnection for MultiplexedConnection {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        Ok(cmd.query_async(&mut self.clone()).await?)
+    }
+}
+
+impl RedisConnection for redis::cluster_async::ClusterConnection {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        Ok(cmd.query_async(&mut self.clone()).await?)
+    }
+}
+
+impl RedisConnection for Pool {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        let mut con = self.get().await.map_err(|e| match e {
+            bb8::RunError::User(e) => RedisStoreError::Redis(e),
+            bb8::RunError::TimedOut => RedisStoreError::PoolTimeout,
+        })?;
+        Ok(cmd.query_async(&mut *con).await?)
+    }
+}

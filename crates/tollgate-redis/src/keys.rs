@@ -1,0 +1,131 @@
+//! Redis key names.
+//!
+//! A key is `<prefix>:<policy>:{<hash>}`. The hash is 32 hex digits of
+//! SHA-256 over the length-prefixed parts (an optional secret, the policy
+//! name, the key kind and the key bytes), so no raw identifier reaches Redis,
+//! hostile bytes cannot forge another key, and all keys of one decision
+//! share one cluster slot while different identities spread over all slots.
+
+use sha2::{Digest, Sha256};
+use tollgate_core::{ConfigError, Key};
+
+/// Builds key names for one store.
+#[derive(Clone)]
+pub(crate) struct KeyNamer {
+    prefix: String,
+    secret: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for KeyNamer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyNamer")
+            .field("prefix", &self.prefix)
+            .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
+            .finish()
+    }
+}
+
+impl KeyNamer {
+    pub(crate) fn new(prefix: &str, secret: Option<Vec<u8>>) -> Result<Self, ConfigError> {
+        let ok = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        if !ok {
+            return Err(ConfigError::InvalidSetting {
+                setting: "prefix",
+                reason: "use 1 to 64 visible ASCII characters without '{' or '}'",
+            });
+        }
+        Ok(Self {
+            prefix: prefix.to_owned(),
+            secret,
+        })
+    }
+
+    /// The state key of `key` under policy `policy`.
+    pub(crate) fn state_key(&self, policy: &str, key: &Key) -> String {
+        let mut h = Sha256::new();
+        let mut part = |bytes: &[u8]| {
+            h.update((bytes.len() as u64).to_be_bytes());
+            h.update(bytes);
+        };
+        part(self.secret.as_deref().unwrap_or_default());
+        part(policy.as_bytes());
+        part(key.kind().as_str().as_bytes());
+        part(key.as_bytes());
+        let digest = h.finalize();
+        let mut hex = String::with_capacity(32);
+        for b in &digest[..16] {
+            hex.push(char::from(HEX[usize::from(b >> 4)]));
+            hex.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        format!("{}:{}:{{{}}}", self.prefix, policy, hex)
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::KeyKind;
+
+    fn namer() -> KeyNamer {
+        KeyNamer::new("tg", None).unwrap()
+    }
+
+    #[test]
+    fn hostile_values_give_distinct_fixed_length_keys() {
+        let megabyte = vec![b'x'; 1 << 20];
+        let values: Vec<&[u8]> = vec![
+            b"{", b"}", b"{tag}", b":", b"a:b", b"\n", b"\0", b"", &megabyte, b"x",
+        ];
+        let names: Vec<String> = values
+            .iter()
+            .map(|v| namer().state_key("api", &Key::custom(v)))
+            .collect();
+        for name in &names {
+            assert_eq!(name.len(), "tg:api:{}".len() + 32, "{name}");
+            assert!(name.starts_with("tg:api:{") && name.ends_with('}'));
+            assert_eq!(name.matches('{').count(), 1);
+        }
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+    }
+
+    #[test]
+    fn parts_are_unambiguous() {
+        let n = namer();
+        // ("a", "b:c") and ("a:b", "c") as (policy, value)...
+        assert_ne!(
+            n.state_key("a", &Key::custom("b:c")),
+            n.state_key("a:b", &Key::custom("c"))
+        );
+        // ...and the kind is part of the identity.
+        assert_ne!(
+            n.state_key("a", &Key::new(KeyKind::User, "1")),
+            n.state_key("a", &Key::new(KeyKind::Header, "1"))
+        );
+        // A secret changes every name.
+        let secret = KeyNamer::new("tg", Some(b"s3cret".to_vec())).unwrap();
+        assert_ne!(
+            n.state_key("a", &Key::custom("1")),
+            secret.state_key("a", &Key::custom("1"))
+        );
+    }
+
+    #[test]
+    fn prefixes_are_validated() {
+        for bad in ["", "a{b", "a}b", "has space", &"p".repeat(65)] {
+            assert!(KeyNamer::new(bad, None).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,58 @@
+-- tollgate: shared end of every decision script. Decides all limits
+-- atomically, persists a committed change with its TTL, and replies
+--   { outcome, now, delay, then per limit: remaining, reset, retry or -1 }
+-- with outcome 0 = allowed, 1 = limited, 2 = cost above capacity.
+
+for i = 1, n do
+  if S[i] == nil then S[i] = init(i, P[i]) end
+  advance(i, P[i], S[i])
+end
+local qf = queue_free()
+
+local outcome, delay = 0, 0
+local retry = {}
+for i = 1, n do
+  if cost > P[i].cap then outcome = 2 end
+end
+if outcome == 0 then
+  for i = 1, n do
+    retry[i] = admits(i, P[i], S[i], qf)
+    if retry[i] ~= nil then outcome = 1 end
+  end
+end
+
+local committed = outcome == 0 and cost > 0
+if committed then
+  for i = 1, n do commit(i, P[i], S[i], qf) end
+  delay = max(qf - now, 0)
+end
+if committed or changed then
+  local expiry = 0
+  local fields = { 'fp', fp }
+  for i = 1, n do
+    local s = S[i]
+    for _, f in ipairs({ 'a', 'b', 'c', 's' }) do
+      table.insert(fields, i .. f)
+      table.insert(fields, fmt(s[f] or 0))
+    end
+    expiry = max(expiry, expires(i, P[i], S[i]))
+  end
+  local ttl = math.ceil((expiry - now) / 1000)
+  if ttl > 0 then
+    ttl = max(ttl, min_ttl)
+    redis.call('HSET', key, unpack(fields))
+    redis.call('PEXPIRE', key, fmt(ttl))
+    for j = 2, #KEYS do redis.call('PEXPIRE', KEYS[j], fmt(ttl)) end
+  else
+    redis.call('DEL', unpack(KEYS))
+  end
+end
+local reply = { outcome, now, delay }
+if committed then qf = queue_free() end
+for i = 1, n do
+  local remaining, reset = status(i, P[i], S[i], qf)
+  table.insert(reply, remaining)
+  table.insert(reply, reset)
+  table.insert(reply, retry[i] or -1)
+end
+return reply

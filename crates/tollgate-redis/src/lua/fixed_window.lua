@@ -1,0 +1,18 @@
+-- Fixed window: a = window start, b = cost counted in it.
+init = function(i, p) return { a = window_start(now, p.period), b = 0, c = 0 } end
+advance = function(i, p, s)
+  local ws = window_start(now, p.period)
+  if ws > s.a then s.a = ws; s.b = 0 end
+end
+status = function(i, p, s, qf)
+  return max(p.count - s.b, 0), max(s.a + p.period - now, 0)
+end
+admits = function(i, p, s, qf)
+  if s.b + cost <= p.count then return nil end
+  return max(s.a + p.period - now, 0)
+end
+commit = function(i, p, s, qf) s.b = s.b + cost end
+expires = function(i, p, s)
+  if s.b == 0 then return 0 end
+  return s.a + p.period
+end

@@ -1,0 +1,14 @@
+-- GCRA: a = theoretical arrival time.
+init = function(i, p) return { a = 0, b = 0, c = 0 } end
+advance = function(i, p, s) end
+status = function(i, p, s, qf)
+  local backlog = max(s.a - now, 0)
+  return idiv(max(p.cap * p.interval - backlog, 0), p.interval), backlog
+end
+admits = function(i, p, s, qf)
+  local base = max(s.a, now)
+  if base + cost * p.interval - now <= p.cap * p.interval then return nil end
+  return base + cost * p.interval - p.cap * p.interval - now
+end
+commit = function(i, p, s, qf) s.a = max(s.a, now) + cost * p.interval end
+expires = function(i, p, s) return s.a end

@@ -1,0 +1,20 @@
+-- Leaky bucket (queue): a = when the queue next releases a request.
+-- A request leaves when every limit's queue lets it: the joint departure.
+init = function(i, p) return { a = 0, b = 0, c = 0 } end
+advance = function(i, p, s) end
+queue_free = function()
+  local qf = 0
+  for i = 1, n do qf = max(qf, S[i].a) end
+  return qf
+end
+status = function(i, p, s, qf)
+  local backlog = max(qf - now, 0)
+  return idiv(max(p.cap * p.interval - backlog, 0), p.interval), backlog
+end
+admits = function(i, p, s, qf)
+  local departure = max(qf, now)
+  if departure + cost * p.interval - now <= p.cap * p.interval then return nil end
+  return departure + cost * p.interval - p.cap * p.interval - now
+end
+commit = function(i, p, s, qf) s.a = max(qf, now) + cost * p.interval end
+expires = function(i, p, s) return s.a end

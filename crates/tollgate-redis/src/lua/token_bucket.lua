@@ -1,0 +1,22 @@
+-- Token bucket: a = whole tokens, b = when the last whole token was added.
+init = function(i, p) return { a = p.cap, b = now, c = 0 } end
+advance = function(i, p, s)
+  local gained = idiv(max(now - s.b, 0), p.interval)
+  if gained >= max(p.cap - s.a, 0) then
+    s.a = p.cap
+    s.b = max(now, s.b)
+  else
+    s.a = s.a + gained
+    s.b = s.b + gained * p.interval
+  end
+end
+status = function(i, p, s, qf)
+  if s.a >= p.cap then return s.a, 0 end
+  return s.a, max(s.b + (p.cap - s.a) * p.interval - now, 0)
+end
+admits = function(i, p, s, qf)
+  if cost <= s.a then return nil end
+  return max(s.b + (cost - s.a) * p.interval - now, 0)
+end
+commit = function(i, p, s, qf) s.a = s.a - cost end
+expires = function(i, p, s) return s.b + (p.cap - min(s.a, p.cap)) * p.interval end

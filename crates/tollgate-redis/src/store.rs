@@ -1,0 +1,508 @@
+//! The Redis store.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, IntoConnectionInfo, ServerErrorKind};
+use tollgate_core::{
+    Algorithm, Clock, ConfigError, Decision, Key, LimitStatus, Outcome, Policy, Store, StoreError,
+    Timestamp,
+};
+
+use crate::connection::{Pool, RedisConnection};
+use crate::error::RedisStoreError;
+use crate::keys::KeyNamer;
+use crate::script::Scripts;
+
+/// A [`Store`] in Redis: every app server that points at the same Redis
+/// shares one exact limit per key.
+///
+/// - **One round trip.** Each decision is one `EVALSHA` of a Lua script
+///   that checks every limit of the policy and commits all or none.
+/// - **Redis's clock.** Time is read with `TIME` inside the script, so app
+///   servers' clocks do not matter.
+/// - **Same decisions as memory.** The scripts implement the reference
+///   algorithms of [`tollgate_core::algorithm`] in exact integer arithmetic.
+/// - **No leaks.** Every key written gets a TTL in the same script, exactly
+///   as long as its state matters (rounded up to a millisecond).
+/// - **Bounded waits.** Every decision has a deadline (50 ms by default);
+///   a decision that misses it is a [`StoreError::Timeout`], never retried.
+///
+/// Keys are `<prefix>:<policy>:{<hash>}`, see [`RedisStoreBuilder::prefix`].
+///
+/// ```
+/// use tollgate_core::{Algorithm, Key, Policy, Store};
+/// use tollgate_redis::RedisStore;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+/// let store = RedisStore::connect(&url).await?;
+/// let policy = Policy::new("doc-example", Algorithm::Gcra, "5/min")?;
+/// let key = Key::user(format!("doc-{}", std::process::id()));
+/// let decision = store.check(&key, &policy, 1).await?;
+/// assert!(decision.is_allowed());
+/// assert_eq!(decision.remaining(), 4);
+/// # Ok(())
+/// # }
+/// ```
+pub struct RedisStore<C = ConnectionManager> {
+    inner: Arc<Inner<C>>,
+}
+
+struct Inner<C> {
+    connection: C,
+    names: KeyNamer,
+    deadline: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    scripts: Scripts,
+}
+
+impl RedisStore<ConnectionManager> {
+    /// Connects to `url` with the default settings and a multiplexed
+    /// [`ConnectionManager`].
+    ///
+    /// # Errors
+    ///
+    /// When Redis cannot be reached or the scripts cannot be loaded.
+    pub async fn connect(url: &str) -> Result<Self, RedisStoreError> {
+        Self::builder().connect(url).await
+    }
+}
+
+impl RedisStore {
+    /// Starts configuring a store.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+}
+
+impl<C> RedisStore<C> {
+    /// The connection the store runs on.
+    pub fn connection(&self) -> &C {
+        &self.inner.connection
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        self.inner.names.prefix()
+    }
+
+    /// The Redis key holding the state of `key` under `policy`. Sliding-log
+    /// policies also use `<state key>:<limit index>`, one sorted set per limit.
+    pub fn state_key(&self, policy: &Policy, key: &Key) -> String {
+        self.inner.names.state_key(policy.name(), key)
+    }
+}
+
+impl<C: RedisConnection> RedisStore<C> {
+    /// Decides like [`Store::check`], keeping the Redis-specific error.
+    ///
+    /// # Errors
+    ///
+    /// A [`RedisStoreError`] when Redis fails or the deadline passes.
+    pub async fn decide(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, RedisStoreError> {
+        let deadline = self.inner.deadline;
+        match tokio::time::timeout(deadline, self.run(key, policy, cost)).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisStoreError::Deadline(deadline)),
+        }
+    }
+
+    async fn run(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, RedisStoreError> {
+        let inner = &*self.inner;
+        let script = inner.scripts.get(policy.algorithm()).ok_or_else(|| {
+            RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
+        })?;
+        let state_key = inner.names.state_key(policy.name(), key);
+        let params = policy.params();
+        // Under a test clock, keys live at least TEST_CLOCK_MIN_TTL of real
+        // time: fake time does not pass with Redis's, and state that is
+        // still live in fake time must not expire in real time.
+        let (now, min_ttl_ms) = match &inner.clock {
+            Some(clock) => (clock.now().as_micros(), TEST_CLOCK_MIN_TTL_MS),
+            None => (0, 0),
+        };
+        let call = |command: &str, script: &str| {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(script);
+            if policy.algorithm() == Algorithm::SlidingLog {
+                cmd.arg(1 + params.len()).arg(&state_key);
+                for i in 0..params.len() {
+                    cmd.arg(format!("{state_key}:{i}"));
+                }
+            } else {
+                cmd.arg(1).arg(&state_key);
+            }
+            cmd.arg(now)
+                .arg(cost)
+                .arg(policy.fingerprint().to_string())
+                .arg(min_ttl_ms)
+                .arg(params.len());
+            for p in params {
+                cmd.arg(p.limit.count())
+                    .arg(p.period_us)
+                    .arg(p.interval_us)
+                    .arg(p.capacity);
+            }
+            cmd
+        };
+        let reply: Vec<i64> = match inner.connection.query(&call("EVALSHA", &script.sha)).await {
+            // NOSCRIPT means nothing ran (Redis restarted, failed over or
+            // flushed its scripts): send the source once, which runs the
+            // script and caches it in a single step that no flush can race.
+            Err(RedisStoreError::Redis(e))
+                if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+            {
+                inner.connection.query(&call("EVAL", script.source)).await?
+            }
+            other => other?,
+        };
+        decision_from_reply(policy, cost, &reply)
+    }
+}
+
+/// The shortest TTL under a test clock: ten minutes.
+const TEST_CLOCK_MIN_TTL_MS: u64 = 600_000;
+
+/// Turns the script's reply into a [`Decision`].
+fn decision_from_reply(
+    policy: &Policy,
+    cost: u64,
+    reply: &[i64],
+) -> Result<Decision, RedisStoreError> {
+    let params = policy.params();
+    let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
+    if reply.len() != 3 + 3 * params.len() {
+        return Err(bad());
+    }
+    let micros = |v: i64| u64::try_from(v).map_err(|_| bad());
+    let now = Timestamp::from_micros(micros(reply[1])?);
+    let delay = Duration::from_micros(micros(reply[2])?);
+    let mut statuses = Vec::with_capacity(params.len());
+    let mut longest_retry = 0;
+    for (i, (p, chunk)) in params.iter().zip(reply[3..].chunks_exact(3)).enumerate() {
+        let retry = match chunk[2] {
+            -1 => None,
+            r => Some(micros(r)?),
+        };
+        longest_retry = longest_retry.max(retry.unwrap_or(0));
+        statuses.push(LimitStatus::new(
+            i,
+            p.limit,
+            p.capacity,
+            micros(chunk[0])?,
+            Duration::from_micros(micros(chunk[1])?),
+            retry.map(Duration::from_micros),
+        ));
+    }
+    let outcome = match reply[0] {
+        0 => Outcome::Allowed,
+        1 => Outcome::Limited {
+            retry_after: Duration::from_micros(longest_retry),
+        },
+        2 => Outcome::CostExceedsCapacity {
+            cost,
+            capacity: params
+                .iter()
+                .find(|p| cost > p.capacity)
+                .map_or(0, |p| p.capacity),
+        },
+        _ => return Err(bad()),
+    };
+    Ok(Decision::new(policy.clone(), outcome, now, delay, statuses))
+}
+
+impl<C: RedisConnection> Store for RedisStore<C> {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        Ok(self.decide(key, policy, cost).await?)
+    }
+}
+
+impl<C> Clone for RedisStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("connection", &std::any::type_name::<C>())
+            .field("names", &self.inner.names)
+            .field("deadline", &self.inner.deadline)
+            .field("clock", &self.inner.clock)
+            .finish()
+    }
+}
+
+/// Configures a [`RedisStore`].
+///
+/// The defaults suit a request path: a decision waits at most 50 ms, a
+/// response 50 ms, a new connection 100 ms and a pool checkout 25 ms.
+#[derive(Debug)]
+#[must_use = "call .connect(url) to get the store"]
+pub struct RedisStoreBuilder {
+    prefix: String,
+    secret: Option<Vec<u8>>,
+    deadline: Duration,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    pool_size: u32,
+    checkout_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        Self {
+            prefix: "tollgate".to_owned(),
+            secret: None,
+            deadline: Duration::from_millis(50),
+            connect_timeout: Duration::from_millis(100),
+            response_timeout: Duration::from_millis(50),
+            pool_size: 16,
+            checkout_timeout: Duration::from_millis(25),
+            clock: None,
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The first part of every key (default `tollgate`): 1 to 64 visible
+    /// ASCII characters without braces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Mixes a secret into the key hashes, so that key names cannot be
+    /// linked to identities (such as IPv4 addresses) by hashing guesses.
+    /// All servers sharing limits need the same secret.
+    pub fn key_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// The longest a decision may take, from call to reply (default 50 ms).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// How long establishing a connection may take (default 100 ms).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long Redis may take to answer a command (default 50 ms).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// The size of a bb8 pool (default 16).
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// How long a request waits for a pooled connection (default 25 ms,
+    /// never bb8's 30 s).
+    pub fn pool_checkout_timeout(mut self, timeout: Duration) -> Self {
+        self.checkout_timeout = timeout;
+        self
+    }
+
+    /// **Test hook.** Sends `clock`'s time to the scripts instead of letting
+    /// them read Redis `TIME`, so tests can drive Redis with a
+    /// [`FakeClock`](tollgate_core::FakeClock). Keys then live at least ten
+    /// minutes of real time, because fake time does not pass with Redis's.
+    /// Never use it in production: servers' clocks disagree.
+    pub fn test_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    fn check(&self) -> Result<KeyNamer, ConfigError> {
+        let positive = [
+            ("deadline", self.deadline),
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+            ("pool_checkout_timeout", self.checkout_timeout),
+        ];
+        for (setting, value) in positive {
+            if value.is_zero() {
+                return Err(ConfigError::InvalidSetting {
+                    setting,
+                    reason: "must be greater than zero",
+                });
+            }
+        }
+        if self.pool_size == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "pool_size",
+                reason: "must be at least 1",
+            });
+        }
+        KeyNamer::new(&self.prefix, self.secret.clone())
+    }
+
+    /// Connects with a multiplexed [`ConnectionManager`], which reconnects
+    /// by itself. This is the default connection: it was the faster in our
+    /// measurements (see `BENCHMARKS.md`).
+    ///
+    /// # Errors
+    ///
+    /// On invalid settings, or when Redis cannot be reached or the scripts
+    /// cannot be loaded.
+    pub async fn connect(
+        self,
+        url: impl IntoConnectionInfo,
+    ) -> Result<RedisStore<ConnectionManager>, RedisStoreError> {
+        self.check()?;
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(self.connect_timeout);
+        let connection = ConnectionManager::new_with_config(client, config).await?;
+        self.build(connection).await
+    }
+
+    /// Connects through a bb8 pool of multiplexed connections.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect_pool(
+        self,
+        url: impl IntoConnectionInfo,
+    ) -> Result<RedisStore<Pool>, RedisStoreError> {
+        self.check()?;
+        let manager = bb8_redis::RedisConnectionManager::new(url)?;
+        let pool = bb8::Pool::builder()
+            .max_size(self.pool_size)
+            .connection_timeout(self.checkout_timeout)
+            .build(manager)
+            .await?;
+        self.build(pool).await
+    }
+
+    /// Connects to a Redis Cluster through any of `nodes`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect_cluster<I: IntoConnectionInfo>(
+        self,
+        nodes: impl IntoIterator<Item = I>,
+    ) -> Result<RedisStore<redis::cluster_async::ClusterConnection>, RedisStoreError> {
+        self.check()?;
+        let client = redis::cluster::ClusterClientBuilder::new(nodes)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.response_timeout)
+            .build()?;
+        let connection = client.get_async_connection().await?;
+        self.build(connection).await
+    }
+
+    /// Builds a store on a connection of your own, and loads the scripts.
+    ///
+    /// # Errors
+    ///
+    /// On invalid settings, or when the scripts cannot be loaded.
+    pub async fn build<C: RedisConnection>(
+        self,
+        connection: C,
+    ) -> Result<RedisStore<C>, RedisStoreError> {
+        let names = self.check()?;
+        let scripts = Scripts::new();
+        let budget = self.connect_timeout + self.response_timeout;
+        for script in scripts.all() {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script.source);
+            let sha: String = tokio::time::timeout(budget, connection.query(&load))
+                .await
+                .map_err(|_| RedisStoreError::Deadline(budget))??;
+            if sha != script.sha {
+                return Err(RedisStoreError::Protocol(format!(
+                    "SCRIPT LOAD returned {sha}, expected {}",
+                    script.sha
+                )));
+            }
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                connection,
+                names,
+                deadline: self.deadline,
+                clock: self.clock,
+                scripts,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_settings_are_typed_errors() {
+        let err = RedisStore::builder()
+            .deadline(Duration::ZERO)
+            .check()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting deadline: must be greater than zero"
+        );
+        let err = RedisStore::builder().pool_size(0).check().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting pool_size: must be at least 1"
+        );
+        let err = RedisStore::builder().prefix("a{b").check().unwrap_err();
+        assert!(
+            err.to_string().starts_with("invalid setting prefix"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        let policy = Policy::new("p", Algorithm::Gcra, "1/s").unwrap();
+        assert!(matches!(
+            decision_from_reply(&policy, 1, &[0, 1, 0]),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            decision_from_reply(&policy, 1, &[7, 1, 0, 1, 0, -1]),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            decision_from_reply(&policy, 1, &[0, -5, 0, 1, 0, -1]),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        let ok = decision_from_reply(&policy, 1, &[0, 5_000_000, 0, 0, 1_000_000, -1]).unwrap();
+        assert!(ok.is_allowed());
+        assert_eq!(ok.reset_at(), Timestamp::from_secs(6));
+    }
+}

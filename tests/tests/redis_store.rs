@@ -1,0 +1,297 @@
+//! The Redis store against real Redis servers: exact across instances, one
+//! round trip, NOSCRIPT recovery, TTLs, hostile keys.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tokio::sync::Barrier;
+use tollgate_core::{Algorithm, Clock, FakeClock, Key, Policy, PolicyState, Store, SystemClock};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{RedisServer, command_calls, require_redis, unique_prefix};
+
+async fn store(url: &str, prefix: &str, clock: Option<FakeClock>) -> RedisStore {
+    let builder = RedisStore::builder()
+        .prefix(prefix)
+        .deadline(Duration::from_secs(10))
+        .response_timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(2));
+    let builder = match clock {
+        Some(clock) => builder.test_clock(clock),
+        None => builder,
+    };
+    builder.connect(url).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_admit_exactly_the_limit() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("exact");
+    let clock = FakeClock::default();
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(store(&url, &prefix, Some(clock.clone())).await);
+    }
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new("exact", algorithm, "100/min").unwrap();
+        for round in 0..3 {
+            let key = Key::user(format!("{algorithm}-{round}"));
+            let barrier = Arc::new(Barrier::new(1_000));
+            let tasks: Vec<_> = (0..1_000)
+                .map(|i| {
+                    let (store, policy, key, barrier) = (
+                        stores[i % 8].clone(),
+                        policy.clone(),
+                        key.clone(),
+                        barrier.clone(),
+                    );
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        store.check(&key, &policy, 1).await.unwrap().is_allowed()
+                    })
+                })
+                .collect();
+            let mut allowed = 0;
+            for task in tasks {
+                allowed += usize::from(task.await.unwrap());
+            }
+            assert_eq!(allowed, 100, "{algorithm}, round {round}");
+        }
+    }
+}
+
+async fn count_round_trips<C: tollgate_redis::RedisConnection>(
+    server: &RedisServer,
+    store: RedisStore<C>,
+) {
+    let mut con = server.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let mut decisions = 0;
+    for algorithm in Algorithm::ALL {
+        let three = Policy::builder("three")
+            .algorithm(algorithm)
+            .limit("10/s")
+            .limit("100/min")
+            .limit("1000/h")
+            .build()
+            .unwrap();
+        for i in 0..20 {
+            store
+                .check(&Key::user(format!("u{}", i % 3)), &three, 1)
+                .await
+                .unwrap();
+            decisions += 1;
+        }
+    }
+    assert_eq!(command_calls(&mut con, "evalsha"), decisions);
+    assert_eq!(command_calls(&mut con, "eval"), 0);
+    assert_eq!(
+        command_calls(&mut con, "script|load"),
+        0,
+        "scripts were loaded at start-up"
+    );
+}
+
+#[tokio::test]
+async fn one_evalsha_per_decision_even_with_three_limits() {
+    let server = RedisServer::spawn();
+    count_round_trips(&server, store(&server.url(), "rt", None).await).await;
+    let pooled = RedisStore::builder()
+        .prefix("rt-pool")
+        .deadline(Duration::from_secs(10))
+        .pool_checkout_timeout(Duration::from_secs(2))
+        .connect_pool(server.url())
+        .await
+        .unwrap();
+    count_round_trips(&server, pooled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_run_surfaces_no_error() {
+    let server = RedisServer::spawn();
+    let store = store(&server.url(), "flush", None).await;
+    let policy = Policy::new("flush", Algorithm::SlidingWindow, "1000000/min").unwrap();
+    let flusher = {
+        let url = server.url();
+        tokio::spawn(async move {
+            let client = redis::Client::open(url).unwrap();
+            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            for _ in 0..20 {
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let mut ok = 0;
+    while !flusher.is_finished() {
+        let d = store
+            .check(&Key::user("f"), &policy, 1)
+            .await
+            .expect("no error reaches the caller");
+        assert!(d.is_allowed());
+        ok += 1;
+    }
+    flusher.await.unwrap();
+    let mut con = server.connection();
+    assert_eq!(command_calls(&mut con, "script|flush"), 20);
+    assert!(ok > 20, "{ok} decisions ran during the flushes");
+    // Every NOSCRIPT was answered by one EVAL with the source.
+    assert!(
+        command_calls(&mut con, "eval") > 0,
+        "the flushes were noticed"
+    );
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("ttl");
+    // Redis TIME, as in production.
+    let store = store(&url, &prefix, None).await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut expected = Vec::new();
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::builder(format!("ttl-{algorithm}"))
+            .algorithm(algorithm)
+            .limit("5/7s")
+            .limit("20/1h")
+            .build()
+            .unwrap();
+        for (user, requests) in [("a", 1u64), ("b", 3), ("c", 9)] {
+            let key = Key::user(user);
+            let mut reference: Option<(PolicyState, tollgate_core::Timestamp)> = None;
+            for _ in 0..requests {
+                let d = store.check(&key, &policy, 1).await.unwrap();
+                // Replay on the reference model at the script's own time.
+                let (state, _) =
+                    reference.get_or_insert_with(|| (PolicyState::new(&policy, d.now()), d.now()));
+                let replay = state.decide(&policy, d.now(), 1);
+                assert_eq!(replay.is_allowed(), d.is_allowed(), "{algorithm}");
+                reference.as_mut().unwrap().1 = d.now();
+            }
+            let (state, last) = reference.unwrap();
+            let life_ms = state
+                .expires_at(&policy)
+                .as_micros()
+                .saturating_sub(last.as_micros())
+                .div_ceil(1_000);
+            let state_key = store.state_key(&policy, &key);
+            expected.push((state_key.clone(), life_ms));
+            if algorithm == Algorithm::SlidingLog {
+                expected.push((format!("{state_key}:0"), life_ms));
+                expected.push((format!("{state_key}:1"), life_ms));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    let mut iter: redis::AsyncIter<'_, String> =
+        con.scan_match(format!("{prefix}:*")).await.unwrap();
+    while let Some(key) = iter.next_item().await {
+        found.push(key.unwrap());
+    }
+    drop(iter);
+    found.sort();
+    let mut names: Vec<String> = expected.iter().map(|(k, _)| k.clone()).collect();
+    names.sort();
+    assert_eq!(found, names, "exactly the expected keys exist");
+    for (key, life_ms) in expected {
+        let pttl: i64 = con.pttl(&key).await.unwrap();
+        assert!(pttl > 0, "{key} has PTTL {pttl}");
+        let pttl = pttl as u64;
+        // Real time has passed since the write, by at most a few seconds.
+        assert!(
+            pttl <= life_ms,
+            "{key}: PTTL {pttl} ms > state life {life_ms} ms"
+        );
+        assert!(
+            pttl + 5_000 >= life_ms,
+            "{key}: PTTL {pttl} ms much shorter than {life_ms} ms"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hostile_keys_are_distinct_fixed_length_and_never_raw() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("hostile");
+    let store = store(&url, &prefix, Some(FakeClock::default())).await;
+    let policy = Policy::new("hostile", Algorithm::FixedWindow, "5/min").unwrap();
+    let megabyte = vec![b'z'; 1 << 20];
+    let values: Vec<Vec<u8>> = vec![
+        b"{".to_vec(),
+        b"}".to_vec(),
+        b"{a}:{b}".to_vec(),
+        b":".to_vec(),
+        b"line\nbreak".to_vec(),
+        b"nul\0byte".to_vec(),
+        megabyte,
+    ];
+    let mut names = Vec::new();
+    for value in &values {
+        let d = store.check(&Key::custom(value), &policy, 1).await.unwrap();
+        assert_eq!(d.remaining(), 4, "each value has its own bucket");
+        names.push(store.state_key(&policy, &Key::custom(value)));
+    }
+    // ("a", "b:c") and ("a:b", "c") as policy name and value.
+    let a = Policy::new("a", Algorithm::FixedWindow, "1/min").unwrap();
+    let ab = Policy::new("a:b", Algorithm::FixedWindow, "1/min").unwrap();
+    assert!(
+        store
+            .check(&Key::custom("b:c"), &a, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        store
+            .check(&Key::custom("c"), &ab, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    names.push(store.state_key(&a, &Key::custom("b:c")));
+    names.push(store.state_key(&ab, &Key::custom("c")));
+
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    for name in &names {
+        let exists: bool = con.exists(name).await.unwrap();
+        assert!(exists, "{name}");
+        let hash = name.rsplit_once('{').unwrap().1;
+        assert_eq!(
+            hash.len(),
+            33,
+            "{name}: 32 hex digits and the closing brace"
+        );
+        assert!(!name.contains('\n') && !name.contains('\0') && name.len() < 100);
+    }
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len());
+}
+
+#[tokio::test]
+async fn the_default_clock_is_redis_time() {
+    let url = require_redis().await;
+    let store = store(&url, &unique_prefix("time"), None).await;
+    let policy = Policy::new("time", Algorithm::Gcra, "1/s").unwrap();
+    let d = store.check(&Key::user("t"), &policy, 1).await.unwrap();
+    let local = SystemClock.now();
+    let skew = local.as_micros().abs_diff(d.now().as_micros());
+    assert!(
+        skew < 5_000_000,
+        "Redis TIME {} vs local {}",
+        d.now(),
+        local
+    );
+}
