@@ -106,6 +106,16 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A setting's value could not be used.
+    #[error("invalid {setting} {value:?}: {reason}")]
+    InvalidValue {
+        /// The setting's name.
+        setting: &'static str,
+        /// The value that was given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// Numbers derived from the configuration do not fit the supported range.
     #[error("{what} overflows the supported range")]
     Overflow {

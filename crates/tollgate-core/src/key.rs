@@ -20,6 +20,8 @@ pub enum KeyKind {
     User,
     /// Anything else, chosen by the application.
     Custom,
+    /// Several keys combined, such as a route and a user.
+    Composite,
 }
 
 impl KeyKind {
@@ -31,6 +33,7 @@ impl KeyKind {
             KeyKind::Header => "header",
             KeyKind::User => "user",
             KeyKind::Custom => "custom",
+            KeyKind::Composite => "composite",
         }
     }
 }
@@ -98,6 +101,30 @@ impl Key {
     /// A key of the application's own making.
     pub fn custom(value: impl AsRef<[u8]>) -> Self {
         Self::new(KeyKind::Custom, value)
+    }
+
+    /// Several keys combined into one, such as a route and a user. Each
+    /// part is encoded with its kind and length, so no two different lists
+    /// of parts give the same key.
+    ///
+    /// ```
+    /// use tollgate_core::Key;
+    ///
+    /// let a = Key::composite([&Key::custom("a"), &Key::custom("b:c")]);
+    /// let b = Key::composite([&Key::custom("a:b"), &Key::custom("c")]);
+    /// assert_ne!(a, b);
+    /// ```
+    pub fn composite<'a>(parts: impl IntoIterator<Item = &'a Key>) -> Self {
+        let mut bytes = SmallVec::new();
+        for part in parts {
+            bytes.push(part.kind as u8);
+            bytes.extend_from_slice(&(part.bytes.len() as u64).to_be_bytes());
+            bytes.extend_from_slice(&part.bytes);
+        }
+        Self {
+            kind: KeyKind::Composite,
+            bytes,
+        }
     }
 
     /// Where the key came from.

@@ -2,10 +2,9 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::{IpAddr, Ipv6Addr};
 
 use http::{HeaderName, Request};
-use tollgate_core::{ConfigError, Key};
+use tollgate_core::Key;
 
 /// Picks the [`Key`] a request is limited by, or `None` when the request
 /// carries no usable identity.
@@ -206,138 +205,77 @@ where
     }
 }
 
-/// The socket peer's IP address, from axum's
-/// [`ConnectInfo<SocketAddr>`](axum::extract::ConnectInfo).
-///
-/// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) count as the IPv4 address.
-/// IPv6 addresses are grouped by prefix (/56 by default), because one
-/// subscriber typically owns a whole /64 or more and could otherwise rotate
-/// through buckets. Serve the app with
-/// `into_make_service_with_connect_info::<SocketAddr>()`, or the extractor
-/// finds no address and the request counts as having no key. In tests,
-/// axum's `MockConnectInfo<SocketAddr>` layer works too.
-///
-/// Behind a reverse proxy the peer is the proxy; a trusted-proxy extractor
-/// that reads `X-Forwarded-For` safely is a separate piece.
+/// Several extractors combined: the request's key is the
+/// [composite](Key::composite) of all their keys, and it has none if any
+/// of them has none. Use it to limit, for example, each user on each route.
 ///
 /// ```
-/// use std::net::SocketAddr;
-/// use axum::extract::ConnectInfo;
 /// use http::Request;
-/// use tollgate::{Key, KeyExtractor, PeerIp};
+/// use tollgate::{ExtensionKey, GlobalKey, HeaderKey, Key, KeyExtractor};
 ///
-/// let peer = PeerIp::new();
-/// let mut req = Request::new(());
-/// req.extensions_mut()
-///     .insert(ConnectInfo("[2001:db8:1:2ff:aaaa::1]:443".parse::<SocketAddr>().unwrap()));
-/// // Grouped by /56: the last 72 bits are dropped.
-/// assert_eq!(peer.extract(&req), Some(Key::ip("2001:db8:1:200::".parse().unwrap())));
+/// let by_tenant_and_user = (
+///     HeaderKey::new(http::HeaderName::from_static("x-tenant")),
+///     ExtensionKey::<String>::new(),
+/// );
+/// let mut req = Request::get("/").header("x-tenant", "acme").body(()).unwrap();
+/// assert_eq!(by_tenant_and_user.extract(&req), None, "no user yet");
+/// req.extensions_mut().insert("ada".to_string());
+/// assert_eq!(
+///     by_tenant_and_user.extract(&req),
+///     Some(Key::composite([&Key::header("acme"), &Key::user("ada")]))
+/// );
+/// ```
+impl<B, X, Y> KeyExtractor<B> for (X, Y)
+where
+    X: KeyExtractor<B>,
+    Y: KeyExtractor<B>,
+{
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        let x = self.0.extract(request)?;
+        let y = self.1.extract(request)?;
+        Some(Key::composite([&x, &y]))
+    }
+}
+
+impl<B, X, Y, Z> KeyExtractor<B> for (X, Y, Z)
+where
+    X: KeyExtractor<B>,
+    Y: KeyExtractor<B>,
+    Z: KeyExtractor<B>,
+{
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        let x = self.0.extract(request)?;
+        let y = self.1.extract(request)?;
+        let z = self.2.extract(request)?;
+        Some(Key::composite([&x, &y, &z]))
+    }
+}
+
+/// The request's method and matched route template (axum's
+/// [`MatchedPath`](axum::extract::MatchedPath), such as `/users/{id}`), for
+/// keys per route. Only the template is used, never the raw path, so
+/// clients cannot mint new keys. Requests outside a matched route have no
+/// key; apply it with `Router::route_layer`.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::{Algorithm, ExtensionKey, Policy, RateLimitLayer, RouteKey};
+///
+/// let policy = Policy::new("per-user-per-route", Algorithm::Gcra, "10/s")?;
+/// let app: Router = Router::new()
+///     .route("/items/{id}", get(|| async { "item" }))
+///     .route_layer(RateLimitLayer::new(policy, (RouteKey, ExtensionKey::<String>::new())));
+/// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 #[cfg(feature = "axum")]
-#[derive(Debug, Clone, Copy)]
-pub struct PeerIp {
-    ipv6_prefix: u8,
-}
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteKey;
 
 #[cfg(feature = "axum")]
-impl PeerIp {
-    /// The default IPv6 prefix length.
-    pub const DEFAULT_IPV6_PREFIX: u8 = 56;
-
-    /// Keys requests by peer IP, grouping IPv6 by /56.
-    pub fn new() -> Self {
-        Self {
-            ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
-        }
-    }
-
-    /// Groups IPv6 addresses by a prefix of `bits` (32 to 128).
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::InvalidSetting`] when `bits` is outside 32..=128.
-    pub fn ipv6_prefix(self, bits: u8) -> Result<Self, ConfigError> {
-        if !(32..=128).contains(&bits) {
-            return Err(ConfigError::InvalidSetting {
-                setting: "ipv6_prefix",
-                reason: "must be between 32 and 128",
-            });
-        }
-        Ok(Self { ipv6_prefix: bits })
-    }
-}
-
-#[cfg(feature = "axum")]
-impl Default for PeerIp {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-#[cfg(feature = "axum")]
-impl<B> KeyExtractor<B> for PeerIp {
+impl<B> KeyExtractor<B> for RouteKey {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
-        use axum::extract::ConnectInfo;
-        use axum::extract::connect_info::MockConnectInfo;
-        let extensions = request.extensions();
-        // Like axum's own `ConnectInfo` extractor, fall back to the test double.
-        let addr = match extensions.get::<ConnectInfo<std::net::SocketAddr>>() {
-            Some(ConnectInfo(addr)) => addr,
-            None => &extensions.get::<MockConnectInfo<std::net::SocketAddr>>()?.0,
-        };
-        Some(Key::ip(normalize_ip(addr.ip(), self.ipv6_prefix)))
-    }
-}
-
-/// Maps IPv4-mapped IPv6 to IPv4 and masks IPv6 to `prefix` bits.
-pub(crate) fn normalize_ip(ip: IpAddr, prefix: u8) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let bits = u128::from(v6);
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(prefix.min(128)))
-                    .unwrap_or(0);
-                IpAddr::V6(Ipv6Addr::from(bits & mask))
-            }
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn normalizes_mapped_and_masks_v6() {
-        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
-        assert_eq!(
-            normalize_ip(mapped, 56),
-            "192.0.2.7".parse::<IpAddr>().unwrap()
-        );
-        let v6: IpAddr = "2001:db8:aaaa:bbbb:cccc::1".parse().unwrap();
-        assert_eq!(normalize_ip(v6, 128), v6);
-        assert_eq!(
-            normalize_ip(v6, 64),
-            "2001:db8:aaaa:bbbb::".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            normalize_ip(v6, 56),
-            "2001:db8:aaaa:bb00::".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            normalize_ip(v6, 32),
-            "2001:db8::".parse::<IpAddr>().unwrap()
-        );
-    }
-
-    #[cfg(feature = "axum")]
-    #[test]
-    fn prefix_is_validated() {
-        assert!(PeerIp::new().ipv6_prefix(31).is_err());
-        assert!(PeerIp::new().ipv6_prefix(129).is_err());
-        assert!(PeerIp::new().ipv6_prefix(64).is_ok());
+        let path = request.extensions().get::<axum::extract::MatchedPath>()?;
+        let method = Key::custom(request.method().as_str());
+        Some(Key::composite([&method, &Key::custom(path.as_str())]))
     }
 }

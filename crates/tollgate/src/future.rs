@@ -16,18 +16,26 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::response::{FailureMode, Responder};
 
-type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+pub(crate) type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+/// How a layer in waiting mode asks the store again.
+pub(crate) struct Waiter {
+    pub(crate) recheck: Box<dyn Fn() -> Check + Send + Sync>,
+    pub(crate) deadline: tokio::time::Instant,
+}
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
     ///
     /// It asks the store (only when the store cannot answer at once), holds
-    /// a shaped request for its delay, then runs the inner service's future
-    /// and adds the rate-limit headers to its response.
+    /// a shaped request for its delay (or, in waiting mode, a denied one
+    /// until it is admitted), then runs the inner service's future and adds
+    /// the rate-limit headers to its response.
     pub struct ResponseFuture<F, S, B> {
         #[pin]
         state: State<F, S, B>,
         responder: Arc<Responder>,
+        waiter: Option<Waiter>,
     }
 }
 
@@ -36,6 +44,11 @@ pin_project! {
     enum State<F, S, B> {
         Checking {
             check: Check,
+            inner: Option<S>,
+            request: Option<Request<B>>,
+        },
+        Waiting {
+            sleep: Pin<Box<tokio::time::Sleep>>,
             inner: Option<S>,
             request: Option<Request<B>>,
         },
@@ -72,6 +85,7 @@ where
                 decision,
             },
             responder,
+            waiter: None,
         }
     }
 
@@ -81,6 +95,7 @@ where
                 response: Some(response),
             },
             responder,
+            waiter: None,
         }
     }
 
@@ -89,6 +104,7 @@ where
         inner: S,
         request: Request<B>,
         responder: Arc<Responder>,
+        waiter: Option<Waiter>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -97,6 +113,7 @@ where
                 request: Some(request),
             },
             responder,
+            waiter,
         }
     }
 
@@ -105,9 +122,14 @@ where
         inner: S,
         request: Request<B>,
         responder: Arc<Responder>,
+        waiter: Option<Waiter>,
     ) -> Self {
-        let state = next_state(result, inner, request, &responder);
-        Self { state, responder }
+        let state = next_state(result, inner, request, &responder, waiter.as_ref());
+        Self {
+            state,
+            responder,
+            waiter,
+        }
     }
 }
 
@@ -117,6 +139,7 @@ fn next_state<F, S, B>(
     mut inner: S,
     request: Request<B>,
     responder: &Responder,
+    waiter: Option<&Waiter>,
 ) -> State<F, S, B>
 where
     S: Service<Request<B>, Future = F>,
@@ -137,9 +160,21 @@ where
                 }
             }
         }
-        Ok(decision) => State::Responding {
-            response: Some(responder.reject(&decision)),
-        },
+        Ok(decision) => {
+            if let (Some(waiter), Some(retry)) = (waiter, decision.retry_after()) {
+                let wake = tokio::time::Instant::now() + retry;
+                if wake <= waiter.deadline {
+                    return State::Waiting {
+                        sleep: Box::pin(tokio::time::sleep_until(wake)),
+                        inner: Some(inner),
+                        request: Some(request),
+                    };
+                }
+            }
+            State::Responding {
+                response: Some(responder.reject(&decision)),
+            }
+        }
         Err(error) => match responder.failure {
             FailureMode::Open => {
                 tracing::warn!(
@@ -157,7 +192,7 @@ where
                     "rate-limit store failed; answering 503"
                 );
                 State::Responding {
-                    response: Some(Responder::unavailable()),
+                    response: Some(responder.unavailable()),
                 }
             }
         },
@@ -183,8 +218,24 @@ where
                     let result = ready!(check.as_mut().poll(cx));
                     let next = match (inner.take(), request.take()) {
                         (Some(inner), Some(request)) => {
-                            next_state(result, inner, request, this.responder)
+                            next_state(result, inner, request, this.responder, this.waiter.as_ref())
                         }
+                        _ => State::Responding { response: None },
+                    };
+                    this.state.set(next);
+                }
+                StateProj::Waiting {
+                    sleep,
+                    inner,
+                    request,
+                } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let next = match (this.waiter.as_ref(), inner.take(), request.take()) {
+                        (Some(waiter), Some(inner), Some(request)) => State::Checking {
+                            check: (waiter.recheck)(),
+                            inner: Some(inner),
+                            request: Some(request),
+                        },
                         _ => State::Responding { response: None },
                     };
                     this.state.set(next);

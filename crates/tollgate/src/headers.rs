@@ -15,21 +15,45 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 /// `x-ratelimit-resource`: the policy's name.
 pub const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
 
+/// `RateLimit-Policy` (IETF draft): every limit of the policy.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft): every limit's remaining quota.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeaderStyle {
-    /// GitHub's `x-ratelimit-*` headers (the default).
+    /// GitHub's `x-ratelimit-*` headers (the default), for the binding limit.
     #[default]
     GitHub,
+    /// The IETF draft's (draft-ietf-httpapi-ratelimit-headers-10)
+    /// `RateLimit-Policy` and `RateLimit` structured fields, with one item
+    /// per limit of the policy:
+    ///
+    /// ```text
+    /// RateLimit-Policy: "search-0";q=25;w=5, "search-1";q=300;w=60
+    /// RateLimit: "search-0";r=0;t=3, "search-1";r=290;t=0
+    /// ```
+    ///
+    /// Items are named after the policy, with `-<index>` when it has several
+    /// limits. `q` is the capacity, `w` the period in seconds (rounded up),
+    /// `r` the remaining quota and `t` the seconds until more quota is
+    /// available (0 while some remains; rounded up).
+    Ietf,
+    /// Both of the above.
+    Both,
     /// No rate-limit headers. Rejections still carry `Retry-After`.
     None,
 }
 
 /// Writes the headers of `style` for `decision` into `headers`.
 pub(crate) fn write(style: HeaderStyle, decision: &Decision, headers: &mut HeaderMap) {
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        write_ietf(decision, headers);
+    }
     match style {
-        HeaderStyle::GitHub => {
+        HeaderStyle::GitHub | HeaderStyle::Both => {
             headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit()));
             headers.insert(
                 X_RATELIMIT_REMAINING,
@@ -44,7 +68,39 @@ pub(crate) fn write(style: HeaderStyle, decision: &Decision, headers: &mut Heade
                 headers.insert(X_RATELIMIT_RESOURCE, name);
             }
         }
-        HeaderStyle::None => {}
+        HeaderStyle::Ietf | HeaderStyle::None => {}
+    }
+}
+
+fn ceil_secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+fn write_ietf(decision: &Decision, headers: &mut HeaderMap) {
+    use std::fmt::Write;
+    let name = decision.policy().name();
+    let several = decision.limits().len() > 1;
+    let (mut policy, mut state) = (String::new(), String::new());
+    for status in decision.limits() {
+        let sep = if status.index() == 0 { "" } else { ", " };
+        let item = if several {
+            format!("\"{name}-{}\"", status.index())
+        } else {
+            format!("\"{name}\"")
+        };
+        let window = ceil_secs(status.limit().period());
+        let _ = write!(policy, "{sep}{item};q={};w={window}", status.capacity());
+        let more_in = if status.remaining() > 0 {
+            0
+        } else {
+            ceil_secs(status.retry_after().unwrap_or(status.reset()))
+        };
+        let _ = write!(state, "{sep}{item};r={};t={more_in}", status.remaining());
+    }
+    // Policy names are validated tokens, so both values are valid header values.
+    if let (Ok(policy), Ok(state)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state)) {
+        headers.insert(RATELIMIT_POLICY, policy);
+        headers.insert(RATELIMIT, state);
     }
 }
 

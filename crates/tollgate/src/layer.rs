@@ -1,6 +1,7 @@
 //! The rate-limit layer.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -39,6 +40,7 @@ pub struct RateLimitLayer<K, St = MemoryStore> {
     store: Arc<St>,
     extractor: Arc<K>,
     cost: u64,
+    wait: Option<Duration>,
     responder: Responder,
 }
 
@@ -49,6 +51,7 @@ impl<K, St> Clone for RateLimitLayer<K, St> {
             store: self.store.clone(),
             extractor: self.extractor.clone(),
             cost: self.cost,
+            wait: self.wait,
             responder: self.responder.clone(),
         }
     }
@@ -63,6 +66,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             store: Arc::new(MemoryStore::new()),
             extractor: Arc::new(extractor),
             cost: 1,
+            wait: None,
             responder: Responder::default(),
         }
     }
@@ -77,6 +81,7 @@ impl<K, St> RateLimitLayer<K, St> {
             store: Arc::new(store),
             extractor: self.extractor,
             cost: self.cost,
+            wait: self.wait,
             responder: self.responder,
         }
     }
@@ -109,6 +114,41 @@ impl<K, St> RateLimitLayer<K, St> {
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     {
         self.responder.custom = Some(Arc::new(f));
+        self
+    }
+
+    /// Waits instead of rejecting: a denied request is held until the exact
+    /// time it would be admitted and then checked again, as long as that
+    /// is within `max_wait` of its arrival; otherwise it is rejected as
+    /// usual (at once, without waiting in vain). A request whose cost can
+    /// never be admitted is rejected at once.
+    ///
+    /// Meant for clients: wrap a Tower client service (an HTTP client for a
+    /// third-party API with a quota) so that every caller, on every machine
+    /// sharing the store, paces its calls instead of failing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
+    ///
+    /// let quota = Policy::new("partner-api", Algorithm::SlidingLog, "25/5s")?;
+    /// let layer = RateLimitLayer::new(quota, GlobalKey).wait(Duration::from_secs(30));
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn wait(mut self, max_wait: Duration) -> Self {
+        self.wait = Some(max_wait);
+        self
+    }
+
+    /// Answers as a gRPC server: rejections become trailers-only responses
+    /// with `grpc-status` 8 (`RESOURCE_EXHAUSTED`) and a `grpc-message`,
+    /// carrying the rate-limit headers and `retry-after` (seconds) as
+    /// metadata. A missing key becomes `INTERNAL` (or `UNAUTHENTICATED` /
+    /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
+    /// failure in closed mode `UNAVAILABLE`.
+    pub fn grpc(mut self) -> Self {
+        self.responder.grpc = true;
         self
     }
 
@@ -147,6 +187,7 @@ impl<S, K, St> Layer<S> for RateLimitLayer<K, St> {
                 store: self.store.clone(),
                 extractor: self.extractor.clone(),
                 cost: self.cost,
+                wait: self.wait,
                 responder: Arc::new(self.responder.clone()),
             }),
         )

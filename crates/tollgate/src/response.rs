@@ -48,6 +48,7 @@ pub(crate) struct Responder {
     pub(crate) custom: Option<CustomRejection>,
     pub(crate) missing: MissingKey,
     pub(crate) failure: FailureMode,
+    pub(crate) grpc: bool,
 }
 
 impl Default for Responder {
@@ -58,6 +59,7 @@ impl Default for Responder {
             custom: None,
             missing: MissingKey::default(),
             failure: FailureMode::default(),
+            grpc: false,
         }
     }
 }
@@ -70,6 +72,7 @@ impl fmt::Debug for Responder {
             .field("custom", &self.custom.as_ref().map(|_| ".."))
             .field("missing", &self.missing)
             .field("failure", &self.failure)
+            .field("grpc", &self.grpc)
             .finish()
     }
 }
@@ -98,15 +101,10 @@ impl Responder {
 
     fn problem(&self, decision: &Decision) -> Response<Full<Bytes>> {
         let name = decision.policy().name();
-        let detail = match decision.outcome() {
-            Outcome::CostExceedsCapacity { cost, capacity } => format!(
-                "request cost {cost} exceeds the capacity {capacity} of limit '{name}'; it can never be admitted"
-            ),
-            _ => match headers::retry_after_secs(decision) {
-                Some(secs) => format!("limit '{name}' exceeded, retry in {secs} s"),
-                None => format!("limit '{name}' exceeded"),
-            },
-        };
+        let detail = detail(decision);
+        if self.grpc {
+            return grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail);
+        }
         // Policy names are validated to [A-Za-z0-9_.:-], so nothing needs escaping.
         let body = format!(
             r#"{{"type":"{QUOTA_EXCEEDED}","title":"{}","status":{},"detail":"{detail}","violated-policies":["{name}"]}}"#,
@@ -131,6 +129,14 @@ impl Responder {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         };
+        if self.grpc {
+            let code = match status {
+                StatusCode::UNAUTHORIZED => GRPC_UNAUTHENTICATED,
+                StatusCode::FORBIDDEN => GRPC_PERMISSION_DENIED,
+                _ => GRPC_INTERNAL,
+            };
+            return grpc_response(code, "no rate-limit key for this request");
+        }
         let body = format!(
             r#"{{"type":"about:blank","title":"{}","status":{},"detail":"no rate-limit key for this request"}}"#,
             status.canonical_reason().unwrap_or("Error"),
@@ -140,7 +146,14 @@ impl Responder {
     }
 
     /// The response when the store failed and the failure mode is closed.
-    pub(crate) fn unavailable() -> Response<Full<Bytes>> {
+    pub(crate) fn unavailable(&self) -> Response<Full<Bytes>> {
+        if self.grpc {
+            let mut response = grpc_response(GRPC_UNAVAILABLE, "the rate limiter is unavailable");
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            return response;
+        }
         let body = r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"the rate limiter is unavailable"}"#;
         let mut response = problem_response(StatusCode::SERVICE_UNAVAILABLE, body.to_owned());
         response
@@ -148,6 +161,39 @@ impl Responder {
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         response
     }
+}
+
+/// Why a request was denied, in words.
+fn detail(decision: &Decision) -> String {
+    let name = decision.policy().name();
+    match decision.outcome() {
+        Outcome::CostExceedsCapacity { cost, capacity } => format!(
+            "request cost {cost} exceeds the capacity {capacity} of limit '{name}'; it can never be admitted"
+        ),
+        _ => match headers::retry_after_secs(decision) {
+            Some(secs) => format!("limit '{name}' exceeded, retry in {secs} s"),
+            None => format!("limit '{name}' exceeded"),
+        },
+    }
+}
+
+const GRPC_PERMISSION_DENIED: &str = "7";
+const GRPC_RESOURCE_EXHAUSTED: &str = "8";
+const GRPC_INTERNAL: &str = "13";
+const GRPC_UNAVAILABLE: &str = "14";
+const GRPC_UNAUTHENTICATED: &str = "16";
+
+/// A trailers-only gRPC response with `code` and `message`.
+fn grpc_response(code: &'static str, message: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::default());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from_static(code));
+    // Our messages are printable ASCII without '%': valid unencoded.
+    if let Ok(message) = HeaderValue::from_str(message) {
+        headers.insert("grpc-message", message);
+    }
+    response
 }
 
 fn problem_response(status: StatusCode, body: String) -> Response<Full<Bytes>> {

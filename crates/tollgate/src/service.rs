@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use tollgate_core::{Policy, Store};
@@ -10,7 +11,7 @@ use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
-use crate::future::ResponseFuture;
+use crate::future::{Check, ResponseFuture, Waiter};
 use crate::response::{MissingKey, Responder};
 
 /// Configuration and state shared by a layer's services and their clones.
@@ -19,6 +20,7 @@ pub(crate) struct Shared<K, St> {
     pub(crate) store: Arc<St>,
     pub(crate) extractor: Arc<K>,
     pub(crate) cost: u64,
+    pub(crate) wait: Option<Duration>,
     pub(crate) responder: Arc<Responder>,
 }
 
@@ -109,19 +111,31 @@ where
             };
         };
 
+        let waiter = shared.wait.map(|max_wait| Waiter {
+            recheck: {
+                let (shared, key) = (shared.clone(), key.clone());
+                Box::new(move || check(shared.clone(), key.clone()))
+            },
+            deadline: tokio::time::Instant::now() + max_wait,
+        });
         match shared
             .store
             .try_check_now(&key, &shared.policy, shared.cost)
         {
-            Some(result) => ResponseFuture::decided(result, inner, request, responder),
+            Some(result) => ResponseFuture::decided(result, inner, request, responder, waiter),
             None => {
-                let shared = shared.clone();
-                let check =
-                    Box::pin(
-                        async move { shared.store.check(&key, &shared.policy, shared.cost).await },
-                    );
-                ResponseFuture::check(check, inner, request, responder)
+                let check = check(shared.clone(), key);
+                ResponseFuture::check(check, inner, request, responder, waiter)
             }
         }
     }
+}
+
+/// Asks the store, owning everything the question needs.
+fn check<K, St>(shared: Arc<Shared<K, St>>, key: tollgate_core::Key) -> Check
+where
+    K: Send + Sync + 'static,
+    St: Store,
+{
+    Box::pin(async move { shared.store.check(&key, &shared.policy, shared.cost).await })
 }

@@ -418,3 +418,140 @@ async fn a_leaky_bucket_holds_requests_for_their_delay() {
         ]
     );
 }
+
+#[tokio::test]
+async fn ietf_draft_headers_list_every_limit() {
+    let (clock, store) = clock_and_store();
+    clock.advance(Duration::from_millis(500));
+    let policy = Policy::builder("search")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("2/5s")
+        .limit("300/min")
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy, GlobalKey)
+            .store(store)
+            .headers(HeaderStyle::Both),
+    );
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some(r#""search-0";q=2;w=5, "search-1";q=300;w=60"#)
+    );
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some(r#""search-0";r=1;t=0, "search-1";r=299;t=0"#)
+    );
+    assert_eq!(
+        header(&res, "x-ratelimit-remaining"),
+        Some("1"),
+        "GitHub headers report the binding limit"
+    );
+    app.clone().oneshot(get_root()).await.unwrap();
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 4.5 s until the 5 s window ends: t = 5, as is Retry-After.
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some(r#""search-0";r=0;t=5, "search-1";r=298;t=0"#)
+    );
+    assert_eq!(header(&res, "retry-after"), Some("5"));
+
+    let (_, store) = clock_and_store();
+    let single = Policy::new("one", Algorithm::Gcra, "10/s").unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(single, GlobalKey)
+            .store(store)
+            .headers(HeaderStyle::Ietf),
+    );
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "ratelimit-policy"), Some(r#""one";q=10;w=1"#));
+    assert_eq!(header(&res, "ratelimit"), Some(r#""one";r=9;t=0"#));
+    assert_eq!(header(&res, "x-ratelimit-limit"), None);
+}
+
+#[tokio::test]
+async fn grpc_rejections_are_resource_exhausted_with_metadata() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("greeter", Algorithm::FixedWindow, "1/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store).grpc());
+    assert_eq!(
+        app.clone().oneshot(get_root()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "gRPC errors travel in grpc-status"
+    );
+    assert_eq!(header(&res, "content-type"), Some("application/grpc"));
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(
+        header(&res, "grpc-message"),
+        Some("limit 'greeter' exceeded, retry in 60 s")
+    );
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+}
+
+async fn six_at_once(max_wait: Duration) -> Vec<(u128, u16)> {
+    let clock = TokioClock::starting_at(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let policy = Policy::new("outbound", Algorithm::SlidingLog, "2/s").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .wait(max_wait));
+    let start = tokio::time::Instant::now();
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let res = app.oneshot(get_root()).await.unwrap();
+                (start.elapsed().as_millis(), res.status().as_u16())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.unwrap());
+    }
+    results.sort_unstable();
+    results
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_mode_holds_requests_until_admitted() {
+    // Two pass at once. The other four could be admitted in 1 s, within
+    // the 1.5 s allowed, so they wait; two of them then win, and the last
+    // two, whose turn would come after 2 s, are rejected at 1 s.
+    assert_eq!(
+        six_at_once(Duration::from_millis(1_500)).await,
+        [
+            (0, 200),
+            (0, 200),
+            (1_000, 200),
+            (1_000, 200),
+            (1_000, 429),
+            (1_000, 429)
+        ]
+    );
+    // With 2.5 s, everyone gets through.
+    assert_eq!(
+        six_at_once(Duration::from_millis(2_500)).await,
+        [
+            (0, 200),
+            (0, 200),
+            (1_000, 200),
+            (1_000, 200),
+            (2_000, 200),
+            (2_000, 200)
+        ]
+    );
+    // With 0.5 s nobody waits in vain: the four are rejected at once.
+    assert_eq!(
+        six_at_once(Duration::from_millis(500)).await,
+        [(0, 200), (0, 200), (0, 429), (0, 429), (0, 429), (0, 429)]
+    );
+}

@@ -1,0 +1,188 @@
+//! Key extraction through the layer: spoofing, proxies, IPv6 grouping,
+//! composite keys.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tollgate::{
+    Algorithm, ClientIp, ExtensionKey, FakeClock, MemoryStore, PeerIp, Policy, RateLimitLayer,
+    RouteKey,
+};
+use tower::ServiceExt;
+
+fn store() -> MemoryStore {
+    MemoryStore::builder()
+        .clock(FakeClock::default())
+        .build()
+        .unwrap()
+}
+
+fn from(peer: &str, xff: Option<&str>) -> Request<Body> {
+    let mut builder = Request::get("/");
+    if let Some(xff) = xff {
+        builder = builder.header("x-forwarded-for", xff);
+    }
+    let mut req = builder.body(Body::empty()).unwrap();
+    let ip: IpAddr = peer.parse().unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::new(ip, 40_000)));
+    req
+}
+
+async fn allowed(app: &Router, requests: impl IntoIterator<Item = Request<Body>>) -> usize {
+    let mut n = 0;
+    for req in requests {
+        n += usize::from(app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK);
+    }
+    n
+}
+
+fn app(extractor: ClientIp, limit: &str) -> Router {
+    let policy = Policy::new("ip", Algorithm::FixedWindow, limit).unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(policy, extractor).store(store()))
+}
+
+#[tokio::test]
+async fn an_untrusted_peer_cannot_spoof_its_bucket() {
+    let app = app(
+        ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap(),
+        "5/min",
+    );
+    let spoofed = (0..1_000).map(|i| {
+        from(
+            "203.0.113.9",
+            Some(&format!("198.51.{}.{}", i / 256, i % 256)),
+        )
+    });
+    assert_eq!(
+        allowed(&app, spoofed).await,
+        5,
+        "1,000 forged headers share one bucket"
+    );
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_rightmost_untrusted_hop_is_the_key() {
+    let app = app(
+        ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap(),
+        "2/min",
+    );
+    // The client forges the left end; the proxy appends the real client.
+    let requests = (0..10).map(|i| from("10.0.0.1", Some(&format!("6.6.6.{i}, 198.51.100.7"))));
+    assert_eq!(
+        allowed(&app, requests).await,
+        2,
+        "all counted against 198.51.100.7"
+    );
+    // Another real client behind the same proxy has its own bucket.
+    assert_eq!(
+        allowed(&app, [from("10.0.0.1", Some("198.51.100.8"))]).await,
+        1
+    );
+    // Two trusted hops are skipped.
+    let requests = (0..3).map(|_| from("10.0.0.1", Some("198.51.100.9, 10.2.2.2, 10.3.3.3")));
+    assert_eq!(allowed(&app, requests).await, 2);
+}
+
+#[tokio::test]
+async fn garbage_and_giant_headers_fall_back_to_the_peer_without_panic() {
+    let app = app(
+        ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap(),
+        "1000/min",
+    );
+    let giant = vec!["1.2.3.4"; 10_000].join(", ");
+    let garbage = ["", ",,,", "unknown", "999.999.1.1", "[::1", &giant];
+    for g in garbage {
+        let res = app
+            .clone()
+            .oneshot(from("10.0.0.1", Some(g)))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{:?}", g.get(..20));
+    }
+    // Bytes that are not UTF-8.
+    let mut req = from("10.0.0.1", None);
+    req.headers_mut().insert(
+        "x-forwarded-for",
+        http::HeaderValue::from_bytes(b"\xff\xfe, 1.2.3.4").unwrap(),
+    );
+    assert_eq!(
+        app.clone().oneshot(req).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // All of them counted against the proxy itself.
+    let res = app.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "992");
+}
+
+#[tokio::test]
+async fn ipv6_is_grouped_by_56_and_mapped_ipv4_is_ipv4() {
+    let policy = Policy::new("v6", Algorithm::FixedWindow, "3/min").unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(policy, PeerIp::new()).store(store()));
+    // 1,000 addresses in one /64 share a bucket.
+    let one_64 = (0..1_000u32).map(|i| {
+        from(
+            &format!("2001:db8:1:2:{:x}:{:x}::1", i >> 8, i & 0xff),
+            None,
+        )
+    });
+    assert_eq!(allowed(&app, one_64).await, 3);
+    // Another /56 does not.
+    assert_eq!(allowed(&app, [from("2001:db8:1:300::1", None)]).await, 1);
+    // ::ffff:1.2.3.4 is 1.2.3.4, and no other IPv4 client.
+    assert_eq!(
+        allowed(&app, [from("1.2.3.4", None), from("::ffff:1.2.3.4", None)]).await,
+        2
+    );
+    assert_eq!(
+        allowed(&app, [from("::ffff:1.2.3.4", None), from("1.2.3.4", None)]).await,
+        1
+    );
+    assert_eq!(allowed(&app, [from("1.2.3.5", None)]).await, 1);
+}
+
+#[tokio::test]
+async fn route_and_user_compose_without_collisions() {
+    let policy = Policy::new("route-user", Algorithm::FixedWindow, "1/min").unwrap();
+    let app = Router::new()
+        .route("/a/{id}", get(|| async { "a" }))
+        .route("/b/{id}", get(|| async { "b" }))
+        .route_layer(
+            RateLimitLayer::new(policy, (RouteKey, ExtensionKey::<String>::new())).store(store()),
+        );
+    let req = |path: &str, user: &str| {
+        let mut r = Request::get(path).body(Body::empty()).unwrap();
+        r.extensions_mut().insert(user.to_owned());
+        r
+    };
+    let statuses = {
+        let mut v = Vec::new();
+        for (path, user) in [
+            ("/a/1", "ada"),
+            ("/a/2", "ada"),
+            ("/b/1", "ada"),
+            ("/a/1", "bob"),
+        ] {
+            v.push(
+                app.clone()
+                    .oneshot(req(path, user))
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16(),
+            );
+        }
+        v
+    };
+    // /a/{id} is one route whatever the id; /b/{id} and bob have their own buckets.
+    assert_eq!(statuses, [200, 429, 200, 200]);
+}
