@@ -1,35 +1,211 @@
-//! The example app over real TCP on loopback.
+//! The example app end to end: every route of the bundled policy file, on
+//! the in-memory store and on Redis, and over real TCP.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use axum_app::{Policies, app};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum_app::{AppConfig, AppStore, app};
+use http::{Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate::{FakeClock, MemoryStore, Timestamp};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{require_redis, unique_prefix};
+use tower::ServiceExt;
 
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
+/// A whole minute, so windows are easy to read.
+const T0: u64 = 1_700_000_040;
+
+fn config() -> AppConfig {
+    AppConfig::parse(include_str!("../../examples/axum-app/policies.toml")).unwrap()
 }
 
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
+/// One response, reduced to what a client sees of the limiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+impl Seen {
+    fn get(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
 }
 
-async fn start() -> SocketAddr {
+async fn send(app: &Router, method: &str, path: &str, user: Option<&str>) -> Seen {
+    let mut builder = Request::builder().method(method).uri(path);
+    if let Some(user) = user {
+        builder = builder.header("authorization", format!("Bearer demo-{user}"));
+    }
+    let res: Response<Body> = app
+        .clone()
+        .oneshot(builder.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let mut headers: Vec<(String, String)> = res
+        .headers()
+        .iter()
+        .filter(|(n, _)| n.as_str().starts_with("x-ratelimit") || n.as_str() == "retry-after")
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
+    Seen {
+        status: res.status().as_u16(),
+        headers,
+    }
+}
+
+/// Drives every route; returns everything seen, in order.
+async fn scenario(store: AppStore, clock: &FakeClock) -> Vec<Seen> {
+    clock.set(Timestamp::from_secs(T0) + Duration::from_millis(12_500));
+    let app =
+        app(&config(), store).layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 7], 5555))));
+    let mut seen = Vec::new();
+
+    // /health is not limited.
+    let health = send(&app, "GET", "/health", None).await;
+    assert_eq!((health.status, health.headers.len()), (200, 0));
+    seen.push(health);
+
+    // POST /login: 5 per minute per IP, fixed window.
+    for i in 0..5u64 {
+        let s = send(&app, "POST", "/login", None).await;
+        assert_eq!(s.status, 200);
+        assert_eq!(s.get("x-ratelimit-limit"), Some("5"));
+        assert_eq!(s.get("x-ratelimit-remaining").unwrap(), (4 - i).to_string());
+        assert_eq!(s.get("x-ratelimit-used").unwrap(), (i + 1).to_string());
+        assert_eq!(s.get("x-ratelimit-reset"), Some("1700000100"));
+        assert_eq!(s.get("x-ratelimit-resource"), Some("login"));
+        seen.push(s);
+    }
+    let s = send(&app, "POST", "/login", None).await;
+    assert_eq!(s.status, 429);
+    assert_eq!(s.get("retry-after"), Some("48"), "47.5 s rounded up");
+    seen.push(s);
+
+    // /api/* without a valid token: 401 after the per-IP limit, before any
+    // per-user one.
+    for token in [None, Some("")] {
+        let s = send(&app, "GET", "/api/items", token).await;
+        assert_eq!(s.status, 401);
+        assert_eq!(s.get("x-ratelimit-resource"), Some("api-ip"));
+        seen.push(s);
+    }
+
+    // GET /api/items: GCRA 5/s with bursts of 10, per user.
+    for i in 0..10u64 {
+        let s = send(&app, "GET", "/api/items", Some("ada")).await;
+        assert_eq!(s.status, 200);
+        assert_eq!(s.get("x-ratelimit-resource"), Some("items-read"));
+        assert_eq!(s.get("x-ratelimit-remaining").unwrap(), (9 - i).to_string());
+        seen.push(s);
+    }
+    let s = send(&app, "GET", "/api/items", Some("ada")).await;
+    assert_eq!(
+        (s.status, s.get("retry-after")),
+        (429, Some("1")),
+        "200 ms rounded up"
+    );
+    assert_eq!(s.get("x-ratelimit-resource"), Some("items-read"));
+    seen.push(s);
+    // Another user is not affected.
+    let s = send(&app, "GET", "/api/items", Some("bob")).await;
+    assert_eq!((s.status, s.get("x-ratelimit-remaining")), (200, Some("9")));
+    seen.push(s);
+
+    // POST /api/items: sliding window, 20 per minute per user.
+    for _ in 0..20 {
+        let s = send(&app, "POST", "/api/items", Some("ada")).await;
+        assert_eq!(s.status, 201);
+        seen.push(s);
+    }
+    let s = send(&app, "POST", "/api/items", Some("ada")).await;
+    assert_eq!(
+        (s.status, s.get("x-ratelimit-resource")),
+        (429, Some("items-write"))
+    );
+    // The 20 still weigh 20 * (60 - e) / 60 in the next window; a 21st fits
+    // once that is at most 19: 3 s into it, 50.5 s from now.
+    assert_eq!(s.get("retry-after"), Some("51"));
+    seen.push(s);
+
+    // GET /api/search: 2 per second and 100 per hour, per user.
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, "GET", "/api/search?q=x", Some("cyd"))
+                .await
+                .status,
+            200
+        );
+    }
+    let s = send(&app, "GET", "/api/search?q=x", Some("cyd")).await;
+    assert_eq!(
+        (s.status, s.get("retry-after"), s.get("x-ratelimit-limit")),
+        (429, Some("1"), Some("2"))
+    );
+    seen.push(s);
+    clock.advance(Duration::from_secs(1));
+    let s = send(&app, "GET", "/api/search?q=x", Some("cyd")).await;
+    assert_eq!((s.status, s.get("x-ratelimit-remaining")), (200, Some("1")));
+    seen.push(s);
+
+    // GET /api/export: token bucket of 50 per hour, each export costs 10.
+    for remaining in ["40", "30", "20", "10", "0"] {
+        let s = send(&app, "GET", "/api/export", Some("dee")).await;
+        assert_eq!(
+            (s.status, s.get("x-ratelimit-remaining")),
+            (200, Some(remaining))
+        );
+        seen.push(s);
+    }
+    let s = send(&app, "GET", "/api/export", Some("dee")).await;
+    // 10 tokens at one per 72 s.
+    assert_eq!((s.status, s.get("retry-after")), (429, Some("720")));
+    seen.push(s);
+    seen
+}
+
+#[tokio::test]
+async fn every_route_on_memory_and_the_same_on_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = scenario(AppStore::Memory(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = scenario(AppStore::Redis(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
+}
+
+async fn raw_http(addr: SocketAddr, request: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    raw
+}
+
+#[tokio::test]
+async fn connect_info_over_real_tcp() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    // Limiter time is fake, so no run can straddle a window boundary.
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
-    let store = MemoryStore::builder().clock(clock).build().unwrap();
-    let app = app(&Policies::demo().unwrap(), store);
+    let app = app(&config(), AppStore::Memory(store));
     tokio::spawn(async move {
         axum::serve(
             listener,
@@ -38,82 +214,17 @@ async fn start() -> SocketAddr {
         .await
         .unwrap();
     });
-    addr
-}
-
-async fn send(addr: SocketAddr, method: &str, path: &str, auth: Option<&str>) -> Reply {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let auth = auth
-        .map(|a| format!("Authorization: {a}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(": "))
-        .map(|(n, v)| (n.to_owned(), v.to_owned()))
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
-}
-
-#[tokio::test]
-async fn login_is_limited_per_ip_and_the_api_per_user() {
-    let addr = start().await;
-
-    let health = send(addr, "GET", "/health", None).await;
-    assert_eq!(health.status, 200);
-    assert_eq!(health.header("x-ratelimit-limit"), None);
-
+    let login = "POST /login HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
     for remaining in ["4", "3", "2", "1", "0"] {
-        let r = send(addr, "POST", "/login", None).await;
-        assert_eq!(r.status, 200);
-        assert_eq!(r.header("x-ratelimit-remaining"), Some(remaining));
-        assert_eq!(r.header("x-ratelimit-resource"), Some("login"));
+        let raw = raw_http(addr, login).await;
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+        assert!(
+            raw.contains(&format!("x-ratelimit-remaining: {remaining}\r\n")),
+            "{raw}"
+        );
     }
-    let r = send(addr, "POST", "/login", None).await;
-    assert_eq!(r.status, 429);
-    assert_eq!(r.header("retry-after"), Some("60"));
-    assert_eq!(r.header("x-ratelimit-reset"), Some("1700000100"));
-    assert!(
-        r.body.contains("\"violated-policies\":[\"login\"]"),
-        "{}",
-        r.body
-    );
-
-    assert_eq!(send(addr, "GET", "/api/hello", None).await.status, 401);
-    // GCRA with a burst of 5: five at once per user, then denied.
-    for _ in 0..5 {
-        let r = send(addr, "GET", "/api/hello", Some("Bearer demo-ada")).await;
-        assert_eq!(r.status, 200);
-        assert_eq!(r.body, "hello, ada\n");
-    }
-    let r = send(addr, "GET", "/api/hello", Some("Bearer demo-ada")).await;
-    assert_eq!(r.status, 429);
-    assert_eq!(r.header("retry-after"), Some("6"), "10/min: one every 6 s");
-    assert_eq!(
-        r.header("x-ratelimit-reset"),
-        Some("1700000070"),
-        "full again in 30 s"
-    );
-    // Another user has a bucket of their own.
-    let r = send(addr, "GET", "/api/hello", Some("Bearer demo-bob")).await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.header("x-ratelimit-remaining"), Some("4"));
+    let raw = raw_http(addr, login).await;
+    assert!(raw.starts_with("HTTP/1.1 429"), "{raw}");
+    assert!(raw.contains("retry-after: 60\r\n"), "{raw}");
+    assert!(raw.contains(r#""violated-policies":["login"]"#), "{raw}");
 }

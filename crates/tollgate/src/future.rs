@@ -186,7 +186,9 @@ where
                     decision: None,
                 }
             }
-            FailureMode::Closed => {
+            // `Local` was handled where the store was asked; what is left is
+            // a failure of the fallback itself.
+            FailureMode::Closed | FailureMode::Local => {
                 tracing::warn!(
                     error = &error as &dyn std::error::Error,
                     "rate-limit store failed; answering 503"

@@ -25,6 +25,8 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 #[non_exhaustive]
 pub enum HeaderStyle {
     /// GitHub's `x-ratelimit-*` headers (the default), for the binding limit.
+    /// When several layers limit one route (per IP, then per user), the
+    /// headers describe the one with the fewest requests remaining.
     #[default]
     GitHub,
     /// The IETF draft's (draft-ietf-httpapi-ratelimit-headers-10)
@@ -47,13 +49,25 @@ pub enum HeaderStyle {
     None,
 }
 
-/// Writes the headers of `style` for `decision` into `headers`.
+/// Writes the headers of `style` for `decision` into `headers`. When a
+/// nearer layer already wrote GitHub headers, they are replaced only if this
+/// decision leaves fewer requests.
 pub(crate) fn write(style: HeaderStyle, decision: &Decision, headers: &mut HeaderMap) {
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         write_ietf(decision, headers);
     }
+    // Stacked layers (per IP, then per user) all decorate one response:
+    // the GitHub headers describe the tightest of them.
+    let tighter = || match headers.get(X_RATELIMIT_REMAINING) {
+        Some(existing) => existing
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_none_or(|existing| decision.remaining() < existing),
+        None => true,
+    };
     match style {
-        HeaderStyle::GitHub | HeaderStyle::Both => {
+        HeaderStyle::GitHub | HeaderStyle::Both if tighter() => {
             headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit()));
             headers.insert(
                 X_RATELIMIT_REMAINING,
@@ -68,7 +82,7 @@ pub(crate) fn write(style: HeaderStyle, decision: &Decision, headers: &mut Heade
                 headers.insert(X_RATELIMIT_RESOURCE, name);
             }
         }
-        HeaderStyle::Ietf | HeaderStyle::None => {}
+        _ => {}
     }
 }
 
@@ -98,9 +112,11 @@ fn write_ietf(decision: &Decision, headers: &mut HeaderMap) {
         let _ = write!(state, "{sep}{item};r={};t={more_in}", status.remaining());
     }
     // Policy names are validated tokens, so both values are valid header values.
+    // Appended: stacked layers each add their items, and field lines of a
+    // structured list combine into one list.
     if let (Ok(policy), Ok(state)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state)) {
-        headers.insert(RATELIMIT_POLICY, policy);
-        headers.insert(RATELIMIT, state);
+        headers.append(RATELIMIT_POLICY, policy);
+        headers.append(RATELIMIT, state);
     }
 }
 

@@ -41,6 +41,7 @@ pub struct RateLimitLayer<K, St = MemoryStore> {
     extractor: Arc<K>,
     cost: u64,
     wait: Option<Duration>,
+    local: Option<MemoryStore>,
     responder: Responder,
 }
 
@@ -52,6 +53,7 @@ impl<K, St> Clone for RateLimitLayer<K, St> {
             extractor: self.extractor.clone(),
             cost: self.cost,
             wait: self.wait,
+            local: self.local.clone(),
             responder: self.responder.clone(),
         }
     }
@@ -67,6 +69,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             extractor: Arc::new(extractor),
             cost: 1,
             wait: None,
+            local: None,
             responder: Responder::default(),
         }
     }
@@ -82,6 +85,7 @@ impl<K, St> RateLimitLayer<K, St> {
             extractor: self.extractor,
             cost: self.cost,
             wait: self.wait,
+            local: self.local,
             responder: self.responder,
         }
     }
@@ -165,6 +169,13 @@ impl<K, St> RateLimitLayer<K, St> {
         self
     }
 
+    /// The in-memory store [`FailureMode::Local`] decides with (default: a
+    /// new [`MemoryStore`] per `layer` call, with the system clock).
+    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
+        self.local = Some(store);
+        self
+    }
+
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.policy
@@ -188,6 +199,7 @@ impl<S, K, St> Layer<S> for RateLimitLayer<K, St> {
                 extractor: self.extractor.clone(),
                 cost: self.cost,
                 wait: self.wait,
+                local: self.local.clone().unwrap_or_default(),
                 responder: Arc::new(self.responder.clone()),
             }),
         )

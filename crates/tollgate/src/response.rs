@@ -36,6 +36,10 @@ pub enum FailureMode {
     Open,
     /// Answer 503 with `Retry-After: 1`.
     Closed,
+    /// Decide with an in-memory store instead, under the same policy, and
+    /// log a warning: limiting goes on, per instance. See
+    /// [`RateLimitLayer::local_fallback`](crate::RateLimitLayer::local_fallback).
+    Local,
 }
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;

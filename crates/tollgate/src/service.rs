@@ -6,13 +6,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tollgate_core::{Policy, Store};
+use tollgate_core::{Decision, Key, MemoryStore, Policy, Store, StoreError};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
 use crate::future::{Check, ResponseFuture, Waiter};
-use crate::response::{MissingKey, Responder};
+use crate::response::{FailureMode, MissingKey, Responder};
 
 /// Configuration and state shared by a layer's services and their clones.
 pub(crate) struct Shared<K, St> {
@@ -21,7 +21,29 @@ pub(crate) struct Shared<K, St> {
     pub(crate) extractor: Arc<K>,
     pub(crate) cost: u64,
     pub(crate) wait: Option<Duration>,
+    pub(crate) local: MemoryStore,
     pub(crate) responder: Arc<Responder>,
+}
+
+impl<K, St> Shared<K, St> {
+    /// Applies the local fallback to a store failure, if configured.
+    fn fall_back(
+        &self,
+        key: &Key,
+        result: Result<Decision, StoreError>,
+    ) -> Result<Decision, StoreError> {
+        match result {
+            Err(error) if self.responder.failure == FailureMode::Local => {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    policy = self.policy.name(),
+                    "rate-limit store failed; deciding with the local fallback"
+                );
+                self.local.check_sync(key, &self.policy, self.cost)
+            }
+            other => other,
+        }
+    }
 }
 
 /// A service that rate-limits requests before passing them to `S`.
@@ -122,7 +144,10 @@ where
             .store
             .try_check_now(&key, &shared.policy, shared.cost)
         {
-            Some(result) => ResponseFuture::decided(result, inner, request, responder, waiter),
+            Some(result) => {
+                let result = shared.fall_back(&key, result);
+                ResponseFuture::decided(result, inner, request, responder, waiter)
+            }
             None => {
                 let check = check(shared.clone(), key);
                 ResponseFuture::check(check, inner, request, responder, waiter)
@@ -132,10 +157,13 @@ where
 }
 
 /// Asks the store, owning everything the question needs.
-fn check<K, St>(shared: Arc<Shared<K, St>>, key: tollgate_core::Key) -> Check
+fn check<K, St>(shared: Arc<Shared<K, St>>, key: Key) -> Check
 where
     K: Send + Sync + 'static,
     St: Store,
 {
-    Box::pin(async move { shared.store.check(&key, &shared.policy, shared.cost).await })
+    Box::pin(async move {
+        let result = shared.store.check(&key, &shared.policy, shared.cost).await;
+        shared.fall_back(&key, result)
+    })
 }

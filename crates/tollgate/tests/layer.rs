@@ -300,6 +300,40 @@ async fn store_failures_follow_the_failure_mode() {
     let res = closed.oneshot(request("b")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&res, "retry-after"), Some("1"));
+
+    // Local: the same policy goes on in memory.
+    let fallback = MemoryStore::builder()
+        .clock(FakeClock::new(Timestamp::from_secs(T0)))
+        .build()
+        .unwrap();
+    let policy = Policy::new("full", Algorithm::FixedWindow, "5/min").unwrap();
+    let local = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(
+            policy,
+            HeaderKey::new(http::HeaderName::from_static("x-client")),
+        )
+        .store(MemoryStore::builder().max_keys(1).build().unwrap())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(fallback.clone()),
+    );
+    local.clone().oneshot(request("a")).await.unwrap();
+    let statuses: Vec<u16> = {
+        let mut v = Vec::new();
+        for _ in 0..6 {
+            v.push(
+                local
+                    .clone()
+                    .oneshot(request("b"))
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16(),
+            );
+        }
+        v
+    };
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    assert_eq!(fallback.len(), 1, "b lives in the fallback store");
 }
 
 #[tokio::test]

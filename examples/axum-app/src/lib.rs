@@ -1,22 +1,32 @@
-//! Tollgate's demo app: an Axum API with per-IP and per-user rate limits on
-//! the embedded in-memory store.
+//! Tollgate's demo app: an Axum API whose rate limits come from a TOML
+//! policy file (`policies.toml`), on the in-memory store or on Redis.
 //!
-//! Run with: `cargo run -p axum-app`, then for example
-//! `curl -i -X POST localhost:3000/login` (limited per IP) or
-//! `curl -i -H 'Authorization: Bearer demo-ada' localhost:3000/api/hello`
-//! (limited per user).
+//! Run with: `cargo run -p axum-app -- [--listen ADDR] [--redis-url URL] [--config FILE]`
+//!
+//! `Authorization: Bearer demo-<user>` authenticates as `<user>`; `/api/*`
+//! answers 401 without it. Per-IP entries apply before authentication,
+//! per-user ones after it.
+
+pub mod config;
 
 use std::fmt;
 
 use axum::Router;
-use axum::extract::{Extension, Request};
+use axum::body::Body;
+use axum::extract::{Extension, Query, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodFilter, MethodRouter, on};
+use axum::{Json, http};
+use serde::Deserialize;
 use tollgate::{
-    Algorithm, ConfigError, ExtensionKey, Key, MemoryStore, PeerIp, Policy, RateLimitLayer, ToKey,
+    ClientIp, Decision, ExtensionKey, GlobalKey, HeaderKey, Key, KeyExtractor, MemoryStore, Policy,
+    RateLimitLayer, Store, StoreError, ToKey,
 };
+use tollgate_redis::RedisStore;
+
+pub use config::{AppConfig, ConfigFileError, KeySpec, ROUTES, RouteConfig};
 
 /// The id of a user authenticated by the demo auth middleware.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,50 +44,115 @@ impl fmt::Display for UserId {
     }
 }
 
-/// The demo's policies.
+/// The store the app runs on.
 #[derive(Debug, Clone)]
-pub struct Policies {
-    /// `POST /login`, per client IP: brute-force protection.
-    pub login: Policy,
-    /// `/api/*`, per authenticated user.
-    pub api: Policy,
+pub enum AppStore {
+    /// The embedded in-memory store.
+    Memory(MemoryStore),
+    /// Redis, shared by every instance of the app.
+    Redis(RedisStore),
 }
 
-impl Policies {
-    /// The built-in policies.
-    ///
-    /// # Errors
-    ///
-    /// Never in practice; the policies are constants checked at start-up.
-    pub fn demo() -> Result<Self, ConfigError> {
-        Ok(Self {
-            login: Policy::new("login", Algorithm::FixedWindow, "5/min")?,
-            api: Policy::builder("api")
-                .algorithm(Algorithm::Gcra)
-                .limit("10/min")
-                .burst(5)
-                .build()?,
-        })
+impl Store for AppStore {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        match self {
+            AppStore::Memory(store) => store.check(key, policy, cost).await,
+            AppStore::Redis(store) => store.check(key, policy, cost).await,
+        }
+    }
+
+    fn try_check_now(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        match self {
+            AppStore::Memory(store) => store.try_check_now(key, policy, cost),
+            AppStore::Redis(_) => None,
+        }
+    }
+}
+
+/// The key extractor of a route entry.
+#[derive(Debug, Clone)]
+enum AppKey {
+    Ip(ClientIp),
+    User(ExtensionKey<UserId>),
+    Header(HeaderKey),
+    Global(GlobalKey),
+}
+
+impl KeyExtractor<Body> for AppKey {
+    fn extract(&self, request: &Request) -> Option<Key> {
+        match self {
+            AppKey::Ip(e) => e.extract(request),
+            AppKey::User(e) => e.extract(request),
+            AppKey::Header(e) => e.extract(request),
+            AppKey::Global(e) => e.extract(request),
+        }
     }
 }
 
 /// The app's router. Serve it with
-/// `into_make_service_with_connect_info::<SocketAddr>()`: the login limit
-/// is keyed by the peer address.
-pub fn app(policies: &Policies, store: MemoryStore) -> Router {
-    let login = Router::new()
-        .route("/login", post(login))
-        .layer(RateLimitLayer::new(policies.login.clone(), PeerIp::new()).store(store.clone()));
-    let api = Router::new()
-        .route("/api/hello", get(hello))
-        .layer(
-            RateLimitLayer::new(policies.api.clone(), ExtensionKey::<UserId>::new()).store(store),
-        )
-        .layer(middleware::from_fn(demo_auth));
-    Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .merge(login)
-        .merge(api)
+/// `into_make_service_with_connect_info::<SocketAddr>()`: IP keys need the
+/// peer address.
+pub fn app(config: &AppConfig, store: AppStore) -> Router {
+    let mut router = Router::new();
+    for &(method, path) in ROUTES {
+        let mut route: MethodRouter = handler(method, path);
+        let entries: Vec<&RouteConfig> = config
+            .routes
+            .iter()
+            .filter(|r| r.matches(method, path))
+            .collect();
+        // Layers added later wrap earlier ones: add the innermost first, so
+        // that the file's first entry is the outermost of its group.
+        for entry in entries.iter().rev().filter(|e| e.key.after_auth()) {
+            route = route.layer(layer(config, entry, &store));
+        }
+        if config::is_authenticated(path) {
+            route = route.layer(middleware::from_fn(demo_auth));
+        }
+        for entry in entries.iter().rev().filter(|e| !e.key.after_auth()) {
+            route = route.layer(layer(config, entry, &store));
+        }
+        router = router.route(path, route);
+    }
+    router
+}
+
+fn layer(
+    config: &AppConfig,
+    entry: &RouteConfig,
+    store: &AppStore,
+) -> RateLimitLayer<AppKey, AppStore> {
+    let key = match &entry.key {
+        KeySpec::Ip => AppKey::Ip(config.client_ip.clone()),
+        KeySpec::User => AppKey::User(ExtensionKey::new()),
+        KeySpec::Header(name) => AppKey::Header(HeaderKey::new(name.clone())),
+        KeySpec::Global => AppKey::Global(GlobalKey),
+    };
+    RateLimitLayer::new(entry.policy.clone(), key)
+        .store(store.clone())
+        .cost(entry.cost)
+        .headers(config.header_style)
+        .on_store_error(config.failure)
+}
+
+fn handler(method: &str, path: &str) -> MethodRouter {
+    let filter = match method {
+        "POST" => MethodFilter::POST,
+        _ => MethodFilter::GET,
+    };
+    match (method, path) {
+        ("GET", "/health") => on(filter, || async { "ok\n" }),
+        ("POST", "/login") => on(filter, || async { "logged in (demo)\n" }),
+        ("GET", "/api/items") => on(filter, list_items),
+        ("POST", "/api/items") => on(filter, create_item),
+        ("GET", "/api/search") => on(filter, search),
+        _ => on(filter, export),
+    }
 }
 
 /// `Authorization: Bearer demo-<user>` authenticates as `<user>`; anything
@@ -85,7 +160,7 @@ pub fn app(policies: &Policies, store: MemoryStore) -> Router {
 async fn demo_auth(mut request: Request, next: Next) -> Response {
     let user = request
         .headers()
-        .get(axum::http::header::AUTHORIZATION)
+        .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer demo-"))
         .filter(|user| !user.is_empty() && user.len() <= 64)
@@ -103,10 +178,50 @@ async fn demo_auth(mut request: Request, next: Next) -> Response {
     }
 }
 
-async fn login() -> &'static str {
-    "logged in (demo)\n"
+async fn list_items(Extension(user): Extension<UserId>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "user": user.0, "items": ["apple", "pear"] }))
 }
 
-async fn hello(Extension(user): Extension<UserId>) -> String {
-    format!("hello, {user}\n")
+async fn create_item(Extension(user): Extension<UserId>) -> (StatusCode, Json<serde_json::Value>) {
+    (
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "user": user.0, "created": true })),
+    )
+}
+
+#[derive(Deserialize)]
+struct SearchQuery {
+    #[serde(default)]
+    q: String,
+}
+
+async fn search(
+    Extension(user): Extension<UserId>,
+    Query(query): Query<SearchQuery>,
+) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "user": user.0, "query": query.q, "results": [] }))
+}
+
+async fn export(Extension(user): Extension<UserId>) -> String {
+    format!("export for {user}: 2 items\n")
+}
+
+/// The policy table printed at start-up.
+pub fn policy_table(config: &AppConfig) -> String {
+    let mut out = String::from("  METHOD PATH          KEY     POLICY\n");
+    for r in &config.routes {
+        let cost = if r.cost == 1 {
+            String::new()
+        } else {
+            format!(", cost {}", r.cost)
+        };
+        out.push_str(&format!(
+            "  {:<6} {:<13} {:<7} {}{cost}\n",
+            r.method,
+            r.path,
+            r.key.to_string(),
+            r.policy
+        ));
+    }
+    out
 }

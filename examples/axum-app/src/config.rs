@@ -1,0 +1,386 @@
+//! The policy file.
+
+use std::fmt;
+
+use serde::Deserialize;
+use tollgate::{Algorithm, ClientIp, ConfigError, FailureMode, HeaderStyle, Policy};
+
+/// The routes of the app, fixed in code.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/health"),
+    ("POST", "/login"),
+    ("GET", "/api/items"),
+    ("POST", "/api/items"),
+    ("GET", "/api/search"),
+    ("GET", "/api/export"),
+];
+
+/// Whether `path` needs an authenticated user.
+pub fn is_authenticated(path: &str) -> bool {
+    path.starts_with("/api/")
+}
+
+/// A policy file that could not be used; the message names the field and
+/// the value.
+#[derive(Debug)]
+pub struct ConfigFileError(String);
+
+impl fmt::Display for ConfigFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigFileError {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    header_style: Option<String>,
+    #[serde(default)]
+    failure: Option<String>,
+    #[serde(default)]
+    trusted_proxies: Vec<String>,
+    #[serde(default)]
+    ipv6_prefix: Option<i64>,
+    #[serde(default, rename = "route")]
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    method: String,
+    path: String,
+    name: String,
+    key: String,
+    algorithm: String,
+    limits: Vec<String>,
+    #[serde(default)]
+    burst: Option<i64>,
+    #[serde(default)]
+    cost: Option<i64>,
+}
+
+/// What a route entry keys requests by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySpec {
+    /// The client IP (behind the trusted proxies).
+    Ip,
+    /// The authenticated user.
+    User,
+    /// A request header's value.
+    Header(http::HeaderName),
+    /// One bucket for everyone.
+    Global,
+}
+
+impl KeySpec {
+    /// Whether the entry applies after authentication.
+    pub fn after_auth(&self) -> bool {
+        *self == KeySpec::User
+    }
+}
+
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySpec::Ip => f.write_str("ip"),
+            KeySpec::User => f.write_str("user"),
+            KeySpec::Header(name) => write!(f, "header:{name}"),
+            KeySpec::Global => f.write_str("global"),
+        }
+    }
+}
+
+/// One `[[route]]` entry, checked.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// `GET`, `POST`, ... or `*`.
+    pub method: String,
+    /// A path of [`ROUTES`], or a prefix ending in `/*`.
+    pub path: String,
+    /// What requests are keyed by.
+    pub key: KeySpec,
+    /// The policy, named after the entry.
+    pub policy: Policy,
+    /// The cost of each request.
+    pub cost: u64,
+}
+
+impl RouteConfig {
+    /// Whether the entry applies to `method` and `path`.
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        method_matches(&self.method, method) && path_matches(&self.path, path)
+    }
+}
+
+/// The whole configuration, checked.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    /// Which rate-limit headers to send.
+    pub header_style: HeaderStyle,
+    /// What to do when the store fails.
+    pub failure: FailureMode,
+    /// How client IPs are found.
+    pub client_ip: ClientIp,
+    /// The trusted proxies as written, for display.
+    pub trusted_proxies: Vec<String>,
+    /// The IPv6 prefix length.
+    pub ipv6_prefix: u8,
+    /// The route entries.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl AppConfig {
+    /// Parses and checks a policy file.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigFileError`] naming the field and the value at fault.
+    pub fn parse(text: &str) -> Result<Self, ConfigFileError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigFileError(e.to_string()))?;
+        let header_style = match raw.header_style.as_deref() {
+            None | Some("github") => HeaderStyle::GitHub,
+            Some("ietf") => HeaderStyle::Ietf,
+            Some("both") => HeaderStyle::Both,
+            Some("none") => HeaderStyle::None,
+            Some(other) => {
+                return Err(bad(
+                    "header_style",
+                    other,
+                    "expected github, ietf, both or none",
+                ));
+            }
+        };
+        let failure = match raw.failure.as_deref() {
+            None | Some("open") => FailureMode::Open,
+            Some("closed") => FailureMode::Closed,
+            Some("local") => FailureMode::Local,
+            Some(other) => return Err(bad("failure", other, "expected open, closed or local")),
+        };
+        let ipv6_prefix = match raw.ipv6_prefix {
+            None => 56,
+            Some(bits) => u8::try_from(bits)
+                .ok()
+                .filter(|b| (32..=128).contains(b))
+                .ok_or_else(|| bad("ipv6_prefix", &bits.to_string(), "expected 32 to 128"))?,
+        };
+        let client_ip = ClientIp::new()
+            .trusted_proxies(&raw.trusted_proxies)
+            .and_then(|c| c.ipv6_prefix(ipv6_prefix))
+            .map_err(|e| ConfigFileError(e.to_string()))?;
+        if raw.routes.is_empty() {
+            return Err(ConfigFileError(
+                "no [[route]] entries: nothing would be limited".into(),
+            ));
+        }
+        let routes = raw
+            .routes
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| route(i + 1, r))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            header_style,
+            failure,
+            client_ip,
+            trusted_proxies: raw.trusted_proxies,
+            ipv6_prefix,
+            routes,
+        })
+    }
+}
+
+fn method_matches(pattern: &str, method: &str) -> bool {
+    pattern == "*" || pattern == method
+}
+
+/// `/api/*` matches every path under `/api/`; anything else matches itself.
+fn path_matches(pattern: &str, path: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => pattern == path,
+    }
+}
+
+fn bad(field: &str, value: &str, why: &str) -> ConfigFileError {
+    ConfigFileError(format!("field `{field}`: invalid value {value:?}: {why}"))
+}
+
+fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
+    let at = |field: &str, value: &str, why: &str| {
+        ConfigFileError(format!(
+            "route {n} ({} {}): field `{field}`: invalid value {value:?}: {why}",
+            r.method, r.path
+        ))
+    };
+    let method = r.method.to_ascii_uppercase();
+    let known: Vec<String> = ROUTES.iter().map(|(m, p)| format!("{m} {p}")).collect();
+    let known = known.join(", ");
+    if !ROUTES.iter().any(|(_, p)| path_matches(&r.path, p)) {
+        return Err(at(
+            "path",
+            &r.path,
+            &format!("not a route of this app ({known})"),
+        ));
+    }
+    let matched = |(m, p): &&(&str, &str)| path_matches(&r.path, p) && method_matches(&method, m);
+    if !ROUTES.iter().any(|route| matched(&route)) {
+        return Err(at("method", &r.method, &format!("no such route ({known})")));
+    }
+    let key = match r.key.as_str() {
+        "ip" => KeySpec::Ip,
+        "user" => KeySpec::User,
+        "global" => KeySpec::Global,
+        other => match other.strip_prefix("header:") {
+            Some(name) => KeySpec::Header(
+                http::HeaderName::try_from(name)
+                    .map_err(|_| at("key", other, "not a valid header name"))?,
+            ),
+            None => {
+                return Err(at(
+                    "key",
+                    other,
+                    "expected ip, user, header:<name> or global",
+                ));
+            }
+        },
+    };
+    if key == KeySpec::User
+        && ROUTES
+            .iter()
+            .filter(matched)
+            .any(|(_, p)| !is_authenticated(p))
+    {
+        return Err(at(
+            "key",
+            &r.key,
+            "user keys need authenticated routes (/api/*)",
+        ));
+    }
+    let algorithm: Algorithm = r
+        .algorithm
+        .parse()
+        .map_err(|_| at("algorithm", &r.algorithm, "expected fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket or gcra"))?;
+    if r.limits.is_empty() {
+        return Err(at("limits", "[]", "at least one limit such as \"100/min\""));
+    }
+    let mut builder = Policy::builder(r.name.clone()).algorithm(algorithm);
+    for limit in &r.limits {
+        let parsed: tollgate::Limit = limit
+            .parse()
+            .map_err(|e: ConfigError| at("limits", limit, &e.to_string()))?;
+        builder = builder.limit(parsed);
+    }
+    if let Some(burst) = r.burst {
+        let value = u64::try_from(burst)
+            .map_err(|_| at("burst", &burst.to_string(), "must be positive"))?;
+        builder = builder.burst(value);
+    }
+    let policy = builder.build().map_err(|e| {
+        let (field, value) = match &e {
+            ConfigError::InvalidName { .. } => ("name", r.name.clone()),
+            ConfigError::ZeroBurst | ConfigError::BurstNotSupported { .. } => {
+                ("burst", r.burst.map(|b| b.to_string()).unwrap_or_default())
+            }
+            _ => ("limits", r.limits.join(", ")),
+        };
+        at(field, &value, &e.to_string())
+    })?;
+    let cost = match r.cost {
+        None => 1,
+        Some(c) => {
+            u64::try_from(c).map_err(|_| at("cost", &c.to_string(), "must not be negative"))?
+        }
+    };
+    Ok(RouteConfig {
+        method,
+        path: r.path,
+        key,
+        policy,
+        cost,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bundled_file_is_valid() {
+        let config = AppConfig::parse(include_str!("../policies.toml")).unwrap();
+        assert_eq!(config.routes.len(), 6);
+        assert_eq!(config.failure, FailureMode::Local);
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_value() {
+        let base = "[[route]]\nmethod = \"GET\"\npath = \"/api/items\"\nname = \"n\"\nkey = \"user\"\nalgorithm = \"gcra\"\nlimits = [\"5/s\"]\n";
+        let cases = [
+            (format!("colour = 1\n{base}"), "unknown field `colour`"),
+            (
+                format!("header_style = \"fancy\"\n{base}"),
+                "field `header_style`: invalid value \"fancy\"",
+            ),
+            (
+                format!("failure = \"maybe\"\n{base}"),
+                "field `failure`: invalid value \"maybe\"",
+            ),
+            (
+                format!("ipv6_prefix = 12\n{base}"),
+                "field `ipv6_prefix`: invalid value \"12\"",
+            ),
+            (
+                format!("trusted_proxies = [\"10.0.0.0/99\"]\n{base}"),
+                "invalid trusted_proxies \"10.0.0.0/99\"",
+            ),
+            (
+                base.replace("/api/items", "/api/nope"),
+                "field `path`: invalid value \"/api/nope\"",
+            ),
+            (
+                base.replace("\"GET\"", "\"DELETE\""),
+                "field `method`: invalid value \"DELETE\"",
+            ),
+            (
+                base.replace("\"user\"", "\"cookie\""),
+                "field `key`: invalid value \"cookie\"",
+            ),
+            (
+                base.replace("\"gcra\"", "\"magic\""),
+                "field `algorithm`: invalid value \"magic\"",
+            ),
+            (
+                base.replace("5/s", "0/s"),
+                "field `limits`: invalid value \"0/s\": limit count must be at least 1",
+            ),
+            (
+                base.replace("5/s", "5/fortnight"),
+                "field `limits`: invalid value \"5/fortnight\"",
+            ),
+            (
+                base.replace("\"n\"", "\"a name\""),
+                "field `name`: invalid value \"a name\"",
+            ),
+            (
+                format!("{base}burst = 0\n"),
+                "field `burst`: invalid value \"0\"",
+            ),
+            (
+                format!("{base}cost = -1\n"),
+                "field `cost`: invalid value \"-1\"",
+            ),
+            (
+                base.replace("/api/items", "/login").replace("GET", "POST"),
+                "field `key`: invalid value \"user\"",
+            ),
+            (String::new(), "no [[route]] entries"),
+        ];
+        for (text, expected) in cases {
+            let err = AppConfig::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(expected), "expected {expected:?} in {err:?}");
+        }
+    }
+}
