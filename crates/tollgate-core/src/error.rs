@@ -138,6 +138,10 @@ pub enum StoreError {
         /// The configured maximum number of keys.
         max_keys: usize,
     },
+    /// The store's circuit breaker is open: it failed repeatedly and is not
+    /// being called until it has had time to recover.
+    #[error("store circuit breaker is open")]
+    CircuitOpen,
     /// The store did not answer within its deadline.
     #[error("store did not answer within {0:?}")]
     Timeout(Duration),

@@ -48,6 +48,7 @@
 //! exactly the same decisions.
 
 pub mod algorithm;
+mod breaker;
 mod decision;
 mod error;
 mod key;
@@ -58,6 +59,7 @@ mod store;
 mod time;
 
 pub use algorithm::{LimitState, PolicyState};
+pub use breaker::{BreakerState, CircuitBreaker, Permit};
 pub use decision::{Decision, LimitStatus, Outcome};
 pub use error::{ConfigError, StoreError};
 pub use key::{Key, KeyKind};

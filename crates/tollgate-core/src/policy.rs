@@ -225,6 +225,42 @@ impl Policy {
         self.inner.fingerprint
     }
 
+    /// This policy with every limit (and the burst) divided by `instances`,
+    /// rounded down but at least 1: each of `instances` servers deciding
+    /// alone gets a fair share of the global limit. Used for the local
+    /// fallback when a shared store fails.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy};
+    ///
+    /// let global = Policy::builder("api").limit("100/min").limit("10/s").build()?;
+    /// let share = global.divided(4)?;
+    /// assert_eq!(share.limits()[0].count(), 25);
+    /// assert_eq!(share.limits()[1].count(), 2);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] when `instances` is zero.
+    pub fn divided(&self, instances: u64) -> Result<Policy, ConfigError> {
+        if instances == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "instances",
+                reason: "must be at least 1",
+            });
+        }
+        let share = |n: u64| (n / instances).max(1);
+        let mut builder = Policy::builder(self.name()).algorithm(self.algorithm());
+        for limit in self.limits() {
+            builder = builder.limit(Limit::new(share(limit.count()), limit.period()));
+        }
+        if let Some(burst) = self.burst() {
+            builder = builder.burst(share(burst));
+        }
+        builder.build()
+    }
+
     /// Whether two handles point at the same policy value.
     pub fn ptr_eq(&self, other: &Policy) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

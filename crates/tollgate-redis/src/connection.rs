@@ -21,6 +21,12 @@ pub trait RedisConnection: Send + Sync + 'static {
         &self,
         cmd: &Cmd,
     ) -> impl Future<Output = Result<T, RedisStoreError>> + Send;
+
+    /// Called after a reply that says this connection reaches the wrong
+    /// server (`READONLY`, `MASTERDOWN`, ...): replace it if you can. The
+    /// default does nothing; cluster connections refresh their slot map by
+    /// themselves.
+    fn refresh(&self) {}
 }
 
 impl RedisConnection for ConnectionManager {

@@ -11,6 +11,21 @@ pub enum RedisStoreError {
     /// A setting is invalid.
     #[error("invalid Redis store configuration")]
     Config(#[from] ConfigError),
+    /// Redis cannot serve the request right now (`READONLY`, `MASTERDOWN`,
+    /// `LOADING`, `CLUSTERDOWN`, `TRYAGAIN` or `OOM`): the connection is
+    /// refreshed and the caller's failure policy applies.
+    #[error("redis is unavailable ({code})")]
+    Unavailable {
+        /// The error code Redis replied with.
+        code: String,
+        /// Redis's reply.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The circuit breaker is open: Redis failed repeatedly and is not being
+    /// called until it has had time to recover.
+    #[error("redis circuit breaker is open")]
+    CircuitOpen,
     /// Redis answered with an error, or the connection failed.
     #[error("redis command failed")]
     Redis(#[from] redis::RedisError),
@@ -29,7 +44,30 @@ impl From<RedisStoreError> for StoreError {
     fn from(error: RedisStoreError) -> Self {
         match error {
             RedisStoreError::Deadline(d) => StoreError::Timeout(d),
+            RedisStoreError::CircuitOpen => StoreError::CircuitOpen,
             other => StoreError::backend(other),
         }
+    }
+}
+
+/// Error codes after which the connection reaches the wrong server or
+/// Redis cannot serve for now.
+const UNAVAILABLE: &[&str] = &[
+    "READONLY",
+    "MASTERDOWN",
+    "LOADING",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "OOM",
+];
+
+/// Classifies a Redis error: `Unavailable` for the codes above.
+pub(crate) fn classify(error: redis::RedisError) -> RedisStoreError {
+    match error.code() {
+        Some(code) if UNAVAILABLE.contains(&code) => RedisStoreError::Unavailable {
+            code: code.to_owned(),
+            source: error,
+        },
+        _ => RedisStoreError::Redis(error),
     }
 }

@@ -33,12 +33,15 @@
 //! in one cluster slot.
 
 mod connection;
+mod deny_cache;
 mod error;
 mod keys;
+mod managed;
 mod script;
 mod store;
 
 pub use connection::{Pool, RedisConnection};
 pub use error::RedisStoreError;
+pub use managed::ManagedConnection;
 pub use script::script_source;
 pub use store::{RedisStore, RedisStoreBuilder};

@@ -2,18 +2,20 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{ErrorKind, IntoConnectionInfo, ServerErrorKind};
 use tollgate_core::{
-    Algorithm, Clock, ConfigError, Decision, Key, LimitStatus, Outcome, Policy, Store, StoreError,
-    Timestamp,
+    Algorithm, BreakerState, CircuitBreaker, Clock, ConfigError, Decision, Key, LimitStatus,
+    Outcome, Policy, Store, StoreError, Timestamp,
 };
 
 use crate::connection::{Pool, RedisConnection};
+use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
 use crate::keys::KeyNamer;
+use crate::managed::ManagedConnection;
 use crate::script::Scripts;
 
 /// A [`Store`] in Redis: every app server that points at the same Redis
@@ -48,7 +50,7 @@ use crate::script::Scripts;
 /// # Ok(())
 /// # }
 /// ```
-pub struct RedisStore<C = ConnectionManager> {
+pub struct RedisStore<C = ManagedConnection> {
     inner: Arc<Inner<C>>,
 }
 
@@ -58,11 +60,25 @@ struct Inner<C> {
     deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
     scripts: Scripts,
+    breaker: CircuitBreaker,
+    deny_cache: DenyCache,
+    local_origin: Instant,
 }
 
-impl RedisStore<ConnectionManager> {
+impl<C> Inner<C> {
+    /// Local time in µs for the deny cache: the test clock's if there is
+    /// one, otherwise monotonic time since the store was built.
+    fn local_now(&self) -> u64 {
+        match &self.clock {
+            Some(clock) => clock.now().as_micros(),
+            None => u64::try_from(self.local_origin.elapsed().as_micros()).unwrap_or(u64::MAX / 2),
+        }
+    }
+}
+
+impl RedisStore<ManagedConnection> {
     /// Connects to `url` with the default settings and a multiplexed
-    /// [`ConnectionManager`].
+    /// [`ManagedConnection`].
     ///
     /// # Errors
     ///
@@ -90,6 +106,16 @@ impl<C> RedisStore<C> {
         self.inner.names.prefix()
     }
 
+    /// The state of the circuit breaker.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// How many denials the local deny cache holds.
+    pub fn deny_cache_len(&self) -> usize {
+        self.inner.deny_cache.len()
+    }
+
     /// The Redis key holding the state of `key` under `policy`. Sliding-log
     /// policies also use `<state key>:<limit index>`, one sorted set per limit.
     pub fn state_key(&self, policy: &Policy, key: &Key) -> String {
@@ -100,25 +126,73 @@ impl<C> RedisStore<C> {
 impl<C: RedisConnection> RedisStore<C> {
     /// Decides like [`Store::check`], keeping the Redis-specific error.
     ///
+    /// A request of at least the cost of a recent denial of the same key is
+    /// denied from the local deny cache until that denial expires; anything
+    /// else is one round trip, unless the circuit breaker is open.
+    ///
     /// # Errors
     ///
-    /// A [`RedisStoreError`] when Redis fails or the deadline passes.
+    /// A [`RedisStoreError`] when Redis fails, the deadline passes or the
+    /// circuit breaker is open.
     pub async fn decide(
         &self,
         key: &Key,
         policy: &Policy,
         cost: u64,
     ) -> Result<Decision, RedisStoreError> {
-        let deadline = self.inner.deadline;
-        match tokio::time::timeout(deadline, self.run(key, policy, cost)).await {
-            Ok(result) => result,
-            Err(_) => Err(RedisStoreError::Deadline(deadline)),
+        let inner = &*self.inner;
+        let state_key = inner.names.state_key(policy.name(), key);
+        let sent_at = inner.local_now();
+        if let Some(denied) = inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
+            return Ok(denied);
+        }
+        let permit = inner
+            .breaker
+            .try_acquire()
+            .ok_or(RedisStoreError::CircuitOpen)?;
+        let result =
+            match tokio::time::timeout(inner.deadline, self.run(&state_key, policy, cost)).await {
+                Ok(result) => result,
+                Err(_) => Err(RedisStoreError::Deadline(inner.deadline)),
+            };
+        match &result {
+            Ok(decision) => {
+                permit.success();
+                inner.deny_cache.insert(&state_key, cost, sent_at, decision);
+            }
+            Err(error) => {
+                permit.failure();
+                if matches!(error, RedisStoreError::Unavailable { .. }) {
+                    inner.connection.refresh();
+                }
+            }
+        }
+        result
+    }
+
+    /// Readiness: runs the real decision script on a canary key (a peek
+    /// that writes nothing), bypassing the circuit breaker and the deny
+    /// cache, and returns how long it took. Unlike `PING`, it fails when
+    /// scripts cannot run (a read-only replica, `OOM`, a missing script that
+    /// cannot be loaded).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStore::decide`], except for an open breaker.
+    pub async fn health_check(&self) -> Result<Duration, RedisStoreError> {
+        let started = Instant::now();
+        let canary = Policy::new("tollgate-health", Algorithm::FixedWindow, "1/s")?;
+        let state_key = self.inner.names.state_key(canary.name(), &Key::global());
+        match tokio::time::timeout(self.inner.deadline, self.run(&state_key, &canary, 0)).await {
+            Ok(Ok(_)) => Ok(started.elapsed()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RedisStoreError::Deadline(self.inner.deadline)),
         }
     }
 
     async fn run(
         &self,
-        key: &Key,
+        state_key: &str,
         policy: &Policy,
         cost: u64,
     ) -> Result<Decision, RedisStoreError> {
@@ -126,7 +200,6 @@ impl<C: RedisConnection> RedisStore<C> {
         let script = inner.scripts.get(policy.algorithm()).ok_or_else(|| {
             RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
         })?;
-        let state_key = inner.names.state_key(policy.name(), key);
         let params = policy.params();
         // Under a test clock, keys live at least TEST_CLOCK_MIN_TTL of real
         // time: fake time does not pass with Redis's, and state that is
@@ -139,12 +212,12 @@ impl<C: RedisConnection> RedisStore<C> {
             let mut cmd = redis::cmd(command);
             cmd.arg(script);
             if policy.algorithm() == Algorithm::SlidingLog {
-                cmd.arg(1 + params.len()).arg(&state_key);
+                cmd.arg(1 + params.len()).arg(state_key);
                 for i in 0..params.len() {
                     cmd.arg(format!("{state_key}:{i}"));
                 }
             } else {
-                cmd.arg(1).arg(&state_key);
+                cmd.arg(1).arg(state_key);
             }
             cmd.arg(now)
                 .arg(cost)
@@ -166,11 +239,22 @@ impl<C: RedisConnection> RedisStore<C> {
             Err(RedisStoreError::Redis(e))
                 if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
             {
-                inner.connection.query(&call("EVAL", script.source)).await?
+                inner
+                    .connection
+                    .query(&call("EVAL", script.source))
+                    .await
+                    .map_err(reclassify)?
             }
-            other => other?,
+            other => other.map_err(reclassify)?,
         };
         decision_from_reply(policy, cost, &reply)
+    }
+}
+
+fn reclassify(error: RedisStoreError) -> RedisStoreError {
+    match error {
+        RedisStoreError::Redis(e) => crate::error::classify(e),
+        other => other,
     }
 }
 
@@ -265,6 +349,9 @@ pub struct RedisStoreBuilder {
     pool_size: u32,
     checkout_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    breaker_threshold: u32,
+    breaker_cooldown: Duration,
+    deny_cache: usize,
 }
 
 impl Default for RedisStoreBuilder {
@@ -278,6 +365,9 @@ impl Default for RedisStoreBuilder {
             pool_size: 16,
             checkout_timeout: Duration::from_millis(25),
             clock: None,
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(1),
+            deny_cache: 10_000,
         }
     }
 }
@@ -329,6 +419,26 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The circuit breaker: open after `threshold` consecutive failures or
+    /// missed deadlines (default 5), for `cooldown` (default 1 s) before one
+    /// probe goes through. While open, decisions fail at once with
+    /// [`RedisStoreError::CircuitOpen`], adding no latency, and the
+    /// caller's failure policy applies.
+    pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
+        self.breaker_threshold = threshold;
+        self.breaker_cooldown = cooldown;
+        self
+    }
+
+    /// The most denials the local deny cache holds (default 10,000; 0
+    /// turns it off). A key denied until a time is denied locally until
+    /// then, without asking Redis: a client hammering an exhausted limit
+    /// costs Redis nothing, and decisions stay exact.
+    pub fn deny_cache(mut self, max_entries: usize) -> Self {
+        self.deny_cache = max_entries;
+        self
+    }
+
     /// **Test hook.** Sends `clock`'s time to the scripts instead of letting
     /// them read Redis `TIME`, so tests can drive Redis with a
     /// [`FakeClock`](tollgate_core::FakeClock). Keys then live at least ten
@@ -340,6 +450,7 @@ impl RedisStoreBuilder {
     }
 
     fn check(&self) -> Result<KeyNamer, ConfigError> {
+        CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown)?;
         let positive = [
             ("deadline", self.deadline),
             ("connect_timeout", self.connect_timeout),
@@ -363,9 +474,10 @@ impl RedisStoreBuilder {
         KeyNamer::new(&self.prefix, self.secret.clone())
     }
 
-    /// Connects with a multiplexed [`ConnectionManager`], which reconnects
-    /// by itself. This is the default connection: it was the faster in our
-    /// measurements (see `BENCHMARKS.md`).
+    /// Connects with a [`ManagedConnection`]: redis-rs's multiplexed
+    /// `ConnectionManager`, which reconnects by itself, replaced by a fresh
+    /// one after `READONLY`-like replies. This is the default connection: it
+    /// was the faster in our measurements (see `BENCHMARKS.md`).
     ///
     /// # Errors
     ///
@@ -374,7 +486,7 @@ impl RedisStoreBuilder {
     pub async fn connect(
         self,
         url: impl IntoConnectionInfo,
-    ) -> Result<RedisStore<ConnectionManager>, RedisStoreError> {
+    ) -> Result<RedisStore<ManagedConnection>, RedisStoreError> {
         self.check()?;
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
@@ -382,7 +494,8 @@ impl RedisStoreBuilder {
             .set_response_timeout(Some(self.response_timeout))
             .set_number_of_retries(1)
             .set_max_delay(self.connect_timeout);
-        let connection = ConnectionManager::new_with_config(client, config).await?;
+        let connection =
+            ManagedConnection::connect(client, config, self.connect_timeout * 2).await?;
         self.build(connection).await
     }
 
@@ -448,6 +561,7 @@ impl RedisStoreBuilder {
                 )));
             }
         }
+        let breaker = CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown)?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 connection,
@@ -455,6 +569,9 @@ impl RedisStoreBuilder {
                 deadline: self.deadline,
                 clock: self.clock,
                 scripts,
+                breaker,
+                deny_cache: DenyCache::new(self.deny_cache),
+                local_origin: Instant::now(),
             }),
         })
     }

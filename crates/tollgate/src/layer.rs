@@ -42,6 +42,7 @@ pub struct RateLimitLayer<K, St = MemoryStore> {
     cost: u64,
     wait: Option<Duration>,
     local: Option<MemoryStore>,
+    local_policy: Policy,
     responder: Responder,
 }
 
@@ -54,6 +55,7 @@ impl<K, St> Clone for RateLimitLayer<K, St> {
             cost: self.cost,
             wait: self.wait,
             local: self.local.clone(),
+            local_policy: self.local_policy.clone(),
             responder: self.responder.clone(),
         }
     }
@@ -64,6 +66,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
     /// [`MemoryStore`] with the system clock.
     pub fn new(policy: Policy, extractor: K) -> Self {
         Self {
+            local_policy: policy.clone(),
             policy,
             store: Arc::new(MemoryStore::new()),
             extractor: Arc::new(extractor),
@@ -86,6 +89,7 @@ impl<K, St> RateLimitLayer<K, St> {
             cost: self.cost,
             wait: self.wait,
             local: self.local,
+            local_policy: self.local_policy,
             responder: self.responder,
         }
     }
@@ -163,9 +167,21 @@ impl<K, St> RateLimitLayer<K, St> {
         self
     }
 
-    /// What to do when the store fails (default [`FailureMode::Open`]).
+    /// What to do when the store fails (default [`FailureMode::Local`]).
     pub fn on_store_error(mut self, failure: FailureMode) -> Self {
         self.responder.failure = failure;
+        self
+    }
+
+    /// How many instances share the limit, for [`FailureMode::Local`]:
+    /// while the store fails, each instance enforces its share, the
+    /// policy's limits divided by `instances` (see [`Policy::divided`]).
+    /// Default 1: each instance enforces the whole limit.
+    pub fn local_divisor(mut self, instances: std::num::NonZeroU64) -> Self {
+        // `divided` fails only for zero, which NonZeroU64 rules out.
+        if let Ok(share) = self.policy.divided(instances.get()) {
+            self.local_policy = share;
+        }
         self
     }
 
@@ -200,6 +216,7 @@ impl<S, K, St> Layer<S> for RateLimitLayer<K, St> {
                 cost: self.cost,
                 wait: self.wait,
                 local: self.local.clone().unwrap_or_default(),
+                local_policy: self.local_policy.clone(),
                 responder: Arc::new(self.responder.clone()),
             }),
         )

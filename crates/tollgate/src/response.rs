@@ -31,14 +31,15 @@ pub enum MissingKey {
 #[non_exhaustive]
 pub enum FailureMode {
     /// Let the request through without rate-limit headers, and log a
-    /// warning (the default).
-    #[default]
+    /// warning.
     Open,
     /// Answer 503 with `Retry-After: 1`.
     Closed,
-    /// Decide with an in-memory store instead, under the same policy, and
-    /// log a warning: limiting goes on, per instance. See
-    /// [`RateLimitLayer::local_fallback`](crate::RateLimitLayer::local_fallback).
+    /// Decide with an in-memory store instead, and log a warning: limiting
+    /// goes on, per instance, with each instance's share of the limit (see
+    /// [`RateLimitLayer::local_divisor`](crate::RateLimitLayer::local_divisor)).
+    /// The default.
+    #[default]
     Local,
 }
 

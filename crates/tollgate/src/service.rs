@@ -22,6 +22,7 @@ pub(crate) struct Shared<K, St> {
     pub(crate) cost: u64,
     pub(crate) wait: Option<Duration>,
     pub(crate) local: MemoryStore,
+    pub(crate) local_policy: Policy,
     pub(crate) responder: Arc<Responder>,
 }
 
@@ -39,7 +40,7 @@ impl<K, St> Shared<K, St> {
                     policy = self.policy.name(),
                     "rate-limit store failed; deciding with the local fallback"
                 );
-                self.local.check_sync(key, &self.policy, self.cost)
+                self.local.check_sync(key, &self.local_policy, self.cost)
             }
             other => other,
         }

@@ -278,9 +278,11 @@ async fn store_failures_follow_the_failure_mode() {
             .body(Body::empty())
             .unwrap()
     };
-    let open = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(RateLimitLayer::new(policy.clone(), by_header.clone()).store(store.clone()));
+    let open = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), by_header.clone())
+            .store(store.clone())
+            .on_store_error(FailureMode::Open),
+    );
     assert_eq!(
         header(
             &open.clone().oneshot(request("a")).await.unwrap(),

@@ -155,9 +155,9 @@ impl AppConfig {
             }
         };
         let failure = match raw.failure.as_deref() {
-            None | Some("open") => FailureMode::Open,
+            Some("open") => FailureMode::Open,
             Some("closed") => FailureMode::Closed,
-            Some("local") => FailureMode::Local,
+            None | Some("local") => FailureMode::Local,
             Some(other) => return Err(bad("failure", other, "expected open, closed or local")),
         };
         let ipv6_prefix = match raw.ipv6_prefix {

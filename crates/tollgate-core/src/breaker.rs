@@ -1,0 +1,231 @@
+//! A circuit breaker for stores that can fail.
+
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::error::ConfigError;
+
+/// The state of a [`CircuitBreaker`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Calls go through.
+    Closed,
+    /// Calls are refused at once, without touching the backend.
+    Open,
+    /// One probe call is allowed through to see whether the backend is back.
+    HalfOpen,
+}
+
+/// Stops calling a failing backend, then probes it until it recovers.
+///
+/// After `threshold` consecutive failures (errors or missed deadlines) the
+/// breaker opens: [`try_acquire`](CircuitBreaker::try_acquire) refuses at
+/// once for `cooldown`, so a dead backend adds no latency. Then one caller
+/// at a time probes it (half-open); a success closes the breaker, a failure
+/// opens it for another `cooldown`. Time is the monotonic system clock: a
+/// breaker's timing is local to the process, not limiter time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{BreakerState, CircuitBreaker};
+///
+/// let breaker = CircuitBreaker::new(2, Duration::from_secs(1))?;
+/// for _ in 0..2 {
+///     let permit = breaker.try_acquire().expect("closed");
+///     permit.failure();
+/// }
+/// assert_eq!(breaker.state(), BreakerState::Open);
+/// assert!(breaker.try_acquire().is_none());
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+pub struct CircuitBreaker {
+    threshold: u32,
+    cooldown: Duration,
+    state: Mutex<Inner>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Inner {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    HalfOpen,
+}
+
+impl CircuitBreaker {
+    /// A breaker that opens after `threshold` consecutive failures and
+    /// stays open for `cooldown` before probing.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] when `threshold` or `cooldown` is zero.
+    pub fn new(threshold: u32, cooldown: Duration) -> Result<Self, ConfigError> {
+        if threshold == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "breaker_threshold",
+                reason: "must be at least 1",
+            });
+        }
+        if cooldown.is_zero() {
+            return Err(ConfigError::InvalidSetting {
+                setting: "breaker_cooldown",
+                reason: "must be greater than zero",
+            });
+        }
+        Ok(Self {
+            threshold,
+            cooldown,
+            state: Mutex::new(Inner::Closed { failures: 0 }),
+        })
+    }
+
+    /// The current state.
+    pub fn state(&self) -> BreakerState {
+        self.state_at(Instant::now())
+    }
+
+    fn state_at(&self, now: Instant) -> BreakerState {
+        match *self.lock() {
+            Inner::Closed { .. } => BreakerState::Closed,
+            Inner::Open { until } if now >= until => BreakerState::HalfOpen,
+            Inner::Open { .. } => BreakerState::Open,
+            Inner::HalfOpen => BreakerState::HalfOpen,
+        }
+    }
+
+    /// Asks to call the backend: a [`Permit`] to report the outcome on, or
+    /// `None` when the breaker is open (or another caller is probing).
+    /// A permit dropped without a report counts as a failure.
+    pub fn try_acquire(&self) -> Option<Permit<'_>> {
+        self.try_acquire_at(Instant::now())
+    }
+
+    fn try_acquire_at(&self, now: Instant) -> Option<Permit<'_>> {
+        let mut state = self.lock();
+        match *state {
+            Inner::Closed { .. } => {}
+            Inner::Open { until } if now >= until => *state = Inner::HalfOpen,
+            Inner::Open { .. } | Inner::HalfOpen => return None,
+        }
+        Some(Permit {
+            breaker: self,
+            reported: false,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn report(&self, ok: bool) {
+        self.report_at(ok, Instant::now());
+    }
+
+    fn report_at(&self, ok: bool, now: Instant) {
+        let mut state = self.lock();
+        *state = match (*state, ok) {
+            (_, true) => Inner::Closed { failures: 0 },
+            (Inner::Closed { failures }, false) if failures + 1 < self.threshold => Inner::Closed {
+                failures: failures + 1,
+            },
+            (_, false) => Inner::Open {
+                until: now + self.cooldown,
+            },
+        };
+    }
+}
+
+impl fmt::Debug for CircuitBreaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreaker")
+            .field("threshold", &self.threshold)
+            .field("cooldown", &self.cooldown)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+/// Leave to call the backend once; report how it went.
+#[derive(Debug)]
+#[must_use = "report the outcome with success() or failure()"]
+pub struct Permit<'a> {
+    breaker: &'a CircuitBreaker,
+    reported: bool,
+}
+
+impl Permit<'_> {
+    /// The call succeeded.
+    pub fn success(mut self) {
+        self.reported = true;
+        self.breaker.report(true);
+    }
+
+    /// The call failed or missed its deadline.
+    pub fn failure(mut self) {
+        self.reported = true;
+        self.breaker.report(false);
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        // A caller that gave up (a cancelled future) must not leave a
+        // half-open breaker waiting for a probe forever.
+        if !self.reported {
+            self.breaker.report(false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_and_probes_after_cooldown() {
+        let b = CircuitBreaker::new(3, Duration::from_millis(20)).unwrap();
+        let t0 = Instant::now();
+        let fail = |at| {
+            let mut permit = b.try_acquire_at(at).unwrap();
+            permit.reported = true;
+            b.report_at(false, at);
+        };
+        fail(t0);
+        fail(t0);
+        b.try_acquire_at(t0).unwrap().success();
+        fail(t0);
+        fail(t0);
+        assert_eq!(
+            b.state_at(t0),
+            BreakerState::Closed,
+            "a success resets the count"
+        );
+        fail(t0);
+        assert_eq!(b.state_at(t0), BreakerState::Open);
+        assert!(b.try_acquire_at(t0 + Duration::from_millis(19)).is_none());
+        let later = t0 + Duration::from_millis(20);
+        assert_eq!(b.state_at(later), BreakerState::HalfOpen);
+        let mut probe = b.try_acquire_at(later).expect("half-open probe");
+        assert!(b.try_acquire_at(later).is_none(), "one probe at a time");
+        probe.reported = true;
+        b.report_at(false, later);
+        assert_eq!(b.state_at(later), BreakerState::Open);
+        let again = later + Duration::from_millis(20);
+        b.try_acquire_at(again).unwrap().success();
+        assert_eq!(b.state_at(again), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_dropped_probe_counts_as_a_failure() {
+        let b = CircuitBreaker::new(1, Duration::from_millis(10)).unwrap();
+        drop(b.try_acquire());
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn bad_settings_are_typed_errors() {
+        assert!(CircuitBreaker::new(0, Duration::from_secs(1)).is_err());
+        assert!(CircuitBreaker::new(1, Duration::ZERO).is_err());
+    }
+}
