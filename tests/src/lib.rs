@@ -66,6 +66,7 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     dir: PathBuf,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -75,37 +76,57 @@ impl RedisServer {
     ///
     /// When `redis-server` is not installed or does not start within 10 s.
     pub fn spawn() -> Self {
+        Self::spawn_with(&[])
+    }
+
+    /// Starts a server with extra arguments, such as
+    /// `["--cluster-enabled", "yes"]`.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::spawn`].
+    pub fn spawn_with(extra: &[&str]) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {dir:?}: {e}"));
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server ({e}): {INSTALL}"));
-        let server = Self { child, port, dir };
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        let child = start(port, &dir, &extra);
+        let server = Self {
+            child,
+            port,
+            dir,
+            extra,
+        };
+        server.wait_until_up();
+        server
+    }
+
+    fn wait_until_up(&self) {
         let started = Instant::now();
-        while !server.answers() {
+        while !self.answers() {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "redis-server on port {port} did not start"
+                "redis-server on port {} did not start",
+                self.port
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        server
+    }
+
+    /// Kills the server with SIGKILL.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::create_dir_all(&self.dir);
+        self.child = start(self.port, &self.dir, &self.extra);
+        self.wait_until_up();
     }
 
     fn answers(&self) -> bool {
@@ -143,6 +164,27 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+fn start(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
+    Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start redis-server ({e}): {INSTALL}"))
 }
 
 fn free_port() -> u16 {

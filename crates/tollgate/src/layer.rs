@@ -41,7 +41,7 @@ pub struct RateLimitLayer<K, St = MemoryStore> {
     extractor: Arc<K>,
     cost: u64,
     wait: Option<Duration>,
-    local: Option<MemoryStore>,
+    local: MemoryStore,
     local_policy: Policy,
     responder: Responder,
 }
@@ -72,7 +72,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             extractor: Arc::new(extractor),
             cost: 1,
             wait: None,
-            local: None,
+            local: MemoryStore::new(),
             responder: Responder::default(),
         }
     }
@@ -186,9 +186,10 @@ impl<K, St> RateLimitLayer<K, St> {
     }
 
     /// The in-memory store [`FailureMode::Local`] decides with (default: a
-    /// new [`MemoryStore`] per `layer` call, with the system clock).
+    /// new [`MemoryStore`] with the system clock, shared by every service
+    /// this layer makes).
     pub fn local_fallback(mut self, store: MemoryStore) -> Self {
-        self.local = Some(store);
+        self.local = store;
         self
     }
 
@@ -215,7 +216,7 @@ impl<S, K, St> Layer<S> for RateLimitLayer<K, St> {
                 extractor: self.extractor.clone(),
                 cost: self.cost,
                 wait: self.wait,
-                local: self.local.clone().unwrap_or_default(),
+                local: self.local.clone(),
                 local_policy: self.local_policy.clone(),
                 responder: Arc::new(self.responder.clone()),
             }),

@@ -89,6 +89,7 @@ pub use response::{FailureMode, MissingKey};
 pub use service::RateLimit;
 
 pub use tollgate_core::{
-    Algorithm, Clock, ConfigError, Decision, FakeClock, Key, KeyKind, Limit, LimitStatus,
-    MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError, SystemClock, Timestamp,
+    Algorithm, BreakerState, CircuitBreaker, Clock, ConfigError, Decision, FakeClock, Key, KeyKind,
+    Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError,
+    SystemClock, Timestamp,
 };

@@ -591,3 +591,28 @@ async fn waiting_mode_holds_requests_until_admitted() {
         [(0, 200), (0, 200), (0, 429), (0, 429), (0, 429), (0, 429)]
     );
 }
+
+#[tokio::test]
+async fn separate_layer_calls_share_the_local_fallback() {
+    // axum calls `Layer::layer` per request when a `Router<()>` is used as a
+    // service directly: the fallback must not start empty each time.
+    let full = MemoryStore::builder().max_keys(1).build().unwrap();
+    full.check_sync(
+        &tollgate::Key::custom("filler"),
+        &Policy::new("x", Algorithm::FixedWindow, "1/h").unwrap(),
+        1,
+    )
+    .unwrap();
+    let policy = Policy::new("fallback", Algorithm::FixedWindow, "3/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(full)
+        .on_store_error(FailureMode::Local);
+    let inner =
+        service_fn(|_: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::empty())) });
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let svc = tower::Layer::layer(&layer, inner);
+        statuses.push(svc.oneshot(get_root()).await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}

@@ -1,0 +1,305 @@
+//! Redis faults, with servers of the tests' own: killed, restarted empty,
+//! paused, and a pool too small for the load. Real time, in bounded periods.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::Request;
+use tollgate::{
+    Algorithm, BreakerState, FailureMode, HeaderKey, Key, Policy, RateLimitLayer, Store,
+};
+use tollgate_redis::{RedisStore, RedisStoreError};
+use tollgate_tests::RedisServer;
+use tower::ServiceExt;
+
+const DEADLINE: Duration = Duration::from_millis(50);
+const SLACK: Duration = Duration::from_millis(50);
+
+async fn store(server: &RedisServer) -> RedisStore {
+    store_with(server, 10_000).await
+}
+
+async fn store_with(server: &RedisServer, deny_cache: usize) -> RedisStore {
+    RedisStore::builder()
+        .deny_cache(deny_cache)
+        .deadline(DEADLINE)
+        .response_timeout(DEADLINE)
+        .connect_timeout(DEADLINE)
+        .circuit_breaker(3, Duration::from_millis(500))
+        .connect(server.url())
+        .await
+        .unwrap()
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    started: Duration,
+    latency: Duration,
+    status: u16,
+    headers: bool,
+    limit: Option<u64>,
+    breaker_open: bool,
+}
+
+/// `tasks` clients send requests for `run`, one at a time each, as 20
+/// different users.
+async fn hammer(app: Router, store: RedisStore, tasks: usize, run: Duration) -> Vec<Sample> {
+    let origin = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (app, store) = (app.clone(), store.clone());
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                let mut i = 0;
+                while origin.elapsed() < run {
+                    i += 1;
+                    let req = Request::get("/")
+                        .header("x-client", format!("c{}", (t + i) % 20))
+                        .body(Body::empty())
+                        .unwrap();
+                    let breaker_open = store.breaker_state() == BreakerState::Open;
+                    let started = origin.elapsed();
+                    let res = app.clone().oneshot(req).await.unwrap();
+                    samples.push(Sample {
+                        started,
+                        latency: origin.elapsed() - started,
+                        status: res.status().as_u16(),
+                        headers: res.headers().contains_key("x-ratelimit-limit"),
+                        limit: res
+                            .headers()
+                            .get("x-ratelimit-limit")
+                            .and_then(|v| v.to_str().ok()?.parse().ok()),
+                        breaker_open,
+                    });
+                    // Real requests arrive through I/O; a loop that never
+                    // yields would starve the other tasks' timers.
+                    tokio::task::yield_now().await;
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.expect("no task panicked"));
+    }
+    all
+}
+
+fn app(store: RedisStore, mode: FailureMode) -> Router {
+    // High enough that no client is exhausted before the kill (the deny
+    // cache would then answer it without asking Redis), low enough to be
+    // reached in memory afterwards.
+    let policy = Policy::new("faults", Algorithm::FixedWindow, "100/min").unwrap();
+    let key = HeaderKey::new(http::HeaderName::from_static("x-client"));
+    Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy, key)
+            .store(store)
+            .on_store_error(mode)
+            // Ten instances: alone, each enforces a tenth.
+            .local_divisor(std::num::NonZeroU64::new(10).unwrap()),
+    )
+}
+
+fn percentile(mut v: Vec<Duration>, p: usize) -> Duration {
+    v.sort_unstable();
+    v.get((v.len() * p / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_follows_each_failure_policy_within_the_deadline() {
+    for mode in [FailureMode::Open, FailureMode::Closed, FailureMode::Local] {
+        let mut server = RedisServer::spawn();
+        // Without the deny cache: the clients exhaust their limits before
+        // the kill, and cached denials would answer them without Redis.
+        let store = store_with(&server, 0).await;
+        let app = app(store.clone(), mode);
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            server.kill();
+            server
+        });
+        let samples = hammer(app, store, 16, Duration::from_millis(1_500)).await;
+        drop(killer.await.unwrap());
+
+        let slowest = samples.iter().map(|s| s.latency).max().unwrap();
+        assert!(
+            slowest <= DEADLINE + SLACK,
+            "{mode:?}: a request took {slowest:?}"
+        );
+        let before: Vec<_> = samples
+            .iter()
+            .filter(|s| s.started < Duration::from_millis(250))
+            .collect();
+        assert!(
+            !before.is_empty() && before.iter().all(|s| s.headers),
+            "{mode:?}: Redis decided at first"
+        );
+        // Once the breaker is open, Redis is not asked and the policy applies.
+        let open: Vec<_> = samples.iter().filter(|s| s.breaker_open).collect();
+        assert!(
+            open.len() > 100,
+            "{mode:?}: only {} requests while open",
+            open.len()
+        );
+        match mode {
+            FailureMode::Open => assert!(open.iter().all(|s| s.status == 200 && !s.headers)),
+            FailureMode::Closed => assert!(open.iter().all(|s| s.status == 503)),
+            _ => {
+                // Limiting goes on in memory, at this instance's share: 10
+                // per minute per client, then 429.
+                let limits: std::collections::BTreeMap<Option<u64>, usize> =
+                    open.iter().fold(Default::default(), |mut m, s| {
+                        *m.entry(s.limit).or_default() += 1;
+                        m
+                    });
+                assert!(
+                    open.iter().all(|s| s.limit == Some(10)),
+                    "{mode:?}: {limits:?}"
+                );
+                let statuses: std::collections::BTreeMap<u16, usize> =
+                    open.iter().fold(Default::default(), |mut m, s| {
+                        *m.entry(s.status).or_default() += 1;
+                        m
+                    });
+                assert!(
+                    open.iter().any(|s| s.status == 429),
+                    "{mode:?}: {statuses:?}"
+                );
+            }
+        }
+        let p95 = percentile(open.iter().map(|s| s.latency).collect(), 95);
+        assert!(
+            p95 < Duration::from_millis(5),
+            "{mode:?}: p95 {p95:?} with the breaker open"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_empty_limiting_is_back_on_redis_within_two_seconds() {
+    let mut server = RedisServer::spawn();
+    let store = store(&server).await;
+    // A key that lives 6 s after a request, long enough to look at.
+    let policy = Policy::new("restart", Algorithm::Gcra, "10/min").unwrap();
+    assert!(
+        store
+            .check(&Key::user("k"), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+
+    server.restart();
+    let restarted = Instant::now();
+    let back = loop {
+        match store.decide(&Key::user("k"), &policy, 1).await {
+            Ok(d) => break d,
+            Err(RedisStoreError::Redis(e)) if e.code() == Some("NOSCRIPT") => {
+                panic!("NOSCRIPT reached a caller: {e}")
+            }
+            Err(e) => assert!(
+                restarted.elapsed() < Duration::from_secs(2),
+                "still failing: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        restarted.elapsed() < Duration::from_secs(2),
+        "back after {:?}",
+        restarted.elapsed()
+    );
+    assert!(back.is_allowed());
+    // The state is in the new, empty server.
+    let mut con = server.connection();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(store.state_key(&policy, &Key::user("k")))
+        .query(&mut con)
+        .unwrap();
+    assert!(exists);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_opens_the_circuit_and_it_closes_after_the_pause() {
+    let server = RedisServer::spawn();
+    let store = store(&server).await;
+    let app = app(store.clone(), FailureMode::Local);
+    let mut con = server.connection();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5_000)
+        .arg("ALL")
+        .query(&mut con)
+        .unwrap();
+    let paused_at = Instant::now();
+    let watcher = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut opened = None;
+            let mut closed_after = None;
+            while paused_at.elapsed() < Duration::from_millis(7_500) {
+                match store.breaker_state() {
+                    BreakerState::Open if opened.is_none() => opened = Some(paused_at.elapsed()),
+                    BreakerState::Closed
+                        if opened.is_some() && paused_at.elapsed() > Duration::from_secs(5) =>
+                    {
+                        closed_after.get_or_insert(paused_at.elapsed());
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (opened, closed_after)
+        })
+    };
+    let samples = hammer(app, store, 8, Duration::from_millis(7_500)).await;
+    let (opened, closed) = watcher.await.unwrap();
+    let slowest = samples.iter().map(|s| s.latency).max().unwrap();
+    assert!(slowest <= DEADLINE + SLACK, "a request took {slowest:?}");
+    assert!(
+        opened.is_some_and(|t| t < Duration::from_secs(1)),
+        "opened at {opened:?}"
+    );
+    assert!(
+        closed.is_some_and(|t| t < Duration::from_millis(7_000)),
+        "closed at {closed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
+    let server = RedisServer::spawn();
+    let checkout = Duration::from_millis(25);
+    let pool = RedisStore::builder()
+        .pool_size(4)
+        .pool_checkout_timeout(checkout)
+        .deadline(DEADLINE)
+        .connect_pool(server.url())
+        .await
+        .unwrap();
+    let policy = Arc::new(Policy::new("pool", Algorithm::SlidingWindow, "1000000/min").unwrap());
+    let tasks: Vec<_> = (0..500)
+        .map(|i| {
+            let (pool, policy) = (pool.clone(), policy.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let result = pool.check(&Key::user(format!("p{i}")), &policy, 1).await;
+                (started.elapsed(), result.is_ok())
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        let (latency, success) = t.await.unwrap();
+        assert!(latency <= checkout + DEADLINE + SLACK, "waited {latency:?}");
+        ok += usize::from(success);
+    }
+    assert!(ok > 0, "the pool served some requests");
+}
