@@ -1,0 +1,63 @@
+//! The deny cache: a client hammering an exhausted key costs Redis (almost)
+//! nothing, and every decision is the one Redis would have made.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use tollgate::{Algorithm, FakeClock, Key, Policy, Store};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{RedisServer, command_calls};
+
+async fn store(server: &RedisServer, clock: &FakeClock, deny_cache: usize) -> RedisStore {
+    RedisStore::builder()
+        .deny_cache(deny_cache)
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(server.url())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn hammering_an_exhausted_key_drops_redis_calls_by_over_90_percent() {
+    let (with, without) = (RedisServer::spawn(), RedisServer::spawn());
+    let clock = FakeClock::default();
+    let cached = store(&with, &clock, 10_000).await;
+    let uncached = store(&without, &clock, 0).await;
+    for algorithm in Algorithm::ALL {
+        let (mut c1, mut c2) = (with.connection(), without.connection());
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut c1)
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut c2)
+            .unwrap();
+        let policy = Policy::new(format!("hammer-{algorithm}"), algorithm, "5/10s").unwrap();
+        let key = Key::user("hammer");
+        let mut denied = 0;
+        // 2,000 requests, one every 10 ms: 20 s of a client at full speed.
+        for _ in 0..2_000 {
+            clock.advance(Duration::from_millis(10));
+            let a = cached.check(&key, &policy, 1).await.unwrap();
+            let b = uncached.check(&key, &policy, 1).await.unwrap();
+            assert_eq!(a, b, "{algorithm}: the cache changed a decision");
+            denied += usize::from(!a.is_allowed());
+        }
+        let (calls_with, calls_without) = (
+            command_calls(&mut c1, "evalsha"),
+            command_calls(&mut c2, "evalsha"),
+        );
+        assert_eq!(calls_without, 2_000);
+        assert!(
+            denied > 1_900,
+            "{algorithm}: the key was exhausted ({denied} denials)"
+        );
+        assert!(
+            calls_with * 10 <= calls_without,
+            "{algorithm}: {calls_with} Redis calls with the cache, {calls_without} without"
+        );
+    }
+    assert!(cached.deny_cache_len() > 0);
+}
