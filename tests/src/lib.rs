@@ -209,3 +209,118 @@ pub fn command_calls(con: &mut redis::Connection, command: &str) -> u64 {
 }
 
 pub use tollgate_core;
+
+/// A Redis Cluster of 3 masters and 3 replicas on loopback, made with
+/// `redis-cli --cluster create`; every node is killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes; which are masters is found with [`RedisCluster::masters`].
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// The cluster's node timeout: how long until a failed master's replica
+    /// takes over.
+    pub const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+    /// Starts the six nodes, creates the cluster and waits until every node
+    /// reports `cluster_state:ok`.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` or `redis-cli` is missing, or the cluster does
+    /// not come up within 30 s.
+    pub fn spawn() -> Self {
+        let timeout = Self::NODE_TIMEOUT.as_millis().to_string();
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            timeout.as_str(),
+            // Replicas sync at once (the default waits 5 s for more replicas),
+            // and a replica that never synced cannot take over.
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::spawn_with(&args)).collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): {INSTALL}"));
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes };
+        let started = Instant::now();
+        while !cluster
+            .nodes
+            .iter()
+            .all(|n| n.cluster_ok() && n.replica_synced())
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the cluster did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    /// The URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The indexes of the nodes that are masters now.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].role().as_deref() == Some("master"))
+            .collect()
+    }
+}
+
+impl RedisServer {
+    fn cluster_ok(&self) -> bool {
+        let info: Result<String, _> = redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c));
+        info.is_ok_and(|i| i.contains("cluster_state:ok"))
+    }
+
+    /// A master, or a replica whose link to its master is up.
+    fn replica_synced(&self) -> bool {
+        let info: Result<String, _> = redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c));
+        info.is_ok_and(|i| i.contains("role:master") || i.contains("master_link_status:up"))
+    }
+
+    /// `master` or `slave`, from `ROLE`; `None` if the node does not answer.
+    pub fn role(&self) -> Option<String> {
+        let role: Result<Vec<redis::Value>, _> = redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("ROLE").query(&mut c));
+        match role.ok()?.first()? {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+
+    /// How many keys the node holds.
+    pub fn dbsize(&self) -> u64 {
+        redis::cmd("DBSIZE")
+            .query(&mut self.connection())
+            .unwrap_or(0)
+    }
+}

@@ -22,6 +22,17 @@ pub trait RedisConnection: Send + Sync + 'static {
         cmd: &Cmd,
     ) -> impl Future<Output = Result<T, RedisStoreError>> + Send;
 
+    /// Sends `cmd`, which touches `key`, and returns its reply. Cluster
+    /// connections route by the key's hash slot; the default ignores the key.
+    fn query_for_key<T: FromRedisValue + Send>(
+        &self,
+        key: &str,
+        cmd: &Cmd,
+    ) -> impl Future<Output = Result<T, RedisStoreError>> + Send {
+        let _ = key;
+        self.query(cmd)
+    }
+
     /// Called after a reply that says this connection reaches the wrong
     /// server (`READONLY`, `MASTERDOWN`, ...): replace it if you can. The
     /// default does nothing; cluster connections refresh their slot map by

@@ -71,6 +71,31 @@ impl KeyNamer {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag,
+/// or of the whole key if it has none, modulo 16384.
+pub(crate) fn hash_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = key
+        .find('{')
+        .and_then(|open| {
+            let close = key[open + 1..].find('}')?;
+            (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+        })
+        .unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +145,16 @@ mod tests {
             n.state_key("a", &Key::custom("1")),
             secret.state_key("a", &Key::custom("1"))
         );
+    }
+
+    #[test]
+    fn hash_slots_match_redis() {
+        // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+        assert_eq!(hash_slot("123456789"), 12_739);
+        assert_eq!(hash_slot("foo"), 12_182);
+        assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
+        assert_eq!(hash_slot("foo{}{bar}"), hash_slot("foo{}{bar}"));
+        assert_ne!(hash_slot("foo{}{bar}"), hash_slot("bar"));
     }
 
     #[test]

@@ -32,6 +32,7 @@
 //! secret). No raw identifier is stored, and every key of one decision is
 //! in one cluster slot.
 
+mod cluster;
 mod connection;
 mod deny_cache;
 mod error;
@@ -40,6 +41,7 @@ mod managed;
 mod script;
 mod store;
 
+pub use cluster::ClusterConnection;
 pub use connection::{Pool, RedisConnection};
 pub use error::RedisStoreError;
 pub use managed::ManagedConnection;

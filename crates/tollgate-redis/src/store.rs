@@ -11,6 +11,7 @@ use tollgate_core::{
     Outcome, Policy, Store, StoreError, Timestamp,
 };
 
+use crate::cluster::ClusterConnection;
 use crate::connection::{Pool, RedisConnection};
 use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
@@ -60,12 +61,24 @@ struct Inner<C> {
     deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
     scripts: Scripts,
-    breaker: CircuitBreaker,
+    /// One breaker, or one per range of 128 hash slots on a cluster, so
+    /// that a failed master does not stop calls to the healthy ones.
+    breakers: Vec<CircuitBreaker>,
     deny_cache: DenyCache,
     local_origin: Instant,
 }
 
 impl<C> Inner<C> {
+    fn breaker(&self, state_key: &str) -> Option<&CircuitBreaker> {
+        let range = if self.breakers.len() > 1 {
+            usize::from(crate::keys::hash_slot(state_key) >> 7)
+        } else {
+            0
+        };
+        self.breakers
+            .get(range.min(self.breakers.len().saturating_sub(1)))
+    }
+
     /// Local time in µs for the deny cache: the test clock's if there is
     /// one, otherwise monotonic time since the store was built.
     fn local_now(&self) -> u64 {
@@ -106,9 +119,17 @@ impl<C> RedisStore<C> {
         self.inner.names.prefix()
     }
 
-    /// The state of the circuit breaker.
+    /// The state of the circuit breaker: on a cluster, the worst of the
+    /// per-slot-range breakers.
     pub fn breaker_state(&self) -> BreakerState {
-        self.inner.breaker.state()
+        let states = self.inner.breakers.iter().map(CircuitBreaker::state);
+        states
+            .max_by_key(|s| match s {
+                BreakerState::Closed => 0,
+                BreakerState::HalfOpen => 1,
+                _ => 2,
+            })
+            .unwrap_or(BreakerState::Closed)
     }
 
     /// How many denials the local deny cache holds.
@@ -147,8 +168,8 @@ impl<C: RedisConnection> RedisStore<C> {
             return Ok(denied);
         }
         let permit = inner
-            .breaker
-            .try_acquire()
+            .breaker(&state_key)
+            .and_then(CircuitBreaker::try_acquire)
             .ok_or(RedisStoreError::CircuitOpen)?;
         let result =
             match tokio::time::timeout(inner.deadline, self.run(&state_key, policy, cost)).await {
@@ -232,7 +253,8 @@ impl<C: RedisConnection> RedisStore<C> {
             }
             cmd
         };
-        let reply: Vec<i64> = match inner.connection.query(&call("EVALSHA", &script.sha)).await {
+        let evalsha = call("EVALSHA", &script.sha);
+        let reply: Vec<i64> = match inner.connection.query_for_key(state_key, &evalsha).await {
             // NOSCRIPT means nothing ran (Redis restarted, failed over or
             // flushed its scripts): send the source once, which runs the
             // script and caches it in a single step that no flush can race.
@@ -241,7 +263,7 @@ impl<C: RedisConnection> RedisStore<C> {
             {
                 inner
                     .connection
-                    .query(&call("EVAL", script.source))
+                    .query_for_key(state_key, &call("EVAL", script.source))
                     .await
                     .map_err(reclassify)?
             }
@@ -351,6 +373,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     breaker_threshold: u32,
     breaker_cooldown: Duration,
+    breaker_ranges: usize,
     deny_cache: usize,
 }
 
@@ -367,6 +390,7 @@ impl Default for RedisStoreBuilder {
             clock: None,
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_secs(1),
+            breaker_ranges: 1,
             deny_cache: 10_000,
         }
     }
@@ -518,7 +542,12 @@ impl RedisStoreBuilder {
         self.build(pool).await
     }
 
-    /// Connects to a Redis Cluster through any of `nodes`.
+    /// Connects to a Redis Cluster through any of `nodes` (URLs such as
+    /// `redis://10.0.0.1:6379`), with a [`ClusterConnection`]: each decision
+    /// goes to its slot's master, a failed master affects only its slots,
+    /// and the circuit breaker is kept per range of 128 slots.
+    ///
+    /// Keep the response timeout under the deadline, as by default.
     ///
     /// # Errors
     ///
@@ -526,14 +555,23 @@ impl RedisStoreBuilder {
     pub async fn connect_cluster<I: IntoConnectionInfo>(
         self,
         nodes: impl IntoIterator<Item = I>,
-    ) -> Result<RedisStore<redis::cluster_async::ClusterConnection>, RedisStoreError> {
+    ) -> Result<RedisStore<ClusterConnection>, RedisStoreError> {
         self.check()?;
-        let client = redis::cluster::ClusterClientBuilder::new(nodes)
-            .connection_timeout(self.connect_timeout)
-            .response_timeout(self.response_timeout)
-            .build()?;
-        let connection = client.get_async_connection().await?;
-        self.build(connection).await
+        let mut seeds = Vec::new();
+        for node in nodes {
+            let info = node.into_connection_info()?;
+            seeds.push(info.addr().to_string());
+        }
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout));
+        let connection = ClusterConnection::connect(seeds, config, self.connect_timeout).await?;
+        Self {
+            breaker_ranges: 128,
+            ..self
+        }
+        .build(connection)
+        .await
     }
 
     /// Builds a store on a connection of your own, and loads the scripts.
@@ -561,7 +599,9 @@ impl RedisStoreBuilder {
                 )));
             }
         }
-        let breaker = CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown)?;
+        let breakers = (0..self.breaker_ranges.max(1))
+            .map(|_| CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown))
+            .collect::<Result<_, _>>()?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 connection,
@@ -569,7 +609,7 @@ impl RedisStoreBuilder {
                 deadline: self.deadline,
                 clock: self.clock,
                 scripts,
-                breaker,
+                breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
                 local_origin: Instant::now(),
             }),

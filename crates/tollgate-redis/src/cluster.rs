@@ -1,0 +1,315 @@
+//! A Redis Cluster connection that isolates failures per node.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
+
+use crate::connection::RedisConnection;
+use crate::error::RedisStoreError;
+use crate::keys::hash_slot;
+
+const SLOTS: usize = 16_384;
+
+/// A Redis Cluster connection: one multiplexed connection per node and a
+/// slot map from `CLUSTER SLOTS`.
+///
+/// Each decision goes to the master of its key's hash slot, so a failed
+/// master affects only its own slots: requests for other slots never wait
+/// on it. `MOVED` updates the slot and retries once on the new owner,
+/// `ASK` retries once with `ASKING`, both safe because the script did not
+/// run. A connection error drops that node's connection and refreshes the
+/// slot map in the background (one refresh at a time), so that after a
+/// failover the new master is found without any request waiting for it.
+#[derive(Clone)]
+pub struct ClusterConnection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: AsyncConnectionConfig,
+    connect_timeout: Duration,
+    seeds: Vec<String>,
+    connections: Mutex<HashMap<String, MultiplexedConnection>>,
+    slots: RwLock<Vec<Arc<str>>>,
+    refreshing: AtomicBool,
+}
+
+impl std::fmt::Debug for ClusterConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConnection")
+            .field("masters", &self.masters())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterConnection {
+    /// Connects through any of `seeds` (`host:port`) and reads the slot map.
+    pub(crate) async fn connect(
+        seeds: Vec<String>,
+        config: AsyncConnectionConfig,
+        connect_timeout: Duration,
+    ) -> Result<Self, RedisStoreError> {
+        let this = Self {
+            inner: Arc::new(Inner {
+                config,
+                connect_timeout,
+                seeds,
+                connections: Mutex::new(HashMap::new()),
+                slots: RwLock::new(vec![Arc::from(""); SLOTS]),
+                refreshing: AtomicBool::new(false),
+            }),
+        };
+        this.refresh().await?;
+        Ok(this)
+    }
+
+    /// The current masters' addresses.
+    pub fn masters(&self) -> Vec<String> {
+        let slots = self
+            .inner
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut masters: Vec<String> = slots
+            .iter()
+            .filter(|a| !a.is_empty())
+            .map(|a| a.to_string())
+            .collect();
+        masters.sort();
+        masters.dedup();
+        masters
+    }
+
+    async fn connection(&self, addr: &str) -> Result<MultiplexedConnection, RedisStoreError> {
+        let existing = self
+            .inner
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(addr)
+            .cloned();
+        if let Some(con) = existing {
+            return Ok(con);
+        }
+        let client = redis::Client::open(format!("redis://{addr}"))?;
+        let con = tokio::time::timeout(
+            self.inner.connect_timeout,
+            client.get_multiplexed_async_connection_with_config(&self.inner.config),
+        )
+        .await
+        .map_err(|_| RedisStoreError::Deadline(self.inner.connect_timeout))??;
+        self.inner
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(addr.to_owned(), con.clone());
+        Ok(con)
+    }
+
+    fn forget(&self, addr: &str) {
+        self.inner
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(addr);
+    }
+
+    /// Reads `CLUSTER SLOTS` from the first node that answers: the known
+    /// masters, then the seeds.
+    async fn refresh(&self) -> Result<(), RedisStoreError> {
+        let mut candidates = self.masters();
+        candidates.extend(self.inner.seeds.iter().cloned());
+        let mut last = RedisStoreError::Protocol("no cluster node to ask for slots".into());
+        for addr in candidates {
+            let reply = async {
+                let mut con = self.connection(&addr).await?;
+                let mut cmd = redis::cmd("CLUSTER");
+                cmd.arg("SLOTS");
+                tokio::time::timeout(
+                    self.inner.connect_timeout,
+                    cmd.query_async::<Vec<Value>>(&mut con),
+                )
+                .await
+                .map_err(|_| RedisStoreError::Deadline(self.inner.connect_timeout))?
+                .map_err(RedisStoreError::from)
+            }
+            .await;
+            match reply.and_then(|ranges| parse_slots(&ranges)) {
+                Ok(map) => {
+                    *self
+                        .inner
+                        .slots
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner) = map;
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.forget(&addr);
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn refresh_in_background(&self) {
+        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _ = this.refresh().await;
+            // At most one refresh per 50 ms while a node stays down.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            this.inner.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    fn owner(&self, key: &str) -> Arc<str> {
+        let slots = self
+            .inner
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        slots[usize::from(hash_slot(key))].clone()
+    }
+
+    async fn send<T: FromRedisValue + Send>(
+        &self,
+        addr: &str,
+        cmd: &Cmd,
+        asking: bool,
+    ) -> Result<T, redis::RedisError> {
+        let mut con = match self.connection(addr).await {
+            Ok(con) => con,
+            Err(RedisStoreError::Redis(e)) => return Err(e),
+            Err(other) => {
+                return Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    other.to_string(),
+                )));
+            }
+        };
+        if asking {
+            let (value,): (T,) = redis::pipe()
+                .cmd("ASKING")
+                .ignore()
+                .add_command(cmd.clone())
+                .query_async(&mut con)
+                .await?;
+            Ok(value)
+        } else {
+            cmd.query_async(&mut con).await
+        }
+    }
+}
+
+impl RedisConnection for ClusterConnection {
+    /// Sends `cmd` (such as `SCRIPT LOAD`) to every master; returns the
+    /// last master's reply.
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        let mut reply = None;
+        for addr in self.masters() {
+            reply = Some(self.send(&addr, cmd, false).await?);
+        }
+        reply.ok_or_else(|| RedisStoreError::Protocol("the cluster has no master".into()))
+    }
+
+    async fn query_for_key<T: FromRedisValue + Send>(
+        &self,
+        key: &str,
+        cmd: &Cmd,
+    ) -> Result<T, RedisStoreError> {
+        let addr = self.owner(key);
+        if addr.is_empty() {
+            self.refresh_in_background();
+            return Err(RedisStoreError::Protocol(format!(
+                "no master known for slot {}",
+                hash_slot(key)
+            )));
+        }
+        match self.send(&addr, cmd, false).await {
+            Ok(v) => Ok(v),
+            Err(e) => match e.kind() {
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+                    let asking = e.kind() == ErrorKind::Server(ServerErrorKind::Ask);
+                    let target = e
+                        .redirect_node()
+                        .map(|(host, port)| format!("{host}:{port}"));
+                    let Some(target) = target else {
+                        return Err(e.into());
+                    };
+                    if !asking {
+                        let slot = usize::from(hash_slot(key));
+                        self.inner
+                            .slots
+                            .write()
+                            .unwrap_or_else(PoisonError::into_inner)[slot] =
+                            Arc::from(target.as_str());
+                        self.refresh_in_background();
+                    }
+                    Ok(self.send(&target, cmd, asking).await?)
+                }
+                _ if e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout() =>
+                {
+                    self.forget(&addr);
+                    self.refresh_in_background();
+                    Err(e.into())
+                }
+                _ => Err(e.into()),
+            },
+        }
+    }
+
+    fn refresh(&self) {
+        self.refresh_in_background();
+    }
+}
+
+/// The slot map of a `CLUSTER SLOTS` reply: each slot's master `host:port`.
+fn parse_slots(ranges: &[Value]) -> Result<Vec<Arc<str>>, RedisStoreError> {
+    let bad = || RedisStoreError::Protocol("unexpected CLUSTER SLOTS reply".into());
+    let int = |v: &Value| match v {
+        Value::Int(n) => usize::try_from(*n).ok(),
+        _ => None,
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let mut map: Vec<Arc<str>> = vec![Arc::from(""); SLOTS];
+    for range in ranges {
+        let Value::Array(items) = range else {
+            return Err(bad());
+        };
+        let (Some(start), Some(end)) = (items.first().and_then(int), items.get(1).and_then(int))
+        else {
+            return Err(bad());
+        };
+        let Some(Value::Array(master)) = items.get(2) else {
+            return Err(bad());
+        };
+        let (Some(host), Some(port)) = (master.first().and_then(text), master.get(1).and_then(int))
+        else {
+            return Err(bad());
+        };
+        let addr: Arc<str> = Arc::from(format!("{host}:{port}"));
+        if let Some(range) = map.get_mut(start..=end.min(SLOTS - 1)) {
+            range.fill(addr.clone());
+        }
+    }
+    if map.iter().any(|a| a.is_empty()) {
+        return Err(RedisStoreError::Protocol(
+            "CLUSTER SLOTS leaves slots uncovered".into(),
+        ));
+    }
+    Ok(map)
+}

@@ -1,0 +1,153 @@
+//! The Redis store on a real Redis Cluster: 3 masters and 3 replicas
+//! started by the test. Real time, bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate::{Algorithm, Key, Policy, Store};
+use tollgate_redis::RedisStore;
+use tollgate_tests::RedisCluster;
+
+async fn store(
+    cluster: &RedisCluster,
+    deadline: Duration,
+) -> RedisStore<tollgate_redis::ClusterConnection> {
+    RedisStore::builder()
+        .deadline(deadline)
+        // Well under the deadline: while the cluster client rebuilds its
+        // slot map it holds every request, and waits up to one response
+        // timeout on a dead node.
+        .response_timeout(deadline / 5)
+        // A failed master's slot ranges are probed again soon after its
+        // replica takes over.
+        .circuit_breaker(5, Duration::from_millis(100))
+        .connect_cluster(cluster.urls())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_keys_each_admit_exactly_their_limit_across_all_masters() {
+    let cluster = RedisCluster::spawn();
+    let store = store(&cluster, Duration::from_secs(5)).await;
+    let policy = Arc::new(Policy::new("cluster", Algorithm::Gcra, "5/h").unwrap());
+    let allowed: Arc<Vec<AtomicU32>> = Arc::new((0..1_000).map(|_| AtomicU32::new(0)).collect());
+    const TASKS: usize = 64;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (store, policy, allowed) = (store.clone(), policy.clone(), allowed.clone());
+            tokio::spawn(async move {
+                // 10 requests per key, interleaved over the tasks.
+                for r in (t..10_000).step_by(TASKS) {
+                    let key = r % 1_000;
+                    let d = store
+                        .check(&Key::user(format!("k{key}")), &policy, 1)
+                        .await
+                        .unwrap();
+                    if d.is_allowed() {
+                        allowed[key].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("no CROSSSLOT or MOVED error surfaced");
+    }
+    for (key, n) in allowed.iter().enumerate() {
+        assert_eq!(n.load(Ordering::Relaxed), 5, "key k{key}");
+    }
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3);
+    let spread: Vec<u64> = masters.iter().map(|&m| cluster.nodes[m].dbsize()).collect();
+    assert!(
+        spread.iter().all(|&n| n > 200),
+        "keys per master: {spread:?}"
+    );
+    assert_eq!(spread.iter().sum::<u64>(), 1_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
+    let mut cluster = RedisCluster::spawn();
+    let store = store(&cluster, Duration::from_millis(500)).await;
+    let policy = Policy::new("failover", Algorithm::Gcra, "5/h").unwrap();
+    let keys: Vec<Key> = (0..300).map(|i| Key::user(format!("f{i}"))).collect();
+    // Three admits per key before the failure.
+    for key in &keys {
+        for _ in 0..3 {
+            assert!(store.check(key, &policy, 1).await.unwrap().is_allowed());
+        }
+    }
+    let victim = cluster.masters()[0];
+    let on_victim: Vec<bool> = {
+        let mut con = cluster.nodes[victim].connection();
+        keys.iter()
+            // A master answers MOVED for keys it does not own.
+            .map(|k| {
+                redis::cmd("EXISTS")
+                    .arg(store.state_key(&policy, k))
+                    .query::<bool>(&mut con)
+                    .unwrap_or(false)
+            })
+            .collect()
+    };
+    let affected = on_victim.iter().filter(|&&a| a).count();
+    assert!(
+        affected > 50 && affected < 250,
+        "{affected} keys on the victim"
+    );
+    // Let the replicas catch up, then kill the master.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.nodes[victim].kill();
+    let killed = Instant::now();
+
+    let mut admitted = vec![3u32; keys.len()];
+    let mut healthy_errors = 0;
+    let mut healed_at: Vec<Option<Duration>> = vec![None; keys.len()];
+    let mut promoted: Option<Duration> = None;
+    while killed.elapsed() < RedisCluster::NODE_TIMEOUT + Duration::from_secs(4) {
+        let round: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+                tokio::spawn(async move { store.check(&key, &policy, 1).await })
+            })
+            .collect();
+        for (i, task) in round.into_iter().enumerate() {
+            match task.await.unwrap() {
+                Ok(d) => {
+                    admitted[i] += u32::from(d.is_allowed());
+                    if on_victim[i] && healed_at[i].is_none() {
+                        healed_at[i] = Some(killed.elapsed());
+                    }
+                }
+                Err(e) => {
+                    if !on_victim[i] {
+                        healthy_errors += 1;
+                        eprintln!("healthy key f{i} at {:?}: {e}", killed.elapsed());
+                    }
+                }
+            }
+        }
+        if promoted.is_none() && cluster.masters().len() == 3 {
+            promoted = Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(promoted.is_some(), "the victim's replica took over");
+    assert_eq!(healthy_errors, 0, "keys on healthy masters saw errors");
+    let limit = RedisCluster::NODE_TIMEOUT + Duration::from_secs(2);
+    for (i, healed) in healed_at.iter().enumerate().filter(|(i, _)| on_victim[*i]) {
+        assert!(
+            healed.is_some_and(|t| t <= limit),
+            "key f{i} served again at {healed:?}"
+        );
+    }
+    // At most one limit's worth more than the limit, per key.
+    for (i, n) in admitted.iter().enumerate() {
+        assert!(*n <= 10, "key f{i} admitted {n} times");
+    }
+}
