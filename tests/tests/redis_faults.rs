@@ -303,3 +303,64 @@ async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
     }
     assert!(ok > 0, "the pool served some requests");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readonly_and_oom_are_unavailable_and_health_checks_run_the_script() {
+    let mut server = RedisServer::spawn();
+    let store = store(&server).await;
+    let policy = Policy::new("classify", Algorithm::Gcra, "10/s").unwrap();
+    assert!(store.health_check().await.is_ok());
+
+    // A demoted master: writes are refused with READONLY.
+    let mut con = server.connection();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    match store.decide(&Key::user("r"), &policy, 1).await {
+        Err(RedisStoreError::Unavailable { code, .. }) => assert_eq!(code, "READONLY"),
+        other => panic!("expected READONLY, got {other:?}"),
+    }
+    // PING would still answer; the health check runs the script, and fails.
+    assert!(matches!(
+        store.health_check().await,
+        Err(RedisStoreError::Unavailable { .. })
+    ));
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut con)
+        .unwrap();
+
+    // Out of memory: writes are refused with OOM.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    match store.decide(&Key::user("o"), &policy, 1).await {
+        Err(RedisStoreError::Unavailable { code, .. }) => assert_eq!(code, "OOM"),
+        other => panic!("expected OOM, got {other:?}"),
+    }
+    assert!(store.health_check().await.is_err());
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    assert!(store.decide(&Key::user("o"), &policy, 1).await.is_ok());
+
+    assert!(store.health_check().await.is_ok());
+    // A dead server fails it too.
+    server.kill();
+    assert!(store.health_check().await.is_err());
+}

@@ -191,20 +191,21 @@ impl<C: RedisConnection> RedisStore<C> {
         result
     }
 
-    /// Readiness: runs the real decision script on a canary key (a peek
-    /// that writes nothing), bypassing the circuit breaker and the deny
-    /// cache, and returns how long it took. Unlike `PING`, it fails when
-    /// scripts cannot run (a read-only replica, `OOM`, a missing script that
-    /// cannot be loaded).
+    /// Readiness: runs the real decision script on a canary key, bypassing
+    /// the circuit breaker and the deny cache, and returns how long it
+    /// took. The canary writes a key that lives one millisecond, so unlike
+    /// `PING` the check fails wherever decisions would: a read-only replica,
+    /// `OOM`, a script that cannot be loaded.
     ///
     /// # Errors
     ///
     /// As [`RedisStore::decide`], except for an open breaker.
     pub async fn health_check(&self) -> Result<Duration, RedisStoreError> {
         let started = Instant::now();
-        let canary = Policy::new("tollgate-health", Algorithm::FixedWindow, "1/s")?;
+        // One unit of a million per second: the key expires after 1 ms.
+        let canary = Policy::new("tollgate-health", Algorithm::Gcra, "1000000/s")?;
         let state_key = self.inner.names.state_key(canary.name(), &Key::global());
-        match tokio::time::timeout(self.inner.deadline, self.run(&state_key, &canary, 0)).await {
+        match tokio::time::timeout(self.inner.deadline, self.run(&state_key, &canary, 1)).await {
             Ok(Ok(_)) => Ok(started.elapsed()),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(RedisStoreError::Deadline(self.inner.deadline)),
