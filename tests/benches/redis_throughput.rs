@@ -129,7 +129,7 @@ async fn main() {
         .unwrap();
 
     println!(
-        "| concurrency | redis-benchmark EVALSHA (req/s) | RedisStore, ConnectionManager | RedisStore, bb8 pool (64) | ConnectionManager, 3 limits |"
+        "| concurrency | redis-benchmark EVALSHA (req/s) | RedisStore, default connection | RedisStore, bb8 pool (64) | default connection, 3 limits |"
     );
     println!("|---:|---:|---:|---:|---:|");
     for concurrency in [1, 16, 64] {

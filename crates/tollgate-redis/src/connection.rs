@@ -12,9 +12,11 @@ pub type Pool = bb8::Pool<bb8_redis::RedisConnectionManager>;
 
 /// A connection (or pool) that sends commands to Redis.
 ///
-/// Implemented for redis-rs's multiplexed [`ConnectionManager`] (the
-/// default), a bb8 [`Pool`], a plain [`MultiplexedConnection`] and a
-/// cluster connection. Implement it to run the store on anything else.
+/// Implemented for this crate's [`ManagedConnection`](crate::ManagedConnection)
+/// (the default) and [`ClusterConnection`](crate::ClusterConnection), and
+/// for redis-rs's multiplexed [`ConnectionManager`], [`MultiplexedConnection`],
+/// cluster connection and a bb8 [`Pool`]. Implement it to run the store on
+/// anything else.
 pub trait RedisConnection: Send + Sync + 'static {
     /// Sends `cmd` and returns its reply.
     fn query<T: FromRedisValue + Send>(
