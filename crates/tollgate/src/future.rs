@@ -175,29 +175,20 @@ where
                 response: Some(responder.reject(&decision)),
             }
         }
-        Err(error) => match responder.failure {
-            FailureMode::Open => {
-                tracing::warn!(
-                    error = &error as &dyn std::error::Error,
-                    "rate-limit store failed; letting the request through"
-                );
-                State::Calling {
+        Err(error) => {
+            responder.report.store_failed(responder.failure, &error);
+            match responder.failure {
+                FailureMode::Open => State::Calling {
                     future: inner.call(request),
                     decision: None,
-                }
-            }
-            // `Local` was handled where the store was asked; what is left is
-            // a failure of the fallback itself.
-            FailureMode::Closed | FailureMode::Local => {
-                tracing::warn!(
-                    error = &error as &dyn std::error::Error,
-                    "rate-limit store failed; answering 503"
-                );
-                State::Responding {
+                },
+                // `Local` was handled where the store was asked; what is left
+                // is a failure of the fallback itself.
+                _ => State::Responding {
                     response: Some(responder.unavailable()),
-                }
+                },
             }
-        },
+        }
     }
 }
 

@@ -65,6 +65,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
     /// Limits requests by `policy`, keyed by `extractor`, on a new
     /// [`MemoryStore`] with the system clock.
     pub fn new(policy: Policy, extractor: K) -> Self {
+        let responder = Responder::new(policy.name());
         Self {
             local_policy: policy.clone(),
             policy,
@@ -73,7 +74,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             cost: 1,
             wait: None,
             local: MemoryStore::new(),
-            responder: Responder::default(),
+            responder,
         }
     }
 }

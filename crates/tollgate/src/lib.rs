@@ -62,7 +62,9 @@
 //!
 //! | feature | default | enables |
 //! |---|---|---|
-//! | `axum` | yes | `PeerIp`, from axum's `ConnectInfo` |
+//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, and `RouteKey` |
+//! | `tonic` | no | peer addresses from Tonic's `TcpConnectInfo` |
+//! | `metrics` | no | the [`STORE_FAILURES`] counter through the `metrics` facade |
 
 mod body;
 mod clock;
@@ -72,6 +74,7 @@ pub mod headers;
 mod ip;
 mod layer;
 mod limiter;
+mod report;
 mod response;
 mod service;
 
@@ -85,6 +88,7 @@ pub use headers::HeaderStyle;
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
+pub use report::STORE_FAILURES;
 pub use response::{FailureMode, MissingKey};
 pub use service::RateLimit;
 

@@ -10,6 +10,7 @@ use http_body_util::Full;
 use tollgate_core::{Decision, Outcome};
 
 use crate::headers::{self, HeaderStyle};
+use crate::report::FailureReport;
 
 /// What the layer does with a request from which no key can be extracted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,10 +55,12 @@ pub(crate) struct Responder {
     pub(crate) missing: MissingKey,
     pub(crate) failure: FailureMode,
     pub(crate) grpc: bool,
+    /// Shared by every service of one layer, so throttling holds across them.
+    pub(crate) report: Arc<FailureReport>,
 }
 
-impl Default for Responder {
-    fn default() -> Self {
+impl Responder {
+    pub(crate) fn new(policy: &str) -> Self {
         Self {
             headers: HeaderStyle::default(),
             status: StatusCode::TOO_MANY_REQUESTS,
@@ -65,6 +68,7 @@ impl Default for Responder {
             missing: MissingKey::default(),
             failure: FailureMode::default(),
             grpc: false,
+            report: Arc::new(FailureReport::new(policy)),
         }
     }
 }

@@ -35,11 +35,9 @@ impl<K, St> Shared<K, St> {
     ) -> Result<Decision, StoreError> {
         match result {
             Err(error) if self.responder.failure == FailureMode::Local => {
-                tracing::warn!(
-                    error = &error as &dyn std::error::Error,
-                    policy = self.policy.name(),
-                    "rate-limit store failed; deciding with the local fallback"
-                );
+                self.responder
+                    .report
+                    .store_failed(FailureMode::Local, &error);
                 self.local.check_sync(key, &self.local_policy, self.cost)
             }
             other => other,
