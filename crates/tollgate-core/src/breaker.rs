@@ -124,6 +124,7 @@ impl CircuitBreaker {
 
     fn report_at(&self, ok: bool, now: Instant) {
         let mut state = self.lock();
+        let was_closed = matches!(*state, Inner::Closed { .. });
         *state = match (*state, ok) {
             (_, true) => Inner::Closed { failures: 0 },
             (Inner::Closed { failures }, false) if failures + 1 < self.threshold => Inner::Closed {
@@ -133,6 +134,28 @@ impl CircuitBreaker {
                 until: now + self.cooldown,
             },
         };
+        let is_closed = matches!(*state, Inner::Closed { .. });
+        drop(state);
+        match (was_closed, is_closed) {
+            (true, false) => open_gauge(1.0),
+            (false, true) => open_gauge(-1.0),
+            _ => {}
+        }
+    }
+}
+
+/// Moves the [`CIRCUITS_OPEN`](crate::telemetry::CIRCUITS_OPEN) gauge by
+/// `delta`, with the `metrics` feature.
+fn open_gauge(_delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(crate::telemetry::CIRCUITS_OPEN).increment(_delta);
+}
+
+impl Drop for CircuitBreaker {
+    fn drop(&mut self) {
+        if !matches!(*self.lock(), Inner::Closed { .. }) {
+            open_gauge(-1.0);
+        }
     }
 }
 

@@ -155,4 +155,22 @@ impl StoreError {
     pub fn backend(error: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self::Backend(Box::new(error))
     }
+
+    /// A short name of the kind of failure, as used in metrics labels:
+    /// `full`, `circuit_open`, `timeout` or `backend`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::StoreError;
+    ///
+    /// assert_eq!(StoreError::Timeout(Duration::from_millis(50)).kind(), "timeout");
+    /// ```
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Full { .. } => "full",
+            Self::CircuitOpen => "circuit_open",
+            Self::Timeout(_) => "timeout",
+            Self::Backend(_) => "backend",
+        }
+    }
 }

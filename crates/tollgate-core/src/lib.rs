@@ -39,6 +39,7 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `serde` | yes | `Serialize`/`Deserialize` for [`Limit`], [`Policy`] and [`Algorithm`] |
+//! | `metrics` | no | the [memory-store and circuit-breaker gauges](telemetry) through the `metrics` facade |
 //!
 //! # Time
 //!
@@ -56,6 +57,7 @@ mod limit;
 mod memory;
 mod policy;
 mod store;
+pub mod telemetry;
 mod time;
 
 pub use algorithm::{LimitState, PolicyState};

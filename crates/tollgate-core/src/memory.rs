@@ -66,6 +66,42 @@ struct Shared {
     max_keys: usize,
     clock: Arc<dyn Clock>,
     hash_keys: (RandomState, RandomState),
+    keys_gauge: KeysGauge,
+}
+
+/// The [`MEMORY_STORE_KEYS`](crate::telemetry::MEMORY_STORE_KEYS) gauge,
+/// with the `metrics` feature; nothing without it.
+struct KeysGauge {
+    #[cfg(feature = "metrics")]
+    gauge: metrics::Gauge,
+}
+
+impl KeysGauge {
+    fn new() -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            gauge: metrics::gauge!(crate::telemetry::MEMORY_STORE_KEYS),
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn add(&self, _keys: usize) {
+        #[cfg(feature = "metrics")]
+        self.gauge.increment(_keys as f64);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn sub(&self, _keys: usize) {
+        #[cfg(feature = "metrics")]
+        self.gauge.decrement(_keys as f64);
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let held = self.shards.iter().map(|s| lock(s).map.len()).sum();
+        self.keys_gauge.sub(held);
+    }
 }
 
 type KeyHash = u128;
@@ -112,6 +148,7 @@ impl MemoryStore {
                 max_keys: b.max_keys,
                 clock: b.clock,
                 hash_keys: (RandomState::new(), RandomState::new()),
+                keys_gauge: KeysGauge::new(),
             }),
         }
     }
@@ -164,10 +201,12 @@ impl MemoryStore {
             // A peek, or a request that can never be admitted: nothing to keep.
             return Ok(decision);
         }
-        shard.sweep(now, SWEEP_PER_INSERT);
+        let mut swept = shard.sweep(now, SWEEP_PER_INSERT);
         if shard.map.len() >= shared.shard_capacity {
-            shard.sweep(now, usize::MAX);
+            swept += shard.sweep(now, usize::MAX);
             if shard.map.len() >= shared.shard_capacity {
+                drop(shard);
+                shared.keys_gauge.sub(swept);
                 return Err(StoreError::Full {
                     max_keys: shared.max_keys,
                 });
@@ -175,6 +214,9 @@ impl MemoryStore {
         }
         shard.map.insert(hash, Entry { state, expires_at });
         shard.expiry.push(Reverse((expires_at, hash)));
+        drop(shard);
+        shared.keys_gauge.sub(swept);
+        shared.keys_gauge.add(1);
         Ok(decision)
     }
 }
@@ -196,8 +238,9 @@ impl Shared {
 }
 
 impl Shard {
-    /// Forgets up to `budget` keys whose state has expired by `now`.
-    fn sweep(&mut self, now: Timestamp, budget: usize) {
+    /// Forgets up to `budget` keys whose state has expired by `now`;
+    /// returns how many it forgot.
+    fn sweep(&mut self, now: Timestamp, budget: usize) -> usize {
         let now = now.as_micros();
         let mut swept = 0;
         while swept < budget {
@@ -217,6 +260,7 @@ impl Shard {
                 }
             }
         }
+        swept
     }
 }
 

@@ -165,6 +165,12 @@ impl<C: RedisConnection> RedisStore<C> {
         let state_key = inner.names.state_key(policy.name(), key);
         let sent_at = inner.local_now();
         if let Some(denied) = inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
+            #[cfg(feature = "metrics")]
+            metrics::counter!(
+                tollgate_core::telemetry::DENY_CACHE_HITS,
+                "policy" => policy.name().to_owned()
+            )
+            .increment(1);
             return Ok(denied);
         }
         let permit = inner

@@ -14,6 +14,7 @@ use tollgate_core::{Decision, StoreError};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::report::Verdict;
 use crate::response::{FailureMode, Responder};
 
 pub(crate) type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
@@ -36,6 +37,7 @@ pin_project! {
         state: State<F, S, B>,
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
+        enforce: bool,
     }
 }
 
@@ -86,6 +88,7 @@ where
             },
             responder,
             waiter: None,
+            enforce: true,
         }
     }
 
@@ -96,6 +99,7 @@ where
             },
             responder,
             waiter: None,
+            enforce: true,
         }
     }
 
@@ -105,6 +109,7 @@ where
         request: Request<B>,
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
+        enforce: bool,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -114,6 +119,7 @@ where
             },
             responder,
             waiter,
+            enforce,
         }
     }
 
@@ -123,29 +129,35 @@ where
         request: Request<B>,
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
+        enforce: bool,
     ) -> Self {
-        let state = next_state(result, inner, request, &responder, waiter.as_ref());
+        let state = next_state(result, inner, request, &responder, waiter.as_ref(), enforce);
         Self {
             state,
             responder,
             waiter,
+            enforce,
         }
     }
 }
 
-/// What follows a store's answer.
+/// What follows a store's answer. A denial of a key that is not
+/// `enforce`d (shadow mode) lets the request through with its headers.
 fn next_state<F, S, B>(
     result: Result<Decision, StoreError>,
     mut inner: S,
     request: Request<B>,
     responder: &Responder,
     waiter: Option<&Waiter>,
+    enforce: bool,
 ) -> State<F, S, B>
 where
     S: Service<Request<B>, Future = F>,
 {
+    let telemetry = &responder.telemetry;
     match result {
         Ok(decision) if decision.is_allowed() => {
+            telemetry.decided(&decision, Verdict::Allowed);
             if decision.delay() > Duration::ZERO {
                 State::Delaying {
                     sleep: Box::pin(tokio::time::sleep(decision.delay())),
@@ -160,6 +172,13 @@ where
                 }
             }
         }
+        Ok(decision) if !enforce => {
+            telemetry.decided(&decision, Verdict::ShadowLimited);
+            State::Calling {
+                future: inner.call(request),
+                decision: Some(decision),
+            }
+        }
         Ok(decision) => {
             if let (Some(waiter), Some(retry)) = (waiter, decision.retry_after()) {
                 let wake = tokio::time::Instant::now() + retry;
@@ -171,22 +190,29 @@ where
                     };
                 }
             }
+            telemetry.decided(&decision, Verdict::Limited);
             State::Responding {
                 response: Some(responder.reject(&decision)),
             }
         }
         Err(error) => {
-            responder.report.store_failed(responder.failure, &error);
+            telemetry.store_failed(Some(responder.failure), &error);
             match responder.failure {
-                FailureMode::Open => State::Calling {
-                    future: inner.call(request),
-                    decision: None,
-                },
+                FailureMode::Open => {
+                    telemetry.failed_over(FailureMode::Open);
+                    State::Calling {
+                        future: inner.call(request),
+                        decision: None,
+                    }
+                }
                 // `Local` was handled where the store was asked; what is left
                 // is a failure of the fallback itself.
-                _ => State::Responding {
-                    response: Some(responder.unavailable()),
-                },
+                _ => {
+                    telemetry.failed_over(FailureMode::Closed);
+                    State::Responding {
+                        response: Some(responder.unavailable()),
+                    }
+                }
             }
         }
     }
@@ -210,9 +236,14 @@ where
                 } => {
                     let result = ready!(check.as_mut().poll(cx));
                     let next = match (inner.take(), request.take()) {
-                        (Some(inner), Some(request)) => {
-                            next_state(result, inner, request, this.responder, this.waiter.as_ref())
-                        }
+                        (Some(inner), Some(request)) => next_state(
+                            result,
+                            inner,
+                            request,
+                            this.responder,
+                            this.waiter.as_ref(),
+                            *this.enforce,
+                        ),
                         _ => State::Responding { response: None },
                     };
                     this.state.set(next);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use tollgate_core::{Decision, MemoryStore, Policy};
+use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
 use tower_layer::Layer;
 
 use crate::headers::HeaderStyle;
@@ -159,6 +159,69 @@ impl<K, St> RateLimitLayer<K, St> {
     pub fn grpc(mut self) -> Self {
         self.responder.grpc = true;
         self
+    }
+
+    /// Shadow mode, a dry run: the policy decides, records and adds its
+    /// headers, but never rejects. Requests it would have rejected are
+    /// served and counted as `shadow_limited` in
+    /// [`telemetry::DECISIONS`](crate::telemetry::DECISIONS), with a debug
+    /// event each, so a new policy can be tried on real traffic before it
+    /// is enforced. The same as `enforce_percent(0)`.
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::get};
+    /// use http::{Request, StatusCode};
+    /// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = Policy::new("new-limit", Algorithm::FixedWindow, "1/h")?;
+    /// let app = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     .layer(RateLimitLayer::new(policy, GlobalKey).shadow());
+    ///
+    /// for _ in 0..3 {
+    ///     let response = app.clone().oneshot(Request::get("/").body(Body::empty())?).await?;
+    ///     assert_eq!(response.status(), StatusCode::OK);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn shadow(mut self) -> Self {
+        self.responder.enforce_percent = 0;
+        self
+    }
+
+    /// Enforces the policy for `percent` of keys and runs it in
+    /// [shadow mode](RateLimitLayer::shadow) for the rest: a ramp for
+    /// rolling a policy out. Which keys are enforced depends only on the
+    /// key (a fixed hash, the same on every machine), and raising the
+    /// percentage keeps every key enforced so far. 100 (the default)
+    /// enforces every key.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] when `percent` is over 100.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
+    ///
+    /// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
+    /// let layer = RateLimitLayer::new(policy.clone(), GlobalKey).enforce_percent(10)?;
+    /// # let _ = layer;
+    /// assert!(RateLimitLayer::new(policy, GlobalKey).enforce_percent(101).is_err());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn enforce_percent(mut self, percent: u8) -> Result<Self, ConfigError> {
+        if percent > 100 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "enforce_percent",
+                reason: "must be between 0 and 100",
+            });
+        }
+        self.responder.enforce_percent = percent;
+        Ok(self)
     }
 
     /// What to do with a request that yields no key (default

@@ -64,7 +64,7 @@
 //! |---|---|---|
 //! | `axum` | yes | peer addresses from axum's `ConnectInfo`, and `RouteKey` |
 //! | `tonic` | no | peer addresses from Tonic's `TcpConnectInfo` |
-//! | `metrics` | no | the [`STORE_FAILURES`] counter through the `metrics` facade |
+//! | `metrics` | no | [counters and gauges](telemetry) through the `metrics` facade |
 
 mod body;
 mod clock;
@@ -88,9 +88,9 @@ pub use headers::HeaderStyle;
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
-pub use report::STORE_FAILURES;
 pub use response::{FailureMode, MissingKey};
 pub use service::RateLimit;
+pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{
     Algorithm, BreakerState, CircuitBreaker, Clock, ConfigError, Decision, FakeClock, Key, KeyKind,

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, Key, MemoryStore, Outcome, Policy, Store, StoreError};
 
+use crate::report::{Telemetry, Verdict};
+
 /// Why [`RateLimiter::until_ready`] gave up.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -69,6 +71,7 @@ pub enum WaitError {
 pub struct RateLimiter<St = MemoryStore> {
     policy: Policy,
     store: Arc<St>,
+    telemetry: Arc<Telemetry>,
 }
 
 impl RateLimiter<MemoryStore> {
@@ -82,6 +85,7 @@ impl<St> RateLimiter<St> {
     /// A limiter on `store`.
     pub fn with_store(policy: Policy, store: St) -> Self {
         Self {
+            telemetry: Arc::new(Telemetry::new(policy.name())),
             policy,
             store: Arc::new(store),
         }
@@ -109,15 +113,25 @@ impl<St: Store> RateLimiter<St> {
     }
 
     /// Checks and consumes `cost` units for `key`. A cost of 0 only reads.
+    /// Every check is counted in [`telemetry::DECISIONS`](crate::telemetry::DECISIONS)
+    /// as `allowed` or `limited`.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] when the store cannot decide.
     pub async fn check_n(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        if let Some(result) = self.store.try_check_now(key, &self.policy, cost) {
-            return result;
+        let result = match self.store.try_check_now(key, &self.policy, cost) {
+            Some(result) => result,
+            None => self.store.check(key, &self.policy, cost).await,
+        };
+        match &result {
+            Ok(decision) if decision.is_allowed() => {
+                self.telemetry.decided(decision, Verdict::Allowed);
+            }
+            Ok(decision) => self.telemetry.decided(decision, Verdict::Limited),
+            Err(error) => self.telemetry.store_failed(None, error),
         }
-        self.store.check(key, &self.policy, cost).await
+        result
     }
 
     /// Waits until one unit for `key` is admitted, for at most `max_wait`.
@@ -192,6 +206,7 @@ impl<St> Clone for RateLimiter<St> {
         Self {
             policy: self.policy.clone(),
             store: self.store.clone(),
+            telemetry: self.telemetry.clone(),
         }
     }
 }

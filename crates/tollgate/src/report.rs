@@ -1,52 +1,127 @@
-//! Reporting store failures: throttled warnings and metrics.
+//! Telemetry of one layer or limiter: a debug event per decision, throttled
+//! warnings for store failures, and counters through the `metrics` facade.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate_core::StoreError;
+use tollgate_core::{Decision, StoreError};
 
 use crate::response::FailureMode;
 
-/// The counter of store failures, labelled `policy` and `failure_mode`
-/// (`open`, `closed` or `local`), with the `metrics` feature.
-pub const STORE_FAILURES: &str = "tollgate_store_failures_total";
-
-/// Logs store failures at most once per interval, with the number of
-/// failures not logged since, so an outage cannot flood the logs; and
-/// counts every one of them as a metric.
-#[derive(Debug)]
-pub(crate) struct FailureReport {
-    policy: Box<str>,
-    origin: Instant,
-    interval: Duration,
-    /// When the last line was logged, in ms since `origin`, plus one (0: never).
-    last: AtomicU64,
-    suppressed: AtomicU64,
+/// What became of a decided request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Allowed,
+    Limited,
+    /// Denied by the policy, let through by shadow mode.
+    ShadowLimited,
 }
 
-impl FailureReport {
+impl Verdict {
+    fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allowed => "allowed",
+            Verdict::Limited => "limited",
+            Verdict::ShadowLimited => "shadow_limited",
+        }
+    }
+}
+
+/// Reports what one policy's layer or limiter does. Raw keys are never
+/// logged or used as labels: only the policy name and the outcome.
+#[derive(Debug)]
+pub(crate) struct Telemetry {
+    policy: Box<str>,
+    throttle: Throttle,
+    #[cfg(feature = "metrics")]
+    counters: Counters,
+}
+
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct Counters {
+    allowed: metrics::Counter,
+    limited: metrics::Counter,
+    shadow_limited: metrics::Counter,
+    /// By [`error_index`].
+    errors: [metrics::Counter; 4],
+    open: metrics::Counter,
+    closed: metrics::Counter,
+    local_allowed: metrics::Counter,
+    local_limited: metrics::Counter,
+}
+
+#[cfg(feature = "metrics")]
+impl Counters {
+    fn new(policy: &str) -> Self {
+        use tollgate_core::telemetry::{DECISIONS, FALLBACKS, STORE_ERRORS};
+        let counter = |name: &'static str, outcome: &'static str| metrics::counter!(name, "policy" => policy.to_owned(), "outcome" => outcome);
+        Self {
+            allowed: counter(DECISIONS, "allowed"),
+            limited: counter(DECISIONS, "limited"),
+            shadow_limited: counter(DECISIONS, "shadow_limited"),
+            errors: ["full", "circuit_open", "timeout", "backend"]
+                .map(|kind| counter(STORE_ERRORS, kind)),
+            open: counter(FALLBACKS, "open"),
+            closed: counter(FALLBACKS, "closed"),
+            local_allowed: counter(FALLBACKS, "local_allowed"),
+            local_limited: counter(FALLBACKS, "local_limited"),
+        }
+    }
+}
+
+/// The position of an error's kind in [`Counters::errors`].
+#[cfg(feature = "metrics")]
+fn error_index(error: &StoreError) -> usize {
+    match error.kind() {
+        "full" => 0,
+        "circuit_open" => 1,
+        "timeout" => 2,
+        _ => 3,
+    }
+}
+
+impl Telemetry {
+    /// Registers the counters of `policy` with the installed recorder.
     pub(crate) fn new(policy: &str) -> Self {
         Self {
             policy: policy.into(),
-            origin: Instant::now(),
-            interval: Duration::from_secs(1),
-            last: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
+            throttle: Throttle::new(Duration::from_secs(1)),
+            #[cfg(feature = "metrics")]
+            counters: Counters::new(policy),
         }
     }
 
-    /// Reports one failure of the store, handled by `mode`.
-    pub(crate) fn store_failed(&self, mode: FailureMode, error: &StoreError) {
+    /// Records a decision and what became of the request.
+    pub(crate) fn decided(&self, decision: &Decision, verdict: Verdict) {
+        #[cfg(feature = "metrics")]
+        match verdict {
+            Verdict::Allowed => self.counters.allowed.increment(1),
+            Verdict::Limited => self.counters.limited.increment(1),
+            Verdict::ShadowLimited => self.counters.shadow_limited.increment(1),
+        }
+        tracing::debug!(
+            policy = &*self.policy,
+            outcome = verdict.as_str(),
+            remaining = decision.remaining(),
+            retry_after_ms = decision.retry_after().map(|d| d.as_millis()),
+            "rate-limit decision"
+        );
+    }
+
+    /// Records a store failure handled by `mode` (`None`: returned to the
+    /// caller), and logs a warning at most once a second.
+    pub(crate) fn store_failed(&self, mode: Option<FailureMode>, error: &StoreError) {
         let policy = &*self.policy;
         let mode = match mode {
-            FailureMode::Open => "open",
-            FailureMode::Closed => "closed",
-            _ => "local",
+            Some(FailureMode::Open) => "open",
+            Some(FailureMode::Closed) => "closed",
+            Some(_) => "local",
+            None => "returned",
         };
         #[cfg(feature = "metrics")]
-        metrics::counter!(STORE_FAILURES, "policy" => policy.to_owned(), "failure_mode" => mode)
-            .increment(1);
-        if let Some(suppressed) = self.may_log(Instant::now()) {
+        self.counters.errors[error_index(error)].increment(1);
+        if let Some(suppressed) = self.throttle.may_log(Instant::now()) {
             tracing::warn!(
                 error = error as &dyn std::error::Error,
                 policy,
@@ -57,8 +132,52 @@ impl FailureReport {
         }
     }
 
-    /// `Some(failures not logged since the last line)` if a line may be
-    /// logged at `now`.
+    /// Records a request let through (`Open`) or refused (`Closed`)
+    /// without a decision, because the store failed.
+    pub(crate) fn failed_over(&self, mode: FailureMode) {
+        #[cfg(feature = "metrics")]
+        match mode {
+            FailureMode::Open => self.counters.open.increment(1),
+            _ => self.counters.closed.increment(1),
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = mode;
+    }
+
+    /// Records a decision of the local fallback store.
+    pub(crate) fn decided_locally(&self, _allowed: bool) {
+        #[cfg(feature = "metrics")]
+        if _allowed {
+            self.counters.local_allowed.increment(1);
+        } else {
+            self.counters.local_limited.increment(1);
+        }
+    }
+}
+
+/// Lets a line through at most once per interval, counting the ones it
+/// holds back, so an outage cannot flood the logs.
+#[derive(Debug)]
+struct Throttle {
+    origin: Instant,
+    interval: Duration,
+    /// When the last line was logged, in ms since `origin`, plus one (0: never).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl Throttle {
+    fn new(interval: Duration) -> Self {
+        Self {
+            origin: Instant::now(),
+            interval,
+            last: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` if a line may be logged
+    /// at `now`.
     fn may_log(&self, now: Instant) -> Option<u64> {
         let now_ms = u64::try_from(now.saturating_duration_since(self.origin).as_millis())
             .unwrap_or(u64::MAX - 1)
@@ -87,14 +206,17 @@ mod tests {
 
     #[test]
     fn logs_once_per_second_with_the_count_of_the_rest() {
-        let report = FailureReport::new("p");
-        let t0 = report.origin;
-        assert_eq!(report.may_log(t0), Some(0));
+        let throttle = Throttle::new(Duration::from_secs(1));
+        let t0 = throttle.origin;
+        assert_eq!(throttle.may_log(t0), Some(0));
         for _ in 0..99 {
-            assert_eq!(report.may_log(t0 + Duration::from_millis(500)), None);
+            assert_eq!(throttle.may_log(t0 + Duration::from_millis(500)), None);
         }
-        assert_eq!(report.may_log(t0 + Duration::from_millis(999)), None);
-        assert_eq!(report.may_log(t0 + Duration::from_millis(1_000)), Some(100));
-        assert_eq!(report.may_log(t0 + Duration::from_millis(1_001)), None);
+        assert_eq!(throttle.may_log(t0 + Duration::from_millis(999)), None);
+        assert_eq!(
+            throttle.may_log(t0 + Duration::from_millis(1_000)),
+            Some(100)
+        );
+        assert_eq!(throttle.may_log(t0 + Duration::from_millis(1_001)), None);
     }
 }

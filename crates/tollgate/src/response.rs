@@ -7,10 +7,10 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use tollgate_core::{Decision, Outcome};
+use tollgate_core::{Decision, Key, Outcome};
 
 use crate::headers::{self, HeaderStyle};
-use crate::report::FailureReport;
+use crate::report::Telemetry;
 
 /// What the layer does with a request from which no key can be extracted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,8 +55,11 @@ pub(crate) struct Responder {
     pub(crate) missing: MissingKey,
     pub(crate) failure: FailureMode,
     pub(crate) grpc: bool,
+    /// The percentage of keys whose denials are enforced; the others run
+    /// in shadow mode.
+    pub(crate) enforce_percent: u8,
     /// Shared by every service of one layer, so throttling holds across them.
-    pub(crate) report: Arc<FailureReport>,
+    pub(crate) telemetry: Arc<Telemetry>,
 }
 
 impl Responder {
@@ -68,9 +71,39 @@ impl Responder {
             missing: MissingKey::default(),
             failure: FailureMode::default(),
             grpc: false,
-            report: Arc::new(FailureReport::new(policy)),
+            enforce_percent: 100,
+            telemetry: Arc::new(Telemetry::new(policy)),
         }
     }
+
+    /// Whether denials of `key` are enforced rather than shadowed.
+    pub(crate) fn enforces(&self, key: &Key) -> bool {
+        match self.enforce_percent {
+            100.. => true,
+            0 => false,
+            percent => ramp_bucket(key) < u64::from(percent),
+        }
+    }
+}
+
+/// A key's place on the enforcement ramp, 0 to 99: the same on every
+/// machine and in every version, so a key enforced at 10% stays enforced
+/// at 20%.
+fn ramp_bucket(key: &Key) -> u64 {
+    // FNV-1a over the kind and the bytes, then a SplitMix64 finaliser to
+    // spread FNV's weak low bits.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let kind = key.kind().as_str().as_bytes();
+    for &byte in kind.iter().chain([0xff].iter()).chain(key.as_bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash ^= hash >> 30;
+    hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash ^= hash >> 27;
+    hash = hash.wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^= hash >> 31;
+    hash % 100
 }
 
 impl fmt::Debug for Responder {
@@ -82,6 +115,7 @@ impl fmt::Debug for Responder {
             .field("missing", &self.missing)
             .field("failure", &self.failure)
             .field("grpc", &self.grpc)
+            .field("enforce_percent", &self.enforce_percent)
             .finish()
     }
 }

@@ -35,10 +35,13 @@ impl<K, St> Shared<K, St> {
     ) -> Result<Decision, StoreError> {
         match result {
             Err(error) if self.responder.failure == FailureMode::Local => {
-                self.responder
-                    .report
-                    .store_failed(FailureMode::Local, &error);
-                self.local.check_sync(key, &self.local_policy, self.cost)
+                let telemetry = &self.responder.telemetry;
+                telemetry.store_failed(Some(FailureMode::Local), &error);
+                let local = self.local.check_sync(key, &self.local_policy, self.cost);
+                if let Ok(decision) = &local {
+                    telemetry.decided_locally(decision.is_allowed());
+                }
+                local
             }
             other => other,
         }
@@ -132,6 +135,7 @@ where
             };
         };
 
+        let enforce = shared.responder.enforces(&key);
         let waiter = shared.wait.map(|max_wait| Waiter {
             recheck: {
                 let (shared, key) = (shared.clone(), key.clone());
@@ -145,11 +149,11 @@ where
         {
             Some(result) => {
                 let result = shared.fall_back(&key, result);
-                ResponseFuture::decided(result, inner, request, responder, waiter)
+                ResponseFuture::decided(result, inner, request, responder, waiter, enforce)
             }
             None => {
                 let check = check(shared.clone(), key);
-                ResponseFuture::check(check, inner, request, responder, waiter)
+                ResponseFuture::check(check, inner, request, responder, waiter, enforce)
             }
         }
     }

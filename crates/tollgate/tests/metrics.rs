@@ -1,68 +1,289 @@
-//! Store failures are counted through the `metrics` facade, every one of
-//! them, while the warning about them is throttled.
+//! Counters through the `metrics` facade: decisions by outcome, shadow
+//! mode and its per-key ramp, store failures by kind and the failure
+//! policy's decisions, and the memory store's key gauge.
 #![cfg(feature = "metrics")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
-use http::Request;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use http::{Request, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate::telemetry::{DECISIONS, FALLBACKS, MEMORY_STORE_KEYS, STORE_ERRORS};
 use tollgate::{
-    Algorithm, FailureMode, HeaderKey, MemoryStore, Policy, RateLimitLayer, STORE_FAILURES,
+    Algorithm, FailureMode, FakeClock, HeaderKey, MemoryStore, Policy, RateLimitLayer, Timestamp,
 };
 use tower::ServiceExt;
 
-#[test]
-fn every_store_failure_is_counted_by_policy_and_mode() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+/// Runs `test` on a current-thread runtime with `recorder` installed.
+fn with_recorder<F: Future>(recorder: &DebuggingRecorder, test: impl FnOnce() -> F) -> F::Output {
+    metrics::with_local_recorder(recorder, || {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
-        runtime.block_on(async {
+            .unwrap()
+            .block_on(test())
+    })
+}
+
+/// Every counter and gauge, by name and labels. (A snapshot drains the
+/// recorder's counters: take one per test.)
+struct Values(Vec<(String, Labels, f64)>);
+
+type Labels = Vec<(String, String)>;
+
+impl Values {
+    fn take(snapshotter: &Snapshotter) -> Self {
+        let values = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                let value = match value {
+                    DebugValue::Counter(n) => n as f64,
+                    DebugValue::Gauge(g) => g.into_inner(),
+                    DebugValue::Histogram(_) => panic!("{} is a histogram", key.name()),
+                };
+                (key.name().to_owned(), labels, value)
+            });
+        Self(values.collect())
+    }
+
+    /// The value with exactly these labels (0 if absent).
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .find(|(n, l, _)| {
+                n == name
+                    && l.len() == labels.len()
+                    && l.iter()
+                        .zip(labels)
+                        .all(|(a, b)| (a.0.as_str(), a.1.as_str()) == *b)
+            })
+            .map_or(0.0, |(.., v)| *v)
+    }
+}
+
+fn client_header() -> HeaderKey {
+    HeaderKey::new(http::HeaderName::from_static("x-client"))
+}
+
+async fn send(app: &Router, client: &str) -> StatusCode {
+    let request = Request::get("/")
+        .header("x-client", client)
+        .body(Body::empty())
+        .unwrap();
+    app.clone().oneshot(request).await.unwrap().status()
+}
+
+/// A day of traffic from several clients, the same for every app it is
+/// sent to: (seconds to advance the clock first, client, requests).
+const TRAFFIC: &[(u64, &str, usize)] = &[
+    (0, "a", 8),
+    (0, "b", 3),
+    (10, "c", 12),
+    (20, "a", 4),
+    (30, "b", 9),
+    (60, "a", 6),
+    (5, "c", 2),
+    (120, "d", 20),
+];
+
+/// Sends [`TRAFFIC`] to a fixed window of 5/min on a fake clock; returns
+/// how many requests got each status.
+async fn replay(layer: RateLimitLayer<HeaderKey, MemoryStore>, clock: &FakeClock) -> (u64, u64) {
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let (mut ok, mut limited) = (0, 0);
+    for &(advance, client, requests) in TRAFFIC {
+        clock.advance(Duration::from_secs(advance));
+        for _ in 0..requests {
+            match send(&app, client).await {
+                StatusCode::OK => ok += 1,
+                StatusCode::TOO_MANY_REQUESTS => limited += 1,
+                other => panic!("unexpected {other}"),
+            }
+        }
+    }
+    (ok, limited)
+}
+
+fn fixed_window(name: &str) -> Policy {
+    Policy::new(name, Algorithm::FixedWindow, "5/min").unwrap()
+}
+
+fn store_at_minute_start() -> (FakeClock, MemoryStore) {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    (clock, store)
+}
+
+#[test]
+fn decisions_are_counted_exactly_by_policy_and_outcome() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (ok, limited, values) = with_recorder(&recorder, || async {
+        let (clock, store) = store_at_minute_start();
+        let layer = RateLimitLayer::new(fixed_window("counted"), client_header());
+        let (ok, limited) = replay(layer.store(store.clone()), &clock).await;
+        (ok, limited, Values::take(&snapshotter))
+    });
+    // Minute 0: a 5 of 8+4, b 3 of 3, c 5 of 12. Minute 1: b 5 of 9.
+    // Minute 2: a 5 of 6, c 2 of 2. Minute 4: d 5 of 20.
+    assert_eq!((ok, limited), (5 + 3 + 5 + 5 + 5 + 2 + 5, 64 - 30));
+    let counted = |outcome| values.get(DECISIONS, &[("policy", "counted"), ("outcome", outcome)]);
+    assert_eq!(counted("allowed"), 30.0);
+    assert_eq!(counted("limited"), 34.0);
+    assert_eq!(counted("shadow_limited"), 0.0);
+    // Every client's key was inserted once (none has been swept yet)...
+    assert_eq!(values.get(MEMORY_STORE_KEYS, &[]), 4.0);
+    // ...and a dropped store takes its keys off the gauge (a snapshot
+    // drains, so this one holds the change since the last).
+    assert_eq!(Values::take(&snapshotter).get(MEMORY_STORE_KEYS, &[]), -4.0);
+}
+
+#[test]
+fn a_shadow_policy_never_rejects_and_counts_what_enforcing_rejects() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (enforced, shadowed) = with_recorder(&recorder, || async {
+        let (clock, store) = store_at_minute_start();
+        let enforced = replay(
+            RateLimitLayer::new(fixed_window("enforced"), client_header()).store(store),
+            &clock,
+        )
+        .await;
+        let (clock, store) = store_at_minute_start();
+        let shadowed = replay(
+            RateLimitLayer::new(fixed_window("shadowed"), client_header())
+                .store(store)
+                .shadow(),
+            &clock,
+        )
+        .await;
+        (enforced, shadowed)
+    });
+    assert_eq!(enforced, (30, 34));
+    assert_eq!(shadowed, (64, 0), "shadow mode never answers 429");
+    let values = Values::take(&snapshotter);
+    let count =
+        |policy, outcome| values.get(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(count("shadowed", "shadow_limited"), 34.0);
+    assert_eq!(
+        count("shadowed", "shadow_limited"),
+        count("enforced", "limited")
+    );
+    assert_eq!(count("shadowed", "allowed"), count("enforced", "allowed"));
+    assert_eq!(count("shadowed", "limited"), 0.0);
+}
+
+/// Clients whose second request in an hour is rejected by a 1/h policy
+/// enforced for `percent` of keys.
+async fn enforced_clients(percent: u8) -> BTreeSet<usize> {
+    let policy = Policy::new(format!("ramp{percent}"), Algorithm::FixedWindow, "1/h").unwrap();
+    let layer = RateLimitLayer::new(policy, client_header())
+        .enforce_percent(percent)
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let mut enforced = BTreeSet::new();
+    for client in 0..2_000 {
+        let client_id = format!("client-{client}");
+        assert_eq!(send(&app, &client_id).await, StatusCode::OK);
+        let second = send(&app, &client_id).await;
+        // A key is either always enforced or never.
+        assert_eq!(send(&app, &client_id).await, second);
+        if second == StatusCode::TOO_MANY_REQUESTS {
+            enforced.insert(client);
+        }
+    }
+    enforced
+}
+
+#[test]
+fn the_enforcement_ramp_is_stable_per_key() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (none, ten, thirty, all) = with_recorder(&recorder, || async {
+        (
+            enforced_clients(0).await,
+            enforced_clients(10).await,
+            enforced_clients(30).await,
+            enforced_clients(100).await,
+        )
+    });
+    assert!(none.is_empty());
+    assert_eq!(all.len(), 2_000);
+    // About the asked share of 2,000 keys (binomial: within 4 sigma).
+    assert!((200 - 54..=200 + 54).contains(&ten.len()), "{}", ten.len());
+    assert!(
+        (600 - 82..=600 + 82).contains(&thirty.len()),
+        "{}",
+        thirty.len()
+    );
+    // Raising the percentage keeps every key enforced so far.
+    assert!(ten.is_subset(&thirty));
+    // Each shadowed key's second and third requests are counted as shadow_limited.
+    let values = Values::take(&snapshotter);
+    let shadowed = values.get(
+        DECISIONS,
+        &[("policy", "ramp30"), ("outcome", "shadow_limited")],
+    );
+    assert_eq!(shadowed, 2.0 * (2_000 - thirty.len()) as f64);
+    let limited = values.get(DECISIONS, &[("policy", "ramp30"), ("outcome", "limited")]);
+    assert_eq!(limited, 2.0 * thirty.len() as f64);
+}
+
+#[test]
+fn store_failures_are_counted_by_kind_and_by_what_the_failure_policy_did() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    with_recorder(&recorder, || async {
+        for (name, mode) in [
+            ("open", FailureMode::Open),
+            ("closed", FailureMode::Closed),
+            ("local", FailureMode::Local),
+        ] {
             // A store with room for one key: every other key fails.
             let full = MemoryStore::builder().max_keys(1).build().unwrap();
-            let policy = Policy::new("counted", Algorithm::FixedWindow, "5/min").unwrap();
+            let policy = Policy::new(name, Algorithm::FixedWindow, "1/min").unwrap();
             let app = Router::new().route("/", get(|| async { "ok" })).layer(
-                RateLimitLayer::new(
-                    policy,
-                    HeaderKey::new(http::HeaderName::from_static("x-client")),
-                )
-                .store(full)
-                .on_store_error(FailureMode::Open),
+                RateLimitLayer::new(policy, client_header())
+                    .store(full)
+                    .on_store_error(mode),
             );
             for i in 0..8 {
-                let req = Request::get("/")
-                    .header("x-client", format!("c{i}"))
-                    .body(Body::empty())
-                    .unwrap();
-                app.clone().oneshot(req).await.unwrap();
+                send(&app, &format!("c{i}")).await;
             }
-        });
+            // The local fallback limits c1 (a new key there) to 1/min too.
+            send(&app, "c1").await;
+        }
     });
-    let counters: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == STORE_FAILURES)
-        .collect();
-    assert_eq!(counters.len(), 1);
-    let (key, _, _, value) = &counters[0];
-    let labels: Vec<(String, String)> = key
-        .key()
-        .labels()
-        .map(|l| (l.key().to_owned(), l.value().to_owned()))
-        .collect();
-    assert_eq!(
-        labels,
-        [
-            ("policy".to_owned(), "counted".to_owned()),
-            ("failure_mode".to_owned(), "open".to_owned())
-        ]
-    );
-    // The first client fits; the seven others fail.
-    assert_eq!(value, &DebugValue::Counter(7));
+    let values = Values::take(&snapshotter);
+    let get = |name, policy, outcome| values.get(name, &[("policy", policy), ("outcome", outcome)]);
+    for policy in ["open", "closed", "local"] {
+        // The first client fits; the seven others, and c1 again, fail.
+        assert_eq!(get(STORE_ERRORS, policy, "full"), 8.0, "{policy}");
+        assert_eq!(get(STORE_ERRORS, policy, "timeout"), 0.0, "{policy}");
+    }
+    assert_eq!(get(FALLBACKS, "open", "open"), 8.0);
+    assert_eq!(get(FALLBACKS, "closed", "closed"), 8.0);
+    assert_eq!(get(FALLBACKS, "local", "local_allowed"), 7.0);
+    assert_eq!(get(FALLBACKS, "local", "local_limited"), 1.0);
+    // Local decisions are decisions: 1 + 7 allowed, c1's second limited.
+    assert_eq!(get(DECISIONS, "local", "allowed"), 8.0);
+    assert_eq!(get(DECISIONS, "local", "limited"), 1.0);
+    // Failing open or closed decides nothing.
+    assert_eq!(get(DECISIONS, "open", "allowed"), 1.0);
+    assert_eq!(get(DECISIONS, "closed", "allowed"), 1.0);
 }

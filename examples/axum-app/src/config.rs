@@ -61,6 +61,8 @@ struct RawRoute {
     burst: Option<i64>,
     #[serde(default)]
     cost: Option<i64>,
+    #[serde(default)]
+    enforce_percent: Option<i64>,
 }
 
 /// What a route entry keys requests by.
@@ -107,6 +109,9 @@ pub struct RouteConfig {
     pub policy: Policy,
     /// The cost of each request.
     pub cost: u64,
+    /// The percentage of keys whose denials are enforced; the others run in
+    /// shadow mode (0: a dry run; 100, the default: enforced).
+    pub enforce_percent: u8,
 }
 
 impl RouteConfig {
@@ -295,12 +300,20 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
             u64::try_from(c).map_err(|_| at("cost", &c.to_string(), "must not be negative"))?
         }
     };
+    let enforce_percent = match r.enforce_percent {
+        None => 100,
+        Some(p) => u8::try_from(p)
+            .ok()
+            .filter(|p| *p <= 100)
+            .ok_or_else(|| at("enforce_percent", &p.to_string(), "must be 0 to 100"))?,
+    };
     Ok(RouteConfig {
         method,
         path: r.path,
         key,
         policy,
         cost,
+        enforce_percent,
     })
 }
 
@@ -371,6 +384,10 @@ mod tests {
             (
                 format!("{base}cost = -1\n"),
                 "field `cost`: invalid value \"-1\"",
+            ),
+            (
+                format!("{base}enforce_percent = 101\n"),
+                "field `enforce_percent`: invalid value \"101\"",
             ),
             (
                 base.replace("/api/items", "/login").replace("GET", "POST"),

@@ -19,6 +19,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use axum::{Json, http};
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::{
     ClientIp, Decision, ExtensionKey, GlobalKey, HeaderKey, Key, KeyExtractor, MemoryStore, Policy,
@@ -133,11 +134,45 @@ fn layer(
         KeySpec::Header(name) => AppKey::Header(HeaderKey::new(name.clone())),
         KeySpec::Global => AppKey::Global(GlobalKey),
     };
-    RateLimitLayer::new(entry.policy.clone(), key)
+    let layer = RateLimitLayer::new(entry.policy.clone(), key)
         .store(store.clone())
         .cost(entry.cost)
         .headers(config.header_style)
-        .on_store_error(config.failure)
+        .on_store_error(config.failure);
+    // The config checked the percentage (0 to 100), so this cannot fail.
+    match layer.clone().enforce_percent(entry.enforce_percent) {
+        Ok(ramped) => ramped,
+        Err(_) => layer,
+    }
+}
+
+/// Installs the Prometheus recorder as the process's `metrics` recorder.
+/// Call it before [`app`]: layers register their counters when built.
+///
+/// # Errors
+///
+/// When another recorder is installed already.
+pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
+    PrometheusBuilder::new().install_recorder()
+}
+
+/// `GET /metrics`: every tollgate metric in the Prometheus text format.
+pub fn metrics_route(handle: PrometheusHandle) -> Router {
+    Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let text = handle.render();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+            }
+        }),
+    )
 }
 
 fn handler(method: &str, path: &str) -> MethodRouter {

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use axum_app::{AppConfig, AppStore, app, policy_table};
+use axum_app::{AppConfig, AppStore, app, install_metrics, metrics_route, policy_table};
 use clap::Parser;
 use tollgate::MemoryStore;
 use tollgate_redis::RedisStore;
@@ -44,6 +44,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(&args.config)
         .map_err(|e| format!("cannot read the config file {}: {e}", args.config.display()))?;
     let config = AppConfig::parse(&text).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    // Before the layers are built: they register their counters with it.
+    let metrics = install_metrics().map_err(|e| format!("cannot install metrics: {e}"))?;
     let store = match &args.redis_url {
         Some(url) => {
             let store = RedisStore::connect(url.as_str())
@@ -63,10 +65,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     println!("listening on http://{}", listener.local_addr()?);
     println!("config: {}", args.config.display());
+    println!("metrics: http://{}/metrics", listener.local_addr()?);
     print!("{}", policy_table(&config));
     axum::serve(
         listener,
-        app(&config, store).into_make_service_with_connect_info::<SocketAddr>(),
+        app(&config, store)
+            .merge(metrics_route(metrics))
+            .into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(async {
         let _ = tokio::signal::ctrl_c().await;

@@ -1,0 +1,42 @@
+//! The names of tollgate's metrics.
+//!
+//! With the `metrics` feature of each crate, tollgate reports through the
+//! [`metrics`](https://docs.rs/metrics) facade, so any exporter works
+//! (Prometheus, StatsD, OpenTelemetry). Labels are the policy name and,
+//! where it applies, a bounded `outcome`; raw keys never appear in labels
+//! or logs.
+//!
+//! | name | kind | labels | counts |
+//! |---|---|---|---|
+//! | [`DECISIONS`] | counter | `policy`, `outcome` | requests decided: `allowed`, `limited` (rejected), `shadow_limited` (would have been rejected; let through by shadow mode) |
+//! | [`STORE_ERRORS`] | counter | `policy`, `outcome` | store failures by kind: `timeout`, `circuit_open`, `full`, `backend` |
+//! | [`FALLBACKS`] | counter | `policy`, `outcome` | requests the failure policy handled: `open` (let through), `closed` (503), `local_allowed`, `local_limited` |
+//! | [`DENY_CACHE_HITS`] | counter | `policy` | denials the Redis store answered from its deny cache, without a round trip |
+//! | [`MEMORY_STORE_KEYS`] | gauge | none | keys held by the process's memory stores |
+//! | [`CIRCUITS_OPEN`] | gauge | none | circuit breakers open or probing (0 when every store is healthy) |
+//!
+//! Handles are registered when a layer, limiter or store is built: install
+//! the metrics recorder first.
+
+/// Counter of decisions, labelled `policy` and `outcome` (`allowed`,
+/// `limited`, `shadow_limited`).
+pub const DECISIONS: &str = "tollgate_decisions_total";
+
+/// Counter of store failures, labelled `policy` and `outcome`, the kind of
+/// failure (`timeout`, `circuit_open`, `full`, `backend`; see
+/// [`StoreError::kind`](crate::StoreError::kind)).
+pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
+
+/// Counter of requests handled by the failure policy, labelled `policy`
+/// and `outcome` (`open`, `closed`, `local_allowed`, `local_limited`).
+pub const FALLBACKS: &str = "tollgate_fallback_decisions_total";
+
+/// Counter of denials served from the Redis store's deny cache, labelled
+/// `policy`.
+pub const DENY_CACHE_HITS: &str = "tollgate_deny_cache_hits_total";
+
+/// Gauge of the keys held by all memory stores of the process.
+pub const MEMORY_STORE_KEYS: &str = "tollgate_memory_store_keys";
+
+/// Gauge of the circuit breakers that are open or half-open.
+pub const CIRCUITS_OPEN: &str = "tollgate_circuits_open";

@@ -1,0 +1,125 @@
+//! Logs: one debug event per decision, throttled warnings for store
+//! failures, and never a raw key.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::Request;
+use tollgate::{Algorithm, FailureMode, HeaderKey, MemoryStore, Policy, RateLimitLayer};
+use tower::ServiceExt;
+
+/// Collects everything a subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn logged(test: impl AsyncFnOnce()) -> String {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(test());
+    });
+    String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+}
+
+async fn send(app: &Router, client: &str) -> u16 {
+    let request = Request::get("/")
+        .header("x-client", client)
+        .body(Body::empty())
+        .unwrap();
+    app.clone()
+        .oneshot(request)
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+fn app(policy: &str, store: MemoryStore, failure: FailureMode) -> Router {
+    let policy = Policy::new(policy, Algorithm::FixedWindow, "2/h").unwrap();
+    Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(
+            policy,
+            HeaderKey::new(http::HeaderName::from_static("x-client")),
+        )
+        .store(store)
+        .on_store_error(failure),
+    )
+}
+
+#[test]
+fn every_decision_is_a_debug_event_without_the_key() {
+    let logs = logged(async || {
+        let app = app("logged", MemoryStore::new(), FailureMode::Local);
+        let statuses = [
+            send(&app, "secret-user-42").await,
+            send(&app, "secret-user-42").await,
+            send(&app, "secret-user-42").await,
+        ];
+        assert_eq!(statuses, [200, 200, 429]);
+    });
+    let decisions: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("rate-limit decision"))
+        .collect();
+    assert_eq!(decisions.len(), 3, "{logs}");
+    assert!(
+        decisions
+            .iter()
+            .all(|l| l.contains("DEBUG") && l.contains("policy=\"logged\""))
+    );
+    assert!(decisions[0].contains("outcome=\"allowed\"") && decisions[0].contains("remaining=1"));
+    assert!(
+        decisions[2].contains("outcome=\"limited\""),
+        "{}",
+        decisions[2]
+    );
+    assert!(
+        !logs.contains("secret-user-42"),
+        "a raw key was logged: {logs}"
+    );
+}
+
+#[test]
+fn a_failing_store_logs_one_warning_per_second_not_one_per_request() {
+    let logs = logged(async || {
+        // Room for one key: every other client's request fails.
+        let full = MemoryStore::builder().max_keys(1).build().unwrap();
+        let app = app("flooded", full, FailureMode::Open);
+        for i in 0..500 {
+            assert_eq!(send(&app, &format!("client-{i}")).await, 200);
+        }
+    });
+    let warnings: Vec<&str> = logs.lines().filter(|l| l.contains("WARN")).collect();
+    // 499 failures well within a second (a slow machine may cross into a
+    // second one).
+    assert!((1..=2).contains(&warnings.len()), "{warnings:?}");
+    assert!(
+        warnings[0].contains("rate-limit store failed")
+            && warnings[0].contains("policy=\"flooded\"")
+    );
+    assert!(!logs.contains("client-"), "a raw key was logged");
+}

@@ -1,0 +1,132 @@
+//! `/metrics` of the running binary: after real traffic over TCP, the
+//! decision counters equal the numbers of allowed and limited responses.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+/// The app, killed when dropped.
+struct App {
+    child: Child,
+    addr: String,
+}
+
+impl App {
+    fn start() -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_axum-app"))
+            .args(["--listen", "127.0.0.1:0"])
+            .env_remove("REDIS_URL")
+            .env_remove("TOLLGATE_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|line| line.strip_prefix("listening on http://").map(str::to_owned))
+            .expect("the app printed its address");
+        // Keep draining stdout: the app must not die of a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, addr }
+    }
+
+    /// Sends one HTTP/1.1 request; returns the status and the body.
+    fn send(&self, method: &str, path: &str, auth: Option<&str>) -> (u16, String) {
+        let mut stream = TcpStream::connect(&self.addr).unwrap();
+        let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
+            self.addr
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response[9..12].parse().unwrap();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map_or(String::new(), |(_, b)| b.to_owned());
+        (status, body)
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of the sample `name{labels}` in Prometheus text (0 if absent).
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(series, _)| {
+            (*series == name || series.starts_with(&format!("{name}{{")))
+                && labels
+                    .iter()
+                    .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+                && series.matches('=').count() == labels.len()
+        })
+        .map(|(_, value)| value.parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+#[test]
+fn metrics_count_exactly_the_allowed_and_limited_requests_sent() {
+    let app = App::start();
+    let mut seen = std::collections::HashMap::<(&str, u16), u64>::new();
+    // Login: 5 per minute per IP, fixed window; 12 attempts.
+    for _ in 0..12 {
+        let (status, _) = app.send("POST", "/login", None);
+        *seen.entry(("login", status)).or_default() += 1;
+    }
+    // Items: GCRA 5/s with bursts of 10 per user, behind 120/min per IP; 15 reads.
+    for _ in 0..15 {
+        let (status, _) = app.send("GET", "/api/items", Some("Bearer demo-ada"));
+        *seen.entry(("items-read", status)).or_default() += 1;
+    }
+    let (status, text) = app.send("GET", "/metrics", None);
+    assert_eq!(status, 200);
+
+    let count = |policy, outcome| {
+        sample(
+            &text,
+            "tollgate_decisions_total",
+            &[("policy", policy), ("outcome", outcome)],
+        )
+    };
+    let login_ok = seen.get(&("login", 200)).copied().unwrap_or(0);
+    let login_429 = seen.get(&("login", 429)).copied().unwrap_or(0);
+    assert_eq!(login_ok + login_429, 12, "{seen:?}");
+    // At least one window's worth is refused, even across a minute boundary.
+    assert!(login_429 >= 2, "{seen:?}");
+    assert_eq!(count("login", "allowed"), login_ok, "{text}");
+    assert_eq!(count("login", "limited"), login_429, "{text}");
+
+    let items_ok = seen.get(&("items-read", 200)).copied().unwrap_or(0);
+    let items_429 = seen.get(&("items-read", 429)).copied().unwrap_or(0);
+    assert_eq!(items_ok + items_429, 15, "{seen:?}");
+    assert!(items_429 >= 1, "{seen:?}");
+    assert_eq!(count("items-read", "allowed"), items_ok, "{text}");
+    assert_eq!(count("items-read", "limited"), items_429, "{text}");
+    // Every items request passed the per-IP limit first.
+    assert_eq!(count("api-ip", "allowed"), 15, "{text}");
+    assert_eq!(count("api-ip", "limited"), 0, "{text}");
+    assert_eq!(count("login", "shadow_limited"), 0, "{text}");
+    // Keys are not labels: no client address or user name in the output.
+    assert!(
+        !text.contains("127.0.0.1") && !text.contains("ada"),
+        "{text}"
+    );
+    // The memory store's gauge counts the keys: login's IP, api-ip's IP, ada.
+    assert_eq!(
+        sample(&text, "tollgate_memory_store_keys", &[]),
+        3,
+        "{text}"
+    );
+}

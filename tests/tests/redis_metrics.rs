@@ -1,0 +1,118 @@
+//! The Redis store's metrics: deny-cache hits and the circuit-breaker gauge.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate::telemetry::{CIRCUITS_OPEN, DENY_CACHE_HITS};
+use tollgate::{Algorithm, BreakerState, FakeClock, Key, Policy, Store, Timestamp};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{RedisServer, command_calls};
+
+fn block_on<F: Future>(recorder: &DebuggingRecorder, test: impl FnOnce() -> F) -> F::Output {
+    metrics::with_local_recorder(recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(test())
+    })
+}
+
+/// The value of `name` with `labels` now (counters and gauges are drained
+/// by a snapshot: this is the change since the last one).
+fn change(snapshotter: &Snapshotter, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut found = 0.0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let same_labels = key.labels().count() == labels.len()
+            && key
+                .labels()
+                .zip(labels)
+                .all(|(l, (k, v))| l.key() == *k && l.value() == *v);
+        if key.name() == name && same_labels {
+            found = match value {
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Histogram(_) => panic!("{name} is a histogram"),
+            };
+        }
+    }
+    found
+}
+
+#[test]
+fn every_answer_from_the_deny_cache_is_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let server = RedisServer::spawn();
+    let (evalsha, denied) = block_on(&recorder, || async {
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let store = RedisStore::builder()
+            .deadline(Duration::from_secs(5))
+            .test_clock(clock.clone())
+            .connect(server.url())
+            .await
+            .unwrap();
+        let policy = Policy::new("hammered", Algorithm::FixedWindow, "5/10s").unwrap();
+        let mut denied = 0;
+        for _ in 0..1_000 {
+            clock.advance(Duration::from_millis(10));
+            let decision = store.check(&Key::user("h"), &policy, 1).await.unwrap();
+            denied += u64::from(!decision.is_allowed());
+        }
+        (command_calls(&mut server.connection(), "evalsha"), denied)
+    });
+    // Requests at 10 ms to 10 s into an aligned window: 5 allowed in the
+    // first window, 1 at the start of the next. Nearly every denial is a
+    // cache hit.
+    assert_eq!(denied, 994);
+    let hits = change(&snapshotter, DENY_CACHE_HITS, &[("policy", "hammered")]);
+    assert_eq!(
+        hits as u64 + evalsha,
+        1_000,
+        "every request is a hit or a call"
+    );
+    assert!(hits >= 900.0, "{hits} hits");
+}
+
+#[test]
+fn the_circuit_gauge_follows_the_breaker() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut server = RedisServer::spawn();
+    let url = server.url();
+    block_on(&recorder, || async {
+        let store = RedisStore::builder()
+            .deadline(Duration::from_millis(200))
+            .circuit_breaker(3, Duration::from_millis(300))
+            .connect(url)
+            .await
+            .unwrap();
+        let policy = Policy::new("gauge", Algorithm::Gcra, "10/s").unwrap();
+        let key = Key::user("g");
+        assert!(store.check(&key, &policy, 1).await.is_ok());
+        assert_eq!(change(&snapshotter, CIRCUITS_OPEN, &[]), 0.0);
+
+        server.kill();
+        for _ in 0..3 {
+            assert!(store.check(&key, &policy, 1).await.is_err());
+        }
+        assert_eq!(store.breaker_state(), BreakerState::Open);
+        assert_eq!(change(&snapshotter, CIRCUITS_OPEN, &[]), 1.0);
+
+        server.restart();
+        // Probes after each cooldown until one succeeds (bounded: 5 s).
+        let mut closed = false;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if store.check(&key, &policy, 1).await.is_ok() {
+                closed = true;
+                break;
+            }
+        }
+        assert!(closed, "Redis did not come back within 5 s");
+        assert_eq!(store.breaker_state(), BreakerState::Closed);
+        assert_eq!(change(&snapshotter, CIRCUITS_OPEN, &[]), -1.0);
+    });
+}
