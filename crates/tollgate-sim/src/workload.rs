@@ -1,0 +1,579 @@
+//! What is replayed: requests from a traffic log or a synthetic pattern.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Read;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tollgate_core::Timestamp;
+
+/// One request: when it is sent, relative to its phase's start, by which
+/// key, at which cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// Microseconds after the phase starts.
+    pub offset_us: u64,
+    /// An index into [`Workload::keys`].
+    pub key: u32,
+    /// The request's cost.
+    pub cost: u64,
+}
+
+/// When a phase starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// At a fixed time.
+    At(Timestamp),
+    /// When every request of the previous phase has been admitted (or has
+    /// given up): a client that waits for one batch before the next.
+    AfterPrevious,
+}
+
+/// A group of requests that start together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    /// When the phase starts.
+    pub start: Start,
+    /// Its requests, sorted by offset.
+    pub arrivals: Vec<Arrival>,
+}
+
+/// Everything one replay sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    /// Time zero of reports and charts.
+    pub origin: Timestamp,
+    /// The distinct keys, by index.
+    pub keys: Vec<String>,
+    /// The phases, in order; the first starts [`Start::At`] a time.
+    pub phases: Vec<Phase>,
+    /// Whether a rejected request is sent again at its exact `Retry-After`
+    /// until admitted, as a well-behaved client does.
+    pub retry: bool,
+}
+
+impl Workload {
+    /// The number of requests (not counting retries).
+    pub fn len(&self) -> usize {
+        self.phases.iter().map(|p| p.arrivals.len()).sum()
+    }
+
+    /// Whether there is no request.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A malformed line of a traffic log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {reason}")]
+pub struct LineError {
+    /// The 1-based line number.
+    pub line: u64,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Why a traffic log could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// A malformed line, in `--strict` mode.
+    #[error(transparent)]
+    Line(#[from] LineError),
+    /// Reading failed.
+    #[error("cannot read the traffic log: {0}")]
+    Io(#[from] std::io::Error),
+    /// No line could be used.
+    #[error("the traffic log holds no request")]
+    Empty,
+}
+
+/// How numeric timestamps of a log are read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EpochUnit {
+    /// Seconds below 10^11 (until the year 5138), milliseconds from there.
+    #[default]
+    Auto,
+    /// Seconds, possibly with a fraction.
+    Seconds,
+    /// Milliseconds.
+    Millis,
+}
+
+impl FromStr for EpochUnit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "s" | "seconds" => Ok(Self::Seconds),
+            "ms" | "millis" | "milliseconds" => Ok(Self::Millis),
+            _ => Err(format!("unknown epoch unit {s:?}: expected auto, s or ms")),
+        }
+    }
+}
+
+/// A traffic log, as read.
+#[derive(Debug)]
+pub struct Log {
+    /// The requests, as one phase from the first timestamp.
+    pub workload: Workload,
+    /// The lines that were skipped, with the reason (at most
+    /// [`Log::MAX_ERRORS`] kept; [`Log::skipped`] counts all).
+    pub errors: Vec<LineError>,
+    /// How many lines were skipped.
+    pub skipped: u64,
+}
+
+impl Log {
+    /// How many line errors are kept for the report.
+    pub const MAX_ERRORS: usize = 100;
+
+    /// Reads a CSV of `timestamp,key[,cost]` lines. Timestamps are RFC 3339
+    /// (`2026-11-22T10:00:00.250Z`) or epoch seconds or milliseconds (see
+    /// [`EpochUnit`]); a header line naming the columns is skipped, as are
+    /// blank lines. Lines need not be in time order.
+    ///
+    /// A malformed line is skipped and reported with its line number, or,
+    /// when `strict`, ends the read with [`LogError::Line`]. `progress` is
+    /// called with the bytes read so far, every few thousand lines.
+    ///
+    /// ```
+    /// use tollgate_sim::{EpochUnit, Log};
+    ///
+    /// let csv = "timestamp,key,cost\n1700000000,alice\n1700000000.5,bob,3\noops,carol\n";
+    /// let log = Log::read(csv.as_bytes(), EpochUnit::Auto, false, |_| {})?;
+    /// assert_eq!(log.workload.len(), 2);
+    /// assert_eq!(log.errors[0].to_string(), "line 4: invalid timestamp \"oops\"");
+    /// # Ok::<(), tollgate_sim::LogError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LogError`] when reading fails, a line is malformed in strict mode,
+    /// or no line holds a request.
+    pub fn read(
+        input: impl Read,
+        unit: EpochUnit,
+        strict: bool,
+        mut progress: impl FnMut(u64),
+    ) -> Result<Self, LogError> {
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .trim(csv::Trim::All)
+            .comment(Some(b'#'))
+            .from_reader(input);
+        let mut keys: Vec<String> = Vec::new();
+        let mut ids: HashMap<String, u32> = HashMap::new();
+        let mut rows: Vec<(u64, u32, u64)> = Vec::new();
+        let mut errors = Vec::new();
+        let mut skipped = 0;
+        let mut record = csv::ByteRecord::new();
+        let mut first = true;
+        loop {
+            let line = reader.position().line();
+            let more = match reader.read_byte_record(&mut record) {
+                Ok(more) => more,
+                Err(e) => match e.kind() {
+                    csv::ErrorKind::Io(_) => {
+                        return Err(LogError::Io(std::io::Error::other(e.to_string())));
+                    }
+                    _ => {
+                        let error = LineError {
+                            line,
+                            reason: e.to_string(),
+                        };
+                        if strict {
+                            return Err(error.into());
+                        }
+                        skipped += 1;
+                        if errors.len() < Log::MAX_ERRORS {
+                            errors.push(error);
+                        }
+                        continue;
+                    }
+                },
+            };
+            if !more {
+                break;
+            }
+            let line = record.position().map_or(line, csv::Position::line);
+            if line.is_multiple_of(16_384) {
+                progress(record.position().map_or(0, csv::Position::byte));
+            }
+            let is_header = first
+                && record
+                    .get(0)
+                    .is_some_and(|f| f.eq_ignore_ascii_case(b"timestamp"));
+            first = false;
+            if is_header || (record.len() == 1 && record.get(0).is_some_and(<[u8]>::is_empty)) {
+                continue;
+            }
+            match parse_row(&record, unit) {
+                Ok((at, key, cost)) => {
+                    let id = match ids.get(key) {
+                        Some(&id) => id,
+                        None => {
+                            let id = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+                            keys.push(key.to_owned());
+                            ids.insert(key.to_owned(), id);
+                            id
+                        }
+                    };
+                    rows.push((at, id, cost));
+                }
+                Err(reason) => {
+                    let error = LineError { line, reason };
+                    if strict {
+                        return Err(error.into());
+                    }
+                    skipped += 1;
+                    if errors.len() < Log::MAX_ERRORS {
+                        errors.push(error);
+                    }
+                }
+            }
+        }
+        if rows.is_empty() {
+            return Err(LogError::Empty);
+        }
+        rows.sort_by_key(|&(at, ..)| at);
+        let start = rows[0].0;
+        let arrivals = rows
+            .into_iter()
+            .map(|(at, key, cost)| Arrival {
+                offset_us: at - start,
+                key,
+                cost,
+            })
+            .collect();
+        let origin = Timestamp::from_micros(start);
+        Ok(Log {
+            workload: Workload {
+                origin,
+                keys,
+                phases: vec![Phase {
+                    start: Start::At(origin),
+                    arrivals,
+                }],
+                retry: false,
+            },
+            errors,
+            skipped,
+        })
+    }
+}
+
+/// One CSV row: (µs since the epoch, key, cost).
+fn parse_row(record: &csv::ByteRecord, unit: EpochUnit) -> Result<(u64, &str, u64), String> {
+    if record.len() < 2 || record.len() > 3 {
+        return Err(format!(
+            "expected timestamp,key[,cost], got {} fields",
+            record.len()
+        ));
+    }
+    let field = |i: usize| -> Result<&str, String> {
+        std::str::from_utf8(record.get(i).unwrap_or_default())
+            .map_err(|_| format!("field {} is not UTF-8", i + 1))
+    };
+    let time = field(0)?;
+    let at = parse_timestamp(time, unit).ok_or_else(|| format!("invalid timestamp {time:?}"))?;
+    let key = field(1)?;
+    if key.is_empty() {
+        return Err("empty key".to_owned());
+    }
+    let cost = match record.get(2) {
+        None => 1,
+        Some(_) => {
+            let cost = field(2)?;
+            cost.parse()
+                .map_err(|_| format!("invalid cost {cost:?}: expected a whole number"))?
+        }
+    };
+    Ok((at, key, cost))
+}
+
+/// µs since the epoch of an RFC 3339 or epoch timestamp.
+fn parse_timestamp(text: &str, unit: EpochUnit) -> Option<u64> {
+    if text.bytes().next().is_some_and(|b| b.is_ascii_digit()) && !text.contains(['-', ':']) {
+        return parse_epoch(text, unit);
+    }
+    let ts: jiff::Timestamp = text.parse().ok()?;
+    u64::try_from(ts.as_microsecond()).ok()
+}
+
+fn parse_epoch(text: &str, unit: EpochUnit) -> Option<u64> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let whole: u64 = whole.parse().ok()?;
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let millis = match unit {
+        EpochUnit::Millis => true,
+        EpochUnit::Seconds => false,
+        EpochUnit::Auto => whole >= 100_000_000_000,
+    };
+    let (scale, digits) = if millis { (1_000, 3) } else { (1_000_000, 6) };
+    // Up to µs precision; further digits are dropped.
+    let mut frac: u64 = 0;
+    for i in 0..digits {
+        let digit = fraction
+            .as_bytes()
+            .get(i)
+            .map_or(0, |b| u64::from(b - b'0'));
+        frac = frac * 10 + digit;
+    }
+    whole.checked_mul(scale)?.checked_add(frac)
+}
+
+/// A named synthetic traffic pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Pattern {
+    /// One key sending evenly at `rate` for `duration`.
+    Steady,
+    /// One key sending `burst` requests at once every `every`, for
+    /// `duration`.
+    Burst,
+    /// The "150 calls, then one every 2 s" scenario: nothing before
+    /// t = 150 s; then 150 calls within 5 s, each retried at its exact
+    /// `Retry-After` until admitted; once all succeeded, 150 more, one
+    /// every 2 s.
+    BurstThenSteady,
+    /// `burst` requests in the last 100 ms before a minute boundary and
+    /// `burst` more in the first 100 ms after it, every 2 minutes for
+    /// `duration`: what a fixed window admits twice over.
+    Boundary,
+}
+
+impl Pattern {
+    /// Every pattern, by name.
+    pub const ALL: [(&'static str, Pattern); 4] = [
+        ("steady", Pattern::Steady),
+        ("burst", Pattern::Burst),
+        ("burst-then-steady", Pattern::BurstThenSteady),
+        ("boundary", Pattern::Boundary),
+    ];
+}
+
+impl FromStr for Pattern {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Pattern::ALL
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, p)| *p)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Pattern::ALL.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "unknown pattern {s:?}: expected one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = Pattern::ALL
+            .iter()
+            .find(|(_, p)| p == self)
+            .map_or("pattern", |(n, _)| *n);
+        f.write_str(name)
+    }
+}
+
+/// The knobs of the synthetic patterns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatternOptions {
+    /// Time zero; a whole minute, so that fixed windows align with it.
+    pub start: Timestamp,
+    /// [`Pattern::Steady`]'s rate: this many requests per this period
+    /// (default 2 per second).
+    pub rate: (u64, Duration),
+    /// Requests per burst (default 100).
+    pub burst: u64,
+    /// Time between bursts (default 1 minute).
+    pub every: Duration,
+    /// How long the pattern runs (default 10 minutes).
+    pub duration: Duration,
+    /// Whether rejected requests are retried at their `Retry-After`.
+    pub retry: bool,
+}
+
+impl Default for PatternOptions {
+    fn default() -> Self {
+        Self {
+            // 2026-01-01T00:00:00Z.
+            start: Timestamp::from_secs(1_767_225_600),
+            rate: (2, Duration::from_secs(1)),
+            burst: 100,
+            every: Duration::from_secs(60),
+            duration: Duration::from_secs(600),
+            retry: false,
+        }
+    }
+}
+
+impl Pattern {
+    /// The pattern's requests.
+    ///
+    /// ```
+    /// use tollgate_sim::{Pattern, PatternOptions};
+    ///
+    /// let w = Pattern::BurstThenSteady.workload(&PatternOptions::default());
+    /// assert_eq!(w.len(), 300);
+    /// assert!(w.retry);
+    /// ```
+    pub fn workload(self, options: &PatternOptions) -> Workload {
+        let arrival = |offset_us: u64| Arrival {
+            offset_us,
+            key: 0,
+            cost: 1,
+        };
+        let duration_us = micros(options.duration);
+        let origin = options.start;
+        let at = |offset: u64| Start::At(Timestamp::from_micros(origin.as_micros() + offset));
+        let (phases, retry) = match self {
+            Pattern::Steady => {
+                let (count, period) = options.rate;
+                let interval = (micros(period) / count.max(1)).max(1);
+                let arrivals = (0..duration_us / interval)
+                    .map(|i| arrival(i * interval))
+                    .collect();
+                (
+                    vec![Phase {
+                        start: at(0),
+                        arrivals,
+                    }],
+                    options.retry,
+                )
+            }
+            Pattern::Burst => {
+                let every = micros(options.every).max(1);
+                let arrivals = (0..duration_us.div_ceil(every))
+                    .flat_map(|i| (0..options.burst).map(move |_| i * every))
+                    .map(arrival)
+                    .collect();
+                (
+                    vec![Phase {
+                        start: at(0),
+                        arrivals,
+                    }],
+                    options.retry,
+                )
+            }
+            Pattern::BurstThenSteady => {
+                // 150 calls spread evenly over 5 s, from t = 150 s.
+                let burst = (0..150).map(|i| arrival(i * 5_000_000 / 150)).collect();
+                let steady = (0..150).map(|i| arrival(i * 2_000_000)).collect();
+                let phases = vec![
+                    Phase {
+                        start: at(150_000_000),
+                        arrivals: burst,
+                    },
+                    Phase {
+                        start: Start::AfterPrevious,
+                        arrivals: steady,
+                    },
+                ];
+                (phases, true)
+            }
+            Pattern::Boundary => {
+                // Bursts around t = 60 s, 180 s, 300 s...: 100 ms either side.
+                let mut arrivals = Vec::new();
+                let mut boundary = 60_000_000;
+                while boundary < duration_us.max(60_000_001) {
+                    for half in [boundary - 100_000, boundary] {
+                        for i in 0..options.burst {
+                            arrivals.push(arrival(half + i * 100_000 / options.burst.max(1)));
+                        }
+                    }
+                    boundary += 120_000_000;
+                }
+                (
+                    vec![Phase {
+                        start: at(0),
+                        arrivals,
+                    }],
+                    options.retry,
+                )
+            }
+        };
+        Workload {
+            origin,
+            keys: vec!["client".to_owned()],
+            phases,
+            retry,
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_in_every_accepted_form() {
+        let t = 1_795_341_600_000_000; // 2026-11-22T10:00:00Z
+        let auto = EpochUnit::Auto;
+        assert_eq!(parse_timestamp("2026-11-22T10:00:00Z", auto), Some(t));
+        assert_eq!(
+            parse_timestamp("2026-11-22T11:00:00.25+01:00", auto),
+            Some(t + 250_000)
+        );
+        assert_eq!(parse_timestamp("1795341600", auto), Some(t));
+        assert_eq!(parse_timestamp("1795341600.000123", auto), Some(t + 123));
+        assert_eq!(parse_timestamp("1795341600123", auto), Some(t + 123_000));
+        assert_eq!(parse_timestamp("1795341600123.5", auto), Some(t + 123_500));
+        assert_eq!(
+            parse_timestamp("1795341600", EpochUnit::Millis),
+            Some(t / 1_000)
+        );
+        assert_eq!(
+            parse_timestamp("99999999999", EpochUnit::Seconds),
+            Some(99_999_999_999_000_000)
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "1795341600.x",
+            "2026-13-01T00:00:00Z",
+            "-5",
+            "1.2.3",
+        ] {
+            assert_eq!(parse_timestamp(bad, auto), None, "{bad}");
+        }
+        assert_eq!(
+            parse_timestamp("18446744073709551615", EpochUnit::Seconds),
+            None
+        );
+    }
+
+    #[test]
+    fn unsorted_lines_are_replayed_in_time_order() {
+        let csv = "1700000002,b\n1700000000,a,4\n\n1700000001,c\n";
+        let log = Log::read(csv.as_bytes(), EpochUnit::Auto, true, |_| {}).unwrap();
+        let w = &log.workload;
+        assert_eq!(w.keys, ["b", "a", "c"]);
+        let arrivals: Vec<(u64, u32, u64)> = w.phases[0]
+            .arrivals
+            .iter()
+            .map(|a| (a.offset_us, a.key, a.cost))
+            .collect();
+        assert_eq!(arrivals, [(0, 1, 4), (1_000_000, 2, 1), (2_000_000, 0, 1)]);
+        assert_eq!(w.origin, Timestamp::from_secs(1_700_000_000));
+        assert!(matches!(
+            Log::read("".as_bytes(), EpochUnit::Auto, false, |_| {}),
+            Err(LogError::Empty)
+        ));
+    }
+}
