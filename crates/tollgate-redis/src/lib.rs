@@ -5,18 +5,35 @@
 //! algorithms, with the same decisions as the in-memory store, in one
 //! round trip per decision, using Redis `TIME` as the clock.
 //!
-//! ```no_run
-//! use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
+//! ```
+//! use tollgate::{Algorithm, GlobalKey, Key, Policy, RateLimitLayer, Store};
 //! use tollgate_redis::RedisStore;
 //!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // This example runs against a local Redis (apt install redis-server).
+//! let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+//! let store = RedisStore::builder()
+//!     .prefix("tollgate-doc")
+//!     .connect(url.as_str())
+//!     .await?;
 //! let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
+//!
+//! // Directly, e.g. in a job:
+//! let key = Key::user(format!("doc-{}", std::process::id()));
+//! let decision = store.check(&key, &policy, 1).await?;
+//! assert!(decision.is_allowed());
+//! assert_eq!(decision.remaining(), 99);
+//!
+//! // Or behind a layer, shared by every server using this Redis:
 //! let layer = RateLimitLayer::new(policy, GlobalKey).store(store);
 //! # let _ = layer;
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! See the [Redis guide](https://docs.rs/tollgate/latest/tollgate/guides/redis/index.html)
+//! for operations: memory, eviction policy, clusters and failures.
 //!
 //! # Connections
 //!

@@ -53,6 +53,18 @@
 //! Behind a reverse proxy the socket peer is the proxy. Do not key by the
 //! leftmost `X-Forwarded-For` entry: clients write it themselves.
 //!
+//! # Guides
+//!
+//! - [Choosing an algorithm](guides::choosing_an_algorithm): burst and
+//!   smoothness trade-offs with numbers; shaping against policing.
+//! - [Keys behind proxies and IPv6](guides::keys_and_proxies).
+//! - [Running on Redis and Redis Cluster](guides::redis).
+//! - [Failure modes](guides::failure_modes): store outages, full stores,
+//!   missing keys, bad configuration.
+//! - [Outbound calls and job throttling](guides::outbound_and_jobs).
+//! - [Observing and rolling out policies](guides::observability): metrics,
+//!   shadow mode, enforcement ramps and the `tollgate-sim` replay tool.
+//!
 //! # Outside HTTP
 //!
 //! [`RateLimiter`] offers `check`, `check_n` and a bounded
@@ -97,3 +109,27 @@ pub use tollgate_core::{
     Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError,
     SystemClock, Timestamp,
 };
+
+/// Guides: how to choose, key, run, observe and roll out limits.
+///
+/// The same pages are in the repository's `docs/` folder; every code block
+/// in them is compiled and run as a doctest.
+pub mod guides {
+    #[doc = include_str!("../../../docs/choosing-an-algorithm.md")]
+    pub mod choosing_an_algorithm {}
+
+    #[doc = include_str!("../../../docs/keys-and-proxies.md")]
+    pub mod keys_and_proxies {}
+
+    #[doc = include_str!("../../../docs/redis.md")]
+    pub mod redis {}
+
+    #[doc = include_str!("../../../docs/failure-modes.md")]
+    pub mod failure_modes {}
+
+    #[doc = include_str!("../../../docs/outbound-and-jobs.md")]
+    pub mod outbound_and_jobs {}
+
+    #[doc = include_str!("../../../docs/observability.md")]
+    pub mod observability {}
+}
