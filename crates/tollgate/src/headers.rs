@@ -52,7 +52,15 @@ pub enum HeaderStyle {
 /// Writes the headers of `style` for `decision` into `headers`. When a
 /// nearer layer already wrote GitHub headers, they are replaced only if this
 /// decision leaves fewer requests.
-pub(crate) fn write(style: HeaderStyle, decision: &Decision, headers: &mut HeaderMap) {
+///
+/// `name`, the policy name as a header value made once per layer, saves an
+/// allocation per response when it matches the decision's policy.
+pub(crate) fn write(
+    style: HeaderStyle,
+    decision: &Decision,
+    headers: &mut HeaderMap,
+    name: Option<&HeaderValue>,
+) {
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         write_ietf(decision, headers);
     }
@@ -68,22 +76,103 @@ pub(crate) fn write(style: HeaderStyle, decision: &Decision, headers: &mut Heade
     };
     match style {
         HeaderStyle::GitHub | HeaderStyle::Both if tighter() => {
-            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit()));
-            headers.insert(
-                X_RATELIMIT_REMAINING,
-                HeaderValue::from(decision.remaining()),
-            );
-            headers.insert(X_RATELIMIT_USED, HeaderValue::from(decision.used()));
+            // Grow the map once, not once per header.
+            headers.reserve(5);
+            headers.insert(X_RATELIMIT_LIMIT, number(decision.limit()));
+            headers.insert(X_RATELIMIT_REMAINING, number(decision.remaining()));
+            headers.insert(X_RATELIMIT_USED, number(decision.used()));
             headers.insert(
                 X_RATELIMIT_RESET,
-                HeaderValue::from(decision.reset_at().as_secs_ceil()),
+                epoch_secs(decision.reset_at().as_secs_ceil()),
             );
-            if let Ok(name) = HeaderValue::from_str(decision.policy().name()) {
-                headers.insert(X_RATELIMIT_RESOURCE, name);
+            let policy = decision.policy().name();
+            match name {
+                Some(name) if name.as_bytes() == policy.as_bytes() => {
+                    headers.insert(X_RATELIMIT_RESOURCE, name.clone());
+                }
+                _ => {
+                    if let Ok(name) = HeaderValue::from_str(policy) {
+                        headers.insert(X_RATELIMIT_RESOURCE, name);
+                    }
+                }
             }
         }
         _ => {}
     }
+}
+
+/// The decimal digits of 0 to 9,999, back to back, built at compile time:
+/// header values of small numbers point into it instead of allocating.
+static DIGITS: [u8; DIGITS_LEN] = digits();
+
+const SMALL: u64 = 10_000;
+const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+
+const fn digits() -> [u8; DIGITS_LEN] {
+    let mut out = [0u8; DIGITS_LEN];
+    let (mut n, mut at) = (0, 0);
+    while n < SMALL {
+        let width = digits_of(n);
+        let (mut i, mut rest) = (width, n);
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += width;
+        n += 1;
+    }
+    out
+}
+
+const fn digits_of(n: u64) -> usize {
+    match n {
+        0..10 => 1,
+        10..100 => 2,
+        100..1_000 => 3,
+        _ => 4,
+    }
+}
+
+/// `n` as a header value, without allocating below 10,000.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    if n < SMALL {
+        let width = digits_of(n);
+        let start = match width {
+            1 => n,
+            2 => 10 + (n - 10) * 2,
+            3 => 190 + (n - 100) * 3,
+            _ => 2_890 + (n - 1_000) * 4,
+        } as usize;
+        if let Some(text) = DIGITS
+            .get(start..start + width)
+            .and_then(|d| std::str::from_utf8(d).ok())
+        {
+            return HeaderValue::from_static(text);
+        }
+    }
+    HeaderValue::from(n)
+}
+
+/// An epoch-seconds header value, reusing this thread's last one when the
+/// second is the same: responses within a second share one buffer.
+fn epoch_secs(secs: u64) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<(u64, HeaderValue)> =
+            const { std::cell::RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
+    }
+    LAST.with(|last| match last.try_borrow_mut() {
+        Ok(mut last) => {
+            if last.0 != secs {
+                let value = HeaderValue::from(secs);
+                // Make the buffer shared now, so clones do not allocate.
+                drop(value.clone());
+                *last = (secs, value);
+            }
+            last.1.clone()
+        }
+        Err(_) => HeaderValue::from(secs),
+    })
 }
 
 fn ceil_secs(d: std::time::Duration) -> u64 {
@@ -129,6 +218,25 @@ pub(crate) fn retry_after_secs(decision: &Decision) -> Option<u64> {
 
 pub(crate) fn write_retry_after(decision: &Decision, headers: &mut HeaderMap) {
     if let Some(secs) = retry_after_secs(decision) {
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        headers.insert(RETRY_AFTER, number(secs));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_seconds_are_reused_within_a_second_only() {
+        assert_eq!(epoch_secs(1_795_341_660), "1795341660");
+        assert_eq!(epoch_secs(1_795_341_660), "1795341660");
+        assert_eq!(epoch_secs(1_795_341_661), "1795341661");
+    }
+
+    #[test]
+    fn numbers_are_their_decimal_digits() {
+        for n in (0..12_000).chain([u64::MAX, 1_795_341_660]) {
+            assert_eq!(number(n).to_str().ok(), Some(n.to_string().as_str()), "{n}");
+        }
     }
 }

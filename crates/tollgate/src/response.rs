@@ -60,6 +60,8 @@ pub(crate) struct Responder {
     pub(crate) enforce_percent: u8,
     /// Shared by every service of one layer, so throttling holds across them.
     pub(crate) telemetry: Arc<Telemetry>,
+    /// The policy name as a header value, made once.
+    pub(crate) name: Option<HeaderValue>,
 }
 
 impl Responder {
@@ -73,6 +75,7 @@ impl Responder {
             grpc: false,
             enforce_percent: 100,
             telemetry: Arc::new(Telemetry::new(policy)),
+            name: shared_header_value(policy),
         }
     }
 
@@ -120,12 +123,26 @@ impl fmt::Debug for Responder {
     }
 }
 
+/// `text` as a header value whose clones share one buffer.
+fn shared_header_value(text: &str) -> Option<HeaderValue> {
+    let bytes = Bytes::copy_from_slice(text.as_bytes());
+    // The first clone of a `Bytes` made from a vector moves it into a
+    // shared, reference-counted buffer; do it now rather than per response.
+    drop(bytes.clone());
+    HeaderValue::from_maybe_shared(bytes).ok()
+}
+
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 impl Responder {
     /// Adds the rate-limit headers of an admitted request.
     pub(crate) fn decorate<B>(&self, decision: &Decision, response: &mut Response<B>) {
-        headers::write(self.headers, decision, response.headers_mut());
+        headers::write(
+            self.headers,
+            decision,
+            response.headers_mut(),
+            self.name.as_ref(),
+        );
     }
 
     /// The response to a denied request.
@@ -138,7 +155,7 @@ impl Responder {
         if !headers.contains_key(RETRY_AFTER) {
             headers::write_retry_after(decision, headers);
         }
-        headers::write(self.headers, decision, headers);
+        headers::write(self.headers, decision, headers, self.name.as_ref());
         response
     }
 
