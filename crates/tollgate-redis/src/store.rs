@@ -66,6 +66,36 @@ struct Inner<C> {
     breakers: Vec<CircuitBreaker>,
     deny_cache: DenyCache,
     local_origin: Instant,
+    /// Deny-cache hit counters by policy name, registered once each, so a
+    /// hit allocates nothing.
+    #[cfg(feature = "metrics")]
+    hit_counters: std::sync::RwLock<std::collections::HashMap<Box<str>, metrics::Counter>>,
+}
+
+impl<C> Inner<C> {
+    /// Counts a denial answered from the deny cache.
+    #[cfg(feature = "metrics")]
+    fn count_hit(&self, policy: &str) {
+        use std::sync::PoisonError;
+        let counters = self
+            .hit_counters
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(counter) = counters.get(policy) {
+            counter.increment(1);
+            return;
+        }
+        drop(counters);
+        let counter = metrics::counter!(
+            tollgate_core::telemetry::DENY_CACHE_HITS,
+            "policy" => policy.to_owned()
+        );
+        counter.increment(1);
+        self.hit_counters
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(policy.into(), counter);
+    }
 }
 
 impl<C> Inner<C> {
@@ -166,11 +196,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let sent_at = inner.local_now();
         if let Some(denied) = inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
             #[cfg(feature = "metrics")]
-            metrics::counter!(
-                tollgate_core::telemetry::DENY_CACHE_HITS,
-                "policy" => policy.name().to_owned()
-            )
-            .increment(1);
+            inner.count_hit(policy.name());
             return Ok(denied);
         }
         let permit = inner
@@ -618,6 +644,8 @@ impl RedisStoreBuilder {
                 scripts,
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
+                #[cfg(feature = "metrics")]
+                hit_counters: std::sync::RwLock::default(),
                 local_origin: Instant::now(),
             }),
         })
