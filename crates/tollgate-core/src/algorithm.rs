@@ -443,6 +443,52 @@ impl PolicyState {
         self.decision(policy, Outcome::Allowed, now, delay, queue_free, |_| None)
     }
 
+    /// [`PolicyState::decide`] for a single-limit GCRA or leaky-bucket
+    /// policy whose whole state is one time, `word` (the theoretical
+    /// arrival time, or when the queue is next free; 0 for a new key).
+    /// The same arithmetic, without building a [`PolicyState`]; a property
+    /// test holds the two equal.
+    #[inline(always)]
+    pub(crate) fn decide_word(
+        policy: &Policy,
+        word: &mut u64,
+        now: Timestamp,
+        cost: u64,
+    ) -> Decision {
+        let Some(p) = policy.params().first() else {
+            return Decision::new(policy, Outcome::Allowed, now, Duration::ZERO, []);
+        };
+        let (t, cap, now_us) = (p.interval_us, p.capacity, now.as_micros());
+        let status = |word: u64, retry: Option<u64>| {
+            let backlog = word.saturating_sub(now_us);
+            let remaining = (cap * t).saturating_sub(backlog) / t;
+            LimitStatus::from_micros(0, p.limit, cap, remaining, backlog, retry)
+        };
+        if cost > cap {
+            let outcome = Outcome::CostExceedsCapacity {
+                cost,
+                capacity: cap,
+            };
+            return Decision::single(outcome, now, Duration::ZERO, status(*word, None));
+        }
+        let base = (*word).max(now_us);
+        if base + cost * t - now_us > cap * t {
+            let retry = base + cost * t - cap * t - now_us;
+            let outcome = Outcome::Limited {
+                retry_after: Duration::from_micros(retry),
+            };
+            return Decision::single(outcome, now, Duration::ZERO, status(*word, Some(retry)));
+        }
+        let mut delay = Duration::ZERO;
+        if cost > 0 {
+            if policy.algorithm() == Algorithm::LeakyBucket {
+                delay = Duration::from_micros((*word).saturating_sub(now_us));
+            }
+            *word = base + cost * t;
+        }
+        Decision::single(Outcome::Allowed, now, delay, status(*word, None))
+    }
+
     /// The time the state stops mattering: from then on it is
     /// indistinguishable from a fresh one and may be forgotten.
     pub fn expires_at(&self, policy: &Policy) -> Timestamp {
@@ -495,6 +541,6 @@ impl PolicyState {
                         retry(i),
                     )
                 });
-        Decision::new(policy.clone(), outcome, now, delay, statuses)
+        Decision::new(policy, outcome, now, delay, statuses)
     }
 }

@@ -35,12 +35,22 @@ pub enum Outcome {
 /// The state of one limit of a policy after a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitStatus {
-    index: usize,
+    // Compact (56 bytes): a decision carries one per limit, and the memory
+    // store's whole check costs about as much as moving a few of these.
+    index: u32,
     limit: Limit,
     capacity: u64,
     remaining: u64,
-    reset: Duration,
-    retry_after: Option<Duration>,
+    reset_us: u64,
+    /// `NO_RETRY` when the limit admitted the request.
+    retry_us: u64,
+}
+
+const NO_RETRY: u64 = u64::MAX;
+
+fn micros(d: Duration) -> u64 {
+    // Durations here are at most a year or so; saturate rather than wrap.
+    u64::try_from(d.as_micros()).unwrap_or(NO_RETRY - 1)
 }
 
 impl LimitStatus {
@@ -55,18 +65,38 @@ impl LimitStatus {
         retry_after: Option<Duration>,
     ) -> Self {
         Self {
-            index,
+            index: u32::try_from(index).unwrap_or(u32::MAX),
             limit,
             capacity,
             remaining: remaining.min(capacity),
-            reset,
-            retry_after,
+            reset_us: micros(reset),
+            retry_us: retry_after.map_or(NO_RETRY, micros),
+        }
+    }
+
+    /// [`LimitStatus::new`] in microseconds, for stores.
+    #[inline(always)]
+    pub(crate) fn from_micros(
+        index: usize,
+        limit: Limit,
+        capacity: u64,
+        remaining: u64,
+        reset_us: u64,
+        retry_us: Option<u64>,
+    ) -> Self {
+        Self {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            limit,
+            capacity,
+            remaining: remaining.min(capacity),
+            reset_us: reset_us.min(NO_RETRY - 1),
+            retry_us: retry_us.map_or(NO_RETRY, |r| r.min(NO_RETRY - 1)),
         }
     }
 
     /// The limit's position in [`Policy::limits`].
     pub fn index(&self) -> usize {
-        self.index
+        self.index as usize
     }
 
     /// The limit.
@@ -92,12 +122,12 @@ impl LimitStatus {
     /// When this limit is fully back: the window's end for a fixed window,
     /// otherwise the time until nothing counts against it.
     pub fn reset(&self) -> Duration {
-        self.reset
+        Duration::from_micros(self.reset_us)
     }
 
     /// When this limit would admit the request, if it denied it.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        (self.retry_us != NO_RETRY).then(|| Duration::from_micros(self.retry_us))
     }
 }
 
@@ -110,11 +140,10 @@ impl LimitStatus {
 /// limit's state is in [`Decision::limits`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
-    policy: Policy,
     outcome: Outcome,
     now: Timestamp,
     delay: Duration,
-    binding: usize,
+    binding: u32,
     limits: SmallVec<[LimitStatus; 2]>,
 }
 
@@ -124,7 +153,7 @@ impl Decision {
     /// policy, in the policy's order. (An empty `limits` is taken as every
     /// limit exhausted.)
     pub fn new(
-        policy: Policy,
+        policy: &Policy,
         outcome: Outcome,
         now: Timestamp,
         delay: Duration,
@@ -143,10 +172,14 @@ impl Decision {
         }
         let binding = match outcome {
             Outcome::Allowed => {
-                position_min_by_key(&limits, |s| (s.remaining, std::cmp::Reverse(s.reset)))
+                position_min_by_key(&limits, |s| (s.remaining, std::cmp::Reverse(s.reset_us)))
             }
             Outcome::Limited { .. } => position_min_by_key(&limits, |s| {
-                std::cmp::Reverse(s.retry_after.unwrap_or(Duration::ZERO))
+                std::cmp::Reverse(if s.retry_us == NO_RETRY {
+                    0
+                } else {
+                    s.retry_us
+                })
             }),
             Outcome::CostExceedsCapacity { capacity, .. } => limits
                 .iter()
@@ -154,18 +187,32 @@ impl Decision {
                 .unwrap_or(0),
         };
         Self {
-            policy,
             outcome,
             now,
             delay,
-            binding,
+            binding: u32::try_from(binding).unwrap_or(0),
             limits,
         }
     }
 
-    /// The policy that decided.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// A decision of a one-limit policy: [`Decision::new`] without the
+    /// search for the binding limit.
+    #[inline(always)]
+    pub(crate) fn single(
+        outcome: Outcome,
+        now: Timestamp,
+        delay: Duration,
+        status: LimitStatus,
+    ) -> Self {
+        let mut limits = SmallVec::new();
+        limits.push(status);
+        Self {
+            outcome,
+            now,
+            delay,
+            binding: 0,
+            limits,
+        }
     }
 
     /// Whether the request was admitted.
@@ -201,7 +248,7 @@ impl Decision {
     /// The binding limit's state.
     pub fn binding(&self) -> &LimitStatus {
         // `new` keeps `binding` in range whenever `limits` is non-empty.
-        &self.limits[self.binding.min(self.limits.len().saturating_sub(1))]
+        &self.limits[(self.binding as usize).min(self.limits.len().saturating_sub(1))]
     }
 
     /// The binding limit's capacity.
@@ -221,12 +268,12 @@ impl Decision {
 
     /// How long until the binding limit is fully back.
     pub fn reset(&self) -> Duration {
-        self.binding().reset
+        self.binding().reset()
     }
 
     /// When the binding limit is fully back, by the store's clock.
     pub fn reset_at(&self) -> Timestamp {
-        self.now + self.binding().reset
+        self.now + self.binding().reset()
     }
 
     /// Every limit's state, in the order of the policy's limits.

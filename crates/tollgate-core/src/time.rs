@@ -117,7 +117,15 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     }
 }
 
-/// The system's wall clock.
+/// The system's wall clock, read cheaply.
+///
+/// Reading the wall clock (`clock_gettime`) costs more than the rest of a
+/// memory-store decision, so each thread reads it once a second and counts
+/// the time in between with the CPU's timestamp counter (through `quanta`,
+/// which falls back to the monotonic clock where the counter is unusable).
+/// Readings therefore follow the wall clock to within the counter's drift
+/// over one second (microseconds), never run backwards within a second on
+/// one thread, and pick up wall-clock steps within a second.
 ///
 /// A clock set before 1970 reads as the Unix epoch rather than failing.
 ///
@@ -129,13 +137,51 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
+/// How long a thread counts from one wall-clock reading before taking the next.
+const REANCHOR_NANOS: u64 = 1_000_000_000;
+
+#[derive(Clone, Copy)]
+struct Anchor {
+    /// The counter's raw value at `micros`.
+    raw: u64,
+    micros: u64,
+}
+
+fn counter() -> &'static quanta::Clock {
+    static COUNTER: std::sync::OnceLock<quanta::Clock> = std::sync::OnceLock::new();
+    COUNTER.get_or_init(quanta::Clock::new)
+}
+
+fn wall_clock_micros() -> u64 {
+    #[allow(clippy::disallowed_methods)] // the one place that reads the system clock
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    duration_micros(since)
+}
+
+thread_local! {
+    static ANCHOR: std::cell::Cell<Option<Anchor>> = const { std::cell::Cell::new(None) };
+}
+
 impl Clock for SystemClock {
+    #[inline]
     fn now(&self) -> Timestamp {
-        #[allow(clippy::disallowed_methods)] // the one place that reads the system clock
-        let since = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        Timestamp(duration_micros(since))
+        let counter = counter();
+        let raw = counter.raw();
+        let anchored = ANCHOR.with(|cell| {
+            let anchor = cell.get()?;
+            let elapsed = counter.delta_as_nanos(anchor.raw, raw);
+            if elapsed >= REANCHOR_NANOS {
+                return None;
+            }
+            Some(anchor.micros + elapsed / 1_000)
+        });
+        Timestamp(anchored.unwrap_or_else(|| {
+            let micros = wall_clock_micros();
+            ANCHOR.with(|cell| cell.set(Some(Anchor { raw, micros })));
+            micros
+        }))
     }
 }
 

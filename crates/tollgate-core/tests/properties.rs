@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use tollgate_core::{Algorithm, Outcome, Policy, PolicyState, Timestamp};
+use tollgate_core::{
+    Algorithm, FakeClock, Key, MemoryStore, Outcome, Policy, PolicyState, Timestamp,
+};
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -226,6 +228,26 @@ proptest! {
             let later = Timestamp::from_micros(now + 1);
             if a.decide(&case.policy, later, 0) != b.decide(&case.policy, later, 0) {
                 failures.push(format!("denial at {now} changed the state"));
+            }
+        });
+        prop_assert!(failures.is_empty(), "{failures:?}");
+    }
+
+    #[test]
+    fn the_memory_store_decides_exactly_as_the_reference(case in case()) {
+        // The store keeps some policies in a compact form with arithmetic of
+        // its own; every decision must still equal the reference's.
+        let clock = FakeClock::new(Timestamp::from_micros(case.start));
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let key = Key::user("prop");
+        let mut at = case.start;
+        let mut failures = Vec::new();
+        run(&case, |_, now, cost, d| {
+            clock.advance(std::time::Duration::from_micros(now - at));
+            at = now;
+            let stored = store.check_sync(&key, &case.policy, cost).unwrap();
+            if stored != *d {
+                failures.push(format!("at {now}, cost {cost}: store {stored:?}, reference {d:?}"));
             }
         });
         prop_assert!(failures.is_empty(), "{failures:?}");

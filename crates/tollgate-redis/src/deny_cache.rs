@@ -57,6 +57,7 @@ impl DenyCache {
             return None;
         }
         Some(shift(
+            policy,
             &entry.decision,
             now.saturating_sub(entry.sent_at),
             entry.until - now,
@@ -65,11 +66,18 @@ impl DenyCache {
 
     /// Remembers `decision`, a denial of `cost` for a call sent at local
     /// time `sent_at` (µs).
-    pub(crate) fn insert(&self, state_key: &str, cost: u64, sent_at: u64, decision: &Decision) {
+    pub(crate) fn insert(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        cost: u64,
+        sent_at: u64,
+        decision: &Decision,
+    ) {
         let Some(retry) = decision.retry_after() else {
             return;
         };
-        if self.max_entries == 0 || !cacheable(decision.policy(), cost) {
+        if self.max_entries == 0 || !cacheable(policy, cost) {
             return;
         }
         let until = sent_at + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX / 2);
@@ -83,7 +91,7 @@ impl DenyCache {
         entries.insert(
             state_key.to_owned(),
             Entry {
-                fingerprint: decision.policy().fingerprint(),
+                fingerprint: policy.fingerprint(),
                 sent_at,
                 until,
                 decision: decision.clone(),
@@ -104,7 +112,7 @@ fn cacheable(policy: &Policy, cost: u64) -> bool {
 }
 
 /// `decision` as it stands `elapsed` µs later, with `retry` µs to go.
-fn shift(decision: &Decision, elapsed: u64, retry: u64) -> Decision {
+fn shift(policy: &Policy, decision: &Decision, elapsed: u64, retry: u64) -> Decision {
     let elapsed_d = Duration::from_micros(elapsed);
     let statuses = decision.limits().iter().map(|s| {
         LimitStatus::new(
@@ -117,7 +125,7 @@ fn shift(decision: &Decision, elapsed: u64, retry: u64) -> Decision {
         )
     });
     Decision::new(
-        decision.policy().clone(),
+        policy,
         Outcome::Limited {
             retry_after: Duration::from_micros(retry),
         },

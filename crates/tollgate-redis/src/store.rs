@@ -211,7 +211,9 @@ impl<C: RedisConnection> RedisStore<C> {
         match &result {
             Ok(decision) => {
                 permit.success();
-                inner.deny_cache.insert(&state_key, cost, sent_at, decision);
+                inner
+                    .deny_cache
+                    .insert(&state_key, policy, cost, sent_at, decision);
             }
             Err(error) => {
                 permit.failure();
@@ -361,7 +363,7 @@ fn decision_from_reply(
         },
         _ => return Err(bad()),
     };
-    Ok(Decision::new(policy.clone(), outcome, now, delay, statuses))
+    Ok(Decision::new(policy, outcome, now, delay, statuses))
 }
 
 impl<C: RedisConnection> Store for RedisStore<C> {

@@ -53,16 +53,17 @@ pub enum HeaderStyle {
 /// nearer layer already wrote GitHub headers, they are replaced only if this
 /// decision leaves fewer requests.
 ///
-/// `name`, the policy name as a header value made once per layer, saves an
-/// allocation per response when it matches the decision's policy.
+/// `policy` is the deciding policy's name; `name`, the same as a header
+/// value made once per layer, saves an allocation per response.
 pub(crate) fn write(
     style: HeaderStyle,
     decision: &Decision,
     headers: &mut HeaderMap,
+    policy: &str,
     name: Option<&HeaderValue>,
 ) {
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        write_ietf(decision, headers);
+        write_ietf(decision, headers, policy);
     }
     // Stacked layers (per IP, then per user) all decorate one response:
     // the GitHub headers describe the tightest of them.
@@ -85,7 +86,6 @@ pub(crate) fn write(
                 X_RATELIMIT_RESET,
                 epoch_secs(decision.reset_at().as_secs_ceil()),
             );
-            let policy = decision.policy().name();
             match name {
                 Some(name) if name.as_bytes() == policy.as_bytes() => {
                     headers.insert(X_RATELIMIT_RESOURCE, name.clone());
@@ -179,9 +179,8 @@ fn ceil_secs(d: std::time::Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-fn write_ietf(decision: &Decision, headers: &mut HeaderMap) {
+fn write_ietf(decision: &Decision, headers: &mut HeaderMap, name: &str) {
     use std::fmt::Write;
-    let name = decision.policy().name();
     let several = decision.limits().len() > 1;
     let (mut policy, mut state) = (String::new(), String::new());
     for status in decision.limits() {

@@ -62,6 +62,7 @@ pub(crate) struct Responder {
     pub(crate) telemetry: Arc<Telemetry>,
     /// The policy name as a header value, made once.
     pub(crate) name: Option<HeaderValue>,
+    pub(crate) policy: Arc<str>,
 }
 
 impl Responder {
@@ -76,6 +77,7 @@ impl Responder {
             enforce_percent: 100,
             telemetry: Arc::new(Telemetry::new(policy)),
             name: shared_header_value(policy),
+            policy: Arc::from(policy),
         }
     }
 
@@ -141,6 +143,7 @@ impl Responder {
             self.headers,
             decision,
             response.headers_mut(),
+            &self.policy,
             self.name.as_ref(),
         );
     }
@@ -155,13 +158,19 @@ impl Responder {
         if !headers.contains_key(RETRY_AFTER) {
             headers::write_retry_after(decision, headers);
         }
-        headers::write(self.headers, decision, headers, self.name.as_ref());
+        headers::write(
+            self.headers,
+            decision,
+            headers,
+            &self.policy,
+            self.name.as_ref(),
+        );
         response
     }
 
     fn problem(&self, decision: &Decision) -> Response<Full<Bytes>> {
-        let name = decision.policy().name();
-        let detail = detail(decision);
+        let name = &*self.policy;
+        let detail = detail(decision, name);
         if self.grpc {
             return grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail);
         }
@@ -224,8 +233,7 @@ impl Responder {
 }
 
 /// Why a request was denied, in words.
-fn detail(decision: &Decision) -> String {
-    let name = decision.policy().name();
+fn detail(decision: &Decision, name: &str) -> String {
     match decision.outcome() {
         Outcome::CostExceedsCapacity { cost, capacity } => format!(
             "request cost {cost} exceeds the capacity {capacity} of limit '{name}'; it can never be admitted"

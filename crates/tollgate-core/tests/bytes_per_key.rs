@@ -1,0 +1,98 @@
+//! Heap bytes per key: the memory store holding GCRA state next to
+//! `governor`'s keyed limiter holding the same keys, counted exactly by a
+//! counting allocator (no timing). Run with `--nocapture` to see the table
+//! recorded in BENCHMARKS.md.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+
+use governor::{Quota, RateLimiter};
+use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Timestamp};
+
+/// Heap bytes held after `fill` builds and fills a structure, which it
+/// hands back so that it is still alive when counting ends.
+fn held<T>(fill: impl FnOnce() -> T) -> (i64, T) {
+    let mut kept = None;
+    let info = allocation_counter::measure(|| kept = Some(fill()));
+    (info.bytes_current, kept.expect("filled"))
+}
+
+fn ip(i: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i))
+}
+
+fn tollgate(keys: u32, algorithm: Algorithm) -> i64 {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let policy = Policy::new("per-ip", algorithm, "10/s").unwrap();
+    let (bytes, store) = held(|| {
+        let store = MemoryStore::builder()
+            .max_keys(2 * keys as usize) // room for uneven shards; nothing is reserved
+            .clock(clock)
+            .build()
+            .unwrap();
+        for i in 0..keys {
+            assert!(
+                store
+                    .check_sync(&Key::ip(ip(i)), &policy, 1)
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+        store
+    });
+    assert_eq!(store.len(), keys as usize);
+    bytes
+}
+
+fn governor_ip(keys: u32) -> i64 {
+    let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
+    let (bytes, limiter) = held(|| {
+        let limiter = RateLimiter::<IpAddr, _, _>::dashmap(quota);
+        for i in 0..keys {
+            assert!(limiter.check_key(&ip(i)).is_ok());
+        }
+        limiter
+    });
+    assert_eq!(limiter.len(), keys as usize);
+    bytes
+}
+
+fn governor_u64(keys: u32) -> i64 {
+    let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
+    let (bytes, limiter) = held(|| {
+        let limiter = RateLimiter::<u64, _, _>::dashmap(quota);
+        for i in 0..keys {
+            assert!(limiter.check_key(&u64::from(i)).is_ok());
+        }
+        limiter
+    });
+    assert_eq!(limiter.len(), keys as usize);
+    bytes
+}
+
+#[test]
+fn gcra_keys_cost_no_more_memory_than_in_governor() {
+    println!(
+        "| keys | tollgate GCRA | governor, IpAddr keys | governor, u64 keys | tollgate token bucket |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for keys in [10_000u32, 100_000, 1_000_000] {
+        let per_key = |bytes: i64| bytes as f64 / f64::from(keys);
+        let ours = per_key(tollgate(keys, Algorithm::Gcra));
+        let by_ip = per_key(governor_ip(keys));
+        let by_u64 = per_key(governor_u64(keys));
+        let token = per_key(tollgate(keys, Algorithm::TokenBucket));
+        println!(
+            "| {keys} | {ours:.1} B ({:.2}x) | {by_ip:.1} B | {by_u64:.1} B ({:.2}x) | {token:.1} B |",
+            ours / by_ip,
+            by_u64 / by_ip,
+        );
+        // The same keys as governor's IP-keyed limiter (tower_governor's
+        // default) hold at most as many bytes.
+        assert!(
+            ours <= by_ip,
+            "{keys} keys: {ours:.1} B/key against governor's {by_ip:.1}"
+        );
+    }
+}

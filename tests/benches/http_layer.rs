@@ -1,0 +1,242 @@
+//! Requests per second and latency of one Axum route, bare and behind each
+//! rate limiter, with `wrk` on loopback as the load generator.
+//!
+//! Run with: `cargo bench -p tollgate-tests --bench http_layer`
+//! (needs `wrk`: `apt-get install wrk`).
+//!
+//! Variants, measured in interleaved rounds (each round runs every variant
+//! once, in order; the table reports the median of the rounds):
+//! - `bare`: the route alone;
+//! - `tollgate, 1 hot key`: `RateLimitLayer` on the memory store, every
+//!   request with the same key;
+//! - `tollgate, 10k keys`: the same with 10,000 rotating keys;
+//! - `tollgate, 10k keys, no headers`: the same with `HeaderStyle::None`;
+//! - `tower_governor, 10k keys`: `tower_governor` 0.8 with the same keys;
+//! - `tollgate on Redis, 10k keys`: `RateLimitLayer` on `RedisStore` (a
+//!   private `redis-server` on loopback).
+//!
+//! Every limiter is keyed by the `x-api-key` header and configured so that
+//! every request is admitted; the bench fails if any response is not 2xx.
+//! tollgate writes its default GitHub-style headers on every response;
+//! `tower_governor` writes none by default.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use http::{HeaderName, Request};
+use tollgate::{HeaderKey, HeaderStyle, RateLimitLayer};
+use tollgate_core::{Algorithm, Policy};
+use tollgate_redis::RedisStore;
+use tollgate_tests::RedisServer;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
+
+const ROUNDS: usize = 3;
+const SECONDS: u64 = 3;
+const CONNECTIONS: usize = 32;
+
+/// Rotating keys: `k0` to `k9999`, one per request in turn.
+const ROTATING: &str = r#"
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/", { ["x-api-key"] = "k" .. (n % 10000) })
+end
+"#;
+const HOT: &str = r#"
+request = function()
+  return wrk.format("GET", "/", { ["x-api-key"] = "hot" })
+end
+"#;
+
+/// `tower_governor`'s key extractor for the same header.
+#[derive(Clone)]
+struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<Self::Key, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+fn route() -> Router {
+    Router::new().route("/", get(|| async { "ok" }))
+}
+
+fn header_key() -> HeaderKey {
+    HeaderKey::new(HeaderName::from_static("x-api-key"))
+}
+
+/// 1,000 a second per key with a burst of 1,000 (GCRA): far above what one
+/// key of 10,000 sees, so every request is admitted.
+fn per_key() -> Policy {
+    Policy::builder("bench")
+        .algorithm(Algorithm::Gcra)
+        .limit("1000/s")
+        .burst(1_000)
+        .build()
+        .unwrap()
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+struct Run {
+    per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+fn micros(text: &str) -> f64 {
+    let (number, unit) = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map(|i| text.split_at(i))
+        .unwrap();
+    let n: f64 = number.parse().unwrap();
+    match unit {
+        "us" => n,
+        "ms" => n * 1_000.0,
+        "s" => n * 1_000_000.0,
+        other => panic!("unknown unit {other} in {text}"),
+    }
+}
+
+fn wrk(addr: SocketAddr, script: &str) -> Run {
+    let path = std::env::temp_dir().join(format!("tollgate-bench-{}.lua", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{CONNECTIONS}"),
+            &format!("-d{SECONDS}s"),
+            "--latency",
+            "-s",
+        ])
+        .arg(&path)
+        .arg(format!("http://{addr}/"))
+        .output()
+        .expect("wrk is needed: apt-get install wrk");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "wrk failed: {text}");
+    assert!(
+        !text.contains("Non-2xx"),
+        "some requests were not admitted:\n{text}"
+    );
+    let field = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix).map(|v| v.trim().to_owned()))
+            .unwrap_or_else(|| panic!("no '{prefix}' in:\n{text}"))
+    };
+    Run {
+        per_sec: field("Requests/sec:").parse().unwrap(),
+        p50_us: micros(&field("50%")),
+        p99_us: micros(&field("99%")),
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn tower_governor_app() -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_millisecond(1)
+        .burst_size(1_000)
+        .key_extractor(ApiKey)
+        .finish()
+        .unwrap();
+    route().layer(GovernorLayer::new(config))
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = RedisServer::spawn();
+    let variants: Vec<(&str, SocketAddr, &str)> = runtime.block_on(async {
+        let store = RedisStore::connect(&redis.url()).await.unwrap();
+        let hot = Policy::new("hot", Algorithm::Gcra, "1000000/s").unwrap();
+        vec![
+            ("bare", serve(route()).await, ROTATING),
+            (
+                "tollgate, 1 hot key",
+                serve(route().layer(RateLimitLayer::new(hot, header_key()))).await,
+                HOT,
+            ),
+            (
+                "tollgate, 10k keys",
+                serve(route().layer(RateLimitLayer::new(per_key(), header_key()))).await,
+                ROTATING,
+            ),
+            (
+                "tollgate, 10k keys, no headers",
+                serve(route().layer(
+                    RateLimitLayer::new(per_key(), header_key()).headers(HeaderStyle::None),
+                ))
+                .await,
+                ROTATING,
+            ),
+            (
+                "tower_governor, 10k keys",
+                serve(tower_governor_app()).await,
+                ROTATING,
+            ),
+            (
+                "tollgate on Redis, 10k keys",
+                serve(route().layer(RateLimitLayer::new(per_key(), header_key()).store(store)))
+                    .await,
+                ROTATING,
+            ),
+        ]
+    });
+
+    let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
+    for round in 1..=ROUNDS {
+        for (i, (name, addr, script)) in variants.iter().enumerate() {
+            let run = wrk(*addr, script);
+            eprintln!(
+                "round {round}: {name}: {:.0} req/s, p50 {:.0} µs, p99 {:.0} µs",
+                run.per_sec, run.p50_us, run.p99_us
+            );
+            runs[i].push(run);
+        }
+    }
+
+    let bare = median(runs[0].iter().map(|r| r.per_sec).collect());
+    println!("\nwrk -t1 -c{CONNECTIONS} -d{SECONDS}s, median of {ROUNDS} interleaved rounds\n");
+    println!("| variant | requests/s | ratio to bare | p50 | p99 |");
+    println!("|---|---:|---:|---:|---:|");
+    for ((name, _, _), runs) in variants.iter().zip(&runs) {
+        let per_sec = median(runs.iter().map(|r| r.per_sec).collect());
+        println!(
+            "| {name} | {per_sec:.0} | {:.2} | {:.0} µs | {:.0} µs |",
+            per_sec / bare,
+            median(runs.iter().map(|r| r.p50_us).collect()),
+            median(runs.iter().map(|r| r.p99_us).collect()),
+        );
+    }
+    drop(redis);
+    runtime.shutdown_timeout(Duration::from_secs(1));
+}
