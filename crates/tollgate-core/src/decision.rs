@@ -64,14 +64,14 @@ impl LimitStatus {
         reset: Duration,
         retry_after: Option<Duration>,
     ) -> Self {
-        Self {
-            index: u32::try_from(index).unwrap_or(u32::MAX),
+        Self::from_micros(
+            index,
             limit,
             capacity,
-            remaining: remaining.min(capacity),
-            reset_us: micros(reset),
-            retry_us: retry_after.map_or(NO_RETRY, micros),
-        }
+            remaining,
+            micros(reset),
+            retry_after.map(micros),
+        )
     }
 
     /// [`LimitStatus::new`] in microseconds, for stores.
