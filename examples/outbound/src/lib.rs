@@ -93,19 +93,32 @@ type ApiState = (MemoryStore, Policy, Arc<Mutex<ApiLog>>);
 
 async fn call(
     State((store, policy, log)): State<ApiState>,
-) -> (StatusCode, [(&'static str, &'static str); 1]) {
+) -> (StatusCode, [(&'static str, String); 2]) {
     let decision = store.check_sync(&tollgate::Key::global(), &policy, 1);
     let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
     match decision {
         Ok(d) if d.is_allowed() => {
             log.accepted.push(d.now().as_micros());
-            (StatusCode::OK, [("x-ratelimit-resource", API_RESOURCE)])
+            let remaining = d.remaining().to_string();
+            (
+                StatusCode::OK,
+                [
+                    ("x-ratelimit-resource", API_RESOURCE.to_owned()),
+                    ("x-ratelimit-remaining", remaining),
+                ],
+            )
         }
+        // Like a real API, the rejection says nothing is left. The client's
+        // layer then keeps these headers (a limit with fewer remaining
+        // wins), so the caller can tell the API's 429 from its own.
         _ => {
             log.rejected += 1;
             (
                 StatusCode::TOO_MANY_REQUESTS,
-                [("x-ratelimit-resource", API_RESOURCE)],
+                [
+                    ("x-ratelimit-resource", API_RESOURCE.to_owned()),
+                    ("x-ratelimit-remaining", "0".to_owned()),
+                ],
             )
         }
     }
