@@ -25,6 +25,38 @@ pub(crate) struct Waiter {
     pub(crate) deadline: tokio::time::Instant,
 }
 
+/// The inner service as a decision finds it: owned by the response future
+/// after an asynchronous check, or still in the service when the store
+/// answered at once. In the second case an admitted request calls the
+/// service that `poll_ready` drove to readiness, in place, and nothing is
+/// cloned; only a request held for later takes it, leaving a clone behind.
+pub(crate) enum Inner<'a, S> {
+    Owned(S),
+    Ready(&'a mut S),
+}
+
+impl<S: Clone> Inner<'_, S> {
+    fn call<B>(self, request: Request<B>) -> S::Future
+    where
+        S: Service<Request<B>>,
+    {
+        match self {
+            Inner::Owned(mut inner) => inner.call(request),
+            Inner::Ready(inner) => inner.call(request),
+        }
+    }
+
+    pub(crate) fn into_owned(self) -> S {
+        match self {
+            Inner::Owned(inner) => inner,
+            Inner::Ready(inner) => {
+                let clone = inner.clone();
+                std::mem::replace(inner, clone)
+            }
+        }
+    }
+}
+
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
     ///
@@ -73,10 +105,10 @@ pin_project! {
 
 impl<F, S, B> ResponseFuture<F, S, B>
 where
-    S: Service<Request<B>, Future = F>,
+    S: Service<Request<B>, Future = F> + Clone,
 {
     pub(crate) fn call(
-        mut inner: S,
+        inner: Inner<'_, S>,
         request: Request<B>,
         decision: Option<Decision>,
         responder: Arc<Responder>,
@@ -125,7 +157,7 @@ where
 
     pub(crate) fn decided(
         result: Result<Decision, StoreError>,
-        inner: S,
+        inner: Inner<'_, S>,
         request: Request<B>,
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
@@ -145,14 +177,14 @@ where
 /// `enforce`d (shadow mode) lets the request through with its headers.
 fn next_state<F, S, B>(
     result: Result<Decision, StoreError>,
-    mut inner: S,
+    inner: Inner<'_, S>,
     request: Request<B>,
     responder: &Responder,
     waiter: Option<&Waiter>,
     enforce: bool,
 ) -> State<F, S, B>
 where
-    S: Service<Request<B>, Future = F>,
+    S: Service<Request<B>, Future = F> + Clone,
 {
     let telemetry = &responder.telemetry;
     match result {
@@ -161,7 +193,7 @@ where
             if decision.delay() > Duration::ZERO {
                 State::Delaying {
                     sleep: Box::pin(tokio::time::sleep(decision.delay())),
-                    inner: Some(inner),
+                    inner: Some(inner.into_owned()),
                     request: Some(request),
                     decision: Some(decision),
                 }
@@ -185,7 +217,7 @@ where
                 if wake <= waiter.deadline {
                     return State::Waiting {
                         sleep: Box::pin(tokio::time::sleep_until(wake)),
-                        inner: Some(inner),
+                        inner: Some(inner.into_owned()),
                         request: Some(request),
                     };
                 }
@@ -220,7 +252,7 @@ where
 
 impl<F, S, B, ResBody, E> Future for ResponseFuture<F, S, B>
 where
-    S: Service<Request<B>, Response = Response<ResBody>, Error = E, Future = F>,
+    S: Service<Request<B>, Response = Response<ResBody>, Error = E, Future = F> + Clone,
     F: Future<Output = Result<Response<ResBody>, E>>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, E>;
@@ -238,7 +270,7 @@ where
                     let next = match (inner.take(), request.take()) {
                         (Some(inner), Some(request)) => next_state(
                             result,
-                            inner,
+                            Inner::Owned(inner),
                             request,
                             this.responder,
                             this.waiter.as_ref(),

@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
-use crate::future::{Check, ResponseFuture, Waiter};
+use crate::future::{Check, Inner, ResponseFuture, Waiter};
 use crate::response::{FailureMode, MissingKey, Responder};
 
 /// Configuration and state shared by a layer's services and their clones.
@@ -119,10 +119,11 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // Take the service that was driven to readiness; leave its clone.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         let shared = &self.shared;
+        // The service that `poll_ready` drove to readiness. A request the
+        // store decides at once calls it in place; a request that waits for
+        // the store takes it along and leaves a clone here.
+        let inner = Inner::Ready(&mut self.inner);
         let responder = shared.responder.clone();
 
         let Some(key) = shared.extractor.extract(&request) else {
@@ -153,6 +154,7 @@ where
             }
             None => {
                 let check = check(shared.clone(), key);
+                let inner = inner.into_owned();
                 ResponseFuture::check(check, inner, request, responder, waiter, enforce)
             }
         }
