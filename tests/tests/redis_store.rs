@@ -159,13 +159,20 @@ async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let mut expected = Vec::new();
-    for algorithm in Algorithm::ALL {
-        let policy = Policy::builder(format!("ttl-{algorithm}"))
+    // Every algorithm with two limits (the general scripts) and with one
+    // (for GCRA and the leaky bucket, the one-word script).
+    let policies = Algorithm::ALL.into_iter().flat_map(|algorithm| {
+        let two = Policy::builder(format!("ttl-{algorithm}"))
             .algorithm(algorithm)
             .limit("5/7s")
             .limit("20/1h")
             .build()
             .unwrap();
+        let one = Policy::new(format!("ttl-one-{algorithm}"), algorithm, "5/7s").unwrap();
+        [two, one]
+    });
+    for policy in policies {
+        let algorithm = policy.algorithm();
         for (user, requests) in [("a", 1u64), ("b", 3), ("c", 9)] {
             let key = Key::user(user);
             let mut reference: Option<(PolicyState, tollgate_core::Timestamp)> = None;
@@ -187,8 +194,9 @@ async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
             let state_key = store.state_key(&policy, &key);
             expected.push((state_key.clone(), life_ms));
             if algorithm == Algorithm::SlidingLog {
-                expected.push((format!("{state_key}:0"), life_ms));
-                expected.push((format!("{state_key}:1"), life_ms));
+                for i in 0..policy.limits().len() {
+                    expected.push((format!("{state_key}:{i}"), life_ms));
+                }
             }
         }
     }

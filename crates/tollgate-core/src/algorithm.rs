@@ -443,18 +443,49 @@ impl PolicyState {
         self.decision(policy, Outcome::Allowed, now, delay, queue_free, |_| None)
     }
 
-    /// [`PolicyState::decide`] for a single-limit GCRA or leaky-bucket
-    /// policy whose whole state is one time, `word` (the theoretical
-    /// arrival time, or when the queue is next free; 0 for a new key).
-    /// The same arithmetic, without building a [`PolicyState`]; a property
-    /// test holds the two equal.
+    /// Whether `policy`'s whole state is one time in microseconds: true
+    /// for a single GCRA limit (the theoretical arrival time) or a single
+    /// leaky-bucket limit (when the queue is next free). Such a state is
+    /// fresh once that time has passed, and [`PolicyState::decide_word`]
+    /// decides on it directly.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, PolicyState};
+    ///
+    /// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
+    /// assert!(PolicyState::is_one_word(&gcra));
+    /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
+    /// assert!(!PolicyState::is_one_word(&window));
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn is_one_word(policy: &Policy) -> bool {
+        policy.params().len() == 1
+            && matches!(policy.algorithm(), Algorithm::Gcra | Algorithm::LeakyBucket)
+    }
+
+    /// [`PolicyState::decide`] for a policy whose whole state is one time,
+    /// `word`, in microseconds since the Unix epoch (see
+    /// [`PolicyState::is_one_word`]; 0 for a new key, and any time up to
+    /// `now` means the same). The same arithmetic, without building a
+    /// [`PolicyState`]; a property test holds the two equal. An admitted
+    /// request moves `word` forward; nothing else changes it.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, PolicyState, Timestamp};
+    ///
+    /// let policy = Policy::new("api", Algorithm::Gcra, "2/s")?;
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let mut word = 0;
+    /// assert!(PolicyState::decide_word(&policy, &mut word, now, 1).is_allowed());
+    /// // The theoretical arrival time is now half a second ahead.
+    /// assert_eq!(word, now.as_micros() + 500_000);
+    /// assert!(PolicyState::decide_word(&policy, &mut word, now, 1).is_allowed());
+    /// let third = PolicyState::decide_word(&policy, &mut word, now, 1);
+    /// assert_eq!(third.retry_after().unwrap().as_millis(), 500);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
     #[inline(always)]
-    pub(crate) fn decide_word(
-        policy: &Policy,
-        word: &mut u64,
-        now: Timestamp,
-        cost: u64,
-    ) -> Decision {
+    pub fn decide_word(policy: &Policy, word: &mut u64, now: Timestamp, cost: u64) -> Decision {
         let Some(p) = policy.params().first() else {
             return Decision::new(policy, Outcome::Allowed, now, Duration::ZERO, []);
         };

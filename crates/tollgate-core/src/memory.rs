@@ -12,7 +12,7 @@ use crate::algorithm::PolicyState;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::policy::{Algorithm, Policy};
+use crate::policy::Policy;
 use crate::store::Store;
 use crate::time::{Clock, SystemClock, Timestamp};
 
@@ -142,12 +142,6 @@ struct Entry {
 /// The smallest shard size worth a sweep.
 const MIN_SWEEP: usize = 1_024;
 
-/// Whether a policy's state is one word.
-fn one_word(policy: &Policy) -> bool {
-    policy.params().len() == 1
-        && matches!(policy.algorithm(), Algorithm::Gcra | Algorithm::LeakyBucket)
-}
-
 impl MemoryStore {
     /// The default maximum number of keys.
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -222,7 +216,7 @@ impl MemoryStore {
             Some(clock) => clock.now(),
         };
 
-        if one_word(policy) {
+        if PolicyState::is_one_word(policy) {
             if let Some(word) = shard.words.get_mut(&hash) {
                 return Ok(PolicyState::decide_word(policy, word, now, cost));
             }

@@ -2,12 +2,13 @@
 //!
 //! A key is `<prefix>:<policy>:{<hash>}`. The hash is 32 hex digits of
 //! SHA-256 over the length-prefixed parts (an optional secret, the policy
-//! name, the key kind and the key bytes), so no raw identifier reaches Redis,
+//! name, the key kind, the key bytes and, for a one-word policy, the
+//! policy's fingerprint), so no raw identifier reaches Redis,
 //! hostile bytes cannot forge another key, and all keys of one decision
 //! share one cluster slot while different identities spread over all slots.
 
 use sha2::{Digest, Sha256};
-use tollgate_core::{ConfigError, Key};
+use tollgate_core::{ConfigError, Key, Policy, PolicyState};
 
 /// Builds key names for one store.
 #[derive(Clone)]
@@ -44,8 +45,19 @@ impl KeyNamer {
         })
     }
 
-    /// The state key of `key` under policy `policy`.
-    pub(crate) fn state_key(&self, policy: &str, key: &Key) -> String {
+    /// The state key of `key` under `policy`.
+    ///
+    /// A one-word policy (see [`PolicyState::is_one_word`]) keeps its state
+    /// in a string rather than a hash, and checks no fingerprint inside it,
+    /// so its fingerprint is part of the name: a changed policy of the same
+    /// name starts afresh on another key instead of reading a value of
+    /// another type or meaning.
+    pub(crate) fn state_key(&self, policy: &Policy, key: &Key) -> String {
+        let fingerprint = PolicyState::is_one_word(policy).then(|| policy.fingerprint());
+        self.named(policy.name(), fingerprint, key)
+    }
+
+    fn named(&self, policy: &str, fingerprint: Option<u64>, key: &Key) -> String {
         let mut h = Sha256::new();
         let mut part = |bytes: &[u8]| {
             h.update((bytes.len() as u64).to_be_bytes());
@@ -55,6 +67,9 @@ impl KeyNamer {
         part(policy.as_bytes());
         part(key.kind().as_str().as_bytes());
         part(key.as_bytes());
+        if let Some(fingerprint) = fingerprint {
+            part(&fingerprint.to_be_bytes());
+        }
         let digest = h.finalize();
         let mut hex = String::with_capacity(32);
         for b in &digest[..16] {
@@ -99,7 +114,7 @@ pub(crate) fn hash_slot(key: &str) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::KeyKind;
+    use tollgate_core::{Algorithm, KeyKind};
 
     fn namer() -> KeyNamer {
         KeyNamer::new("tg", None).unwrap()
@@ -113,7 +128,7 @@ mod tests {
         ];
         let names: Vec<String> = values
             .iter()
-            .map(|v| namer().state_key("api", &Key::custom(v)))
+            .map(|v| namer().named("api", None, &Key::custom(v)))
             .collect();
         for name in &names {
             assert_eq!(name.len(), "tg:api:{}".len() + 32, "{name}");
@@ -131,19 +146,31 @@ mod tests {
         let n = namer();
         // ("a", "b:c") and ("a:b", "c") as (policy, value)...
         assert_ne!(
-            n.state_key("a", &Key::custom("b:c")),
-            n.state_key("a:b", &Key::custom("c"))
+            n.named("a", None, &Key::custom("b:c")),
+            n.named("a:b", None, &Key::custom("c"))
         );
         // ...and the kind is part of the identity.
         assert_ne!(
-            n.state_key("a", &Key::new(KeyKind::User, "1")),
-            n.state_key("a", &Key::new(KeyKind::Header, "1"))
+            n.named("a", None, &Key::new(KeyKind::User, "1")),
+            n.named("a", None, &Key::new(KeyKind::Header, "1"))
         );
         // A secret changes every name.
         let secret = KeyNamer::new("tg", Some(b"s3cret".to_vec())).unwrap();
         assert_ne!(
-            n.state_key("a", &Key::custom("1")),
-            secret.state_key("a", &Key::custom("1"))
+            n.named("a", None, &Key::custom("1")),
+            secret.named("a", None, &Key::custom("1"))
+        );
+        // A one-word policy's fingerprint is part of its name; other
+        // policies keep theirs inside the state.
+        let key = Key::custom("1");
+        let policy = |algorithm, rate| Policy::new("a", algorithm, rate).unwrap();
+        assert_ne!(
+            n.state_key(&policy(Algorithm::Gcra, "1/s"), &key),
+            n.state_key(&policy(Algorithm::Gcra, "2/s"), &key)
+        );
+        assert_eq!(
+            n.state_key(&policy(Algorithm::FixedWindow, "1/s"), &key),
+            n.state_key(&policy(Algorithm::FixedWindow, "2/s"), &key)
         );
     }
 

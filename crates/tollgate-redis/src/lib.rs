@@ -48,6 +48,16 @@
 //! the length-prefixed policy name, key kind and key bytes (and an optional
 //! secret). No raw identifier is stored, and every key of one decision is
 //! in one cluster slot.
+//!
+//! # Scripts
+//!
+//! A policy of one GCRA or leaky-bucket limit keeps its state in one
+//! integer string (a time in microseconds) that expires exactly when it
+//! stops mattering; its fingerprint is part of its key's hash, so a changed
+//! policy starts afresh. Deciding for an idle key costs Redis `TIME` and one
+//! `SET ... PXAT ... GET`. Every other policy keeps a hash per key and
+//! checks the fingerprint stored in it. [`script_source`] and
+//! [`script_args`] give the exact script and arguments the store sends.
 
 mod cluster;
 mod connection;
@@ -62,5 +72,5 @@ pub use cluster::ClusterConnection;
 pub use connection::{Pool, RedisConnection};
 pub use error::RedisStoreError;
 pub use managed::ManagedConnection;
-pub use script::script_source;
+pub use script::{script_args, script_source};
 pub use store::{RedisStore, RedisStoreBuilder};

@@ -1,6 +1,7 @@
-//! The decision scripts, one per algorithm, assembled from `src/lua`.
+//! The decision scripts, assembled from `src/lua`: one general script per
+//! algorithm, and a smaller one for one-word policies.
 
-use tollgate_core::Algorithm;
+use tollgate_core::{Algorithm, Policy, PolicyState};
 
 macro_rules! decision_script {
     ($file:literal) => {
@@ -12,11 +13,12 @@ macro_rules! decision_script {
     };
 }
 
-/// The Lua source of the decision script of `algorithm`, as sent to Redis,
-/// or `None` for an algorithm this version does not implement.
-///
-/// Useful to load it elsewhere, such as into `redis-benchmark`.
-pub fn script_source(algorithm: Algorithm) -> Option<&'static str> {
+/// The script of a single GCRA or leaky-bucket limit.
+const ONE_WORD: &str = include_str!("lua/one_word.lua");
+
+/// The general script of `algorithm`, or `None` for one this version does
+/// not implement.
+fn general(algorithm: Algorithm) -> Option<&'static str> {
     Some(match algorithm {
         Algorithm::FixedWindow => decision_script!("fixed_window.lua"),
         Algorithm::SlidingLog => decision_script!("sliding_log.lua"),
@@ -28,6 +30,97 @@ pub fn script_source(algorithm: Algorithm) -> Option<&'static str> {
     })
 }
 
+/// The Lua source of the script that decides for `policy`, as sent to
+/// Redis, or `None` for an algorithm this version does not implement.
+///
+/// A policy of one GCRA or leaky-bucket limit runs a smaller script than
+/// the others (see [`PolicyState::is_one_word`]). Together with
+/// [`script_args`] this is exactly what the store sends, useful to load it
+/// elsewhere, such as into `redis-benchmark`.
+///
+/// ```
+/// use tollgate_core::{Algorithm, Policy};
+/// use tollgate_redis::script_source;
+///
+/// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
+/// assert!(script_source(&gcra).unwrap().contains("PXAT"));
+/// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
+/// assert!(script_source(&window).unwrap().contains("HGETALL"));
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+pub fn script_source(policy: &Policy) -> Option<&'static str> {
+    if PolicyState::is_one_word(policy) {
+        Some(ONE_WORD)
+    } else {
+        general(policy.algorithm())
+    }
+}
+
+/// The `ARGV` of one decision of `cost` under `policy`, on Redis's clock,
+/// as the store sends it after the script's single state key (a
+/// sliding-log policy also passes one key per limit,
+/// `<state key>:<limit index>`).
+///
+/// ```
+/// use tollgate_core::{Algorithm, Policy};
+/// use tollgate_redis::script_args;
+///
+/// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
+/// // The step and the tolerance: 100 ms per request, a burst of 10.
+/// assert_eq!(script_args(&gcra, 1), ["100000", "1000000"]);
+/// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
+/// // Now (0: Redis TIME), cost, fingerprint, minimum TTL, one limit:
+/// // count, period, interval and capacity.
+/// let args = script_args(&window, 1);
+/// assert_eq!(args.len(), 9);
+/// assert_eq!(args[5..], ["10", "1000000", "100000", "10"]);
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+pub fn script_args(policy: &Policy, cost: u64) -> Vec<String> {
+    let mut args = Vec::new();
+    for_each_arg(policy, cost, 0, 0, |n| args.push(n.to_string()));
+    args
+}
+
+/// Feeds the `ARGV` of one decision to `arg`: `now` in µs, or 0 for Redis
+/// TIME, and the shortest TTL in ms.
+pub(crate) fn for_each_arg(
+    policy: &Policy,
+    cost: u64,
+    now: u64,
+    min_ttl_ms: u64,
+    mut arg: impl FnMut(u64),
+) {
+    let params = policy.params();
+    if PolicyState::is_one_word(policy) {
+        let p = &params[0];
+        // Capacity x interval is at most 2^50 (the policy checks its span),
+        // and a cost above capacity commits nothing, so the step is 0.
+        let step = if cost <= p.capacity {
+            cost * p.interval_us
+        } else {
+            0
+        };
+        arg(step);
+        arg(p.capacity * p.interval_us);
+        // On Redis's clock, the script needs nothing more.
+        if now > 0 {
+            arg(now);
+            arg(min_ttl_ms);
+        }
+        return;
+    }
+    for n in [now, cost, policy.fingerprint(), min_ttl_ms] {
+        arg(n);
+    }
+    arg(params.len() as u64);
+    for p in params {
+        for n in [p.limit.count(), p.period_us, p.interval_us, p.capacity] {
+            arg(n);
+        }
+    }
+}
+
 /// A decision script: its source and SHA-1.
 #[derive(Debug)]
 pub(crate) struct DecisionScript {
@@ -35,36 +128,47 @@ pub(crate) struct DecisionScript {
     pub(crate) sha: String,
 }
 
-/// The six scripts, hashed once.
+impl DecisionScript {
+    fn new(source: &'static str) -> Self {
+        let sha = redis::Script::new(source).get_hash().to_owned();
+        Self { source, sha }
+    }
+}
+
+/// The scripts, hashed once.
 #[derive(Debug)]
 pub(crate) struct Scripts {
-    scripts: Vec<(Algorithm, DecisionScript)>,
+    general: Vec<(Algorithm, DecisionScript)>,
+    one_word: DecisionScript,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Self {
         Self {
-            scripts: Algorithm::ALL
+            general: Algorithm::ALL
                 .into_iter()
-                .filter_map(|a| {
-                    let source = script_source(a)?;
-                    let sha = redis::Script::new(source).get_hash().to_owned();
-                    Some((a, DecisionScript { source, sha }))
-                })
+                .filter_map(|a| Some((a, DecisionScript::new(general(a)?))))
                 .collect(),
+            one_word: DecisionScript::new(ONE_WORD),
         }
     }
 
-    /// The script of `algorithm`, or `None` for an algorithm this store
-    /// does not know.
-    pub(crate) fn get(&self, algorithm: Algorithm) -> Option<&DecisionScript> {
-        self.scripts
+    /// The script that decides for `policy`, or `None` for an algorithm
+    /// this store does not know.
+    pub(crate) fn get(&self, policy: &Policy) -> Option<&DecisionScript> {
+        if PolicyState::is_one_word(policy) {
+            return Some(&self.one_word);
+        }
+        self.general
             .iter()
-            .find(|(a, _)| *a == algorithm)
+            .find(|(a, _)| *a == policy.algorithm())
             .map(|(_, s)| s)
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &DecisionScript> {
-        self.scripts.iter().map(|(_, s)| s)
+        self.general
+            .iter()
+            .map(|(_, s)| s)
+            .chain(std::iter::once(&self.one_word))
     }
 }

@@ -8,7 +8,7 @@ use redis::aio::ConnectionManagerConfig;
 use redis::{ErrorKind, IntoConnectionInfo, ServerErrorKind};
 use tollgate_core::{
     Algorithm, BreakerState, CircuitBreaker, Clock, ConfigError, Decision, Key, LimitStatus,
-    Outcome, Policy, Store, StoreError, Timestamp,
+    Outcome, Policy, PolicyState, Store, StoreError, Timestamp,
 };
 
 use crate::cluster::ClusterConnection;
@@ -170,7 +170,7 @@ impl<C> RedisStore<C> {
     /// The Redis key holding the state of `key` under `policy`. Sliding-log
     /// policies also use `<state key>:<limit index>`, one sorted set per limit.
     pub fn state_key(&self, policy: &Policy, key: &Key) -> String {
-        self.inner.names.state_key(policy.name(), key)
+        self.inner.names.state_key(policy, key)
     }
 }
 
@@ -192,7 +192,7 @@ impl<C: RedisConnection> RedisStore<C> {
         cost: u64,
     ) -> Result<Decision, RedisStoreError> {
         let inner = &*self.inner;
-        let state_key = inner.names.state_key(policy.name(), key);
+        let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
         if let Some(denied) = inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
             #[cfg(feature = "metrics")]
@@ -238,7 +238,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let started = Instant::now();
         // One unit of a million per second: the key expires after 1 ms.
         let canary = Policy::new("tollgate-health", Algorithm::Gcra, "1000000/s")?;
-        let state_key = self.inner.names.state_key(canary.name(), &Key::global());
+        let state_key = self.inner.names.state_key(&canary, &Key::global());
         match tokio::time::timeout(self.inner.deadline, self.run(&state_key, &canary, 1)).await {
             Ok(Ok(_)) => Ok(started.elapsed()),
             Ok(Err(e)) => Err(e),
@@ -253,7 +253,7 @@ impl<C: RedisConnection> RedisStore<C> {
         cost: u64,
     ) -> Result<Decision, RedisStoreError> {
         let inner = &*self.inner;
-        let script = inner.scripts.get(policy.algorithm()).ok_or_else(|| {
+        let script = inner.scripts.get(policy).ok_or_else(|| {
             RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
         })?;
         let params = policy.params();
@@ -275,21 +275,13 @@ impl<C: RedisConnection> RedisStore<C> {
             } else {
                 cmd.arg(1).arg(state_key);
             }
-            cmd.arg(now)
-                .arg(cost)
-                .arg(policy.fingerprint().to_string())
-                .arg(min_ttl_ms)
-                .arg(params.len());
-            for p in params {
-                cmd.arg(p.limit.count())
-                    .arg(p.period_us)
-                    .arg(p.interval_us)
-                    .arg(p.capacity);
-            }
+            crate::script::for_each_arg(policy, cost, now, min_ttl_ms, |n| {
+                cmd.arg(n);
+            });
             cmd
         };
         let evalsha = call("EVALSHA", &script.sha);
-        let reply: Vec<i64> = match inner.connection.query_for_key(state_key, &evalsha).await {
+        let reply = match inner.connection.query_for_key(state_key, &evalsha).await {
             // NOSCRIPT means nothing ran (Redis restarted, failed over or
             // flushed its scripts): send the source once, which runs the
             // script and caches it in a single step that no flush can race.
@@ -304,7 +296,13 @@ impl<C: RedisConnection> RedisStore<C> {
             }
             other => other.map_err(reclassify)?,
         };
-        decision_from_reply(policy, cost, &reply)
+        if PolicyState::is_one_word(policy) {
+            one_word_decision(policy, cost, &reply)
+        } else {
+            let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply)
+                .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
+            decision_from_reply(policy, cost, &reply)
+        }
     }
 }
 
@@ -318,7 +316,34 @@ fn reclassify(error: RedisStoreError) -> RedisStoreError {
 /// The shortest TTL under a test clock: ten minutes.
 const TEST_CLOCK_MIN_TTL_MS: u64 = 600_000;
 
-/// Turns the script's reply into a [`Decision`].
+/// Turns the one-word script's reply, `now` or `[now, old]`, into a
+/// [`Decision`] by the reference arithmetic. A bare `now` means the old
+/// time had passed, which decides exactly as a fresh key.
+fn one_word_decision(
+    policy: &Policy,
+    cost: u64,
+    reply: &redis::Value,
+) -> Result<Decision, RedisStoreError> {
+    use redis::Value;
+    let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
+    let micros = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).map_err(|_| bad()),
+        _ => Err(bad()),
+    };
+    let (now, mut word) = match reply {
+        Value::Int(_) => (micros(reply)?, 0),
+        Value::Array(items) if items.len() == 2 => (micros(&items[0])?, micros(&items[1])?),
+        _ => return Err(bad()),
+    };
+    Ok(PolicyState::decide_word(
+        policy,
+        &mut word,
+        Timestamp::from_micros(now),
+        cost,
+    ))
+}
+
+/// Turns the general script's reply into a [`Decision`].
 fn decision_from_reply(
     policy: &Policy,
     cost: u64,

@@ -29,20 +29,25 @@ end
 if committed or changed then
   local expiry = 0
   local fields = { 'fp', fp }
+  local names = { 'a', 'b', 'c', 's' }
   for i = 1, n do
     local s = S[i]
-    for _, f in ipairs({ 'a', 'b', 'c', 's' }) do
-      table.insert(fields, i .. f)
-      table.insert(fields, fmt(s[f] or 0))
+    for j = 1, 4 do
+      local f = names[j]
+      fields[#fields + 1] = i .. f
+      fields[#fields + 1] = fmt(s[f] or 0)
     end
     expiry = max(expiry, expires(i, P[i], S[i]))
   end
   local ttl = math.ceil((expiry - now) / 1000)
   if ttl > 0 then
-    ttl = max(ttl, min_ttl)
     redis.call('HSET', key, unpack(fields))
-    redis.call('PEXPIRE', key, fmt(ttl))
-    for j = 2, #KEYS do redis.call('PEXPIRE', KEYS[j], fmt(ttl)) end
+    -- On Redis's clock, expire at the absolute millisecond: Redis would
+    -- rewrite a relative PEXPIRE into PEXPIREAT for its replicas anyway.
+    -- Under a test clock the TTL is relative and at least min_ttl.
+    local command, at = 'PEXPIREAT', fmt(math.ceil(expiry / 1000))
+    if min_ttl > 0 then command, at = 'PEXPIRE', fmt(max(ttl, min_ttl)) end
+    for j = 1, #KEYS do redis.call(command, KEYS[j], at) end
   else
     redis.call('DEL', unpack(KEYS))
   end

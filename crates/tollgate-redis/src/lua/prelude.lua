@@ -66,7 +66,9 @@ local function muldiv(a, b, c, cap)
 end
 
 local function num(s) return tonumber(s) or 0 end
-local function fmt(x) return string.format('%.0f', x) end
+-- '%d', not '%.0f' or a bare number (which Redis formats with '%.17g'):
+-- integer formatting is the cheapest, and every value fits a long.
+local function fmt(x) return string.format('%d', x) end
 local function max(a, b) if a > b then return a end return b end
 local function min(a, b) if a < b then return a end return b end
 
