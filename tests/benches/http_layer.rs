@@ -4,14 +4,16 @@
 //! Run with: `cargo bench -p tollgate-tests --bench http_layer`
 //! (needs `wrk`: `apt-get install wrk`).
 //!
-//! Variants, measured in interleaved rounds (each round runs every variant
+//! Variants, measured in five interleaved rounds (each round runs every variant
 //! once, in order; the table reports the median of the rounds):
 //! - `bare`: the route alone;
 //! - `tollgate, 1 hot key`: `RateLimitLayer` on the memory store, every
 //!   request with the same key;
 //! - `tollgate, 10k keys`: the same with 10,000 rotating keys;
 //! - `tollgate, 10k keys, no headers`: the same with `HeaderStyle::None`;
-//! - `tower_governor, 10k keys`: `tower_governor` 0.8 with the same keys;
+//! - `tower_governor, 10k keys`: `tower_governor` 0.8 with the same keys,
+//!   once as it comes (no headers) and once with `use_headers()` (its three
+//!   `x-ratelimit-*` headers);
 //! - `tollgate on Redis, 10k keys`: `RateLimitLayer` on `RedisStore` (a
 //!   private `redis-server` on loopback).
 //!
@@ -37,7 +39,7 @@ use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 const SECONDS: u64 = 3;
 const CONNECTIONS: usize = 32;
 
@@ -158,14 +160,14 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn tower_governor_app() -> Router {
-    let config = GovernorConfigBuilder::default()
-        .per_millisecond(1)
-        .burst_size(1_000)
-        .key_extractor(ApiKey)
-        .finish()
-        .unwrap();
-    route().layer(GovernorLayer::new(config))
+fn tower_governor_app(headers: bool) -> Router {
+    let mut builder = GovernorConfigBuilder::default().key_extractor(ApiKey);
+    builder.per_millisecond(1).burst_size(1_000);
+    if headers {
+        let config = builder.use_headers().finish().unwrap();
+        return route().layer(GovernorLayer::new(config));
+    }
+    route().layer(GovernorLayer::new(builder.finish().unwrap()))
 }
 
 fn main() {
@@ -200,7 +202,12 @@ fn main() {
             ),
             (
                 "tower_governor, 10k keys",
-                serve(tower_governor_app()).await,
+                serve(tower_governor_app(false)).await,
+                ROTATING,
+            ),
+            (
+                "tower_governor, 10k keys, with headers",
+                serve(tower_governor_app(true)).await,
                 ROTATING,
             ),
             (

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Key, Policy, Store};
-use tollgate_redis::{RedisConnection, RedisStore, script_source};
+use tollgate_redis::{RedisConnection, RedisStore, script_args, script_source};
 use tollgate_tests::RedisServer;
 
 const RUN: Duration = Duration::from_secs(2);
@@ -65,14 +65,13 @@ async fn measure<C: RedisConnection>(
 
 /// `redis-benchmark` running the GCRA decision script via EVALSHA.
 fn redis_benchmark(server: &RedisServer, policy: &Policy, concurrency: usize) -> f64 {
-    let source = script_source(policy.algorithm()).unwrap();
+    let source = script_source(policy).unwrap();
     let mut con = server.connection();
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(source)
         .query(&mut con)
         .unwrap();
-    let p = policy.params()[0];
     let requests = 200_000.to_string();
     let output = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
@@ -86,10 +85,8 @@ fn redis_benchmark(server: &RedisServer, policy: &Policy, concurrency: usize) ->
             "-q",
             "--csv",
         ])
-        .args(["EVALSHA", &sha, "1", "bench:gcra:{__rand_int__}", "0", "1"])
-        .arg(policy.fingerprint().to_string())
-        .args(["0", "1"])
-        .args([p.limit.count(), p.period_us, p.interval_us, p.capacity].map(|n| n.to_string()))
+        .args(["EVALSHA", &sha, "1", "bench:gcra:{__rand_int__}"])
+        .args(script_args(policy, 1))
         .output()
         .expect("redis-benchmark is installed with redis-tools");
     let text = String::from_utf8_lossy(&output.stdout);
@@ -128,29 +125,63 @@ async fn main() {
         .await
         .unwrap();
 
+    const ROUNDS: usize = 3;
+    let levels = [1, 16, 64];
+    // rounds[level] = one (reference, manager, pool, three limits) per round.
+    let mut rounds: Vec<Vec<[Result; 4]>> = levels.iter().map(|_| Vec::new()).collect();
+    for round in 1..=ROUNDS {
+        for (i, &concurrency) in levels.iter().enumerate() {
+            let reference = Result {
+                per_sec: redis_benchmark(&server, &gcra, concurrency),
+                p50_us: 0,
+                p99_us: 0,
+            };
+            let m = measure(&manager, &gcra, concurrency).await;
+            let p = measure(&pool, &gcra, concurrency).await;
+            let m3 = measure(&manager, &three, concurrency).await;
+            eprintln!(
+                "round {round}, concurrency {concurrency}: redis-benchmark {:.0}/s, default {:.0}/s, pool {:.0}/s, 3 limits {:.0}/s",
+                reference.per_sec, m.per_sec, p.per_sec, m3.per_sec
+            );
+            rounds[i].push([reference, m, p, m3]);
+        }
+    }
+
+    println!(
+        "\nMedians of {ROUNDS} interleaved rounds; ratios are medians of each round's ratio to redis-benchmark\n"
+    );
     println!(
         "| concurrency | redis-benchmark EVALSHA (req/s) | RedisStore, default connection | RedisStore, bb8 pool (64) | default connection, 3 limits |"
     );
     println!("|---:|---:|---:|---:|---:|");
-    for concurrency in [1, 16, 64] {
-        let reference = redis_benchmark(&server, &gcra, concurrency);
-        let m = measure(&manager, &gcra, concurrency).await;
-        let p = measure(&pool, &gcra, concurrency).await;
-        let m3 = measure(&manager, &three, concurrency).await;
-        let cell = |r: &Result| {
+    for (concurrency, runs) in levels.iter().zip(&rounds) {
+        let column = |c: usize| -> Vec<&Result> { runs.iter().map(|r| &r[c]).collect() };
+        let reference = median_f(column(0).iter().map(|r| r.per_sec).collect());
+        let cell = |c: usize| {
+            let results = column(c);
+            let ratio = median_f(runs.iter().map(|r| r[c].per_sec / r[0].per_sec).collect());
             format!(
-                "{:.0}/s ({:.2}x), p50 {} µs, p99 {} µs",
-                r.per_sec,
-                r.per_sec / reference,
-                r.p50_us,
-                r.p99_us
+                "{:.0}/s ({ratio:.2}x), p50 {} µs, p99 {} µs",
+                median_f(results.iter().map(|r| r.per_sec).collect()),
+                median_u(results.iter().map(|r| r.p50_us).collect()),
+                median_u(results.iter().map(|r| r.p99_us).collect()),
             )
         };
         println!(
             "| {concurrency} | {reference:.0} | {} | {} | {} |",
-            cell(&m),
-            cell(&p),
-            cell(&m3)
+            cell(1),
+            cell(2),
+            cell(3)
         );
     }
+}
+
+fn median_f(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn median_u(mut v: Vec<u128>) -> u128 {
+    v.sort_unstable();
+    v[v.len() / 2]
 }

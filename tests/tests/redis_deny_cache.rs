@@ -50,6 +50,13 @@ async fn hammering_an_exhausted_key_drops_redis_calls_by_over_90_percent() {
             command_calls(&mut c2, "evalsha"),
         );
         assert_eq!(calls_without, 2_000);
+        // 2,000 requests over 20 s of the fake clock.
+        println!(
+            "{algorithm}: {} Redis calls/s with the cache, {} without ({:.1}% fewer)",
+            calls_with as f64 / 20.0,
+            calls_without as f64 / 20.0,
+            100.0 * (1.0 - calls_with as f64 / calls_without as f64)
+        );
         assert!(
             denied > 1_900,
             "{algorithm}: the key was exhausted ({denied} denials)"
