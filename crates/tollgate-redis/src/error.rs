@@ -35,6 +35,13 @@ pub enum RedisStoreError {
     /// The decision took longer than the per-decision deadline.
     #[error("redis did not decide within the deadline of {0:?}")]
     Deadline(Duration),
+    /// The server is older than Redis 7.0, whose `SET` with both `NX` and
+    /// `GET` the scripts need. Found when the store is built.
+    #[error("redis {version} is too old: tollgate needs Redis 7.0 or later")]
+    UnsupportedVersion {
+        /// The `redis_version` the server reported.
+        version: String,
+    },
     /// The script replied with something this version does not understand.
     #[error("unexpected reply from the decision script: {0}")]
     Protocol(String),

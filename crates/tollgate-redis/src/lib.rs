@@ -3,7 +3,8 @@
 //!
 //! [`RedisStore`] implements [`tollgate_core::Store`] for all six
 //! algorithms, with the same decisions as the in-memory store, in one
-//! round trip per decision, using Redis `TIME` as the clock.
+//! round trip per decision, using Redis `TIME` as the clock. It needs Redis
+//! 7.0 or later (or a compatible server such as Valkey).
 //!
 //! ```
 //! use tollgate::{Algorithm, GlobalKey, Key, Policy, RateLimitLayer, Store};
@@ -55,7 +56,8 @@
 //! integer string (a time in microseconds) that expires exactly when it
 //! stops mattering; its fingerprint is part of its key's hash, so a changed
 //! policy starts afresh. Deciding for an idle key costs Redis `TIME` and one
-//! `SET ... PXAT ... GET`. Every other policy keeps a hash per key and
+//! `SET ... PXAT ... NX GET`; a busy key one more `SET`; a denial writes
+//! nothing. Every other policy keeps a hash per key and
 //! checks the fingerprint stored in it. [`script_source`] and
 //! [`script_args`] give the exact script and arguments the store sends.
 

@@ -565,8 +565,9 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// On invalid settings, or when Redis cannot be reached or the scripts
-    /// cannot be loaded.
+    /// On invalid settings, when Redis cannot be reached, when it is older
+    /// than 7.0 ([`RedisStoreError::UnsupportedVersion`]), or when the
+    /// scripts cannot be loaded.
     pub async fn connect(
         self,
         url: impl IntoConnectionInfo,
@@ -638,7 +639,9 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// On invalid settings, or when the scripts cannot be loaded.
+    /// On invalid settings, when the server is older than Redis 7.0
+    /// ([`RedisStoreError::UnsupportedVersion`]), or when the scripts cannot
+    /// be loaded.
     pub async fn build<C: RedisConnection>(
         self,
         connection: C,
@@ -646,6 +649,14 @@ impl RedisStoreBuilder {
         let names = self.check()?;
         let scripts = Scripts::new();
         let budget = self.connect_timeout + self.response_timeout;
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let info: redis::Value = tokio::time::timeout(budget, connection.query(&info))
+            .await
+            .map_err(|_| RedisStoreError::Deadline(budget))??;
+        if let Some(version) = too_old(&info) {
+            return Err(RedisStoreError::UnsupportedVersion { version });
+        }
         for script in scripts.all() {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(script.source);
@@ -679,9 +690,47 @@ impl RedisStoreBuilder {
     }
 }
 
+/// The `redis_version` in an `INFO server` reply, if it is older than 7.0.
+/// A reply without a readable version (a Redis-compatible server that
+/// says nothing of it) passes: the scripts themselves will tell.
+fn too_old(info: &redis::Value) -> Option<String> {
+    let text = match info {
+        redis::Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?,
+        redis::Value::VerbatimString { text, .. } => text.as_str(),
+        redis::Value::SimpleString(text) => text.as_str(),
+        _ => return None,
+    };
+    let version = text
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))?
+        .trim();
+    let major: u32 = version.split('.').next()?.parse().ok()?;
+    (major < 7).then(|| version.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn servers_older_than_redis_7_are_refused() {
+        let info = |text: &str| redis::Value::BulkString(text.as_bytes().to_vec());
+        let v6 = info("# Server\r\nredis_version:6.2.14\r\nredis_mode:standalone\r\n");
+        assert_eq!(too_old(&v6).as_deref(), Some("6.2.14"));
+        assert_eq!(
+            RedisStoreError::UnsupportedVersion {
+                version: "6.2.14".into()
+            }
+            .to_string(),
+            "redis 6.2.14 is too old: tollgate needs Redis 7.0 or later"
+        );
+        assert_eq!(too_old(&info("# Server\r\nredis_version:7.0.15\r\n")), None);
+        // Valkey reports the Redis version it is compatible with.
+        let valkey = info("redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.0.1\r\n");
+        assert_eq!(too_old(&valkey), None);
+        assert_eq!(too_old(&info("# Server\r\n")), None);
+        assert_eq!(too_old(&redis::Value::Nil), None);
+    }
 
     #[test]
     fn bad_settings_are_typed_errors() {

@@ -3,7 +3,8 @@
 -- theoretical arrival time, or when the queue is next free), stored as a
 -- string that expires exactly then. Smaller than the general script: no
 -- hash, no fingerprint inside (it is part of the key name), and in the
--- common case two commands, TIME and one SET.
+-- common case two commands, TIME and one SET. Needs Redis 7.0 or later
+-- (SET with both NX and GET).
 --
 -- KEYS[1]  the state key
 -- ARGV[1]  step: cost x interval in µs, how far an admitted request moves
@@ -38,31 +39,35 @@ if step == 0 then
   return { now, tonumber(redis.call('GET', key)) or 0 }
 end
 
--- Most keys are idle when a request comes: their time has passed, the
--- request is admitted and the new time is now + step. Write that first,
--- expiring exactly then, and read the old value in the same command.
--- (Under a test clock, whose time does not pass with Redis's, the TTL is
--- relative and at least ARGV[4].)
+-- Most keys are idle when a request comes: the key expired when its time
+-- passed, the request is admitted and the new time is now + step. Write
+-- that only if the key is absent (NX), expiring exactly then, and read the
+-- old value in the same command. (Under a test clock, whose time does not
+-- pass with Redis's, the TTL is relative and at least ARGV[4].)
 local at = now + step
 local old
 if real then
   old = redis.call('SET', key, string.format('%d', at),
-    'PXAT', string.format('%d', math.ceil(at / 1000)), 'GET')
+    'PXAT', string.format('%d', math.ceil(at / 1000)), 'NX', 'GET')
 else
-  old = redis.call('SET', key, string.format('%d', at), 'PX', math.max(math.ceil((at - now) / 1000), tonumber(ARGV[4])), 'GET')
+  old = redis.call('SET', key, string.format('%d', at), 'PX',
+    math.max(math.ceil((at - now) / 1000), tonumber(ARGV[4])), 'NX', 'GET')
 end
-old = tonumber(old) or 0
-if old <= now then
+if not old then
   return now
 end
 
--- The key was busy: admit from the old time, or put the old time back.
-at = old + step
-if at - now > tonumber(ARGV[2]) then at = old end
-if real then
-  redis.call('SET', key, string.format('%d', at),
-    'PXAT', string.format('%d', math.ceil(at / 1000)))
-else
-  redis.call('SET', key, string.format('%d', at), 'PX', math.max(math.ceil((at - now) / 1000), tonumber(ARGV[4])))
+-- The key holds a time: admit from the later of it and now, or leave it
+-- as it is (a denial writes nothing).
+old = tonumber(old) or 0
+at = math.max(old, now) + step
+if at - now <= tonumber(ARGV[2]) then
+  if real then
+    redis.call('SET', key, string.format('%d', at),
+      'PXAT', string.format('%d', math.ceil(at / 1000)))
+  else
+    redis.call('SET', key, string.format('%d', at), 'PX',
+      math.max(math.ceil((at - now) / 1000), tonumber(ARGV[4])))
+  end
 end
 return { now, old }
