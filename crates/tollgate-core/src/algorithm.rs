@@ -144,7 +144,7 @@ impl LimitState {
                 tokens,
                 refilled_at,
             } => {
-                let gained = now.saturating_sub(*refilled_at) / p.interval_us;
+                let gained = now.saturating_sub(*refilled_at) / p.per_interval;
                 if gained >= p.capacity.saturating_sub(*tokens) {
                     *tokens = p.capacity;
                     *refilled_at = now.max(*refilled_at);
@@ -196,11 +196,11 @@ impl LimitState {
             }
             LimitState::LeakyBucket { .. } => {
                 let backlog = queue_free.saturating_sub(now);
-                ((cap * t).saturating_sub(backlog) / t, backlog)
+                ((cap * t).saturating_sub(backlog) / p.per_interval, backlog)
             }
             LimitState::Gcra { tat } => {
                 let backlog = tat.saturating_sub(now);
-                ((cap * t).saturating_sub(backlog) / t, backlog)
+                ((cap * t).saturating_sub(backlog) / p.per_interval, backlog)
             }
         }
     }
@@ -492,7 +492,7 @@ impl PolicyState {
         let (t, cap, now_us) = (p.interval_us, p.capacity, now.as_micros());
         let status = |word: u64, retry: Option<u64>| {
             let backlog = word.saturating_sub(now_us);
-            let remaining = (cap * t).saturating_sub(backlog) / t;
+            let remaining = (cap * t).saturating_sub(backlog) / p.per_interval;
             LimitStatus::from_micros(0, p.limit, cap, remaining, backlog, retry)
         };
         if cost > cap {

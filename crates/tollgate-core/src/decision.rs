@@ -1,5 +1,6 @@
 //! The outcome of one rate-limit check.
 
+use std::fmt;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -33,14 +34,16 @@ pub enum Outcome {
 }
 
 /// The state of one limit of a policy after a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LimitStatus {
-    // Compact (56 bytes): a decision carries one per limit, and the memory
+    // Compact (40 bytes): a decision carries one per limit, and the memory
     // store's whole check costs about as much as moving a few of these.
+    // Counts and capacities fit 32 bits (`Limit::MAX_COUNT`).
     index: u32,
-    limit: Limit,
-    capacity: u64,
-    remaining: u64,
+    count: u32,
+    capacity: u32,
+    remaining: u32,
+    period_us: u64,
     reset_us: u64,
     /// `NO_RETRY` when the limit admitted the request.
     retry_us: u64,
@@ -48,9 +51,29 @@ pub struct LimitStatus {
 
 const NO_RETRY: u64 = u64::MAX;
 
+impl LimitStatus {
+    /// A placeholder for unused inline room in a [`Decision`].
+    const EMPTY: Self = Self {
+        index: 0,
+        count: 0,
+        capacity: 0,
+        remaining: 0,
+        period_us: 0,
+        reset_us: 0,
+        retry_us: NO_RETRY,
+    };
+}
+
+/// `d` in whole microseconds, rounded up (a retry or a delay is never made
+/// shorter), saturating rather than wrapping.
 fn micros(d: Duration) -> u64 {
-    // Durations here are at most a year or so; saturate rather than wrap.
-    u64::try_from(d.as_micros()).unwrap_or(NO_RETRY - 1)
+    let us = d.as_micros() + u128::from(!d.subsec_nanos().is_multiple_of(1_000));
+    u64::try_from(us).unwrap_or(NO_RETRY - 1).min(NO_RETRY - 1)
+}
+
+/// `n` in 32 bits, saturating: counts and capacities of valid policies fit.
+fn narrow(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 impl LimitStatus {
@@ -84,11 +107,13 @@ impl LimitStatus {
         reset_us: u64,
         retry_us: Option<u64>,
     ) -> Self {
+        let capacity = narrow(capacity);
         Self {
             index: u32::try_from(index).unwrap_or(u32::MAX),
-            limit,
+            count: narrow(limit.count()),
             capacity,
-            remaining: remaining.min(capacity),
+            remaining: narrow(remaining).min(capacity),
+            period_us: limit.period_micros(),
             reset_us: reset_us.min(NO_RETRY - 1),
             retry_us: retry_us.map_or(NO_RETRY, |r| r.min(NO_RETRY - 1)),
         }
@@ -101,22 +126,22 @@ impl LimitStatus {
 
     /// The limit.
     pub fn limit(&self) -> Limit {
-        self.limit
+        Limit::from_parts(u64::from(self.count), self.period_us)
     }
 
     /// How much cost the limit admits at once (`x-ratelimit-limit`).
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        u64::from(self.capacity)
     }
 
     /// How many cost-1 requests this limit would admit right now.
     pub fn remaining(&self) -> u64 {
-        self.remaining
+        u64::from(self.remaining)
     }
 
     /// `capacity - remaining`.
     pub fn used(&self) -> u64 {
-        self.capacity - self.remaining
+        u64::from(self.capacity - self.remaining)
     }
 
     /// When this limit is fully back: the window's end for a fixed window,
@@ -131,6 +156,19 @@ impl LimitStatus {
     }
 }
 
+impl fmt::Debug for LimitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitStatus")
+            .field("index", &self.index)
+            .field("limit", &self.limit())
+            .field("capacity", &self.capacity)
+            .field("remaining", &self.remaining)
+            .field("reset", &self.reset())
+            .field("retry_after", &self.retry_after())
+            .finish()
+    }
+}
+
 /// The result of checking one request against a policy.
 ///
 /// The *binding* limit is the one that decided: for a denial the limit
@@ -138,13 +176,27 @@ impl LimitStatus {
 /// remaining requests. [`Decision::limit`], [`remaining`](Decision::remaining),
 /// [`used`](Decision::used) and [`reset`](Decision::reset) describe it; every
 /// limit's state is in [`Decision::limits`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Decision {
-    outcome: Outcome,
+    // 128 bytes, so that moving one is a few vector moves rather than a
+    // call to memcpy: the outcome is packed into `kind` and `arg`, times
+    // are whole microseconds, and two limits fit inline.
     now: Timestamp,
-    delay: Duration,
-    binding: u32,
+    delay_us: u64,
+    /// The retry time in µs (`Limited`), or the cost (`CostExceedsCapacity`).
+    arg: u64,
+    /// The capacity exceeded (`CostExceedsCapacity`).
+    exceeded: u32,
+    binding: u16,
+    kind: Kind,
     limits: SmallVec<[LimitStatus; 2]>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Allowed,
+    Limited,
+    CostExceedsCapacity,
 }
 
 impl Decision {
@@ -183,16 +235,13 @@ impl Decision {
             }),
             Outcome::CostExceedsCapacity { capacity, .. } => limits
                 .iter()
-                .position(|s| s.capacity == capacity)
+                .position(|s| s.capacity() == capacity)
                 .unwrap_or(0),
         };
-        Self {
-            outcome,
-            now,
-            delay,
-            binding: u32::try_from(binding).unwrap_or(0),
-            limits,
-        }
+        let mut decision = Self::single(outcome, now, delay, LimitStatus::EMPTY);
+        decision.limits = limits;
+        decision.binding = u16::try_from(binding).unwrap_or(0);
+        decision
     }
 
     /// A decision of a one-limit policy: [`Decision::new`] without the
@@ -204,25 +253,41 @@ impl Decision {
         delay: Duration,
         status: LimitStatus,
     ) -> Self {
-        let mut limits = SmallVec::new();
-        limits.push(status);
+        let (kind, arg, exceeded) = match outcome {
+            Outcome::Allowed => (Kind::Allowed, 0, 0),
+            Outcome::Limited { retry_after } => (Kind::Limited, micros(retry_after), 0),
+            Outcome::CostExceedsCapacity { cost, capacity } => {
+                (Kind::CostExceedsCapacity, cost, narrow(capacity))
+            }
+        };
         Self {
-            outcome,
             now,
-            delay,
+            delay_us: micros(delay),
+            arg,
+            exceeded,
             binding: 0,
-            limits,
+            kind,
+            limits: SmallVec::from_buf_and_len([status, LimitStatus::EMPTY], 1),
         }
     }
 
     /// Whether the request was admitted.
     pub fn outcome(&self) -> Outcome {
-        self.outcome
+        match self.kind {
+            Kind::Allowed => Outcome::Allowed,
+            Kind::Limited => Outcome::Limited {
+                retry_after: Duration::from_micros(self.arg),
+            },
+            Kind::CostExceedsCapacity => Outcome::CostExceedsCapacity {
+                cost: self.arg,
+                capacity: u64::from(self.exceeded),
+            },
+        }
     }
 
     /// `true` when the request was admitted.
     pub fn is_allowed(&self) -> bool {
-        self.outcome == Outcome::Allowed
+        self.kind == Kind::Allowed
     }
 
     /// When the decision was made, by the store's clock.
@@ -233,16 +298,13 @@ impl Decision {
     /// How long to hold an admitted request before it proceeds; non-zero
     /// only for the leaky bucket, which shapes traffic.
     pub fn delay(&self) -> Duration {
-        self.delay
+        Duration::from_micros(self.delay_us)
     }
 
     /// For a denial that waiting can cure, the exact earliest time from
     /// [`Decision::now`] at which the same request would be admitted.
     pub fn retry_after(&self) -> Option<Duration> {
-        match self.outcome {
-            Outcome::Limited { retry_after } => Some(retry_after),
-            _ => None,
-        }
+        (self.kind == Kind::Limited).then(|| Duration::from_micros(self.arg))
     }
 
     /// The binding limit's state.
@@ -253,12 +315,12 @@ impl Decision {
 
     /// The binding limit's capacity.
     pub fn limit(&self) -> u64 {
-        self.binding().capacity
+        self.binding().capacity()
     }
 
     /// How many cost-1 requests the binding limit would admit right now.
     pub fn remaining(&self) -> u64 {
-        self.binding().remaining
+        self.binding().remaining()
     }
 
     /// `limit - remaining` for the binding limit.
@@ -282,10 +344,92 @@ impl Decision {
     }
 }
 
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("outcome", &self.outcome())
+            .field("now", &self.now)
+            .field("delay", &self.delay())
+            .field("binding", &self.binding)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
 fn position_min_by_key<K: Ord>(limits: &[LimitStatus], key: impl Fn(&LimitStatus) -> K) -> usize {
     limits
         .iter()
         .enumerate()
         .min_by_key(|(i, s)| (key(s), *i))
         .map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_moves_without_memcpy() {
+        // Moves of up to 128 bytes compile to a few vector moves.
+        assert!(std::mem::size_of::<Decision>() <= 128);
+        assert!(std::mem::size_of::<Result<Decision, crate::StoreError>>() <= 128);
+    }
+
+    #[test]
+    fn the_packed_outcome_reads_back_as_given() {
+        let policy = Policy::new("p", crate::Algorithm::Gcra, "10/s").unwrap();
+        let p = policy.params()[0];
+        let status = |retry| LimitStatus::new(0, p.limit, p.capacity, 3, Duration::ZERO, retry);
+        let outcomes = [
+            Outcome::Allowed,
+            Outcome::Limited {
+                retry_after: Duration::from_micros(1_500),
+            },
+            Outcome::CostExceedsCapacity {
+                cost: 11,
+                capacity: 10,
+            },
+        ];
+        for outcome in outcomes {
+            let retry = outcome_retry(outcome);
+            let d = Decision::new(
+                &policy,
+                outcome,
+                Timestamp::from_secs(5),
+                Duration::ZERO,
+                [status(retry)],
+            );
+            assert_eq!(d.outcome(), outcome);
+            assert_eq!(d.retry_after(), retry);
+            assert_eq!(d.is_allowed(), outcome == Outcome::Allowed);
+            assert_eq!((d.limit(), d.remaining(), d.used()), (10, 3, 7));
+            assert_eq!(d.binding().limit(), p.limit);
+        }
+    }
+
+    fn outcome_retry(outcome: Outcome) -> Option<Duration> {
+        match outcome {
+            Outcome::Limited { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn sub_microsecond_times_round_up_never_down() {
+        let policy = Policy::new("p", crate::Algorithm::LeakyBucket, "10/s").unwrap();
+        let limited = Outcome::Limited {
+            retry_after: Duration::from_nanos(1_001),
+        };
+        let d = Decision::new(
+            &policy,
+            limited,
+            Timestamp::from_secs(5),
+            Duration::from_nanos(999),
+            [],
+        );
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(2)));
+        assert_eq!(d.delay(), Duration::from_micros(1));
+        // With no status given, every limit is reported exhausted.
+        assert_eq!((d.limits().len(), d.remaining(), d.limit()), (1, 0, 10));
+    }
 }

@@ -41,6 +41,11 @@ impl Limit {
     /// The shortest period a limit may have.
     pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 
+    /// A limit from parts that were taken from a valid limit.
+    pub(crate) const fn from_parts(count: u64, period_us: u64) -> Self {
+        Self { count, period_us }
+    }
+
     /// A limit of `count` per `period`.
     ///
     /// # Errors

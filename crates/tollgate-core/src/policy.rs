@@ -112,6 +112,46 @@ pub struct LimitParams {
     /// algorithms when one is set, otherwise the limit's count. This is the
     /// value reported as `x-ratelimit-limit`.
     pub capacity: u64,
+    /// `interval_us` prepared for fast division: a decision divides by it
+    /// to count the remaining requests, and a 64-bit `div` instruction costs
+    /// as much as the rest of a memory-store GCRA check's arithmetic.
+    pub(crate) per_interval: Divisor,
+}
+
+/// A divisor fixed when the policy is built, dividing by a multiplication
+/// and shifts ([`strength_reduce`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Divisor(strength_reduce::StrengthReducedU64);
+
+impl Divisor {
+    /// Divides by `d`, or by 1 when `d` is 0 (which validated limits never
+    /// give).
+    fn new(d: u64) -> Self {
+        Self(strength_reduce::StrengthReducedU64::new(d.max(1)))
+    }
+}
+
+impl std::ops::Div<Divisor> for u64 {
+    type Output = u64;
+
+    fn div(self, d: Divisor) -> u64 {
+        self / d.0
+    }
+}
+
+// Derived from the other fields, so equal and hashed by the divisor alone.
+impl PartialEq for Divisor {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Eq for Divisor {}
+
+impl std::hash::Hash for Divisor {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.get().hash(state);
+    }
 }
 
 /// A named rate-limiting policy: one algorithm and one or more limits that
@@ -149,6 +189,9 @@ struct Inner {
     params: Box<[LimitParams]>,
     limits: Box<[Limit]>,
     fingerprint: u64,
+    /// A hash of the name and the fingerprint: what identifies the
+    /// policy's state in a store, in one number.
+    identity: u64,
 }
 
 impl Policy {
@@ -223,6 +266,13 @@ impl Policy {
     /// version of this crate computes the same value for the same policy.
     pub fn fingerprint(&self) -> u64 {
         self.inner.fingerprint
+    }
+
+    /// A hash of the name and the fingerprint, made when the policy was
+    /// built: the memory store feeds this one number to its keyed hash
+    /// instead of the name and fingerprint on every check.
+    pub(crate) fn identity(&self) -> u64 {
+        self.inner.identity
     }
 
     /// This policy with every limit (and the burst) divided by `instances`,
@@ -414,9 +464,14 @@ impl PolicyBuilder {
             .map(|&limit| params_for(self.algorithm, limit, self.burst))
             .collect::<Result<Box<[_]>, _>>()?;
         let fingerprint = fingerprint(self.algorithm, &params);
+        let mut identity = Fnv::new();
+        identity.feed(&fingerprint.to_be_bytes());
+        identity.feed(&(self.name.len() as u64).to_be_bytes());
+        identity.feed(self.name.as_bytes());
         Ok(Policy {
             inner: Arc::new(Inner {
                 fingerprint,
+                identity: identity.0,
                 name: self.name.into_boxed_str(),
                 algorithm: self.algorithm,
                 burst: self.burst,
@@ -457,25 +512,34 @@ fn params_for(
         period_us: limit.period_micros(),
         interval_us,
         capacity,
+        per_interval: Divisor::new(interval_us),
     })
 }
 
-fn fingerprint(algorithm: Algorithm, params: &[LimitParams]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0100_0000_01b3;
-    let mut hash = OFFSET;
-    let mut feed = |bytes: &[u8]| {
+/// FNV-1a, 64 bits: fixed, so every process computes the same value.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            hash = (hash ^ u64::from(b)).wrapping_mul(PRIME);
-        }
-    };
-    feed(algorithm.as_str().as_bytes());
-    for p in params {
-        for n in [p.limit.count(), p.period_us, p.interval_us, p.capacity] {
-            feed(&n.to_be_bytes());
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
-    hash
+}
+
+fn fingerprint(algorithm: Algorithm, params: &[LimitParams]) -> u64 {
+    let mut hash = Fnv::new();
+    hash.feed(algorithm.as_str().as_bytes());
+    for p in params {
+        for n in [p.limit.count(), p.period_us, p.interval_us, p.capacity] {
+            hash.feed(&n.to_be_bytes());
+        }
+    }
+    hash.0
 }
 
 fn validate_name(name: &str) -> Result<(), ConfigError> {
