@@ -14,31 +14,22 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::time::Instant;
 
 use governor::{Quota, RateLimiter};
 use tollgate_core::{Key, MemoryStore, Policy};
+
+mod common;
+use common::spread;
 
 const ROUNDS: usize = 21;
 /// Checks per block, over all threads.
 const BLOCK: u64 = 2_000_000;
 const BURST: u32 = 4_000_000_000;
 
-/// Runs `check(i)` for `i` in `0..BLOCK` spread over `threads` threads;
-/// returns the time per check in nanoseconds.
+/// Runs `check(i)` for `i` in `offset..offset + BLOCK` spread over
+/// `threads` threads; returns the time per check in nanoseconds.
 fn block(threads: u64, offset: u64, check: impl Fn(u64) + Sync) -> f64 {
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let check = &check;
-            s.spawn(move || {
-                for i in (offset + t..offset + BLOCK).step_by(threads as usize) {
-                    check(i);
-                }
-            });
-        }
-    });
-    start.elapsed().as_secs_f64() * 1e9 / BLOCK as f64
+    spread(offset..offset + BLOCK, threads, check).as_secs_f64() * 1e9 / BLOCK as f64
 }
 
 fn median(values: &mut [f64]) -> f64 {

@@ -8,30 +8,16 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::spread;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use tollgate_core::{Algorithm, Key, MemoryStore, Policy};
 
 const KEYS: u64 = 100_000;
-
-/// Runs `check(i)` `iters` times spread over `threads` threads; the time per
-/// check is the wall time divided by `iters`.
-fn spread(iters: u64, threads: u64, check: impl Fn(u64) + Sync) -> Duration {
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let check = &check;
-            s.spawn(move || {
-                for i in (t..iters).step_by(threads as usize) {
-                    check(i);
-                }
-            });
-        }
-    });
-    start.elapsed()
-}
 
 /// Every check is admitted and every key's state stays live for the whole
 /// run, for governor and for tollgate alike: 10/s with a burst of four
@@ -63,7 +49,7 @@ fn bench(c: &mut Criterion) {
             let governor = Arc::new(RateLimiter::<u64, _, _>::dashmap(quota));
             group.bench_function(label("governor-gcra"), |b| {
                 b.iter_custom(|iters| {
-                    spread(iters, threads, |i| {
+                    spread(0..iters, threads, |i| {
                         assert!(black_box(governor.check_key(&(i % keys))).is_ok())
                     })
                 })
@@ -73,7 +59,7 @@ fn bench(c: &mut Criterion) {
                 let policy = policy(algorithm);
                 group.bench_function(label(algorithm.as_str()), |b| {
                     b.iter_custom(|iters| {
-                        spread(iters, threads, |i| {
+                        spread(0..iters, threads, |i| {
                             // Built per check, as governor's key is.
                             let key = Key::user((i % keys).to_be_bytes());
                             let decision = store.check_sync(&key, &policy, 1).unwrap();
