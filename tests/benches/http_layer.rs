@@ -4,8 +4,9 @@
 //! Run with: `cargo bench -p tollgate-tests --bench http_layer`
 //! (needs `wrk`: `apt-get install wrk`).
 //!
-//! Variants, measured in five interleaved rounds (each round runs every variant
-//! once, in order; the table reports the median of the rounds):
+//! Variants, measured in seven interleaved rounds (each round runs every
+//! variant once, starting one variant later than the round before; the
+//! table reports medians, and ratios are medians of per-round ratios):
 //! - `bare`: the route alone;
 //! - `tollgate, 1 hot key`: `RateLimitLayer` on the memory store, every
 //!   request with the same key;
@@ -39,7 +40,7 @@ use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
 
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 7;
 const SECONDS: u64 = 3;
 const CONNECTIONS: usize = 32;
 
@@ -221,7 +222,11 @@ fn main() {
 
     let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
     for round in 1..=ROUNDS {
-        for (i, (name, addr, script)) in variants.iter().enumerate() {
+        // Each round starts one variant later, so that no variant always
+        // follows the same one.
+        for k in 0..variants.len() {
+            let i = (k + round - 1) % variants.len();
+            let (name, addr, script) = &variants[i];
             let run = wrk(*addr, script);
             eprintln!(
                 "round {round}: {name}: {:.0} req/s, p50 {:.0} µs, p99 {:.0} µs",
@@ -231,17 +236,44 @@ fn main() {
         }
     }
 
-    let bare = median(runs[0].iter().map(|r| r.per_sec).collect());
-    println!("\nwrk -t1 -c{CONNECTIONS} -d{SECONDS}s, median of {ROUNDS} interleaved rounds\n");
-    println!("| variant | requests/s | ratio to bare | p50 | p99 |");
-    println!("|---|---:|---:|---:|---:|");
-    for ((name, _, _), runs) in variants.iter().zip(&runs) {
-        let per_sec = median(runs.iter().map(|r| r.per_sec).collect());
+    // Ratios are paired: each run against the bare run of its own round.
+    let ratios = |of: &[Run], to: &[Run]| -> Vec<f64> {
+        of.iter()
+            .zip(to)
+            .map(|(a, b)| a.per_sec / b.per_sec)
+            .collect()
+    };
+    println!(
+        "\nwrk -t1 -c{CONNECTIONS} -d{SECONDS}s, {ROUNDS} interleaved rounds in rotating order; \
+         medians, and the median of the per-round ratios to bare\n"
+    );
+    println!("| variant | requests/s | ratio to bare | p50 | p99 | ratio per round |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for ((name, _, _), of) in variants.iter().zip(&runs) {
+        let paired = ratios(of, &runs[0]);
+        let listed: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "| {name} | {per_sec:.0} | {:.2} | {:.0} µs | {:.0} µs |",
-            per_sec / bare,
-            median(runs.iter().map(|r| r.p50_us).collect()),
-            median(runs.iter().map(|r| r.p99_us).collect()),
+            "| {name} | {:.0} | {:.2} | {:.0} µs | {:.0} µs | {} |",
+            median(of.iter().map(|r| r.per_sec).collect()),
+            median(paired),
+            median(of.iter().map(|r| r.p50_us).collect()),
+            median(of.iter().map(|r| r.p99_us).collect()),
+            listed.join(" "),
+        );
+    }
+    // The comparison the target names, paired the same way.
+    let find = |wanted: &str| variants.iter().position(|(n, _, _)| *n == wanted).unwrap();
+    for (ours, theirs) in [
+        (
+            "tollgate, 10k keys",
+            "tower_governor, 10k keys, with headers",
+        ),
+        ("tollgate, 10k keys, no headers", "tower_governor, 10k keys"),
+    ] {
+        let paired = ratios(&runs[find(ours)], &runs[find(theirs)]);
+        println!(
+            "\n{ours} / {theirs}: median of per-round ratios {:.2}",
+            median(paired)
         );
     }
     drop(redis);
