@@ -160,7 +160,8 @@ async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let mut expected = Vec::new();
     // Every algorithm with two limits (the general scripts) and with one
-    // (for GCRA and the leaky bucket, the one-word script).
+    // (for GCRA, the token bucket and the leaky bucket, the one-word
+    // script).
     let policies = Algorithm::ALL.into_iter().flat_map(|algorithm| {
         let two = Policy::builder(format!("ttl-{algorithm}"))
             .algorithm(algorithm)

@@ -444,10 +444,12 @@ impl PolicyState {
     }
 
     /// Whether `policy`'s whole state is one time in microseconds: true
-    /// for a single GCRA limit (the theoretical arrival time) or a single
-    /// leaky-bucket limit (when the queue is next free). Such a state is
-    /// fresh once that time has passed, and [`PolicyState::decide_word`]
-    /// decides on it directly.
+    /// for a single GCRA limit (the theoretical arrival time), a single
+    /// token-bucket limit (when the bucket is full again: its level is the
+    /// whole intervals until then, and refills stay on the same grid) or a
+    /// single leaky-bucket limit (when the queue is next free). Such a
+    /// state is fresh once that time has passed, and
+    /// [`PolicyState::decide_word`] decides on it directly.
     ///
     /// ```
     /// use tollgate_core::{Algorithm, Policy, PolicyState};
@@ -460,7 +462,10 @@ impl PolicyState {
     /// ```
     pub fn is_one_word(policy: &Policy) -> bool {
         policy.params().len() == 1
-            && matches!(policy.algorithm(), Algorithm::Gcra | Algorithm::LeakyBucket)
+            && matches!(
+                policy.algorithm(),
+                Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket
+            )
     }
 
     /// [`PolicyState::decide`] for a policy whose whole state is one time,

@@ -31,8 +31,9 @@ use crate::time::{Clock, SystemClock, Timestamp};
 ///   gets [`StoreError::Full`] and the caller's failure policy decides.
 /// - **Compact.** Keys are kept as a 64-bit keyed hash (random per store)
 ///   of the policy and the key, so no client-supplied bytes are retained.
-///   A single-limit GCRA or leaky-bucket key costs 16 bytes plus the hash
-///   table's slack; other policies keep their full state per key. Two
+///   A single-limit GCRA, token-bucket or leaky-bucket key costs 16 bytes
+///   plus the hash table's slack; other policies keep their full state per
+///   key. Two
 ///   distinct keys share state only if their hashes collide, which for a
 ///   million live keys happens with a probability of about 3 in 100 million,
 ///   and cannot be aimed at without the store's random seed.

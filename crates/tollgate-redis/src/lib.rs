@@ -52,8 +52,8 @@
 //!
 //! # Scripts
 //!
-//! A policy of one GCRA or leaky-bucket limit keeps its state in one
-//! integer string (a time in microseconds) that expires exactly when it
+//! A policy of one GCRA, token-bucket or leaky-bucket limit keeps its state
+//! in one integer string (a time in microseconds) that expires exactly when it
 //! stops mattering; its fingerprint is part of its key's hash, so a changed
 //! policy starts afresh. Deciding for an idle key costs Redis `TIME` and one
 //! `SET ... PXAT ... NX GET`; a busy key one more `SET`; a denial writes

@@ -13,7 +13,7 @@ macro_rules! decision_script {
     };
 }
 
-/// The script of a single GCRA or leaky-bucket limit.
+/// The script of a single GCRA, token-bucket or leaky-bucket limit.
 const ONE_WORD: &str = include_str!("lua/one_word.lua");
 
 /// The general script of `algorithm`, or `None` for one this version does
@@ -33,8 +33,8 @@ fn general(algorithm: Algorithm) -> Option<&'static str> {
 /// The Lua source of the script that decides for `policy`, as sent to
 /// Redis, or `None` for an algorithm this version does not implement.
 ///
-/// A policy of one GCRA or leaky-bucket limit runs a smaller script than
-/// the others (see [`PolicyState::is_one_word`]). Together with
+/// A policy of one GCRA, token-bucket or leaky-bucket limit runs a smaller
+/// script than the others (see [`PolicyState::is_one_word`]). Together with
 /// [`script_args`] this is exactly what the store sends, useful to load it
 /// elsewhere, such as into `redis-benchmark`.
 ///

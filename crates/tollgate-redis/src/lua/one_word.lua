@@ -1,6 +1,7 @@
--- tollgate: the decision script of a one-word policy, a single GCRA or
--- leaky-bucket limit. The whole state is one time in microseconds (the
--- theoretical arrival time, or when the queue is next free), stored as a
+-- tollgate: the decision script of a one-word policy, a single GCRA,
+-- token-bucket or leaky-bucket limit. The whole state is one time in
+-- microseconds (the theoretical arrival time, when the bucket is full
+-- again, or when the queue is next free), stored as a
 -- string that expires exactly then. Smaller than the general script: no
 -- hash, no fingerprint inside (it is part of the key name), and in the
 -- common case two commands, TIME and one SET. Needs Redis 7.0 or later
