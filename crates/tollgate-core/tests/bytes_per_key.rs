@@ -45,25 +45,13 @@ fn tollgate(keys: u32, algorithm: Algorithm) -> i64 {
     bytes
 }
 
-fn governor_ip(keys: u32) -> i64 {
+/// Heap bytes `governor`'s keyed limiter holds for `keys` keys made by `key`.
+fn governor<K: std::hash::Hash + Eq + Clone>(keys: u32, key: impl Fn(u32) -> K) -> i64 {
     let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
     let (bytes, limiter) = held(|| {
-        let limiter = RateLimiter::<IpAddr, _, _>::dashmap(quota);
+        let limiter = RateLimiter::<K, _, _>::dashmap(quota);
         for i in 0..keys {
-            assert!(limiter.check_key(&ip(i)).is_ok());
-        }
-        limiter
-    });
-    assert_eq!(limiter.len(), keys as usize);
-    bytes
-}
-
-fn governor_u64(keys: u32) -> i64 {
-    let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
-    let (bytes, limiter) = held(|| {
-        let limiter = RateLimiter::<u64, _, _>::dashmap(quota);
-        for i in 0..keys {
-            assert!(limiter.check_key(&u64::from(i)).is_ok());
+            assert!(limiter.check_key(&key(i)).is_ok());
         }
         limiter
     });
@@ -80,8 +68,8 @@ fn gcra_keys_cost_no_more_memory_than_in_governor() {
     for keys in [10_000u32, 100_000, 1_000_000] {
         let per_key = |bytes: i64| bytes as f64 / f64::from(keys);
         let ours = per_key(tollgate(keys, Algorithm::Gcra));
-        let by_ip = per_key(governor_ip(keys));
-        let by_u64 = per_key(governor_u64(keys));
+        let by_ip = per_key(governor(keys, ip));
+        let by_u64 = per_key(governor(keys, u64::from));
         let token = per_key(tollgate(keys, Algorithm::TokenBucket));
         println!(
             "| {keys} | {ours:.1} B ({:.2}x) | {by_ip:.1} B | {by_u64:.1} B ({:.2}x) | {token:.1} B |",
