@@ -16,7 +16,8 @@
 //!   once as it comes (no headers) and once with `use_headers()` (its three
 //!   `x-ratelimit-*` headers);
 //! - `tollgate on Redis, 10k keys`: `RateLimitLayer` on `RedisStore` (a
-//!   private `redis-server` on loopback).
+//!   private `redis-server` on loopback), once as it comes and once with
+//!   batching off (`batch_size(1)`).
 //!
 //! Every limiter is keyed by the `x-api-key` header and configured so that
 //! every request is admitted; the bench fails if any response is not 2xx.
@@ -35,7 +36,7 @@ use http::{HeaderName, Request};
 use tollgate::{HeaderKey, HeaderStyle, RateLimitLayer};
 use tollgate_core::{Algorithm, Policy};
 use tollgate_redis::RedisStore;
-use tollgate_tests::RedisServer;
+use tollgate_tests::{RedisServer, command_calls, command_stat};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
@@ -104,6 +105,33 @@ struct Run {
     per_sec: f64,
     p50_us: f64,
     p99_us: f64,
+    /// CPU time per request of this process (the server) and of
+    /// redis-server, in µs.
+    server_cpu_us: f64,
+    redis_cpu_us: f64,
+    /// Requests per `EVALSHA` Redis received (0 without Redis).
+    per_call: f64,
+    /// Redis's µs running `EVALSHA` per request.
+    script_us: f64,
+}
+
+/// User plus system CPU time of process `pid`, in µs.
+fn cpu_us(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, in ticks of 1/100 s.
+    (ticks(11) + ticks(12)) * 10_000.0
 }
 
 fn micros(text: &str) -> f64 {
@@ -120,17 +148,30 @@ fn micros(text: &str) -> f64 {
     }
 }
 
-fn wrk(addr: SocketAddr, script: &str) -> Run {
+/// Seconds per run: `TOLLGATE_BENCH_SECONDS`, or [`SECONDS`].
+fn seconds() -> u64 {
+    std::env::var("TOLLGATE_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SECONDS)
+}
+
+fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
+    let redis_pid = redis.pid();
+    let mut con = redis.connection();
+    let calls_before = command_calls(&mut con, "evalsha");
+    let usec_before = command_stat(&mut con, "evalsha", "usec");
     let path = std::env::temp_dir().join(format!("tollgate-bench-{}.lua", std::process::id()));
     std::fs::File::create(&path)
         .unwrap()
         .write_all(script.as_bytes())
         .unwrap();
+    let cpu_before = (cpu_us(std::process::id()), cpu_us(redis_pid));
     let out = Command::new("wrk")
         .args([
             "-t1",
             &format!("-c{CONNECTIONS}"),
-            &format!("-d{SECONDS}s"),
+            &format!("-d{}s", seconds()),
             "--latency",
             "-s",
         ])
@@ -138,6 +179,9 @@ fn wrk(addr: SocketAddr, script: &str) -> Run {
         .arg(format!("http://{addr}/"))
         .output()
         .expect("wrk is needed: apt-get install wrk");
+    let cpu_after = (cpu_us(std::process::id()), cpu_us(redis_pid));
+    let calls = command_calls(&mut con, "evalsha") - calls_before;
+    let usec = command_stat(&mut con, "evalsha", "usec") - usec_before;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "wrk failed: {text}");
     assert!(
@@ -149,10 +193,20 @@ fn wrk(addr: SocketAddr, script: &str) -> Run {
             .find_map(|l| l.trim().strip_prefix(prefix).map(|v| v.trim().to_owned()))
             .unwrap_or_else(|| panic!("no '{prefix}' in:\n{text}"))
     };
+    let per_sec: f64 = field("Requests/sec:").parse().unwrap();
+    let requests = per_sec * seconds() as f64;
     Run {
-        per_sec: field("Requests/sec:").parse().unwrap(),
+        per_sec,
         p50_us: micros(&field("50%")),
         p99_us: micros(&field("99%")),
+        server_cpu_us: (cpu_after.0 - cpu_before.0) / requests,
+        redis_cpu_us: (cpu_after.1 - cpu_before.1) / requests,
+        per_call: if calls == 0 {
+            0.0
+        } else {
+            requests / calls as f64
+        },
+        script_us: usec as f64 / requests,
     }
 }
 
@@ -180,6 +234,11 @@ fn main() {
     let redis = RedisServer::spawn();
     let variants: Vec<(&str, SocketAddr, &str)> = runtime.block_on(async {
         let store = RedisStore::connect(&redis.url()).await.unwrap();
+        let unbatched = RedisStore::builder()
+            .batch_size(1)
+            .connect(redis.url().as_str())
+            .await
+            .unwrap();
         let hot = Policy::new("hot", Algorithm::Gcra, "1000000/s").unwrap();
         vec![
             ("bare", serve(route()).await, ROTATING),
@@ -217,20 +276,49 @@ fn main() {
                     .await,
                 ROTATING,
             ),
+            (
+                "tollgate on Redis, 10k keys, batching off",
+                serve(route().layer(RateLimitLayer::new(per_key(), header_key()).store(unbatched)))
+                    .await,
+                ROTATING,
+            ),
         ]
     });
 
+    // `TOLLGATE_BENCH_ONLY=bare,Redis` keeps the variants whose names
+    // contain one of the words (the bare route is always kept: every ratio
+    // is taken against it); `TOLLGATE_BENCH_ROUNDS` sets the rounds.
+    let variants: Vec<_> = match std::env::var("TOLLGATE_BENCH_ONLY") {
+        Ok(only) => variants
+            .into_iter()
+            .filter(|(name, _, _)| {
+                *name == "bare" || only.split(',').any(|w| name.contains(w.trim()))
+            })
+            .collect(),
+        Err(_) => variants,
+    };
+    let rounds = std::env::var("TOLLGATE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(ROUNDS);
     let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
-    for round in 1..=ROUNDS {
+    for round in 1..=rounds {
         // Each round starts one variant later, so that no variant always
         // follows the same one.
         for k in 0..variants.len() {
             let i = (k + round - 1) % variants.len();
             let (name, addr, script) = &variants[i];
-            let run = wrk(*addr, script);
+            let run = wrk(*addr, script, &redis);
             eprintln!(
-                "round {round}: {name}: {:.0} req/s, p50 {:.0} µs, p99 {:.0} µs",
-                run.per_sec, run.p50_us, run.p99_us
+                "round {round}: {name}: {:.0} req/s, p50 {:.0} µs, p99 {:.0} µs, \
+                 CPU per request: server {:.1} µs, redis-server {:.1} µs ({:.1} µs in scripts), {:.1} requests per EVALSHA",
+                run.per_sec,
+                run.p50_us,
+                run.p99_us,
+                run.server_cpu_us,
+                run.redis_cpu_us,
+                run.script_us,
+                run.per_call
             );
             runs[i].push(run);
         }
@@ -244,33 +332,42 @@ fn main() {
             .collect()
     };
     println!(
-        "\nwrk -t1 -c{CONNECTIONS} -d{SECONDS}s, {ROUNDS} interleaved rounds in rotating order; \
-         medians, and the median of the per-round ratios to bare\n"
+        "\nwrk -t1 -c{CONNECTIONS} -d{}s, {rounds} interleaved rounds in rotating order; \
+         medians, and the median of the per-round ratios to bare\n",
+        seconds()
     );
-    println!("| variant | requests/s | ratio to bare | p50 | p99 | ratio per round |");
-    println!("|---|---:|---:|---:|---:|---|");
+    println!(
+        "| variant | requests/s | ratio to bare | p50 | p99 | CPU/request: server, redis-server | ratio per round |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|");
     for ((name, _, _), of) in variants.iter().zip(&runs) {
         let paired = ratios(of, &runs[0]);
         let listed: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "| {name} | {:.0} | {:.2} | {:.0} µs | {:.0} µs | {} |",
+            "| {name} | {:.0} | {:.2} | {:.0} µs | {:.0} µs | {:.1} µs, {:.1} µs | {} |",
             median(of.iter().map(|r| r.per_sec).collect()),
             median(paired),
             median(of.iter().map(|r| r.p50_us).collect()),
             median(of.iter().map(|r| r.p99_us).collect()),
+            median(of.iter().map(|r| r.server_cpu_us).collect()),
+            median(of.iter().map(|r| r.redis_cpu_us).collect()),
             listed.join(" "),
         );
     }
     // The comparison the target names, paired the same way.
-    let find = |wanted: &str| variants.iter().position(|(n, _, _)| *n == wanted).unwrap();
-    for (ours, theirs) in [
+    let find = |wanted: &str| variants.iter().position(|(n, _, _)| *n == wanted);
+    let pairs = [
         (
             "tollgate, 10k keys",
             "tower_governor, 10k keys, with headers",
         ),
         ("tollgate, 10k keys, no headers", "tower_governor, 10k keys"),
-    ] {
-        let paired = ratios(&runs[find(ours)], &runs[find(theirs)]);
+    ];
+    for (ours, theirs) in pairs {
+        let (Some(ours_at), Some(theirs_at)) = (find(ours), find(theirs)) else {
+            continue;
+        };
+        let paired = ratios(&runs[ours_at], &runs[theirs_at]);
         println!(
             "\n{ours} / {theirs}: median of per-round ratios {:.2}",
             median(paired)

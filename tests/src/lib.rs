@@ -146,6 +146,11 @@ impl RedisServer {
         self.port
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A blocking connection for test assertions.
     ///
     /// # Panics
@@ -196,14 +201,21 @@ fn free_port() -> u16 {
 
 /// Reads one counter of `INFO commandstats`, such as the calls of `evalsha`.
 pub fn command_calls(con: &mut redis::Connection, command: &str) -> u64 {
+    command_stat(con, command, "calls")
+}
+
+/// Reads one field of a command's line in `INFO commandstats`: `calls`,
+/// or `usec`, the µs Redis spent running it.
+pub fn command_stat(con: &mut redis::Connection, command: &str, field: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(con)
         .unwrap_or_else(|e| panic!("INFO commandstats: {e}"));
-    let prefix = format!("cmdstat_{command}:calls=");
+    let prefix = format!("cmdstat_{command}:");
+    let wanted = format!("{field}=");
     info.lines()
         .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
+        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(&wanted)))
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }

@@ -35,6 +35,17 @@ pub trait RedisConnection: Send + Sync + 'static {
         self.query(cmd)
     }
 
+    /// Whether every command reaches the same server, so that one script
+    /// call may touch any keys. The store batches concurrent decisions into
+    /// one call only then (see [`RedisStoreBuilder::batch_size`]). The
+    /// default says no, which is always safe; this crate's single-server
+    /// connections and the bb8 [`Pool`] say yes.
+    ///
+    /// [`RedisStoreBuilder::batch_size`]: crate::RedisStoreBuilder::batch_size
+    fn is_one_server(&self) -> bool {
+        false
+    }
+
     /// Called after a reply that says this connection reaches the wrong
     /// server (`READONLY`, `MASTERDOWN`, ...): replace it if you can. The
     /// default does nothing; cluster connections refresh their slot map by
@@ -43,12 +54,20 @@ pub trait RedisConnection: Send + Sync + 'static {
 }
 
 impl RedisConnection for ConnectionManager {
+    fn is_one_server(&self) -> bool {
+        true
+    }
+
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
         Ok(cmd.query_async(&mut self.clone()).await?)
     }
 }
 
 impl RedisConnection for MultiplexedConnection {
+    fn is_one_server(&self) -> bool {
+        true
+    }
+
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
         Ok(cmd.query_async(&mut self.clone()).await?)
     }
@@ -61,6 +80,10 @@ impl RedisConnection for redis::cluster_async::ClusterConnection {
 }
 
 impl RedisConnection for Pool {
+    fn is_one_server(&self) -> bool {
+        true
+    }
+
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
         let mut con = self.get().await.map_err(|e| match e {
             bb8::RunError::User(e) => RedisStoreError::Redis(e),

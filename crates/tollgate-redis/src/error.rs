@@ -47,6 +47,27 @@ pub enum RedisStoreError {
     Protocol(String),
 }
 
+impl RedisStoreError {
+    /// The same error again, for each request of a failed batch.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            Self::Config(e) => Self::Config(e.clone()),
+            Self::Unavailable { code, source } => Self::Unavailable {
+                code: code.clone(),
+                source: source.clone(),
+            },
+            Self::CircuitOpen => Self::CircuitOpen,
+            Self::Redis(e) => Self::Redis(e.clone()),
+            Self::PoolTimeout => Self::PoolTimeout,
+            Self::Deadline(d) => Self::Deadline(*d),
+            Self::UnsupportedVersion { version } => Self::UnsupportedVersion {
+                version: version.clone(),
+            },
+            Self::Protocol(p) => Self::Protocol(p.clone()),
+        }
+    }
+}
+
 impl From<RedisStoreError> for StoreError {
     fn from(error: RedisStoreError) -> Self {
         match error {

@@ -57,10 +57,14 @@
 //! stops mattering; its fingerprint is part of its key's hash, so a changed
 //! policy starts afresh. Deciding for an idle key costs Redis `TIME` and one
 //! `SET ... PXAT ... NX GET`; a busy key one more `SET`; a denial writes
-//! nothing. Every other policy keeps a hash per key and
+//! nothing. Under concurrent load, such decisions that arrive while a call
+//! is on its way go together in the next call, up to 64 per call
+//! ([`RedisStoreBuilder::batch_size`]), each decided as if alone; this
+//! divides Redis's work per decision. Every other policy keeps a hash per key and
 //! checks the fingerprint stored in it. [`script_source`] and
 //! [`script_args`] give the exact script and arguments the store sends.
 
+mod batch;
 mod cluster;
 mod connection;
 mod deny_cache;

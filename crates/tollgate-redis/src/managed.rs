@@ -63,6 +63,10 @@ impl RedisConnection for ManagedConnection {
         Ok(cmd.query_async(&mut self.current()).await?)
     }
 
+    fn is_one_server(&self) -> bool {
+        true
+    }
+
     fn refresh(&self) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;

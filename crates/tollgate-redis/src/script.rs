@@ -93,16 +93,9 @@ pub(crate) fn for_each_arg(
 ) {
     let params = policy.params();
     if PolicyState::is_one_word(policy) {
-        let p = &params[0];
-        // Capacity x interval is at most 2^50 (the policy checks its span),
-        // and a cost above capacity commits nothing, so the step is 0.
-        let step = if cost <= p.capacity {
-            cost * p.interval_us
-        } else {
-            0
-        };
+        let (step, tolerance) = one_word_args(policy, cost);
         arg(step);
-        arg(p.capacity * p.interval_us);
+        arg(tolerance);
         // On Redis's clock, the script needs nothing more.
         if now > 0 {
             arg(now);
@@ -119,6 +112,22 @@ pub(crate) fn for_each_arg(
             arg(n);
         }
     }
+}
+
+/// The two arguments of one request to the one-word script: the step and
+/// the tolerance, in µs.
+pub(crate) fn one_word_args(policy: &Policy, cost: u64) -> (u64, u64) {
+    let Some(p) = policy.params().first() else {
+        return (0, 0);
+    };
+    // Capacity x interval is at most 2^50 (the policy checks its span), and
+    // a cost above capacity commits nothing, so the step is 0.
+    let step = if cost <= p.capacity {
+        cost * p.interval_us
+    } else {
+        0
+    };
+    (step, p.capacity * p.interval_us)
 }
 
 /// A decision script: its source and SHA-1.
@@ -163,6 +172,11 @@ impl Scripts {
             .iter()
             .find(|(a, _)| *a == policy.algorithm())
             .map(|(_, s)| s)
+    }
+
+    /// The script of one-word policies, which takes one or more keys.
+    pub(crate) fn one_word(&self) -> &DecisionScript {
+        &self.one_word
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &DecisionScript> {

@@ -11,19 +11,23 @@ use tollgate_core::{
     Outcome, Policy, PolicyState, Store, StoreError, Timestamp,
 };
 
+use crate::batch::{self, Batcher, Queued, Turn};
 use crate::cluster::ClusterConnection;
 use crate::connection::{Pool, RedisConnection};
 use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
 use crate::keys::KeyNamer;
 use crate::managed::ManagedConnection;
-use crate::script::Scripts;
+use crate::script::{DecisionScript, Scripts};
 
 /// A [`Store`] in Redis: every app server that points at the same Redis
 /// shares one exact limit per key.
 ///
 /// - **One round trip.** Each decision is one `EVALSHA` of a Lua script
-///   that checks every limit of the policy and commits all or none.
+///   that checks every limit of the policy and commits all or none. Under
+///   concurrent load, decisions of single-limit GCRA, token-bucket and
+///   leaky-bucket policies that arrive while a call is on its way share the
+///   next call (see [`RedisStoreBuilder::batch_size`]).
 /// - **Redis's clock.** Time is read with `TIME` inside the script, so app
 ///   servers' clocks do not matter.
 /// - **Same decisions as memory.** The scripts implement the reference
@@ -55,12 +59,15 @@ pub struct RedisStore<C = ManagedConnection> {
     inner: Arc<Inner<C>>,
 }
 
-struct Inner<C> {
+pub(crate) struct Inner<C> {
     connection: C,
     names: KeyNamer,
-    deadline: Duration,
+    pub(crate) deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
     scripts: Scripts,
+    /// Shares script calls among concurrent one-word decisions; `None`
+    /// when batching is off or the connection reaches several servers.
+    pub(crate) batcher: Option<Batcher>,
     /// One breaker, or one per range of 128 hash slots on a cluster, so
     /// that a failed master does not stop calls to the healthy ones.
     breakers: Vec<CircuitBreaker>,
@@ -253,56 +260,141 @@ impl<C: RedisConnection> RedisStore<C> {
         cost: u64,
     ) -> Result<Decision, RedisStoreError> {
         let inner = &*self.inner;
+        if PolicyState::is_one_word(policy) {
+            let (step, tolerance) = crate::script::one_word_args(policy, cost);
+            let (now, mut word) = match batch::enter(&self.inner, state_key, step, tolerance) {
+                Turn::Queued(reply) => reply.await.map_err(|_| {
+                    RedisStoreError::Protocol("the batch of this request was dropped".into())
+                })??,
+                // Sent alone, exactly as without batching, holding its
+                // place until the reply is in.
+                Turn::Now(place) => {
+                    let words = inner.send_one_word(&[(state_key, step, tolerance)]).await;
+                    drop(place);
+                    words?
+                        .first()
+                        .copied()
+                        .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))?
+                }
+            };
+            return Ok(PolicyState::decide_word(
+                policy,
+                &mut word,
+                Timestamp::from_micros(now),
+                cost,
+            ));
+        }
         let script = inner.scripts.get(policy).ok_or_else(|| {
             RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
         })?;
         let params = policy.params();
-        // Under a test clock, keys live at least TEST_CLOCK_MIN_TTL of real
-        // time: fake time does not pass with Redis's, and state that is
-        // still live in fake time must not expire in real time.
-        let (now, min_ttl_ms) = match &inner.clock {
+        let (now, min_ttl_ms) = inner.test_time();
+        let reply = inner
+            .eval(state_key, script, |cmd| {
+                if policy.algorithm() == Algorithm::SlidingLog {
+                    cmd.arg(1 + params.len()).arg(state_key);
+                    for i in 0..params.len() {
+                        cmd.arg(format!("{state_key}:{i}"));
+                    }
+                } else {
+                    cmd.arg(1).arg(state_key);
+                }
+                crate::script::for_each_arg(policy, cost, now, min_ttl_ms, |n| {
+                    cmd.arg(n);
+                });
+            })
+            .await?;
+        let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply)
+            .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
+        decision_from_reply(policy, cost, &reply)
+    }
+}
+
+impl<C: RedisConnection> Inner<C> {
+    /// Now in µs and the shortest TTL in ms to send to a script: both 0 on
+    /// Redis's clock. Under a test clock, keys live at least
+    /// TEST_CLOCK_MIN_TTL of real time: fake time does not pass with
+    /// Redis's, and state that is still live in fake time must not expire
+    /// in real time.
+    fn test_time(&self) -> (u64, u64) {
+        match &self.clock {
             Some(clock) => (clock.now().as_micros(), TEST_CLOCK_MIN_TTL_MS),
             None => (0, 0),
-        };
+        }
+    }
+
+    /// Runs `script` by `EVALSHA`, with the keys and arguments `args` adds,
+    /// on the server of `key`. On `NOSCRIPT`, which means nothing ran
+    /// (Redis restarted, failed over or flushed its scripts), sends the
+    /// source once, which runs the script and caches it in a single step
+    /// that no flush can race.
+    async fn eval(
+        &self,
+        key: &str,
+        script: &DecisionScript,
+        args: impl Fn(&mut redis::Cmd),
+    ) -> Result<redis::Value, RedisStoreError> {
         let call = |command: &str, script: &str| {
             let mut cmd = redis::cmd(command);
             cmd.arg(script);
-            if policy.algorithm() == Algorithm::SlidingLog {
-                cmd.arg(1 + params.len()).arg(state_key);
-                for i in 0..params.len() {
-                    cmd.arg(format!("{state_key}:{i}"));
-                }
-            } else {
-                cmd.arg(1).arg(state_key);
-            }
-            crate::script::for_each_arg(policy, cost, now, min_ttl_ms, |n| {
-                cmd.arg(n);
-            });
+            args(&mut cmd);
             cmd
         };
-        let evalsha = call("EVALSHA", &script.sha);
-        let reply = match inner.connection.query_for_key(state_key, &evalsha).await {
-            // NOSCRIPT means nothing ran (Redis restarted, failed over or
-            // flushed its scripts): send the source once, which runs the
-            // script and caches it in a single step that no flush can race.
+        match self
+            .connection
+            .query_for_key(key, &call("EVALSHA", &script.sha))
+            .await
+        {
             Err(RedisStoreError::Redis(e))
                 if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
             {
-                inner
-                    .connection
-                    .query_for_key(state_key, &call("EVAL", script.source))
+                self.connection
+                    .query_for_key(key, &call("EVAL", script.source))
                     .await
-                    .map_err(reclassify)?
+                    .map_err(reclassify)
             }
-            other => other.map_err(reclassify)?,
-        };
-        if PolicyState::is_one_word(policy) {
-            one_word_decision(policy, cost, &reply)
-        } else {
-            let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply)
-                .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
-            decision_from_reply(policy, cost, &reply)
+            other => other.map_err(reclassify),
         }
+    }
+
+    /// Decides `requests` (state key, step, tolerance) of one-word
+    /// policies in one call of the one-word script, in order, and returns
+    /// each request's word.
+    pub(crate) async fn send_one_word(
+        &self,
+        requests: &[(&str, u64, u64)],
+    ) -> Result<Vec<batch::Word>, RedisStoreError> {
+        let Some((first, _, _)) = requests.first() else {
+            return Ok(Vec::new());
+        };
+        let (now, min_ttl_ms) = self.test_time();
+        let reply = self
+            .eval(first, self.scripts.one_word(), |cmd| {
+                cmd.arg(requests.len());
+                for (key, _, _) in requests {
+                    cmd.arg(*key);
+                }
+                for (_, step, tolerance) in requests {
+                    cmd.arg(*step).arg(*tolerance);
+                }
+                if now > 0 {
+                    cmd.arg(now).arg(min_ttl_ms);
+                }
+            })
+            .await?;
+        batch::words(&reply, requests.len())
+    }
+
+    /// [`Inner::send_one_word`] for queued requests.
+    pub(crate) async fn send_batch(
+        &self,
+        batch: &[Queued],
+    ) -> Result<Vec<batch::Word>, RedisStoreError> {
+        let requests: Vec<_> = batch
+            .iter()
+            .map(|q| (q.key.as_str(), q.step, q.tolerance))
+            .collect();
+        self.send_one_word(&requests).await
     }
 }
 
@@ -315,33 +407,6 @@ fn reclassify(error: RedisStoreError) -> RedisStoreError {
 
 /// The shortest TTL under a test clock: ten minutes.
 const TEST_CLOCK_MIN_TTL_MS: u64 = 600_000;
-
-/// Turns the one-word script's reply, `now` or `[now, old]`, into a
-/// [`Decision`] by the reference arithmetic. A bare `now` means the old
-/// time had passed, which decides exactly as a fresh key.
-fn one_word_decision(
-    policy: &Policy,
-    cost: u64,
-    reply: &redis::Value,
-) -> Result<Decision, RedisStoreError> {
-    use redis::Value;
-    let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
-    let micros = |v: &Value| match v {
-        Value::Int(n) => u64::try_from(*n).map_err(|_| bad()),
-        _ => Err(bad()),
-    };
-    let (now, mut word) = match reply {
-        Value::Int(_) => (micros(reply)?, 0),
-        Value::Array(items) if items.len() == 2 => (micros(&items[0])?, micros(&items[1])?),
-        _ => return Err(bad()),
-    };
-    Ok(PolicyState::decide_word(
-        policy,
-        &mut word,
-        Timestamp::from_micros(now),
-        cost,
-    ))
-}
 
 /// Turns the general script's reply into a [`Decision`].
 fn decision_from_reply(
@@ -435,6 +500,7 @@ pub struct RedisStoreBuilder {
     breaker_cooldown: Duration,
     breaker_ranges: usize,
     deny_cache: usize,
+    batch_size: usize,
 }
 
 impl Default for RedisStoreBuilder {
@@ -452,6 +518,7 @@ impl Default for RedisStoreBuilder {
             breaker_cooldown: Duration::from_secs(1),
             breaker_ranges: 1,
             deny_cache: 10_000,
+            batch_size: 64,
         }
     }
 }
@@ -523,6 +590,36 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The most requests one script call decides (default 64; 1 turns
+    /// batching off). While a store has calls on their way to Redis,
+    /// further requests of single-limit GCRA, token-bucket and
+    /// leaky-bucket policies queue and go together in the next call, in
+    /// the order they came, each decided as if alone. A store without
+    /// concurrent requests sends each alone at once. Under load this
+    /// divides Redis's CPU per decision and the client's work per
+    /// round trip by the batch (see `BENCHMARKS.md`). Only on connections
+    /// to one server ([`RedisConnection::is_one_server`]): on a cluster,
+    /// keys of different slots cannot share a script call.
+    ///
+    /// ```
+    /// use tollgate_redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    /// let store = RedisStore::builder().batch_size(16).connect(url.as_str()).await?;
+    /// # drop(store);
+    /// // 1 turns batching off; 0 is no batch size.
+    /// let err = RedisStore::builder().batch_size(0).connect(url.as_str()).await.unwrap_err();
+    /// assert!(err.to_string().contains("invalid Redis store configuration"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn batch_size(mut self, max_requests: usize) -> Self {
+        self.batch_size = max_requests;
+        self
+    }
+
     /// **Test hook.** Sends `clock`'s time to the scripts instead of letting
     /// them read Redis `TIME`, so tests can drive Redis with a
     /// [`FakeClock`](tollgate_core::FakeClock). Keys then live at least ten
@@ -548,6 +645,12 @@ impl RedisStoreBuilder {
                     reason: "must be greater than zero",
                 });
             }
+        }
+        if self.batch_size == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "batch_size",
+                reason: "must be at least 1 (1 turns batching off)",
+            });
         }
         if self.pool_size == 0 {
             return Err(ConfigError::InvalidSetting {
@@ -670,6 +773,7 @@ impl RedisStoreBuilder {
                 )));
             }
         }
+        let connection_is_one_server = connection.is_one_server();
         let breakers = (0..self.breaker_ranges.max(1))
             .map(|_| CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown))
             .collect::<Result<_, _>>()?;
@@ -680,6 +784,8 @@ impl RedisStoreBuilder {
                 deadline: self.deadline,
                 clock: self.clock,
                 scripts,
+                batcher: (self.batch_size > 1 && connection_is_one_server)
+                    .then(|| Batcher::new(self.batch_size)),
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
                 #[cfg(feature = "metrics")]

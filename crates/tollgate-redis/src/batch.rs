@@ -1,0 +1,241 @@
+//! Automatic batching: one-word decisions that arrive while earlier ones
+//! are on their way to Redis share one script call.
+//!
+//! At most [`IN_FLIGHT`] calls are on their way at a time. A request that
+//! finds a free place is sent at once, alone, exactly as without batching,
+//! so an idle store adds no delay. A request that finds every place taken
+//! queues; when a call returns and requests are queued, the place is not
+//! given back but passed to a task that sends the queue (up to the batch
+//! size) in one `EVALSHA` and goes on until the queue is empty. Redis then
+//! reads one command, runs one script and writes one reply for many
+//! decisions, and the client encodes, sends and parses one.
+//!
+//! Every request is still decided by exactly one script call, atomically,
+//! in the order it queued; requests whose callers stopped waiting (their
+//! deadline passed) are left out before a call is sent.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+
+use crate::connection::RedisConnection;
+use crate::error::RedisStoreError;
+use crate::store::Inner;
+
+/// Calls of the batch script on their way at once.
+pub(crate) const IN_FLIGHT: usize = 1;
+
+/// What the script says of one request: Redis's `now` and the key's time
+/// before the request (0 for an expired key), both in µs.
+pub(crate) type Word = (u64, u64);
+
+/// A request waiting for a place in a call.
+pub(crate) struct Queued {
+    pub(crate) key: String,
+    pub(crate) step: u64,
+    pub(crate) tolerance: u64,
+    reply: oneshot::Sender<Result<Word, RedisStoreError>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Queued>,
+    in_flight: usize,
+}
+
+/// The queue of one store.
+pub(crate) struct Batcher {
+    max_keys: usize,
+    queue: Mutex<Queue>,
+}
+
+/// Where a request goes: sent alone at once (holding a place, if the store
+/// batches, until the [`Place`] is dropped), or queued for a batch.
+pub(crate) enum Turn<C: RedisConnection> {
+    Now(Place<C>),
+    Queued(oneshot::Receiver<Result<Word, RedisStoreError>>),
+}
+
+/// A place among the calls on their way; dropping it (when the call has
+/// returned, or its caller stopped waiting) hands it to the queue.
+pub(crate) struct Place<C: RedisConnection> {
+    inner: Option<Arc<Inner<C>>>,
+}
+
+impl<C: RedisConnection> Drop for Place<C> {
+    fn drop(&mut self) {
+        if let Some(inner) = &self.inner {
+            release(inner);
+        }
+    }
+}
+
+impl Batcher {
+    /// A batcher of at most `max_keys` requests per call.
+    pub(crate) fn new(max_keys: usize) -> Self {
+        Self {
+            max_keys,
+            queue: Mutex::default(),
+        }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Takes a place for a request of `key`, or queues it.
+pub(crate) fn enter<C: RedisConnection>(
+    inner: &Arc<Inner<C>>,
+    key: &str,
+    step: u64,
+    tolerance: u64,
+) -> Turn<C> {
+    let Some(batcher) = inner.batcher.as_ref() else {
+        return Turn::Now(Place { inner: None });
+    };
+    let mut queue = batcher.queue();
+    if queue.in_flight < IN_FLIGHT {
+        // Nothing is queued while a place is free: a returning call that
+        // finds a queue keeps its place for it.
+        queue.in_flight += 1;
+        return Turn::Now(Place {
+            inner: Some(inner.clone()),
+        });
+    }
+    let (reply, receiver) = oneshot::channel();
+    queue.waiting.push(Queued {
+        key: key.to_owned(),
+        step,
+        tolerance,
+        reply,
+    });
+    Turn::Queued(receiver)
+}
+
+/// Gives a place back, or hands it to a task that sends the queue.
+fn release<C: RedisConnection>(inner: &Arc<Inner<C>>) {
+    let Some(batcher) = inner.batcher.as_ref() else {
+        return;
+    };
+    let batch = take(batcher);
+    if batch.is_empty() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(drive(inner.clone(), batch));
+        }
+        // Outside a runtime nothing can send: the queued requests fail
+        // (their senders are dropped) and the place is given back.
+        Err(_) => {
+            drop(batch);
+            batcher.queue().in_flight -= 1;
+        }
+    }
+}
+
+/// The next batch from the queue, leaving out requests nobody waits for;
+/// an empty batch gives the place back.
+fn take(batcher: &Batcher) -> Vec<Queued> {
+    let mut queue = batcher.queue();
+    queue.waiting.retain(|q| !q.reply.is_closed());
+    let n = queue.waiting.len().min(batcher.max_keys);
+    let batch: Vec<Queued> = queue.waiting.drain(..n).collect();
+    if batch.is_empty() {
+        queue.in_flight -= 1;
+    }
+    batch
+}
+
+/// Sends batches until the queue is empty, then gives the place back.
+async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, mut batch: Vec<Queued>) {
+    // Gives the place back if the task is dropped mid-call (the runtime
+    // shutting down); disarmed when the loop gives it back itself.
+    struct Slot<'a>(Option<&'a Batcher>);
+    impl Drop for Slot<'_> {
+        fn drop(&mut self) {
+            if let Some(batcher) = self.0 {
+                batcher.queue().in_flight -= 1;
+            }
+        }
+    }
+    let Some(batcher) = inner.batcher.as_ref() else {
+        return;
+    };
+    let mut slot = Slot(Some(batcher));
+    loop {
+        let result = tokio::time::timeout(inner.deadline, inner.send_batch(&batch))
+            .await
+            .unwrap_or(Err(RedisStoreError::Deadline(inner.deadline)));
+        match result {
+            Ok(words) => {
+                for (queued, word) in batch.drain(..).zip(words) {
+                    let _ = queued.reply.send(Ok(word));
+                }
+            }
+            Err(error) => {
+                for queued in batch.drain(..) {
+                    let _ = queued.reply.send(Err(error.duplicate()));
+                }
+            }
+        }
+        batch = take(batcher);
+        if batch.is_empty() {
+            // `take` gave the place back.
+            slot.0 = None;
+            return;
+        }
+    }
+}
+
+/// The words of a reply of the one-word script for `n` requests: `now`
+/// alone (every key had expired) or `[now, old_1, ..., old_n]`.
+pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Vec<Word>, RedisStoreError> {
+    use redis::Value;
+    let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
+    let micros = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).map_err(|_| bad()),
+        _ => Err(bad()),
+    };
+    match reply {
+        Value::Int(_) => {
+            let now = micros(reply)?;
+            Ok(vec![(now, 0); n])
+        }
+        Value::Array(items) if items.len() == n + 1 => {
+            let now = micros(&items[0])?;
+            items[1..]
+                .iter()
+                .map(|old| Ok((now, micros(old)?)))
+                .collect()
+        }
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    #[test]
+    fn replies_are_read_per_request() {
+        assert_eq!(words(&Value::Int(7), 3).unwrap(), vec![(7, 0); 3]);
+        let mixed = Value::Array(vec![Value::Int(7), Value::Int(0), Value::Int(9)]);
+        assert_eq!(words(&mixed, 2).unwrap(), vec![(7, 0), (7, 9)]);
+        assert!(matches!(
+            words(&mixed, 3),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        let negative = Value::Array(vec![Value::Int(7), Value::Int(-1)]);
+        assert!(matches!(
+            words(&negative, 1),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            words(&Value::Nil, 1),
+            Err(RedisStoreError::Protocol(_))
+        ));
+    }
+}

@@ -1,0 +1,250 @@
+//! Automatic batching: concurrent decisions of single-limit GCRA,
+//! token-bucket and leaky-bucket policies share script calls, and every
+//! decision stays exactly what it would be alone.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Barrier;
+use tollgate_core::{
+    Algorithm, Decision, FakeClock, Key, MemoryStore, Outcome, Policy, Store, Timestamp,
+};
+use tollgate_redis::{RedisStore, RedisStoreError};
+use tollgate_tests::{RedisServer, command_calls};
+
+const ONE_WORD: [Algorithm; 3] = [
+    Algorithm::Gcra,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+];
+
+fn builder(prefix: &str) -> tollgate_redis::RedisStoreBuilder {
+    RedisStore::builder()
+        .prefix(prefix)
+        .deadline(Duration::from_secs(10))
+        .response_timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(2))
+        .deny_cache(0)
+}
+
+/// Sends one check per entry of `keys` at once (released together by a
+/// barrier) and returns their decisions.
+async fn at_once(store: &RedisStore, policy: &Policy, keys: &[Key], cost: u64) -> Vec<Decision> {
+    let barrier = Arc::new(Barrier::new(keys.len()));
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (store, policy, key, barrier) =
+                (store.clone(), policy.clone(), key.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.check(&key, &policy, cost).await.unwrap()
+            })
+        })
+        .collect();
+    let mut decisions = Vec::new();
+    for task in tasks {
+        decisions.push(task.await.unwrap());
+    }
+    decisions
+}
+
+fn reset(con: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(con).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_checks_share_calls_and_admit_exactly_the_limit() {
+    let server = RedisServer::spawn();
+    let mut con = server.connection();
+    let batched = builder("batch").connect(server.url()).await.unwrap();
+    let alone = builder("alone")
+        .batch_size(1)
+        .connect(server.url())
+        .await
+        .unwrap();
+    for algorithm in ONE_WORD {
+        let policy = Policy::new("exact", algorithm, "100/min").unwrap();
+        let keys = vec![Key::user(format!("{algorithm}")); 1_000];
+        for (name, store) in [("batched", &batched), ("alone", &alone)] {
+            reset(&mut con);
+            let decisions = at_once(store, &policy, &keys, 1).await;
+            let allowed = decisions.iter().filter(|d| d.is_allowed()).count();
+            assert_eq!(allowed, 100, "{algorithm}, {name}");
+            // Each admitted request left a different remaining count.
+            let mut remaining: Vec<u64> = decisions
+                .iter()
+                .filter(|d| d.is_allowed())
+                .map(Decision::remaining)
+                .collect();
+            remaining.sort_unstable();
+            assert_eq!(
+                remaining,
+                (0..100).collect::<Vec<_>>(),
+                "{algorithm}, {name}"
+            );
+            let calls = command_calls(&mut con, "evalsha");
+            println!("{algorithm}, {name}: 1000 decisions in {calls} calls");
+            if name == "alone" {
+                assert_eq!(calls, 1_000, "{algorithm}: batching off, one call each");
+            } else {
+                // 1,000 requests queue behind the first calls and go 64 at a
+                // time: about 20 calls, never one per request.
+                assert!(
+                    calls <= 250,
+                    "{algorithm}: {calls} calls for 1,000 decisions"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_mixed_policies_keys_and_costs_decides_as_the_memory_store() {
+    let server = RedisServer::spawn();
+    let mut con = server.connection();
+    let clock = FakeClock::new(Timestamp::from_secs(1_800_000_000));
+    let redis = builder("mixed")
+        .test_clock(clock.clone())
+        .connect(server.url())
+        .await
+        .unwrap();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let policies = [
+        Policy::new("gcra", Algorithm::Gcra, "5/s").unwrap(),
+        Policy::builder("tokens")
+            .algorithm(Algorithm::TokenBucket)
+            .limit("10/min")
+            .burst(4)
+            .build()
+            .unwrap(),
+        Policy::new("queue", Algorithm::LeakyBucket, "3/s").unwrap(),
+    ];
+    // 20 keys of each policy; per key 12 requests at once of cost 1, one
+    // peek (cost 0) and one request above capacity, all in flight together.
+    let mut tasks = Vec::new();
+    let barrier = Arc::new(Barrier::new(3 * 20 * 14));
+    for policy in &policies {
+        for k in 0..20 {
+            let key = Key::user(format!("{}-{k}", policy.name()));
+            for cost in std::iter::repeat_n(1, 12).chain([0, 1_000]) {
+                let (store, policy, key, barrier) =
+                    (redis.clone(), policy.clone(), key.clone(), barrier.clone());
+                tasks.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    let decision = store.check(&key, &policy, cost).await.unwrap();
+                    (policy.name().to_owned(), key, cost, decision)
+                }));
+            }
+        }
+    }
+    reset(&mut con);
+    let mut admitted: HashMap<(String, Key), u64> = HashMap::new();
+    for task in tasks {
+        let (policy, key, cost, decision) = task.await.unwrap();
+        match cost {
+            0 => assert!(decision.is_allowed(), "a peek is allowed: {decision:?}"),
+            1 => *admitted.entry((policy, key)).or_default() += u64::from(decision.is_allowed()),
+            _ => assert!(
+                matches!(decision.outcome(), Outcome::CostExceedsCapacity { .. }),
+                "{decision:?}"
+            ),
+        }
+    }
+    let calls = command_calls(&mut con, "evalsha");
+    assert!(calls < 840 / 4, "{calls} calls for 840 decisions");
+    for policy in &policies {
+        for k in 0..20 {
+            let key = Key::user(format!("{}-{k}", policy.name()));
+            // All at one instant: a key admits its whole burst and no more.
+            let count = admitted[&(policy.name().to_owned(), key.clone())];
+            let burst = policy.params()[0].capacity;
+            assert_eq!(count, burst.min(12), "{} {k}", policy.name());
+            // Bring the memory store to the same state, then the next
+            // decisions, a moment later, must be equal.
+            for _ in 0..count {
+                assert!(memory.check(&key, policy, 1).await.unwrap().is_allowed());
+            }
+        }
+    }
+    clock.advance(Duration::from_millis(250));
+    for policy in &policies {
+        for k in 0..20 {
+            let key = Key::user(format!("{}-{k}", policy.name()));
+            for cost in [0, 1, 1] {
+                assert_eq!(
+                    redis.check(&key, policy, cost).await.unwrap(),
+                    memory.check(&key, policy, cost).await.unwrap(),
+                    "{} {k}, cost {cost}",
+                    policy.name()
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_whose_deadline_passed_in_the_queue_are_dropped_not_sent_late() {
+    let server = RedisServer::spawn();
+    let mut con = server.connection();
+    let store = RedisStore::builder()
+        .prefix("paused")
+        .deadline(Duration::from_millis(50))
+        .response_timeout(Duration::from_secs(2))
+        .circuit_breaker(1_000_000, Duration::from_secs(1))
+        .deny_cache(0)
+        .connect(server.url())
+        .await
+        .unwrap();
+    // Keys live 6 s, so the keys written after the pause can be counted.
+    let policy = Policy::new("paused", Algorithm::Gcra, "10/min").unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(400)
+        .arg("ALL")
+        .query(&mut con)
+        .unwrap();
+    let started = Instant::now();
+    let keys: Vec<Key> = (0..300).map(|i| Key::user(format!("p{i}"))).collect();
+    let barrier = Arc::new(Barrier::new(keys.len()));
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (store, policy, key, barrier) =
+                (store.clone(), policy.clone(), key.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let asked = Instant::now();
+                let result = store.decide(&key, &policy, 1).await;
+                (result, asked.elapsed())
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (result, took) = task.await.unwrap();
+        assert!(
+            matches!(result, Err(RedisStoreError::Deadline(_))),
+            "{result:?}"
+        );
+        assert!(took < Duration::from_millis(250), "a request took {took:?}");
+    }
+    assert!(started.elapsed() < Duration::from_millis(400));
+    // Once Redis runs again, the calls that were on their way run: the
+    // first request, sent alone, and one batch (at most 64) that was sent
+    // when it gave up. Every request queued behind them had missed its
+    // deadline by the time a place was free, and was dropped, not sent
+    // late (without that, all 300 would be decided after the pause).
+    tokio::time::sleep(Duration::from_millis(600).saturating_sub(started.elapsed())).await;
+    let written: u64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    let calls = command_calls(&mut con, "evalsha");
+    println!("after the pause: {calls} calls, {written} keys");
+    assert!(
+        calls <= 2 && written <= 65,
+        "{calls} calls ran and {written} keys were written after the pause"
+    );
+    // The store has its places back: 300 checks at once are all decided.
+    let decisions = at_once(&store, &policy, &keys, 1).await;
+    assert!(decisions.iter().all(Decision::is_allowed));
+}
