@@ -156,6 +156,15 @@ fn seconds() -> u64 {
         .unwrap_or(SECONDS)
 }
 
+/// Connections wrk keeps open: `TOLLGATE_BENCH_CONNECTIONS`, or
+/// [`CONNECTIONS`].
+fn connections() -> usize {
+    std::env::var("TOLLGATE_BENCH_CONNECTIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CONNECTIONS)
+}
+
 fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
     let redis_pid = redis.pid();
     let mut con = redis.connection();
@@ -170,7 +179,7 @@ fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
     let out = Command::new("wrk")
         .args([
             "-t1",
-            &format!("-c{CONNECTIONS}"),
+            &format!("-c{}", connections()),
             &format!("-d{}s", seconds()),
             "--latency",
             "-s",
@@ -332,8 +341,9 @@ fn main() {
             .collect()
     };
     println!(
-        "\nwrk -t1 -c{CONNECTIONS} -d{}s, {rounds} interleaved rounds in rotating order; \
+        "\nwrk -t1 -c{} -d{}s, {rounds} interleaved rounds in rotating order; \
          medians, and the median of the per-round ratios to bare\n",
+        connections(),
         seconds()
     );
     println!(

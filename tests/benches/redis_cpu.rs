@@ -7,7 +7,8 @@
 //! every script and the figures are Redis's alone.
 //!
 //! Three workloads (see `Workload`): idle keys, busy keys and one key over
-//! its limit. Five interleaved rounds; each ratio is the median of the
+//! its limit. GCRA is measured once more with 16 and with 64 decisions per
+//! call, as the store batches concurrent decisions. Five interleaved rounds; each ratio is the median of the
 //! rounds' ratios to the reference run just before.
 //!
 //! Run with: `cargo bench -p tollgate-tests --bench redis_cpu`
@@ -106,7 +107,7 @@ fn reset(con: &mut redis::Connection) {
 /// FLUSHALL and a CONFIG RESETSTAT, and returns EVALSHA's µs per decision.
 /// The commands are built beforehand, so the client does the same little
 /// work for every script and competes as little as possible for the CPU.
-fn run(server: &RedisServer, commands: &[redis::Cmd]) -> f64 {
+fn run(server: &RedisServer, commands: &[redis::Cmd], decisions: usize) -> f64 {
     let mut con = server.connection();
     reset(&mut con);
     for batch in commands.chunks(64) {
@@ -116,7 +117,7 @@ fn run(server: &RedisServer, commands: &[redis::Cmd]) -> f64 {
         }
         let _: Vec<redis::Value> = pipe.query(&mut con).unwrap();
     }
-    usec_per_decision(&mut con, commands.len())
+    usec_per_decision(&mut con, decisions)
 }
 
 fn load(server: &RedisServer, source: &str) -> String {
@@ -128,29 +129,38 @@ fn load(server: &RedisServer, source: &str) -> String {
 }
 
 /// The decisions `RedisStore` sends for `policy`: the same script, keys and
-/// arguments (on Redis's clock, one unit each).
+/// arguments (on Redis's clock, one unit each), `per_call` decisions per
+/// call as the store batches them under concurrent load (1: one each, as
+/// an idle store sends them; only single-limit GCRA, token-bucket and
+/// leaky-bucket policies are ever batched).
 fn tollgate(
     server: &RedisServer,
     store: &RedisStore,
     policy: &Policy,
     w: Workload,
+    per_call: usize,
 ) -> Vec<redis::Cmd> {
     let sha = load(server, script_source(policy).unwrap());
     let args = script_args(policy, 1);
-    (0..CALLS as u64)
-        .map(|i| {
-            let key = store.state_key(policy, &Key::user(w.key(i).to_be_bytes()));
+    let keys: Vec<String> = (0..CALLS as u64)
+        .map(|i| store.state_key(policy, &Key::user(w.key(i).to_be_bytes())))
+        .collect();
+    keys.chunks(per_call)
+        .map(|batch| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(&sha);
             if policy.algorithm() == Algorithm::SlidingLog {
-                cmd.arg(1 + policy.limits().len()).arg(&key);
+                let key = &batch[0];
+                cmd.arg(1 + policy.limits().len()).arg(key);
                 for l in 0..policy.limits().len() {
                     cmd.arg(format!("{key}:{l}"));
                 }
             } else {
-                cmd.arg(1).arg(&key);
+                cmd.arg(batch.len()).arg(batch);
             }
-            cmd.arg(&args);
+            for _ in batch {
+                cmd.arg(&args);
+            }
             cmd
         })
         .collect()
@@ -208,19 +218,29 @@ fn main() {
             &["100000000/min", "1000000000/h"],
         );
         policies.push(("gcra, 3 limits".to_owned(), three));
+        let batched = [16, 64].map(|n| {
+            (
+                format!("gcra, 1 limit, {n} per call"),
+                w.policy(&format!("cpu-gcra-{n}"), Algorithm::Gcra, &[]),
+                n,
+            )
+        });
+        let mut policies: Vec<(String, Policy, usize)> =
+            policies.into_iter().map(|(n, p)| (n, p, 1)).collect();
+        policies.extend(batched);
         let reference = w.policy("plain", Algorithm::Gcra, &[]);
         let plain_cmds = straightforward(&server, &reference, w);
         let our_cmds: Vec<_> = policies
             .iter()
-            .map(|(_, p)| tollgate(&server, &store, p, w))
+            .map(|(_, p, per_call)| tollgate(&server, &store, p, w, *per_call))
             .collect();
         let mut plain = Vec::new();
         let mut ours: Vec<Vec<f64>> = vec![Vec::new(); policies.len()];
         for _ in 0..ROUNDS {
             for (i, cmds) in our_cmds.iter().enumerate() {
                 // The reference next to each script, for paired ratios.
-                plain.push(run(&server, &plain_cmds));
-                ours[i].push(run(&server, cmds));
+                plain.push(run(&server, &plain_cmds, CALLS));
+                ours[i].push(run(&server, cmds, CALLS));
             }
         }
         let workload = w.name();
@@ -230,7 +250,7 @@ fn main() {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        for (i, ((name, _), rounds)) in policies.iter().zip(ours).enumerate() {
+        for (i, ((name, _, _), rounds)) in policies.iter().zip(ours).enumerate() {
             let paired: Vec<f64> = plain
                 .iter()
                 .skip(i)

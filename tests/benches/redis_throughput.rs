@@ -117,6 +117,13 @@ async fn main() {
         .connect(url.as_str())
         .await
         .unwrap();
+    let unbatched = RedisStore::builder()
+        .deadline(slow)
+        .response_timeout(slow)
+        .batch_size(1)
+        .connect(url.as_str())
+        .await
+        .unwrap();
     let pool = RedisStore::builder()
         .deadline(slow)
         .pool_size(64)
@@ -127,8 +134,9 @@ async fn main() {
 
     const ROUNDS: usize = 3;
     let levels = [1, 16, 64];
-    // rounds[level] = one (reference, manager, pool, three limits) per round.
-    let mut rounds: Vec<Vec<[Result; 4]>> = levels.iter().map(|_| Vec::new()).collect();
+    // rounds[level] = one (reference, manager, pool, three limits, manager
+    // without batching) per round.
+    let mut rounds: Vec<Vec<[Result; 5]>> = levels.iter().map(|_| Vec::new()).collect();
     for round in 1..=ROUNDS {
         for (i, &concurrency) in levels.iter().enumerate() {
             let reference = Result {
@@ -139,11 +147,12 @@ async fn main() {
             let m = measure(&manager, &gcra, concurrency).await;
             let p = measure(&pool, &gcra, concurrency).await;
             let m3 = measure(&manager, &three, concurrency).await;
+            let u = measure(&unbatched, &gcra, concurrency).await;
             eprintln!(
-                "round {round}, concurrency {concurrency}: redis-benchmark {:.0}/s, default {:.0}/s, pool {:.0}/s, 3 limits {:.0}/s",
-                reference.per_sec, m.per_sec, p.per_sec, m3.per_sec
+                "round {round}, concurrency {concurrency}: redis-benchmark {:.0}/s, default {:.0}/s, pool {:.0}/s, 3 limits {:.0}/s, batching off {:.0}/s",
+                reference.per_sec, m.per_sec, p.per_sec, m3.per_sec, u.per_sec
             );
-            rounds[i].push([reference, m, p, m3]);
+            rounds[i].push([reference, m, p, m3, u]);
         }
     }
 
@@ -151,9 +160,9 @@ async fn main() {
         "\nMedians of {ROUNDS} interleaved rounds; ratios are medians of each round's ratio to redis-benchmark\n"
     );
     println!(
-        "| concurrency | redis-benchmark EVALSHA (req/s) | RedisStore, default connection | RedisStore, bb8 pool (64) | default connection, 3 limits |"
+        "| concurrency | redis-benchmark EVALSHA (req/s) | RedisStore, default connection | RedisStore, bb8 pool (64) | default connection, 3 limits | default connection, batching off |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for (concurrency, runs) in levels.iter().zip(&rounds) {
         let column = |c: usize| -> Vec<&Result> { runs.iter().map(|r| &r[c]).collect() };
         let reference = median_f(column(0).iter().map(|r| r.per_sec).collect());
@@ -168,10 +177,11 @@ async fn main() {
             )
         };
         println!(
-            "| {concurrency} | {reference:.0} | {} | {} | {} |",
+            "| {concurrency} | {reference:.0} | {} | {} | {} | {} |",
             cell(1),
             cell(2),
-            cell(3)
+            cell(3),
+            cell(4)
         );
     }
 }

@@ -23,7 +23,7 @@ use crate::error::RedisStoreError;
 use crate::store::Inner;
 
 /// Calls of the batch script on their way at once.
-pub(crate) const IN_FLIGHT: usize = 1;
+pub(crate) const IN_FLIGHT: usize = 2;
 
 /// What the script says of one request: Redis's `now` and the key's time
 /// before the request (0 for an expired key), both in µs.

@@ -83,13 +83,18 @@ for i = 1, n do
     end
   end
   if old then
-    if not out then
+    if out then
+      out[i + 1] = old
+    elseif i == 1 then
+      -- Built whole: a table grown by one slot at a time costs a resize.
+      out = { now, old }
+    else
       out = { now }
       for j = 1, i - 1 do
         out[j + 1] = 0
       end
+      out[i + 1] = old
     end
-    out[i + 1] = old
   elseif out then
     out[i + 1] = 0
   end
