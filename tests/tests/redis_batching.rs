@@ -29,9 +29,14 @@ fn builder(prefix: &str) -> tollgate_redis::RedisStoreBuilder {
         .deny_cache(0)
 }
 
-/// Sends one check per entry of `keys` at once (released together by a
-/// barrier) and returns their decisions.
-async fn at_once(store: &RedisStore, policy: &Policy, keys: &[Key], cost: u64) -> Vec<Decision> {
+/// Sends one decision per entry of `keys` at once (released together by a
+/// barrier) and returns each result with how long it took.
+async fn timed_at_once(
+    store: &RedisStore,
+    policy: &Policy,
+    keys: &[Key],
+    cost: u64,
+) -> Vec<(Result<Decision, RedisStoreError>, Duration)> {
     let barrier = Arc::new(Barrier::new(keys.len()));
     let tasks: Vec<_> = keys
         .iter()
@@ -40,15 +45,23 @@ async fn at_once(store: &RedisStore, policy: &Policy, keys: &[Key], cost: u64) -
                 (store.clone(), policy.clone(), key.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.check(&key, &policy, cost).await.unwrap()
+                let asked = Instant::now();
+                let result = store.decide(&key, &policy, cost).await;
+                (result, asked.elapsed())
             })
         })
         .collect();
-    let mut decisions = Vec::new();
+    let mut results = Vec::new();
     for task in tasks {
-        decisions.push(task.await.unwrap());
+        results.push(task.await.unwrap());
     }
-    decisions
+    results
+}
+
+/// [`timed_at_once`], every decision made.
+async fn at_once(store: &RedisStore, policy: &Policy, keys: &[Key], cost: u64) -> Vec<Decision> {
+    let results = timed_at_once(store, policy, keys, cost).await;
+    results.into_iter().map(|(r, _)| r.unwrap()).collect()
 }
 
 fn reset(con: &mut redis::Connection) {
@@ -208,22 +221,7 @@ async fn requests_whose_deadline_passed_in_the_queue_are_dropped_not_sent_late()
         .unwrap();
     let started = Instant::now();
     let keys: Vec<Key> = (0..300).map(|i| Key::user(format!("p{i}"))).collect();
-    let barrier = Arc::new(Barrier::new(keys.len()));
-    let tasks: Vec<_> = keys
-        .iter()
-        .map(|key| {
-            let (store, policy, key, barrier) =
-                (store.clone(), policy.clone(), key.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                let asked = Instant::now();
-                let result = store.decide(&key, &policy, 1).await;
-                (result, asked.elapsed())
-            })
-        })
-        .collect();
-    for task in tasks {
-        let (result, took) = task.await.unwrap();
+    for (result, took) in timed_at_once(&store, &policy, &keys, 1).await {
         assert!(
             matches!(result, Err(RedisStoreError::Deadline(_))),
             "{result:?}"
