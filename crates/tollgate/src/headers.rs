@@ -1,6 +1,6 @@
 //! Rate-limit response headers.
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tollgate_core::Decision;
 
 /// `x-ratelimit-limit`: capacity of the binding limit.
@@ -65,39 +65,48 @@ pub(crate) fn write(
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         write_ietf(decision, headers, policy);
     }
+    if !matches!(style, HeaderStyle::GitHub | HeaderStyle::Both) {
+        return;
+    }
+    // Grow the map once, not once per header.
+    headers.reserve(5);
     // Stacked layers (per IP, then per user) all decorate one response:
-    // the GitHub headers describe the tightest of them.
-    let tighter = || match headers.get(X_RATELIMIT_REMAINING) {
-        Some(existing) => existing
-            .to_str()
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .is_none_or(|existing| decision.remaining() < existing),
-        None => true,
-    };
-    match style {
-        HeaderStyle::GitHub | HeaderStyle::Both if tighter() => {
-            // Grow the map once, not once per header.
-            headers.reserve(5);
-            headers.insert(X_RATELIMIT_LIMIT, number(decision.limit()));
-            headers.insert(X_RATELIMIT_REMAINING, number(decision.remaining()));
-            headers.insert(X_RATELIMIT_USED, number(decision.used()));
-            headers.insert(
-                X_RATELIMIT_RESET,
-                epoch_secs(decision.reset_at().as_secs_ceil()),
-            );
-            match name {
-                Some(name) if name.as_bytes() == policy.as_bytes() => {
-                    headers.insert(X_RATELIMIT_RESOURCE, name.clone());
-                }
-                _ => {
-                    if let Ok(name) = HeaderValue::from_str(policy) {
-                        headers.insert(X_RATELIMIT_RESOURCE, name);
-                    }
-                }
+    // the GitHub headers describe the tightest of them. One lookup both
+    // reads a nearer layer's figure and writes this one's (every lookup
+    // hashes the header's name byte by byte).
+    let remaining = number(decision.remaining());
+    match headers.entry(X_RATELIMIT_REMAINING) {
+        Entry::Occupied(mut nearer) => {
+            let tighter = nearer
+                .get()
+                .to_str()
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_none_or(|existing| decision.remaining() < existing);
+            if !tighter {
+                return;
+            }
+            nearer.insert(remaining);
+        }
+        Entry::Vacant(slot) => {
+            slot.insert(remaining);
+        }
+    }
+    headers.insert(X_RATELIMIT_LIMIT, number(decision.limit()));
+    headers.insert(X_RATELIMIT_USED, number(decision.used()));
+    headers.insert(
+        X_RATELIMIT_RESET,
+        epoch_secs(decision.reset_at().as_secs_ceil()),
+    );
+    match name {
+        Some(name) if name.as_bytes() == policy.as_bytes() => {
+            headers.insert(X_RATELIMIT_RESOURCE, name.clone());
+        }
+        _ => {
+            if let Ok(name) = HeaderValue::from_str(policy) {
+                headers.insert(X_RATELIMIT_RESOURCE, name);
             }
         }
-        _ => {}
     }
 }
 

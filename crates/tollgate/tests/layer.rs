@@ -394,6 +394,51 @@ async fn users_from_an_auth_layer_and_peers_by_ip() {
 }
 
 #[tokio::test]
+async fn stacked_layers_report_the_one_with_fewest_requests_left() {
+    let (_, store) = clock_and_store();
+    let layer = |name: &str, limit: &str| {
+        let policy = Policy::new(name, Algorithm::FixedWindow, limit).unwrap();
+        RateLimitLayer::new(policy, GlobalKey).store(store.clone())
+    };
+    // The nearer layer (inner) writes first; the outer one replaces its
+    // headers only when it has fewer requests left.
+    let stacked = |inner, outer| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(inner)
+            .layer(outer)
+    };
+    let headers = |res: &Response<Body>| {
+        [
+            "x-ratelimit-resource",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-used",
+        ]
+        .map(|name| header(res, name).unwrap().to_owned())
+    };
+    // Outer tighter: 3/min leaves 2, the inner 5/min leaves 4.
+    let app = stacked(layer("user-5", "5/min"), layer("ip-3", "3/min"));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(headers(&res), ["ip-3", "3", "2", "1"]);
+    assert_eq!(
+        res.headers()
+            .get_all("x-ratelimit-remaining")
+            .iter()
+            .count(),
+        1
+    );
+    // Inner tighter: 2/min leaves 1, the outer 10/min leaves 9.
+    let app = stacked(layer("user-2", "2/min"), layer("ip-10", "10/min"));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(headers(&res), ["user-2", "2", "1", "1"]);
+    // A tie keeps the nearer layer's.
+    let app = stacked(layer("user-4", "4/min"), layer("ip-4", "4/min"));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(headers(&res), ["user-4", "4", "3", "1"]);
+}
+
+#[tokio::test]
 async fn works_with_any_body_type_outside_axum() {
     let (_, store) = clock_and_store();
     let policy = Policy::new("plain", Algorithm::SlidingWindow, "1/min").unwrap();

@@ -1,0 +1,218 @@
+//! What the rate-limit layer costs per request in process, next to
+//! `tower_governor`, without a network or a load generator in the way.
+//!
+//! `http_layer` measures the same variants over loopback with `wrk`, but
+//! there the route is so cheap that the load generator, the kernel and the
+//! machine's drift decide the figures: a layered route can come out faster
+//! than the bare one. Here each variant is an Axum `Router` called directly
+//! (one thread, polled once: every variant answers without waiting), and
+//! the request, with its `x-api-key` header from 10,000 rotating keys, is
+//! built inside the timed loop, as a server would build it.
+//!
+//! Each round times a block of requests per variant, in rotating order, and
+//! the ratios are medians of the per-round ratios. The overhead of a layer
+//! is its time per request minus the bare route's in the same round.
+//!
+//! Run with: `cargo bench -p tollgate-tests --bench layer_paired`
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{HeaderName, HeaderValue, Request};
+use tollgate::{HeaderKey, HeaderStyle, RateLimitLayer};
+use tollgate_core::{Algorithm, Policy};
+use tower::Service;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
+
+const ROUNDS: usize = 11;
+/// Requests per variant per round.
+const BLOCK: usize = 200_000;
+const KEYS: usize = 10_000;
+
+/// `tower_governor`'s key extractor for the `x-api-key` header (its key
+/// type must be owned, so it builds a `String` per request).
+#[derive(Clone)]
+struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<Self::Key, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+fn route() -> Router {
+    Router::new().route("/", get(|| async { "ok" }))
+}
+
+/// 1,000 a second per key with a burst of 1,000 (GCRA) on both sides: far
+/// above what one key of 10,000 sees, so every request is admitted.
+fn tollgate(headers: HeaderStyle) -> Router {
+    let policy = Policy::builder("bench")
+        .algorithm(Algorithm::Gcra)
+        .limit("1000/s")
+        .burst(1_000)
+        .build()
+        .unwrap();
+    let key = HeaderKey::new(HeaderName::from_static("x-api-key"));
+    route().layer(RateLimitLayer::new(policy, key).headers(headers))
+}
+
+fn tower_governor(headers: bool) -> Router {
+    let mut builder = GovernorConfigBuilder::default().key_extractor(ApiKey);
+    builder.per_millisecond(1).burst_size(1_000);
+    if headers {
+        // `use_headers` returns a builder of another type.
+        let config = builder.use_headers().finish().unwrap();
+        return route().layer(GovernorLayer::new(config));
+    }
+    route().layer(GovernorLayer::new(builder.finish().unwrap()))
+}
+
+/// Polls a future that must not wait.
+fn now<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("the request waited"),
+    }
+}
+
+/// Calls `app` `BLOCK` times, the keys starting at `offset`; returns the
+/// time per request in nanoseconds. Fails if any response is not 200.
+fn block(app: &mut Router<()>, keys: &[HeaderValue], offset: usize) -> f64 {
+    let start = Instant::now();
+    for i in offset..offset + BLOCK {
+        let request = Request::get("/")
+            .header("x-api-key", keys[i % KEYS].clone())
+            .body(Body::empty())
+            .unwrap();
+        let response = now(app.call(request)).unwrap();
+        assert_eq!(response.status(), 200);
+        black_box(response);
+    }
+    start.elapsed().as_secs_f64() * 1e9 / BLOCK as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    // `cargo test --benches` runs bench targets with `--test`: one small
+    // round is enough there.
+    let smoke = std::env::args().any(|a| a == "--test");
+    let rounds = if smoke {
+        1
+    } else {
+        std::env::var("TOLLGATE_BENCH_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(ROUNDS)
+    };
+    let keys: Vec<HeaderValue> = (0..KEYS)
+        .map(|i| HeaderValue::try_from(format!("k{i}")).unwrap())
+        .collect();
+    let mut variants: Vec<(&str, Router<()>)> = vec![
+        ("bare", route()),
+        ("tollgate, GitHub headers", tollgate(HeaderStyle::GitHub)),
+        ("tollgate, no headers", tollgate(HeaderStyle::None)),
+        ("tower_governor, with headers", tower_governor(true)),
+        ("tower_governor, no headers", tower_governor(false)),
+    ]
+    .into_iter()
+    // `TOLLGATE_BENCH_ONLY='tollgate, no|governor, no'` keeps the variants
+    // whose names contain one of the `|`-separated texts, and the bare
+    // route (to count one variant's instructions under callgrind, say).
+    .filter(|(name, _)| match std::env::var("TOLLGATE_BENCH_ONLY") {
+        Ok(only) => *name == "bare" || only.split('|').any(|w| name.contains(w)),
+        Err(_) => true,
+    })
+    .map(|(name, app)| (name, app.with_state(())))
+    .collect();
+    // Warm up: every key's state exists on every side before timing.
+    for (_, app) in &mut variants {
+        block(app, &keys, 0);
+    }
+    // Each variant writes the headers its name says, and only those.
+    for (name, app) in &mut variants {
+        let request = Request::get("/")
+            .header("x-api-key", "k1")
+            .body(Body::empty())
+            .unwrap();
+        let response = now(app.call(request)).unwrap();
+        let has = response.headers().contains_key("x-ratelimit-remaining");
+        assert_eq!(
+            has,
+            name.contains("with headers") || name.contains("GitHub"),
+            "{name}"
+        );
+    }
+    let mut times = vec![Vec::new(); variants.len()];
+    for round in 0..rounds {
+        let offset = (round + 1) * BLOCK;
+        for turn in 0..variants.len() {
+            let v = (round + turn) % variants.len();
+            times[v].push(block(&mut variants[v].1, &keys, offset));
+        }
+    }
+    let bare = times[0].clone();
+    let per_round = |v: usize, f: &dyn Fn(f64, f64) -> f64| -> Vec<f64> {
+        times[v].iter().zip(&bare).map(|(&t, &b)| f(t, b)).collect()
+    };
+    println!(
+        "In-process Axum route, ns per request: medians of {rounds} interleaved rounds of {BLOCK} requests, {KEYS} rotating keys\n"
+    );
+    println!("| variant | ns/request | overhead beyond bare, ns | ratio of bare's requests/s |");
+    println!("|---|---:|---:|---:|");
+    for (v, (name, _)) in variants.iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.2} |",
+            median(times[v].clone()),
+            median(per_round(v, &|t, b| t - b)),
+            median(per_round(v, &|t, b| b / t)),
+        );
+    }
+    let paired = |ours: usize, theirs: usize| {
+        let ratio = |f: &dyn Fn(usize, usize) -> f64| {
+            median((0..rounds).map(|r| f(r, ours) / f(r, theirs)).collect())
+        };
+        (
+            ratio(&|r, v| times[v][r]),
+            ratio(&|r, v| times[v][r] - bare[r]),
+        )
+    };
+    let index = |name: &str| variants.iter().position(|(n, _)| *n == name);
+    let pairs = [
+        ("tollgate, GitHub headers", "tower_governor, with headers"),
+        ("tollgate, no headers", "tower_governor, no headers"),
+    ];
+    for (ours, theirs) in pairs {
+        let (Some(ours), Some(theirs)) = (index(ours), index(theirs)) else {
+            continue;
+        };
+        let (time, overhead) = paired(ours, theirs);
+        println!(
+            "\n{} / {}: time per request {time:.2}, overhead beyond bare {overhead:.2} (medians of per-round ratios; below 1 is faster)",
+            variants[ours].0, variants[theirs].0
+        );
+    }
+}
