@@ -61,7 +61,7 @@ fn route() -> Router {
 
 /// 1,000 a second per key with a burst of 1,000 (GCRA) on both sides: far
 /// above what one key of 10,000 sees, so every request is admitted.
-fn tollgate(headers: HeaderStyle) -> Router {
+fn tollgate(headers: HeaderStyle, keep_body_type: bool) -> Router {
     let policy = Policy::builder("bench")
         .algorithm(Algorithm::Gcra)
         .limit("1000/s")
@@ -69,7 +69,11 @@ fn tollgate(headers: HeaderStyle) -> Router {
         .build()
         .unwrap();
     let key = HeaderKey::new(HeaderName::from_static("x-api-key"));
-    route().layer(RateLimitLayer::new(policy, key).headers(headers))
+    let layer = RateLimitLayer::new(policy, key).headers(headers);
+    if keep_body_type {
+        return route().layer(layer.keep_body_type());
+    }
+    route().layer(layer)
 }
 
 fn tower_governor(headers: bool) -> Router {
@@ -133,8 +137,19 @@ fn main() {
         .collect();
     let mut variants: Vec<(&str, Router<()>)> = vec![
         ("bare", route()),
-        ("tollgate, GitHub headers", tollgate(HeaderStyle::GitHub)),
-        ("tollgate, no headers", tollgate(HeaderStyle::None)),
+        (
+            "tollgate, GitHub headers",
+            tollgate(HeaderStyle::GitHub, false),
+        ),
+        ("tollgate, no headers", tollgate(HeaderStyle::None, false)),
+        (
+            "tollgate, GitHub headers, keep_body_type",
+            tollgate(HeaderStyle::GitHub, true),
+        ),
+        (
+            "tollgate, no headers, keep_body_type",
+            tollgate(HeaderStyle::None, true),
+        ),
         ("tower_governor, with headers", tower_governor(true)),
         ("tower_governor, no headers", tower_governor(false)),
     ]
@@ -204,6 +219,14 @@ fn main() {
     let pairs = [
         ("tollgate, GitHub headers", "tower_governor, with headers"),
         ("tollgate, no headers", "tower_governor, no headers"),
+        (
+            "tollgate, GitHub headers, keep_body_type",
+            "tower_governor, with headers",
+        ),
+        (
+            "tollgate, no headers, keep_body_type",
+            "tower_governor, no headers",
+        ),
     ];
     for (ours, theirs) in pairs {
         let (Some(ours), Some(theirs)) = (index(ours), index(theirs)) else {

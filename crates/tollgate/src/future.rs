@@ -1,6 +1,7 @@
 //! The response future of the rate-limit service.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -8,12 +9,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
 use pin_project_lite::pin_project;
 use tollgate_core::{Decision, StoreError};
 use tower_service::Service;
 
-use crate::body::ResponseBody;
+use crate::body::{BodyKind, WrapBody};
 use crate::report::Verdict;
 use crate::response::{FailureMode, Responder};
 
@@ -63,13 +63,15 @@ pin_project! {
     /// It asks the store (only when the store cannot answer at once), holds
     /// a shaped request for its delay (or, in waiting mode, a denied one
     /// until it is admitted), then runs the inner service's future and adds
-    /// the rate-limit headers to its response.
-    pub struct ResponseFuture<F, S, B> {
+    /// the rate-limit headers to its response. `M` types the response body
+    /// (see [`BodyKind`]).
+    pub struct ResponseFuture<F, S, B, M = WrapBody> {
         #[pin]
         state: State<F, S, B>,
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
         enforce: bool,
+        body: PhantomData<fn() -> M>,
     }
 }
 
@@ -98,12 +100,12 @@ pin_project! {
             decision: Option<Decision>,
         },
         Responding {
-            response: Option<Response<Full<Bytes>>>,
+            response: Option<Response<Bytes>>,
         },
     }
 }
 
-impl<F, S, B> ResponseFuture<F, S, B>
+impl<F, S, B, M> ResponseFuture<F, S, B, M>
 where
     S: Service<Request<B>, Future = F> + Clone,
 {
@@ -121,10 +123,11 @@ where
             responder,
             waiter: None,
             enforce: true,
+            body: PhantomData,
         }
     }
 
-    pub(crate) fn respond(response: Response<Full<Bytes>>, responder: Arc<Responder>) -> Self {
+    pub(crate) fn respond(response: Response<Bytes>, responder: Arc<Responder>) -> Self {
         Self {
             state: State::Responding {
                 response: Some(response),
@@ -132,6 +135,7 @@ where
             responder,
             waiter: None,
             enforce: true,
+            body: PhantomData,
         }
     }
 
@@ -152,6 +156,7 @@ where
             responder,
             waiter,
             enforce,
+            body: PhantomData,
         }
     }
 
@@ -169,6 +174,7 @@ where
             responder,
             waiter,
             enforce,
+            body: PhantomData,
         }
     }
 }
@@ -250,12 +256,13 @@ where
     }
 }
 
-impl<F, S, B, ResBody, E> Future for ResponseFuture<F, S, B>
+impl<F, S, B, M, ResBody, E> Future for ResponseFuture<F, S, B, M>
 where
     S: Service<Request<B>, Response = Response<ResBody>, Error = E, Future = F> + Clone,
     F: Future<Output = Result<Response<ResBody>, E>>,
+    M: BodyKind<ResBody>,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, E>;
+    type Output = Result<Response<M::Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -314,7 +321,7 @@ where
                 }
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
-                    let mut response = response.map(ResponseBody::inner);
+                    let mut response = response.map(M::inner);
                     if let Some(decision) = decision.take() {
                         this.responder.decorate(&decision, &mut response);
                     }
@@ -323,11 +330,11 @@ where
                 StateProj::Responding { response } => {
                     // `None` only if polled again after completion.
                     let response = response.take().unwrap_or_else(|| {
-                        let mut r = Response::new(Full::default());
+                        let mut r = Response::new(Bytes::new());
                         *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
                         r
                     });
-                    return Poll::Ready(Ok(response.map(ResponseBody::own)));
+                    return Poll::Ready(Ok(response.map(M::own)));
                 }
             }
         }

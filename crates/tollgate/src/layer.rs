@@ -1,5 +1,6 @@
 //! The rate-limit layer.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use http::{Response, StatusCode};
 use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
 use tower_layer::Layer;
 
+use crate::body::{KeepBody, WrapBody};
 use crate::headers::HeaderStyle;
 use crate::response::{FailureMode, MissingKey, Responder};
 use crate::service::{RateLimit, Shared};
@@ -35,7 +37,7 @@ use crate::service::{RateLimit, Shared};
 /// ```
 #[derive(Debug)]
 #[must_use]
-pub struct RateLimitLayer<K, St = MemoryStore> {
+pub struct RateLimitLayer<K, St = MemoryStore, M = WrapBody> {
     policy: Policy,
     store: Arc<St>,
     extractor: Arc<K>,
@@ -44,9 +46,10 @@ pub struct RateLimitLayer<K, St = MemoryStore> {
     local: MemoryStore,
     local_policy: Policy,
     responder: Responder,
+    body: PhantomData<fn() -> M>,
 }
 
-impl<K, St> Clone for RateLimitLayer<K, St> {
+impl<K, St, M> Clone for RateLimitLayer<K, St, M> {
     fn clone(&self) -> Self {
         Self {
             policy: self.policy.clone(),
@@ -57,6 +60,7 @@ impl<K, St> Clone for RateLimitLayer<K, St> {
             local: self.local.clone(),
             local_policy: self.local_policy.clone(),
             responder: self.responder.clone(),
+            body: PhantomData,
         }
     }
 }
@@ -75,14 +79,15 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             wait: None,
             local: MemoryStore::new(),
             responder,
+            body: PhantomData,
         }
     }
 }
 
-impl<K, St> RateLimitLayer<K, St> {
+impl<K, St, M> RateLimitLayer<K, St, M> {
     /// Keeps state in `store` instead. Pass a clone of one store to several
     /// layers to let them share state (state is per policy name and key).
-    pub fn store<St2>(self, store: St2) -> RateLimitLayer<K, St2> {
+    pub fn store<St2>(self, store: St2) -> RateLimitLayer<K, St2, M> {
         RateLimitLayer {
             policy: self.policy,
             store: Arc::new(store),
@@ -92,6 +97,39 @@ impl<K, St> RateLimitLayer<K, St> {
             local: self.local,
             local_policy: self.local_policy,
             responder: self.responder,
+            body: PhantomData,
+        }
+    }
+
+    /// Gives responses the inner service's own body type instead of
+    /// [`ResponseBody`](crate::ResponseBody); the layer then builds its
+    /// rejections with `From<Bytes>`, which axum's `Body` implements.
+    ///
+    /// Axum converts the responses of a layered route to its `Body`, and
+    /// must box any other body type to do so: keeping axum's type saves
+    /// that allocation on every response.
+    ///
+    /// ```
+    /// use axum::{Router, routing::get};
+    /// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
+    ///
+    /// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(RateLimitLayer::new(policy, GlobalKey).keep_body_type());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn keep_body_type(self) -> RateLimitLayer<K, St, KeepBody> {
+        RateLimitLayer {
+            policy: self.policy,
+            store: self.store,
+            extractor: self.extractor,
+            cost: self.cost,
+            wait: self.wait,
+            local: self.local,
+            local_policy: self.local_policy,
+            responder: self.responder,
+            body: PhantomData,
         }
     }
 
@@ -268,8 +306,8 @@ impl<K, St> RateLimitLayer<K, St> {
     }
 }
 
-impl<S, K, St> Layer<S> for RateLimitLayer<K, St> {
-    type Service = RateLimit<S, K, St>;
+impl<S, K, St, M> Layer<S> for RateLimitLayer<K, St, M> {
+    type Service = RateLimit<S, K, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(

@@ -90,7 +90,7 @@ mod report;
 mod response;
 mod service;
 
-pub use body::ResponseBody;
+pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
 pub use extract::RouteKey;

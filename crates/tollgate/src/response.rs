@@ -6,7 +6,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use http_body_util::Full;
 use tollgate_core::{Decision, Key, Outcome};
 
 use crate::headers::{self, HeaderStyle};
@@ -149,9 +148,9 @@ impl Responder {
     }
 
     /// The response to a denied request.
-    pub(crate) fn reject(&self, decision: &Decision) -> Response<Full<Bytes>> {
+    pub(crate) fn reject(&self, decision: &Decision) -> Response<Bytes> {
         let mut response = match &self.custom {
-            Some(custom) => custom(decision).map(Full::new),
+            Some(custom) => custom(decision),
             None => self.problem(decision),
         };
         let headers = response.headers_mut();
@@ -168,7 +167,7 @@ impl Responder {
         response
     }
 
-    fn problem(&self, decision: &Decision) -> Response<Full<Bytes>> {
+    fn problem(&self, decision: &Decision) -> Response<Bytes> {
         let name = &*self.policy;
         let detail = detail(decision, name);
         if self.grpc {
@@ -186,7 +185,7 @@ impl Responder {
     }
 
     /// The response to a request without a key, unless it is let through.
-    pub(crate) fn missing_key(&self, policy: &str) -> Response<Full<Bytes>> {
+    pub(crate) fn missing_key(&self, policy: &str) -> Response<Bytes> {
         let status = match self.missing {
             MissingKey::Reject(status) => status,
             _ => {
@@ -215,7 +214,7 @@ impl Responder {
     }
 
     /// The response when the store failed and the failure mode is closed.
-    pub(crate) fn unavailable(&self) -> Response<Full<Bytes>> {
+    pub(crate) fn unavailable(&self) -> Response<Bytes> {
         if self.grpc {
             let mut response = grpc_response(GRPC_UNAVAILABLE, "the rate limiter is unavailable");
             response
@@ -252,8 +251,8 @@ const GRPC_UNAVAILABLE: &str = "14";
 const GRPC_UNAUTHENTICATED: &str = "16";
 
 /// A trailers-only gRPC response with `code` and `message`.
-fn grpc_response(code: &'static str, message: &str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::default());
+fn grpc_response(code: &'static str, message: &str) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-status", HeaderValue::from_static(code));
@@ -264,8 +263,8 @@ fn grpc_response(code: &'static str, message: &str) -> Response<Full<Bytes>> {
     response
 }
 
-fn problem_response(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(
         CONTENT_TYPE,

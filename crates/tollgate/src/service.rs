@@ -1,6 +1,7 @@
 //! The rate-limit service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -9,7 +10,7 @@ use http::{Request, Response};
 use tollgate_core::{Decision, Key, MemoryStore, Policy, Store, StoreError};
 use tower_service::Service;
 
-use crate::body::ResponseBody;
+use crate::body::{BodyKind, WrapBody};
 use crate::extract::KeyExtractor;
 use crate::future::{Check, Inner, ResponseFuture, Waiter};
 use crate::response::{FailureMode, MissingKey, Responder};
@@ -53,15 +54,21 @@ impl<K, St> Shared<K, St> {
 ///
 /// The decision is made in `call`, not in `poll_ready`, which only asks the
 /// inner service: the service is always ready as far as limiting goes, as
-/// axum expects. Clones share all state.
-pub struct RateLimit<S, K, St> {
+/// axum expects. Clones share all state. `M` types the response body (see
+/// [`BodyKind`]).
+pub struct RateLimit<S, K, St, M = WrapBody> {
     inner: S,
     shared: Arc<Shared<K, St>>,
+    body: PhantomData<fn() -> M>,
 }
 
-impl<S, K, St> RateLimit<S, K, St> {
+impl<S, K, St, M> RateLimit<S, K, St, M> {
     pub(crate) fn new(inner: S, shared: Arc<Shared<K, St>>) -> Self {
-        Self { inner, shared }
+        Self {
+            inner,
+            shared,
+            body: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -85,16 +92,17 @@ impl<S, K, St> RateLimit<S, K, St> {
     }
 }
 
-impl<S: Clone, K, St> Clone for RateLimit<S, K, St> {
+impl<S: Clone, K, St, M> Clone for RateLimit<S, K, St, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            body: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, K, St> fmt::Debug for RateLimit<S, K, St> {
+impl<S: fmt::Debug, K, St, M> fmt::Debug for RateLimit<S, K, St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -103,16 +111,17 @@ impl<S: fmt::Debug, K, St> fmt::Debug for RateLimit<S, K, St> {
     }
 }
 
-impl<S, K, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, St>
+impl<S, K, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, St, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     K: KeyExtractor<ReqBody>,
     St: Store,
+    M: BodyKind<ResBody>,
     ReqBody: Send + 'static,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, S, ReqBody>;
+    type Future = ResponseFuture<S::Future, S, ReqBody, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

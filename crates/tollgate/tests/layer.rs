@@ -439,6 +439,40 @@ async fn stacked_layers_report_the_one_with_fewest_requests_left() {
 }
 
 #[tokio::test]
+async fn keeping_the_body_type_changes_no_response() {
+    // Each response as a client sees it: status, headers and body.
+    async fn responses(app: Router) -> Vec<(u16, Vec<(String, String)>, Vec<u8>)> {
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            let res = app.clone().oneshot(get_root()).await.unwrap();
+            let headers = res
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+                .collect();
+            let status = res.status().as_u16();
+            let body = to_bytes(res.into_body(), usize::MAX).await.unwrap();
+            out.push((status, headers, body.to_vec()));
+        }
+        out
+    }
+    let layer = || {
+        let (_, store) = clock_and_store();
+        let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
+        RateLimitLayer::new(policy, GlobalKey).store(store)
+    };
+    let route = || Router::new().route("/", get(|| async { "ok" }));
+    let wrapped = responses(route().layer(layer())).await;
+    let kept = responses(route().layer(layer().keep_body_type())).await;
+    assert_eq!(kept, wrapped);
+    let statuses: Vec<u16> = kept.iter().map(|(status, _, _)| *status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(kept[0].2, b"ok");
+    let rejection: serde_json::Value = serde_json::from_slice(&kept[3].2).unwrap();
+    assert_eq!(rejection["violated-policies"][0], "core");
+}
+
+#[tokio::test]
 async fn works_with_any_body_type_outside_axum() {
     let (_, store) = clock_and_store();
     let policy = Policy::new("plain", Algorithm::SlidingWindow, "1/min").unwrap();

@@ -22,8 +22,8 @@ use axum::{Json, http};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::{
-    ClientIp, Decision, ExtensionKey, GlobalKey, HeaderKey, Key, KeyExtractor, MemoryStore, Policy,
-    RateLimitLayer, Store, StoreError, ToKey,
+    ClientIp, Decision, ExtensionKey, GlobalKey, HeaderKey, KeepBody, Key, KeyExtractor,
+    MemoryStore, Policy, RateLimitLayer, Store, StoreError, ToKey,
 };
 use tollgate_redis::RedisStore;
 
@@ -127,7 +127,7 @@ fn layer(
     config: &AppConfig,
     entry: &RouteConfig,
     store: &AppStore,
-) -> RateLimitLayer<AppKey, AppStore> {
+) -> RateLimitLayer<AppKey, AppStore, KeepBody> {
     let key = match &entry.key {
         KeySpec::Ip => AppKey::Ip(config.client_ip.clone()),
         KeySpec::User => AppKey::User(ExtensionKey::new()),
@@ -138,7 +138,9 @@ fn layer(
         .store(store.clone())
         .cost(entry.cost)
         .headers(config.header_style)
-        .on_store_error(config.failure);
+        .on_store_error(config.failure)
+        // Axum's own body type: axum need not box each response again.
+        .keep_body_type();
     // The config checked the percentage (0 to 100), so this cannot fail.
     match layer.clone().enforce_percent(entry.enforce_percent) {
         Ok(ramped) => ramped,
