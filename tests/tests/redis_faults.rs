@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -18,6 +19,43 @@ use tower::ServiceExt;
 
 const DEADLINE: Duration = Duration::from_millis(50);
 const SLACK: Duration = Duration::from_millis(50);
+
+/// The longest this process's threads were kept waiting by the machine
+/// while a test ran: a plain thread sleeps 2 ms in a loop and records how
+/// late it woke. On a loaded 2-core CI machine a whole process can stall
+/// for a few hundred milliseconds, which no deadline of the store can
+/// prevent, so latency bounds allow for it. A plain thread, not a task: a
+/// runtime worker that the store blocked (a bug) stalls the requests, not
+/// this thread, and is not excused.
+struct StallMeter {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Duration>,
+}
+
+impl StallMeter {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut worst = Duration::ZERO;
+                while !stop.load(Ordering::Relaxed) {
+                    let asked = Instant::now();
+                    std::thread::sleep(Duration::from_millis(2));
+                    let late = asked.elapsed().saturating_sub(Duration::from_millis(2));
+                    worst = worst.max(late);
+                }
+                worst
+            }
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the stall meter ran")
+    }
+}
 
 async fn store(server: &RedisServer) -> RedisStore {
     store_with(server, 10_000).await
@@ -125,13 +163,15 @@ async fn a_killed_redis_follows_each_failure_policy_within_the_deadline() {
             server.kill();
             server
         });
+        let stalls = StallMeter::start();
         let samples = hammer(app, store, 16, Duration::from_millis(1_500)).await;
+        let stall = stalls.stop();
         drop(killer.await.unwrap());
 
         let slowest = samples.iter().map(|s| s.latency).max().unwrap();
         assert!(
-            slowest <= DEADLINE + SLACK,
-            "{mode:?}: a request took {slowest:?}"
+            slowest <= DEADLINE + SLACK + stall,
+            "{mode:?}: a request took {slowest:?} (the machine stalled the process for up to {stall:?})"
         );
         let before: Vec<_> = samples
             .iter()
@@ -259,10 +299,15 @@ async fn a_paused_redis_opens_the_circuit_and_it_closes_after_the_pause() {
             (opened, closed_after)
         })
     };
+    let stalls = StallMeter::start();
     let samples = hammer(app, store, 8, Duration::from_millis(7_500)).await;
+    let stall = stalls.stop();
     let (opened, closed) = watcher.await.unwrap();
     let slowest = samples.iter().map(|s| s.latency).max().unwrap();
-    assert!(slowest <= DEADLINE + SLACK, "a request took {slowest:?}");
+    assert!(
+        slowest <= DEADLINE + SLACK + stall,
+        "a request took {slowest:?} (the machine stalled the process for up to {stall:?})"
+    );
     assert!(
         opened.is_some_and(|t| t < Duration::from_secs(1)),
         "opened at {opened:?}"
@@ -285,6 +330,7 @@ async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
         .await
         .unwrap();
     let policy = Arc::new(Policy::new("pool", Algorithm::SlidingWindow, "1000000/min").unwrap());
+    let stalls = StallMeter::start();
     let tasks: Vec<_> = (0..500)
         .map(|i| {
             let (pool, policy) = (pool.clone(), policy.clone());
@@ -295,10 +341,17 @@ async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
             })
         })
         .collect();
-    let mut ok = 0;
+    let mut results = Vec::new();
     for t in tasks {
-        let (latency, success) = t.await.unwrap();
-        assert!(latency <= checkout + DEADLINE + SLACK, "waited {latency:?}");
+        results.push(t.await.unwrap());
+    }
+    let stall = stalls.stop();
+    let mut ok = 0;
+    for (latency, success) in results {
+        assert!(
+            latency <= checkout + DEADLINE + SLACK + stall,
+            "waited {latency:?} (the machine stalled the process for up to {stall:?})"
+        );
         ok += usize::from(success);
     }
     assert!(ok > 0, "the pool served some requests");
