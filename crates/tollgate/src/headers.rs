@@ -68,8 +68,11 @@ pub(crate) fn write(
     if !matches!(style, HeaderStyle::GitHub | HeaderStyle::Both) {
         return;
     }
-    // Grow the map once, not once per header.
-    headers.reserve(5);
+    // Room for the five headers and one more: axum adds `content-length`
+    // after the layer. A map that must grow then grows now, once, while it
+    // holds a header or two, rather than later, when every entry it holds
+    // would be moved and re-indexed.
+    headers.reserve(6);
     // Stacked layers (per IP, then per user) all decorate one response:
     // the GitHub headers describe the tightest of them. One lookup both
     // reads a nearer layer's figure and writes this one's (every lookup
