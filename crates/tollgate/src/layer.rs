@@ -88,9 +88,14 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// Keeps state in `store` instead. Pass a clone of one store to several
     /// layers to let them share state (state is per policy name and key).
     pub fn store<St2>(self, store: St2) -> RateLimitLayer<K, St2, M> {
+        self.retyped(Arc::new(store))
+    }
+
+    /// The same configuration with `store` and the body kind `M2`.
+    fn retyped<St2, M2>(self, store: Arc<St2>) -> RateLimitLayer<K, St2, M2> {
         RateLimitLayer {
             policy: self.policy,
-            store: Arc::new(store),
+            store,
             extractor: self.extractor,
             cost: self.cost,
             wait: self.wait,
@@ -120,17 +125,8 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn keep_body_type(self) -> RateLimitLayer<K, St, KeepBody> {
-        RateLimitLayer {
-            policy: self.policy,
-            store: self.store,
-            extractor: self.extractor,
-            cost: self.cost,
-            wait: self.wait,
-            local: self.local,
-            local_policy: self.local_policy,
-            responder: self.responder,
-            body: PhantomData,
-        }
+        let store = self.store.clone();
+        self.retyped(store)
     }
 
     /// The cost of each request (default 1). A cost of 0 only reads the
