@@ -31,15 +31,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::get;
-use http::{HeaderName, Request};
-use tollgate::{HeaderKey, HeaderStyle, RateLimitLayer};
+use tollgate::{HeaderStyle, RateLimitLayer};
 use tollgate_core::{Algorithm, Policy};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, command_calls, command_stat};
-use tower_governor::GovernorLayer;
-use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
+
+mod common;
+use common::{header_key, per_key, route, tower_governor_app};
 
 const ROUNDS: usize = 7;
 const SECONDS: u64 = 3;
@@ -58,41 +56,6 @@ request = function()
   return wrk.format("GET", "/", { ["x-api-key"] = "hot" })
 end
 "#;
-
-/// `tower_governor`'s key extractor for the same header.
-#[derive(Clone)]
-struct ApiKey;
-
-impl KeyExtractor for ApiKey {
-    type Key = String;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<Self::Key, tower_governor::GovernorError> {
-        req.headers()
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
-    }
-}
-
-fn route() -> Router {
-    Router::new().route("/", get(|| async { "ok" }))
-}
-
-fn header_key() -> HeaderKey {
-    HeaderKey::new(HeaderName::from_static("x-api-key"))
-}
-
-/// 1,000 a second per key with a burst of 1,000 (GCRA): far above what one
-/// key of 10,000 sees, so every request is admitted.
-fn per_key() -> Policy {
-    Policy::builder("bench")
-        .algorithm(Algorithm::Gcra)
-        .limit("1000/s")
-        .burst(1_000)
-        .build()
-        .unwrap()
-}
 
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -222,16 +185,6 @@ fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
-}
-
-fn tower_governor_app(headers: bool) -> Router {
-    let mut builder = GovernorConfigBuilder::default().key_extractor(ApiKey);
-    builder.per_millisecond(1).burst_size(1_000);
-    if headers {
-        let config = builder.use_headers().finish().unwrap();
-        return route().layer(GovernorLayer::new(config));
-    }
-    route().layer(GovernorLayer::new(builder.finish().unwrap()))
 }
 
 fn main() {

@@ -24,67 +24,26 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
-use axum::routing::get;
-use http::{HeaderName, HeaderValue, Request};
-use tollgate::{HeaderKey, HeaderStyle, RateLimitLayer};
-use tollgate_core::{Algorithm, Policy};
+use http::{HeaderValue, Request};
+use tollgate::{HeaderStyle, RateLimitLayer};
 use tower::Service;
-use tower_governor::GovernorLayer;
-use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
+
+mod common;
+use common::{header_key, per_key, route, tower_governor_app};
 
 const ROUNDS: usize = 11;
 /// Requests per variant per round.
 const BLOCK: usize = 200_000;
 const KEYS: usize = 10_000;
 
-/// `tower_governor`'s key extractor for the `x-api-key` header (its key
-/// type must be owned, so it builds a `String` per request).
-#[derive(Clone)]
-struct ApiKey;
-
-impl KeyExtractor for ApiKey {
-    type Key = String;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<Self::Key, tower_governor::GovernorError> {
-        req.headers()
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
-    }
-}
-
-fn route() -> Router {
-    Router::new().route("/", get(|| async { "ok" }))
-}
-
-/// 1,000 a second per key with a burst of 1,000 (GCRA) on both sides: far
-/// above what one key of 10,000 sees, so every request is admitted.
+/// The route behind tollgate, at the same rate and burst as
+/// `tower_governor`.
 fn tollgate(headers: HeaderStyle, keep_body_type: bool) -> Router {
-    let policy = Policy::builder("bench")
-        .algorithm(Algorithm::Gcra)
-        .limit("1000/s")
-        .burst(1_000)
-        .build()
-        .unwrap();
-    let key = HeaderKey::new(HeaderName::from_static("x-api-key"));
-    let layer = RateLimitLayer::new(policy, key).headers(headers);
+    let layer = RateLimitLayer::new(per_key(), header_key()).headers(headers);
     if keep_body_type {
         return route().layer(layer.keep_body_type());
     }
     route().layer(layer)
-}
-
-fn tower_governor(headers: bool) -> Router {
-    let mut builder = GovernorConfigBuilder::default().key_extractor(ApiKey);
-    builder.per_millisecond(1).burst_size(1_000);
-    if headers {
-        // `use_headers` returns a builder of another type.
-        let config = builder.use_headers().finish().unwrap();
-        return route().layer(GovernorLayer::new(config));
-    }
-    route().layer(GovernorLayer::new(builder.finish().unwrap()))
 }
 
 /// Polls a future that must not wait.
@@ -150,8 +109,8 @@ fn main() {
             "tollgate, no headers, keep_body_type",
             tollgate(HeaderStyle::None, true),
         ),
-        ("tower_governor, with headers", tower_governor(true)),
-        ("tower_governor, no headers", tower_governor(false)),
+        ("tower_governor, with headers", tower_governor_app(true)),
+        ("tower_governor, no headers", tower_governor_app(false)),
     ]
     .into_iter()
     // `TOLLGATE_BENCH_ONLY='tollgate, no|governor, no'` keeps the variants
