@@ -20,6 +20,11 @@ use tower::ServiceExt;
 const DEADLINE: Duration = Duration::from_millis(50);
 const SLACK: Duration = Duration::from_millis(50);
 
+/// The tests here bound latencies in real time, so they take turns: run
+/// side by side, five tests with two runtime workers each would share two
+/// cores, and one test's load would become another's stall.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The longest this process's threads were kept waiting by the machine
 /// while a test ran: a plain thread sleeps 2 ms in a loop and records how
 /// late it woke. On a loaded 2-core CI machine a whole process can stall
@@ -152,6 +157,7 @@ fn percentile(mut v: Vec<Duration>, p: usize) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_follows_each_failure_policy_within_the_deadline() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     for mode in [FailureMode::Open, FailureMode::Closed, FailureMode::Local] {
         let mut server = RedisServer::spawn();
         // Without the deny cache: the clients exhaust their limits before
@@ -160,8 +166,15 @@ async fn a_killed_redis_follows_each_failure_policy_within_the_deadline() {
         let app = app(store.clone(), mode);
         let killer = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            server.kill();
-            server
+            // Reaping the killed process blocks; on a runtime worker it
+            // would hold up the requests queued there, which no store
+            // can prevent.
+            tokio::task::spawn_blocking(move || {
+                server.kill();
+                server
+            })
+            .await
+            .unwrap()
         });
         let stalls = StallMeter::start();
         let samples = hammer(app, store, 16, Duration::from_millis(1_500)).await;
@@ -224,6 +237,7 @@ async fn a_killed_redis_follows_each_failure_policy_within_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_empty_limiting_is_back_on_redis_within_two_seconds() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut server = RedisServer::spawn();
     let store = store(&server).await;
     // A key that lives 6 s after a request, long enough to look at.
@@ -268,6 +282,7 @@ async fn after_a_restart_empty_limiting_is_back_on_redis_within_two_seconds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_opens_the_circuit_and_it_closes_after_the_pause() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::spawn();
     let store = store(&server).await;
     let app = app(store.clone(), FailureMode::Local);
@@ -320,6 +335,7 @@ async fn a_paused_redis_opens_the_circuit_and_it_closes_after_the_pause() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::spawn();
     let checkout = Duration::from_millis(25);
     let pool = RedisStore::builder()
@@ -359,6 +375,7 @@ async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_and_oom_are_unavailable_and_health_checks_run_the_script() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut server = RedisServer::spawn();
     let store = store(&server).await;
     let policy = Policy::new("classify", Algorithm::Gcra, "10/s").unwrap();
