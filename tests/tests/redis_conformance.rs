@@ -23,28 +23,43 @@ static RT: LazyLock<Runtime> = LazyLock::new(|| {
         .unwrap()
 });
 
-/// One Redis store per algorithm test, driven by its own fake clock.
+/// Redis stores per algorithm test, driven by their own fake clock: one as
+/// the store runs by default, and one whose one-word script always reads
+/// first (the default starts by writing first, and reads first once keys
+/// are busy).
 struct Harness {
     clock: FakeClock,
     redis: RedisStore,
+    reading_first: RedisStore,
 }
 
 impl Harness {
     fn new(name: &str) -> Self {
         let clock = FakeClock::default();
-        let redis = RT.block_on(async {
-            let url = require_redis().await;
-            RedisStore::builder()
-                .prefix(unique_prefix(name))
-                .deadline(Duration::from_secs(10))
-                .response_timeout(Duration::from_secs(10))
-                .connect_timeout(Duration::from_secs(2))
-                .test_clock(clock.clone())
-                .connect(url.as_str())
-                .await
-                .unwrap()
-        });
-        Self { clock, redis }
+        let connect = |prefix: String, read_first: bool| {
+            RT.block_on(async {
+                let url = require_redis().await;
+                let builder = RedisStore::builder()
+                    .prefix(prefix)
+                    .deadline(Duration::from_secs(10))
+                    .response_timeout(Duration::from_secs(10))
+                    .connect_timeout(Duration::from_secs(2))
+                    .test_clock(clock.clone());
+                let builder = if read_first {
+                    builder.test_write_first(false)
+                } else {
+                    builder
+                };
+                builder.connect(url.as_str()).await.unwrap()
+            })
+        };
+        let redis = connect(unique_prefix(name), false);
+        let reading_first = connect(unique_prefix("read-first"), true);
+        Self {
+            clock,
+            redis,
+            reading_first,
+        }
     }
 
     /// Runs `case` on a fresh memory store and on Redis, returning both
@@ -62,7 +77,14 @@ impl Harness {
             for &(gap, cost) in &case.arrivals {
                 self.clock.advance(Duration::from_micros(gap));
                 from_memory.push(memory.check(&key, &case.policy, cost).await.unwrap());
-                from_redis.push(self.redis.check(&key, &case.policy, cost).await.unwrap());
+                let decision = self.redis.check(&key, &case.policy, cost).await.unwrap();
+                let read_first = self.reading_first.check(&key, &case.policy, cost);
+                assert_eq!(
+                    read_first.await.unwrap(),
+                    decision,
+                    "reading first decides as the default"
+                );
+                from_redis.push(decision);
             }
             (from_memory, from_redis)
         })

@@ -24,6 +24,31 @@ async fn store(url: &str, prefix: &str, clock: Option<FakeClock>) -> RedisStore 
     builder.connect(url).await.unwrap()
 }
 
+/// Sends `n` checks of `key` at once (released together by a barrier),
+/// spread over `stores` in turn, and returns how many were admitted.
+async fn admitted_at_once(stores: &[RedisStore], policy: &Policy, key: &Key, n: usize) -> usize {
+    let barrier = Arc::new(Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (store, policy, key, barrier) = (
+                stores[i % stores.len()].clone(),
+                policy.clone(),
+                key.clone(),
+                barrier.clone(),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.check(&key, &policy, 1).await.unwrap().is_allowed()
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    admitted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_instances_admit_exactly_the_limit() {
     let url = require_redis().await;
@@ -37,25 +62,7 @@ async fn eight_instances_admit_exactly_the_limit() {
         let policy = Policy::new("exact", algorithm, "100/min").unwrap();
         for round in 0..3 {
             let key = Key::user(format!("{algorithm}-{round}"));
-            let barrier = Arc::new(Barrier::new(1_000));
-            let tasks: Vec<_> = (0..1_000)
-                .map(|i| {
-                    let (store, policy, key, barrier) = (
-                        stores[i % 8].clone(),
-                        policy.clone(),
-                        key.clone(),
-                        barrier.clone(),
-                    );
-                    tokio::spawn(async move {
-                        barrier.wait().await;
-                        store.check(&key, &policy, 1).await.unwrap().is_allowed()
-                    })
-                })
-                .collect();
-            let mut allowed = 0;
-            for task in tasks {
-                allowed += usize::from(task.await.unwrap());
-            }
+            let allowed = admitted_at_once(&stores, &policy, &key, 1_000).await;
             assert_eq!(allowed, 100, "{algorithm}, round {round}");
         }
     }
@@ -260,6 +267,134 @@ async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
             "{key}: PTTL {pttl} ms much shorter than {life_ms} ms"
         );
     }
+}
+
+/// The time stored under `state_key` (µs) and its expiry (PEXPIRETIME, ms).
+async fn time_and_expiry(
+    con: &mut redis::aio::MultiplexedConnection,
+    state_key: &str,
+) -> (u64, u64) {
+    let time: u64 = con.get(state_key).await.unwrap();
+    let expiry: u64 = redis::cmd("PEXPIRETIME")
+        .arg(state_key)
+        .query_async(con)
+        .await
+        .unwrap();
+    (time, expiry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_word_key_expires_at_the_millisecond_its_time_ends() {
+    let url = require_redis().await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    // Redis TIME, as in production, and no deny cache: every decision runs
+    // the script, writing first and reading first.
+    for write_first in [true, false] {
+        let store = RedisStore::builder()
+            .prefix(unique_prefix("expiry"))
+            .deadline(Duration::from_secs(10))
+            .deny_cache(0)
+            .test_write_first(write_first)
+            .connect(url.as_str())
+            .await
+            .unwrap();
+        for algorithm in [
+            Algorithm::Gcra,
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket,
+        ] {
+            // 6,000,000 µs per request, 10 at most ahead: all of one test's
+            // requests find the key's time ahead of now.
+            let policy = Policy::new(format!("expiry-{algorithm}"), algorithm, "10/min").unwrap();
+            let interval = policy.params()[0].interval_us;
+            let key = Key::user("u");
+            let state_key = store.state_key(&policy, &key);
+            // The first request writes an absent key (SET), the next ones a
+            // busy key (INCRBY, then PEXPIREAT): each moves the time by one
+            // interval, and the key expires in the millisecond the time ends,
+            // never before it and never a millisecond later.
+            let mut previous = None;
+            for n in 1..=10 {
+                let d = store.check(&key, &policy, 1).await.unwrap();
+                assert!(
+                    d.is_allowed(),
+                    "{algorithm}, request {n}, write first {write_first}"
+                );
+                let (time, expiry) = time_and_expiry(&mut con, &state_key).await;
+                let expected = previous.unwrap_or(d.now().as_micros()) + interval;
+                assert_eq!(time, expected, "{algorithm}, request {n}");
+                assert_eq!(expiry, time.div_ceil(1_000), "{algorithm}, request {n}");
+                previous = Some(time);
+            }
+            // A denial changes neither.
+            let before = time_and_expiry(&mut con, &state_key).await;
+            assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+            assert_eq!(
+                time_and_expiry(&mut con, &state_key).await,
+                before,
+                "{algorithm}"
+            );
+            // Concurrent requests share calls (the same key several times in
+            // one call) and leave the same invariant.
+            let fresh = Key::user("concurrent");
+            let state_key = store.state_key(&policy, &fresh);
+            let admitted =
+                admitted_at_once(std::slice::from_ref(&store), &policy, &fresh, 40).await;
+            assert_eq!(admitted, 10, "{algorithm}");
+            let (time, expiry) = time_and_expiry(&mut con, &state_key).await;
+            assert_eq!(expiry, time.div_ceil(1_000), "{algorithm}, concurrent");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_writes_first_while_keys_are_idle_and_reads_first_once_they_are_busy() {
+    let server = RedisServer::spawn();
+    let mut con = server.connection();
+    let store = RedisStore::builder()
+        .deadline(Duration::from_secs(10))
+        .deny_cache(0)
+        .connect(server.url())
+        .await
+        .unwrap();
+    let policy = Policy::new("order", Algorithm::Gcra, "10/min").unwrap();
+    let reset = |con: &mut redis::Connection| {
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(con).unwrap();
+    };
+    // 100 keys, once each: every key is absent, and one SET ... NX GET
+    // decides it.
+    reset(&mut con);
+    for i in 0..100 {
+        let d = store
+            .check(&Key::user(format!("idle-{i}")), &policy, 1)
+            .await;
+        assert!(d.unwrap().is_allowed());
+    }
+    assert_eq!(command_calls(&mut con, "set"), 100);
+    assert_eq!(command_calls(&mut con, "get"), 0);
+    // One key, 100 times: the first request finds it absent, every later
+    // one finds it holding a time. The share of such requests, a moving
+    // average over about 32, first reaches a quarter with the tenth of
+    // them (2,048 per 65,536 each, less 1/32 of the share): requests 1 to
+    // 11 write first, 12 to 100 read first.
+    reset(&mut con);
+    let mut allowed = 0;
+    for _ in 0..100 {
+        allowed += usize::from(
+            store
+                .check(&Key::user("busy"), &policy, 1)
+                .await
+                .unwrap()
+                .is_allowed(),
+        );
+    }
+    assert_eq!(allowed, 10);
+    assert_eq!(command_calls(&mut con, "set"), 11);
+    assert_eq!(command_calls(&mut con, "get"), 89);
+    // The first request wrote the key; the next nine were admitted.
+    assert_eq!(command_calls(&mut con, "incrby"), 9);
+    assert_eq!(command_calls(&mut con, "pexpireat"), 9);
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ pub(crate) type Word = (u64, u64);
 pub(crate) struct Queued {
     pub(crate) key: String,
     pub(crate) step: u64,
-    pub(crate) tolerance: u64,
+    pub(crate) slack: u64,
     reply: oneshot::Sender<Result<Word, RedisStoreError>>,
 }
 
@@ -89,7 +89,7 @@ pub(crate) fn enter<C: RedisConnection>(
     inner: &Arc<Inner<C>>,
     key: &str,
     step: u64,
-    tolerance: u64,
+    slack: u64,
 ) -> Turn<C> {
     let Some(batcher) = inner.batcher.as_ref() else {
         return Turn::Now(Place { inner: None });
@@ -107,7 +107,7 @@ pub(crate) fn enter<C: RedisConnection>(
     queue.waiting.push(Queued {
         key: key.to_owned(),
         step,
-        tolerance,
+        slack,
         reply,
     });
     Turn::Queued(receiver)
@@ -190,28 +190,52 @@ async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, mut batch: Vec<Queued>)
 }
 
 /// The words of a reply of the one-word script for `n` requests: `now`
-/// alone (every key had expired) or `[now, old_1, ..., old_n]`.
+/// alone, as an integer (no key's time was ahead of now), or the string
+/// `"<seconds> <microseconds> <old_1> ... <old_n>"`, now as Redis `TIME`
+/// gave it.
 pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Vec<Word>, RedisStoreError> {
     use redis::Value;
     let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
-    let micros = |v: &Value| match v {
-        Value::Int(n) => u64::try_from(*n).map_err(|_| bad()),
-        _ => Err(bad()),
-    };
     match reply {
-        Value::Int(_) => {
-            let now = micros(reply)?;
+        Value::Int(now) => {
+            let now = u64::try_from(*now).map_err(|_| bad())?;
             Ok(vec![(now, 0); n])
         }
-        Value::Array(items) if items.len() == n + 1 => {
-            let now = micros(&items[0])?;
-            items[1..]
-                .iter()
-                .map(|old| Ok((now, micros(old)?)))
-                .collect()
+        Value::BulkString(text) => {
+            let mut fields = text.split(|&b| b == b' ').map(decimal);
+            let now = match (fields.next().flatten(), fields.next().flatten()) {
+                (Some(sec), Some(usec)) if usec < 1_000_000 => sec
+                    .checked_mul(1_000_000)
+                    .and_then(|s| s.checked_add(usec))
+                    .ok_or_else(bad)?,
+                _ => return Err(bad()),
+            };
+            let words = fields
+                .map(|old| old.map(|old| (now, old)))
+                .collect::<Option<Vec<Word>>>()
+                .ok_or_else(bad)?;
+            if words.len() == n {
+                Ok(words)
+            } else {
+                Err(bad())
+            }
         }
         _ => Err(bad()),
     }
+}
+
+/// A non-empty run of ASCII digits as a `u64`, or `None`.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        if d.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        } else {
+            None
+        }
+    })
 }
 
 #[cfg(test)]
@@ -221,21 +245,33 @@ mod tests {
 
     #[test]
     fn replies_are_read_per_request() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
         assert_eq!(words(&Value::Int(7), 3).unwrap(), vec![(7, 0); 3]);
-        let mixed = Value::Array(vec![Value::Int(7), Value::Int(0), Value::Int(9)]);
-        assert_eq!(words(&mixed, 2).unwrap(), vec![(7, 0), (7, 9)]);
-        assert!(matches!(
-            words(&mixed, 3),
-            Err(RedisStoreError::Protocol(_))
-        ));
-        let negative = Value::Array(vec![Value::Int(7), Value::Int(-1)]);
-        assert!(matches!(
-            words(&negative, 1),
-            Err(RedisStoreError::Protocol(_))
-        ));
-        assert!(matches!(
+        assert_eq!(
+            words(&text("2 5 0 3000009"), 2).unwrap(),
+            vec![(2_000_005, 0), (2_000_005, 3_000_009)]
+        );
+        assert_eq!(
+            words(&text("1795000000 999999 1795000001000000"), 1).unwrap(),
+            vec![(1_795_000_000_999_999, 1_795_000_001_000_000)]
+        );
+        for bad in [
+            words(&text("2 5 0 9"), 3),
+            words(&text("2 5 0 9"), 1),
+            words(&text("2 5"), 1),
+            words(&text("2"), 0),
+            words(&text("2 1000000 9"), 1),
+            words(&text("2 5 -9"), 1),
+            words(&text("2 5 9 "), 1),
+            words(&text("2  5 9"), 1),
+            words(&text("2 5 1e9"), 1),
+            words(&text("2 5 18446744073709551616"), 1),
+            words(&text("18446744073710 5 9"), 1),
+            words(&Value::Int(-1), 1),
+            words(&Value::Array(vec![Value::Int(7), Value::Int(9)]), 1),
             words(&Value::Nil, 1),
-            Err(RedisStoreError::Protocol(_))
-        ));
+        ] {
+            assert!(matches!(bad, Err(RedisStoreError::Protocol(_))), "{bad:?}");
+        }
     }
 }

@@ -35,8 +35,8 @@ pub enum RedisStoreError {
     /// The decision took longer than the per-decision deadline.
     #[error("redis did not decide within the deadline of {0:?}")]
     Deadline(Duration),
-    /// The server is older than Redis 7.0, whose `SET` with both `NX` and
-    /// `GET` the scripts need. Found when the store is built.
+    /// The server is older than Redis 7.0, the oldest version the store is
+    /// tested against. Found when the store is built.
     #[error("redis {version} is too old: tollgate needs Redis 7.0 or later")]
     UnsupportedVersion {
         /// The `redis_version` the server reported.

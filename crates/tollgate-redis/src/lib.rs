@@ -55,9 +55,13 @@
 //! A policy of one GCRA, token-bucket or leaky-bucket limit keeps its state
 //! in one integer string (a time in microseconds) that expires exactly when it
 //! stops mattering; its fingerprint is part of its key's hash, so a changed
-//! policy starts afresh. Deciding for an idle key costs Redis `TIME` and one
-//! `SET ... PXAT ... NX GET`; a busy key one more `SET`; a denial writes
-//! nothing. Under concurrent load, such decisions that arrive while a call
+//! policy starts afresh. An idle key is decided with `TIME` and one
+//! `SET ... PXAT ... NX GET`; a busy key with `TIME`, a `GET`, `INCRBY` and
+//! `PEXPIREAT`; a denial with `TIME` and a `GET`, writing nothing. (The
+//! script writes first, saving idle keys the `GET`, while fewer than a
+//! quarter of the store's recent requests found their key busy, and reads
+//! first otherwise, saving busy keys and denials a dearer first command.)
+//! Under concurrent load, such decisions that arrive while a call
 //! is on its way go together in the next call, up to 64 per call
 //! ([`RedisStoreBuilder::batch_size`]), each decided as if alone; this
 //! divides Redis's work per decision. Every other policy keeps a hash per key and

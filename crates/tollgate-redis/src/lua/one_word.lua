@@ -1,11 +1,9 @@
 -- tollgate: the decision script of one-word policies, each a single GCRA,
 -- token-bucket or leaky-bucket limit. The whole state of a key is one time
 -- in microseconds (the theoretical arrival time, when the bucket is full
--- again, or when the queue is next free), stored as a string that expires
--- exactly then. Smaller than the general script: no hash, no fingerprint
--- inside (it is part of the key name), and in the common case two
--- commands, TIME and one SET. Needs Redis 7.0 or later (SET with both NX
--- and GET).
+-- again, or when the queue is next free), stored as a decimal string that
+-- expires exactly then. Smaller than the general script: no hash, no
+-- fingerprint inside (it is part of the key name) and no reply table.
 --
 -- One call decides one request per key, in the order of KEYS, all at the
 -- same `now`: the store sends one key per call when it is idle, and under
@@ -17,86 +15,130 @@
 -- ARGV[2i-1]   its step: cost x interval in µs, how far an admitted
 --              request moves the time; 0 when nothing can be committed (a
 --              cost of 0 or one above capacity)
--- ARGV[2i]     its tolerance: capacity x interval in µs, how far ahead of
---              now the time may be
+-- ARGV[2i]     its slack: (capacity - cost) x interval in µs, how far
+--              ahead of now the time may be for the request to be admitted
 -- ARGV[2n+1]   (test clock only) now in µs since the Unix epoch; without it
 --              the script reads Redis TIME
 -- ARGV[2n+2]   (test clock only) the shortest TTL to set, in ms
 --
--- Replies now, when every key's time before its request was at most now
--- (the usual case: an idle key has expired), or else { now, old_1, ...,
--- old_n }, each request's time before it (0 for an expired key). The
--- client repeats the arithmetic (PolicyState::decide_word) to build each
--- decision. Every number stays below 2^53, which Lua doubles hold exactly.
+-- The store sends this file after a first line that sets write_first,
+-- `local write_first = true` or `false` (see below): two scripts with two
+-- SHA-1s, rather than one more argument, which would cost Redis more.
+--
+-- Replies now, as an integer, when no key's time was ahead of now (the
+-- usual case: an idle key has expired, or its time has passed), or else
+-- the string "<seconds> <microseconds> <old_1> ... <old_n>": now as Redis
+-- TIME gave it, then each request's time before it (0 where it was not
+-- ahead of now). The client repeats the arithmetic
+-- (PolicyState::decide_word) to build each decision. Every number stays
+-- below 2^53, which Lua doubles hold exactly.
+--
+-- Written for Redis's CPU, which every decision of every app server
+-- shares (BENCHMARKS.md, "Redis CPU per decision", prices each step).
+-- Per call: TIME. Per request, reading first: a GET; then an idle key
+-- (absent, or its time has passed) is written with one SET, a busy one
+-- with INCRBY and PEXPIREAT, and a denial writes nothing. Writing first:
+-- SET ... NX GET writes an absent key and reads a present one in one
+-- command, which saves an idle key the GET but costs a busy key or a
+-- denial the two numbers formatted in vain and a dearer command; the
+-- store asks for it while few recent requests found their key busy. Each Lua
+-- number turned into a string costs about half a GET (string.format('%d')
+-- is Lua's cheapest way; a number passed to redis.call is formatted by
+-- Redis with %.17g, which costs more), and a table reply costs more than
+-- a GET (Redis probes it for seven special fields before reading it as an
+-- array). So the script formats only what it writes, and replies with an
+-- integer or one string concatenated from strings it already holds.
 
--- The common path is written for speed: no closure, no number that Redis
--- must format with %.17g (string.format('%d') is several times cheaper),
--- and no reply table unless a key held a time.
-
+local call = redis.call
 local n = #KEYS
 local real = ARGV[2 * n + 1] == nil
-local now, min_ttl
+local sec, usec, now, min_ttl
 if real then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
+  local t = call('TIME')
+  sec, usec = t[1], t[2]
+  now = sec * 1000000 + usec
 else
   now = tonumber(ARGV[2 * n + 1])
   min_ttl = tonumber(ARGV[2 * n + 2])
 end
 
-local out
+-- The old time of each request, as the strings of the reply; created only
+-- when a key's time is ahead of now (for n = 1 the reply needs none).
+local olds, first
 for i = 1, n do
   local key = KEYS[i]
-  local step = tonumber(ARGV[2 * i - 1])
-  local old
-  if step == 0 then
-    old = tonumber(redis.call('GET', key))
-  else
-    -- Most keys are idle when a request comes: the key expired when its
-    -- time passed, the request is admitted and the new time is now + step.
-    -- Write that only if the key is absent (NX), expiring exactly then, and
-    -- read the old value in the same command. (Under a test clock, whose
-    -- time does not pass with Redis's, the TTL is relative and at least
-    -- min_ttl.)
-    local at = now + step
+  local step = ARGV[2 * i - 1]
+  local raw, fresh
+  if write_first and step ~= '0' then
+    -- Write now + step, expiring exactly then, if the key is absent, and
+    -- read it if it is not. (Under a test clock, whose time does not pass
+    -- with Redis's, the TTL is relative and at least min_ttl.)
+    local at = now + tonumber(step)
     if real then
-      old = redis.call('SET', key, string.format('%d', at),
+      raw = call('SET', key, string.format('%d', at),
         'PXAT', string.format('%d', math.ceil(at / 1000)), 'NX', 'GET')
     else
-      old = redis.call('SET', key, string.format('%d', at), 'PX',
+      raw = call('SET', key, string.format('%d', at), 'PX',
         math.max(math.ceil((at - now) / 1000), min_ttl), 'NX', 'GET')
     end
-    if old then
-      -- The key holds a time: admit from the later of it and now, or leave
-      -- it as it is (a denial writes nothing).
-      old = tonumber(old) or 0
-      at = math.max(old, now) + step
-      if at - now <= tonumber(ARGV[2 * i]) then
-        if real then
-          redis.call('SET', key, string.format('%d', at),
-            'PXAT', string.format('%d', math.ceil(at / 1000)))
-        else
-          redis.call('SET', key, string.format('%d', at), 'PX',
-            math.max(math.ceil((at - now) / 1000), min_ttl))
-        end
-      end
-    end
+    fresh = not raw
+  else
+    raw = call('GET', key)
   end
-  if old then
-    if out then
-      out[i + 1] = old
-    elseif i == 1 then
-      -- Built whole: a table grown by one slot at a time costs a resize.
-      out = { now, old }
+  local old = raw and tonumber(raw)
+  if old and old > now then
+    -- The key's time is ahead: admit from it, or leave it as it is (a
+    -- denial writes nothing).
+    if n == 1 then
+      first = raw
     else
-      out = { now }
-      for j = 1, i - 1 do
-        out[j + 1] = 0
+      if not olds then
+        olds = {}
+        for j = 1, i - 1 do olds[j] = '0' end
       end
-      out[i + 1] = old
+      olds[i] = raw
     end
-  elseif out then
-    out[i + 1] = 0
+    if step ~= '0' and old - now <= tonumber(ARGV[2 * i]) then
+      if real then
+        -- INCRBY adds the step to the stored integer in place, keeps the
+        -- TTL and replies the new time as a number, which PEXPIREAT then
+        -- sets as the expiry: cheaper than a SET, whose value would need
+        -- formatting too.
+        local at = call('INCRBY', key, step)
+        call('PEXPIREAT', key, string.format('%d', math.ceil(at / 1000)))
+      else
+        -- Under a test clock, whose time does not pass with Redis's, the
+        -- TTL is relative and at least min_ttl.
+        local at = old + tonumber(step)
+        call('SET', key, string.format('%d', at), 'PX',
+          math.max(math.ceil((at - now) / 1000), min_ttl))
+      end
+    end
+  else
+    -- Expired, or its time has passed: as fresh. Admit and write now +
+    -- step, expiring exactly then.
+    if olds then olds[i] = '0' end
+    if step ~= '0' and not fresh then
+      local at = now + tonumber(step)
+      if real then
+        call('SET', key, string.format('%d', at),
+          'PXAT', string.format('%d', math.ceil(at / 1000)))
+      else
+        call('SET', key, string.format('%d', at), 'PX',
+          math.max(math.ceil((at - now) / 1000), min_ttl))
+      end
+    end
   end
 end
-return out or now
+
+if not first and not olds then
+  return now
+end
+if not real then
+  sec = string.format('%d', math.floor(now / 1000000))
+  usec = string.format('%d', now % 1000000)
+end
+if first then
+  return sec .. ' ' .. usec .. ' ' .. first
+end
+return sec .. ' ' .. usec .. ' ' .. table.concat(olds, ' ')
