@@ -71,12 +71,18 @@ impl KeyNamer {
             part(&fingerprint.to_be_bytes());
         }
         let digest = h.finalize();
-        let mut hex = String::with_capacity(32);
+        // `<prefix>:<policy>:{<32 hex digits>}`, in one allocation.
+        let mut name = String::with_capacity(self.prefix.len() + policy.len() + 36);
+        name.push_str(&self.prefix);
+        name.push(':');
+        name.push_str(policy);
+        name.push_str(":{");
         for b in &digest[..16] {
-            hex.push(char::from(HEX[usize::from(b >> 4)]));
-            hex.push(char::from(HEX[usize::from(b & 0xf)]));
+            name.push(char::from(HEX[usize::from(b >> 4)]));
+            name.push(char::from(HEX[usize::from(b & 0xf)]));
         }
-        format!("{}:{}:{{{}}}", self.prefix, policy, hex)
+        name.push('}');
+        name
     }
 
     pub(crate) fn prefix(&self) -> &str {

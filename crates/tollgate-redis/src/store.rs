@@ -339,7 +339,9 @@ impl<C: RedisConnection> RedisStore<C> {
         let params = policy.params();
         let (now, min_ttl_ms) = inner.test_time();
         let reply = inner
-            .eval(state_key, script, |cmd| {
+            // A size hint (arguments, bytes): 16 arguments of 16 bytes
+            // or so, besides the key names, hold most policies.
+            .eval(state_key, script, (16, 256 + 2 * state_key.len()), |cmd| {
                 if policy.algorithm() == Algorithm::SlidingLog {
                     cmd.arg(1 + params.len()).arg(state_key);
                     for i in 0..params.len() {
@@ -381,11 +383,15 @@ impl<C: RedisConnection> Inner<C> {
         &self,
         key: &str,
         script: &DecisionScript,
+        (count, bytes): (usize, usize),
         args: impl Fn(&mut redis::Cmd),
     ) -> Result<redis::Value, RedisStoreError> {
         let call = |command: &str, script: &str| {
-            let mut cmd = redis::cmd(command);
-            cmd.arg(script);
+            // Room for everything at once: a command grown argument by
+            // argument reallocates its buffers four or five times.
+            let mut cmd =
+                redis::Cmd::with_capacity(2 + count, command.len() + script.len() + bytes);
+            cmd.arg(command).arg(script);
             args(&mut cmd);
             cmd
         };
@@ -417,10 +423,19 @@ impl<C: RedisConnection> Inner<C> {
             return Ok(Vec::new());
         };
         let (now, min_ttl_ms) = self.test_time();
+        // The key count, then per request its key and two numbers of up to
+        // 20 digits, then (test clock) two more.
+        let count = 3 + 3 * requests.len();
+        let bytes = 60
+            + requests
+                .iter()
+                .map(|(key, _, _)| key.len() + 40)
+                .sum::<usize>();
         let reply = self
             .eval(
                 first,
                 self.scripts.one_word(self.order.write_first()),
+                (count, bytes),
                 |cmd| {
                     cmd.arg(requests.len());
                     for (key, _, _) in requests {
