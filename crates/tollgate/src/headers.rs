@@ -49,73 +49,117 @@ pub enum HeaderStyle {
     None,
 }
 
-/// Writes the headers of `style` for `decision` into `headers`. When a
-/// nearer layer already wrote GitHub headers, they are replaced only if this
-/// decision leaves fewer requests.
-///
-/// `policy` is the deciding policy's name; `name`, the same as a header
-/// value made once per layer, saves an allocation per response.
-pub(crate) fn write(
-    style: HeaderStyle,
-    decision: &Decision,
-    headers: &mut HeaderMap,
-    policy: &str,
-    name: Option<&HeaderValue>,
-) {
-    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        write_ietf(decision, headers, policy);
+/// What a response's rate-limit headers need from its decision, taken when
+/// the decision is made. An admitted request's response future carries this
+/// (40 bytes) until the inner service answers, rather than the whole
+/// decision (120): the future is moved several times on its way to being
+/// polled, and every move copies it.
+#[derive(Debug)]
+pub(crate) struct Decoration {
+    limit: u64,
+    remaining: u64,
+    used: u64,
+    reset_secs: u64,
+    /// `RateLimit-Policy` and `RateLimit`, when the style sends them: made
+    /// at once, since they are formatted (and allocate) anyway.
+    ietf: Option<Box<[HeaderValue; 2]>>,
+}
+
+impl Decoration {
+    /// The headers of `style` for `decision` under the policy `policy`, or
+    /// `None` for a style that sends none.
+    pub(crate) fn new(style: HeaderStyle, decision: &Decision, policy: &str) -> Option<Self> {
+        if style == HeaderStyle::None {
+            return None;
+        }
+        let ietf = match style {
+            HeaderStyle::Ietf | HeaderStyle::Both => ietf_values(decision, policy).map(Box::new),
+            _ => None,
+        };
+        Some(Self {
+            limit: decision.limit(),
+            remaining: decision.remaining(),
+            used: decision.used(),
+            reset_secs: decision.reset_at().as_secs_ceil(),
+            ietf,
+        })
     }
-    if !matches!(style, HeaderStyle::GitHub | HeaderStyle::Both) {
-        return;
-    }
-    // Room for the five headers and one more: axum adds `content-length`
-    // after the layer. A map that must grow then grows now, once, while it
-    // holds a header or two, rather than later, when every entry it holds
-    // would be moved and re-indexed.
-    headers.reserve(6);
-    // Stacked layers (per IP, then per user) all decorate one response:
-    // the GitHub headers describe the tightest of them. One lookup both
-    // reads a nearer layer's figure and writes this one's (every lookup
-    // hashes the header's name byte by byte).
-    let remaining = number(decision.remaining());
-    match headers.entry(X_RATELIMIT_REMAINING) {
-        Entry::Occupied(mut nearer) => {
-            let tighter = nearer
-                .get()
-                .to_str()
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .is_none_or(|existing| decision.remaining() < existing);
-            if !tighter {
-                return;
+
+    /// Writes the headers of `style` into `headers`. When a nearer layer
+    /// already wrote GitHub headers, they are replaced only if this
+    /// decision leaves fewer requests.
+    ///
+    /// `policy` is the deciding policy's name; `name`, the same as a header
+    /// value made once per layer, saves an allocation per response.
+    pub(crate) fn write(
+        self,
+        style: HeaderStyle,
+        headers: &mut HeaderMap,
+        policy: &str,
+        name: Option<&HeaderValue>,
+    ) {
+        if let Some(values) = self.ietf {
+            // Appended: stacked layers each add their items, and field
+            // lines of a structured list combine into one list.
+            let [policy, state] = *values;
+            headers.append(RATELIMIT_POLICY, policy);
+            headers.append(RATELIMIT, state);
+        }
+        if !matches!(style, HeaderStyle::GitHub | HeaderStyle::Both) {
+            return;
+        }
+        // Room for the five headers and one more: axum adds `content-length`
+        // after the layer. A map that must grow then grows now, once, while
+        // it holds a header or two, rather than later, when every entry it
+        // holds would be moved and re-indexed.
+        headers.reserve(6);
+        // Stacked layers (per IP, then per user) all decorate one response:
+        // the GitHub headers describe the tightest of them. One lookup both
+        // reads a nearer layer's figure and writes this one's (every lookup
+        // hashes the header's name byte by byte).
+        let remaining = number(self.remaining);
+        match headers.entry(X_RATELIMIT_REMAINING) {
+            Entry::Occupied(mut nearer) => {
+                let tighter = nearer
+                    .get()
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_none_or(|existing| self.remaining < existing);
+                if !tighter {
+                    return;
+                }
+                nearer.insert(remaining);
             }
-            nearer.insert(remaining);
+            Entry::Vacant(slot) => {
+                slot.insert(remaining);
+            }
         }
-        Entry::Vacant(slot) => {
-            slot.insert(remaining);
-        }
-    }
-    headers.insert(X_RATELIMIT_LIMIT, number(decision.limit()));
-    headers.insert(X_RATELIMIT_USED, number(decision.used()));
-    headers.insert(
-        X_RATELIMIT_RESET,
-        epoch_secs(decision.reset_at().as_secs_ceil()),
-    );
-    match name {
-        Some(name) if name.as_bytes() == policy.as_bytes() => {
-            headers.insert(X_RATELIMIT_RESOURCE, name.clone());
-        }
-        _ => {
-            if let Ok(name) = HeaderValue::from_str(policy) {
-                headers.insert(X_RATELIMIT_RESOURCE, name);
+        headers.insert(X_RATELIMIT_LIMIT, number(self.limit));
+        headers.insert(X_RATELIMIT_USED, number(self.used));
+        headers.insert(X_RATELIMIT_RESET, epoch_secs(self.reset_secs));
+        match name {
+            Some(name) if name.as_bytes() == policy.as_bytes() => {
+                headers.insert(X_RATELIMIT_RESOURCE, name.clone());
+            }
+            _ => {
+                if let Ok(name) = HeaderValue::from_str(policy) {
+                    headers.insert(X_RATELIMIT_RESOURCE, name);
+                }
             }
         }
     }
 }
 
-/// The decimal digits of 0 to 9,999, back to back, built at compile time:
-/// header values of small numbers point into it instead of allocating.
-static DIGITS: [u8; DIGITS_LEN] = digits();
+/// The decimal digits of 0 to 9,999, back to back, built and checked at
+/// compile time: header values of small numbers point into it instead of
+/// allocating.
+static DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
+    Ok(digits) => digits,
+    // Unreachable (the bytes are ASCII digits); `number` then formats.
+    Err(_) => "",
+};
+static DIGIT_BYTES: [u8; DIGITS_LEN] = digits();
 
 const SMALL: u64 = 10_000;
 const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
@@ -156,10 +200,7 @@ pub(crate) fn number(n: u64) -> HeaderValue {
             3 => 190 + (n - 100) * 3,
             _ => 2_890 + (n - 1_000) * 4,
         } as usize;
-        if let Some(text) = DIGITS
-            .get(start..start + width)
-            .and_then(|d| std::str::from_utf8(d).ok())
-        {
+        if let Some(text) = DIGITS.get(start..start + width) {
             return HeaderValue::from_static(text);
         }
     }
@@ -191,7 +232,8 @@ fn ceil_secs(d: std::time::Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-fn write_ietf(decision: &Decision, headers: &mut HeaderMap, name: &str) {
+/// The values of `RateLimit-Policy` and `RateLimit`, one item per limit.
+fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
     use std::fmt::Write;
     let several = decision.limits().len() > 1;
     let (mut policy, mut state) = (String::new(), String::new());
@@ -212,12 +254,10 @@ fn write_ietf(decision: &Decision, headers: &mut HeaderMap, name: &str) {
         let _ = write!(state, "{sep}{item};r={};t={more_in}", status.remaining());
     }
     // Policy names are validated tokens, so both values are valid header values.
-    // Appended: stacked layers each add their items, and field lines of a
-    // structured list combine into one list.
-    if let (Ok(policy), Ok(state)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state)) {
-        headers.append(RATELIMIT_POLICY, policy);
-        headers.append(RATELIMIT, state);
-    }
+    Some([
+        HeaderValue::try_from(policy).ok()?,
+        HeaderValue::try_from(state).ok()?,
+    ])
 }
 
 /// `Retry-After` in whole seconds, rounded up, at least 1.
@@ -246,6 +286,8 @@ mod tests {
 
     #[test]
     fn numbers_are_their_decimal_digits() {
+        // Every small number is a slice of the table, not formatted.
+        assert_eq!(DIGITS.len(), DIGITS_LEN);
         for n in (0..12_000).chain([u64::MAX, 1_795_341_660]) {
             assert_eq!(number(n).to_str().ok(), Some(n.to_string().as_str()), "{n}");
         }

@@ -8,7 +8,7 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key, Outcome};
 
-use crate::headers::{self, HeaderStyle};
+use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
 
 /// What the layer does with a request from which no key can be extracted.
@@ -136,11 +136,16 @@ fn shared_header_value(text: &str) -> Option<HeaderValue> {
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 impl Responder {
+    /// What the response to an admitted request will need from `decision`
+    /// for its headers (`None` when the layer sends none).
+    pub(crate) fn decoration(&self, decision: &Decision) -> Option<Decoration> {
+        Decoration::new(self.headers, decision, &self.policy)
+    }
+
     /// Adds the rate-limit headers of an admitted request.
-    pub(crate) fn decorate<B>(&self, decision: &Decision, response: &mut Response<B>) {
-        headers::write(
+    pub(crate) fn decorate<B>(&self, decoration: Decoration, response: &mut Response<B>) {
+        decoration.write(
             self.headers,
-            decision,
             response.headers_mut(),
             &self.policy,
             self.name.as_ref(),
@@ -157,13 +162,9 @@ impl Responder {
         if !headers.contains_key(RETRY_AFTER) {
             headers::write_retry_after(decision, headers);
         }
-        headers::write(
-            self.headers,
-            decision,
-            headers,
-            &self.policy,
-            self.name.as_ref(),
-        );
+        if let Some(decoration) = self.decoration(decision) {
+            decoration.write(self.headers, headers, &self.policy, self.name.as_ref());
+        }
         response
     }
 

@@ -137,7 +137,7 @@ where
 
         let Some(key) = shared.extractor.extract(&request) else {
             return match shared.responder.missing {
-                MissingKey::Allow => ResponseFuture::call(inner, request, None, responder),
+                MissingKey::Allow => ResponseFuture::call(inner, request, responder),
                 _ => {
                     let response = shared.responder.missing_key(shared.policy.name());
                     ResponseFuture::respond(response, responder)
