@@ -1,5 +1,6 @@
 //! Rate-limit response headers.
 
+use bytes::Bytes;
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tollgate_core::Decision;
 
@@ -190,7 +191,9 @@ const fn digits_of(n: u64) -> usize {
     }
 }
 
-/// `n` as a header value, without allocating below 10,000.
+/// `n` as a header value, without allocating below 10,000 and with one
+/// allocation above (`HeaderValue::from(n)` makes two: a buffer with room
+/// to spare, then a box to share it).
 pub(crate) fn number(n: u64) -> HeaderValue {
     if n < SMALL {
         let width = digits_of(n);
@@ -204,7 +207,9 @@ pub(crate) fn number(n: u64) -> HeaderValue {
             return HeaderValue::from_static(text);
         }
     }
-    HeaderValue::from(n)
+    // Copied to a buffer of its exact length, which `Bytes` takes as it is.
+    let digits = Bytes::copy_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// An epoch-seconds header value, reusing this thread's last one when the
