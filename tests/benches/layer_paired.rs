@@ -11,7 +11,13 @@
 //!
 //! Each round times a block of requests per variant, in rotating order, and
 //! the ratios are medians of the per-round ratios. The overhead of a layer
-//! is its time per request minus the bare route's in the same round.
+//! is its time per request minus the bare route's in the same round. Many
+//! short rounds (111 of 20,000 requests, about 20 ms per block) pair the
+//! variants more closely in time than a few long ones: on this shared
+//! machine, three runs of 11 rounds of 200,000 gave one build's ratios
+//! 1.00 to 1.06 apart, and three of 111 rounds of 20,000 within 0.01 to
+//! 0.04.
+//! `TOLLGATE_BENCH_ROUNDS` and `TOLLGATE_BENCH_BLOCK` change both.
 //!
 //! Run with: `cargo bench -p tollgate-tests --bench layer_paired`
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
@@ -31,9 +37,9 @@ use tower::Service;
 mod common;
 use common::{header_key, per_key, route, tower_governor_app};
 
-const ROUNDS: usize = 11;
+const ROUNDS: usize = 111;
 /// Requests per variant per round.
-const BLOCK: usize = 200_000;
+const BLOCK: usize = 20_000;
 const KEYS: usize = 10_000;
 
 /// The route behind tollgate, at the same rate and burst as
@@ -58,11 +64,12 @@ fn now<F: Future>(future: F) -> F::Output {
     }
 }
 
-/// Calls `app` `BLOCK` times, the keys starting at `offset`; returns the
+/// Calls `app` `block_len()` times, the keys starting at `offset`; returns the
 /// time per request in nanoseconds. Fails if any response is not 200.
 fn block(app: &mut Router<()>, keys: &[HeaderValue], offset: usize) -> f64 {
+    let block = block_len();
     let start = Instant::now();
-    for i in offset..offset + BLOCK {
+    for i in offset..offset + block {
         let request = Request::get("/")
             .header("x-api-key", keys[i % KEYS].clone())
             .body(Body::empty())
@@ -71,7 +78,15 @@ fn block(app: &mut Router<()>, keys: &[HeaderValue], offset: usize) -> f64 {
         assert_eq!(response.status(), 200);
         black_box(response);
     }
-    start.elapsed().as_secs_f64() * 1e9 / BLOCK as f64
+    start.elapsed().as_secs_f64() * 1e9 / block as f64
+}
+
+/// Requests per variant per round: `TOLLGATE_BENCH_BLOCK`, or `BLOCK`.
+fn block_len() -> usize {
+    std::env::var("TOLLGATE_BENCH_BLOCK")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(BLOCK)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -142,7 +157,7 @@ fn main() {
     }
     let mut times = vec![Vec::new(); variants.len()];
     for round in 0..rounds {
-        let offset = (round + 1) * BLOCK;
+        let offset = (round + 1) * block_len();
         for turn in 0..variants.len() {
             let v = (round + turn) % variants.len();
             times[v].push(block(&mut variants[v].1, &keys, offset));
@@ -153,7 +168,8 @@ fn main() {
         times[v].iter().zip(&bare).map(|(&t, &b)| f(t, b)).collect()
     };
     println!(
-        "In-process Axum route, ns per request: medians of {rounds} interleaved rounds of {BLOCK} requests, {KEYS} rotating keys\n"
+        "In-process Axum route, ns per request: medians of {rounds} interleaved rounds of {} requests, {KEYS} rotating keys\n",
+        block_len()
     );
     println!("| variant | ns/request | overhead beyond bare, ns | ratio of bare's requests/s |");
     println!("|---|---:|---:|---:|");
