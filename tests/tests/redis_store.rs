@@ -473,3 +473,64 @@ async fn the_default_clock_is_redis_time() {
         local
     );
 }
+
+/// Redis `TIME` in µs.
+async fn redis_time(con: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (sec, usec): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    sec * 1_000_000 + usec
+}
+
+/// A single key that holds a time gets only the gap back from Redis. Its
+/// decision is still exact by Redis's clock: the stored time less what the
+/// decision says is left is a moment between a `TIME` read before and one
+/// read after. Only `now()` is estimated, from the previous reply, and it
+/// lies between that reply's time and the `TIME` read after.
+#[tokio::test]
+async fn a_busy_key_is_decided_exactly_by_redis_time_and_stamped_by_its_estimate() {
+    let url = require_redis().await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    for write_first in [true, false] {
+        let store = RedisStore::builder()
+            .prefix(unique_prefix("gap"))
+            .deadline(Duration::from_secs(10))
+            .deny_cache(0)
+            .test_write_first(write_first)
+            .connect(url.as_str())
+            .await
+            .unwrap();
+        // 2 at most, one each 30 s: the second request is admitted at a
+        // busy key, the third denied.
+        let policy = Policy::new("gap", Algorithm::Gcra, "2/min").unwrap();
+        let interval = policy.params()[0].interval_us;
+        let (key, mut last) = (Key::user("g"), None);
+        let state_key = store.state_key(&policy, &key);
+        for n in 1..=3 {
+            let before = redis_time(&mut con).await;
+            let d = store.check(&key, &policy, 1).await.unwrap();
+            let after = redis_time(&mut con).await;
+            let stored: u64 = con.get(&state_key).await.unwrap();
+            // What Redis's clock read when it decided.
+            let decided_at = match n {
+                1 => d.now().as_micros(),
+                2 => stored - d.reset().as_micros() as u64,
+                _ => stored - interval - d.retry_after().unwrap().as_micros() as u64,
+            };
+            assert_eq!(
+                d.is_allowed(),
+                n < 3,
+                "request {n}, write first {write_first}"
+            );
+            assert!(
+                (before..=after).contains(&decided_at),
+                "request {n}: decided at {decided_at}, not between {before} and {after}"
+            );
+            let now = d.now().as_micros();
+            assert!(
+                last.is_none_or(|last| last <= now) && now <= after,
+                "request {n}: stamped {now}, after {last:?}, TIME after {after}"
+            );
+            last = Some(now);
+        }
+    }
+}

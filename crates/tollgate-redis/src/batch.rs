@@ -189,18 +189,27 @@ async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, mut batch: Vec<Queued>)
     }
 }
 
-/// The words of a reply of the one-word script for `n` requests: `now`
-/// alone, as an integer (no key's time was ahead of now), or the string
-/// `"<seconds> <microseconds> <old_1> ... <old_n>"`, now as Redis `TIME`
-/// gave it.
-pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Vec<Word>, RedisStoreError> {
+/// A reply of the one-word script, read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// Each request's word, at Redis's `now`, which the reply carried.
+    Words(Vec<Word>),
+    /// One request, whose key's time was this many µs ahead of Redis's
+    /// `now`, which the reply did not carry.
+    Ahead(u64),
+}
+
+/// Reads a reply of the one-word script for `n` requests: `now` alone, as
+/// a positive integer (no key's time was ahead of now); for one request
+/// whose key's time was ahead, now minus that time, a negative integer; or
+/// else the string `"<seconds> <microseconds> <old_1> ... <old_n>"`, now as
+/// Redis `TIME` gave it.
+pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreError> {
     use redis::Value;
     let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
     match reply {
-        Value::Int(now) => {
-            let now = u64::try_from(*now).map_err(|_| bad())?;
-            Ok(vec![(now, 0); n])
-        }
+        Value::Int(now) if *now >= 0 => Ok(Reply::Words(vec![(now.unsigned_abs(), 0); n])),
+        Value::Int(gap) if n == 1 => Ok(Reply::Ahead(gap.unsigned_abs())),
         Value::BulkString(text) => {
             let mut fields = text.split(|&b| b == b' ').map(decimal);
             let now = match (fields.next().flatten(), fields.next().flatten()) {
@@ -215,7 +224,7 @@ pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Vec<Word>, RedisSt
                 .collect::<Option<Vec<Word>>>()
                 .ok_or_else(bad)?;
             if words.len() == n {
-                Ok(words)
+                Ok(Reply::Words(words))
             } else {
                 Err(bad())
             }
@@ -246,14 +255,23 @@ mod tests {
     #[test]
     fn replies_are_read_per_request() {
         let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        assert_eq!(words(&Value::Int(7), 3).unwrap(), vec![(7, 0); 3]);
+        let read = |reply: Value, n| match words(&reply, n) {
+            Ok(Reply::Words(words)) => words,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(read(Value::Int(7), 3), vec![(7, 0); 3]);
         assert_eq!(
-            words(&text("2 5 0 3000009"), 2).unwrap(),
+            read(text("2 5 0 3000009"), 2),
             vec![(2_000_005, 0), (2_000_005, 3_000_009)]
         );
         assert_eq!(
-            words(&text("1795000000 999999 1795000001000000"), 1).unwrap(),
+            read(text("1795000000 999999 1795000001000000"), 1),
             vec![(1_795_000_000_999_999, 1_795_000_001_000_000)]
+        );
+        assert_eq!(words(&Value::Int(-9), 1).unwrap(), Reply::Ahead(9));
+        assert_eq!(
+            words(&Value::Int(i64::MIN), 1).unwrap(),
+            Reply::Ahead(1 << 63)
         );
         for bad in [
             words(&text("2 5 0 9"), 3),
@@ -267,7 +285,8 @@ mod tests {
             words(&text("2 5 1e9"), 1),
             words(&text("2 5 18446744073709551616"), 1),
             words(&text("18446744073710 5 9"), 1),
-            words(&Value::Int(-1), 1),
+            // A gap is for one request alone.
+            words(&Value::Int(-1), 2),
             words(&Value::Array(vec![Value::Int(7), Value::Int(9)]), 1),
             words(&Value::Nil, 1),
         ] {

@@ -30,7 +30,11 @@ use crate::script::{DecisionScript, Scripts};
 ///   leaky-bucket policies that arrive while a call is on its way share the
 ///   next call (see [`RedisStoreBuilder::batch_size`]).
 /// - **Redis's clock.** Time is read with `TIME` inside the script, so app
-///   servers' clocks do not matter.
+///   servers' clocks do not matter. (One exception, to the microsecond:
+///   a single-limit decision of a key that holds a time reports only how
+///   far ahead that time was, which decides it exactly, and
+///   [`Decision::now`] is then Redis's time as the store's recent replies
+///   showed it, within about half a round trip.)
 /// - **Same decisions as memory.** The scripts implement the reference
 ///   algorithms of [`tollgate_core::algorithm`] in exact integer arithmetic.
 /// - **No leaks.** Every key written gets a TTL in the same script, exactly
@@ -75,6 +79,8 @@ pub(crate) struct Inner<C> {
     deny_cache: DenyCache,
     /// Whether the one-word script writes or reads first.
     order: WriteOrder,
+    /// Redis's clock, as its recent replies showed it.
+    redis_clock: RedisClock,
     local_origin: Instant,
     /// Deny-cache hit counters by policy name, registered once each, so a
     /// hit allocates nothing.
@@ -125,6 +131,42 @@ impl WriteOrder {
             }
         }
         self.busy.store(share, Ordering::Relaxed);
+    }
+}
+
+/// Redis's clock as the store last saw it, for stamping the decisions
+/// whose reply leaves out Redis's time: the one-word script answers a
+/// single key whose time is ahead with the gap alone (see `one_word.lua`),
+/// which decides the request exactly; only [`Decision::now`] comes from
+/// here. Kept as the offset in µs of Redis `TIME` from the store's
+/// monotonic clock, taken from every reply that carries Redis's time, so
+/// the estimate is within about half a round trip (plus, on a cluster, the
+/// skew between nodes). Until such a reply, the system clock stands in.
+pub(crate) struct RedisClock {
+    offset: std::sync::atomic::AtomicI64,
+}
+
+impl RedisClock {
+    /// Starts from the system clock, as the store's monotonic clock
+    /// starts at 0.
+    fn new() -> Self {
+        let system = tollgate_core::SystemClock.now().as_micros();
+        Self {
+            offset: i64::try_from(system).unwrap_or(i64::MAX).into(),
+        }
+    }
+
+    /// Redis said it was `redis_now` at about `local_now`.
+    fn saw(&self, redis_now: u64, local_now: u64) {
+        let offset = i64::try_from(redis_now)
+            .unwrap_or(i64::MAX)
+            .saturating_sub_unsigned(local_now);
+        self.offset.store(offset, Ordering::Relaxed);
+    }
+
+    /// Redis's time at `local_now`, as estimated.
+    fn at(&self, local_now: u64) -> u64 {
+        local_now.saturating_add_signed(self.offset.load(Ordering::Relaxed))
     }
 }
 
@@ -450,7 +492,25 @@ impl<C: RedisConnection> Inner<C> {
                 },
             )
             .await?;
-        let words = batch::words(&reply, requests.len())?;
+        let words = match batch::words(&reply, requests.len())? {
+            batch::Reply::Words(words) => {
+                if let (0, Some(&(redis_now, _))) = (now, words.first()) {
+                    self.redis_clock.saw(redis_now, self.local_now());
+                }
+                words
+            }
+            batch::Reply::Ahead(gap) => {
+                // Under a test clock the script decided at the `now` sent.
+                let now = match now {
+                    0 => self.redis_clock.at(self.local_now()),
+                    sent => sent,
+                };
+                let old = now.checked_add(gap).ok_or_else(|| {
+                    RedisStoreError::Protocol(format!("a time {gap} µs ahead of {now}"))
+                })?;
+                vec![(now, old)]
+            }
+        };
         self.order.observe(&words);
         Ok(words)
     }
@@ -871,6 +931,7 @@ impl RedisStoreBuilder {
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
                 order: WriteOrder::new(self.write_first),
+                redis_clock: RedisClock::new(),
                 #[cfg(feature = "metrics")]
                 hit_counters: std::sync::RwLock::default(),
                 local_origin: Instant::now(),

@@ -25,13 +25,17 @@
 -- `local write_first = true` or `false` (see below): two scripts with two
 -- SHA-1s, rather than one more argument, which would cost Redis more.
 --
--- Replies now, as an integer, when no key's time was ahead of now (the
--- usual case: an idle key has expired, or its time has passed), or else
--- the string "<seconds> <microseconds> <old_1> ... <old_n>": now as Redis
--- TIME gave it, then each request's time before it (0 where it was not
--- ahead of now). The client repeats the arithmetic
--- (PolicyState::decide_word) to build each decision. Every number stays
--- below 2^53, which Lua doubles hold exactly.
+-- Replies now, as a positive integer, when no key's time was ahead of now
+-- (the usual case: an idle key has expired, or its time has passed). For
+-- one key whose time was ahead, it replies now minus that time, a negative
+-- integer: the decision depends only on how far ahead the time was, and
+-- the client stamps it with Redis's clock as its recent replies showed it.
+-- For several keys, any ahead, it replies the string
+-- "<seconds> <microseconds> <old_1> ... <old_n>": now as Redis TIME gave
+-- it, then each request's time before it (0 where it was not ahead of
+-- now). The client repeats the arithmetic (PolicyState::decide_word) to
+-- build each decision. Every number stays below 2^53, which Lua doubles
+-- hold exactly.
 --
 -- Written for Redis's CPU, which every decision of every app server
 -- shares (BENCHMARKS.md, "Redis CPU per decision", prices each step).
@@ -47,7 +51,8 @@
 -- Redis with %.17g, which costs more), and a table reply costs more than
 -- a GET (Redis probes it for seven special fields before reading it as an
 -- array). So the script formats only what it writes, and replies with an
--- integer or one string concatenated from strings it already holds.
+-- integer or, for several keys, one string concatenated from strings it
+-- already holds (about 3,000 instructions, which one key saves).
 
 local call = redis.call
 local n = #KEYS
@@ -63,8 +68,9 @@ else
 end
 
 -- The old time of each request, as the strings of the reply; created only
--- when a key's time is ahead of now (for n = 1 the reply needs none).
-local olds, first
+-- when a key's time is ahead of now (for n = 1 the reply needs none, only
+-- the gap).
+local olds, gap
 for i = 1, n do
   local key = KEYS[i]
   local step = ARGV[2 * i - 1]
@@ -90,7 +96,7 @@ for i = 1, n do
     -- The key's time is ahead: admit from it, or leave it as it is (a
     -- denial writes nothing).
     if n == 1 then
-      first = raw
+      gap = now - old
     else
       if not olds then
         olds = {}
@@ -131,14 +137,14 @@ for i = 1, n do
   end
 end
 
-if not first and not olds then
+if gap then
+  return gap
+end
+if not olds then
   return now
 end
 if not real then
   sec = string.format('%d', math.floor(now / 1000000))
   usec = string.format('%d', now % 1000000)
-end
-if first then
-  return sec .. ' ' .. usec .. ' ' .. first
 end
 return sec .. ' ' .. usec .. ' ' .. table.concat(olds, ' ')
