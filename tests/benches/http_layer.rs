@@ -259,10 +259,7 @@ fn main() {
             .collect(),
         Err(_) => variants,
     };
-    let rounds = std::env::var("TOLLGATE_BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(ROUNDS);
+    let rounds = tollgate_tests::bench_rounds(ROUNDS);
     let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
     for round in 1..=rounds {
         // Each round starts one variant later, so that no variant always

@@ -101,10 +101,7 @@ fn main() {
     let rounds = if smoke {
         1
     } else {
-        std::env::var("TOLLGATE_BENCH_ROUNDS")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(ROUNDS)
+        tollgate_tests::bench_rounds(ROUNDS)
     };
     let keys: Vec<HeaderValue> = (0..KEYS)
         .map(|i| HeaderValue::try_from(format!("k{i}")).unwrap())

@@ -13,6 +13,9 @@
 //! run just before.
 //!
 //! Run with: `cargo bench -p tollgate-tests --bench redis_cpu`
+//! (`TOLLGATE_BENCH_ROUNDS` sets the rounds; `TOLLGATE_BENCH_ONLY='gcra, 1
+//! limit|token'` keeps the rows whose policy names contain one of the
+//! `|`-separated texts.)
 //!
 //! Time on a shared machine is noisy (a round's ratio can be 0.2 away from
 //! the median). With `TOLLGATE_BENCH_CALLGRIND=1` the bench counts
@@ -318,7 +321,11 @@ fn main() {
     let (server, rounds, unit) = if counting {
         (Server::Callgrind(Callgrind::spawn()), 1, "instructions")
     } else {
-        (Server::Plain(RedisServer::spawn()), ROUNDS, "µs")
+        (
+            Server::Plain(RedisServer::spawn()),
+            tollgate_tests::bench_rounds(ROUNDS),
+            "µs",
+        )
     };
     // The store only names keys here; generous timeouts for a server
     // slowed down by valgrind.
@@ -338,7 +345,7 @@ fn main() {
         );
     } else {
         println!(
-            "EVALSHA µs in Redis per decision (INFO commandstats): medians of {ROUNDS} interleaved rounds of {CALLS} decisions\n"
+            "EVALSHA µs in Redis per decision (INFO commandstats): medians of {rounds} interleaved rounds of {CALLS} decisions\n"
         );
     }
     println!(
@@ -385,6 +392,9 @@ fn main() {
             Some(!settled),
         ));
         policies.extend(batched.map(|(n, p, k)| (n, p, k, None)));
+        if let Ok(only) = std::env::var("TOLLGATE_BENCH_ONLY") {
+            policies.retain(|(name, _, _, _)| only.split('|').any(|w| name.contains(w)));
+        }
         if counting {
             // Under valgrind a run takes seconds: the one-word scripts only.
             policies.retain(|(_, p, _, _)| tollgate_core::PolicyState::is_one_word(p));

@@ -336,3 +336,12 @@ impl RedisServer {
             .unwrap_or(0)
     }
 }
+
+/// The rounds a bench runs: `TOLLGATE_BENCH_ROUNDS` if it is set to a
+/// number, otherwise `default`.
+pub fn bench_rounds(default: usize) -> usize {
+    std::env::var("TOLLGATE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default)
+}
