@@ -24,6 +24,20 @@ async fn store(url: &str, prefix: &str, clock: Option<FakeClock>) -> RedisStore 
     builder.connect(url).await.unwrap()
 }
 
+/// A store on Redis `TIME`, as in production, without a deny cache (every
+/// decision runs the script), whose one-word script always writes first
+/// or always reads first.
+async fn script_store(url: &str, prefix: &str, write_first: bool) -> RedisStore {
+    RedisStore::builder()
+        .prefix(unique_prefix(prefix))
+        .deadline(Duration::from_secs(10))
+        .deny_cache(0)
+        .test_write_first(write_first)
+        .connect(url)
+        .await
+        .unwrap()
+}
+
 /// Sends `n` checks of `key` at once (released together by a barrier),
 /// spread over `stores` in turn, and returns how many were admitted.
 async fn admitted_at_once(stores: &[RedisStore], policy: &Policy, key: &Key, n: usize) -> usize {
@@ -291,14 +305,7 @@ async fn a_one_word_key_expires_at_the_millisecond_its_time_ends() {
     // Redis TIME, as in production, and no deny cache: every decision runs
     // the script, writing first and reading first.
     for write_first in [true, false] {
-        let store = RedisStore::builder()
-            .prefix(unique_prefix("expiry"))
-            .deadline(Duration::from_secs(10))
-            .deny_cache(0)
-            .test_write_first(write_first)
-            .connect(url.as_str())
-            .await
-            .unwrap();
+        let store = script_store(&url, "expiry", write_first).await;
         for algorithm in [
             Algorithm::Gcra,
             Algorithm::TokenBucket,
@@ -491,14 +498,7 @@ async fn a_busy_key_is_decided_exactly_by_redis_time_and_stamped_by_its_estimate
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     for write_first in [true, false] {
-        let store = RedisStore::builder()
-            .prefix(unique_prefix("gap"))
-            .deadline(Duration::from_secs(10))
-            .deny_cache(0)
-            .test_write_first(write_first)
-            .connect(url.as_str())
-            .await
-            .unwrap();
+        let store = script_store(&url, "gap", write_first).await;
         // 2 at most, one each 30 s: the second request is admitted at a
         // busy key, the third denied.
         let policy = Policy::new("gap", Algorithm::Gcra, "2/min").unwrap();
