@@ -8,13 +8,18 @@
 //! variant once, starting one variant later than the round before; the
 //! table reports medians, and ratios are medians of per-round ratios):
 //! - `bare`: the route alone;
+//! - `bare, five fixed headers`: the route with five fixed headers of the
+//!   lengths of tollgate's, added by a `MapResponseLayer`: what the headers
+//!   themselves cost, without a limiter;
 //! - `tollgate, 1 hot key`: `RateLimitLayer` on the memory store, every
 //!   request with the same key;
 //! - `tollgate, 10k keys`: the same with 10,000 rotating keys;
+//! - `tollgate, 10k keys, keep_body_type`: the same with
+//!   `keep_body_type()`, which spares axum re-boxing the body;
 //! - `tollgate, 10k keys, no headers`: the same with `HeaderStyle::None`;
 //! - `tower_governor, 10k keys`: `tower_governor` 0.8 with the same keys,
-//!   once as it comes (no headers) and once with `use_headers()` (its three
-//!   `x-ratelimit-*` headers);
+//!   once as it comes (no headers) and once with `use_headers()` (on an
+//!   admitted request, `x-ratelimit-limit` and `x-ratelimit-remaining`);
 //! - `tollgate on Redis, 10k keys`: `RateLimitLayer` on `RedisStore` (a
 //!   private `redis-server` on loopback), once as it comes and once with
 //!   batching off (`batch_size(1)`).
@@ -25,9 +30,9 @@
 //! `tower_governor` writes none by default.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use axum::Router;
@@ -35,6 +40,7 @@ use tollgate::{HeaderStyle, RateLimitLayer};
 use tollgate_core::{Algorithm, Policy};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, command_calls, command_stat};
+use tower::util::MapResponseLayer;
 
 mod common;
 use common::{header_key, per_key, route, tower_governor_app};
@@ -72,21 +78,30 @@ struct Run {
     /// redis-server, in µs.
     server_cpu_us: f64,
     redis_cpu_us: f64,
+    /// CPU time per request of wrk itself, in µs.
+    wrk_cpu_us: f64,
+    /// Share of the machine's CPU time that no process used.
+    idle: f64,
     /// Requests per `EVALSHA` Redis received (0 without Redis).
     per_call: f64,
     /// Redis's µs running `EVALSHA` per request.
     script_us: f64,
 }
 
-/// User plus system CPU time of process `pid`, in µs.
-fn cpu_us(pid: u32) -> f64 {
+/// The fields of `/proc/{pid}/stat` after the command name (which is in
+/// parentheses): the state first, then the parent's pid, and so on.
+fn stat_fields(pid: u32) -> Vec<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
+    stat.rsplit_once(')')
         .map_or("", |(_, rest)| rest)
         .split_whitespace()
-        .collect();
+        .map(str::to_owned)
+        .collect()
+}
+
+/// User plus system CPU time of process `pid`, in µs.
+fn cpu_us(pid: u32) -> f64 {
+    let fields = stat_fields(pid);
     let ticks = |i: usize| {
         fields
             .get(i)
@@ -95,6 +110,22 @@ fn cpu_us(pid: u32) -> f64 {
     };
     // utime and stime are fields 14 and 15 of the line, in ticks of 1/100 s.
     (ticks(11) + ticks(12)) * 10_000.0
+}
+
+/// The machine's idle and total CPU time so far, in ticks, from the first
+/// line of `/proc/stat` (idle and iowait count as idle).
+fn machine_ticks() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let idle = ticks.iter().skip(3).take(2).sum();
+    (idle, ticks.iter().sum())
 }
 
 fn micros(text: &str) -> f64 {
@@ -139,7 +170,8 @@ fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
         .write_all(script.as_bytes())
         .unwrap();
     let cpu_before = (cpu_us(std::process::id()), cpu_us(redis_pid));
-    let out = Command::new("wrk")
+    let machine_before = machine_ticks();
+    let mut child = Command::new("wrk")
         .args([
             "-t1",
             &format!("-c{}", connections()),
@@ -149,13 +181,33 @@ fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
         ])
         .arg(&path)
         .arg(format!("http://{addr}/"))
-        .output()
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("wrk is needed: apt-get install wrk");
+    let mut text = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
     let cpu_after = (cpu_us(std::process::id()), cpu_us(redis_pid));
+    let machine_after = machine_ticks();
+    // wrk has closed its output; once it has exited, and until it is
+    // reaped, /proc still holds its final CPU times.
+    let mut wrk_cpu = 0.0;
+    for _ in 0..1_000 {
+        let fields = stat_fields(child.id());
+        wrk_cpu = cpu_us(child.id());
+        if fields.first().is_none_or(|state| state == "Z") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let status = child.wait().unwrap();
     let calls = command_calls(&mut con, "evalsha") - calls_before;
     let usec = command_stat(&mut con, "evalsha", "usec") - usec_before;
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "wrk failed: {text}");
+    assert!(status.success(), "wrk failed: {text}");
     assert!(
         !text.contains("Non-2xx"),
         "some requests were not admitted:\n{text}"
@@ -173,6 +225,8 @@ fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
         p99_us: micros(&field("99%")),
         server_cpu_us: (cpu_after.0 - cpu_before.0) / requests,
         redis_cpu_us: (cpu_after.1 - cpu_before.1) / requests,
+        wrk_cpu_us: wrk_cpu / requests,
+        idle: (machine_after.0 - machine_before.0) / (machine_after.1 - machine_before.1),
         per_call: if calls == 0 {
             0.0
         } else {
@@ -180,6 +234,27 @@ fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
         },
         script_us: usec as f64 / requests,
     }
+}
+
+/// The route's response with five fixed headers of the lengths tollgate's
+/// GitHub-style headers have in this bench, inserted the same way: what
+/// the headers cost (the server inserting and writing them, wrk reading
+/// them), without a limiter.
+fn five_headers(mut response: axum::response::Response) -> axum::response::Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        ("x-ratelimit-limit", "1000"),
+        ("x-ratelimit-remaining", "999"),
+        ("x-ratelimit-reset", "1795000000"),
+        ("x-ratelimit-used", "1"),
+        ("x-ratelimit-resource", "bench"),
+    ] {
+        headers.insert(
+            http::HeaderName::from_static(name),
+            http::HeaderValue::from_static(value),
+        );
+    }
+    response
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -205,6 +280,11 @@ fn main() {
         vec![
             ("bare", serve(route()).await, ROTATING),
             (
+                "bare, five fixed headers",
+                serve(route().layer(MapResponseLayer::new(five_headers))).await,
+                ROTATING,
+            ),
+            (
                 "tollgate, 1 hot key",
                 serve(route().layer(RateLimitLayer::new(hot, header_key()))).await,
                 HOT,
@@ -212,6 +292,12 @@ fn main() {
             (
                 "tollgate, 10k keys",
                 serve(route().layer(RateLimitLayer::new(per_key(), header_key()))).await,
+                ROTATING,
+            ),
+            (
+                "tollgate, 10k keys, keep_body_type",
+                serve(route().layer(RateLimitLayer::new(per_key(), header_key()).keep_body_type()))
+                    .await,
                 ROTATING,
             ),
             (
@@ -270,13 +356,16 @@ fn main() {
             let run = wrk(*addr, script, &redis);
             eprintln!(
                 "round {round}: {name}: {:.0} req/s, p50 {:.0} µs, p99 {:.0} µs, \
-                 CPU per request: server {:.1} µs, redis-server {:.1} µs ({:.1} µs in scripts), {:.1} requests per EVALSHA",
+                 CPU per request: server {:.1} µs, redis-server {:.1} µs ({:.1} µs in scripts), \
+                 wrk {:.1} µs, {:.0}% idle, {:.1} requests per EVALSHA",
                 run.per_sec,
                 run.p50_us,
                 run.p99_us,
                 run.server_cpu_us,
                 run.redis_cpu_us,
                 run.script_us,
+                run.wrk_cpu_us,
+                run.idle * 100.0,
                 run.per_call
             );
             runs[i].push(run);
@@ -297,20 +386,22 @@ fn main() {
         seconds()
     );
     println!(
-        "| variant | requests/s | ratio to bare | p50 | p99 | CPU/request: server, redis-server | ratio per round |"
+        "| variant | requests/s | ratio to bare | p50 | p99 | CPU/request: server, redis-server, wrk | machine idle | ratio per round |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
     for ((name, _, _), of) in variants.iter().zip(&runs) {
         let paired = ratios(of, &runs[0]);
         let listed: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "| {name} | {:.0} | {:.2} | {:.0} µs | {:.0} µs | {:.1} µs, {:.1} µs | {} |",
+            "| {name} | {:.0} | {:.2} | {:.0} µs | {:.0} µs | {:.1} µs, {:.1} µs, {:.1} µs | {:.0}% | {} |",
             median(of.iter().map(|r| r.per_sec).collect()),
             median(paired),
             median(of.iter().map(|r| r.p50_us).collect()),
             median(of.iter().map(|r| r.p99_us).collect()),
             median(of.iter().map(|r| r.server_cpu_us).collect()),
             median(of.iter().map(|r| r.redis_cpu_us).collect()),
+            median(of.iter().map(|r| r.wrk_cpu_us).collect()),
+            median(of.iter().map(|r| r.idle * 100.0).collect()),
             listed.join(" "),
         );
     }
