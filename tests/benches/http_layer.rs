@@ -101,7 +101,11 @@ fn stat_fields(pid: u32) -> Vec<String> {
 
 /// User plus system CPU time of process `pid`, in µs.
 fn cpu_us(pid: u32) -> f64 {
-    let fields = stat_fields(pid);
+    cpu_of(&stat_fields(pid))
+}
+
+/// User plus system CPU time in µs, from a process's [`stat_fields`].
+fn cpu_of(fields: &[String]) -> f64 {
     let ticks = |i: usize| {
         fields
             .get(i)
@@ -198,7 +202,7 @@ fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
     let mut wrk_cpu = 0.0;
     for _ in 0..1_000 {
         let fields = stat_fields(child.id());
-        wrk_cpu = cpu_us(child.id());
+        wrk_cpu = cpu_of(&fields);
         if fields.first().is_none_or(|state| state == "Z") {
             break;
         }
