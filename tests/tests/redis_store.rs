@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use tokio::sync::Barrier;
-use tollgate_core::{Algorithm, Clock, FakeClock, Key, Policy, PolicyState, Store, SystemClock};
+use tollgate_core::{
+    Algorithm, Clock, FakeClock, Key, LimitState, Policy, PolicyState, Store, SystemClock,
+};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, command_calls, require_redis, unique_prefix};
 
@@ -182,7 +184,7 @@ async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
     let mut expected = Vec::new();
     // Every algorithm with two limits (the general scripts) and with one
     // (for GCRA, the token bucket and the leaky bucket, the one-word
-    // script).
+    // script; for the fixed window, the window-word script).
     let policies = Algorithm::ALL.into_iter().flat_map(|algorithm| {
         let two = Policy::builder(format!("ttl-{algorithm}"))
             .algorithm(algorithm)
@@ -352,6 +354,60 @@ async fn a_one_word_key_expires_at_the_millisecond_its_time_ends() {
             let (time, expiry) = time_and_expiry(&mut con, &state_key).await;
             assert_eq!(expiry, time.div_ceil(1_000), "{algorithm}, concurrent");
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_key_is_one_counter_that_expires_when_its_window_ends() {
+    let url = require_redis().await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    // Redis TIME, as in production, and no deny cache: every decision runs
+    // the window-word script.
+    let store = script_store(&url, "window-word", false).await;
+    let policy = Policy::new("window-word", Algorithm::FixedWindow, "5/h").unwrap();
+    assert!(PolicyState::is_window_word(&policy));
+    let hour = 3_600_000_000;
+    let key = Key::user("u");
+    let state_key = store.state_key(&policy, &key);
+    let mut reference: Option<PolicyState> = None;
+    let (mut allowed, mut seen) = (0, Vec::new());
+    for n in 1..=8 {
+        let d = store.check(&key, &policy, 1).await.unwrap();
+        allowed += usize::from(d.is_allowed());
+        seen.push(d.now().as_micros());
+        // Exactly the reference's decision at the script's own time (also
+        // if an hour ends during the test).
+        let state = reference.get_or_insert_with(|| PolicyState::new(&policy, d.now()));
+        assert_eq!(state.decide(&policy, d.now(), 1), d, "request {n}");
+        let &[LimitState::FixedWindow { start, count }] = state.limits() else {
+            panic!("{state:?}");
+        };
+        // The key holds the window's start plus its count (SET for the
+        // window's first request, INCRBY after it; a denial writes
+        // nothing), and expires in the millisecond the window ends.
+        let (word, expiry) = time_and_expiry(&mut con, &state_key).await;
+        assert_eq!(word, start + count, "request {n}");
+        assert_eq!(start % hour, 0);
+        assert_eq!(expiry, (start + hour).div_ceil(1_000), "request {n}");
+    }
+    // One window holds 5 (and the rest of 8 only if an hour ended during
+    // the test, which the reference above followed).
+    if seen.first().map(|t| t / hour) == seen.last().map(|t| t / hour) {
+        assert_eq!(allowed, 5);
+    }
+    // A thousand concurrent requests on a fresh key of a daily limit:
+    // exactly the count, unless a day ended meanwhile (by Redis's clock).
+    let day = 86_400_000_000;
+    let limit = Policy::new("window-word-100", Algorithm::FixedWindow, "100/d").unwrap();
+    let fresh = Key::user("concurrent");
+    let before = redis_time(&mut con).await;
+    let admitted = admitted_at_once(std::slice::from_ref(&store), &limit, &fresh, 1_000).await;
+    let after = redis_time(&mut con).await;
+    if before / day == after / day {
+        assert_eq!(admitted, 100);
+    } else {
+        assert!(admitted <= 200, "{admitted}");
     }
 }
 

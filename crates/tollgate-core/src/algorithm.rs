@@ -525,6 +525,75 @@ impl PolicyState {
         Decision::single(Outcome::Allowed, now, delay, status(*word, None))
     }
 
+    /// Whether `policy`'s whole state is one number on the scale of a time:
+    /// true for a single fixed-window limit whose count is below its period
+    /// in microseconds (any limit short of a million a second). The number,
+    /// the *window word*, is the window's start plus the cost counted in it;
+    /// since the count never reaches the period, both are read back from
+    /// it (the start is the word rounded down to a multiple of the period).
+    /// [`PolicyState::decide_window_word`] decides on it.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, PolicyState};
+    ///
+    /// let window = Policy::new("api", Algorithm::FixedWindow, "100/min")?;
+    /// assert!(PolicyState::is_window_word(&window));
+    /// // A million per second counts up to the period in µs: not one word.
+    /// let dense = Policy::new("api", Algorithm::FixedWindow, "1000000/s")?;
+    /// assert!(!PolicyState::is_window_word(&dense));
+    /// let gcra = Policy::new("api", Algorithm::Gcra, "100/min")?;
+    /// assert!(!PolicyState::is_window_word(&gcra));
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn is_window_word(policy: &Policy) -> bool {
+        policy.algorithm() == Algorithm::FixedWindow
+            && matches!(policy.params(), [p] if p.limit.count() < p.period_us)
+    }
+
+    /// [`PolicyState::decide`] for a policy whose state is a window word
+    /// (see [`PolicyState::is_window_word`]; 0 for a new key, and a word of
+    /// an earlier window means the same). It decodes the word into the
+    /// reference state, decides there and encodes the result, so its
+    /// decisions are the reference's by construction. An admitted request
+    /// adds its cost to `word`, or starts it afresh at the current window;
+    /// nothing else changes it.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, PolicyState, Timestamp};
+    ///
+    /// let policy = Policy::new("api", Algorithm::FixedWindow, "2/min")?;
+    /// let now = Timestamp::from_secs(1_700_000_010); // 30 s before a minute ends
+    /// let mut word = 0;
+    /// assert!(PolicyState::decide_window_word(&policy, &mut word, now, 1).is_allowed());
+    /// // The minute's start, plus one request.
+    /// assert_eq!(word, Timestamp::from_secs(1_699_999_980).as_micros() + 1);
+    /// assert!(PolicyState::decide_window_word(&policy, &mut word, now, 1).is_allowed());
+    /// let third = PolicyState::decide_window_word(&policy, &mut word, now, 1);
+    /// assert_eq!(third.retry_after().unwrap().as_secs(), 30);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn decide_window_word(
+        policy: &Policy,
+        word: &mut u64,
+        now: Timestamp,
+        cost: u64,
+    ) -> Decision {
+        let period = policy.params().first().map_or(1, |p| p.period_us.max(1));
+        let start = window_start(*word, period);
+        let mut state = Self {
+            fingerprint: policy.fingerprint(),
+            limits: SmallVec::from_iter([LimitState::FixedWindow {
+                start,
+                count: *word - start,
+            }]),
+        };
+        let decision = state.decide(policy, now, cost);
+        if let [LimitState::FixedWindow { start, count }] = state.limits[..] {
+            *word = start + count;
+        }
+        decision
+    }
+
     /// The time the state stops mattering: from then on it is
     /// indistinguishable from a fresh one and may be forgotten.
     pub fn expires_at(&self, policy: &Policy) -> Timestamp {

@@ -234,6 +234,30 @@ proptest! {
     }
 
     #[test]
+    fn the_window_word_decides_exactly_as_the_reference(case in case()) {
+        // The first limit as a single fixed window (the generated counts
+        // are all below their periods in µs), whatever the case's algorithm.
+        let first = case.policy.limits()[0];
+        let policy = Policy::builder("prop")
+            .algorithm(Algorithm::FixedWindow)
+            .limit(first)
+            .build()
+            .unwrap();
+        prop_assert!(PolicyState::is_window_word(&policy));
+        let case = Case { policy, ..case };
+        let mut word = 0;
+        let mut failures = Vec::new();
+        run(&case, |_, now, cost, d| {
+            let from_word =
+                PolicyState::decide_window_word(&case.policy, &mut word, Timestamp::from_micros(now), cost);
+            if from_word != *d {
+                failures.push(format!("at {now}, cost {cost}: word {from_word:?}, reference {d:?}"));
+            }
+        });
+        prop_assert!(failures.is_empty(), "{failures:?}");
+    }
+
+    #[test]
     fn the_memory_store_decides_exactly_as_the_reference(case in case()) {
         // The store keeps some policies in a compact form with arithmetic of
         // its own; every decision must still equal the reference's.

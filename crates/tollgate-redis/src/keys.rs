@@ -2,8 +2,8 @@
 //!
 //! A key is `<prefix>:<policy>:{<hash>}`. The hash is 32 hex digits of
 //! SHA-256 over the length-prefixed parts (an optional secret, the policy
-//! name, the key kind, the key bytes and, for a one-word policy, the
-//! policy's fingerprint), so no raw identifier reaches Redis,
+//! name, the key kind, the key bytes and, for a one-word or window-word
+//! policy, the policy's fingerprint), so no raw identifier reaches Redis,
 //! hostile bytes cannot forge another key, and all keys of one decision
 //! share one cluster slot while different identities spread over all slots.
 
@@ -47,13 +47,15 @@ impl KeyNamer {
 
     /// The state key of `key` under `policy`.
     ///
-    /// A one-word policy (see [`PolicyState::is_one_word`]) keeps its state
-    /// in a string rather than a hash, and checks no fingerprint inside it,
-    /// so its fingerprint is part of the name: a changed policy of the same
-    /// name starts afresh on another key instead of reading a value of
-    /// another type or meaning.
+    /// A one-word or window-word policy (see [`PolicyState::is_one_word`]
+    /// and [`PolicyState::is_window_word`]) keeps its state in a string
+    /// rather than a hash, and checks no fingerprint inside it, so its
+    /// fingerprint is part of the name: a changed policy of the same name
+    /// starts afresh on another key instead of reading a value of another
+    /// type or meaning.
     pub(crate) fn state_key(&self, policy: &Policy, key: &Key) -> String {
-        let fingerprint = PolicyState::is_one_word(policy).then(|| policy.fingerprint());
+        let in_name = PolicyState::is_one_word(policy) || PolicyState::is_window_word(policy);
+        let fingerprint = in_name.then(|| policy.fingerprint());
         self.named(policy.name(), fingerprint, key)
     }
 
@@ -166,17 +168,21 @@ mod tests {
             n.named("a", None, &Key::custom("1")),
             secret.named("a", None, &Key::custom("1"))
         );
-        // A one-word policy's fingerprint is part of its name; other
-        // policies keep theirs inside the state.
+        // A one-word or window-word policy's fingerprint is part of its
+        // name; other policies keep theirs inside the state.
         let key = Key::custom("1");
         let policy = |algorithm, rate| Policy::new("a", algorithm, rate).unwrap();
         assert_ne!(
             n.state_key(&policy(Algorithm::Gcra, "1/s"), &key),
             n.state_key(&policy(Algorithm::Gcra, "2/s"), &key)
         );
-        assert_eq!(
+        assert_ne!(
             n.state_key(&policy(Algorithm::FixedWindow, "1/s"), &key),
             n.state_key(&policy(Algorithm::FixedWindow, "2/s"), &key)
+        );
+        assert_eq!(
+            n.state_key(&policy(Algorithm::SlidingWindow, "1/s"), &key),
+            n.state_key(&policy(Algorithm::SlidingWindow, "2/s"), &key)
         );
     }
 

@@ -64,8 +64,13 @@
 //! Under concurrent load, such decisions that arrive while a call
 //! is on its way go together in the next call, up to 64 per call
 //! ([`RedisStoreBuilder::batch_size`]), each decided as if alone; this
-//! divides Redis's work per decision. Every other policy keeps a hash per key and
-//! checks the fingerprint stored in it. [`script_source`] and
+//! divides Redis's work per decision. A policy of one fixed-window limit
+//! (below a million a second) keeps one integer string too: the window's
+//! start in microseconds plus the cost counted in it, expiring when the
+//! window ends. It is decided with `TIME`, a `GET` and, when admitted, a
+//! `SET` (a new window) or an `INCRBY` (which keeps the expiry); it is not
+//! batched. Every other policy keeps a hash per key and checks the
+//! fingerprint stored in it. [`script_source`] and
 //! [`script_args`] give the exact script and arguments the store sends.
 
 mod batch;

@@ -1,5 +1,5 @@
 //! The decision scripts, assembled from `src/lua`: one general script per
-//! algorithm, and a smaller one for one-word policies.
+//! algorithm, and smaller ones for one-word and window-word policies.
 
 use tollgate_core::{Algorithm, Policy, PolicyState};
 
@@ -28,6 +28,10 @@ const ONE_WORD_READ_FIRST: &str = concat!(
     include_str!("lua/one_word.lua")
 );
 
+/// The script of a single fixed-window limit whose state is a window word
+/// (see [`PolicyState::is_window_word`]).
+const WINDOW_WORD: &str = include_str!("lua/window_word.lua");
+
 /// The general script of `algorithm`, or `None` for one this version does
 /// not implement.
 fn general(algorithm: Algorithm) -> Option<&'static str> {
@@ -49,7 +53,9 @@ fn general(algorithm: Algorithm) -> Option<&'static str> {
 /// script than the others (see [`PolicyState::is_one_word`]); this is its
 /// variant that writes first, which the store sends while few of its recent
 /// requests found their key busy. Once more did, it sends the same script
-/// with `local write_first = false` as its first line. Together with
+/// with `local write_first = false` as its first line. A policy of one
+/// fixed-window limit below a million a second runs a small script of its
+/// own (see [`PolicyState::is_window_word`]). Together with
 /// [`script_args`] this is exactly what the store sends, useful to load it
 /// elsewhere, such as into `redis-benchmark`.
 ///
@@ -60,12 +66,16 @@ fn general(algorithm: Algorithm) -> Option<&'static str> {
 /// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
 /// assert!(script_source(&gcra).unwrap().contains("PXAT"));
 /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
-/// assert!(script_source(&window).unwrap().contains("HGETALL"));
+/// assert!(script_source(&window).unwrap().contains("INCRBY"));
+/// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
+/// assert!(script_source(&sliding).unwrap().contains("HGETALL"));
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
 pub fn script_source(policy: &Policy) -> Option<&'static str> {
     if PolicyState::is_one_word(policy) {
         Some(ONE_WORD_WRITE_FIRST)
+    } else if PolicyState::is_window_word(policy) {
+        Some(WINDOW_WORD)
     } else {
         general(policy.algorithm())
     }
@@ -85,9 +95,12 @@ pub fn script_source(policy: &Policy) -> Option<&'static str> {
 /// // room for 9 more intervals ahead of now.
 /// assert_eq!(script_args(&gcra, 1), ["100000", "900000"]);
 /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
+/// // The period, the step and the slack: 9 more may be counted already.
+/// assert_eq!(script_args(&window, 1), ["1000000", "1", "9"]);
+/// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
 /// // Now (0: Redis TIME), cost, fingerprint, minimum TTL, one limit:
 /// // count, period, interval and capacity.
-/// let args = script_args(&window, 1);
+/// let args = script_args(&sliding, 1);
 /// assert_eq!(args.len(), 9);
 /// assert_eq!(args[5..], ["10", "1000000", "100000", "10"]);
 /// # Ok::<(), tollgate_core::ConfigError>(())
@@ -113,6 +126,17 @@ pub(crate) fn for_each_arg(
         arg(step);
         arg(slack);
         // On Redis's clock, the script needs nothing more.
+        if now > 0 {
+            arg(now);
+            arg(min_ttl_ms);
+        }
+        return;
+    }
+    if PolicyState::is_window_word(policy) {
+        let (period, step, slack) = window_word_args(policy, cost);
+        arg(period);
+        arg(step);
+        arg(slack);
         if now > 0 {
             arg(now);
             arg(min_ttl_ms);
@@ -150,6 +174,22 @@ pub(crate) fn one_word_args(policy: &Policy, cost: u64) -> (u64, u64) {
     }
 }
 
+/// The three arguments of one request to the window-word script: the
+/// period in µs, the step (the cost, or 0 when nothing can be committed)
+/// and the slack (how much the window may hold already for the request to
+/// be admitted).
+pub(crate) fn window_word_args(policy: &Policy, cost: u64) -> (u64, u64, u64) {
+    let Some(p) = policy.params().first() else {
+        return (1, 0, 0);
+    };
+    let count = p.limit.count();
+    if cost <= count {
+        (p.period_us, cost, count - cost)
+    } else {
+        (p.period_us, 0, count)
+    }
+}
+
 /// A decision script: its source and SHA-1.
 #[derive(Debug)]
 pub(crate) struct DecisionScript {
@@ -170,6 +210,7 @@ pub(crate) struct Scripts {
     general: Vec<(Algorithm, DecisionScript)>,
     /// Writing first, then reading first.
     one_word: [DecisionScript; 2],
+    pub(crate) window_word: DecisionScript,
 }
 
 impl Scripts {
@@ -183,6 +224,7 @@ impl Scripts {
                 DecisionScript::new(ONE_WORD_WRITE_FIRST),
                 DecisionScript::new(ONE_WORD_READ_FIRST),
             ],
+            window_word: DecisionScript::new(WINDOW_WORD),
         }
     }
 
@@ -191,6 +233,9 @@ impl Scripts {
     pub(crate) fn get(&self, policy: &Policy) -> Option<&DecisionScript> {
         if PolicyState::is_one_word(policy) {
             return Some(&self.one_word[0]);
+        }
+        if PolicyState::is_window_word(policy) {
+            return Some(&self.window_word);
         }
         self.general
             .iter()
@@ -205,6 +250,10 @@ impl Scripts {
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &DecisionScript> {
-        self.general.iter().map(|(_, s)| s).chain(&self.one_word)
+        self.general
+            .iter()
+            .map(|(_, s)| s)
+            .chain(&self.one_word)
+            .chain([&self.window_word])
     }
 }

@@ -375,6 +375,15 @@ impl<C: RedisConnection> RedisStore<C> {
                 cost,
             ));
         }
+        if PolicyState::is_window_word(policy) {
+            let (now, mut word) = inner.send_window_word(state_key, policy, cost).await?;
+            return Ok(PolicyState::decide_window_word(
+                policy,
+                &mut word,
+                Timestamp::from_micros(now),
+                cost,
+            ));
+        }
         let script = inner.scripts.get(policy).ok_or_else(|| {
             RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
         })?;
@@ -513,6 +522,34 @@ impl<C: RedisConnection> Inner<C> {
         };
         self.order.observe(&words);
         Ok(words)
+    }
+
+    /// Decides one request of a window-word policy with the window-word
+    /// script, and returns Redis's `now` and the key's word before it (0
+    /// where the key held no count of the current window).
+    async fn send_window_word(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<batch::Word, RedisStoreError> {
+        let (now, min_ttl_ms) = self.test_time();
+        let script = &self.scripts.window_word;
+        // The key count, the key, three numbers and (test clock) two more.
+        let reply = self
+            .eval(state_key, script, (7, 120 + state_key.len()), |cmd| {
+                cmd.arg(1).arg(state_key);
+                crate::script::for_each_arg(policy, cost, now, min_ttl_ms, |n| {
+                    cmd.arg(n);
+                });
+            })
+            .await?;
+        // The script never replies a negative number (a gap), which only
+        // the one-word script does.
+        match batch::words(&reply, 1)? {
+            batch::Reply::Words(words) if words.len() == 1 => Ok(words[0]),
+            _ => Err(RedisStoreError::Protocol(format!("{reply:?}"))),
+        }
     }
 
     /// [`Inner::send_one_word`] for queued requests.
