@@ -7,8 +7,8 @@
 //! every script and the figures are Redis's alone.
 //!
 //! Three workloads (see `Workload`): idle keys, busy keys and one key over
-//! its limit. GCRA is measured once more with 16 and with 64 decisions per
-//! call, as the store batches concurrent decisions. Five interleaved
+//! its limit. GCRA and the fixed window are measured once more with 16 and
+//! with 64 decisions per call, as the store batches concurrent decisions. Five interleaved
 //! rounds; each ratio is the median of the rounds' ratios to the reference
 //! run just before.
 //!
@@ -22,7 +22,7 @@
 //! instructions instead, which do not depend on the machine's load: it runs
 //! the private `redis-server` under valgrind's callgrind and reports every
 //! instruction the server executed (reading the command, the script,
-//! writing the reply) per decision, for the one-word scripts, in one
+//! writing the reply) per decision, for the word scripts, in one
 //! round. Needs valgrind (`apt-get install valgrind`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -247,8 +247,8 @@ fn load(server: &Server, source: &str) -> String {
 /// The decisions `RedisStore` sends for `policy`: the same script, keys and
 /// arguments (on Redis's clock, one unit each), `per_call` decisions per
 /// call as the store batches them under concurrent load (1: one each, as
-/// an idle store sends them; only single-limit GCRA, token-bucket and
-/// leaky-bucket policies are ever batched). A one-word policy's script
+/// an idle store sends them; only single-limit GCRA, token-bucket,
+/// leaky-bucket and fixed-window policies are ever batched). A one-word policy's script
 /// writes first or reads first (`write_first`); `None` takes the order the
 /// store settles on under `w`'s traffic: it writes first while fewer than a
 /// quarter of requests find their key holding a time, on idle keys.
@@ -341,7 +341,7 @@ fn main() {
         .unwrap();
     if counting {
         println!(
-            "Instructions redis-server executed per decision (callgrind), {CALLS} decisions, one-word scripts\n"
+            "Instructions redis-server executed per decision (callgrind), {CALLS} decisions, word scripts\n"
         );
     } else {
         println!(
@@ -368,13 +368,18 @@ fn main() {
             &["100000000/min", "1000000000/h"],
         );
         policies.push(("gcra, 3 limits".to_owned(), three));
-        let batched = [16, 64].map(|n| {
-            (
-                format!("gcra, 1 limit, {n} per call"),
-                w.policy(&format!("cpu-gcra-{n}"), Algorithm::Gcra, &[]),
-                n,
-            )
-        });
+        let batched = [Algorithm::Gcra, Algorithm::FixedWindow]
+            .into_iter()
+            .flat_map(|a| {
+                [16, 64].map(|n| {
+                    (
+                        format!("{a}, 1 limit, {n} per call"),
+                        w.policy(&format!("cpu-{a}-{n}"), a, &[]),
+                        n,
+                    )
+                })
+            })
+            .collect::<Vec<_>>();
         // The order the store settles on for this workload, and GCRA once
         // more in the other order.
         let settled = matches!(w, Workload::Idle);
@@ -391,13 +396,16 @@ fn main() {
             1,
             Some(!settled),
         ));
-        policies.extend(batched.map(|(n, p, k)| (n, p, k, None)));
+        policies.extend(batched.into_iter().map(|(n, p, k)| (n, p, k, None)));
         if let Ok(only) = std::env::var("TOLLGATE_BENCH_ONLY") {
             policies.retain(|(name, _, _, _)| only.split('|').any(|w| name.contains(w)));
         }
         if counting {
-            // Under valgrind a run takes seconds: the one-word scripts only.
-            policies.retain(|(_, p, _, _)| tollgate_core::PolicyState::is_one_word(p));
+            // Under valgrind a run takes seconds: the word scripts only.
+            policies.retain(|(_, p, _, _)| {
+                tollgate_core::PolicyState::is_one_word(p)
+                    || tollgate_core::PolicyState::is_window_word(p)
+            });
         }
         let reference = w.policy("plain", Algorithm::Gcra, &[]);
         let plain_cmds = straightforward(&server, &reference, w);

@@ -1,5 +1,6 @@
-//! Automatic batching: one-word decisions that arrive while earlier ones
-//! are on their way to Redis share one script call.
+//! Automatic batching: one-word decisions (and, apart from them,
+//! window-word decisions) that arrive while earlier ones are on their way
+//! to Redis share one script call.
 //!
 //! At most [`IN_FLIGHT`] calls are on their way at a time. A request that
 //! finds a free place is sent at once, alone, exactly as without batching,
@@ -29,12 +30,44 @@ pub(crate) const IN_FLIGHT: usize = 2;
 /// before the request (0 for an expired key), both in µs.
 pub(crate) type Word = (u64, u64);
 
-/// A request waiting for a place in a call.
-pub(crate) struct Queued {
-    pub(crate) key: String,
+/// Which script a request runs; each has its own queue and places.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A single GCRA, token-bucket or leaky-bucket limit (`one_word.lua`).
+    OneWord,
+    /// A single fixed-window limit (`window_word.lua`).
+    WindowWord,
+}
+
+/// One request to a word script: its state key and numbers (see
+/// `script::one_word_args` and `script::window_word_args`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request<'a> {
+    pub(crate) key: &'a str,
+    /// The window's period in µs (window words; 0 for one-word requests).
+    pub(crate) period: u64,
     pub(crate) step: u64,
     pub(crate) slack: u64,
+}
+
+/// A request waiting for a place in a call.
+pub(crate) struct Queued {
+    key: String,
+    period: u64,
+    step: u64,
+    slack: u64,
     reply: oneshot::Sender<Result<Word, RedisStoreError>>,
+}
+
+impl Queued {
+    pub(crate) fn request(&self) -> Request<'_> {
+        Request {
+            key: &self.key,
+            period: self.period,
+            step: self.step,
+            slack: self.slack,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -59,13 +92,13 @@ pub(crate) enum Turn<C: RedisConnection> {
 /// A place among the calls on their way; dropping it (when the call has
 /// returned, or its caller stopped waiting) hands it to the queue.
 pub(crate) struct Place<C: RedisConnection> {
-    inner: Option<Arc<Inner<C>>>,
+    inner: Option<(Arc<Inner<C>>, Kind)>,
 }
 
 impl<C: RedisConnection> Drop for Place<C> {
     fn drop(&mut self) {
-        if let Some(inner) = &self.inner {
-            release(inner);
+        if let Some((inner, kind)) = &self.inner {
+            release(inner, *kind);
         }
     }
 }
@@ -84,14 +117,13 @@ impl Batcher {
     }
 }
 
-/// Takes a place for a request of `key`, or queues it.
+/// Takes a place for `request`, or queues it.
 pub(crate) fn enter<C: RedisConnection>(
     inner: &Arc<Inner<C>>,
-    key: &str,
-    step: u64,
-    slack: u64,
+    kind: Kind,
+    request: Request<'_>,
 ) -> Turn<C> {
-    let Some(batcher) = inner.batcher.as_ref() else {
+    let Some(batcher) = inner.batcher(kind) else {
         return Turn::Now(Place { inner: None });
     };
     let mut queue = batcher.queue();
@@ -100,22 +132,23 @@ pub(crate) fn enter<C: RedisConnection>(
         // finds a queue keeps its place for it.
         queue.in_flight += 1;
         return Turn::Now(Place {
-            inner: Some(inner.clone()),
+            inner: Some((inner.clone(), kind)),
         });
     }
     let (reply, receiver) = oneshot::channel();
     queue.waiting.push(Queued {
-        key: key.to_owned(),
-        step,
-        slack,
+        key: request.key.to_owned(),
+        period: request.period,
+        step: request.step,
+        slack: request.slack,
         reply,
     });
     Turn::Queued(receiver)
 }
 
 /// Gives a place back, or hands it to a task that sends the queue.
-fn release<C: RedisConnection>(inner: &Arc<Inner<C>>) {
-    let Some(batcher) = inner.batcher.as_ref() else {
+fn release<C: RedisConnection>(inner: &Arc<Inner<C>>, kind: Kind) {
+    let Some(batcher) = inner.batcher(kind) else {
         return;
     };
     let batch = take(batcher);
@@ -124,7 +157,7 @@ fn release<C: RedisConnection>(inner: &Arc<Inner<C>>) {
     }
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
-            runtime.spawn(drive(inner.clone(), batch));
+            runtime.spawn(drive(inner.clone(), kind, batch));
         }
         // Outside a runtime nothing can send: the queued requests fail
         // (their senders are dropped) and the place is given back.
@@ -149,7 +182,7 @@ fn take(batcher: &Batcher) -> Vec<Queued> {
 }
 
 /// Sends batches until the queue is empty, then gives the place back.
-async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, mut batch: Vec<Queued>) {
+async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, kind: Kind, mut batch: Vec<Queued>) {
     // Gives the place back if the task is dropped mid-call (the runtime
     // shutting down); disarmed when the loop gives it back itself.
     struct Slot<'a>(Option<&'a Batcher>);
@@ -160,12 +193,12 @@ async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, mut batch: Vec<Queued>)
             }
         }
     }
-    let Some(batcher) = inner.batcher.as_ref() else {
+    let Some(batcher) = inner.batcher(kind) else {
         return;
     };
     let mut slot = Slot(Some(batcher));
     loop {
-        let result = tokio::time::timeout(inner.deadline, inner.send_batch(&batch))
+        let result = tokio::time::timeout(inner.deadline, inner.send_batch(kind, &batch))
             .await
             .unwrap_or(Err(RedisStoreError::Deadline(inner.deadline)));
         match result {

@@ -68,8 +68,9 @@
 //! (below a million a second) keeps one integer string too: the window's
 //! start in microseconds plus the cost counted in it, expiring when the
 //! window ends. It is decided with `TIME`, a `GET` and, when admitted, a
-//! `SET` (a new window) or an `INCRBY` (which keeps the expiry); it is not
-//! batched. Every other policy keeps a hash per key and checks the
+//! `SET` (a new window) or an `INCRBY` (which keeps the expiry), and such
+//! decisions are batched as well (among themselves, by a script of their
+//! own). Every other policy keeps a hash per key and checks the
 //! fingerprint stored in it. [`script_source`] and
 //! [`script_args`] give the exact script and arguments the store sends.
 

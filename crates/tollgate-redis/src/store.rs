@@ -12,7 +12,7 @@ use tollgate_core::{
     Outcome, Policy, PolicyState, Store, StoreError, Timestamp,
 };
 
-use crate::batch::{self, Batcher, Queued, Turn};
+use crate::batch::{self, Batcher, Kind, Queued, Request, Turn};
 use crate::cluster::ClusterConnection;
 use crate::connection::{Pool, RedisConnection};
 use crate::deny_cache::DenyCache;
@@ -70,9 +70,10 @@ pub(crate) struct Inner<C> {
     pub(crate) deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
     scripts: Scripts,
-    /// Shares script calls among concurrent one-word decisions; `None`
-    /// when batching is off or the connection reaches several servers.
-    pub(crate) batcher: Option<Batcher>,
+    /// Share script calls among concurrent one-word decisions, and among
+    /// concurrent window-word decisions; `None` when batching is off or
+    /// the connection reaches several servers.
+    batchers: Option<[Batcher; 2]>,
     /// One breaker, or one per range of 128 hash slots on a cluster, so
     /// that a failed master does not stop calls to the healthy ones.
     breakers: Vec<CircuitBreaker>,
@@ -353,21 +354,13 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &*self.inner;
         if PolicyState::is_one_word(policy) {
             let (step, slack) = crate::script::one_word_args(policy, cost);
-            let (now, mut word) = match batch::enter(&self.inner, state_key, step, slack) {
-                Turn::Queued(reply) => reply.await.map_err(|_| {
-                    RedisStoreError::Protocol("the batch of this request was dropped".into())
-                })??,
-                // Sent alone, exactly as without batching, holding its
-                // place until the reply is in.
-                Turn::Now(place) => {
-                    let words = inner.send_one_word(&[(state_key, step, slack)]).await;
-                    drop(place);
-                    words?
-                        .first()
-                        .copied()
-                        .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))?
-                }
+            let request = Request {
+                key: state_key,
+                period: 0,
+                step,
+                slack,
             };
+            let (now, mut word) = self.word(Kind::OneWord, request).await?;
             return Ok(PolicyState::decide_word(
                 policy,
                 &mut word,
@@ -376,7 +369,14 @@ impl<C: RedisConnection> RedisStore<C> {
             ));
         }
         if PolicyState::is_window_word(policy) {
-            let (now, mut word) = inner.send_window_word(state_key, policy, cost).await?;
+            let (period, step, slack) = crate::script::window_word_args(policy, cost);
+            let request = Request {
+                key: state_key,
+                period,
+                step,
+                slack,
+            };
+            let (now, mut word) = self.word(Kind::WindowWord, request).await?;
             return Ok(PolicyState::decide_window_word(
                 policy,
                 &mut word,
@@ -412,7 +412,52 @@ impl<C: RedisConnection> RedisStore<C> {
     }
 }
 
+impl<C: RedisConnection> RedisStore<C> {
+    /// Redis's `now` and the word of `request` before it: sent at once,
+    /// alone, when a place is free (or the store does not batch), else in
+    /// the next call of the queued requests of its kind.
+    async fn word(&self, kind: Kind, request: Request<'_>) -> Result<batch::Word, RedisStoreError> {
+        match batch::enter(&self.inner, kind, request) {
+            Turn::Queued(reply) => reply.await.map_err(|_| {
+                RedisStoreError::Protocol("the batch of this request was dropped".into())
+            })?,
+            // Sent alone, exactly as without batching, holding its place
+            // until the reply is in.
+            Turn::Now(place) => {
+                let words = self.inner.send(kind, &[request]).await;
+                drop(place);
+                words?
+                    .first()
+                    .copied()
+                    .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))
+            }
+        }
+    }
+}
+
 impl<C: RedisConnection> Inner<C> {
+    /// The batcher of `kind`'s requests, if the store batches.
+    pub(crate) fn batcher(&self, kind: Kind) -> Option<&Batcher> {
+        let batchers = self.batchers.as_ref()?;
+        Some(match kind {
+            Kind::OneWord => &batchers[0],
+            Kind::WindowWord => &batchers[1],
+        })
+    }
+
+    /// Decides `requests` of `kind` in one call of its script, in order,
+    /// and returns each request's word.
+    pub(crate) async fn send(
+        &self,
+        kind: Kind,
+        requests: &[Request<'_>],
+    ) -> Result<Vec<batch::Word>, RedisStoreError> {
+        match kind {
+            Kind::OneWord => self.send_one_word(requests).await,
+            Kind::WindowWord => self.send_window_words(requests).await,
+        }
+    }
+
     /// Now in µs and the shortest TTL in ms to send to a script: both 0 on
     /// Redis's clock. Under a test clock, keys live at least
     /// TEST_CLOCK_MIN_TTL of real time: fake time does not pass with
@@ -463,37 +508,32 @@ impl<C: RedisConnection> Inner<C> {
         }
     }
 
-    /// Decides `requests` (state key, step, slack) of one-word
-    /// policies in one call of the one-word script, in order, and returns
-    /// each request's word.
-    pub(crate) async fn send_one_word(
+    /// Decides `requests` of one-word policies in one call of the one-word
+    /// script, in order, and returns each request's word.
+    async fn send_one_word(
         &self,
-        requests: &[(&str, u64, u64)],
+        requests: &[Request<'_>],
     ) -> Result<Vec<batch::Word>, RedisStoreError> {
-        let Some((first, _, _)) = requests.first() else {
+        let Some(first) = requests.first() else {
             return Ok(Vec::new());
         };
         let (now, min_ttl_ms) = self.test_time();
         // The key count, then per request its key and two numbers of up to
         // 20 digits, then (test clock) two more.
         let count = 3 + 3 * requests.len();
-        let bytes = 60
-            + requests
-                .iter()
-                .map(|(key, _, _)| key.len() + 40)
-                .sum::<usize>();
+        let bytes = 60 + requests.iter().map(|r| r.key.len() + 40).sum::<usize>();
         let reply = self
             .eval(
-                first,
+                first.key,
                 self.scripts.one_word(self.order.write_first()),
                 (count, bytes),
                 |cmd| {
                     cmd.arg(requests.len());
-                    for (key, _, _) in requests {
-                        cmd.arg(*key);
+                    for r in requests {
+                        cmd.arg(r.key);
                     }
-                    for (_, step, slack) in requests {
-                        cmd.arg(*step).arg(*slack);
+                    for r in requests {
+                        cmd.arg(r.step).arg(r.slack);
                     }
                     if now > 0 {
                         cmd.arg(now).arg(min_ttl_ms);
@@ -524,44 +564,56 @@ impl<C: RedisConnection> Inner<C> {
         Ok(words)
     }
 
-    /// Decides one request of a window-word policy with the window-word
-    /// script, and returns Redis's `now` and the key's word before it (0
-    /// where the key held no count of the current window).
-    async fn send_window_word(
+    /// Decides `requests` of window-word policies in one call of the
+    /// window-word script, in order, and returns each request's word (0
+    /// where its key held no count of the current window).
+    async fn send_window_words(
         &self,
-        state_key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Result<batch::Word, RedisStoreError> {
+        requests: &[Request<'_>],
+    ) -> Result<Vec<batch::Word>, RedisStoreError> {
+        let Some(first) = requests.first() else {
+            return Ok(Vec::new());
+        };
         let (now, min_ttl_ms) = self.test_time();
-        let script = &self.scripts.window_word;
-        // The key count, the key, three numbers and (test clock) two more.
+        // The key count, then per request its key and three numbers of up
+        // to 20 digits, then (test clock) two more.
+        let count = 3 + 4 * requests.len();
+        let bytes = 60 + requests.iter().map(|r| r.key.len() + 60).sum::<usize>();
         let reply = self
-            .eval(state_key, script, (7, 120 + state_key.len()), |cmd| {
-                cmd.arg(1).arg(state_key);
-                crate::script::for_each_arg(policy, cost, now, min_ttl_ms, |n| {
-                    cmd.arg(n);
-                });
-            })
+            .eval(
+                first.key,
+                &self.scripts.window_word,
+                (count, bytes),
+                |cmd| {
+                    cmd.arg(requests.len());
+                    for r in requests {
+                        cmd.arg(r.key);
+                    }
+                    for r in requests {
+                        cmd.arg(r.period).arg(r.step).arg(r.slack);
+                    }
+                    if now > 0 {
+                        cmd.arg(now).arg(min_ttl_ms);
+                    }
+                },
+            )
             .await?;
         // The script never replies a negative number (a gap), which only
         // the one-word script does.
-        match batch::words(&reply, 1)? {
-            batch::Reply::Words(words) if words.len() == 1 => Ok(words[0]),
-            _ => Err(RedisStoreError::Protocol(format!("{reply:?}"))),
+        match batch::words(&reply, requests.len())? {
+            batch::Reply::Words(words) => Ok(words),
+            batch::Reply::Ahead(_) => Err(RedisStoreError::Protocol(format!("{reply:?}"))),
         }
     }
 
-    /// [`Inner::send_one_word`] for queued requests.
+    /// [`Inner::send`] for queued requests.
     pub(crate) async fn send_batch(
         &self,
+        kind: Kind,
         batch: &[Queued],
     ) -> Result<Vec<batch::Word>, RedisStoreError> {
-        let requests: Vec<_> = batch
-            .iter()
-            .map(|q| (q.key.as_str(), q.step, q.slack))
-            .collect();
-        self.send_one_word(&requests).await
+        let requests: Vec<Request<'_>> = batch.iter().map(Queued::request).collect();
+        self.send(kind, &requests).await
     }
 }
 
@@ -763,7 +815,8 @@ impl RedisStoreBuilder {
     /// batching off). While a store has calls on their way to Redis,
     /// further requests of single-limit GCRA, token-bucket and
     /// leaky-bucket policies queue and go together in the next call, in
-    /// the order they came, each decided as if alone. A store without
+    /// the order they came, each decided as if alone; so do those of
+    /// single fixed-window limits, in calls of their own. A store without
     /// concurrent requests sends each alone at once. Under load this
     /// divides Redis's CPU per decision and the client's work per
     /// round trip by the batch (see `BENCHMARKS.md`). Only on connections
@@ -963,8 +1016,8 @@ impl RedisStoreBuilder {
                 deadline: self.deadline,
                 clock: self.clock,
                 scripts,
-                batcher: (self.batch_size > 1 && connection_is_one_server)
-                    .then(|| Batcher::new(self.batch_size)),
+                batchers: (self.batch_size > 1 && connection_is_one_server)
+                    .then(|| [Batcher::new(self.batch_size), Batcher::new(self.batch_size)]),
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
                 order: WriteOrder::new(self.write_first),
