@@ -552,11 +552,10 @@ impl PolicyState {
 
     /// [`PolicyState::decide`] for a policy whose state is a window word
     /// (see [`PolicyState::is_window_word`]; 0 for a new key, and a word of
-    /// an earlier window means the same). It decodes the word into the
-    /// reference state, decides there and encodes the result, so its
-    /// decisions are the reference's by construction. An admitted request
-    /// adds its cost to `word`, or starts it afresh at the current window;
-    /// nothing else changes it.
+    /// an earlier window means the same). The same arithmetic, without
+    /// building a [`PolicyState`]; a property test holds the two equal. An
+    /// admitted request adds its cost to `word`, or starts it afresh at the
+    /// current window; nothing else changes it.
     ///
     /// ```
     /// use tollgate_core::{Algorithm, Policy, PolicyState, Timestamp};
@@ -572,26 +571,53 @@ impl PolicyState {
     /// assert_eq!(third.retry_after().unwrap().as_secs(), 30);
     /// # Ok::<(), tollgate_core::ConfigError>(())
     /// ```
+    #[inline(always)]
     pub fn decide_window_word(
         policy: &Policy,
         word: &mut u64,
         now: Timestamp,
         cost: u64,
     ) -> Decision {
-        let period = policy.params().first().map_or(1, |p| p.period_us.max(1));
-        let start = window_start(*word, period);
-        let mut state = Self {
-            fingerprint: policy.fingerprint(),
-            limits: SmallVec::from_iter([LimitState::FixedWindow {
-                start,
-                count: *word - start,
-            }]),
+        let Some(p) = policy.params().first() else {
+            return Decision::new(policy, Outcome::Allowed, now, Duration::ZERO, []);
         };
-        let decision = state.decide(policy, now, cost);
-        if let [LimitState::FixedWindow { start, count }] = state.limits[..] {
+        let (n, period, now_us) = (p.limit.count(), p.period_us.max(1), now.as_micros());
+        // The word's window and count, rolled on to now's window if that
+        // is later (as `LimitState::advance` does).
+        let (mut start, mut count) = (window_start(*word, period), *word % period);
+        let current = window_start(now_us, period);
+        if current > start {
+            (start, count) = (current, 0);
+        }
+        let reset = (start + period).saturating_sub(now_us);
+        let status = |count: u64, retry: Option<u64>| {
+            LimitStatus::from_micros(
+                0,
+                p.limit,
+                p.capacity,
+                n.saturating_sub(count),
+                reset,
+                retry,
+            )
+        };
+        if cost > p.capacity {
+            let outcome = Outcome::CostExceedsCapacity {
+                cost,
+                capacity: p.capacity,
+            };
+            return Decision::single(outcome, now, Duration::ZERO, status(count, None));
+        }
+        if count + cost > n {
+            let outcome = Outcome::Limited {
+                retry_after: Duration::from_micros(reset),
+            };
+            return Decision::single(outcome, now, Duration::ZERO, status(count, Some(reset)));
+        }
+        if cost > 0 {
+            count += cost;
             *word = start + count;
         }
-        decision
+        Decision::single(Outcome::Allowed, now, Duration::ZERO, status(count, None))
     }
 
     /// The time the state stops mattering: from then on it is

@@ -32,8 +32,9 @@ use crate::time::{Clock, SystemClock, Timestamp};
 /// - **Compact.** Keys are kept as a 64-bit keyed hash (random per store)
 ///   of the policy and the key, so no client-supplied bytes are retained.
 ///   A single-limit GCRA, token-bucket or leaky-bucket key costs 16 bytes
-///   plus the hash table's slack; other policies keep their full state per
-///   key. Two
+///   plus the hash table's slack, a single fixed-window key (below a
+///   million a second) 24; other policies keep their full state per key.
+///   Two
 ///   distinct keys share state only if their hashes collide, which for a
 ///   million live keys happens with a probability of about 3 in 100 million,
 ///   and cannot be aimed at without the store's random seed.
@@ -127,6 +128,9 @@ struct Shard {
     /// whole state (the theoretical arrival time, or when the queue is next
     /// free), which is also when the state expires.
     words: HashedMap<u64>,
+    /// Single fixed-window keys (below a million a second): the window
+    /// word (see [`PolicyState::is_window_word`]) and when it expires.
+    windows: HashedMap<Window>,
     /// Every other key.
     full: HashedMap<Entry>,
     /// Sweep when the shard holds this many keys.
@@ -138,6 +142,18 @@ struct Shard {
 struct Entry {
     state: PolicyState,
     expires_at: u64,
+}
+
+struct Window {
+    word: u64,
+    expires_at: u64,
+}
+
+/// When the window of `word` ends, or 0 if it counts nothing (it may be
+/// forgotten at once).
+fn window_end(word: u64, period: u64) -> u64 {
+    let count = word % period;
+    if count == 0 { 0 } else { word - count + period }
 }
 
 /// The smallest shard size worth a sweep.
@@ -229,6 +245,25 @@ impl MemoryStore {
             return Ok(decision);
         }
 
+        if PolicyState::is_window_word(policy) {
+            let period = policy.params().first().map_or(1, |p| p.period_us.max(1));
+            if let Some(window) = shard.windows.get_mut(&hash) {
+                let decision = PolicyState::decide_window_word(policy, &mut window.word, now, cost);
+                window.expires_at = window.expires_at.max(window_end(window.word, period));
+                return Ok(decision);
+            }
+            let mut word = 0;
+            let decision = PolicyState::decide_window_word(policy, &mut word, now, cost);
+            let expires_at = window_end(word, period);
+            // A peek, or a request that can never be admitted, leaves nothing to keep.
+            if expires_at > now.as_micros() {
+                shard.admit(shared, now, expires_at, |s| {
+                    s.windows.insert(hash, Window { word, expires_at })
+                })?;
+            }
+            return Ok(decision);
+        }
+
         if let Some(entry) = shard.full.get_mut(&hash) {
             let decision = entry.state.decide(policy, now, cost);
             entry.expires_at = entry
@@ -267,6 +302,7 @@ impl Shard {
     fn new(capacity: usize) -> Self {
         Self {
             words: HashedMap::default(),
+            windows: HashedMap::default(),
             full: HashedMap::default(),
             sweep_at: MIN_SWEEP.min(capacity),
             next_expiry: u64::MAX,
@@ -274,7 +310,7 @@ impl Shard {
     }
 
     fn len(&self) -> usize {
-        self.words.len() + self.full.len()
+        self.words.len() + self.windows.len() + self.full.len()
     }
 
     /// Makes room for a new key expiring at `expires_at` and inserts it with
@@ -312,6 +348,13 @@ impl Shard {
             let keep = at > now;
             if keep {
                 next = next.min(at);
+            }
+            keep
+        });
+        self.windows.retain(|_, window| {
+            let keep = window.expires_at > now;
+            if keep {
+                next = next.min(window.expires_at);
             }
             keep
         });

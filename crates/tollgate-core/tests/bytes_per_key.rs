@@ -1,4 +1,5 @@
-//! Heap bytes per key: the memory store holding GCRA state next to
+//! Heap bytes per key: the memory store holding GCRA (and token-bucket and
+//! fixed-window) state next to
 //! `governor`'s keyed limiter holding the same keys, counted exactly by a
 //! counting allocator (no timing). Run with `--nocapture` to see the table
 //! recorded in BENCHMARKS.md.
@@ -62,25 +63,33 @@ fn governor<K: std::hash::Hash + Eq + Clone>(keys: u32, key: impl Fn(u32) -> K) 
 #[test]
 fn gcra_keys_cost_no_more_memory_than_in_governor() {
     println!(
-        "| keys | tollgate GCRA | governor, IpAddr keys | governor, u64 keys | tollgate token bucket |"
+        "| keys | tollgate GCRA | governor, IpAddr keys | governor, u64 keys | tollgate token bucket | tollgate fixed window |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for keys in [10_000u32, 100_000, 1_000_000] {
         let per_key = |bytes: i64| bytes as f64 / f64::from(keys);
         let ours = per_key(tollgate(keys, Algorithm::Gcra));
         let by_ip = per_key(governor(keys, ip));
         let by_u64 = per_key(governor(keys, u64::from));
         let token = per_key(tollgate(keys, Algorithm::TokenBucket));
+        let window = per_key(tollgate(keys, Algorithm::FixedWindow));
         println!(
-            "| {keys} | {ours:.1} B ({:.2}x) | {by_ip:.1} B | {by_u64:.1} B ({:.2}x) | {token:.1} B |",
+            "| {keys} | {ours:.1} B ({:.2}x) | {by_ip:.1} B | {by_u64:.1} B ({:.2}x) | {token:.1} B | {window:.1} B ({:.2}x) |",
             ours / by_ip,
             by_u64 / by_ip,
+            window / by_ip,
         );
         // The same keys as governor's IP-keyed limiter (tower_governor's
         // default) hold at most as many bytes.
         assert!(
             ours <= by_ip,
             "{keys} keys: {ours:.1} B/key against governor's {by_ip:.1}"
+        );
+        // So does a single fixed window, whose state is one word too, with
+        // the time it expires.
+        assert!(
+            window <= by_ip,
+            "{keys} keys: fixed window {window:.1} B/key against governor's {by_ip:.1}"
         );
     }
 }
