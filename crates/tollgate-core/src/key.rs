@@ -38,6 +38,21 @@ impl KeyKind {
     }
 }
 
+/// The type of a value made into a [`Key`] with [`Key::typed`]: the first
+/// byte of the key, so that values of different types never collide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[repr(u8)]
+pub enum TypeTag {
+    /// Text (`str`, `String`), as its UTF-8 bytes.
+    Str = b's',
+    /// An unsigned integer of any width, as 8 big-endian bytes: `7u32` and
+    /// `7u64` are the same number and the same key.
+    Unsigned = b'u',
+    /// A signed integer of any width, as 8 big-endian two's-complement bytes.
+    Signed = b'i',
+}
+
 /// The identity a request is limited by: a kind plus opaque bytes.
 ///
 /// Keys of up to 32 bytes (IP addresses, numeric ids, UUIDs) are stored
@@ -127,6 +142,31 @@ impl Key {
         }
     }
 
+    /// A key of `kind` for a value of a Rust type: `bytes` behind a one-byte
+    /// tag naming the type, so that values of different types never share
+    /// a key even when their bytes agree (the string `"admin___"` and the
+    /// `u64` with the same eight bytes, or `-1i64` and `u64::MAX`). The
+    /// [`From`] conversions below and the layer's `ToKey` use it.
+    ///
+    /// ```
+    /// use tollgate_core::{Key, KeyKind, TypeTag};
+    ///
+    /// let text = Key::typed(KeyKind::User, TypeTag::Str, b"admin___");
+    /// let number = Key::typed(KeyKind::User, TypeTag::Unsigned, 0x61646d696e5f5f5f_u64.to_be_bytes());
+    /// assert_ne!(text, number);
+    /// assert_ne!(Key::from(-1_i64), Key::from(u64::MAX));
+    /// ```
+    pub fn typed(kind: KeyKind, tag: TypeTag, bytes: impl AsRef<[u8]>) -> Self {
+        let bytes = bytes.as_ref();
+        let mut tagged = SmallVec::with_capacity(bytes.len() + 1);
+        tagged.push(tag as u8);
+        tagged.extend_from_slice(bytes);
+        Self {
+            kind,
+            bytes: tagged,
+        }
+    }
+
     /// Where the key came from.
     pub fn kind(&self) -> KeyKind {
         self.kind
@@ -147,23 +187,32 @@ impl fmt::Debug for Key {
 }
 
 impl From<&str> for Key {
-    /// A [`KeyKind::Custom`] key.
+    /// A [`KeyKind::Custom`] key, tagged as text (see [`Key::typed`]).
     fn from(value: &str) -> Self {
-        Key::custom(value)
+        Key::typed(KeyKind::Custom, TypeTag::Str, value)
     }
 }
 
 impl From<String> for Key {
-    /// A [`KeyKind::Custom`] key.
+    /// A [`KeyKind::Custom`] key, tagged as text (see [`Key::typed`]).
     fn from(value: String) -> Self {
-        Key::custom(value)
+        Key::typed(KeyKind::Custom, TypeTag::Str, value)
     }
 }
 
 impl From<u64> for Key {
-    /// A [`KeyKind::Custom`] key from the number's big-endian bytes.
+    /// A [`KeyKind::Custom`] key from the number's big-endian bytes, tagged
+    /// as unsigned (see [`Key::typed`]).
     fn from(value: u64) -> Self {
-        Key::custom(value.to_be_bytes())
+        Key::typed(KeyKind::Custom, TypeTag::Unsigned, value.to_be_bytes())
+    }
+}
+
+impl From<i64> for Key {
+    /// A [`KeyKind::Custom`] key from the number's big-endian bytes, tagged
+    /// as signed (see [`Key::typed`]).
+    fn from(value: i64) -> Self {
+        Key::typed(KeyKind::Custom, TypeTag::Signed, value.to_be_bytes())
     }
 }
 
@@ -171,5 +220,21 @@ impl From<IpAddr> for Key {
     /// A [`KeyKind::Ip`] key.
     fn from(value: IpAddr) -> Self {
         Key::ip(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_of_different_types_never_share_a_key() {
+        let text = Key::from("admin___");
+        let number = Key::from(0x6164_6d69_6e5f_5f5f_u64);
+        assert_eq!(&text.as_bytes()[1..], &number.as_bytes()[1..], "same bytes");
+        assert_ne!(text, number);
+        assert_ne!(Key::from(-1_i64), Key::from(u64::MAX));
+        assert_eq!(Key::from("a"), Key::from(String::from("a")));
+        assert_eq!(Key::from("a").as_bytes(), b"sa");
     }
 }

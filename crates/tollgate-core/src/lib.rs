@@ -64,7 +64,7 @@ pub use algorithm::{LimitState, PolicyState};
 pub use breaker::{BreakerState, CircuitBreaker, Permit};
 pub use decision::{Decision, LimitStatus, Outcome};
 pub use error::{ConfigError, StoreError};
-pub use key::{Key, KeyKind};
+pub use key::{Key, KeyKind, TypeTag};
 pub use limit::Limit;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Algorithm, IntoLimit, LimitParams, Policy, PolicyBuilder};

@@ -4,7 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use http::{HeaderName, Request};
-use tollgate_core::Key;
+use tollgate_core::{Key, KeyKind, TypeTag};
 
 /// Picks the [`Key`] a request is limited by, or `None` when the request
 /// carries no usable identity.
@@ -97,8 +97,13 @@ impl<B> KeyExtractor<B> for HeaderKey {
 /// A value that identifies a user or client, put into request extensions by
 /// an authentication layer and read by [`ExtensionKey`].
 ///
+/// The implementations for strings and integers make
+/// [`KeyKind::User`](tollgate_core::KeyKind::User) keys tagged with the
+/// value's type ([`Key::typed`]), so that a string and a number with the
+/// same bytes, or `-1i64` and `u64::MAX`, are different users.
+///
 /// ```
-/// use tollgate::{Key, ToKey};
+/// use tollgate::{Key, KeyKind, ToKey, TypeTag};
 ///
 /// #[derive(Clone)]
 /// struct UserId(u64);
@@ -108,7 +113,9 @@ impl<B> KeyExtractor<B> for HeaderKey {
 ///         self.0.to_key()
 ///     }
 /// }
-/// assert_eq!(UserId(7).to_key(), Key::user(7u64.to_be_bytes()));
+/// assert_eq!(UserId(7).to_key(), Key::typed(KeyKind::User, TypeTag::Unsigned, 7u64.to_be_bytes()));
+/// assert_ne!(0x61646d696e5f5f5f_u64.to_key(), "admin___".to_key());
+/// assert_ne!((-1_i64).to_key(), u64::MAX.to_key());
 /// ```
 pub trait ToKey {
     /// The [`Key`] (normally of [`KeyKind::User`](tollgate_core::KeyKind::User)).
@@ -117,31 +124,37 @@ pub trait ToKey {
 
 impl ToKey for String {
     fn to_key(&self) -> Key {
-        Key::user(self)
+        self.as_str().to_key()
     }
 }
 
 impl ToKey for str {
     fn to_key(&self) -> Key {
-        Key::user(self)
+        Key::typed(KeyKind::User, TypeTag::Str, self)
     }
 }
 
 impl ToKey for u64 {
     fn to_key(&self) -> Key {
-        Key::user(self.to_be_bytes())
+        Key::typed(KeyKind::User, TypeTag::Unsigned, self.to_be_bytes())
     }
 }
 
 impl ToKey for u32 {
     fn to_key(&self) -> Key {
-        Key::user(u64::from(*self).to_be_bytes())
+        u64::from(*self).to_key()
     }
 }
 
 impl ToKey for i64 {
     fn to_key(&self) -> Key {
-        Key::user(self.to_be_bytes())
+        Key::typed(KeyKind::User, TypeTag::Signed, self.to_be_bytes())
+    }
+}
+
+impl ToKey for i32 {
+    fn to_key(&self) -> Key {
+        i64::from(*self).to_key()
     }
 }
 
@@ -157,13 +170,13 @@ impl ToKey for Key {
 ///
 /// ```
 /// use http::Request;
-/// use tollgate::{ExtensionKey, Key, KeyExtractor};
+/// use tollgate::{ExtensionKey, Key, KeyExtractor, ToKey};
 ///
 /// let by_user = ExtensionKey::<String>::new();
 /// let mut req = Request::new(());
 /// assert_eq!(by_user.extract(&req), None);
 /// req.extensions_mut().insert("ada".to_string());
-/// assert_eq!(by_user.extract(&req), Some(Key::user("ada")));
+/// assert_eq!(by_user.extract(&req), Some("ada".to_key()));
 /// ```
 pub struct ExtensionKey<T> {
     _marker: PhantomData<fn() -> T>,
@@ -211,7 +224,7 @@ where
 ///
 /// ```
 /// use http::Request;
-/// use tollgate::{ExtensionKey, GlobalKey, HeaderKey, Key, KeyExtractor};
+/// use tollgate::{ExtensionKey, GlobalKey, HeaderKey, Key, KeyExtractor, ToKey};
 ///
 /// let by_tenant_and_user = (
 ///     HeaderKey::new(http::HeaderName::from_static("x-tenant")),
@@ -222,7 +235,7 @@ where
 /// req.extensions_mut().insert("ada".to_string());
 /// assert_eq!(
 ///     by_tenant_and_user.extract(&req),
-///     Some(Key::composite([&Key::header("acme"), &Key::user("ada")]))
+///     Some(Key::composite([&Key::header("acme"), &"ada".to_key()]))
 /// );
 /// ```
 impl<B, X, Y> KeyExtractor<B> for (X, Y)
@@ -277,5 +290,22 @@ impl<B> KeyExtractor<B> for RouteKey {
         let path = request.extensions().get::<axum::extract::MatchedPath>()?;
         let method = Key::custom(request.method().as_str());
         Some(Key::composite([&method, &Key::custom(path.as_str())]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_key_of_different_types_never_collides() {
+        // The same eight bytes as a number and as text.
+        assert_ne!(0x6164_6d69_6e5f_5f5f_u64.to_key(), "admin___".to_key());
+        assert_ne!((-1_i64).to_key(), u64::MAX.to_key());
+        assert_ne!(5_i64.to_key(), 5_u64.to_key());
+        // One type, one key, whatever the width or ownership.
+        assert_eq!(7_u32.to_key(), 7_u64.to_key());
+        assert_eq!((-7_i32).to_key(), (-7_i64).to_key());
+        assert_eq!(String::from("ada").to_key(), "ada".to_key());
     }
 }

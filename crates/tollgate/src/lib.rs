@@ -107,7 +107,7 @@ pub use tollgate_core::telemetry;
 pub use tollgate_core::{
     Algorithm, BreakerState, CircuitBreaker, Clock, ConfigError, Decision, FakeClock, Key, KeyKind,
     Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError,
-    SystemClock, Timestamp,
+    SystemClock, Timestamp, TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.

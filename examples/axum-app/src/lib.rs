@@ -35,7 +35,7 @@ pub struct UserId(pub String);
 
 impl ToKey for UserId {
     fn to_key(&self) -> Key {
-        Key::user(&self.0)
+        self.0.to_key()
     }
 }
 
