@@ -1,5 +1,6 @@
 //! The policy file.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::Deserialize;
@@ -186,7 +187,8 @@ impl AppConfig {
             .into_iter()
             .enumerate()
             .map(|(i, r)| route(i + 1, r))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<RouteConfig>, _>>()?;
+        refuse_shared_names(&routes)?;
         Ok(Self {
             header_style,
             failure,
@@ -196,6 +198,28 @@ impl AppConfig {
             routes,
         })
     }
+}
+
+/// A policy's name is the identity of its state: two routes with one name
+/// would share counts, and with different limits would rewrite each
+/// other's state on every request.
+fn refuse_shared_names(routes: &[RouteConfig]) -> Result<(), ConfigFileError> {
+    let mut first: HashMap<&str, (usize, &RouteConfig)> = HashMap::new();
+    for (i, r) in routes.iter().enumerate() {
+        if let Some((n, earlier)) = first.insert(r.policy.name(), (i + 1, r)) {
+            return Err(ConfigFileError(format!(
+                "route {} ({} {}): field `name`: invalid value {:?}: route {n} ({} {}) has that name \
+                 already; a policy's name identifies its state, so give each route its own",
+                i + 1,
+                r.method,
+                r.path,
+                r.policy.name(),
+                earlier.method,
+                earlier.path,
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn method_matches(pattern: &str, method: &str) -> bool {

@@ -45,6 +45,13 @@ fn bad_config_exits_non_zero_naming_the_field() {
             format!("{route}limits = [\"5/s\"]\n").replace("/api/items", "/admin"),
             "field `path`: invalid value \"/admin\"",
         ),
+        (
+            format!(
+                "{route}limits = [\"5/s\"]\n{}limits = [\"9/s\"]\n",
+                route.replace("GET", "POST")
+            ),
+            "route 2 (POST /api/items): field `name`: invalid value \"n\": route 1 (GET /api/items) has that name already",
+        ),
     ];
     for (config, expected) in cases {
         let (ok, stderr) = run_with(&config);
