@@ -1,5 +1,6 @@
 //! Key extractors: which bucket a request counts against.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -9,11 +10,14 @@ use tollgate_core::{Key, KeyKind, TypeTag};
 /// Picks the [`Key`] a request is limited by, or `None` when the request
 /// carries no usable identity.
 ///
-/// `None` is never turned into a shared bucket: the layer answers it as
-/// configured with [`MissingKey`](crate::MissingKey) (a 500 by default).
+/// `None` is never turned into a shared bucket. The layer answers it as
+/// configured with [`MissingKey`](crate::MissingKey); by default after
+/// [`missing`](KeyExtractor::missing), which says whose mistake it is: a
+/// client that left out what it must send gets a 400 (or a 401 without
+/// authentication), a server wired without what the key needs a 500.
 ///
-/// Implemented for closures `Fn(&Request<B>) -> Option<Key>` and for the
-/// extractors in this module.
+/// Implemented for closures `Fn(&Request<B>) -> Option<Key>` (whose missing
+/// keys count as server-side) and for the extractors in this module.
 ///
 /// ```
 /// use http::Request;
@@ -30,6 +34,16 @@ use tollgate_core::{Key, KeyKind, TypeTag};
 pub trait KeyExtractor<B>: Send + Sync + 'static {
     /// The key for `request`, if it has one.
     fn extract(&self, request: &Request<B>) -> Option<Key>;
+
+    /// Why `request`, for which [`extract`](KeyExtractor::extract) found no
+    /// key, has none. Called only for such requests. The default blames the
+    /// server ([`MissingCause::Server`]).
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        let _ = request;
+        MissingCause::Server(Cow::Borrowed(
+            "the key extractor found no key; check how the server is wired",
+        ))
+    }
 }
 
 impl<B, F> KeyExtractor<B> for F
@@ -39,6 +53,34 @@ where
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         self(request)
     }
+}
+
+/// Why a request has no key: whose mistake it is, and so how the layer
+/// answers it by default ([`MissingKey::ByCause`](crate::MissingKey::ByCause)).
+///
+/// ```
+/// use http::{HeaderName, Request};
+/// use tollgate::{HeaderKey, KeyExtractor, MissingCause};
+///
+/// let by_api_key = HeaderKey::new(HeaderName::from_static("x-api-key"));
+/// assert_eq!(
+///     by_api_key.missing(&Request::new(())),
+///     MissingCause::Client("send the x-api-key header".into())
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingCause {
+    /// The client left out (or garbled) something it must send; the text
+    /// tells it what, and goes into the response. Answered 400.
+    Client(Cow<'static, str>),
+    /// The request is not authenticated (no identity from the auth layer).
+    /// Answered 401.
+    Unauthenticated,
+    /// The server is wired without what the key needs, such as a peer-IP
+    /// key on a server started without connect info; the text is for the
+    /// log only. Answered 500.
+    Server(Cow<'static, str>),
 }
 
 /// One bucket for all requests: a global limit.
@@ -91,6 +133,11 @@ impl<B> KeyExtractor<B> for HeaderKey {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         let value = request.headers().get(&self.name)?;
         (!value.is_empty()).then(|| Key::header(value.as_bytes()))
+    }
+
+    /// The client must send the header: [`MissingCause::Client`].
+    fn missing(&self, _: &Request<B>) -> MissingCause {
+        MissingCause::Client(Cow::Owned(format!("send the {} header", self.name)))
     }
 }
 
@@ -216,6 +263,11 @@ where
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         request.extensions().get::<T>().map(ToKey::to_key)
     }
+
+    /// No identity from the auth layer: [`MissingCause::Unauthenticated`].
+    fn missing(&self, _: &Request<B>) -> MissingCause {
+        MissingCause::Unauthenticated
+    }
 }
 
 /// Several extractors combined: the request's key is the
@@ -248,6 +300,14 @@ where
         let y = self.1.extract(request)?;
         Some(Key::composite([&x, &y]))
     }
+
+    /// The cause of the first part that has no key.
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        match self.0.extract(request) {
+            None => self.0.missing(request),
+            Some(_) => self.1.missing(request),
+        }
+    }
 }
 
 impl<B, X, Y, Z> KeyExtractor<B> for (X, Y, Z)
@@ -261,6 +321,17 @@ where
         let y = self.1.extract(request)?;
         let z = self.2.extract(request)?;
         Some(Key::composite([&x, &y, &z]))
+    }
+
+    /// The cause of the first part that has no key.
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        if self.0.extract(request).is_none() {
+            self.0.missing(request)
+        } else if self.1.extract(request).is_none() {
+            self.1.missing(request)
+        } else {
+            self.2.missing(request)
+        }
     }
 }
 
@@ -290,6 +361,12 @@ impl<B> KeyExtractor<B> for RouteKey {
         let path = request.extensions().get::<axum::extract::MatchedPath>()?;
         let method = Key::custom(request.method().as_str());
         Some(Key::composite([&method, &Key::custom(path.as_str())]))
+    }
+
+    fn missing(&self, _: &Request<B>) -> MissingCause {
+        MissingCause::Server(Cow::Borrowed(
+            "no matched route: apply RouteKey with Router::route_layer",
+        ))
     }
 }
 

@@ -1,5 +1,6 @@
 //! Client IP keys: the socket peer, or the client behind trusted proxies.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use http::{HeaderMap, Request};
 use ipnet::IpNet;
 use tollgate_core::{ConfigError, Key};
 
-use crate::extract::KeyExtractor;
+use crate::extract::{KeyExtractor, MissingCause};
 
 /// The default IPv6 prefix length keys are grouped by.
 pub(crate) const DEFAULT_IPV6_PREFIX: u8 = 56;
@@ -139,6 +140,11 @@ impl<B> KeyExtractor<B> for PeerIp {
         let addr = peer_addr(request)?;
         Some(Key::ip(normalize_ip(addr.ip(), self.ipv6_prefix)))
     }
+
+    /// No connect info: [`MissingCause::Server`].
+    fn missing(&self, _: &Request<B>) -> MissingCause {
+        no_connect_info()
+    }
 }
 
 /// Which header trusted proxies record the client in.
@@ -161,9 +167,11 @@ pub enum ForwardedHeader {
 /// write anything at the left end of the header, but cannot get past the
 /// entries your own proxies appended.
 ///
-/// Parsing is bounded: at most [`max_hops`](ClientIp::max_hops) entries
-/// (16 by default) are examined and a header over 8 KiB is not read. An
-/// unparseable hop, or running out of hops, falls back to the peer address.
+/// Parsing is bounded: only the rightmost [`max_hops`](ClientIp::max_hops)
+/// entries (16 by default) are read, however long the header, so padding
+/// the left end changes nothing. A hop that does not parse, or more trusted
+/// hops than that, leaves the request without a key, which the layer
+/// answers 400 ([`MissingCause::Client`]): never the proxy's own bucket.
 /// Grouping and normalisation are as for [`PeerIp`].
 ///
 /// ```
@@ -191,8 +199,10 @@ pub struct ClientIp {
     ipv6_prefix: u8,
 }
 
-/// Headers longer than this are not parsed.
-const MAX_HEADER_BYTES: usize = 8 * 1024;
+/// The longest forwarded entry read: an address with a port and brackets
+/// takes under 50 bytes, a `Forwarded` element with `by`, `proto` and
+/// `host` rather more.
+const MAX_ENTRY_BYTES: usize = 256;
 
 impl ClientIp {
     /// The client IP with no trusted proxy yet: the peer address, like
@@ -268,48 +278,45 @@ impl ClientIp {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 
-    /// The client address for a request from `peer`.
-    fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    /// The client address for a request from `peer`, or `None` when a
+    /// trusted proxy forwarded a hop that does not parse, or more trusted
+    /// hops than [`max_hops`](ClientIp::max_hops).
+    ///
+    /// Only the rightmost entries are read, however long the header: a
+    /// client can pad the left end at will, but its own address, appended
+    /// by the nearest proxy, stays at the right.
+    fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
         let peer = canonical(peer);
         if !self.is_trusted(peer) {
-            return peer;
+            return Some(peer);
         }
         let name: HeaderName = match self.header {
             ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
             ForwardedHeader::Forwarded => FORWARDED,
         };
-        let values = headers.get_all(&name);
-        let total: usize = values.iter().map(|v| v.len()).sum();
-        if total > MAX_HEADER_BYTES {
-            return peer;
-        }
         let mut nearest = peer;
         let mut examined = 0;
         // Later header lines were appended by nearer proxies.
-        for value in values.iter().rev() {
-            let Ok(value) = value.to_str() else {
-                return peer;
-            };
-            for entry in value.rsplit(',') {
+        for value in headers.get_all(&name).iter().rev() {
+            for entry in value.as_bytes().rsplit(|&b| b == b',') {
                 examined += 1;
-                if examined > self.max_hops {
-                    return peer;
+                if examined > self.max_hops || entry.len() > MAX_ENTRY_BYTES {
+                    return None;
                 }
+                let entry = std::str::from_utf8(entry).ok()?;
                 let parsed = match self.header {
                     ForwardedHeader::XForwardedFor => parse_hop(entry),
                     ForwardedHeader::Forwarded => parse_forwarded_for(entry),
-                };
-                let Some(ip) = parsed.map(canonical) else {
-                    return peer;
-                };
+                }?;
+                let ip = canonical(parsed);
                 if !self.is_trusted(ip) {
-                    return ip;
+                    return Some(ip);
                 }
                 nearest = ip;
             }
         }
         // Every hop is trusted: the farthest one is the client.
-        nearest
+        Some(nearest)
     }
 }
 
@@ -322,9 +329,33 @@ impl Default for ClientIp {
 impl<B> KeyExtractor<B> for ClientIp {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         let peer = peer_addr(request)?.ip();
-        let client = self.client(peer, request.headers());
+        let client = self.client(peer, request.headers())?;
         Some(Key::ip(normalize_ip(client, self.ipv6_prefix)))
     }
+
+    /// Without connect info, [`MissingCause::Server`]; otherwise a trusted
+    /// proxy forwarded a hop that does not parse, or too many:
+    /// [`MissingCause::Client`].
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        if peer_addr(request).is_none() {
+            return no_connect_info();
+        }
+        let header = match self.header {
+            ForwardedHeader::XForwardedFor => "X-Forwarded-For",
+            ForwardedHeader::Forwarded => "Forwarded",
+        };
+        MissingCause::Client(Cow::Owned(format!(
+            "the {header} header must list client addresses, at most {} of them after the client",
+            self.max_hops
+        )))
+    }
+}
+
+fn no_connect_info() -> MissingCause {
+    MissingCause::Server(Cow::Borrowed(
+        "no peer address: serve with connect info, e.g. axum's \
+         into_make_service_with_connect_info::<SocketAddr>()",
+    ))
 }
 
 /// An address as written in `X-Forwarded-For`: `1.2.3.4`, `1.2.3.4:80`,
@@ -401,38 +432,47 @@ mod tests {
         let proxy = ip("10.0.0.1");
         assert_eq!(
             c.client(proxy, &xff(&["1.1.1.1, 2.2.2.2, 10.9.9.9"])),
-            ip("2.2.2.2")
+            Some(ip("2.2.2.2"))
         );
         // Several header lines: the last is nearest.
         assert_eq!(
             c.client(proxy, &xff(&["1.1.1.1", "2.2.2.2, 192.168.1.1"])),
-            ip("2.2.2.2")
+            Some(ip("2.2.2.2"))
         );
         // An untrusted peer's headers are ignored.
-        assert_eq!(c.client(ip("3.3.3.3"), &xff(&["1.1.1.1"])), ip("3.3.3.3"));
+        assert_eq!(
+            c.client(ip("3.3.3.3"), &xff(&["1.1.1.1"])),
+            Some(ip("3.3.3.3"))
+        );
         // No header: the peer.
-        assert_eq!(c.client(proxy, &HeaderMap::new()), proxy);
+        assert_eq!(c.client(proxy, &HeaderMap::new()), Some(proxy));
         // All trusted: the farthest.
         assert_eq!(
             c.client(proxy, &xff(&["10.1.1.1, 10.2.2.2"])),
-            ip("10.1.1.1")
+            Some(ip("10.1.1.1"))
         );
         // Ports, brackets, mapped addresses.
         assert_eq!(
             c.client(proxy, &xff(&["[2001:db8::7]:443"])),
-            ip("2001:db8::7")
+            Some(ip("2001:db8::7"))
         );
-        assert_eq!(c.client(proxy, &xff(&["5.5.5.5:8080"])), ip("5.5.5.5"));
-        assert_eq!(c.client(proxy, &xff(&["::ffff:6.6.6.6"])), ip("6.6.6.6"));
+        assert_eq!(
+            c.client(proxy, &xff(&["5.5.5.5:8080"])),
+            Some(ip("5.5.5.5"))
+        );
+        assert_eq!(
+            c.client(proxy, &xff(&["::ffff:6.6.6.6"])),
+            Some(ip("6.6.6.6"))
+        );
         // A mapped peer counts as its IPv4 address for trust.
         assert_eq!(
             c.client(ip("::ffff:10.0.0.1"), &xff(&["7.7.7.7"])),
-            ip("7.7.7.7")
+            Some(ip("7.7.7.7"))
         );
     }
 
     #[test]
-    fn garbage_and_huge_headers_fall_back_to_the_peer() {
+    fn garbage_and_deep_headers_leave_no_key_and_padding_changes_nothing() {
         let c = ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap();
         let proxy = ip("10.0.0.1");
         let xff = |v: &str| headers("x-forwarded-for", &[v]);
@@ -444,18 +484,29 @@ mod tests {
             "[::1",
             "999.1.1.1",
         ] {
-            assert_eq!(c.client(proxy, &xff(garbage)), proxy, "{garbage:?}");
+            assert_eq!(c.client(proxy, &xff(garbage)), None, "{garbage:?}");
         }
         // Garbage left of the client is never reached.
-        assert_eq!(c.client(proxy, &xff("garbage, 8.8.8.8")), ip("8.8.8.8"));
-        let many = vec!["10.0.0.9"; 10_000].join(",");
-        assert_eq!(c.client(proxy, &xff(&many)), proxy);
-        let short_but_deep = vec!["10.0.0.9"; 17].join(",");
         assert_eq!(
-            c.client(proxy, &xff(&short_but_deep)),
-            proxy,
-            "past the hop limit"
+            c.client(proxy, &xff("garbage, 8.8.8.8")),
+            Some(ip("8.8.8.8"))
         );
+        // Padding of any length before the client's address is never read.
+        let padded = format!("{}203.0.113.7", "1.1.1.1,".repeat(20_000));
+        assert!(padded.len() > 100_000);
+        assert_eq!(c.client(proxy, &xff(&padded)), Some(ip("203.0.113.7")));
+        let trusted_padding = format!("{}203.0.113.7, 10.0.0.9", "10.0.0.9,".repeat(20_000));
+        assert_eq!(
+            c.client(proxy, &xff(&trusted_padding)),
+            Some(ip("203.0.113.7"))
+        );
+        // More trusted hops than max_hops: no key, never the proxy's bucket.
+        let deep = vec!["10.0.0.9"; 17].join(",");
+        assert_eq!(c.client(proxy, &xff(&deep)), None, "past the hop limit");
+        let sixteen = vec!["10.0.0.9"; 16].join(",");
+        assert_eq!(c.client(proxy, &xff(&sixteen)), Some(ip("10.0.0.9")));
+        // One huge entry without commas.
+        assert_eq!(c.client(proxy, &xff(&"9".repeat(10_000))), None);
     }
 
     #[test]
@@ -470,8 +521,11 @@ mod tests {
                 "for=192.0.2.60;proto=http, for=\"[2001:db8:cafe::17]:4711\";by=10.0.0.1, For=10.2.3.4",
             ],
         );
-        assert_eq!(c.client(ip("10.0.0.1"), &fwd), ip("2001:db8:cafe::17"));
+        assert_eq!(
+            c.client(ip("10.0.0.1"), &fwd),
+            Some(ip("2001:db8:cafe::17"))
+        );
         let hidden = headers("forwarded", &["for=_hidden"]);
-        assert_eq!(c.client(ip("10.0.0.1"), &hidden), ip("10.0.0.1"));
+        assert_eq!(c.client(ip("10.0.0.1"), &hidden), None);
     }
 }

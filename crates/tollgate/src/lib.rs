@@ -47,8 +47,11 @@
 //! [`GlobalKey`], [`HeaderKey`], [`ExtensionKey`] (an authenticated user id
 //! put into request extensions by your auth layer) and `PeerIp` (the socket
 //! peer, with IPv6 grouped by /56). A request without a key is never
-//! counted against a shared bucket: by default it gets a 500 and an error
-//! log ([`MissingKey`]).
+//! counted against a shared bucket. By default it is answered by whose
+//! mistake it is ([`MissingKey`], [`MissingCause`]): 400 when the client left
+//! out what it must send (a header), 401 when it is not authenticated, 500
+//! when the server is wired without what the key needs; the log says so at
+//! most once a second.
 //!
 //! Behind a reverse proxy the socket peer is the proxy. Do not key by the
 //! leftmost `X-Forwarded-For` entry: clients write it themselves.
@@ -94,7 +97,7 @@ pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
 pub use extract::RouteKey;
-pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, ToKey};
+pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause, ToKey};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{Decision, StoreError};
 
+use crate::extract::MissingCause;
 use crate::response::FailureMode;
 
 /// What became of a decided request.
@@ -33,6 +34,9 @@ impl Verdict {
 pub(crate) struct Telemetry {
     policy: Box<str>,
     throttle: Throttle,
+    /// For requests without a key: a flood of them must not hold back
+    /// the store-failure warnings, nor flood the log itself.
+    missing_throttle: Throttle,
     #[cfg(feature = "metrics")]
     counters: Counters,
 }
@@ -87,6 +91,7 @@ impl Telemetry {
         Self {
             policy: policy.into(),
             throttle: Throttle::new(Duration::from_secs(1)),
+            missing_throttle: Throttle::new(Duration::from_secs(1)),
             #[cfg(feature = "metrics")]
             counters: Counters::new(policy),
         }
@@ -129,6 +134,34 @@ impl Telemetry {
                 suppressed,
                 "rate-limit store failed; applying the failure policy"
             );
+        }
+    }
+
+    /// Logs a request without a key, at most once a second: a client's
+    /// mistake at debug level, a server's wiring at error level.
+    pub(crate) fn key_missing(&self, cause: &MissingCause) {
+        let Some(suppressed) = self.missing_throttle.may_log(Instant::now()) else {
+            return;
+        };
+        let policy = &*self.policy;
+        match cause {
+            MissingCause::Server(reason) => tracing::error!(
+                policy,
+                reason = &**reason,
+                suppressed,
+                "no rate-limit key could be extracted from the request; answering 500"
+            ),
+            MissingCause::Client(what) => tracing::debug!(
+                policy,
+                what = &**what,
+                suppressed,
+                "request without its rate-limit key; answering 400"
+            ),
+            MissingCause::Unauthenticated => tracing::debug!(
+                policy,
+                suppressed,
+                "unauthenticated request on a route keyed by user; answering 401"
+            ),
         }
     }
 

@@ -8,6 +8,7 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key, Outcome};
 
+use crate::extract::MissingCause;
 use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
 
@@ -15,10 +16,17 @@ use crate::report::Telemetry;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Answer 500 and log the reason at error level (the default): a
-    /// missing key is a wiring bug, such as a peer-IP extractor on a server
-    /// started without connect info.
+    /// Answer by whose mistake it is, as the key extractor tells
+    /// ([`KeyExtractor::missing`](crate::KeyExtractor::missing)); the
+    /// default. A client that left out what it must send gets 400 with an
+    /// `application/problem+json` body saying what, an unauthenticated
+    /// request 401, and a server wired without what the key needs 500.
+    /// Each is logged (client mistakes at debug level, server ones at
+    /// error level) at most once a second, with the count held back.
     #[default]
+    ByCause,
+    /// Answer 500 whatever the cause, logged at error level at most once a
+    /// second.
     Error,
     /// Answer with this status (for example 401 on routes keyed by user).
     Reject(StatusCode),
@@ -185,31 +193,36 @@ impl Responder {
         problem_response(self.status, body)
     }
 
-    /// The response to a request without a key, unless it is let through.
-    pub(crate) fn missing_key(&self, policy: &str) -> Response<Bytes> {
-        let status = match self.missing {
-            MissingKey::Reject(status) => status,
-            _ => {
-                tracing::error!(
-                    policy,
-                    "no rate-limit key could be extracted from the request; answering 500 \
-                     (check the key extractor, e.g. serve with connect info for peer-IP keys)"
-                );
-                StatusCode::INTERNAL_SERVER_ERROR
+    /// The response to a request without a key, unless it is let through:
+    /// its status and the words the client reads follow `self.missing`
+    /// and `cause`. Logged through the throttle.
+    pub(crate) fn missing_key(&self, cause: &MissingCause) -> Response<Bytes> {
+        self.telemetry.key_missing(cause);
+        let (status, detail): (StatusCode, &str) = match (self.missing, cause) {
+            (MissingKey::Reject(status), _) => (status, "no rate-limit key for this request"),
+            (MissingKey::ByCause, MissingCause::Client(what)) => (StatusCode::BAD_REQUEST, what),
+            (MissingKey::ByCause, MissingCause::Unauthenticated) => {
+                (StatusCode::UNAUTHORIZED, "authentication required")
             }
+            _ => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "no rate-limit key for this request",
+            ),
         };
         if self.grpc {
             let code = match status {
+                StatusCode::BAD_REQUEST => GRPC_INVALID_ARGUMENT,
                 StatusCode::UNAUTHORIZED => GRPC_UNAUTHENTICATED,
                 StatusCode::FORBIDDEN => GRPC_PERMISSION_DENIED,
                 _ => GRPC_INTERNAL,
             };
-            return grpc_response(code, "no rate-limit key for this request");
+            return grpc_response(code, detail);
         }
         let body = format!(
-            r#"{{"type":"about:blank","title":"{}","status":{},"detail":"no rate-limit key for this request"}}"#,
+            r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{}"}}"#,
             status.canonical_reason().unwrap_or("Error"),
             status.as_u16(),
+            json_escaped(detail),
         );
         problem_response(status, body)
     }
@@ -245,6 +258,7 @@ fn detail(decision: &Decision, name: &str) -> String {
     }
 }
 
+const GRPC_INVALID_ARGUMENT: &str = "3";
 const GRPC_PERMISSION_DENIED: &str = "7";
 const GRPC_RESOURCE_EXHAUSTED: &str = "8";
 const GRPC_INTERNAL: &str = "13";
@@ -264,6 +278,23 @@ fn grpc_response(code: &'static str, message: &str) -> Response<Bytes> {
     response
 }
 
+/// `text` with what JSON strings cannot hold as it is escaped.
+fn json_escaped(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
@@ -272,4 +303,18 @@ fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
         HeaderValue::from_static("application/problem+json"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escaping_keeps_bodies_valid() {
+        assert_eq!(
+            json_escaped("send the x-api-key header"),
+            "send the x-api-key header"
+        );
+        assert_eq!(json_escaped("a\"b\\c\nd"), "a\\\"b\\\\c\\u000ad");
+    }
 }

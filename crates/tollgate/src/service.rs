@@ -139,7 +139,8 @@ where
             return match shared.responder.missing {
                 MissingKey::Allow => ResponseFuture::call(inner, request, responder),
                 _ => {
-                    let response = shared.responder.missing_key(shared.policy.name());
+                    let cause = shared.extractor.missing(&request);
+                    let response = shared.responder.missing_key(&cause);
                     ResponseFuture::respond(response, responder)
                 }
             };

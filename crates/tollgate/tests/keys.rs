@@ -92,34 +92,65 @@ async fn behind_a_trusted_proxy_the_rightmost_untrusted_hop_is_the_key() {
 }
 
 #[tokio::test]
-async fn garbage_and_giant_headers_fall_back_to_the_peer_without_panic() {
+async fn garbage_is_a_400_and_padding_never_moves_a_client_into_the_proxys_bucket() {
     let app = app(
         ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap(),
         "1000/min",
     );
-    let giant = vec!["1.2.3.4"; 10_000].join(", ");
-    let garbage = ["", ",,,", "unknown", "999.999.1.1", "[::1", &giant];
-    for g in garbage {
+    for g in ["", ",,,", "unknown", "999.999.1.1", "[::1"] {
         let res = app
             .clone()
             .oneshot(from("10.0.0.1", Some(g)))
             .await
             .unwrap();
-        assert_eq!(res.status(), StatusCode::OK, "{:?}", g.get(..20));
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{g:?}");
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("X-Forwarded-For"), "{body}");
     }
-    // Bytes that are not UTF-8.
+    // A giant header is read from the right: its last entry is the client.
+    let giant = vec!["1.2.3.4"; 10_000].join(", ");
+    let res = app
+        .clone()
+        .oneshot(from("10.0.0.1", Some(&giant)))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "999");
+    // Bytes that are not UTF-8, left of the client, are never read.
     let mut req = from("10.0.0.1", None);
     req.headers_mut().insert(
         "x-forwarded-for",
         http::HeaderValue::from_bytes(b"\xff\xfe, 1.2.3.4").unwrap(),
     );
-    assert_eq!(
-        app.clone().oneshot(req).await.unwrap().status(),
-        StatusCode::OK
-    );
-    // All of them counted against the proxy itself.
+    let res = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "998");
+    // None of them was counted against the proxy itself.
     let res = app.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
-    assert_eq!(res.headers()["x-ratelimit-remaining"], "992");
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "999");
+}
+
+#[tokio::test]
+async fn a_spent_client_that_pads_x_forwarded_for_stays_limited() {
+    let app = app(
+        ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap(),
+        "5/min",
+    );
+    let plain = (0..5).map(|_| from("10.0.0.1", Some("203.0.113.7")));
+    assert_eq!(allowed(&app, plain).await, 5);
+    // 9 KB, then 90 KB, of padding before the address the proxy appended.
+    for repeat in [1_200, 12_000] {
+        let padded = format!("{}203.0.113.7", "1.1.1.1,".repeat(repeat));
+        let res = app
+            .clone()
+            .oneshot(from("10.0.0.1", Some(&padded)))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{repeat}");
+    }
 }
 
 #[tokio::test]

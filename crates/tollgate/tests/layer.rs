@@ -10,10 +10,11 @@ use axum::body::{Body, to_bytes};
 use axum::extract::connect_info::MockConnectInfo;
 use axum::middleware::{self, Next};
 use axum::routing::get;
-use http::{Request, Response, StatusCode};
+use http::{HeaderName, Request, Response, StatusCode};
 use tollgate::{
     Algorithm, ExtensionKey, FailureMode, FakeClock, GlobalKey, HeaderKey, HeaderStyle, Key,
-    MemoryStore, MissingKey, PeerIp, Policy, RateLimitLayer, Timestamp, TokioClock,
+    KeyExtractor, MemoryStore, MissingCause, MissingKey, PeerIp, Policy, RateLimitLayer, Timestamp,
+    TokioClock,
 };
 use tower::{Service, ServiceExt, service_fn};
 
@@ -149,15 +150,41 @@ async fn clones_and_separate_layer_calls_share_one_limit() {
 }
 
 #[tokio::test]
-async fn a_request_without_a_key_gets_500_by_default() {
+async fn a_request_without_a_key_is_answered_by_whose_mistake_it_is() {
     let (_, store) = clock_and_store();
     let policy = Policy::new("users", Algorithm::Gcra, "5/min").unwrap();
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new()).store(store.clone()),
-    );
-    let res = app.oneshot(get_root()).await.unwrap();
-    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let answer = |extractor| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(policy.clone(), extractor).store(store.clone()))
+    };
+    // No authenticated user: 401.
+    let res = answer(AnyKey::User(ExtensionKey::new()))
+        .oneshot(get_root())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(header(&res, "x-ratelimit-limit"), None);
+    assert_eq!(body_json(res).await["detail"], "authentication required");
+    // No API key header: 400, naming the header.
+    let res = answer(AnyKey::Header(HeaderKey::new(HeaderName::from_static(
+        "x-api-key",
+    ))))
+    .oneshot(get_root())
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(body_json(res).await["detail"], "send the x-api-key header");
+    // No connect info for a peer-IP key: the server's wiring, 500.
+    let res = answer(AnyKey::Peer(PeerIp::new()))
+        .oneshot(get_root())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
         body_json(res).await["detail"],
         "no rate-limit key for this request"
@@ -167,11 +194,21 @@ async fn a_request_without_a_key_gets_500_by_default() {
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
             .store(store.clone())
-            .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
+            .on_missing_key(MissingKey::Error),
     );
     assert_eq!(
         app.oneshot(get_root()).await.unwrap().status(),
-        StatusCode::UNAUTHORIZED
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
+    );
+    assert_eq!(
+        app.oneshot(get_root()).await.unwrap().status(),
+        StatusCode::FORBIDDEN
     );
 
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
@@ -185,6 +222,31 @@ async fn a_request_without_a_key_gets_500_by_default() {
         assert_eq!(header(&res, "x-ratelimit-limit"), None);
     }
     assert_eq!(store.len(), 0);
+}
+
+/// One extractor type for the cases of the missing-key test.
+enum AnyKey {
+    User(ExtensionKey<String>),
+    Header(HeaderKey),
+    Peer(PeerIp),
+}
+
+impl<B> KeyExtractor<B> for AnyKey {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        match self {
+            AnyKey::User(e) => e.extract(request),
+            AnyKey::Header(e) => e.extract(request),
+            AnyKey::Peer(e) => e.extract(request),
+        }
+    }
+
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        match self {
+            AnyKey::User(e) => e.missing(request),
+            AnyKey::Header(e) => e.missing(request),
+            AnyKey::Peer(e) => e.missing(request),
+        }
+    }
 }
 
 #[tokio::test]

@@ -123,3 +123,24 @@ fn a_failing_store_logs_one_warning_per_second_not_one_per_request() {
     );
     assert!(!logs.contains("client-"), "a raw key was logged");
 }
+
+#[test]
+fn requests_without_their_key_are_400s_logged_at_most_once_a_second() {
+    let logs = logged(async || {
+        let app = app("keyless", MemoryStore::new(), FailureMode::Local);
+        for _ in 0..500 {
+            let request = Request::get("/").body(Body::empty()).unwrap();
+            let status = app.clone().oneshot(request).await.unwrap().status();
+            assert_eq!(status, 400);
+        }
+    });
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("without its rate-limit key"))
+        .collect();
+    // 500 requests well within a second (a slow machine may cross into a
+    // second one); none of them is an error line.
+    assert!((1..=2).contains(&lines.len()), "{lines:?}");
+    assert!(lines[0].contains("policy=\"keyless\"") && lines[0].contains("x-client"));
+    assert!(!logs.contains("ERROR"), "{logs}");
+}

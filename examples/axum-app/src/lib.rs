@@ -23,7 +23,7 @@ use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandl
 use serde::Deserialize;
 use tollgate::{
     ClientIp, Decision, ExtensionKey, GlobalKey, HeaderKey, KeepBody, Key, KeyExtractor,
-    MemoryStore, Policy, RateLimitLayer, Store, StoreError, ToKey,
+    MemoryStore, MissingCause, Policy, RateLimitLayer, Store, StoreError, ToKey,
 };
 use tollgate_redis::RedisStore;
 
@@ -91,6 +91,15 @@ impl KeyExtractor<Body> for AppKey {
             AppKey::User(e) => e.extract(request),
             AppKey::Header(e) => e.extract(request),
             AppKey::Global(e) => e.extract(request),
+        }
+    }
+
+    fn missing(&self, request: &Request) -> MissingCause {
+        match self {
+            AppKey::Ip(e) => e.missing(request),
+            AppKey::User(e) => e.missing(request),
+            AppKey::Header(e) => e.missing(request),
+            AppKey::Global(e) => KeyExtractor::<Body>::missing(e, request),
         }
     }
 }
