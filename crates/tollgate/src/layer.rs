@@ -77,7 +77,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             extractor: Arc::new(extractor),
             cost: 1,
             wait: None,
-            local: MemoryStore::new(),
+            local: shared_fallback().clone(),
             responder,
             body: PhantomData,
         }
@@ -283,9 +283,8 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
         self
     }
 
-    /// The in-memory store [`FailureMode::Local`] decides with (default: a
-    /// new [`MemoryStore`] with the system clock, shared by every service
-    /// this layer makes).
+    /// The in-memory store [`FailureMode::Local`] decides with (default:
+    /// [`shared_fallback`], one store for every layer of the process).
     pub fn local_fallback(mut self, store: MemoryStore) -> Self {
         self.local = store;
         self
@@ -300,6 +299,28 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     pub fn get_store(&self) -> &St {
         &self.store
     }
+}
+
+/// The in-memory store that every layer falls back to under
+/// [`FailureMode::Local`], unless given its own with
+/// [`RateLimitLayer::local_fallback`]: one per process, made on first use,
+/// with the system clock and [`MemoryStore::DEFAULT_MAX_KEYS`] keys.
+///
+/// Sharing it keeps the process bounded however many layers it has: the
+/// keys held are at most the sum of `max_keys` over the stores the layers
+/// decide with (each [`RateLimitLayer::new`] makes one, unless replaced with
+/// [`store`](RateLimitLayer::store)) plus this store's
+/// [`max_keys`](MemoryStore::max_keys). State in it is per policy name and
+/// key, like in any store, so layers of different policies do not mix.
+///
+/// ```
+/// use tollgate::{MemoryStore, shared_fallback};
+///
+/// assert_eq!(shared_fallback().max_keys(), MemoryStore::DEFAULT_MAX_KEYS);
+/// ```
+pub fn shared_fallback() -> &'static MemoryStore {
+    static FALLBACK: std::sync::OnceLock<MemoryStore> = std::sync::OnceLock::new();
+    FALLBACK.get_or_init(MemoryStore::new)
 }
 
 impl<S, K, St, M> Layer<S> for RateLimitLayer<K, St, M> {

@@ -101,7 +101,7 @@ pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
-pub use layer::RateLimitLayer;
+pub use layer::{RateLimitLayer, shared_fallback};
 pub use limiter::{RateLimiter, WaitError};
 pub use response::{FailureMode, MissingKey};
 pub use service::RateLimit;
