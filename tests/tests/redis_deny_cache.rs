@@ -68,3 +68,50 @@ async fn hammering_an_exhausted_key_drops_redis_calls_by_over_90_percent() {
     }
     assert!(cached.deny_cache_len() > 0);
 }
+
+/// A denied key, then Redis restarted with no data: the same store asks
+/// Redis again within a second, and Redis admits the key.
+#[tokio::test]
+async fn a_denial_does_not_outlive_a_restarted_redis() {
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::builder()
+        .deadline(Duration::from_secs(2))
+        .connect(server.url())
+        .await
+        .unwrap();
+    let policy = Policy::new("restart", Algorithm::FixedWindow, "1/h").unwrap();
+    let key = Key::user("denied");
+    assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    let denied = store.check(&key, &policy, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert!(denied.retry_after().unwrap() > Duration::from_secs(1));
+    assert_eq!(store.deny_cache_len(), 1);
+    // Answered from the cache: no call reaches Redis.
+    let mut con = server.connection();
+    let before = command_calls(&mut con, "evalsha");
+    assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(command_calls(&mut con, "evalsha"), before);
+    drop(con);
+
+    server.restart();
+    let restarted = std::time::Instant::now();
+    let mut admitted = None;
+    while restarted.elapsed() < Duration::from_secs(5) {
+        // Store errors while the connection is made anew are fine here.
+        if let Ok(decision) = store.check(&key, &policy, 1).await
+            && decision.is_allowed()
+        {
+            admitted = Some(restarted.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let admitted = admitted.expect("the key was denied from the cache for 5 s after the restart");
+    println!("decided by the restarted Redis after {admitted:?}");
+    assert!(
+        admitted < Duration::from_millis(2_500),
+        "{admitted:?} after the restart"
+    );
+    // Redis decided it: the new server holds the key's state.
+    assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+}

@@ -99,6 +99,14 @@ impl DenyCache {
         );
     }
 
+    /// Forgets every denial.
+    pub(crate) fn clear(&self) {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries
             .lock()

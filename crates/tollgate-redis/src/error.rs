@@ -48,6 +48,17 @@ pub enum RedisStoreError {
 }
 
 impl RedisStoreError {
+    /// Whether the connection failed (and is being made anew), rather than
+    /// Redis answering with an error.
+    pub(crate) fn is_connection_lost(&self) -> bool {
+        match self {
+            Self::Redis(e) => {
+                e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+            }
+            _ => false,
+        }
+    }
+
     /// The same error again, for each request of a failed batch.
     pub(crate) fn duplicate(&self) -> Self {
         match self {

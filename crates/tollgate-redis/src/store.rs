@@ -78,6 +78,8 @@ pub(crate) struct Inner<C> {
     /// that a failed master does not stop calls to the healthy ones.
     breakers: Vec<CircuitBreaker>,
     deny_cache: DenyCache,
+    /// Which server the deny cache's denials came from.
+    server: ServerIdentity,
     /// Whether the one-word script writes or reads first.
     order: WriteOrder,
     /// Redis's clock, as its recent replies showed it.
@@ -132,6 +134,62 @@ impl WriteOrder {
             }
         }
         self.busy.store(share, Ordering::Relaxed);
+    }
+}
+
+/// The server the deny cache's denials came from, by its `run_id`, which
+/// a restart changes. While the cache answers, the store asks Redis for
+/// its `run_id` at most once per [`ServerIdentity::INTERVAL`] and clears the
+/// cache when it changed (a restart, or a failover behind one address), so
+/// a denial never outlives the state it mirrors by more than that plus a
+/// round trip. A `FLUSHALL` on the same server keeps the `run_id`: such
+/// denials last until they expire.
+pub(crate) struct ServerIdentity {
+    run_id: std::sync::Mutex<Option<String>>,
+    /// When the last check started, in ms since the store's origin, plus 1.
+    checked_at: std::sync::atomic::AtomicU64,
+    checking: std::sync::atomic::AtomicBool,
+}
+
+impl ServerIdentity {
+    /// How often at most a store asks for the `run_id`.
+    pub(crate) const INTERVAL: Duration = Duration::from_millis(500);
+
+    fn new(run_id: Option<String>) -> Self {
+        Self {
+            run_id: std::sync::Mutex::new(run_id),
+            checked_at: std::sync::atomic::AtomicU64::new(0),
+            checking: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a check should start now (`now_ms` since the origin); if
+    /// so, marks it started.
+    fn due(&self, now_ms: u64) -> bool {
+        let last = self.checked_at.load(Ordering::Acquire);
+        let interval = u64::try_from(Self::INTERVAL.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now_ms + 1 < last.saturating_add(interval) {
+            return false;
+        }
+        if self.checking.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.checked_at.store(now_ms + 1, Ordering::Release);
+        true
+    }
+
+    /// Records the `run_id` Redis reported; whether it differs from the
+    /// one known before.
+    fn saw(&self, run_id: &str) -> bool {
+        let mut known = self
+            .run_id
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = known.as_deref().is_some_and(|known| known != run_id);
+        if known.as_deref() != Some(run_id) {
+            *known = Some(run_id.to_owned());
+        }
+        changed
     }
 }
 
@@ -277,8 +335,10 @@ impl<C: RedisConnection> RedisStore<C> {
     /// Decides like [`Store::check`], keeping the Redis-specific error.
     ///
     /// A request of at least the cost of a recent denial of the same key is
-    /// denied from the local deny cache until that denial expires; anything
-    /// else is one round trip, unless the circuit breaker is open.
+    /// denied from the local deny cache until that denial expires, or until
+    /// the store finds that Redis restarted or the connection failed
+    /// (see the Redis guide); anything else is one round trip, unless the
+    /// circuit breaker is open.
     ///
     /// # Errors
     ///
@@ -296,6 +356,7 @@ impl<C: RedisConnection> RedisStore<C> {
         if let Some(denied) = inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
             #[cfg(feature = "metrics")]
             inner.count_hit(policy.name());
+            self.check_server_identity();
             return Ok(denied);
         }
         let permit = inner
@@ -319,9 +380,44 @@ impl<C: RedisConnection> RedisStore<C> {
                 if matches!(error, RedisStoreError::Unavailable { .. }) {
                     inner.connection.refresh();
                 }
+                if error.is_connection_lost() && inner.connection.is_one_server() {
+                    // The connection is being made anew, perhaps to another
+                    // server or to one that lost its data. (On a cluster,
+                    // one node's failure says nothing of the others' keys,
+                    // and the replica that takes over holds the state.)
+                    inner.deny_cache.clear();
+                }
             }
         }
         result
+    }
+
+    /// While the deny cache answers, asks Redis now and then which server
+    /// it is, and clears the cache if it is another one (see
+    /// [`ServerIdentity`]). Runs in the background: the denial is answered
+    /// at once.
+    fn check_server_identity(&self) {
+        let inner = &*self.inner;
+        let now_ms =
+            u64::try_from(inner.local_origin.elapsed().as_millis()).unwrap_or(u64::MAX / 2);
+        if !inner.connection.is_one_server() || !inner.server.due(now_ms) {
+            return;
+        }
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let mut info = redis::cmd("INFO");
+            info.arg("server");
+            let reply = tokio::time::timeout(inner.deadline, inner.connection.query(&info)).await;
+            let moved = match reply {
+                Ok(Ok(info)) => run_id(&info).is_some_and(|id| inner.server.saw(id)),
+                Ok(Err(error)) => error.is_connection_lost(),
+                Err(_) => false,
+            };
+            if moved {
+                inner.deny_cache.clear();
+            }
+            inner.server.checking.store(false, Ordering::Release);
+        });
     }
 
     /// Readiness: runs the real decision script on a canary key, bypassing
@@ -992,6 +1088,7 @@ impl RedisStoreBuilder {
         if let Some(version) = too_old(&info) {
             return Err(RedisStoreError::UnsupportedVersion { version });
         }
+        let server = ServerIdentity::new(run_id(&info).map(str::to_owned));
         for script in scripts.all() {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(script.source);
@@ -1020,6 +1117,7 @@ impl RedisStoreBuilder {
                     .then(|| [Batcher::new(self.batch_size), Batcher::new(self.batch_size)]),
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
+                server,
                 order: WriteOrder::new(self.write_first),
                 redis_clock: RedisClock::new(),
                 #[cfg(feature = "metrics")]
@@ -1030,20 +1128,30 @@ impl RedisStoreBuilder {
     }
 }
 
-/// The `redis_version` in an `INFO server` reply, if it is older than 7.0.
-/// A reply without a readable version (a Redis-compatible server that
-/// says nothing of it) passes: the scripts themselves will tell.
-fn too_old(info: &redis::Value) -> Option<String> {
+/// The value of `field` in an `INFO` reply.
+fn info_field<'a>(info: &'a redis::Value, field: &str) -> Option<&'a str> {
     let text = match info {
         redis::Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?,
         redis::Value::VerbatimString { text, .. } => text.as_str(),
         redis::Value::SimpleString(text) => text.as_str(),
         _ => return None,
     };
-    let version = text
-        .lines()
-        .find_map(|line| line.strip_prefix("redis_version:"))?
-        .trim();
+    text.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// The `run_id` in an `INFO server` reply: a random id that a restarted
+/// server draws anew.
+fn run_id(info: &redis::Value) -> Option<&str> {
+    info_field(info, "run_id")
+}
+
+/// The `redis_version` in an `INFO server` reply, if it is older than 7.0.
+/// A reply without a readable version (a Redis-compatible server that
+/// leaves it out) is not refused.
+fn too_old(info: &redis::Value) -> Option<String> {
+    let version = info_field(info, "redis_version")?;
     let major: u32 = version.split('.').next()?.parse().ok()?;
     (major < 7).then(|| version.to_owned())
 }
@@ -1051,6 +1159,24 @@ fn too_old(info: &redis::Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_run_id_is_noticed_and_checks_are_spaced() {
+        let info = redis::Value::BulkString(
+            b"# Server\r\nredis_version:7.0.15\r\nrun_id:3f2a\r\ntcp_port:6379\r\n".to_vec(),
+        );
+        assert_eq!(run_id(&info), Some("3f2a"));
+        let server = ServerIdentity::new(Some("3f2a".into()));
+        assert!(!server.saw("3f2a"));
+        assert!(server.saw("77b1"), "a restarted server");
+        assert!(!server.saw("77b1"));
+        // At most one check per interval, and one at a time.
+        assert!(server.due(10_000));
+        assert!(!server.due(10_001), "one is running");
+        server.checking.store(false, Ordering::Release);
+        assert!(!server.due(10_001), "too soon");
+        assert!(server.due(10_000 + 500));
+    }
 
     #[test]
     fn servers_older_than_redis_7_are_refused() {
