@@ -1,5 +1,6 @@
 //! Memory and Redis give identical decisions: a property-based differential
-//! test against real Redis, 1,000 random cases per algorithm, plus extremes.
+//! test against real Redis, 1,000 random cases per algorithm, as many again
+//! with two configurations of a policy served in turn, plus extremes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::sync::LazyLock;
@@ -53,7 +54,8 @@ impl Harness {
                 builder.connect(url.as_str()).await.unwrap()
             })
         };
-        let redis = connect(unique_prefix(name), false);
+        // Prefixes have at most 64 characters.
+        let redis = connect(unique_prefix(&name[..name.len().min(24)]), false);
         let reading_first = connect(unique_prefix("read-first"), true);
         Self {
             clock,
@@ -74,11 +76,12 @@ impl Harness {
         self.clock.set(Timestamp::from_micros(case.start));
         RT.block_on(async {
             let (mut from_memory, mut from_redis) = (Vec::new(), Vec::new());
-            for &(gap, cost) in &case.arrivals {
+            for &(gap, cost, which) in &case.arrivals {
                 self.clock.advance(Duration::from_micros(gap));
-                from_memory.push(memory.check(&key, &case.policy, cost).await.unwrap());
-                let decision = self.redis.check(&key, &case.policy, cost).await.unwrap();
-                let read_first = self.reading_first.check(&key, &case.policy, cost);
+                let policy = &case.policies[which];
+                from_memory.push(memory.check(&key, policy, cost).await.unwrap());
+                let decision = self.redis.check(&key, policy, cost).await.unwrap();
+                let read_first = self.reading_first.check(&key, policy, cost);
                 assert_eq!(
                     read_first.await.unwrap(),
                     decision,
@@ -91,11 +94,13 @@ impl Harness {
     }
 }
 
+/// Arrivals at one key under one or more configurations of one policy.
 #[derive(Debug, Clone)]
 struct Case {
-    policy: Policy,
+    policies: Vec<Policy>,
     start: u64,
-    arrivals: Vec<(u64, u64)>,
+    /// `(gap before the request in µs, cost, which policy)`.
+    arrivals: Vec<(u64, u64, usize)>,
 }
 
 const DAY_US: u64 = 86_400_000_000;
@@ -117,6 +122,44 @@ fn limit() -> impl Strategy<Value = (u64, u64)> {
     (count, period)
 }
 
+/// A policy named "conf" with `limits` (one per period: later ones of a
+/// period already taken are left out) and, if it fits the supported span,
+/// `burst`.
+fn conf(algorithm: Algorithm, limits: &[(u64, u64)], burst: Option<u64>) -> Policy {
+    let mut periods = Vec::new();
+    let mut builder = Policy::builder("conf").algorithm(algorithm);
+    for &(count, period) in limits {
+        if !periods.contains(&period) {
+            periods.push(period);
+            builder = builder.limit(Limit::new(count, Duration::from_micros(period)));
+        }
+    }
+    let with_burst = match burst {
+        Some(burst) if algorithm.has_burst() => builder.clone().burst(burst).build().ok(),
+        _ => None,
+    };
+    // Some generated rate policies overflow the supported span; fall back
+    // to the same limits without the burst.
+    with_burst.unwrap_or_else(|| builder.build().unwrap())
+}
+
+fn arrivals(shortest: u64, configs: usize) -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
+    let gap = prop_oneof![
+        3 => Just(0u64),
+        4 => 0..shortest / 3 + 2,
+        2 => 0..shortest * 2 + 2,
+        1 => 0..DAY_US,
+    ];
+    let cost = prop_oneof![
+        8 => Just(1u64),
+        1 => Just(0u64),
+        2 => 2u64..6,
+        1 => Just(u64::from(u32::MAX)),
+        1 => (1u64 << 31)..(1u64 << 33),
+    ];
+    prop::collection::vec((gap, cost, 0..configs), 1..25)
+}
+
 fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
     let limits = prop::collection::vec(limit(), 1..=3);
     let burst = prop::option::of(prop_oneof![1u64..20, Just(u64::from(u32::MAX))]);
@@ -124,46 +167,51 @@ fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
     let start = 1_000_000_000_000_000u64..4_102_444_800_000_000;
     (limits, burst, start)
         .prop_flat_map(move |(limits, burst, start)| {
-            let mut builder = Policy::builder("conf").algorithm(algorithm);
-            for (count, period) in &limits {
-                builder = builder.limit(Limit::new(*count, Duration::from_micros(*period)));
-            }
-            if algorithm.has_burst()
-                && let Some(burst) = burst
-            {
-                builder = builder.burst(burst);
-            }
-            // Some generated rate policies overflow the supported span; fall
-            // back to the same limits without the burst.
-            let policy = builder.build().unwrap_or_else(|_| {
-                let mut b = Policy::builder("conf").algorithm(algorithm);
-                for (count, period) in &limits {
-                    b = b.limit(Limit::new(*count, Duration::from_micros(*period)));
-                }
-                b.build().unwrap()
-            });
+            let policy = conf(algorithm, &limits, burst);
             let shortest = limits.iter().map(|l| l.1).min().unwrap_or(1_000);
-            let gap = prop_oneof![
-                3 => Just(0u64),
-                4 => 0..shortest / 3 + 2,
-                2 => 0..shortest * 2 + 2,
-                1 => 0..DAY_US,
-            ];
-            let cost = prop_oneof![
-                8 => Just(1u64),
-                1 => Just(0u64),
-                2 => 2u64..6,
-                1 => Just(u64::from(u32::MAX)),
-                1 => (1u64 << 31)..(1u64 << 33),
-            ];
-            (
-                Just(policy),
-                Just(start),
-                prop::collection::vec((gap, cost), 1..25),
-            )
+            (Just(vec![policy]), Just(start), arrivals(shortest, 1))
         })
-        .prop_map(|(policy, start, arrivals)| Case {
-            policy,
+        .prop_map(|(policies, start, arrivals)| Case {
+            policies,
+            start,
+            arrivals,
+        })
+}
+
+/// Two configurations of one policy, served in turn: the second keeps some
+/// of the first's periods with other counts and bursts, adds and drops
+/// others (so the key also moves between layouts), and now and then uses
+/// another algorithm.
+fn change_case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
+    let limits = prop::collection::vec(limit(), 1..=3);
+    let others = prop::collection::vec((limit(), any::<bool>()), 1..=3);
+    let burst = || prop::option::of(prop_oneof![1u64..20, Just(u64::from(u32::MAX))]);
+    let other_algorithm = prop_oneof![
+        6 => Just(algorithm),
+        1 => prop::sample::select(Algorithm::ALL.to_vec()),
+    ];
+    let start = 1_000_000_000_000_000u64..4_102_444_800_000_000;
+    (limits, others, burst(), burst(), other_algorithm, start)
+        .prop_flat_map(move |(limits, others, b1, b2, algorithm2, start)| {
+            let second: Vec<(u64, u64)> = others
+                .iter()
+                .enumerate()
+                .map(|(i, &((count, period), keep))| match limits.get(i) {
+                    Some(&(_, kept)) if keep => (count, kept),
+                    _ => (count, period),
+                })
+                .collect();
+            let policies = vec![conf(algorithm, &limits, b1), conf(algorithm2, &second, b2)];
+            let shortest = limits
+                .iter()
+                .chain(&second)
+                .map(|l| l.1)
+                .min()
+                .unwrap_or(1_000);
+            (Just(policies), Just(start), arrivals(shortest, 2))
+        })
+        .prop_map(|(policies, start, arrivals)| Case {
+            policies,
             start,
             arrivals,
         })
@@ -181,11 +229,11 @@ fn config(name: &str) -> ProptestConfig {
 }
 
 macro_rules! conformance {
-    ($($test:ident => $algorithm:expr),* $(,)?) => {$(
+    ($($test:ident => $cases:expr),* $(,)?) => {$(
         #[test]
         fn $test() {
             let harness = Harness::new(stringify!($test));
-            proptest!(config(stringify!($test)), |(case in case($algorithm))| {
+            proptest!(config(stringify!($test)), |(case in $cases)| {
                 let (memory, redis) = harness.run(&case);
                 for (i, (m, r)) in memory.iter().zip(&redis).enumerate() {
                     prop_assert_eq!(m, r, "request {} of {:?}", i, case.arrivals);
@@ -196,12 +244,18 @@ macro_rules! conformance {
 }
 
 conformance! {
-    fixed_window_memory_and_redis_agree => Algorithm::FixedWindow,
-    sliding_log_memory_and_redis_agree => Algorithm::SlidingLog,
-    sliding_window_memory_and_redis_agree => Algorithm::SlidingWindow,
-    token_bucket_memory_and_redis_agree => Algorithm::TokenBucket,
-    leaky_bucket_memory_and_redis_agree => Algorithm::LeakyBucket,
-    gcra_memory_and_redis_agree => Algorithm::Gcra,
+    fixed_window_memory_and_redis_agree => case(Algorithm::FixedWindow),
+    sliding_log_memory_and_redis_agree => case(Algorithm::SlidingLog),
+    sliding_window_memory_and_redis_agree => case(Algorithm::SlidingWindow),
+    token_bucket_memory_and_redis_agree => case(Algorithm::TokenBucket),
+    leaky_bucket_memory_and_redis_agree => case(Algorithm::LeakyBucket),
+    gcra_memory_and_redis_agree => case(Algorithm::Gcra),
+    fixed_window_agrees_across_configurations => change_case(Algorithm::FixedWindow),
+    sliding_log_agrees_across_configurations => change_case(Algorithm::SlidingLog),
+    sliding_window_agrees_across_configurations => change_case(Algorithm::SlidingWindow),
+    token_bucket_agrees_across_configurations => change_case(Algorithm::TokenBucket),
+    leaky_bucket_agrees_across_configurations => change_case(Algorithm::LeakyBucket),
+    gcra_agrees_across_configurations => change_case(Algorithm::Gcra),
 }
 
 #[test]
@@ -225,9 +279,9 @@ fn extremes_agree_for_every_algorithm() {
         .unwrap();
         for policy in [policy, huge] {
             let case = Case {
-                policy: policy.clone(),
+                policies: vec![policy.clone()],
                 start,
-                arrivals: vec![
+                arrivals: [
                     (0, max - 1),
                     (0, 1),
                     (0, 0),
@@ -237,7 +291,9 @@ fn extremes_agree_for_every_algorithm() {
                     (1_000_003, 2),
                     (29 * DAY_US, max),
                     (0, 0),
-                ],
+                ]
+                .map(|(gap, cost)| (gap, cost, 0))
+                .to_vec(),
             };
             let (memory, redis) = harness.run(&case);
             assert_eq!(memory, redis, "{algorithm}, {policy}");

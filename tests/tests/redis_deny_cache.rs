@@ -115,3 +115,66 @@ async fn a_denial_does_not_outlive_a_restarted_redis() {
     // Redis decided it: the new server holds the key's state.
     assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
 }
+
+/// A key Redis cut off stays cut off while Redis is down, whatever the
+/// failure policy: its denial stands rather than a fresh local quota.
+#[tokio::test]
+async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
+    use tollgate::{ExtensionKey, FailureMode, RateLimitLayer, ToKey};
+    use tower::ServiceExt;
+
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::builder()
+        .deadline(Duration::from_millis(200))
+        .connect(server.url())
+        .await
+        .unwrap();
+    // Three limits: the general script, whose denials the cache does not
+    // answer for Redis.
+    let policy = Policy::builder("outage")
+        .limit("3/h")
+        .limit("10/d")
+        .limit("20/7d")
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_store_error(FailureMode::Local),
+    );
+    let send = |user: &str| {
+        let mut request = http::Request::new(Body::empty());
+        request.extensions_mut().insert(user.to_owned());
+        let app = app.clone();
+        async move { app.oneshot(request).await.unwrap().status().as_u16() }
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(send("cut-off").await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    assert_eq!(send("other").await, 200);
+
+    server.kill();
+    // Redis fails every call now: the cut-off key's denial stands, on the
+    // store and through the layer's local fallback.
+    for _ in 0..3 {
+        // The key the layer made of the user's id.
+        let decision = store.check(&"cut-off".to_key(), &policy, 1).await;
+        let decision = decision.expect("a denial in force answers");
+        assert!(!decision.is_allowed());
+        assert_eq!(send("cut-off").await, 429);
+    }
+    // A key Redis had not cut off gets the store's error, and the local
+    // fallback decides it.
+    assert!(
+        store
+            .check(&Key::user("never-seen"), &policy, 1)
+            .await
+            .is_err()
+    );
+    assert_eq!(send("other").await, 200);
+}

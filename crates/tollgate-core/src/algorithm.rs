@@ -25,7 +25,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::decision::{Decision, LimitStatus, Outcome};
-use crate::policy::{Algorithm, LimitParams, Policy};
+use crate::policy::{Algorithm, Layout, LimitParams, MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
 
 /// The state of one limit under one algorithm.
@@ -97,17 +97,6 @@ impl LimitState {
             },
             Algorithm::LeakyBucket => LimitState::LeakyBucket { free_at: 0 },
             Algorithm::Gcra => LimitState::Gcra { tat: 0 },
-        }
-    }
-
-    fn algorithm(&self) -> Algorithm {
-        match self {
-            LimitState::FixedWindow { .. } => Algorithm::FixedWindow,
-            LimitState::SlidingLog { .. } => Algorithm::SlidingLog,
-            LimitState::SlidingWindow { .. } => Algorithm::SlidingWindow,
-            LimitState::TokenBucket { .. } => Algorithm::TokenBucket,
-            LimitState::LeakyBucket { .. } => Algorithm::LeakyBucket,
-            LimitState::Gcra { .. } => Algorithm::Gcra,
         }
     }
 
@@ -330,6 +319,64 @@ impl LimitState {
     }
 }
 
+impl LimitState {
+    /// This state, built under `old`, as the state of `new`, a limit of
+    /// the same algorithm and period whose count, interval or capacity may
+    /// differ: the amount already used carries over. Counts of a window or
+    /// log mean the same under any count; a time ahead of now (a GCRA's
+    /// arrival time, a queue's departure, when a token bucket is full
+    /// again) is a backlog of used intervals, rescaled to the new interval.
+    fn carried(&self, old: &LimitParams, new: &LimitParams, now: u64) -> LimitState {
+        match *self {
+            LimitState::Gcra { tat } => LimitState::Gcra {
+                tat: rescaled(tat, old.interval_us, new.interval_us, now),
+            },
+            LimitState::LeakyBucket { free_at } => LimitState::LeakyBucket {
+                free_at: rescaled(free_at, old.interval_us, new.interval_us, now),
+            },
+            LimitState::TokenBucket { .. } => {
+                let full_at = self.expires_at(old);
+                token_bucket_full_at(
+                    rescaled(full_at, old.interval_us, new.interval_us, now),
+                    new,
+                    now,
+                )
+            }
+            _ => self.clone(),
+        }
+    }
+}
+
+/// `word`, a time when a backlog of intervals of `from` µs clears, as the
+/// time the same number of intervals of `to` µs clears, rounded up, and at
+/// most [`MAX_SPAN_US`] ahead of `now`. A time that has passed stays as it
+/// is: it means no backlog under any interval.
+pub(crate) fn rescaled(word: u64, from: u64, to: u64, now: u64) -> u64 {
+    if word <= now || from == to {
+        return word;
+    }
+    let backlog = u128::from(word - now) * u128::from(to);
+    let backlog = backlog.div_ceil(u128::from(from.max(1)));
+    now + u64::try_from(backlog).map_or(MAX_SPAN_US, |b| b.min(MAX_SPAN_US))
+}
+
+/// The token bucket that is full again at `full_at`: whole tokens, and
+/// the last refill on the grid of intervals that ends there.
+fn token_bucket_full_at(full_at: u64, p: &LimitParams, now: u64) -> LimitState {
+    if full_at <= now {
+        return LimitState::TokenBucket {
+            tokens: p.capacity,
+            refilled_at: now,
+        };
+    }
+    let missing = (full_at - now).div_ceil(p.interval_us.max(1));
+    let tokens = p.capacity.saturating_sub(missing);
+    LimitState::TokenBucket {
+        tokens,
+        refilled_at: full_at - (p.capacity - tokens) * p.interval_us,
+    }
+}
+
 fn window_start(now: u64, period: u64) -> u64 {
     now - now % period
 }
@@ -354,10 +401,11 @@ fn first_offset(count: u64, budget: u128, period: u64) -> u64 {
     period - k
 }
 
-/// One key's state for one policy: a [`LimitState`] per limit.
+/// One key's state for one policy: a [`LimitState`] per limit, and the
+/// policy it was built under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyState {
-    fingerprint: u64,
+    policy: Policy,
     limits: SmallVec<[LimitState; 2]>,
 }
 
@@ -365,7 +413,7 @@ impl PolicyState {
     /// The state of a key that has never been seen.
     pub fn new(policy: &Policy, now: Timestamp) -> Self {
         Self {
-            fingerprint: policy.fingerprint(),
+            policy: policy.clone(),
             limits: policy
                 .params()
                 .iter()
@@ -379,13 +427,117 @@ impl PolicyState {
         &self.limits
     }
 
+    /// The policy the state was built under (or last carried to).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     fn fits(&self, policy: &Policy) -> bool {
-        self.fingerprint == policy.fingerprint()
-            && self.limits.len() == policy.params().len()
-            && self
-                .limits
-                .iter()
-                .all(|s| s.algorithm() == policy.algorithm())
+        Policy::ptr_eq(&self.policy, policy) || self.policy.fingerprint() == policy.fingerprint()
+    }
+
+    /// Makes this state, built under another configuration of the policy
+    /// (the same name, other limits), the state of `policy` at `now`, so
+    /// that what was used carries over. Nothing changes if the state was
+    /// built under `policy`.
+    ///
+    /// Limits are matched by period (a policy has at most one limit per
+    /// period): a limit of `policy` whose period the old configuration had
+    /// takes that limit's use, whatever its count, burst or interval; a
+    /// limit it did not have starts empty; an old limit `policy` no longer
+    /// has is dropped. A change of algorithm starts every limit afresh.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, PolicyState, Timestamp};
+    ///
+    /// let old = Policy::builder("api").limit("100/h").limit("20/min").build()?;
+    /// let new = Policy::builder("api").limit("100/h").limit("25/min").build()?;
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let mut state = PolicyState::new(&old, now);
+    /// for _ in 0..20 {
+    ///     assert!(state.decide(&old, now, 1).is_allowed());
+    /// }
+    /// assert!(!state.decide(&old, now, 1).is_allowed());
+    /// // The new configuration admits the 5 more it allows, not 25.
+    /// let admitted = (0..25).filter(|_| state.decide(&new, now, 1).is_allowed()).count();
+    /// assert_eq!(admitted, 5);
+    /// assert_eq!(state.policy(), &new);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn carry_to(&mut self, policy: &Policy, now: Timestamp) {
+        if self.fits(policy) {
+            return;
+        }
+        let old = std::mem::replace(self, Self::new(policy, now));
+        if old.policy.algorithm() != policy.algorithm() {
+            return;
+        }
+        let now = now.as_micros();
+        let old_params = old.policy.params();
+        for (state, p) in self.limits.iter_mut().zip(policy.params()) {
+            let matched = old_params.iter().position(|q| q.period_us == p.period_us);
+            if let Some((before, q)) =
+                matched.and_then(|j| Some((old.limits.get(j)?, &old_params[j])))
+            {
+                *state = before.carried(q, p, now);
+            }
+        }
+    }
+
+    /// The state whose compact form is `word`, for a policy whose whole
+    /// state is one number ([`PolicyState::is_one_word`] or
+    /// [`PolicyState::is_window_word`]); `None` for any other policy. With
+    /// [`PolicyState::word`], this lets a store that keeps words carry a
+    /// key over to a policy of another layout.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, PolicyState, Timestamp};
+    ///
+    /// let gcra = Policy::new("api", Algorithm::Gcra, "2/s")?;
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let state = PolicyState::from_word(&gcra, now.as_micros() + 500_000, now).unwrap();
+    /// assert_eq!(state.word(), Some(now.as_micros() + 500_000));
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn from_word(policy: &Policy, word: u64, now: Timestamp) -> Option<Self> {
+        let [p] = policy.params() else {
+            return None;
+        };
+        let limit = match (policy.layout(), policy.algorithm()) {
+            (Layout::Word, Algorithm::Gcra) => LimitState::Gcra { tat: word },
+            (Layout::Word, Algorithm::LeakyBucket) => LimitState::LeakyBucket { free_at: word },
+            (Layout::Word, _) => token_bucket_full_at(word, p, now.as_micros()),
+            (Layout::WindowWord, _) => {
+                let start = window_start(word, p.period_us.max(1));
+                LimitState::FixedWindow {
+                    start,
+                    count: word - start,
+                }
+            }
+            (Layout::Full, _) => return None,
+        };
+        Some(Self {
+            policy: policy.clone(),
+            limits: std::iter::once(limit).collect(),
+        })
+    }
+
+    /// The compact form of this state, if its policy keeps one (see
+    /// [`PolicyState::from_word`]): the time a single GCRA, token-bucket or
+    /// leaky-bucket limit's backlog clears, or a single fixed window's
+    /// start plus its count (at most the period less 1 µs, which denies as
+    /// any count above the limit does).
+    pub fn word(&self) -> Option<u64> {
+        let ([state], [p]) = (&self.limits[..], self.policy.params()) else {
+            return None;
+        };
+        match (self.policy.layout(), state) {
+            (Layout::Word, _) => Some(state.expires_at(p)),
+            (Layout::WindowWord, &LimitState::FixedWindow { start, count }) => {
+                Some(start + count.min(p.period_us.saturating_sub(1)))
+            }
+            _ => None,
+        }
     }
 
     /// Decides a request of `cost` at `now` and, if it is admitted, consumes
@@ -393,11 +545,10 @@ impl PolicyState {
     ///
     /// A cost of 0 is a peek: it is always admitted and changes nothing. A
     /// cost above a limit's capacity is [`Outcome::CostExceedsCapacity`].
-    /// A state built for another policy shape is started afresh.
+    /// A state built under another configuration of the policy is first
+    /// [carried over](PolicyState::carry_to).
     pub fn decide(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
-        if !self.fits(policy) {
-            *self = Self::new(policy, now);
-        }
+        self.carry_to(policy, now);
         let params = policy.params();
         let now_us = now.as_micros();
         for (state, p) in self.limits.iter_mut().zip(params) {
@@ -418,7 +569,14 @@ impl PolicyState {
             .limits
             .iter()
             .zip(params)
-            .map(|(state, p)| state.admits(p, now_us, cost, queue_free).err())
+            // A peek is never denied, not even by a limit in debt (one whose
+            // use, carried over from a larger configuration, is above it).
+            .map(|(state, p)| {
+                if cost == 0 {
+                    return None;
+                }
+                state.admits(p, now_us, cost, queue_free).err()
+            })
             .collect();
         if let Some(retry) = denials.iter().flatten().max() {
             let outcome = Outcome::Limited {
@@ -461,11 +619,7 @@ impl PolicyState {
     /// # Ok::<(), tollgate_core::ConfigError>(())
     /// ```
     pub fn is_one_word(policy: &Policy) -> bool {
-        policy.params().len() == 1
-            && matches!(
-                policy.algorithm(),
-                Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket
-            )
+        policy.layout() == Layout::Word
     }
 
     /// [`PolicyState::decide`] for a policy whose whole state is one time,
@@ -508,7 +662,7 @@ impl PolicyState {
             return Decision::single(outcome, now, Duration::ZERO, status(*word, None));
         }
         let base = (*word).max(now_us);
-        if base + cost * t - now_us > cap * t {
+        if cost > 0 && base + cost * t - now_us > cap * t {
             let retry = base + cost * t - cap * t - now_us;
             let outcome = Outcome::Limited {
                 retry_after: Duration::from_micros(retry),
@@ -546,8 +700,7 @@ impl PolicyState {
     /// # Ok::<(), tollgate_core::ConfigError>(())
     /// ```
     pub fn is_window_word(policy: &Policy) -> bool {
-        policy.algorithm() == Algorithm::FixedWindow
-            && matches!(policy.params(), [p] if p.limit.count() < p.period_us)
+        policy.layout() == Layout::WindowWord
     }
 
     /// [`PolicyState::decide`] for a policy whose state is a window word
@@ -607,7 +760,7 @@ impl PolicyState {
             };
             return Decision::single(outcome, now, Duration::ZERO, status(count, None));
         }
-        if count + cost > n {
+        if cost > 0 && count + cost > n {
             let outcome = Outcome::Limited {
                 retry_after: Duration::from_micros(reset),
             };

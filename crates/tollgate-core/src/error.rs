@@ -77,6 +77,20 @@ pub enum ConfigError {
         /// The policy's name.
         policy: String,
     },
+    /// A policy has two limits with one period. A limit's period is its
+    /// identity within the policy (a changed limit keeps the use counted
+    /// under the old one of its period), and of two such limits the one
+    /// with the smaller count decides anyway.
+    #[error(
+        "policy {policy:?} has two limits per {period:?}: keep the stricter one, \
+         a policy holds one limit per period"
+    )]
+    DuplicatePeriod {
+        /// The policy's name.
+        policy: String,
+        /// The period given twice.
+        period: Duration,
+    },
     /// A policy has more limits than [`Policy::MAX_LIMITS`](crate::Policy::MAX_LIMITS).
     #[error("policy {policy:?} has {count} limits, more than the maximum of {max}")]
     TooManyLimits {

@@ -12,7 +12,7 @@ use crate::algorithm::PolicyState;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::policy::Policy;
+use crate::policy::{Layout, Policy};
 use crate::store::Store;
 use crate::time::{Clock, SystemClock, Timestamp};
 
@@ -31,7 +31,7 @@ use crate::time::{Clock, SystemClock, Timestamp};
 ///   gets [`StoreError::Full`] and the caller's failure policy decides.
 /// - **Compact.** Keys are kept as a 64-bit keyed hash (random per store)
 ///   of the policy and the key, so no client-supplied bytes are retained.
-///   A single-limit GCRA, token-bucket or leaky-bucket key costs 16 bytes
+///   A single-limit GCRA, token-bucket or leaky-bucket key costs 24 bytes
 ///   plus the hash table's slack, a single fixed-window key (below a
 ///   million a second) 24; other policies keep their full state per key.
 ///   Two
@@ -39,9 +39,12 @@ use crate::time::{Clock, SystemClock, Timestamp};
 ///   million live keys happens with a probability of about 3 in 100 million,
 ///   and cannot be aimed at without the store's random seed.
 ///
-/// State is per policy *name*, limits and key: two identical policies with
-/// the same name share state, and a policy whose limits change starts its
-/// keys afresh.
+/// State is per policy *name* and key: two policies with the same name
+/// share state, and when a policy's limits change, what each key has used
+/// carries over to the new limits (see
+/// [`PolicyState::carry_to`](crate::PolicyState::carry_to)), also when the
+/// change moves the policy between the compact layouts below and the full
+/// state (adding a second limit to a single one, say).
 ///
 /// ```
 /// use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Store};
@@ -124,14 +127,16 @@ type KeyHash = u64;
 type HashedMap<V> = HashMap<KeyHash, V, BuildHasherDefault<PassThrough>>;
 
 struct Shard {
-    /// Single-limit GCRA and leaky-bucket keys: the one time that is their
-    /// whole state (the theoretical arrival time, or when the queue is next
-    /// free), which is also when the state expires.
-    words: HashedMap<u64>,
+    /// Single-limit GCRA, token-bucket and leaky-bucket keys: the one time
+    /// that is their whole state (the theoretical arrival time, when the
+    /// bucket is full again, or when the queue is next free), which is also
+    /// when the state expires.
+    words: HashedMap<Word>,
     /// Single fixed-window keys (below a million a second): the window
-    /// word (see [`PolicyState::is_window_word`]) and when it expires.
+    /// word (see [`PolicyState::is_window_word`]).
     windows: HashedMap<Window>,
-    /// Every other key.
+    /// Every other key. A key is in one map at a time: a configuration
+    /// change that moves its policy to another layout moves it along.
     full: HashedMap<Entry>,
     /// Sweep when the shard holds this many keys.
     sweep_at: usize,
@@ -144,9 +149,28 @@ struct Entry {
     expires_at: u64,
 }
 
+/// A one-word key's state, and the configuration it was made under: a
+/// policy of the same name with other limits carries it over to its own.
+struct Word {
+    word: u64,
+    policy: Policy,
+}
+
+/// A window-word key's state, which expires when its window ends.
 struct Window {
     word: u64,
-    expires_at: u64,
+    policy: Policy,
+}
+
+impl Window {
+    fn expires_at(&self) -> u64 {
+        let period = self
+            .policy
+            .params()
+            .first()
+            .map_or(1, |p| p.period_us.max(1));
+        window_end(self.word, period)
+    }
 }
 
 /// When the window of `word` ends, or 0 if it counts nothing (it may be
@@ -227,61 +251,111 @@ impl MemoryStore {
         // count by a multiplication rather than a (slow) division.
         let shard_index =
             ((((hash >> 25) & 0xffff_ffff) * shared.shards.len() as u64) >> 32) as usize;
-        let mut shard = lock(&shared.shards[shard_index].0);
+        let mut guard = lock(&shared.shards[shard_index].0);
+        let shard = &mut *guard;
         let now = match &shared.clock {
             None => SystemClock.now(),
             Some(clock) => clock.now(),
         };
 
-        if PolicyState::is_one_word(policy) {
-            if let Some(word) = shard.words.get_mut(&hash) {
-                return Ok(PolicyState::decide_word(policy, word, now, cost));
+        let now_us = now.as_micros();
+        match policy.layout() {
+            Layout::Word => {
+                if let Some(held) = shard.words.get_mut(&hash) {
+                    if !same(&held.policy, policy) {
+                        // Another configuration of the policy: carry over.
+                        held.word = carried_word(&held.policy, held.word, policy, now);
+                        held.policy = policy.clone();
+                        shard.next_expiry = shard.next_expiry.min(held.word);
+                    }
+                    return Ok(PolicyState::decide_word(policy, &mut held.word, now, cost));
+                }
+                let mut word = shard
+                    .take_other(shared, hash, Layout::Word, now)
+                    .and_then(|state| carried(state, policy, now).word())
+                    .unwrap_or(0);
+                let decision = PolicyState::decide_word(policy, &mut word, now, cost);
+                if word > now_us {
+                    let policy = policy.clone();
+                    shard.admit(shared, now, word, |s| {
+                        s.words.insert(hash, Word { word, policy })
+                    })?;
+                }
+                Ok(decision)
             }
-            let mut word = 0;
-            let decision = PolicyState::decide_word(policy, &mut word, now, cost);
-            if word > now.as_micros() {
-                shard.admit(shared, now, word, |s| s.words.insert(hash, word))?;
+            Layout::WindowWord => {
+                let period = policy.params().first().map_or(1, |p| p.period_us.max(1));
+                if let Some(held) = shard.windows.get_mut(&hash) {
+                    if !same(&held.policy, policy) {
+                        held.word = carried_word(&held.policy, held.word, policy, now);
+                        held.policy = policy.clone();
+                        let end = window_end(held.word, period);
+                        shard.next_expiry = shard.next_expiry.min(end);
+                    }
+                    return Ok(PolicyState::decide_window_word(
+                        policy,
+                        &mut held.word,
+                        now,
+                        cost,
+                    ));
+                }
+                let mut word = shard
+                    .take_other(shared, hash, Layout::WindowWord, now)
+                    .and_then(|state| carried(state, policy, now).word())
+                    .unwrap_or(0);
+                let decision = PolicyState::decide_window_word(policy, &mut word, now, cost);
+                let expires_at = window_end(word, period);
+                // A peek, or a request that can never be admitted, leaves nothing to keep.
+                if expires_at > now_us {
+                    let policy = policy.clone();
+                    shard.admit(shared, now, expires_at, |s| {
+                        s.windows.insert(hash, Window { word, policy })
+                    })?;
+                }
+                Ok(decision)
             }
-            return Ok(decision);
-        }
-
-        if PolicyState::is_window_word(policy) {
-            let period = policy.params().first().map_or(1, |p| p.period_us.max(1));
-            if let Some(window) = shard.windows.get_mut(&hash) {
-                let decision = PolicyState::decide_window_word(policy, &mut window.word, now, cost);
-                window.expires_at = window.expires_at.max(window_end(window.word, period));
-                return Ok(decision);
+            Layout::Full => {
+                if let Some(entry) = shard.full.get_mut(&hash) {
+                    let decision = entry.state.decide(policy, now, cost);
+                    entry.expires_at = entry.state.expires_at(policy).as_micros();
+                    shard.next_expiry = shard.next_expiry.min(entry.expires_at);
+                    return Ok(decision);
+                }
+                let mut state = shard
+                    .take_other(shared, hash, Layout::Full, now)
+                    .unwrap_or_else(|| PolicyState::new(policy, now));
+                let decision = state.decide(policy, now, cost);
+                let expires_at = state.expires_at(policy).as_micros();
+                // A peek, or a request that can never be admitted, leaves nothing to keep.
+                if expires_at > now_us {
+                    shard.admit(shared, now, expires_at, |s| {
+                        s.full.insert(hash, Entry { state, expires_at })
+                    })?;
+                }
+                Ok(decision)
             }
-            let mut word = 0;
-            let decision = PolicyState::decide_window_word(policy, &mut word, now, cost);
-            let expires_at = window_end(word, period);
-            // A peek, or a request that can never be admitted, leaves nothing to keep.
-            if expires_at > now.as_micros() {
-                shard.admit(shared, now, expires_at, |s| {
-                    s.windows.insert(hash, Window { word, expires_at })
-                })?;
-            }
-            return Ok(decision);
         }
-
-        if let Some(entry) = shard.full.get_mut(&hash) {
-            let decision = entry.state.decide(policy, now, cost);
-            entry.expires_at = entry
-                .expires_at
-                .max(entry.state.expires_at(policy).as_micros());
-            return Ok(decision);
-        }
-        let mut state = PolicyState::new(policy, now);
-        let decision = state.decide(policy, now, cost);
-        let expires_at = state.expires_at(policy).as_micros();
-        // A peek, or a request that can never be admitted, leaves nothing to keep.
-        if expires_at > now.as_micros() {
-            shard.admit(shared, now, expires_at, |s| {
-                s.full.insert(hash, Entry { state, expires_at })
-            })?;
-        }
-        Ok(decision)
     }
+}
+
+/// Whether state kept under `held` is state of `policy` as it is: the same
+/// policy value, or one with the same limits (the name is part of the key).
+fn same(held: &Policy, policy: &Policy) -> bool {
+    Policy::ptr_eq(held, policy) || held.fingerprint() == policy.fingerprint()
+}
+
+/// `state` carried over to `policy` at `now`.
+fn carried(mut state: PolicyState, policy: &Policy, now: Timestamp) -> PolicyState {
+    state.carry_to(policy, now);
+    state
+}
+
+/// The word `word` of `held`, carried over to `policy`, a configuration of
+/// the same name and layout.
+fn carried_word(held: &Policy, word: u64, policy: &Policy, now: Timestamp) -> u64 {
+    PolicyState::from_word(held, word, now)
+        .and_then(|state| carried(state, policy, now).word())
+        .unwrap_or(0)
 }
 
 impl Shared {
@@ -289,8 +363,10 @@ impl Shared {
         let mut h = self.seed.build_hasher();
         // Fixed-width parts, then the key's bytes, whose length is among
         // them: no two different inputs feed the same bytes. The policy
-        // enters as one number (its name and fingerprint, hashed when it
-        // was built), so a check costs three mixing steps, not six.
+        // enters as one number (its name and layout, hashed when it was
+        // built), so a check costs three mixing steps, not six. Its limits
+        // are not part of it: a changed configuration finds the state
+        // built under the old one and carries it over.
         h.write_u64(policy.identity());
         h.write_u64(((key.as_bytes().len() as u64) << 8) | key.kind() as u64);
         h.write(key.as_bytes());
@@ -311,6 +387,42 @@ impl Shard {
 
     fn len(&self) -> usize {
         self.words.len() + self.windows.len() + self.full.len()
+    }
+
+    /// Takes the state a key holds under another layout than `layout`
+    /// (after a configuration change moved the policy between layouts), as
+    /// a [`PolicyState`] to carry over.
+    fn take_other(
+        &mut self,
+        shared: &Shared,
+        hash: KeyHash,
+        layout: Layout,
+        now: Timestamp,
+    ) -> Option<PolicyState> {
+        let state = match layout {
+            _ if self.len() == 0 => return None,
+            Layout::Word => self.take_window(hash, now).or_else(|| self.take_full(hash)),
+            Layout::WindowWord => self.take_word(hash, now).or_else(|| self.take_full(hash)),
+            Layout::Full => self
+                .take_word(hash, now)
+                .or_else(|| self.take_window(hash, now)),
+        }?;
+        shared.keys_gauge.sub(1);
+        Some(state)
+    }
+
+    fn take_word(&mut self, hash: KeyHash, now: Timestamp) -> Option<PolicyState> {
+        let held = self.words.remove(&hash)?;
+        PolicyState::from_word(&held.policy, held.word, now)
+    }
+
+    fn take_window(&mut self, hash: KeyHash, now: Timestamp) -> Option<PolicyState> {
+        let held = self.windows.remove(&hash)?;
+        PolicyState::from_word(&held.policy, held.word, now)
+    }
+
+    fn take_full(&mut self, hash: KeyHash) -> Option<PolicyState> {
+        self.full.remove(&hash).map(|entry| entry.state)
     }
 
     /// Makes room for a new key expiring at `expires_at` and inserts it with
@@ -344,17 +456,18 @@ impl Shard {
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
         let mut next = u64::MAX;
-        self.words.retain(|_, &mut at| {
-            let keep = at > now;
+        self.words.retain(|_, held| {
+            let keep = held.word > now;
             if keep {
-                next = next.min(at);
+                next = next.min(held.word);
             }
             keep
         });
         self.windows.retain(|_, window| {
-            let keep = window.expires_at > now;
+            let expires_at = window.expires_at();
+            let keep = expires_at > now;
             if keep {
-                next = next.min(window.expires_at);
+                next = next.min(expires_at);
             }
             keep
         });

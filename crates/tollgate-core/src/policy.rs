@@ -189,9 +189,36 @@ struct Inner {
     params: Box<[LimitParams]>,
     limits: Box<[Limit]>,
     fingerprint: u64,
-    /// A hash of the name and the fingerprint: what identifies the
-    /// policy's state in a store, in one number.
+    descriptor: Box<str>,
+    layout: Layout,
+    /// A hash of the name: what identifies the policy's state in the
+    /// memory store, in one number.
     identity: u64,
+}
+
+/// How a store may keep a key's state under a policy: the compact forms
+/// one number holds, or the full [`PolicyState`](crate::PolicyState).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Layout {
+    /// One time in µs: a single GCRA, token-bucket or leaky-bucket limit.
+    Word,
+    /// A window's start plus its count: a single fixed-window limit whose
+    /// count is below its period in µs.
+    WindowWord,
+    /// Anything else.
+    Full,
+}
+
+impl Layout {
+    fn of(algorithm: Algorithm, params: &[LimitParams]) -> Self {
+        match (algorithm, params) {
+            (Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket, [_]) => {
+                Layout::Word
+            }
+            (Algorithm::FixedWindow, [p]) if p.limit.count() < p.period_us => Layout::WindowWord,
+            _ => Layout::Full,
+        }
+    }
 }
 
 impl Policy {
@@ -260,19 +287,46 @@ impl Policy {
     }
 
     /// A hash of the algorithm and the derived numbers of every limit (not
-    /// the name). State built under one fingerprint is not valid under
-    /// another, so stores start it afresh when the configuration changes.
+    /// the name). State built under one fingerprint is carried over to
+    /// another (see [`PolicyState::carry_to`](crate::PolicyState::carry_to))
+    /// when the configuration changes.
     /// It is FNV-1a over a fixed encoding, so every process and every
     /// version of this crate computes the same value for the same policy.
     pub fn fingerprint(&self) -> u64 {
         self.inner.fingerprint
     }
 
-    /// A hash of the name and the fingerprint, made when the policy was
-    /// built: the memory store feeds this one number to its keyed hash
-    /// instead of the name and fingerprint on every check.
+    /// What a store records with a key's state to know, when the policy's
+    /// configuration has changed, what the state was written under: the
+    /// algorithm, then each limit's period, interval and capacity in µs
+    /// and units of cost (see [`LimitParams`]). Two policies with the same
+    /// descriptor decide alike; the Redis store keeps it with every key.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy};
+    ///
+    /// let policy = Policy::builder("api").limit("100/h").limit("20/min").burst(30).build()?;
+    /// assert_eq!(
+    ///     policy.state_descriptor(),
+    ///     "gcra 3600000000/36000000/30 60000000/3000000/30"
+    /// );
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn state_descriptor(&self) -> &str {
+        &self.inner.descriptor
+    }
+
+    /// A hash of the name, made when the policy was built: the memory
+    /// store feeds this one number to its keyed hash instead of the name on
+    /// every check. Every configuration of one name shares it, so that its
+    /// state carries over.
     pub(crate) fn identity(&self) -> u64 {
         self.inner.identity
+    }
+
+    /// How a store may keep the state of a key.
+    pub(crate) fn layout(&self) -> Layout {
+        self.inner.layout
     }
 
     /// This policy with every limit (and the burst) divided by `instances`,
@@ -428,7 +482,8 @@ impl PolicyBuilder {
     /// # Errors
     ///
     /// The first problem found: a limit that did not parse or is out of
-    /// range, an invalid name, no limits or too many, a zero burst or a burst
+    /// range, an invalid name, no limits or too many, two limits with one
+    /// period, a zero burst or a burst
     /// for an algorithm without one, or derived values that overflow.
     pub fn build(self) -> Result<Policy, ConfigError> {
         if let Some(e) = self.error {
@@ -444,6 +499,17 @@ impl PolicyBuilder {
                 count: self.limits.len(),
                 max: Policy::MAX_LIMITS,
             });
+        }
+        for (i, limit) in self.limits.iter().enumerate() {
+            if self.limits[..i]
+                .iter()
+                .any(|l| l.period() == limit.period())
+            {
+                return Err(ConfigError::DuplicatePeriod {
+                    policy: self.name,
+                    period: limit.period(),
+                });
+            }
         }
         if let Some(burst) = self.burst {
             if burst == 0 {
@@ -464,13 +530,21 @@ impl PolicyBuilder {
             .map(|&limit| params_for(self.algorithm, limit, self.burst))
             .collect::<Result<Box<[_]>, _>>()?;
         let fingerprint = fingerprint(self.algorithm, &params);
+        let layout = Layout::of(self.algorithm, &params);
+        let mut descriptor = String::from(self.algorithm.as_str());
+        for p in &params {
+            descriptor.push_str(&format!(
+                " {}/{}/{}",
+                p.period_us, p.interval_us, p.capacity
+            ));
+        }
         let mut identity = Fnv::new();
-        identity.feed(&fingerprint.to_be_bytes());
-        identity.feed(&(self.name.len() as u64).to_be_bytes());
         identity.feed(self.name.as_bytes());
         Ok(Policy {
             inner: Arc::new(Inner {
                 fingerprint,
+                descriptor: descriptor.into_boxed_str(),
+                layout,
                 identity: identity.0,
                 name: self.name.into_boxed_str(),
                 algorithm: self.algorithm,
@@ -639,6 +713,13 @@ mod tests {
             (
                 Policy::builder("p").limit("1/s").burst(0),
                 ConfigError::ZeroBurst,
+            ),
+            (
+                Policy::builder("p").limit("5/s").limit("9/1000ms"),
+                ConfigError::DuplicatePeriod {
+                    policy: "p".into(),
+                    period: std::time::Duration::from_secs(1),
+                },
             ),
             (
                 Policy::builder("p")

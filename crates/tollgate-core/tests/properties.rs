@@ -33,7 +33,9 @@ fn case() -> impl Strategy<Value = Case> {
     let limits = prop::collection::vec((1u64..12, periods()), 1..=2);
     let burst = prop::option::of(1u64..15);
     (algorithm, limits, burst, 0u64..10_000_000_000)
-        .prop_flat_map(|(algorithm, limits, burst, start)| {
+        .prop_flat_map(|(algorithm, mut limits, burst, start)| {
+            // A policy holds one limit per period.
+            limits.dedup_by_key(|l| l.1);
             let mut b = Policy::builder("prop").algorithm(algorithm);
             for (count, period) in &limits {
                 b = b.limit(tollgate_core::Limit::new(
@@ -275,5 +277,133 @@ proptest! {
             }
         });
         prop_assert!(failures.is_empty(), "{failures:?}");
+    }
+}
+
+/// Two configurations of one policy name, and arrivals that each pick one.
+#[derive(Debug, Clone)]
+struct ChangeCase {
+    configs: [Policy; 2],
+    start: u64,
+    /// `(gap before the request in µs, cost, which configuration)`.
+    arrivals: Vec<(u64, u64, usize)>,
+}
+
+/// Two configurations of one name: the same algorithm (or, now and then,
+/// another), and limits of which the second reuses some of the first's
+/// periods with other counts and bursts, adds others and drops some. So
+/// stores meet every change of layout too.
+fn change_case() -> impl Strategy<Value = ChangeCase> {
+    let algorithm = prop::sample::select(Algorithm::ALL.to_vec());
+    let limits = prop::collection::vec((1u64..12, periods()), 1..=2);
+    let other = prop::collection::vec((1u64..12, periods(), any::<bool>()), 1..=3);
+    let bursts = (prop::option::of(1u64..15), prop::option::of(1u64..15));
+    (algorithm, limits, other, bursts, 0u64..10_000_000_000)
+        .prop_filter_map(
+            "one limit per period",
+            |(algorithm, mut limits, other, bursts, start)| {
+                limits.dedup_by_key(|l| l.1);
+                let mut second: Vec<(u64, u64)> = other
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(count, fresh, keep))| match limits.get(i) {
+                        Some(&(_, period)) if keep => (count, period),
+                        _ => (count, fresh),
+                    })
+                    .collect();
+                second.sort_by_key(|l| l.1);
+                second.dedup_by_key(|l| l.1);
+                let build = |limits: &[(u64, u64)], burst: Option<u64>| {
+                    let mut b = Policy::builder("change").algorithm(algorithm);
+                    for &(count, period) in limits {
+                        b = b.limit(tollgate_core::Limit::new(
+                            count,
+                            Duration::from_micros(period),
+                        ));
+                    }
+                    if let (true, Some(burst)) = (algorithm.has_burst(), burst) {
+                        b = b.burst(burst);
+                    }
+                    b.build().ok()
+                };
+                let configs = [build(&limits, bursts.0)?, build(&second, bursts.1)?];
+                let longest = limits
+                    .iter()
+                    .chain(&second)
+                    .map(|l| l.1)
+                    .max()
+                    .unwrap_or(1_000);
+                Some((configs, start, longest))
+            },
+        )
+        .prop_flat_map(|(configs, start, longest)| {
+            let gap = prop_oneof![3 => Just(0u64), 4 => 0..longest / 4 + 1, 1 => 0..longest * 2];
+            let cost = prop_oneof![8 => Just(1u64), 1 => Just(0), 2 => 2u64..5];
+            let which = prop_oneof![1 => Just(0usize), 1 => Just(1usize)];
+            let arrivals = prop::collection::vec((gap, cost, which), 1..120);
+            (Just(configs), Just(start), arrivals)
+        })
+        .prop_map(|(configs, start, arrivals)| ChangeCase {
+            configs,
+            start: 1_600_000_000_000_000 + start,
+            arrivals,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 768,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/proptest-regressions/properties.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_memory_store_carries_use_across_configurations_as_the_reference(case in change_case()) {
+        let clock = FakeClock::new(Timestamp::from_micros(case.start));
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let key = Key::user("change");
+        let mut now = case.start;
+        let mut reference = PolicyState::new(&case.configs[0], Timestamp::from_micros(now));
+        for (i, &(gap, cost, which)) in case.arrivals.iter().enumerate() {
+            now += gap;
+            clock.advance(Duration::from_micros(gap));
+            let policy = &case.configs[which];
+            let expected = reference.decide(policy, Timestamp::from_micros(now), cost);
+            let stored = store.check_sync(&key, policy, cost).unwrap();
+            prop_assert_eq!(&stored, &expected, "arrival {} at {}", i, now);
+        }
+    }
+
+    #[test]
+    fn use_under_one_configuration_counts_under_the_other(case in change_case()) {
+        // All the first configuration admits at one instant, then all the
+        // second admits at that instant: under every limit of the second
+        // whose period the first had, the two together stay within the
+        // larger of the two capacities.
+        let now = Timestamp::from_micros(case.start);
+        let [a, b] = &case.configs;
+        prop_assume!(a.algorithm() == b.algorithm());
+        let mut state = PolicyState::new(a, now);
+        let mut used = 0;
+        while state.decide(a, now, 1).is_allowed() {
+            used += 1;
+            prop_assert!(used <= 100, "runaway");
+        }
+        let mut more = 0;
+        while state.decide(b, now, 1).is_allowed() {
+            more += 1;
+            prop_assert!(more <= 100, "runaway");
+        }
+        for p in b.params() {
+            if let Some(q) = a.params().iter().find(|q| q.period_us == p.period_us) {
+                let larger = p.capacity.max(q.capacity);
+                prop_assert!(
+                    used + more <= larger,
+                    "{} under {} then {} under {}", used, a, more, b
+                );
+            }
+        }
     }
 }

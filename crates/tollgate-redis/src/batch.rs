@@ -18,6 +18,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
+use tollgate_core::Policy;
 
 use crate::connection::RedisConnection;
 use crate::error::RedisStoreError;
@@ -48,6 +49,9 @@ pub(crate) struct Request<'a> {
     pub(crate) period: u64,
     pub(crate) step: u64,
     pub(crate) slack: u64,
+    /// The request's policy, whose descriptor the script writes the state
+    /// under.
+    pub(crate) policy: &'a Policy,
 }
 
 /// A request waiting for a place in a call.
@@ -56,6 +60,7 @@ pub(crate) struct Queued {
     period: u64,
     step: u64,
     slack: u64,
+    policy: Policy,
     reply: oneshot::Sender<Result<Word, RedisStoreError>>,
 }
 
@@ -66,6 +71,7 @@ impl Queued {
             period: self.period,
             step: self.step,
             slack: self.slack,
+            policy: &self.policy,
         }
     }
 }
@@ -141,6 +147,7 @@ pub(crate) fn enter<C: RedisConnection>(
         period: request.period,
         step: request.step,
         slack: request.slack,
+        policy: request.policy.clone(),
         reply,
     });
     Turn::Queued(receiver)
@@ -198,9 +205,11 @@ async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, kind: Kind, mut batch: 
     };
     let mut slot = Slot(Some(batcher));
     loop {
-        let result = tokio::time::timeout(inner.deadline, inner.send_batch(kind, &batch))
-            .await
-            .unwrap_or(Err(RedisStoreError::Deadline(inner.deadline)));
+        // The call, not the wait in the queue, answers to the deadline and
+        // the breaker: one failed call is one failure, however many
+        // requests it carried.
+        let key = batch.first().map_or("", |q| q.key.as_str());
+        let result = inner.guarded(key, inner.send_batch(kind, &batch)).await;
         match result {
             Ok(words) => {
                 for (queued, word) in batch.drain(..).zip(words) {

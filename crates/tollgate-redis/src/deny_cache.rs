@@ -1,28 +1,43 @@
 //! A bounded local cache of denials.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
 
-/// Remembers, per key, that Redis denied a cost-1 request to a single-limit
-/// policy until a time, and denies such requests locally until then.
+/// Remembers, per key, that Redis denied a request until a time.
 ///
-/// Exact: a denial only gets later when others consume, never earlier, and
-/// the expiry counts from when the denied call was *sent* (before Redis
-/// decided), so the cache never denies a request Redis would admit. The
-/// rest of the decision is exact too: while a cost-1 request is denied,
-/// `remaining` stays 0 and the reset time stays put under every algorithm.
-/// That does not hold for other costs (a bucket refills towards them) or
-/// for a policy's other limits, so those always go to Redis.
+/// A denial of a cost-1 request to a single-limit policy denies such
+/// requests locally until then ([`DenyCache::lookup`]). Exact: a denial only
+/// gets later when others consume, never earlier, and the expiry counts
+/// from when the denied call was *sent* (before Redis decided), so the
+/// cache never denies a request Redis would admit. The rest of the decision
+/// is exact too: while a cost-1 request is denied, `remaining` stays 0 and
+/// the reset time stays put under every algorithm. That does not hold for
+/// other costs (a bucket refills towards them) or for a policy's other
+/// limits, so those always go to Redis while it answers. When it does not,
+/// their denials still stand ([`DenyCache::lookup_on_failure`]): a key that
+/// Redis cut off stays cut off through an outage, rather than getting a
+/// fresh quota from the failure policy.
 pub(crate) struct DenyCache {
     max_entries: usize,
     entries: Mutex<HashMap<String, Entry>>,
+    /// Denials of an earlier epoch may no longer match Redis's state (the
+    /// connection failed, or Redis restarted since): they no longer answer
+    /// for Redis, but still stand while it cannot answer.
+    epoch: AtomicU64,
 }
 
 struct Entry {
     fingerprint: u64,
+    /// The denied cost: a denial holds for this cost and more.
+    cost: u64,
+    /// Whether the denial is exact for later requests of the same cost
+    /// (see [`cacheable`]), or stands only when Redis cannot answer.
+    exact: bool,
+    epoch: u64,
     sent_at: u64,
     until: u64,
     decision: Decision,
@@ -33,6 +48,7 @@ impl DenyCache {
         Self {
             max_entries,
             entries: Mutex::new(HashMap::new()),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -48,12 +64,14 @@ impl DenyCache {
             return None;
         }
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if !cacheable(policy, cost) {
-            return None;
-        }
         let entry = entries.get(state_key)?;
+        // A request under another configuration of the policy (which may
+        // drop the denying limit) makes the denial stale, whatever it costs.
         if now >= entry.until || entry.fingerprint != policy.fingerprint() {
             entries.remove(state_key);
+            return None;
+        }
+        if !entry.exact || !cacheable(policy, cost) || entry.epoch != self.epoch() {
             return None;
         }
         Some(shift(
@@ -62,6 +80,31 @@ impl DenyCache {
             now.saturating_sub(entry.sent_at),
             entry.until - now,
         ))
+    }
+
+    /// A denial of `cost` for `state_key` at local time `now` (µs) that
+    /// Redis made and that is still in force, for when Redis cannot decide:
+    /// any denial of this cost or less, of this configuration of the
+    /// policy. Its limits' other numbers are as Redis last reported them.
+    pub(crate) fn lookup_on_failure(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = entries.get(state_key)?;
+        let stands =
+            now < entry.until && entry.fingerprint == policy.fingerprint() && cost >= entry.cost;
+        stands.then(|| {
+            shift(
+                policy,
+                &entry.decision,
+                now.saturating_sub(entry.sent_at),
+                entry.until - now,
+            )
+        })
     }
 
     /// Remembers `decision`, a denial of `cost` for a call sent at local
@@ -77,7 +120,7 @@ impl DenyCache {
         let Some(retry) = decision.retry_after() else {
             return;
         };
-        if self.max_entries == 0 || !cacheable(policy, cost) {
+        if self.max_entries == 0 || cost == 0 {
             return;
         }
         let until = sent_at + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX / 2);
@@ -92,6 +135,9 @@ impl DenyCache {
             state_key.to_owned(),
             Entry {
                 fingerprint: policy.fingerprint(),
+                cost,
+                exact: cacheable(policy, cost),
+                epoch: self.epoch(),
                 sent_at,
                 until,
                 decision: decision.clone(),
@@ -99,12 +145,15 @@ impl DenyCache {
         );
     }
 
-    /// Forgets every denial.
-    pub(crate) fn clear(&self) {
-        self.entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+    /// Stops every denial held now from answering for Redis: Redis's state
+    /// may have changed under it. They still stand while Redis cannot
+    /// answer ([`DenyCache::lookup_on_failure`]).
+    pub(crate) fn forget(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
     }
 
     pub(crate) fn len(&self) -> usize {

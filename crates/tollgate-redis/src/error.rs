@@ -32,6 +32,11 @@ pub enum RedisStoreError {
     /// No pooled connection became free within the pool's checkout timeout.
     #[error("no pooled Redis connection became free within the checkout timeout")]
     PoolTimeout,
+    /// More requests of one key are waiting behind its call than the store
+    /// queues (see the Redis guide, "Bursts"): the failure policy applies,
+    /// but the circuit breaker does not count it, as Redis did not fail.
+    #[error("too many requests of one key are waiting for Redis")]
+    QueueFull,
     /// The decision took longer than the per-decision deadline.
     #[error("redis did not decide within the deadline of {0:?}")]
     Deadline(Duration),
@@ -70,6 +75,7 @@ impl RedisStoreError {
             Self::CircuitOpen => Self::CircuitOpen,
             Self::Redis(e) => Self::Redis(e.clone()),
             Self::PoolTimeout => Self::PoolTimeout,
+            Self::QueueFull => Self::QueueFull,
             Self::Deadline(d) => Self::Deadline(*d),
             Self::UnsupportedVersion { version } => Self::UnsupportedVersion {
                 version: version.clone(),

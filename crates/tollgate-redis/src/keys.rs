@@ -2,13 +2,12 @@
 //!
 //! A key is `<prefix>:<policy>:{<hash>}`. The hash is 32 hex digits of
 //! SHA-256 over the length-prefixed parts (an optional secret, the policy
-//! name, the key kind, the key bytes and, for a one-word or window-word
-//! policy, the policy's fingerprint), so no raw identifier reaches Redis,
+//! name, the key kind and the key bytes), so no raw identifier reaches Redis,
 //! hostile bytes cannot forge another key, and all keys of one decision
 //! share one cluster slot while different identities spread over all slots.
 
 use sha2::{Digest, Sha256};
-use tollgate_core::{ConfigError, Key, Policy, PolicyState};
+use tollgate_core::{ConfigError, Key, Policy};
 
 /// Builds key names for one store.
 #[derive(Clone)]
@@ -45,21 +44,15 @@ impl KeyNamer {
         })
     }
 
-    /// The state key of `key` under `policy`.
-    ///
-    /// A one-word or window-word policy (see [`PolicyState::is_one_word`]
-    /// and [`PolicyState::is_window_word`]) keeps its state in a string
-    /// rather than a hash, and checks no fingerprint inside it, so its
-    /// fingerprint is part of the name: a changed policy of the same name
-    /// starts afresh on another key instead of reading a value of another
-    /// type or meaning.
+    /// The state key of `key` under `policy`: one per policy name and key,
+    /// whatever the policy's limits or layout, so that a changed
+    /// configuration finds the state written under the old one (which the
+    /// scripts carry over, see `carry.lua`).
     pub(crate) fn state_key(&self, policy: &Policy, key: &Key) -> String {
-        let in_name = PolicyState::is_one_word(policy) || PolicyState::is_window_word(policy);
-        let fingerprint = in_name.then(|| policy.fingerprint());
-        self.named(policy.name(), fingerprint, key)
+        self.named(policy.name(), key)
     }
 
-    fn named(&self, policy: &str, fingerprint: Option<u64>, key: &Key) -> String {
+    fn named(&self, policy: &str, key: &Key) -> String {
         let mut h = Sha256::new();
         let mut part = |bytes: &[u8]| {
             h.update((bytes.len() as u64).to_be_bytes());
@@ -69,9 +62,6 @@ impl KeyNamer {
         part(policy.as_bytes());
         part(key.kind().as_str().as_bytes());
         part(key.as_bytes());
-        if let Some(fingerprint) = fingerprint {
-            part(&fingerprint.to_be_bytes());
-        }
         let digest = h.finalize();
         // `<prefix>:<policy>:{<32 hex digits>}`, in one allocation.
         let mut name = String::with_capacity(self.prefix.len() + policy.len() + 36);
@@ -136,7 +126,7 @@ mod tests {
         ];
         let names: Vec<String> = values
             .iter()
-            .map(|v| namer().named("api", None, &Key::custom(v)))
+            .map(|v| namer().named("api", &Key::custom(v)))
             .collect();
         for name in &names {
             assert_eq!(name.len(), "tg:api:{}".len() + 32, "{name}");
@@ -154,36 +144,31 @@ mod tests {
         let n = namer();
         // ("a", "b:c") and ("a:b", "c") as (policy, value)...
         assert_ne!(
-            n.named("a", None, &Key::custom("b:c")),
-            n.named("a:b", None, &Key::custom("c"))
+            n.named("a", &Key::custom("b:c")),
+            n.named("a:b", &Key::custom("c"))
         );
         // ...and the kind is part of the identity.
         assert_ne!(
-            n.named("a", None, &Key::new(KeyKind::User, "1")),
-            n.named("a", None, &Key::new(KeyKind::Header, "1"))
+            n.named("a", &Key::new(KeyKind::User, "1")),
+            n.named("a", &Key::new(KeyKind::Header, "1"))
         );
         // A secret changes every name.
         let secret = KeyNamer::new("tg", Some(b"s3cret".to_vec())).unwrap();
         assert_ne!(
-            n.named("a", None, &Key::custom("1")),
-            secret.named("a", None, &Key::custom("1"))
+            n.named("a", &Key::custom("1")),
+            secret.named("a", &Key::custom("1"))
         );
-        // A one-word or window-word policy's fingerprint is part of its
-        // name; other policies keep theirs inside the state.
+        // Every configuration and layout of a policy shares one key.
         let key = Key::custom("1");
         let policy = |algorithm, rate| Policy::new("a", algorithm, rate).unwrap();
-        assert_ne!(
-            n.state_key(&policy(Algorithm::Gcra, "1/s"), &key),
-            n.state_key(&policy(Algorithm::Gcra, "2/s"), &key)
-        );
-        assert_ne!(
-            n.state_key(&policy(Algorithm::FixedWindow, "1/s"), &key),
-            n.state_key(&policy(Algorithm::FixedWindow, "2/s"), &key)
-        );
-        assert_eq!(
-            n.state_key(&policy(Algorithm::SlidingWindow, "1/s"), &key),
-            n.state_key(&policy(Algorithm::SlidingWindow, "2/s"), &key)
-        );
+        let one = n.state_key(&policy(Algorithm::Gcra, "1/s"), &key);
+        for (algorithm, rate) in [
+            (Algorithm::Gcra, "2/s"),
+            (Algorithm::FixedWindow, "1/s"),
+            (Algorithm::SlidingWindow, "2/s"),
+        ] {
+            assert_eq!(n.state_key(&policy(algorithm, rate), &key), one);
+        }
     }
 
     #[test]

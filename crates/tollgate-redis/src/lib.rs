@@ -52,26 +52,31 @@
 //!
 //! # Scripts
 //!
+//! Every key records the configuration its state was written under (the
+//! policy's [`state_descriptor`](tollgate_core::Policy::state_descriptor)).
+//! A script that finds another one carries the state over to its own
+//! configuration, as [`PolicyState::carry_to`](tollgate_core::PolicyState::carry_to)
+//! does: a deploy that changes a policy's limits, with old and new servers
+//! side by side, hands nobody a fresh quota.
+//!
 //! A policy of one GCRA, token-bucket or leaky-bucket limit keeps its state
-//! in one integer string (a time in microseconds) that expires exactly when it
-//! stops mattering; its fingerprint is part of its key's hash, so a changed
-//! policy starts afresh. An idle key is decided with `TIME` and one
-//! `SET ... PXAT ... NX GET`; a busy key with `TIME`, a `GET`, `INCRBY` and
-//! `PEXPIREAT`; a denial with `TIME` and a `GET`, writing nothing. (The
-//! script writes first, saving idle keys the `GET`, while fewer than a
-//! quarter of the store's recent requests found their key busy, and reads
-//! first otherwise, saving busy keys and denials a dearer first command.)
-//! Under concurrent load, such decisions that arrive while a call
-//! is on its way go together in the next call, up to 64 per call
+//! in one string, a time in microseconds and the descriptor, that expires
+//! exactly when it stops mattering. An idle key is decided with `TIME` and
+//! one `SET ... PXAT ... NX GET`; a busy key with `TIME`, a `GET` and a
+//! `SET`; a denial with `TIME` and a `GET`, writing nothing. (The script
+//! writes first, saving idle keys the `GET`, while fewer than a quarter of
+//! the store's recent requests found their key busy, and reads first
+//! otherwise, saving busy keys and denials a dearer first command.) Under
+//! concurrent load, such decisions that arrive while a call is on its way
+//! go together in the next call, up to 64 per call
 //! ([`RedisStoreBuilder::batch_size`]), each decided as if alone; this
 //! divides Redis's work per decision. A policy of one fixed-window limit
-//! (below a million a second) keeps one integer string too: the window's
-//! start in microseconds plus the cost counted in it, expiring when the
-//! window ends. It is decided with `TIME`, a `GET` and, when admitted, a
-//! `SET` (a new window) or an `INCRBY` (which keeps the expiry), and such
-//! decisions are batched as well (among themselves, by a script of their
-//! own). Every other policy keeps a hash per key and checks the
-//! fingerprint stored in it. [`script_source`] and
+//! (below a million a second) keeps one string too: the window's start in
+//! microseconds plus the cost counted in it, and the descriptor, expiring
+//! when the window ends. It is decided with `TIME`, a `GET` and, when
+//! admitted, a `SET`, and such decisions are batched as well (among
+//! themselves, by a script of their own). Every other policy keeps a hash
+//! per key, with the descriptor in it. [`script_source`] and
 //! [`script_args`] give the exact script and arguments the store sends.
 
 mod batch;
@@ -80,6 +85,7 @@ mod connection;
 mod deny_cache;
 mod error;
 mod keys;
+mod lanes;
 mod managed;
 mod script;
 mod store;

@@ -6,6 +6,8 @@ use tollgate_core::{Algorithm, Policy, PolicyState};
 macro_rules! decision_script {
     ($file:literal) => {
         concat!(
+            include_str!("lua/arith.lua"),
+            include_str!("lua/carry.lua"),
             include_str!("lua/prelude.lua"),
             include_str!(concat!("lua/", $file)),
             include_str!("lua/epilogue.lua"),
@@ -21,16 +23,24 @@ macro_rules! decision_script {
 /// third, measured with callgrind).
 const ONE_WORD_WRITE_FIRST: &str = concat!(
     "local write_first = true\n",
+    include_str!("lua/arith.lua"),
+    include_str!("lua/carry.lua"),
     include_str!("lua/one_word.lua")
 );
 const ONE_WORD_READ_FIRST: &str = concat!(
     "local write_first = false\n",
+    include_str!("lua/arith.lua"),
+    include_str!("lua/carry.lua"),
     include_str!("lua/one_word.lua")
 );
 
 /// The script of a single fixed-window limit whose state is a window word
 /// (see [`PolicyState::is_window_word`]).
-const WINDOW_WORD: &str = include_str!("lua/window_word.lua");
+const WINDOW_WORD: &str = concat!(
+    include_str!("lua/arith.lua"),
+    include_str!("lua/carry.lua"),
+    include_str!("lua/window_word.lua")
+);
 
 /// The general script of `algorithm`, or `None` for one this version does
 /// not implement.
@@ -66,7 +76,7 @@ fn general(algorithm: Algorithm) -> Option<&'static str> {
 /// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
 /// assert!(script_source(&gcra).unwrap().contains("PXAT"));
 /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
-/// assert!(script_source(&window).unwrap().contains("INCRBY"));
+/// assert!(script_source(&window).unwrap().contains("KEEPTTL"));
 /// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
 /// assert!(script_source(&sliding).unwrap().contains("HGETALL"));
 /// # Ok::<(), tollgate_core::ConfigError>(())
@@ -84,7 +94,7 @@ pub fn script_source(policy: &Policy) -> Option<&'static str> {
 /// The `ARGV` of one decision of `cost` under `policy`, on Redis's clock,
 /// as the store sends it after the script's single state key (a
 /// sliding-log policy also passes one key per limit,
-/// `<state key>:<limit index>`).
+/// `<state key>:<period in µs>`).
 ///
 /// ```
 /// use tollgate_core::{Algorithm, Policy};
@@ -92,64 +102,109 @@ pub fn script_source(policy: &Policy) -> Option<&'static str> {
 ///
 /// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
 /// // The step and the slack: 100 ms per request, and a burst of 10 leaves
-/// // room for 9 more intervals ahead of now.
-/// assert_eq!(script_args(&gcra, 1), ["100000", "900000"]);
+/// // room for 9 more intervals ahead of now; then the descriptor the
+/// // state is written under.
+/// assert_eq!(script_args(&gcra, 1), ["100000", "900000", "gcra 1000000/100000/10"]);
 /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
 /// // The period, the step and the slack: 9 more may be counted already.
-/// assert_eq!(script_args(&window, 1), ["1000000", "1", "9"]);
+/// assert_eq!(
+///     script_args(&window, 1),
+///     ["1000000", "1", "9", "fixed_window 1000000/100000/10"]
+/// );
 /// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
-/// // Now (0: Redis TIME), cost, fingerprint, minimum TTL, one limit:
+/// // Now (0: Redis TIME), cost, descriptor, minimum TTL, one limit:
 /// // count, period, interval and capacity.
 /// let args = script_args(&sliding, 1);
 /// assert_eq!(args.len(), 9);
+/// assert_eq!(args[2], "sliding_window 1000000/100000/10");
 /// assert_eq!(args[5..], ["10", "1000000", "100000", "10"]);
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
 pub fn script_args(policy: &Policy, cost: u64) -> Vec<String> {
     let mut args = Vec::new();
-    for_each_arg(policy, cost, 0, 0, |n| args.push(n.to_string()));
+    for_each_arg(policy, cost, 0, 0, |arg| args.push(arg.to_string()));
     args
+}
+
+/// One argument of a script call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Number(u64),
+    Text(&'a str),
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Arg::Number(n) => n.write_redis_args(out),
+            Arg::Text(t) => t.write_redis_args(out),
+        }
+    }
+}
+
+impl std::fmt::Display for Arg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arg::Number(n) => n.fmt(f),
+            Arg::Text(t) => f.write_str(t),
+        }
+    }
 }
 
 /// Feeds the `ARGV` of one decision to `arg`: `now` in µs, or 0 for Redis
 /// TIME, and the shortest TTL in ms.
-pub(crate) fn for_each_arg(
-    policy: &Policy,
+pub(crate) fn for_each_arg<'a>(
+    policy: &'a Policy,
     cost: u64,
     now: u64,
     min_ttl_ms: u64,
-    mut arg: impl FnMut(u64),
+    mut arg: impl FnMut(Arg<'a>),
 ) {
-    let params = policy.params();
+    let descriptor = Arg::Text(policy.state_descriptor());
     if PolicyState::is_one_word(policy) {
         let (step, slack) = one_word_args(policy, cost);
-        arg(step);
-        arg(slack);
+        arg(Arg::Number(step));
+        arg(Arg::Number(slack));
+        arg(descriptor);
         // On Redis's clock, the script needs nothing more.
         if now > 0 {
-            arg(now);
-            arg(min_ttl_ms);
+            arg(Arg::Number(now));
+            arg(Arg::Number(min_ttl_ms));
         }
         return;
     }
     if PolicyState::is_window_word(policy) {
         let (period, step, slack) = window_word_args(policy, cost);
-        arg(period);
-        arg(step);
-        arg(slack);
+        for n in [period, step, slack] {
+            arg(Arg::Number(n));
+        }
+        arg(descriptor);
         if now > 0 {
-            arg(now);
-            arg(min_ttl_ms);
+            arg(Arg::Number(now));
+            arg(Arg::Number(min_ttl_ms));
         }
         return;
     }
-    for n in [now, cost, policy.fingerprint(), min_ttl_ms] {
-        arg(n);
-    }
-    arg(params.len() as u64);
-    for p in params {
+    general_args(policy, Arg::Number(cost), now, min_ttl_ms, arg);
+}
+
+/// Feeds the `ARGV` of a general script's call to `arg`: `costs` is one
+/// cost, or the costs of several requests of one key separated by spaces.
+pub(crate) fn general_args<'a>(
+    policy: &'a Policy,
+    costs: Arg<'a>,
+    now: u64,
+    min_ttl_ms: u64,
+    mut arg: impl FnMut(Arg<'a>),
+) {
+    arg(Arg::Number(now));
+    arg(costs);
+    arg(Arg::Text(policy.state_descriptor()));
+    arg(Arg::Number(min_ttl_ms));
+    arg(Arg::Number(policy.params().len() as u64));
+    for p in policy.params() {
         for n in [p.limit.count(), p.period_us, p.interval_us, p.capacity] {
-            arg(n);
+            arg(Arg::Number(n));
         }
     }
 }

@@ -78,6 +78,8 @@ pub(crate) struct Inner<C> {
     /// that a failed master does not stop calls to the healthy ones.
     breakers: Vec<CircuitBreaker>,
     deny_cache: DenyCache,
+    /// The general scripts' requests waiting behind their key's call.
+    pub(crate) lanes: crate::lanes::Lanes,
     /// Which server the deny cache's denials came from.
     server: ServerIdentity,
     /// Whether the one-word script writes or reads first.
@@ -334,11 +336,14 @@ impl<C> RedisStore<C> {
 impl<C: RedisConnection> RedisStore<C> {
     /// Decides like [`Store::check`], keeping the Redis-specific error.
     ///
-    /// A request of at least the cost of a recent denial of the same key is
-    /// denied from the local deny cache until that denial expires, or until
-    /// the store finds that Redis restarted or the connection failed
-    /// (see the Redis guide); anything else is one round trip, unless the
-    /// circuit breaker is open.
+    /// A cost-1 request to a single-limit policy whose key Redis recently
+    /// denied is denied from the local deny cache until that denial
+    /// expires, or until the store finds that Redis restarted or the
+    /// connection failed (see the Redis guide); anything else is one round
+    /// trip, unless the circuit breaker is open. When Redis cannot decide,
+    /// a denial it made that is still in force (of this cost or less) is
+    /// the answer rather than the error: a key Redis cut off is not handed
+    /// a fresh quota by the failure policy.
     ///
     /// # Errors
     ///
@@ -359,37 +364,24 @@ impl<C: RedisConnection> RedisStore<C> {
             self.check_server_identity();
             return Ok(denied);
         }
-        let permit = inner
-            .breaker(&state_key)
-            .and_then(CircuitBreaker::try_acquire)
-            .ok_or(RedisStoreError::CircuitOpen)?;
-        let result =
-            match tokio::time::timeout(inner.deadline, self.run(&state_key, policy, cost)).await {
-                Ok(result) => result,
-                Err(_) => Err(RedisStoreError::Deadline(inner.deadline)),
-            };
-        match &result {
+        let result = if PolicyState::is_one_word(policy) || PolicyState::is_window_word(policy) {
+            self.decide_word(&state_key, policy, cost).await
+        } else {
+            crate::lanes::decide(&self.inner, &state_key, policy, cost).await
+        };
+        match result {
             Ok(decision) => {
-                permit.success();
                 inner
                     .deny_cache
-                    .insert(&state_key, policy, cost, sent_at, decision);
+                    .insert(&state_key, policy, cost, sent_at, &decision);
+                Ok(decision)
             }
-            Err(error) => {
-                permit.failure();
-                if matches!(error, RedisStoreError::Unavailable { .. }) {
-                    inner.connection.refresh();
-                }
-                if error.is_connection_lost() && inner.connection.is_one_server() {
-                    // The connection is being made anew, perhaps to another
-                    // server or to one that lost its data. (On a cluster,
-                    // one node's failure says nothing of the others' keys,
-                    // and the replica that takes over holds the state.)
-                    inner.deny_cache.clear();
-                }
-            }
+            // A key Redis cut off stays cut off while Redis cannot answer.
+            Err(error) => inner
+                .deny_cache
+                .lookup_on_failure(&state_key, policy, cost, inner.local_now())
+                .ok_or(error),
         }
-        result
     }
 
     /// While the deny cache answers, asks Redis now and then which server
@@ -414,7 +406,7 @@ impl<C: RedisConnection> RedisStore<C> {
                 Err(_) => false,
             };
             if moved {
-                inner.deny_cache.clear();
+                inner.deny_cache.forget();
             }
             inner.server.checking.store(false, Ordering::Release);
         });
@@ -441,97 +433,178 @@ impl<C: RedisConnection> RedisStore<C> {
         }
     }
 
+    /// Decides without the deny cache, lanes or breaker: for the health
+    /// check.
     async fn run(
         &self,
         state_key: &str,
         policy: &Policy,
         cost: u64,
     ) -> Result<Decision, RedisStoreError> {
-        let inner = &*self.inner;
-        if PolicyState::is_one_word(policy) {
-            let (step, slack) = crate::script::one_word_args(policy, cost);
-            let request = Request {
-                key: state_key,
-                period: 0,
-                step,
-                slack,
-            };
-            let (now, mut word) = self.word(Kind::OneWord, request).await?;
-            return Ok(PolicyState::decide_word(
-                policy,
-                &mut word,
-                Timestamp::from_micros(now),
-                cost,
-            ));
+        if PolicyState::is_one_word(policy) || PolicyState::is_window_word(policy) {
+            let (kind, request) = word_request(state_key, policy, cost);
+            let words = self.inner.send(kind, &[request]).await?;
+            let &(now, word) = words
+                .first()
+                .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))?;
+            return Ok(decide_word(kind, policy, now, word, cost));
         }
-        if PolicyState::is_window_word(policy) {
-            let (period, step, slack) = crate::script::window_word_args(policy, cost);
-            let request = Request {
-                key: state_key,
-                period,
-                step,
-                slack,
-            };
-            let (now, mut word) = self.word(Kind::WindowWord, request).await?;
-            return Ok(PolicyState::decide_window_word(
-                policy,
-                &mut word,
-                Timestamp::from_micros(now),
-                cost,
-            ));
-        }
-        let script = inner.scripts.get(policy).ok_or_else(|| {
-            RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
-        })?;
-        let params = policy.params();
-        let (now, min_ttl_ms) = inner.test_time();
-        let reply = inner
-            // A size hint (arguments, bytes): 16 arguments of 16 bytes
-            // or so, besides the key names, hold most policies.
-            .eval(state_key, script, (16, 256 + 2 * state_key.len()), |cmd| {
-                if policy.algorithm() == Algorithm::SlidingLog {
-                    cmd.arg(1 + params.len()).arg(state_key);
-                    for i in 0..params.len() {
-                        cmd.arg(format!("{state_key}:{i}"));
-                    }
-                } else {
-                    cmd.arg(1).arg(state_key);
-                }
-                crate::script::for_each_arg(policy, cost, now, min_ttl_ms, |n| {
-                    cmd.arg(n);
-                });
-            })
-            .await?;
-        let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply)
-            .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
-        decision_from_reply(policy, cost, &reply)
+        self.inner
+            .general(state_key, policy, &[cost])
+            .await?
+            .pop()
+            .ok_or_else(|| RedisStoreError::Protocol("no decision in the reply".into()))
     }
-}
 
-impl<C: RedisConnection> RedisStore<C> {
-    /// Redis's `now` and the word of `request` before it: sent at once,
-    /// alone, when a place is free (or the store does not batch), else in
-    /// the next call of the queued requests of its kind.
-    async fn word(&self, kind: Kind, request: Request<'_>) -> Result<batch::Word, RedisStoreError> {
-        match batch::enter(&self.inner, kind, request) {
-            Turn::Queued(reply) => reply.await.map_err(|_| {
-                RedisStoreError::Protocol("the batch of this request was dropped".into())
-            })?,
+    /// Decides a one-word or window-word request: sent at once, alone,
+    /// when a place is free (or the store does not batch), else in the
+    /// next call of the queued requests of its kind. The call has the
+    /// store's deadline and answers to the breaker; a request that waits
+    /// in the queue gives up at the deadline too, but its wait is no
+    /// failure of Redis and the breaker does not count it.
+    async fn decide_word(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, RedisStoreError> {
+        let inner = &self.inner;
+        let (kind, request) = word_request(state_key, policy, cost);
+        let (now, word) = match batch::enter(inner, kind, request) {
+            Turn::Queued(reply) => match tokio::time::timeout(inner.deadline, reply).await {
+                Ok(Ok(word)) => word?,
+                Ok(Err(_)) => {
+                    return Err(RedisStoreError::Protocol(
+                        "the batch of this request was dropped".into(),
+                    ));
+                }
+                Err(_) => return Err(RedisStoreError::Deadline(inner.deadline)),
+            },
             // Sent alone, exactly as without batching, holding its place
             // until the reply is in.
             Turn::Now(place) => {
-                let words = self.inner.send(kind, &[request]).await;
+                let words = inner.guarded(state_key, inner.send(kind, &[request])).await;
                 drop(place);
                 words?
                     .first()
                     .copied()
-                    .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))
+                    .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))?
             }
-        }
+        };
+        Ok(decide_word(kind, policy, now, word, cost))
+    }
+}
+
+/// The word-script request of a decision of `cost` under `policy`.
+fn word_request<'a>(state_key: &'a str, policy: &'a Policy, cost: u64) -> (Kind, Request<'a>) {
+    if PolicyState::is_one_word(policy) {
+        let (step, slack) = crate::script::one_word_args(policy, cost);
+        let request = Request {
+            key: state_key,
+            period: 0,
+            step,
+            slack,
+            policy,
+        };
+        (Kind::OneWord, request)
+    } else {
+        let (period, step, slack) = crate::script::window_word_args(policy, cost);
+        let request = Request {
+            key: state_key,
+            period,
+            step,
+            slack,
+            policy,
+        };
+        (Kind::WindowWord, request)
+    }
+}
+
+/// The decision on a word the script replied, at Redis's `now`.
+fn decide_word(kind: Kind, policy: &Policy, now: u64, mut word: u64, cost: u64) -> Decision {
+    let now = Timestamp::from_micros(now);
+    match kind {
+        Kind::OneWord => PolicyState::decide_word(policy, &mut word, now, cost),
+        Kind::WindowWord => PolicyState::decide_window_word(policy, &mut word, now, cost),
     }
 }
 
 impl<C: RedisConnection> Inner<C> {
+    /// Runs `call`, a script call for `state_key`, under the store's
+    /// deadline and breaker: an open breaker fails it at once, and its
+    /// outcome counts towards the breaker.
+    pub(crate) async fn guarded<T>(
+        &self,
+        state_key: &str,
+        call: impl std::future::Future<Output = Result<T, RedisStoreError>>,
+    ) -> Result<T, RedisStoreError> {
+        let permit = self
+            .breaker(state_key)
+            .and_then(CircuitBreaker::try_acquire)
+            .ok_or(RedisStoreError::CircuitOpen)?;
+        let result = match tokio::time::timeout(self.deadline, call).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisStoreError::Deadline(self.deadline)),
+        };
+        match &result {
+            Ok(_) => permit.success(),
+            Err(error) => {
+                permit.failure();
+                if matches!(error, RedisStoreError::Unavailable { .. }) {
+                    self.connection.refresh();
+                }
+                if error.is_connection_lost() && self.connection.is_one_server() {
+                    // The connection is being made anew, perhaps to another
+                    // server or to one that lost its data. (On a cluster,
+                    // one node's failure says nothing of the others' keys,
+                    // and the replica that takes over holds the state.)
+                    self.deny_cache.forget();
+                }
+            }
+        }
+        result
+    }
+
+    /// Decides requests of `costs` for `state_key` under `policy`, a
+    /// general-script policy, in turn, in one call of its script.
+    pub(crate) async fn general(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        costs: &[u64],
+    ) -> Result<Vec<Decision>, RedisStoreError> {
+        let script = self.scripts.get(policy).ok_or_else(|| {
+            RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
+        })?;
+        let params = policy.params();
+        let (now, min_ttl_ms) = self.test_time();
+        let text: String;
+        let costs_arg = match costs {
+            [] => return Ok(Vec::new()),
+            [cost] => crate::script::Arg::Number(*cost),
+            _ => {
+                text = costs
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                crate::script::Arg::Text(&text)
+            }
+        };
+        // A size hint (arguments, bytes): 16 arguments of 16 bytes or so,
+        // besides the key names and the costs, hold most policies.
+        let bytes = 256 + 2 * state_key.len() + 2 * costs.len();
+        let reply = self
+            .eval(state_key, script, (16, bytes), |cmd| {
+                general_keys(cmd, state_key, policy);
+                crate::script::general_args(policy, costs_arg, now, min_ttl_ms, |arg| {
+                    cmd.arg(arg);
+                });
+            })
+            .await?;
+        decisions_from_reply(policy, costs, &reply, params.len())
+    }
+
     /// The batcher of `kind`'s requests, if the store batches.
     pub(crate) fn batcher(&self, kind: Kind) -> Option<&Batcher> {
         let batchers = self.batchers.as_ref()?;
@@ -614,10 +687,14 @@ impl<C: RedisConnection> Inner<C> {
             return Ok(Vec::new());
         };
         let (now, min_ttl_ms) = self.test_time();
-        // The key count, then per request its key and two numbers of up to
-        // 20 digits, then (test clock) two more.
-        let count = 3 + 3 * requests.len();
-        let bytes = 60 + requests.iter().map(|r| r.key.len() + 40).sum::<usize>();
+        // The key count, then per request its key, two numbers of up to 20
+        // digits and a descriptor, then (test clock) two more numbers.
+        let count = 3 + 4 * requests.len();
+        let bytes = 60
+            + requests
+                .iter()
+                .map(|r| r.key.len() + 40 + r.policy.state_descriptor().len())
+                .sum::<usize>();
         let reply = self
             .eval(
                 first.key,
@@ -629,7 +706,9 @@ impl<C: RedisConnection> Inner<C> {
                         cmd.arg(r.key);
                     }
                     for r in requests {
-                        cmd.arg(r.step).arg(r.slack);
+                        cmd.arg(r.step)
+                            .arg(r.slack)
+                            .arg(r.policy.state_descriptor());
                     }
                     if now > 0 {
                         cmd.arg(now).arg(min_ttl_ms);
@@ -671,10 +750,14 @@ impl<C: RedisConnection> Inner<C> {
             return Ok(Vec::new());
         };
         let (now, min_ttl_ms) = self.test_time();
-        // The key count, then per request its key and three numbers of up
-        // to 20 digits, then (test clock) two more.
-        let count = 3 + 4 * requests.len();
-        let bytes = 60 + requests.iter().map(|r| r.key.len() + 60).sum::<usize>();
+        // The key count, then per request its key, three numbers of up to
+        // 20 digits and a descriptor, then (test clock) two more numbers.
+        let count = 3 + 5 * requests.len();
+        let bytes = 60
+            + requests
+                .iter()
+                .map(|r| r.key.len() + 60 + r.policy.state_descriptor().len())
+                .sum::<usize>();
         let reply = self
             .eval(
                 first.key,
@@ -686,7 +769,10 @@ impl<C: RedisConnection> Inner<C> {
                         cmd.arg(r.key);
                     }
                     for r in requests {
-                        cmd.arg(r.period).arg(r.step).arg(r.slack);
+                        cmd.arg(r.period)
+                            .arg(r.step)
+                            .arg(r.slack)
+                            .arg(r.policy.state_descriptor());
                     }
                     if now > 0 {
                         cmd.arg(now).arg(min_ttl_ms);
@@ -722,6 +808,41 @@ fn reclassify(error: RedisStoreError) -> RedisStoreError {
 
 /// The shortest TTL under a test clock: ten minutes.
 const TEST_CLOCK_MIN_TTL_MS: u64 = 600_000;
+
+/// The keys of a general script's call: the state key, and a sliding log's
+/// sorted set per limit, named after the limit's period so that a changed
+/// configuration finds the log of that period.
+fn general_keys(cmd: &mut redis::Cmd, state_key: &str, policy: &Policy) {
+    let params = policy.params();
+    if policy.algorithm() == Algorithm::SlidingLog {
+        cmd.arg(1 + params.len()).arg(state_key);
+        for p in params {
+            cmd.arg(format!("{state_key}:{}", p.period_us));
+        }
+    } else {
+        cmd.arg(1).arg(state_key);
+    }
+}
+
+/// Turns the general script's reply into a [`Decision`] per request.
+fn decisions_from_reply(
+    policy: &Policy,
+    costs: &[u64],
+    reply: &redis::Value,
+    limits: usize,
+) -> Result<Vec<Decision>, RedisStoreError> {
+    let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply.clone())
+        .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
+    let each = 3 + 3 * limits;
+    if reply.len() != each * costs.len() {
+        return Err(RedisStoreError::Protocol(format!("{reply:?}")));
+    }
+    reply
+        .chunks_exact(each)
+        .zip(costs)
+        .map(|(chunk, &cost)| decision_from_reply(policy, cost, chunk))
+        .collect()
+}
 
 /// Turns the general script's reply into a [`Decision`].
 fn decision_from_reply(
@@ -1117,6 +1238,7 @@ impl RedisStoreBuilder {
                     .then(|| [Batcher::new(self.batch_size), Batcher::new(self.batch_size)]),
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
+                lanes: crate::lanes::Lanes::default(),
                 server,
                 order: WriteOrder::new(self.write_first),
                 redis_clock: RedisClock::new(),

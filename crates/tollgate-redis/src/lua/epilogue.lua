@@ -1,34 +1,53 @@
--- tollgate: shared end of every decision script. Decides all limits
--- atomically, persists a committed change with its TTL, and replies
---   { outcome, now, delay, then per limit: remaining, reset, retry or -1 }
+-- tollgate: shared end of every general decision script. Decides each
+-- request of the call in turn (one or more requests of one key, see
+-- ARGV[2]), all limits atomically, persists a committed change with its
+-- TTL, and replies per request
+--   outcome, now, delay, then per limit: remaining, reset, retry or -1
 -- with outcome 0 = allowed, 1 = limited, 2 = cost above capacity.
 
 for i = 1, n do
   if S[i] == nil then S[i] = init(i, P[i]) end
   advance(i, P[i], S[i])
 end
-local qf = queue_free()
-
-local outcome, delay = 0, 0
-local retry = {}
-for i = 1, n do
-  if cost > P[i].cap then outcome = 2 end
-end
-if outcome == 0 then
+-- Each request in turn, at the same `now`.
+local reply = {}
+local committed = false
+for each in string.gmatch(costs, '%d+') do
+  cost = tonumber(each)
+  local qf = queue_free()
+  local outcome, delay = 0, 0
+  local retry = {}
   for i = 1, n do
-    retry[i] = admits(i, P[i], S[i], qf)
-    if retry[i] ~= nil then outcome = 1 end
+    if cost > P[i].cap then outcome = 2 end
+  end
+  -- A peek (cost 0) is never denied, not even by a limit in carried-over
+  -- debt.
+  if outcome == 0 and cost > 0 then
+    for i = 1, n do
+      retry[i] = admits(i, P[i], S[i], qf)
+      if retry[i] ~= nil then outcome = 1 end
+    end
+  end
+  if outcome == 0 and cost > 0 then
+    for i = 1, n do commit(i, P[i], S[i], qf) end
+    delay = max(qf - now, 0)
+    committed = true
+    qf = queue_free()
+  end
+  reply[#reply + 1] = outcome
+  reply[#reply + 1] = now
+  reply[#reply + 1] = delay
+  for i = 1, n do
+    local remaining, reset = status(i, P[i], S[i], qf)
+    reply[#reply + 1] = remaining
+    reply[#reply + 1] = reset
+    reply[#reply + 1] = retry[i] or -1
   end
 end
 
-local committed = outcome == 0 and cost > 0
-if committed then
-  for i = 1, n do commit(i, P[i], S[i], qf) end
-  delay = max(qf - now, 0)
-end
 if committed or changed then
   local expiry = 0
-  local fields = { 'fp', fp }
+  local fields = { 'c', descriptor }
   local names = { 'a', 'b', 'c', 's' }
   for i = 1, n do
     local s = S[i]
@@ -41,6 +60,7 @@ if committed or changed then
   end
   local ttl = math.ceil((expiry - now) / 1000)
   if ttl > 0 then
+    if was_string then redis.call('DEL', key) end
     redis.call('HSET', key, unpack(fields))
     -- On Redis's clock, expire at the absolute millisecond: Redis would
     -- rewrite a relative PEXPIRE into PEXPIREAT for its replicas anyway.
@@ -51,13 +71,5 @@ if committed or changed then
   else
     redis.call('DEL', unpack(KEYS))
   end
-end
-local reply = { outcome, now, delay }
-if committed then qf = queue_free() end
-for i = 1, n do
-  local remaining, reset = status(i, P[i], S[i], qf)
-  table.insert(reply, remaining)
-  table.insert(reply, reset)
-  table.insert(reply, retry[i] or -1)
 end
 return reply

@@ -1,25 +1,29 @@
 -- tollgate: the decision script of one-word policies, each a single GCRA,
--- token-bucket or leaky-bucket limit. The whole state of a key is one time
--- in microseconds (the theoretical arrival time, when the bucket is full
--- again, or when the queue is next free), stored as a decimal string that
--- expires exactly then. Smaller than the general script: no hash, no
--- fingerprint inside (it is part of the key name) and no reply table.
+-- token-bucket or leaky-bucket limit (after arith.lua and carry.lua). The
+-- whole state of a key is one time in microseconds (the theoretical
+-- arrival time, when the bucket is full again, or when the queue is next
+-- free), stored as "<time>|<descriptor>" (see carry.lua) in a string that
+-- expires exactly then. Smaller than the general script: no hash and no
+-- reply table.
 --
 -- One call decides one request per key, in the order of KEYS, all at the
 -- same `now`: the store sends one key per call when it is idle, and under
 -- concurrent load the requests that queued meanwhile in one call (the same
 -- key may stand more than once, and is decided in turn). Each request
--- carries its own two arguments, so requests of different policies mix.
+-- carries its own three arguments, so requests of different policies mix.
 --
 -- KEYS[i]      the state key of request i, 1 <= i <= n
--- ARGV[2i-1]   its step: cost x interval in µs, how far an admitted
+-- ARGV[3i-2]   its step: cost x interval in µs, how far an admitted
 --              request moves the time; 0 when nothing can be committed (a
 --              cost of 0 or one above capacity)
--- ARGV[2i]     its slack: (capacity - cost) x interval in µs, how far
+-- ARGV[3i-1]   its slack: (capacity - cost) x interval in µs, how far
 --              ahead of now the time may be for the request to be admitted
--- ARGV[2n+1]   (test clock only) now in µs since the Unix epoch; without it
+-- ARGV[3i]     its policy's descriptor; a key written under another one
+--              (another count or burst, or another layout) is carried over
+--              and written back in this one's terms, even when denied
+-- ARGV[3n+1]   (test clock only) now in µs since the Unix epoch; without it
 --              the script reads Redis TIME
--- ARGV[2n+2]   (test clock only) the shortest TTL to set, in ms
+-- ARGV[3n+2]   (test clock only) the shortest TTL to set, in ms
 --
 -- The store sends this file after a first line that sets write_first,
 -- `local write_first = true` or `false` (see below): two scripts with two
@@ -38,33 +42,72 @@
 -- hold exactly.
 --
 -- Written for Redis's CPU, which every decision of every app server
--- shares (BENCHMARKS.md, "Redis CPU per decision", prices each step).
--- Per call: TIME. Per request, reading first: a GET; then an idle key
--- (absent, or its time has passed) is written with one SET, a busy one
--- with INCRBY and PEXPIREAT, and a denial writes nothing. Writing first:
--- SET ... NX GET writes an absent key and reads a present one in one
--- command, which saves an idle key the GET but costs a busy key or a
--- denial the two numbers formatted in vain and a dearer command; the
--- store asks for it while few recent requests found their key busy. Each Lua
--- number turned into a string costs about half a GET (string.format('%d')
--- is Lua's cheapest way; a number passed to redis.call is formatted by
--- Redis with %.17g, which costs more), and a table reply costs more than
--- a GET (Redis probes it for seven special fields before reading it as an
--- array). So the script formats only what it writes, and replies with an
--- integer or, for several keys, one string concatenated from strings it
--- already holds (about 3,000 instructions, which one key saves).
+-- shares. Per call: TIME. Per request, reading first: a GET; then an admitted request is
+-- written with one SET, and a denial writes nothing. Writing first: SET
+-- ... NX GET writes an absent key and reads a present one in one command,
+-- which saves an idle key the GET but costs a busy key or a denial the
+-- value formatted in vain and a dearer command; the store asks for it
+-- while few recent requests found their key busy. The script formats only
+-- what it writes (string.format('%d') is Lua's cheapest way; a number
+-- passed to redis.call is formatted by Redis with %.17g, which costs
+-- more), and replies with an integer or, for several keys, one string
+-- (a table reply costs more than a GET: Redis probes it for seven special
+-- fields before reading it as an array).
 
 local call = redis.call
 local n = #KEYS
-local real = ARGV[2 * n + 1] == nil
+local real = ARGV[3 * n + 1] == nil
 local sec, usec, now, min_ttl
 if real then
   local t = call('TIME')
   sec, usec = t[1], t[2]
   now = sec * 1000000 + usec
 else
-  now = tonumber(ARGV[2 * n + 1])
-  min_ttl = tonumber(ARGV[2 * n + 2])
+  now = tonumber(ARGV[3 * n + 1])
+  min_ttl = tonumber(ARGV[3 * n + 2])
+end
+
+-- Writes time `at` under `descriptor`, expiring exactly then; with `nx`,
+-- only if the key is absent, replying what it held (an error reply, not
+-- raised, if that is a hash). (Under a test clock, whose time does not
+-- pass with Redis's, the TTL is relative and at least min_ttl.)
+local function put(key, at, descriptor, nx)
+  local value = string.format('%d', at) .. '|' .. descriptor
+  local unit, expiry = 'PXAT', nil
+  if real then
+    expiry = string.format('%d', math.ceil(at / 1000))
+  else
+    unit, expiry = 'PX', math.max(math.ceil((at - now) / 1000), min_ttl)
+  end
+  if nx then
+    return redis.pcall('SET', key, value, unit, expiry, 'NX', 'GET')
+  end
+  return call('SET', key, value, unit, expiry)
+end
+
+-- The time a key held before request i, carried over if it was written
+-- under another descriptor; and whether it was.
+local function held(key, raw, descriptor)
+  if type(raw) == 'table' then
+    -- A hash (the key was kept by the general script), or a failure to
+    -- pass on as it is (READONLY, OOM, ...).
+    if not string.find(raw.err, '^WRONGTYPE') then error(raw) end
+    raw = nil
+  elseif raw then
+    local bar = string.find(raw, '|', 1, true)
+    if bar and #raw - bar == #descriptor and string.find(raw, descriptor, bar + 1, true) then
+      return tonumber(string.sub(raw, 1, bar - 1)), false
+    end
+  end
+  local alg = string.match(descriptor, '^(%S+)')
+  local period, interval, cap = string.match(descriptor, '(%d+)/(%d+)/(%d+)')
+  local p = { period = tonumber(period), interval = tonumber(interval), cap = tonumber(cap) }
+  local flat = nil
+  if not raw then flat = call('HGETALL', key) end
+  local S = carry_over(alg, { p }, flat, raw, now)
+  if not S then return nil, true end
+  if not S[1] then return nil, true end
+  return word_of(alg, p, S[1]), true
 end
 
 -- The old time of each request, as the strings of the reply; created only
@@ -73,28 +116,23 @@ end
 local olds, gap
 for i = 1, n do
   local key = KEYS[i]
-  local step = ARGV[2 * i - 1]
+  local step = ARGV[3 * i - 2]
+  local descriptor = ARGV[3 * i]
   local raw, fresh
   if write_first and step ~= '0' then
-    -- Write now + step, expiring exactly then, if the key is absent, and
-    -- read it if it is not. (Under a test clock, whose time does not pass
-    -- with Redis's, the TTL is relative and at least min_ttl.)
-    local at = now + tonumber(step)
-    if real then
-      raw = call('SET', key, string.format('%d', at),
-        'PXAT', string.format('%d', math.ceil(at / 1000)), 'NX', 'GET')
-    else
-      raw = call('SET', key, string.format('%d', at), 'PX',
-        math.max(math.ceil((at - now) / 1000), min_ttl), 'NX', 'GET')
-    end
+    -- Write now + step if the key is absent, and read it if it is not.
+    raw = put(key, now + tonumber(step), descriptor, true)
     fresh = not raw
   else
-    raw = call('GET', key)
+    raw = redis.pcall('GET', key)
   end
-  local old = raw and tonumber(raw)
+  local old, carried = nil, false
+  if raw then
+    old, carried = held(key, raw, descriptor)
+  end
   if old and old > now then
     -- The key's time is ahead: admit from it, or leave it as it is (a
-    -- denial writes nothing).
+    -- denial writes nothing, unless the time was carried over).
     if n == 1 then
       gap = now - old
     else
@@ -102,37 +140,21 @@ for i = 1, n do
         olds = {}
         for j = 1, i - 1 do olds[j] = '0' end
       end
-      olds[i] = raw
+      olds[i] = string.format('%d', old)
     end
-    if step ~= '0' and old - now <= tonumber(ARGV[2 * i]) then
-      if real then
-        -- INCRBY adds the step to the stored integer in place, keeps the
-        -- TTL and replies the new time as a number, which PEXPIREAT then
-        -- sets as the expiry: cheaper than a SET, whose value would need
-        -- formatting too.
-        local at = call('INCRBY', key, step)
-        call('PEXPIREAT', key, string.format('%d', math.ceil(at / 1000)))
-      else
-        -- Under a test clock, whose time does not pass with Redis's, the
-        -- TTL is relative and at least min_ttl.
-        local at = old + tonumber(step)
-        call('SET', key, string.format('%d', at), 'PX',
-          math.max(math.ceil((at - now) / 1000), min_ttl))
-      end
+    if step ~= '0' and old - now <= tonumber(ARGV[3 * i - 1]) then
+      put(key, old + tonumber(step), descriptor)
+    elseif carried then
+      put(key, old, descriptor)
     end
   else
     -- Expired, or its time has passed: as fresh. Admit and write now +
     -- step, expiring exactly then.
     if olds then olds[i] = '0' end
     if step ~= '0' and not fresh then
-      local at = now + tonumber(step)
-      if real then
-        call('SET', key, string.format('%d', at),
-          'PXAT', string.format('%d', math.ceil(at / 1000)))
-      else
-        call('SET', key, string.format('%d', at), 'PX',
-          math.max(math.ceil((at - now) / 1000), min_ttl))
-      end
+      put(key, now + tonumber(step), descriptor)
+    elseif carried then
+      call('DEL', key)
     end
   end
 end

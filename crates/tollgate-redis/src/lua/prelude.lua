@@ -1,69 +1,20 @@
--- tollgate: shared prelude of every decision script.
+-- tollgate: the prelude of the general decision scripts (after arith.lua
+-- and carry.lua, before the algorithm's file and epilogue.lua).
 --
 -- KEYS[1]      the key's state hash
--- KEYS[1 + i]  (sliding log only) the log of limit i, a sorted set
+-- KEYS[1 + i]  (sliding log only) the log of limit i, a sorted set named
+--              after the limit's period, so that it carries over too
 -- ARGV[1]      now in microseconds since the Unix epoch, or 0 to read Redis TIME
--- ARGV[2]      cost
--- ARGV[3]      policy fingerprint; state stored under another one is ignored
+-- ARGV[2]      the cost of each request, decided in turn: "1", or "1 1 3"
+--              for requests of one key that queued behind each other
+-- ARGV[3]      the policy's descriptor (see carry.lua); state written under
+--              another one is carried over
 -- ARGV[4]      the shortest TTL to set, in ms: 0, except under a test clock,
 --              whose time does not pass with Redis's
 -- ARGV[5]      number of limits n, then per limit: count, period, interval, capacity
 --
 -- All numbers are integers below 2^53, which Lua doubles hold exactly.
 -- Products that may exceed 2^53 go through muldiv.
-
-local TWO24 = 16777216
-
--- floor(a / b) for integers 0 <= a, 0 < b, a + b < 2^53.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  while q * b > a do q = q - 1 end
-  while (q + 1) * b <= a do q = q + 1 end
-  return q
-end
-
--- min(floor(a * b / c), cap) and whether a * b is a multiple of c, exactly,
--- for integers 0 <= a, b < 2^48 and 0 < c < 2^52.
-local function muldiv(a, b, c, cap)
-  if a == 0 or b == 0 then return 0, true end
-  local p = a * b
-  if p < 4503599627370496 then
-    -- Below 2^52 the double product is exact; at or above 2^53 it cannot
-    -- round below 2^52, so larger products always take the slow path.
-    local q = idiv(p, c)
-    if q > cap then return cap, false end
-    return q, q * c == p
-  end
-  -- a * b in four base-2^24 limbs, then binary long division by c.
-  local ah, al = math.floor(a / TWO24), a % TWO24
-  local bh, bl = math.floor(b / TWO24), b % TWO24
-  local p0 = al * bl
-  local t = al * bh + ah * bl + math.floor(p0 / TWO24)
-  local l0 = p0 % TWO24
-  local l1 = t % TWO24
-  t = ah * bh + math.floor(t / TWO24)
-  local l2 = t % TWO24
-  local l3 = math.floor(t / TWO24)
-  local q, r = 0, 0
-  for _, limb in ipairs({ l3, l2, l1, l0 }) do
-    local bit = 8388608
-    for _ = 1, 24 do
-      r = r * 2
-      if limb >= bit then
-        limb = limb - bit
-        r = r + 1
-      end
-      bit = bit / 2
-      q = q * 2
-      if r >= c then
-        r = r - c
-        q = q + 1
-      end
-      if q > cap then return cap, false end
-    end
-  end
-  return q, r == 0
-end
 
 local function num(s) return tonumber(s) or 0 end
 -- '%d', not '%.0f' or a bare number (which Redis formats with '%.17g'):
@@ -77,8 +28,10 @@ if now <= 0 then
   local t = redis.call('TIME')
   now = num(t[1]) * 1000000 + num(t[2])
 end
-local cost = num(ARGV[2])
-local fp = ARGV[3]
+local costs = ARGV[2]
+-- The cost of the request being decided, set by the epilogue.
+local cost = 0
+local descriptor = ARGV[3]
 local min_ttl = num(ARGV[4])
 local n = num(ARGV[5])
 local P = {}
@@ -89,28 +42,41 @@ for i = 1, n do
 end
 
 local key = KEYS[1]
-local H = {}
-do
-  local flat = redis.call('HGETALL', key)
-  for j = 1, #flat, 2 do H[flat[j]] = flat[j + 1] end
-end
-local fresh = H['fp'] ~= fp
--- S[i]: the state of limit i, fields a, b, c (and s for the log's sequence).
+-- Set by an algorithm whose advance rewrote stored state, or when the
+-- state was carried over from another configuration.
+local changed = false
+-- Whether the key holds the string of a one-word or window-word
+-- configuration, which the hash written below replaces.
+local was_string = false
+-- S[i]: the state of limit i, fields a, b, c (and s for the log's
+-- sequence); nil for a new one.
 local S = {}
-for i = 1, n do
-  if fresh then
-    S[i] = nil
+do
+  local flat = redis.pcall('HGETALL', key)
+  if flat.err then
+    -- A string (the key was kept by a word script), or a failure to pass
+    -- on as it is.
+    if not string.find(flat.err, '^WRONGTYPE') then error(flat) end
+    was_string = true
+    S = carry_over(string.match(descriptor, '^(%S+)'), P, nil, redis.call('GET', key), now) or {}
+    changed = true
   else
-    S[i] = { a = num(H[i .. 'a']), b = num(H[i .. 'b']), c = num(H[i .. 'c']), s = num(H[i .. 's']) }
+    local H = {}
+    for j = 1, #flat, 2 do H[flat[j]] = flat[j + 1] end
+    if H['c'] == descriptor then
+      for i = 1, n do
+        S[i] = { a = num(H[i .. 'a']), b = num(H[i .. 'b']), c = num(H[i .. 'c']), s = num(H[i .. 's']) }
+      end
+    elseif #flat > 0 then
+      S = carry_over(string.match(descriptor, '^(%S+)'), P, flat, nil, now) or {}
+      changed = true
+    end
   end
 end
 
 local function window_start(t, period)
   return t - (t - idiv(t, period) * period)
 end
-
--- Set by an algorithm whose advance rewrote stored state.
-local changed = false
 
 -- Defined by the algorithm below.
 local init, advance, status, admits, commit, expires

@@ -1,0 +1,198 @@
+//! One lane per key for the general scripts: a request finds its key's
+//! call on its way, or sends one.
+//!
+//! Without lanes, a client that sends 2,000 requests at once costs 2,000
+//! script calls of one key, each with its own deadline, and the tail of
+//! them misses the deadline in our own queue: a burst from one client then
+//! looks like a Redis outage to the breaker and to every other key. With
+//! lanes, a request whose key has a call on its way waits behind it, and
+//! when the call returns, everything that queued meanwhile (up to
+//! [`MAX_BATCH`]) goes in one call, which decides each request in turn,
+//! exactly as if they had come one by one. Waiting in the lane has no
+//! deadline of its own: each call has the store's deadline, and a lane
+//! holds at most [`MAX_QUEUED`] requests, so the wait is bounded by a few
+//! deadlines. A request the lane has no room for fails at once with
+//! [`RedisStoreError::QueueFull`], which the breaker does not count.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+use tollgate_core::{Decision, Policy};
+
+use crate::connection::RedisConnection;
+use crate::error::RedisStoreError;
+use crate::store::Inner;
+
+/// The most requests of one key decided by one call.
+pub(crate) const MAX_BATCH: usize = 1_024;
+
+/// The most requests of one key waiting behind its call.
+pub(crate) const MAX_QUEUED: usize = 4 * MAX_BATCH;
+
+type Reply = oneshot::Sender<Result<Decision, RedisStoreError>>;
+
+/// A request waiting behind its key's call.
+struct Waiting {
+    policy: Policy,
+    cost: u64,
+    reply: Reply,
+}
+
+/// The lanes of one store: each key with a call on its way, and the
+/// requests waiting behind it.
+#[derive(Default)]
+pub(crate) struct Lanes {
+    map: Mutex<HashMap<String, Vec<Waiting>>>,
+}
+
+impl Lanes {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Waiting>>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next batch of `key`: the leading requests of one policy whose
+    /// callers still wait, up to [`MAX_BATCH`]. Closes the lane when none
+    /// is left.
+    fn take(&self, key: &str) -> Vec<Waiting> {
+        let mut map = self.map();
+        let Some(waiting) = map.get_mut(key) else {
+            return Vec::new();
+        };
+        waiting.retain(|w| !w.reply.is_closed());
+        let Some(first) = waiting.first() else {
+            map.remove(key);
+            return Vec::new();
+        };
+        let fingerprint = first.policy.fingerprint();
+        let n = waiting
+            .iter()
+            .take(MAX_BATCH)
+            .take_while(|w| w.policy.fingerprint() == fingerprint)
+            .count();
+        waiting.drain(..n).collect()
+    }
+}
+
+/// Decides a request of `cost` under `policy` (a general-script policy)
+/// for `key`: sends the key's call, or waits behind the one on its way.
+pub(crate) async fn decide<C: RedisConnection>(
+    inner: &Arc<Inner<C>>,
+    key: &str,
+    policy: &Policy,
+    cost: u64,
+) -> Result<Decision, RedisStoreError> {
+    let waiting = {
+        let mut map = inner.lanes.map();
+        match map.get_mut(key) {
+            Some(waiting) if waiting.len() >= MAX_QUEUED => return Err(RedisStoreError::QueueFull),
+            Some(waiting) => {
+                let (reply, receiver) = oneshot::channel();
+                waiting.push(Waiting {
+                    policy: policy.clone(),
+                    cost,
+                    reply,
+                });
+                Some(receiver)
+            }
+            None => {
+                map.insert(key.to_owned(), Vec::new());
+                None
+            }
+        }
+    };
+    if let Some(receiver) = waiting {
+        return receiver.await.unwrap_or_else(|_| {
+            Err(RedisStoreError::Protocol(
+                "the call of this request was dropped".into(),
+            ))
+        });
+    }
+    // This request opened the lane: its call goes now, alone. Whoever
+    // queues meanwhile is sent by a task when it returns, or when this
+    // request stops waiting.
+    let lane = Lane {
+        inner: inner.clone(),
+        key: key.to_owned(),
+        open: true,
+    };
+    let decisions = inner
+        .guarded(key, inner.general(key, policy, &[cost]))
+        .await;
+    drop(lane);
+    decisions?
+        .pop()
+        .ok_or_else(|| RedisStoreError::Protocol("no decision in the reply".into()))
+}
+
+/// A lane held by its driver: when dropped while open, hands what queued
+/// behind to a task, or closes the lane.
+struct Lane<C: RedisConnection> {
+    inner: Arc<Inner<C>>,
+    key: String,
+    /// Whether the lane is still this driver's (not closed by the last
+    /// [`Lanes::take`], after which another request may open it anew).
+    open: bool,
+}
+
+impl<C: RedisConnection> Drop for Lane<C> {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        let batch = self.inner.lanes.take(&self.key);
+        if batch.is_empty() {
+            return;
+        }
+        let key = std::mem::take(&mut self.key);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(drive(self.inner.clone(), key, batch));
+            }
+            // Outside a runtime nothing can send: the queued requests fail
+            // (their senders are dropped) and the lane closes.
+            Err(_) => {
+                drop(batch);
+                self.inner.lanes.map().remove(&key);
+            }
+        }
+    }
+}
+
+/// Sends `key`'s batches until its lane is empty.
+async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, key: String, mut batch: Vec<Waiting>) {
+    // Closes the lane, or hands it on, if the task is dropped mid-call.
+    let mut lane = Lane {
+        inner: inner.clone(),
+        key: key.clone(),
+        open: true,
+    };
+    while let Some(first) = batch.first() {
+        let policy = first.policy.clone();
+        let costs: Vec<u64> = batch.iter().map(|w| w.cost).collect();
+        match inner
+            .guarded(&key, inner.general(&key, &policy, &costs))
+            .await
+        {
+            Ok(decisions) if decisions.len() == batch.len() => {
+                for (waiting, decision) in batch.drain(..).zip(decisions) {
+                    let _ = waiting.reply.send(Ok(decision));
+                }
+            }
+            Ok(_) => {
+                for waiting in batch.drain(..) {
+                    let error = RedisStoreError::Protocol("a decision is missing".into());
+                    let _ = waiting.reply.send(Err(error));
+                }
+            }
+            Err(error) => {
+                for waiting in batch.drain(..) {
+                    let _ = waiting.reply.send(Err(error.duplicate()));
+                }
+            }
+        }
+        batch = inner.lanes.take(&key);
+    }
+    // The last take closed the lane: nothing for the guard to hand on.
+    lane.open = false;
+}

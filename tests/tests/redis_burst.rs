@@ -1,0 +1,90 @@
+//! One client's burst is that client's business: 2,000 requests at once
+//! from one user on a three-limit policy admit exactly the limit, none of
+//! them meets the failure policy, and another user polling meanwhile gets
+//! only 200s, under every failure mode, with the store's default deadline
+//! and breaker.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::collections::BTreeMap;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tollgate::{Algorithm, ExtensionKey, FailureMode, Policy, RateLimitLayer};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{require_redis, unique_prefix};
+use tower::ServiceExt;
+
+fn request(user: &str) -> Request<Body> {
+    let mut request = Request::get("/").body(Body::empty()).unwrap();
+    request.extensions_mut().insert(user.to_owned());
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_2000_from_one_user_admits_exactly_the_limit_and_fails_nobody() {
+    let url = require_redis().await;
+    for failure in [FailureMode::Open, FailureMode::Closed, FailureMode::Local] {
+        // The store's defaults: a 50 ms deadline and the circuit breaker.
+        let store = RedisStore::builder()
+            .prefix(unique_prefix("burst"))
+            .connect(url.as_str())
+            .await
+            .unwrap();
+        // Three limits (the general script); at 100 an hour, GCRA gives one
+        // back every 36 s, far longer than the burst takes.
+        let policy = Policy::builder("burst")
+            .algorithm(Algorithm::Gcra)
+            .limit("100/h")
+            .limit("1000/d")
+            .limit("5000/7d")
+            .build()
+            .unwrap();
+        let app = Router::new().route("/", get(|| async { "ok" })).layer(
+            RateLimitLayer::new(policy, ExtensionKey::<String>::new())
+                .store(store.clone())
+                .on_store_error(failure),
+        );
+        let burst: Vec<_> = (0..2_000)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move { app.oneshot(request("burst")).await.unwrap().status() })
+            })
+            .collect();
+        // Another user, polling while the burst is under way.
+        let poller = {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..40 {
+                    statuses.push(
+                        app.clone()
+                            .oneshot(request("other"))
+                            .await
+                            .unwrap()
+                            .status(),
+                    );
+                    tokio::task::yield_now().await;
+                }
+                statuses
+            })
+        };
+        let mut counts: BTreeMap<u16, usize> = BTreeMap::new();
+        for task in burst {
+            *counts.entry(task.await.unwrap().as_u16()).or_default() += 1;
+        }
+        let expected: BTreeMap<u16, usize> = [(200, 100), (429, 1_900)].into();
+        assert_eq!(counts, expected, "{failure:?}");
+        let other = poller.await.unwrap();
+        assert!(
+            other.iter().all(|s| *s == StatusCode::OK),
+            "{failure:?}: the other user got {other:?}"
+        );
+        assert_eq!(
+            store.breaker_state(),
+            tollgate::BreakerState::Closed,
+            "{failure:?}"
+        );
+    }
+}
