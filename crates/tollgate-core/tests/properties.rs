@@ -278,6 +278,54 @@ proptest! {
         });
         prop_assert!(failures.is_empty(), "{failures:?}");
     }
+
+    #[test]
+    fn the_memory_store_carries_use_across_configurations_as_the_reference(case in change_case()) {
+        let clock = FakeClock::new(Timestamp::from_micros(case.start));
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let key = Key::user("change");
+        let mut now = case.start;
+        let mut reference = PolicyState::new(&case.configs[0], Timestamp::from_micros(now));
+        for (i, &(gap, cost, which)) in case.arrivals.iter().enumerate() {
+            now += gap;
+            clock.advance(Duration::from_micros(gap));
+            let policy = &case.configs[which];
+            let expected = reference.decide(policy, Timestamp::from_micros(now), cost);
+            let stored = store.check_sync(&key, policy, cost).unwrap();
+            prop_assert_eq!(&stored, &expected, "arrival {} at {}", i, now);
+        }
+    }
+
+    #[test]
+    fn use_under_one_configuration_counts_under_the_other(case in change_case()) {
+        // All the first configuration admits at one instant, then all the
+        // second admits at that instant: under every limit of the second
+        // whose period the first had, the two together stay within the
+        // larger of the two capacities.
+        let now = Timestamp::from_micros(case.start);
+        let [a, b] = &case.configs;
+        prop_assume!(a.algorithm() == b.algorithm());
+        let mut state = PolicyState::new(a, now);
+        let mut used = 0;
+        while state.decide(a, now, 1).is_allowed() {
+            used += 1;
+            prop_assert!(used <= 100, "runaway");
+        }
+        let mut more = 0;
+        while state.decide(b, now, 1).is_allowed() {
+            more += 1;
+            prop_assert!(more <= 100, "runaway");
+        }
+        for p in b.params() {
+            if let Some(q) = a.params().iter().find(|q| q.period_us == p.period_us) {
+                let larger = p.capacity.max(q.capacity);
+                prop_assert!(
+                    used + more <= larger,
+                    "{} under {} then {} under {}", used, a, more, b
+                );
+            }
+        }
+    }
 }
 
 /// Two configurations of one policy name, and arrivals that each pick one.
@@ -348,62 +396,4 @@ fn change_case() -> impl Strategy<Value = ChangeCase> {
             start: 1_600_000_000_000_000 + start,
             arrivals,
         })
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 768,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "tests/proptest-regressions/properties.txt",
-        ))),
-        ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn the_memory_store_carries_use_across_configurations_as_the_reference(case in change_case()) {
-        let clock = FakeClock::new(Timestamp::from_micros(case.start));
-        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-        let key = Key::user("change");
-        let mut now = case.start;
-        let mut reference = PolicyState::new(&case.configs[0], Timestamp::from_micros(now));
-        for (i, &(gap, cost, which)) in case.arrivals.iter().enumerate() {
-            now += gap;
-            clock.advance(Duration::from_micros(gap));
-            let policy = &case.configs[which];
-            let expected = reference.decide(policy, Timestamp::from_micros(now), cost);
-            let stored = store.check_sync(&key, policy, cost).unwrap();
-            prop_assert_eq!(&stored, &expected, "arrival {} at {}", i, now);
-        }
-    }
-
-    #[test]
-    fn use_under_one_configuration_counts_under_the_other(case in change_case()) {
-        // All the first configuration admits at one instant, then all the
-        // second admits at that instant: under every limit of the second
-        // whose period the first had, the two together stay within the
-        // larger of the two capacities.
-        let now = Timestamp::from_micros(case.start);
-        let [a, b] = &case.configs;
-        prop_assume!(a.algorithm() == b.algorithm());
-        let mut state = PolicyState::new(a, now);
-        let mut used = 0;
-        while state.decide(a, now, 1).is_allowed() {
-            used += 1;
-            prop_assert!(used <= 100, "runaway");
-        }
-        let mut more = 0;
-        while state.decide(b, now, 1).is_allowed() {
-            more += 1;
-            prop_assert!(more <= 100, "runaway");
-        }
-        for p in b.params() {
-            if let Some(q) = a.params().iter().find(|q| q.period_us == p.period_us) {
-                let larger = p.capacity.max(q.capacity);
-                prop_assert!(
-                    used + more <= larger,
-                    "{} under {} then {} under {}", used, a, more, b
-                );
-            }
-        }
-    }
 }

@@ -43,6 +43,18 @@ struct Entry {
     decision: Decision,
 }
 
+impl Entry {
+    /// The denial as it stands at local time `now` (µs), before `until`.
+    fn at(&self, policy: &Policy, now: u64) -> Decision {
+        shift(
+            policy,
+            &self.decision,
+            now.saturating_sub(self.sent_at),
+            self.until - now,
+        )
+    }
+}
+
 impl DenyCache {
     pub(crate) fn new(max_entries: usize) -> Self {
         Self {
@@ -74,12 +86,7 @@ impl DenyCache {
         if !entry.exact || !cacheable(policy, cost) || entry.epoch != self.epoch() {
             return None;
         }
-        Some(shift(
-            policy,
-            &entry.decision,
-            now.saturating_sub(entry.sent_at),
-            entry.until - now,
-        ))
+        Some(entry.at(policy, now))
     }
 
     /// A denial of `cost` for `state_key` at local time `now` (µs) that
@@ -97,14 +104,7 @@ impl DenyCache {
         let entry = entries.get(state_key)?;
         let stands =
             now < entry.until && entry.fingerprint == policy.fingerprint() && cost >= entry.cost;
-        stands.then(|| {
-            shift(
-                policy,
-                &entry.decision,
-                now.saturating_sub(entry.sent_at),
-                entry.until - now,
-            )
-        })
+        stands.then(|| entry.at(policy, now))
     }
 
     /// Remembers `decision`, a denial of `cost` for a call sent at local
