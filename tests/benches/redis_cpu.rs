@@ -365,7 +365,8 @@ fn main() {
         let three = w.policy(
             "cpu-gcra-3",
             Algorithm::Gcra,
-            &["100000000/min", "1000000000/h"],
+            // Periods no workload uses: a policy holds one limit per period.
+            &["100000000/2min", "1000000000/3h"],
         );
         policies.push(("gcra, 3 limits".to_owned(), three));
         let batched = [Algorithm::Gcra, Algorithm::FixedWindow]

@@ -15,6 +15,19 @@ macro_rules! decision_script {
     };
 }
 
+/// `carried_word`, the carry-over library of the word scripts, as one
+/// function (see `word_carry_begin.lua`).
+macro_rules! word_carry {
+    () => {
+        concat!(
+            include_str!("lua/word_carry_begin.lua"),
+            include_str!("lua/arith.lua"),
+            include_str!("lua/carry.lua"),
+            include_str!("lua/word_carry_end.lua"),
+        )
+    };
+}
+
 /// The script of a single GCRA, token-bucket or leaky-bucket limit, in its
 /// two orders: writing first and reading first. They differ only in their
 /// first line, and have two SHA-1s, so that the store picks one without
@@ -23,24 +36,18 @@ macro_rules! decision_script {
 /// third, measured with callgrind).
 const ONE_WORD_WRITE_FIRST: &str = concat!(
     "local write_first = true\n",
-    include_str!("lua/arith.lua"),
-    include_str!("lua/carry.lua"),
+    word_carry!(),
     include_str!("lua/one_word.lua")
 );
 const ONE_WORD_READ_FIRST: &str = concat!(
     "local write_first = false\n",
-    include_str!("lua/arith.lua"),
-    include_str!("lua/carry.lua"),
+    word_carry!(),
     include_str!("lua/one_word.lua")
 );
 
 /// The script of a single fixed-window limit whose state is a window word
 /// (see [`PolicyState::is_window_word`]).
-const WINDOW_WORD: &str = concat!(
-    include_str!("lua/arith.lua"),
-    include_str!("lua/carry.lua"),
-    include_str!("lua/window_word.lua")
-);
+const WINDOW_WORD: &str = concat!(word_carry!(), include_str!("lua/window_word.lua"));
 
 /// The general script of `algorithm`, or `None` for one this version does
 /// not implement.

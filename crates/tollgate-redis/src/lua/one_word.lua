@@ -85,31 +85,6 @@ local function put(key, at, descriptor, nx)
   return call('SET', key, value, unit, expiry)
 end
 
--- The time a key held before request i, carried over if it was written
--- under another descriptor; and whether it was.
-local function held(key, raw, descriptor)
-  if type(raw) == 'table' then
-    -- A hash (the key was kept by the general script), or a failure to
-    -- pass on as it is (READONLY, OOM, ...).
-    if not string.find(raw.err, '^WRONGTYPE') then error(raw) end
-    raw = nil
-  elseif raw then
-    local bar = string.find(raw, '|', 1, true)
-    if bar and #raw - bar == #descriptor and string.find(raw, descriptor, bar + 1, true) then
-      return tonumber(string.sub(raw, 1, bar - 1)), false
-    end
-  end
-  local alg = string.match(descriptor, '^(%S+)')
-  local period, interval, cap = string.match(descriptor, '(%d+)/(%d+)/(%d+)')
-  local p = { period = tonumber(period), interval = tonumber(interval), cap = tonumber(cap) }
-  local flat = nil
-  if not raw then flat = call('HGETALL', key) end
-  local S = carry_over(alg, { p }, flat, raw, now)
-  if not S then return nil, true end
-  if not S[1] then return nil, true end
-  return word_of(alg, p, S[1]), true
-end
-
 -- The old time of each request, as the strings of the reply; created only
 -- when a key's time is ahead of now (for n = 1 the reply needs none, only
 -- the gap).
@@ -126,9 +101,22 @@ for i = 1, n do
   else
     raw = redis.pcall('GET', key)
   end
+  -- The time (word) the key held, carried over if it was written under
+  -- another descriptor.
   local old, carried = nil, false
   if raw then
-    old, carried = held(key, raw, descriptor)
+    local bar = type(raw) == 'string' and string.find(raw, '|', 1, true)
+    if bar and #raw - bar == #descriptor and string.find(raw, descriptor, bar + 1, true) then
+      old = tonumber(string.sub(raw, 1, bar - 1))
+    else
+      if type(raw) == 'table' then
+        -- A hash (the key was kept by the general script), or a failure
+        -- to pass on as it is (READONLY, OOM, ...).
+        if not string.find(raw.err, '^WRONGTYPE') then error(raw) end
+        raw = nil
+      end
+      old, carried = carried_word(key, raw, descriptor, now), true
+    end
   end
   if old and old > now then
     -- The key's time is ahead: admit from it, or leave it as it is (a

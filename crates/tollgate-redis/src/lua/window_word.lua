@@ -69,29 +69,6 @@ local function put(key, word, descriptor, ends)
   return call('SET', key, value, 'PX', math.max(math.ceil((ends - now) / 1000), min_ttl))
 end
 
--- The word a key held before request i, carried over if it was written
--- under another descriptor; and whether it was.
-local function held(key, raw, descriptor)
-  if type(raw) == 'table' then
-    -- A hash (the key was kept by the general script), or a failure to
-    -- pass on as it is (READONLY, OOM, ...).
-    if not string.find(raw.err, '^WRONGTYPE') then error(raw) end
-    raw = nil
-  else
-    local bar = string.find(raw, '|', 1, true)
-    if bar and #raw - bar == #descriptor and string.find(raw, descriptor, bar + 1, true) then
-      return tonumber(string.sub(raw, 1, bar - 1)), false
-    end
-  end
-  local period, interval, cap = string.match(descriptor, '(%d+)/(%d+)/(%d+)')
-  local p = { period = tonumber(period), interval = tonumber(interval), cap = tonumber(cap) }
-  local flat = nil
-  if not raw then flat = call('HGETALL', key) end
-  local S = carry_over('fixed_window', { p }, flat, raw, now)
-  if not S or not S[1] then return nil, true end
-  return word_of('fixed_window', p, S[1]), true
-end
-
 -- The words before each request, as the strings of the reply; created
 -- only when a key holds a count of its current window (and for one
 -- request, which is the usual call of an idle store, just that string).
@@ -103,9 +80,22 @@ for i = 1, n do
   local descriptor = ARGV[4 * i]
   local start = now - now % period
   local raw = redis.pcall('GET', key)
+  -- The time (word) the key held, carried over if it was written under
+  -- another descriptor.
   local old, carried = nil, false
   if raw then
-    old, carried = held(key, raw, descriptor)
+    local bar = type(raw) == 'string' and string.find(raw, '|', 1, true)
+    if bar and #raw - bar == #descriptor and string.find(raw, descriptor, bar + 1, true) then
+      old = tonumber(string.sub(raw, 1, bar - 1))
+    else
+      if type(raw) == 'table' then
+        -- A hash (the key was kept by the general script), or a failure
+        -- to pass on as it is (READONLY, OOM, ...).
+        if not string.find(raw.err, '^WRONGTYPE') then error(raw) end
+        raw = nil
+      end
+      old, carried = carried_word(key, raw, descriptor, now), true
+    end
   end
   if old and old >= start then
     -- A count of this window (or, after Redis's clock stepped back, of a

@@ -1,0 +1,9 @@
+  local flat = nil
+  if not value then flat = redis.call('HGETALL', key) end
+  local alg = string.match(descriptor, '^(%S+)')
+  local period, interval, cap = string.match(descriptor, '(%d+)/(%d+)/(%d+)')
+  local p = { period = tonumber(period), interval = tonumber(interval), cap = tonumber(cap) }
+  local S = carry_over(alg, { p }, flat, value, now)
+  if not S or not S[1] then return nil end
+  return word_of(alg, p, S[1])
+end
