@@ -6,7 +6,7 @@ use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::algorithm::PolicyState;
 use crate::decision::Decision;
@@ -31,7 +31,7 @@ use crate::time::{Clock, SystemClock, Timestamp};
 ///   gets [`StoreError::Full`] and the caller's failure policy decides.
 /// - **Compact.** Keys are kept as a 64-bit keyed hash (random per store)
 ///   of the policy and the key, so no client-supplied bytes are retained.
-///   A single-limit GCRA, token-bucket or leaky-bucket key costs 24 bytes
+///   A single-limit GCRA, token-bucket or leaky-bucket key costs 16 bytes
 ///   plus the hash table's slack, a single fixed-window key (below a
 ///   million a second) 24; other policies keep their full state per key.
 ///   Two
@@ -44,7 +44,10 @@ use crate::time::{Clock, SystemClock, Timestamp};
 /// carries over to the new limits (see
 /// [`PolicyState::carry_to`](crate::PolicyState::carry_to)), also when the
 /// change moves the policy between the compact layouts below and the full
-/// state (adding a second limit to a single one, say).
+/// state (adding a second limit to a single one, say). The store keeps a
+/// key under the configuration it was last decided with, and looks for it
+/// under the others of its name (up to eight per name, the latest) only
+/// when that one holds nothing.
 ///
 /// ```
 /// use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Store};
@@ -81,7 +84,16 @@ struct Shared {
     clock: Option<Arc<dyn Clock>>,
     seed: foldhash::quality::RandomState,
     keys_gauge: KeysGauge,
+    /// The configurations each policy name was decided under, so that a
+    /// key whose state was kept under one is found, and carried over, from
+    /// another. Written only when a new configuration keeps its first key.
+    configs: RwLock<HashMap<u64, Vec<Policy>>>,
 }
+
+/// The most configurations of one policy name the store carries keys
+/// between: beyond it, the oldest is forgotten, and its keys' state is
+/// kept but no longer carried over to the others.
+const MAX_CONFIGS: usize = 8;
 
 /// The [`MEMORY_STORE_KEYS`](crate::telemetry::MEMORY_STORE_KEYS) gauge,
 /// with the `metrics` feature; nothing without it.
@@ -131,12 +143,11 @@ struct Shard {
     /// that is their whole state (the theoretical arrival time, when the
     /// bucket is full again, or when the queue is next free), which is also
     /// when the state expires.
-    words: HashedMap<Word>,
+    words: HashedMap<u64>,
     /// Single fixed-window keys (below a million a second): the window
-    /// word (see [`PolicyState::is_window_word`]).
+    /// word (see [`PolicyState::is_window_word`]) and when it expires.
     windows: HashedMap<Window>,
-    /// Every other key. A key is in one map at a time: a configuration
-    /// change that moves its policy to another layout moves it along.
+    /// Every other key.
     full: HashedMap<Entry>,
     /// Sweep when the shard holds this many keys.
     sweep_at: usize,
@@ -149,28 +160,9 @@ struct Entry {
     expires_at: u64,
 }
 
-/// A one-word key's state, and the configuration it was made under: a
-/// policy of the same name with other limits carries it over to its own.
-struct Word {
-    word: u64,
-    policy: Policy,
-}
-
-/// A window-word key's state, which expires when its window ends.
 struct Window {
     word: u64,
-    policy: Policy,
-}
-
-impl Window {
-    fn expires_at(&self) -> u64 {
-        let period = self
-            .policy
-            .params()
-            .first()
-            .map_or(1, |p| p.period_us.max(1));
-        window_end(self.word, period)
-    }
+    expires_at: u64,
 }
 
 /// When the window of `word` ends, or 0 if it counts nothing (it may be
@@ -213,6 +205,7 @@ impl MemoryStore {
                 clock: b.clock,
                 seed: foldhash::quality::RandomState::default(),
                 keys_gauge: KeysGauge::new(),
+                configs: RwLock::default(),
             }),
         }
     }
@@ -245,103 +238,47 @@ impl MemoryStore {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let shared = &*self.shared;
-        let hash = shared.hash(key, policy);
+        let base = shared.hash(key, policy);
         // The map uses the hash's low bits for buckets and its top 7 for
         // tags; pick the shard from the middle 32 bits, scaled to the shard
-        // count by a multiplication rather than a (slow) division.
+        // count by a multiplication rather than a (slow) division. Every
+        // configuration of a policy finds a key in the same shard, under
+        // its own name in the maps.
         let shard_index =
-            ((((hash >> 25) & 0xffff_ffff) * shared.shards.len() as u64) >> 32) as usize;
+            ((((base >> 25) & 0xffff_ffff) * shared.shards.len() as u64) >> 32) as usize;
+        let hash = base ^ policy.config_mix();
         let mut guard = lock(&shared.shards[shard_index].0);
         let shard = &mut *guard;
         let now = match &shared.clock {
             None => SystemClock.now(),
             Some(clock) => clock.now(),
         };
-
-        let now_us = now.as_micros();
         match policy.layout() {
-            Layout::Word => {
-                if let Some(held) = shard.words.get_mut(&hash) {
-                    if !same(&held.policy, policy) {
-                        // Another configuration of the policy: carry over.
-                        held.word = carried_word(&held.policy, held.word, policy, now);
-                        held.policy = policy.clone();
-                        shard.next_expiry = shard.next_expiry.min(held.word);
-                    }
-                    return Ok(PolicyState::decide_word(policy, &mut held.word, now, cost));
-                }
-                let mut word = shard
-                    .take_other(shared, hash, Layout::Word, now)
-                    .and_then(|state| carried(state, policy, now).word())
-                    .unwrap_or(0);
-                let decision = PolicyState::decide_word(policy, &mut word, now, cost);
-                if word > now_us {
-                    let policy = policy.clone();
-                    shard.admit(shared, now, word, |s| {
-                        s.words.insert(hash, Word { word, policy })
-                    })?;
-                }
-                Ok(decision)
-            }
+            Layout::Word => match shard.words.get_mut(&hash) {
+                Some(word) => Ok(PolicyState::decide_word(policy, word, now, cost)),
+                None => shard.new_word(shared, base, policy, now, cost),
+            },
             Layout::WindowWord => {
                 let period = policy.params().first().map_or(1, |p| p.period_us.max(1));
-                if let Some(held) = shard.windows.get_mut(&hash) {
-                    if !same(&held.policy, policy) {
-                        held.word = carried_word(&held.policy, held.word, policy, now);
-                        held.policy = policy.clone();
-                        let end = window_end(held.word, period);
-                        shard.next_expiry = shard.next_expiry.min(end);
-                    }
-                    return Ok(PolicyState::decide_window_word(
-                        policy,
-                        &mut held.word,
-                        now,
-                        cost,
-                    ));
-                }
-                let mut word = shard
-                    .take_other(shared, hash, Layout::WindowWord, now)
-                    .and_then(|state| carried(state, policy, now).word())
-                    .unwrap_or(0);
-                let decision = PolicyState::decide_window_word(policy, &mut word, now, cost);
-                let expires_at = window_end(word, period);
-                // A peek, or a request that can never be admitted, leaves nothing to keep.
-                if expires_at > now_us {
-                    let policy = policy.clone();
-                    shard.admit(shared, now, expires_at, |s| {
-                        s.windows.insert(hash, Window { word, policy })
-                    })?;
-                }
+                let Some(window) = shard.windows.get_mut(&hash) else {
+                    return shard.new_window(shared, base, policy, now, cost);
+                };
+                let decision = PolicyState::decide_window_word(policy, &mut window.word, now, cost);
+                window.expires_at = window.expires_at.max(window_end(window.word, period));
                 Ok(decision)
             }
             Layout::Full => {
-                if let Some(entry) = shard.full.get_mut(&hash) {
-                    let decision = entry.state.decide(policy, now, cost);
-                    entry.expires_at = entry.state.expires_at(policy).as_micros();
-                    shard.next_expiry = shard.next_expiry.min(entry.expires_at);
-                    return Ok(decision);
-                }
-                let mut state = shard
-                    .take_other(shared, hash, Layout::Full, now)
-                    .unwrap_or_else(|| PolicyState::new(policy, now));
-                let decision = state.decide(policy, now, cost);
-                let expires_at = state.expires_at(policy).as_micros();
-                // A peek, or a request that can never be admitted, leaves nothing to keep.
-                if expires_at > now_us {
-                    shard.admit(shared, now, expires_at, |s| {
-                        s.full.insert(hash, Entry { state, expires_at })
-                    })?;
-                }
+                let Some(entry) = shard.full.get_mut(&hash) else {
+                    return shard.new_full(shared, base, policy, now, cost);
+                };
+                let decision = entry.state.decide(policy, now, cost);
+                entry.expires_at = entry
+                    .expires_at
+                    .max(entry.state.expires_at(policy).as_micros());
                 Ok(decision)
             }
         }
     }
-}
-
-/// Whether state kept under `held` is state of `policy` as it is: the same
-/// policy value, or one with the same limits (the name is part of the key).
-fn same(held: &Policy, policy: &Policy) -> bool {
-    Policy::ptr_eq(held, policy) || held.fingerprint() == policy.fingerprint()
 }
 
 /// `state` carried over to `policy` at `now`.
@@ -350,15 +287,34 @@ fn carried(mut state: PolicyState, policy: &Policy, now: Timestamp) -> PolicySta
     state
 }
 
-/// The word `word` of `held`, carried over to `policy`, a configuration of
-/// the same name and layout.
-fn carried_word(held: &Policy, word: u64, policy: &Policy, now: Timestamp) -> u64 {
-    PolicyState::from_word(held, word, now)
-        .and_then(|state| carried(state, policy, now).word())
-        .unwrap_or(0)
-}
-
 impl Shared {
+    /// The other configurations of `policy`'s name the store has kept keys
+    /// under; registers `policy` among them.
+    fn other_configs(&self, policy: &Policy) -> Vec<Policy> {
+        let name = policy.identity();
+        let same = |p: &Policy| p.fingerprint() == policy.fingerprint();
+        let known = self.configs.read();
+        let others: Vec<Policy> = known
+            .get(&name)
+            .map(|configs| configs.iter().filter(|p| !same(p)).cloned().collect())
+            .unwrap_or_default();
+        let registered = known
+            .get(&name)
+            .is_some_and(|configs| configs.iter().any(same));
+        drop(known);
+        if !registered {
+            let mut known = self.configs.write();
+            let configs = known.entry(name).or_default();
+            if !configs.iter().any(same) {
+                if configs.len() >= MAX_CONFIGS {
+                    configs.remove(0);
+                }
+                configs.push(policy.clone());
+            }
+        }
+        others
+    }
+
     fn hash(&self, key: &Key, policy: &Policy) -> KeyHash {
         let mut h = self.seed.build_hasher();
         // Fixed-width parts, then the key's bytes, whose length is among
@@ -389,40 +345,110 @@ impl Shard {
         self.words.len() + self.windows.len() + self.full.len()
     }
 
-    /// Takes the state a key holds under another layout than `layout`
-    /// (after a configuration change moved the policy between layouts), as
-    /// a [`PolicyState`] to carry over.
+    /// Decides for a key the shard holds no word of under `policy`:
+    /// carried over from another configuration, or new. Out of line, to
+    /// keep the check of a held key short.
+    #[inline(never)]
+    fn new_word(
+        &mut self,
+        shared: &Shared,
+        base: KeyHash,
+        policy: &Policy,
+        now: Timestamp,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut word = self
+            .take_other(shared, base, policy, now)
+            .and_then(|state| state.word())
+            .unwrap_or(0);
+        let decision = PolicyState::decide_word(policy, &mut word, now, cost);
+        if word > now.as_micros() {
+            let hash = base ^ policy.config_mix();
+            self.admit(shared, now, word, |s| s.words.insert(hash, word))?;
+        }
+        Ok(decision)
+    }
+
+    /// [`Shard::new_word`] for a window word.
+    #[inline(never)]
+    fn new_window(
+        &mut self,
+        shared: &Shared,
+        base: KeyHash,
+        policy: &Policy,
+        now: Timestamp,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut word = self
+            .take_other(shared, base, policy, now)
+            .and_then(|state| state.word())
+            .unwrap_or(0);
+        let decision = PolicyState::decide_window_word(policy, &mut word, now, cost);
+        let period = policy.params().first().map_or(1, |p| p.period_us.max(1));
+        let expires_at = window_end(word, period);
+        // A peek, or a request that can never be admitted, leaves nothing to keep.
+        if expires_at > now.as_micros() {
+            let hash = base ^ policy.config_mix();
+            self.admit(shared, now, expires_at, |s| {
+                s.windows.insert(hash, Window { word, expires_at })
+            })?;
+        }
+        Ok(decision)
+    }
+
+    /// [`Shard::new_word`] for a full state.
+    #[inline(never)]
+    fn new_full(
+        &mut self,
+        shared: &Shared,
+        base: KeyHash,
+        policy: &Policy,
+        now: Timestamp,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut state = self
+            .take_other(shared, base, policy, now)
+            .unwrap_or_else(|| PolicyState::new(policy, now));
+        let decision = state.decide(policy, now, cost);
+        let expires_at = state.expires_at(policy).as_micros();
+        // A peek, or a request that can never be admitted, leaves nothing to keep.
+        if expires_at > now.as_micros() {
+            let hash = base ^ policy.config_mix();
+            self.admit(shared, now, expires_at, |s| {
+                s.full.insert(hash, Entry { state, expires_at })
+            })?;
+        }
+        Ok(decision)
+    }
+
+    /// Takes the state the key of `base` holds under another configuration
+    /// of `policy`'s name, carried over to `policy`.
     fn take_other(
         &mut self,
         shared: &Shared,
-        hash: KeyHash,
-        layout: Layout,
+        base: KeyHash,
+        policy: &Policy,
         now: Timestamp,
     ) -> Option<PolicyState> {
-        let state = match layout {
-            _ if self.len() == 0 => return None,
-            Layout::Word => self.take_window(hash, now).or_else(|| self.take_full(hash)),
-            Layout::WindowWord => self.take_word(hash, now).or_else(|| self.take_full(hash)),
-            Layout::Full => self
-                .take_word(hash, now)
-                .or_else(|| self.take_window(hash, now)),
-        }?;
-        shared.keys_gauge.sub(1);
-        Some(state)
-    }
-
-    fn take_word(&mut self, hash: KeyHash, now: Timestamp) -> Option<PolicyState> {
-        let held = self.words.remove(&hash)?;
-        PolicyState::from_word(&held.policy, held.word, now)
-    }
-
-    fn take_window(&mut self, hash: KeyHash, now: Timestamp) -> Option<PolicyState> {
-        let held = self.windows.remove(&hash)?;
-        PolicyState::from_word(&held.policy, held.word, now)
-    }
-
-    fn take_full(&mut self, hash: KeyHash) -> Option<PolicyState> {
-        self.full.remove(&hash).map(|entry| entry.state)
+        for other in shared.other_configs(policy) {
+            let hash = base ^ other.config_mix();
+            let state = match other.layout() {
+                Layout::Word => self
+                    .words
+                    .remove(&hash)
+                    .and_then(|word| PolicyState::from_word(&other, word, now)),
+                Layout::WindowWord => self
+                    .windows
+                    .remove(&hash)
+                    .and_then(|window| PolicyState::from_word(&other, window.word, now)),
+                Layout::Full => self.full.remove(&hash).map(|entry| entry.state),
+            };
+            if let Some(state) = state {
+                shared.keys_gauge.sub(1);
+                return Some(carried(state, policy, now));
+            }
+        }
+        None
     }
 
     /// Makes room for a new key expiring at `expires_at` and inserts it with
@@ -456,18 +482,17 @@ impl Shard {
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
         let mut next = u64::MAX;
-        self.words.retain(|_, held| {
-            let keep = held.word > now;
+        self.words.retain(|_, &mut at| {
+            let keep = at > now;
             if keep {
-                next = next.min(held.word);
+                next = next.min(at);
             }
             keep
         });
         self.windows.retain(|_, window| {
-            let expires_at = window.expires_at();
-            let keep = expires_at > now;
+            let keep = window.expires_at > now;
             if keep {
-                next = next.min(expires_at);
+                next = next.min(window.expires_at);
             }
             keep
         });

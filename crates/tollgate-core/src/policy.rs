@@ -194,6 +194,9 @@ struct Inner {
     /// A hash of the name: what identifies the policy's state in the
     /// memory store, in one number.
     identity: u64,
+    /// The fingerprint, mixed to look random: the memory store tells the
+    /// configurations of one name apart by it.
+    config_mix: u64,
 }
 
 /// How a store may keep a key's state under a policy: the compact forms
@@ -322,6 +325,11 @@ impl Policy {
     /// state carries over.
     pub(crate) fn identity(&self) -> u64 {
         self.inner.identity
+    }
+
+    /// The fingerprint mixed to look random (see [`mix`]).
+    pub(crate) fn config_mix(&self) -> u64 {
+        self.inner.config_mix
     }
 
     /// How a store may keep the state of a key.
@@ -545,6 +553,7 @@ impl PolicyBuilder {
                 fingerprint,
                 descriptor: descriptor.into_boxed_str(),
                 layout,
+                config_mix: mix(fingerprint),
                 identity: identity.0,
                 name: self.name.into_boxed_str(),
                 algorithm: self.algorithm,
@@ -603,6 +612,15 @@ impl Fnv {
             self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
+}
+
+/// SplitMix64's finaliser: spreads every bit of `x` over the result.
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 fn fingerprint(algorithm: Algorithm, params: &[LimitParams]) -> u64 {
