@@ -2,7 +2,8 @@
 //! from one user on a three-limit policy admit exactly the limit, none of
 //! them meets the failure policy, and another user polling meanwhile gets
 //! only 200s, under every failure mode, with the store's default deadline
-//! and breaker.
+//! and breaker; and the same on a single-limit policy, whose requests share
+//! batched calls with every other key's.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::collections::BTreeMap;
@@ -25,24 +26,31 @@ fn request(user: &str) -> Request<Body> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_2000_from_one_user_admits_exactly_the_limit_and_fails_nobody() {
     let url = require_redis().await;
-    for failure in [FailureMode::Open, FailureMode::Closed, FailureMode::Local] {
+    // Three limits (the general script); at 100 an hour, GCRA gives one
+    // back every 36 s, far longer than the burst takes.
+    let three = Policy::builder("burst")
+        .algorithm(Algorithm::Gcra)
+        .limit("100/h")
+        .limit("1000/d")
+        .limit("5000/7d")
+        .build()
+        .unwrap();
+    // One limit (the one-word script, whose requests of all keys batch).
+    let one = Policy::new("burst-one", Algorithm::Gcra, "100/h").unwrap();
+    for (policy, failure) in [
+        (&three, FailureMode::Open),
+        (&three, FailureMode::Closed),
+        (&three, FailureMode::Local),
+        (&one, FailureMode::Closed),
+    ] {
         // The store's defaults: a 50 ms deadline and the circuit breaker.
         let store = RedisStore::builder()
             .prefix(unique_prefix("burst"))
             .connect(url.as_str())
             .await
             .unwrap();
-        // Three limits (the general script); at 100 an hour, GCRA gives one
-        // back every 36 s, far longer than the burst takes.
-        let policy = Policy::builder("burst")
-            .algorithm(Algorithm::Gcra)
-            .limit("100/h")
-            .limit("1000/d")
-            .limit("5000/7d")
-            .build()
-            .unwrap();
         let app = Router::new().route("/", get(|| async { "ok" })).layer(
-            RateLimitLayer::new(policy, ExtensionKey::<String>::new())
+            RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
                 .store(store.clone())
                 .on_store_error(failure),
         );
@@ -75,11 +83,12 @@ async fn a_burst_of_2000_from_one_user_admits_exactly_the_limit_and_fails_nobody
             *counts.entry(task.await.unwrap().as_u16()).or_default() += 1;
         }
         let expected: BTreeMap<u16, usize> = [(200, 100), (429, 1_900)].into();
-        assert_eq!(counts, expected, "{failure:?}");
+        let case = format!("{policy}, {failure:?}");
+        assert_eq!(counts, expected, "{case}");
         let other = poller.await.unwrap();
         assert!(
             other.iter().all(|s| *s == StatusCode::OK),
-            "{failure:?}: the other user got {other:?}"
+            "{case}: the other user got {other:?}"
         );
         assert_eq!(
             store.breaker_state(),
