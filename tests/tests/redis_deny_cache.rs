@@ -178,3 +178,66 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
     );
     assert_eq!(send("other").await, 200);
 }
+
+/// A key Redis had not cut off, when Redis goes down, carries the use
+/// Redis last reported into the local fallback (scaled to the local share)
+/// instead of starting afresh there.
+#[tokio::test]
+async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
+    use tollgate::{ExtensionKey, FailureMode, MemoryStore, RateLimitLayer};
+    use tower::ServiceExt;
+
+    // A leaky bucket admits with a delay (minutes here, at 5 an hour),
+    // which the layer waits out; the unit tests of `PolicyState::seeded`
+    // cover it.
+    for algorithm in Algorithm::ALL
+        .into_iter()
+        .filter(|&a| a != Algorithm::LeakyBucket)
+    {
+        let mut server = RedisServer::spawn();
+        let store = RedisStore::builder()
+            .deadline(Duration::from_millis(200))
+            .connect(server.url())
+            .await
+            .unwrap();
+        let policy = Policy::builder(format!("takeover-{algorithm}"))
+            .algorithm(algorithm)
+            .limit("10/h")
+            .limit("100/d")
+            .build()
+            .unwrap();
+        // Two servers share the limit: each has half of it while Redis is down.
+        let app = Router::new().route("/", get(|| async { "ok" })).layer(
+            RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
+                .store(store.clone())
+                .on_store_error(FailureMode::Local)
+                .local_divisor(std::num::NonZeroU64::new(2).unwrap())
+                .local_fallback(MemoryStore::new()),
+        );
+        let send = |user: &'static str| {
+            let mut request = http::Request::new(Body::empty());
+            request.extensions_mut().insert(user.to_owned());
+            let app = app.clone();
+            async move { app.oneshot(request).await.unwrap().status().as_u16() }
+        };
+        for _ in 0..8 {
+            assert_eq!(send("partial").await, 200, "{algorithm}");
+        }
+        server.kill();
+        let mut after = Vec::new();
+        for _ in 0..6 {
+            after.push(send("partial").await);
+        }
+        let mut fresh = Vec::new();
+        for _ in 0..6 {
+            fresh.push(send("unseen").await);
+        }
+        // The local share is 5 an hour: 8 of 10 used leaves 1 of it (4 of
+        // 5 used). A key Redis never saw gets all 5.
+        assert_eq!(after, [200, 429, 429, 429, 429, 429], "{algorithm}");
+        assert_eq!(fresh, [200, 200, 200, 200, 200, 429], "{algorithm}");
+    }
+}

@@ -540,6 +540,78 @@ impl PolicyState {
         }
     }
 
+    /// A state of `policy` that has used what `decision` (made by another
+    /// store, perhaps under another configuration or share of the policy)
+    /// reports used, at the decision's time: of each limit of `policy`, the
+    /// share of its capacity that the decision's limit of the same period
+    /// had used, rounded up. For a store that takes over a key from a store
+    /// that failed, so that the key does not start afresh. Conservative:
+    /// windows and logs count the whole use at the decision's time, buckets
+    /// as a backlog from then; limits without a match start empty.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, PolicyState, Timestamp};
+    ///
+    /// let policy = Policy::builder("api").limit("10/h").limit("100/d").build()?;
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let mut elsewhere = PolicyState::new(&policy, now);
+    /// for _ in 0..8 {
+    ///     elsewhere.decide(&policy, now, 1);
+    /// }
+    /// let last = elsewhere.decide(&policy, now, 0);
+    /// // Half the policy on each of two servers: 4 of this one's 5 used.
+    /// let share = policy.divided(2)?;
+    /// let mut here = PolicyState::seeded(&share, &last);
+    /// let admitted = (0..5).filter(|_| here.decide(&share, now, 1).is_allowed()).count();
+    /// assert_eq!(admitted, 1);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn seeded(policy: &Policy, decision: &Decision) -> Self {
+        let now = decision.now();
+        let mut state = Self::new(policy, now);
+        let t0 = now.as_micros();
+        for (limit, p) in state.limits.iter_mut().zip(policy.params()) {
+            let Some(seen) = decision
+                .limits()
+                .iter()
+                .find(|s| s.limit().period_micros() == p.period_us)
+            else {
+                continue;
+            };
+            let seen_cap = seen.capacity().max(1);
+            let used = seen_cap.saturating_sub(seen.remaining());
+            let used = u64::try_from(
+                (u128::from(used) * u128::from(p.capacity)).div_ceil(u128::from(seen_cap)),
+            )
+            .unwrap_or(u64::MAX);
+            if used == 0 {
+                continue;
+            }
+            let backlog = used.saturating_mul(p.interval_us).min(MAX_SPAN_US);
+            *limit = match limit {
+                LimitState::FixedWindow { start, .. } => LimitState::FixedWindow {
+                    start: *start,
+                    count: used,
+                },
+                LimitState::SlidingWindow { start, .. } => LimitState::SlidingWindow {
+                    start: *start,
+                    prev: 0,
+                    curr: used,
+                },
+                LimitState::SlidingLog { .. } => LimitState::SlidingLog {
+                    entries: std::iter::once((t0, used)).collect(),
+                    used,
+                },
+                LimitState::TokenBucket { .. } => token_bucket_full_at(t0 + backlog, p, t0),
+                LimitState::LeakyBucket { .. } => LimitState::LeakyBucket {
+                    free_at: t0 + backlog,
+                },
+                LimitState::Gcra { .. } => LimitState::Gcra { tat: t0 + backlog },
+            };
+        }
+        state
+    }
+
     /// Decides a request of `cost` at `now` and, if it is admitted, consumes
     /// it from every limit. If any limit denies, nothing is consumed.
     ///

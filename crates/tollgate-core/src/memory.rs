@@ -287,6 +287,53 @@ fn carried(mut state: PolicyState, policy: &Policy, now: Timestamp) -> PolicySta
     state
 }
 
+impl MemoryStore {
+    /// Takes `state` as the state of `key` under `policy`, unless the store
+    /// holds some already: for a local fallback that takes over from a
+    /// failed shared store what it last knew of the key (see
+    /// [`Store::last_known`] and [`PolicyState::seeded`]).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Full`] when the key is new and its shard is full.
+    pub fn seed(&self, key: &Key, policy: &Policy, state: PolicyState) -> Result<(), StoreError> {
+        let shared = &*self.shared;
+        let base = shared.hash(key, policy);
+        let shard_index =
+            ((((base >> 25) & 0xffff_ffff) * shared.shards.len() as u64) >> 32) as usize;
+        let hash = base ^ policy.config_mix();
+        let mut guard = lock(&shared.shards[shard_index].0);
+        let shard = &mut *guard;
+        let now = match &shared.clock {
+            None => SystemClock.now(),
+            Some(clock) => clock.now(),
+        };
+        let mut state = state;
+        state.carry_to(policy, now);
+        let expires_at = state.expires_at(policy).as_micros();
+        let held = match policy.layout() {
+            Layout::Word => shard.words.contains_key(&hash),
+            Layout::WindowWord => shard.windows.contains_key(&hash),
+            Layout::Full => shard.full.contains_key(&hash),
+        };
+        if held || expires_at <= now.as_micros() {
+            return Ok(());
+        }
+        shared.other_configs(policy);
+        match (policy.layout(), state.word()) {
+            (Layout::Word, Some(word)) => {
+                shard.admit(shared, now, word, |s| s.words.insert(hash, word))
+            }
+            (Layout::WindowWord, Some(word)) => shard.admit(shared, now, expires_at, |s| {
+                s.windows.insert(hash, Window { word, expires_at })
+            }),
+            _ => shard.admit(shared, now, expires_at, |s| {
+                s.full.insert(hash, Entry { state, expires_at })
+            }),
+        }
+    }
+}
+
 impl Shared {
     /// The other configurations of `policy`'s name the store has kept keys
     /// under; registers `policy` among them.

@@ -88,6 +88,17 @@ pub trait Store: Send + Sync + 'static {
         let _ = (key, policy, cost);
         None
     }
+
+    /// The last decision the store made for `key` under `policy`, if it
+    /// still remembers it: for a local fallback that takes over while the
+    /// store fails, so that the key's use carries over (see
+    /// [`PolicyState::seeded`](crate::PolicyState::seeded) and
+    /// [`MemoryStore::seed`](crate::MemoryStore::seed)). The default
+    /// remembers nothing.
+    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
+        let _ = (key, policy);
+        None
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -107,5 +118,9 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         (**self).try_check_now(key, policy, cost)
+    }
+
+    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
+        (**self).last_known(key, policy)
     }
 }

@@ -280,6 +280,24 @@ proptest! {
     }
 
     #[test]
+    fn a_seeded_state_admits_no_more_than_the_state_it_was_seeded_from(case in case()) {
+        // Whatever the arrivals left, a state seeded from the last decision
+        // admits, at that instant, at most what the state itself admits.
+        let mut now = case.start;
+        let mut state = PolicyState::new(&case.policy, Timestamp::from_micros(now));
+        for &(gap, cost) in &case.arrivals {
+            now += gap;
+            state.decide(&case.policy, Timestamp::from_micros(now), cost);
+        }
+        let at = Timestamp::from_micros(now);
+        let last = state.clone().decide(&case.policy, at, 0);
+        let mut seeded = PolicyState::seeded(&case.policy, &last);
+        let count = |s: &mut PolicyState| (0..40).filter(|_| s.decide(&case.policy, at, 1).is_allowed()).count();
+        let (from_seed, from_state) = (count(&mut seeded), count(&mut state));
+        prop_assert!(from_seed <= from_state, "{} > {}", from_seed, from_state);
+    }
+
+    #[test]
     fn the_memory_store_carries_use_across_configurations_as_the_reference(case in change_case()) {
         let clock = FakeClock::new(Timestamp::from_micros(case.start));
         let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();

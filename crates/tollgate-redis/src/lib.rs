@@ -85,6 +85,7 @@ mod connection;
 mod deny_cache;
 mod error;
 mod keys;
+mod known;
 mod lanes;
 mod managed;
 mod script;

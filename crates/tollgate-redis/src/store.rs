@@ -78,6 +78,8 @@ pub(crate) struct Inner<C> {
     /// that a failed master does not stop calls to the healthy ones.
     breakers: Vec<CircuitBreaker>,
     deny_cache: DenyCache,
+    /// Each recent key's last decision, for a local fallback to take over.
+    last_known: crate::known::LastKnown,
     /// The general scripts' requests waiting behind their key's call.
     pub(crate) lanes: crate::lanes::Lanes,
     /// Which server the deny cache's denials came from.
@@ -374,6 +376,9 @@ impl<C: RedisConnection> RedisStore<C> {
                 inner
                     .deny_cache
                     .insert(&state_key, policy, cost, sent_at, &decision);
+                inner
+                    .last_known
+                    .record(state_key, policy, &decision, sent_at);
                 Ok(decision)
             }
             // A key Redis cut off stays cut off while Redis cannot answer.
@@ -896,6 +901,15 @@ impl<C: RedisConnection> Store for RedisStore<C> {
     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         Ok(self.decide(key, policy, cost).await?)
     }
+
+    /// The last decision Redis made for `key` under `policy`, while a limit
+    /// of it has not reset: remembered for as many keys as the deny cache
+    /// holds denials ([`RedisStoreBuilder::deny_cache`]).
+    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
+        let inner = &*self.inner;
+        let state_key = inner.names.state_key(policy, key);
+        inner.last_known.get(&state_key, policy, inner.local_now())
+    }
 }
 
 impl<C> Clone for RedisStore<C> {
@@ -1022,7 +1036,9 @@ impl RedisStoreBuilder {
     /// The most denials the local deny cache holds (default 10,000; 0
     /// turns it off). A key denied until a time is denied locally until
     /// then, without asking Redis: a client hammering an exhausted limit
-    /// costs Redis nothing, and decisions stay exact.
+    /// costs Redis nothing, and decisions stay exact. The store remembers
+    /// the last decision of as many keys for a local fallback to take over
+    /// ([`Store::last_known`]).
     pub fn deny_cache(mut self, max_entries: usize) -> Self {
         self.deny_cache = max_entries;
         self
@@ -1238,6 +1254,7 @@ impl RedisStoreBuilder {
                     .then(|| [Batcher::new(self.batch_size), Batcher::new(self.batch_size)]),
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
+                last_known: crate::known::LastKnown::new(self.deny_cache),
                 lanes: crate::lanes::Lanes::default(),
                 server,
                 order: WriteOrder::new(self.write_first),

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tollgate_core::{Decision, Key, MemoryStore, Policy, Store, StoreError};
+use tollgate_core::{Decision, Key, MemoryStore, Policy, PolicyState, Store, StoreError};
 use tower_service::Service;
 
 use crate::body::{BodyKind, WrapBody};
@@ -27,8 +27,10 @@ pub(crate) struct Shared<K, St> {
     pub(crate) responder: Arc<Responder>,
 }
 
-impl<K, St> Shared<K, St> {
-    /// Applies the local fallback to a store failure, if configured.
+impl<K, St: Store> Shared<K, St> {
+    /// Applies the local fallback to a store failure, if configured. A key
+    /// the store still remembers takes its use along into the fallback
+    /// (scaled to the local share), rather than starting afresh.
     fn fall_back(
         &self,
         key: &Key,
@@ -38,6 +40,11 @@ impl<K, St> Shared<K, St> {
             Err(error) if self.responder.failure == FailureMode::Local => {
                 let telemetry = &self.responder.telemetry;
                 telemetry.store_failed(Some(FailureMode::Local), &error);
+                if let Some(last) = self.store.last_known(key, &self.policy) {
+                    let state = PolicyState::seeded(&self.local_policy, &last);
+                    // A full fallback decides below as it would anyway.
+                    let _ = self.local.seed(key, &self.local_policy, state);
+                }
                 let local = self.local.check_sync(key, &self.local_policy, self.cost);
                 if let Ok(decision) = &local {
                     telemetry.decided_locally(decision.is_allowed());
