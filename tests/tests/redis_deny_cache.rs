@@ -4,9 +4,49 @@
 
 use std::time::Duration;
 
-use tollgate::{Algorithm, FakeClock, Key, Policy, Store};
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use tollgate::{
+    Algorithm, ExtensionKey, FailureMode, FakeClock, Key, MemoryStore, Policy, RateLimitLayer,
+    Store, ToKey,
+};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, command_calls};
+use tower::ServiceExt;
+
+/// A store on Redis's clock with a short deadline, for outages.
+async fn live_store(server: &RedisServer, deadline: Duration) -> RedisStore {
+    RedisStore::builder()
+        .deadline(deadline)
+        .connect(server.url())
+        .await
+        .unwrap()
+}
+
+/// A route limited by `policy` per user on `store`, falling back to a
+/// memory store of its own with `1 / divisor` of the limit.
+fn local_app(store: &RedisStore, policy: &Policy, divisor: u64) -> Router {
+    Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_store_error(FailureMode::Local)
+            .local_divisor(std::num::NonZeroU64::new(divisor).unwrap())
+            .local_fallback(MemoryStore::new()),
+    )
+}
+
+/// The status of a request by `user`.
+async fn send(app: &Router, user: &str) -> u16 {
+    let mut request = http::Request::new(Body::empty());
+    request.extensions_mut().insert(user.to_owned());
+    app.clone()
+        .oneshot(request)
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
 
 async fn store(server: &RedisServer, clock: &FakeClock, deny_cache: usize) -> RedisStore {
     RedisStore::builder()
@@ -74,11 +114,7 @@ async fn hammering_an_exhausted_key_drops_redis_calls_by_over_90_percent() {
 #[tokio::test]
 async fn a_denial_does_not_outlive_a_restarted_redis() {
     let mut server = RedisServer::spawn();
-    let store = RedisStore::builder()
-        .deadline(Duration::from_secs(2))
-        .connect(server.url())
-        .await
-        .unwrap();
+    let store = live_store(&server, Duration::from_secs(2)).await;
     let policy = Policy::new("restart", Algorithm::FixedWindow, "1/h").unwrap();
     let key = Key::user("denied");
     assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
@@ -120,18 +156,8 @@ async fn a_denial_does_not_outlive_a_restarted_redis() {
 /// failure policy: its denial stands rather than a fresh local quota.
 #[tokio::test]
 async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
-    use axum::Router;
-    use axum::body::Body;
-    use axum::routing::get;
-    use tollgate::{ExtensionKey, FailureMode, RateLimitLayer, ToKey};
-    use tower::ServiceExt;
-
     let mut server = RedisServer::spawn();
-    let store = RedisStore::builder()
-        .deadline(Duration::from_millis(200))
-        .connect(server.url())
-        .await
-        .unwrap();
+    let store = live_store(&server, Duration::from_millis(200)).await;
     // Three limits: the general script, whose denials the cache does not
     // answer for Redis.
     let policy = Policy::builder("outage")
@@ -140,23 +166,13 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
         .limit("20/7d")
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
-            .store(store.clone())
-            .on_store_error(FailureMode::Local),
-    );
-    let send = |user: &str| {
-        let mut request = http::Request::new(Body::empty());
-        request.extensions_mut().insert(user.to_owned());
-        let app = app.clone();
-        async move { app.oneshot(request).await.unwrap().status().as_u16() }
-    };
+    let app = local_app(&store, &policy, 1);
     let mut statuses = Vec::new();
     for _ in 0..5 {
-        statuses.push(send("cut-off").await);
+        statuses.push(send(&app, "cut-off").await);
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    assert_eq!(send("other").await, 200);
+    assert_eq!(send(&app, "other").await, 200);
 
     server.kill();
     // Redis fails every call now: the cut-off key's denial stands, on the
@@ -166,7 +182,7 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
         let decision = store.check(&"cut-off".to_key(), &policy, 1).await;
         let decision = decision.expect("a denial in force answers");
         assert!(!decision.is_allowed());
-        assert_eq!(send("cut-off").await, 429);
+        assert_eq!(send(&app, "cut-off").await, 429);
     }
     // A key Redis had not cut off gets the store's error, and the local
     // fallback decides it.
@@ -176,7 +192,7 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
             .await
             .is_err()
     );
-    assert_eq!(send("other").await, 200);
+    assert_eq!(send(&app, "other").await, 200);
 }
 
 /// A key Redis had not cut off, when Redis goes down, carries the use
@@ -184,12 +200,6 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
 /// instead of starting afresh there.
 #[tokio::test]
 async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
-    use axum::Router;
-    use axum::body::Body;
-    use axum::routing::get;
-    use tollgate::{ExtensionKey, FailureMode, MemoryStore, RateLimitLayer};
-    use tower::ServiceExt;
-
     // A leaky bucket admits with a delay (minutes here, at 5 an hour),
     // which the layer waits out; the unit tests of `PolicyState::seeded`
     // cover it.
@@ -198,11 +208,7 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
         .filter(|&a| a != Algorithm::LeakyBucket)
     {
         let mut server = RedisServer::spawn();
-        let store = RedisStore::builder()
-            .deadline(Duration::from_millis(200))
-            .connect(server.url())
-            .await
-            .unwrap();
+        let store = live_store(&server, Duration::from_millis(200)).await;
         let policy = Policy::builder(format!("takeover-{algorithm}"))
             .algorithm(algorithm)
             .limit("10/h")
@@ -210,30 +216,18 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
             .build()
             .unwrap();
         // Two servers share the limit: each has half of it while Redis is down.
-        let app = Router::new().route("/", get(|| async { "ok" })).layer(
-            RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
-                .store(store.clone())
-                .on_store_error(FailureMode::Local)
-                .local_divisor(std::num::NonZeroU64::new(2).unwrap())
-                .local_fallback(MemoryStore::new()),
-        );
-        let send = |user: &'static str| {
-            let mut request = http::Request::new(Body::empty());
-            request.extensions_mut().insert(user.to_owned());
-            let app = app.clone();
-            async move { app.oneshot(request).await.unwrap().status().as_u16() }
-        };
+        let app = local_app(&store, &policy, 2);
         for _ in 0..8 {
-            assert_eq!(send("partial").await, 200, "{algorithm}");
+            assert_eq!(send(&app, "partial").await, 200, "{algorithm}");
         }
         server.kill();
         let mut after = Vec::new();
         for _ in 0..6 {
-            after.push(send("partial").await);
+            after.push(send(&app, "partial").await);
         }
         let mut fresh = Vec::new();
         for _ in 0..6 {
-            fresh.push(send("unseen").await);
+            fresh.push(send(&app, "unseen").await);
         }
         // The local share is 5 an hour: 8 of 10 used leaves 1 of it (4 of
         // 5 used). A key Redis never saw gets all 5.
