@@ -261,7 +261,7 @@ fn tollgate(
     write_first: Option<bool>,
 ) -> Vec<redis::Cmd> {
     let mut source = script_source(policy).unwrap().to_owned();
-    let one_word = tollgate_core::PolicyState::is_one_word(policy);
+    let one_word = policy.shape() == tollgate_core::Shape::Tat;
     if one_word && !write_first.unwrap_or(matches!(w, Workload::Idle)) {
         // The variant that reads first (see `script_source`).
         source = source.replacen("local write_first = true", "local write_first = false", 1);
@@ -403,10 +403,7 @@ fn main() {
         }
         if counting {
             // Under valgrind a run takes seconds: the word scripts only.
-            policies.retain(|(_, p, _, _)| {
-                tollgate_core::PolicyState::is_one_word(p)
-                    || tollgate_core::PolicyState::is_window_word(p)
-            });
+            policies.retain(|(_, p, _, _)| p.shape() != tollgate_core::Shape::Full);
         }
         let reference = w.policy("plain", Algorithm::Gcra, &[]);
         let plain_cmds = straightforward(&server, &reference, w);

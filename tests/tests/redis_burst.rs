@@ -35,7 +35,7 @@ async fn a_burst_of_2000_from_one_user_admits_exactly_the_limit_and_fails_nobody
         .limit("5000/7d")
         .build()
         .unwrap();
-    // One limit (the one-word script, whose requests of all keys batch).
+    // One limit (the one-time script, whose requests of all keys batch).
     let one = Policy::new("burst-one", Algorithm::Gcra, "100/h").unwrap();
     for (policy, failure) in [
         (&three, FailureMode::Open),

@@ -25,7 +25,7 @@ static RT: LazyLock<Runtime> = LazyLock::new(|| {
 });
 
 /// Redis stores per algorithm test, driven by their own fake clock: one as
-/// the store runs by default, and one whose one-word script always reads
+/// the store runs by default, and one whose one-time script always reads
 /// first (the default starts by writing first, and reads first once keys
 /// are busy).
 struct Harness {

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use tokio::sync::Barrier;
-use tollgate_core::{
-    Algorithm, Clock, FakeClock, Key, LimitState, Policy, PolicyState, Store, SystemClock,
-};
+use tollgate_core::state::PolicyState;
+use tollgate_core::{Algorithm, Clock, FakeClock, Key, Policy, Shape, Store, SystemClock};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, command_calls, require_redis, unique_prefix};
 
@@ -27,7 +26,7 @@ async fn store(url: &str, prefix: &str, clock: Option<FakeClock>) -> RedisStore 
 }
 
 /// A store on Redis `TIME`, as in production, without a deny cache (every
-/// decision runs the script), whose one-word script always writes first
+/// decision runs the script), whose one-time script always writes first
 /// or always reads first.
 async fn script_store(url: &str, prefix: &str, write_first: bool) -> RedisStore {
     RedisStore::builder()
@@ -183,7 +182,7 @@ async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let mut expected = Vec::new();
     // Every algorithm with two limits (the general scripts) and with one
-    // (for GCRA, the token bucket and the leaky bucket, the one-word
+    // (for GCRA, the token bucket and the leaky bucket, the one-time
     // script; for the fixed window, the window-word script).
     let policies = Algorithm::ALL.into_iter().flat_map(|algorithm| {
         let two = Policy::builder(format!("ttl-{algorithm}"))
@@ -369,7 +368,7 @@ async fn a_fixed_window_key_is_one_counter_that_expires_when_its_window_ends() {
     // the window-word script.
     let store = script_store(&url, "window-word", false).await;
     let policy = Policy::new("window-word", Algorithm::FixedWindow, "5/h").unwrap();
-    assert!(PolicyState::is_window_word(&policy));
+    assert_eq!(policy.shape(), Shape::WindowWord);
     let hour = 3_600_000_000;
     let key = Key::user("u");
     let state_key = store.state_key(&policy, &key);
@@ -383,9 +382,12 @@ async fn a_fixed_window_key_is_one_counter_that_expires_when_its_window_ends() {
         // if an hour ends during the test).
         let state = reference.get_or_insert_with(|| PolicyState::new(&policy, d.now()));
         assert_eq!(state.decide(&policy, d.now(), 1), d, "request {n}");
-        let &[LimitState::FixedWindow { start, count }] = state.limits() else {
+        // The reference's window word: its window's start plus its count.
+        let Some(reference_word) = state.window_word() else {
             panic!("{state:?}");
         };
+        let start = reference_word - reference_word % hour;
+        let count = reference_word - start;
         // The key holds the window's start plus its count (SET for the
         // window's first request, INCRBY after it; a denial writes
         // nothing), and expires in the millisecond the window ends.

@@ -25,7 +25,7 @@ const KEYS: u64 = 100_000;
 /// 100 ms into the future, and keys are revisited within milliseconds),
 /// three billion an hour for the windowed counters (below the hour's
 /// 3.6 billion µs, so that a fixed window is one word, as any limit short
-/// of a million a second is; see `PolicyState::is_window_word`). The
+/// of a million a second is; see `Shape::WindowWord`). The
 /// sliding log would
 /// keep an entry per check at that limit, so it gets a billion a second,
 /// and its keys expire and are re-created during the run.

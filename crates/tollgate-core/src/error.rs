@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::policy::Algorithm;
+use crate::algorithm::Algorithm;
 
 /// Why a limit or a policy could not be built.
 ///

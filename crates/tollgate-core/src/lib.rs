@@ -48,25 +48,28 @@
 //! uses integer arithmetic only, so that a Lua script in Redis can compute
 //! exactly the same decisions.
 
-pub mod algorithm;
+mod algorithm;
 mod breaker;
+mod builder;
 mod decision;
 mod error;
 mod key;
 mod limit;
 mod memory;
 mod policy;
+pub mod state;
 mod store;
 pub mod telemetry;
 mod time;
 
-pub use algorithm::{LimitState, PolicyState};
+pub use algorithm::Algorithm;
 pub use breaker::{BreakerState, CircuitBreaker, Permit};
+pub use builder::{IntoLimit, PolicyBuilder};
 pub use decision::{Decision, LimitStatus, Outcome};
 pub use error::{ConfigError, StoreError};
 pub use key::{Key, KeyKind, TypeTag};
 pub use limit::Limit;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use policy::{Algorithm, IntoLimit, LimitParams, Policy, PolicyBuilder};
+pub use policy::{LimitParams, Policy, Shape};
 pub use store::Store;
 pub use time::{Clock, FakeClock, SystemClock, Timestamp};

@@ -21,14 +21,13 @@ use crate::policy::Policy;
 /// future (and its allocation) entirely.
 ///
 /// A complete (if unbounded) store over the [reference
-/// algorithms](crate::algorithm):
+/// algorithms](crate::state):
 ///
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::Mutex;
-/// use tollgate_core::{
-///     Algorithm, Clock, Decision, FakeClock, Key, Policy, PolicyState, Store, StoreError,
-/// };
+/// use tollgate_core::state::PolicyState;
+/// use tollgate_core::{Algorithm, Clock, Decision, FakeClock, Key, Policy, Store, StoreError};
 ///
 /// #[derive(Default)]
 /// struct MapStore {
@@ -92,7 +91,7 @@ pub trait Store: Send + Sync + 'static {
     /// The last decision the store made for `key` under `policy`, if it
     /// still remembers it: for a local fallback that takes over while the
     /// store fails, so that the key's use carries over (see
-    /// [`PolicyState::seeded`](crate::PolicyState::seeded) and
+    /// [`PolicyState::seeded`](crate::state::PolicyState::seeded) and
     /// [`MemoryStore::seed`](crate::MemoryStore::seed)). The default
     /// remembers nothing.
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

@@ -8,7 +8,8 @@ use governor::clock::{Clock as _, FakeRelativeClock};
 use governor::{Quota, RateLimiter};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use tollgate_core::{Algorithm, Limit, Policy, PolicyState, Timestamp};
+use tollgate_core::state::PolicyState;
+use tollgate_core::{Algorithm, Limit, Policy, Timestamp};
 
 /// Quotas whose replenish interval is a whole number of microseconds, so
 /// both sides compute the same interval.

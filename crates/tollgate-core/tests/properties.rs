@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use tollgate_core::{
-    Algorithm, FakeClock, Key, MemoryStore, Outcome, Policy, PolicyState, Timestamp,
-};
+use tollgate_core::state::{PolicyState, decide_window_word};
+use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Outcome, Policy, Shape, Timestamp};
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -245,13 +244,13 @@ proptest! {
             .limit(first)
             .build()
             .unwrap();
-        prop_assert!(PolicyState::is_window_word(&policy));
+        prop_assert_eq!(policy.shape(), Shape::WindowWord);
         let case = Case { policy, ..case };
         let mut word = 0;
         let mut failures = Vec::new();
         run(&case, |_, now, cost, d| {
             let from_word =
-                PolicyState::decide_window_word(&case.policy, &mut word, Timestamp::from_micros(now), cost);
+                decide_window_word(&case.policy, &mut word, Timestamp::from_micros(now), cost);
             if from_word != *d {
                 failures.push(format!("at {now}, cost {cost}: word {from_word:?}, reference {d:?}"));
             }

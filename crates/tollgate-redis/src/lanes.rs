@@ -20,9 +20,24 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 use tollgate_core::{Decision, Policy};
 
-use crate::connection::RedisConnection;
+use std::future::Future;
+
 use crate::error::RedisStoreError;
-use crate::store::Inner;
+
+/// What the lanes need of whoever owns them (the store): the lanes, and a
+/// general-script call under the store's deadline and breaker.
+pub(crate) trait GeneralCalls: Send + Sync + 'static {
+    fn lanes(&self) -> &Lanes;
+
+    /// Decides requests of `costs` for `key` under `policy` in turn, in one
+    /// call.
+    fn call_general(
+        &self,
+        key: &str,
+        policy: &Policy,
+        costs: &[u64],
+    ) -> impl Future<Output = Result<Vec<Decision>, RedisStoreError>> + Send;
+}
 
 /// The most requests of one key decided by one call.
 pub(crate) const MAX_BATCH: usize = 1_024;
@@ -76,14 +91,14 @@ impl Lanes {
 
 /// Decides a request of `cost` under `policy` (a general-script policy)
 /// for `key`: sends the key's call, or waits behind the one on its way.
-pub(crate) async fn decide<C: RedisConnection>(
-    inner: &Arc<Inner<C>>,
+pub(crate) async fn decide<S: GeneralCalls>(
+    inner: &Arc<S>,
     key: &str,
     policy: &Policy,
     cost: u64,
 ) -> Result<Decision, RedisStoreError> {
     let waiting = {
-        let mut map = inner.lanes.map();
+        let mut map = inner.lanes().map();
         match map.get_mut(key) {
             Some(waiting) if waiting.len() >= MAX_QUEUED => return Err(RedisStoreError::QueueFull),
             Some(waiting) => {
@@ -116,9 +131,7 @@ pub(crate) async fn decide<C: RedisConnection>(
         key: key.to_owned(),
         open: true,
     };
-    let decisions = inner
-        .guarded(key, inner.general(key, policy, &[cost]))
-        .await;
+    let decisions = inner.call_general(key, policy, &[cost]).await;
     drop(lane);
     decisions?
         .pop()
@@ -127,20 +140,20 @@ pub(crate) async fn decide<C: RedisConnection>(
 
 /// A lane held by its driver: when dropped while open, hands what queued
 /// behind to a task, or closes the lane.
-struct Lane<C: RedisConnection> {
-    inner: Arc<Inner<C>>,
+struct Lane<S: GeneralCalls> {
+    inner: Arc<S>,
     key: String,
     /// Whether the lane is still this driver's (not closed by the last
     /// [`Lanes::take`], after which another request may open it anew).
     open: bool,
 }
 
-impl<C: RedisConnection> Drop for Lane<C> {
+impl<S: GeneralCalls> Drop for Lane<S> {
     fn drop(&mut self) {
         if !self.open {
             return;
         }
-        let batch = self.inner.lanes.take(&self.key);
+        let batch = self.inner.lanes().take(&self.key);
         if batch.is_empty() {
             return;
         }
@@ -153,14 +166,14 @@ impl<C: RedisConnection> Drop for Lane<C> {
             // (their senders are dropped) and the lane closes.
             Err(_) => {
                 drop(batch);
-                self.inner.lanes.map().remove(&key);
+                self.inner.lanes().map().remove(&key);
             }
         }
     }
 }
 
 /// Sends `key`'s batches until its lane is empty.
-async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, key: String, mut batch: Vec<Waiting>) {
+async fn drive<S: GeneralCalls>(inner: Arc<S>, key: String, mut batch: Vec<Waiting>) {
     // Closes the lane, or hands it on, if the task is dropped mid-call.
     let mut lane = Lane {
         inner: inner.clone(),
@@ -170,10 +183,7 @@ async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, key: String, mut batch:
     while let Some(first) = batch.first() {
         let policy = first.policy.clone();
         let costs: Vec<u64> = batch.iter().map(|w| w.cost).collect();
-        match inner
-            .guarded(&key, inner.general(&key, &policy, &costs))
-            .await
-        {
+        match inner.call_general(&key, &policy, &costs).await {
             Ok(decisions) if decisions.len() == batch.len() => {
                 for (waiting, decision) in batch.drain(..).zip(decisions) {
                     let _ = waiting.reply.send(Ok(decision));
@@ -191,7 +201,7 @@ async fn drive<C: RedisConnection>(inner: Arc<Inner<C>>, key: String, mut batch:
                 }
             }
         }
-        batch = inner.lanes.take(&key);
+        batch = inner.lanes().take(&key);
     }
     // The last take closed the lane: nothing for the guard to hand on.
     lane.open = false;

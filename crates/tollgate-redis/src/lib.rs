@@ -55,7 +55,7 @@
 //! Every key records the configuration its state was written under (the
 //! policy's [`state_descriptor`](tollgate_core::Policy::state_descriptor)).
 //! A script that finds another one carries the state over to its own
-//! configuration, as [`PolicyState::carry_to`](tollgate_core::PolicyState::carry_to)
+//! configuration, as [`PolicyState::carry_to`](tollgate_core::state::PolicyState::carry_to)
 //! does: a deploy that changes a policy's limits, with old and new servers
 //! side by side, hands nobody a fresh quota.
 //!
@@ -80,20 +80,25 @@
 //! [`script_args`] give the exact script and arguments the store sends.
 
 mod batch;
+mod builder;
 mod cluster;
 mod connection;
 mod deny_cache;
 mod error;
+mod identity;
 mod keys;
 mod known;
 mod lanes;
 mod managed;
 mod script;
+mod shape;
 mod store;
+mod wire;
 
+pub use builder::RedisStoreBuilder;
 pub use cluster::ClusterConnection;
 pub use connection::{Pool, RedisConnection};
 pub use error::RedisStoreError;
 pub use managed::ManagedConnection;
 pub use script::{script_args, script_source};
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::RedisStore;

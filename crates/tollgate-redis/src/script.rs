@@ -1,29 +1,31 @@
 //! The decision scripts, assembled from `src/lua`: one general script per
-//! algorithm, and smaller ones for one-word and window-word policies.
+//! algorithm, and smaller ones for one-time and window-word policies.
 
-use tollgate_core::{Algorithm, Policy, PolicyState};
+use tollgate_core::{Algorithm, Policy};
+
+use crate::shape::Form;
 
 macro_rules! decision_script {
     ($file:literal) => {
         concat!(
-            include_str!("lua/arith.lua"),
-            include_str!("lua/carry.lua"),
-            include_str!("lua/prelude.lua"),
-            include_str!(concat!("lua/", $file)),
-            include_str!("lua/epilogue.lua"),
+            include_str!("lua/lib/arith.lua"),
+            include_str!("lua/lib/carry.lua"),
+            include_str!("lua/lib/prelude.lua"),
+            include_str!(concat!("lua/algorithm/", $file)),
+            include_str!("lua/lib/epilogue.lua"),
         )
     };
 }
 
 /// `carried_word`, the carry-over library of the word scripts, as one
-/// function (see `word_carry_begin.lua`).
+/// function (see `lua/lib/word_carry_begin.lua`).
 macro_rules! word_carry {
     () => {
         concat!(
-            include_str!("lua/word_carry_begin.lua"),
-            include_str!("lua/arith.lua"),
-            include_str!("lua/carry.lua"),
-            include_str!("lua/word_carry_end.lua"),
+            include_str!("lua/lib/word_carry_begin.lua"),
+            include_str!("lua/lib/arith.lua"),
+            include_str!("lua/lib/carry.lua"),
+            include_str!("lua/lib/word_carry_end.lua"),
         )
     };
 }
@@ -32,22 +34,21 @@ macro_rules! word_carry {
 /// two orders: writing first and reading first. They differ only in their
 /// first line, and have two SHA-1s, so that the store picks one without
 /// sending another argument (each argument costs Redis a rehash of the
-/// script's `ARGV` table as it grows: about 1,700 instructions for the
-/// third, measured with callgrind).
-const ONE_WORD_WRITE_FIRST: &str = concat!(
+/// script's `ARGV` table as it grows; `BENCHMARKS.md` has the cost).
+const TAT_WRITE_FIRST: &str = concat!(
     "local write_first = true\n",
     word_carry!(),
-    include_str!("lua/one_word.lua")
+    include_str!("lua/shape/tat.lua")
 );
-const ONE_WORD_READ_FIRST: &str = concat!(
+const TAT_READ_FIRST: &str = concat!(
     "local write_first = false\n",
     word_carry!(),
-    include_str!("lua/one_word.lua")
+    include_str!("lua/shape/tat.lua")
 );
 
 /// The script of a single fixed-window limit whose state is a window word
-/// (see [`PolicyState::is_window_word`]).
-const WINDOW_WORD: &str = concat!(word_carry!(), include_str!("lua/window_word.lua"));
+/// (see [`Shape::WindowWord`](tollgate_core::Shape::WindowWord)).
+const WINDOW_WORD: &str = concat!(word_carry!(), include_str!("lua/shape/window_word.lua"));
 
 /// The general script of `algorithm`, or `None` for one this version does
 /// not implement.
@@ -67,12 +68,12 @@ fn general(algorithm: Algorithm) -> Option<&'static str> {
 /// Redis, or `None` for an algorithm this version does not implement.
 ///
 /// A policy of one GCRA, token-bucket or leaky-bucket limit runs a smaller
-/// script than the others (see [`PolicyState::is_one_word`]); this is its
+/// script than the others (see [`Shape::Tat`](tollgate_core::Shape::Tat)); this is its
 /// variant that writes first, which the store sends while few of its recent
 /// requests found their key busy. Once more did, it sends the same script
 /// with `local write_first = false` as its first line. A policy of one
 /// fixed-window limit below a million a second runs a small script of its
-/// own (see [`PolicyState::is_window_word`]). Together with
+/// own (see [`Shape::WindowWord`](tollgate_core::Shape::WindowWord)). Together with
 /// [`script_args`] this is exactly what the store sends, useful to load it
 /// elsewhere, such as into `redis-benchmark`.
 ///
@@ -89,12 +90,10 @@ fn general(algorithm: Algorithm) -> Option<&'static str> {
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
 pub fn script_source(policy: &Policy) -> Option<&'static str> {
-    if PolicyState::is_one_word(policy) {
-        Some(ONE_WORD_WRITE_FIRST)
-    } else if PolicyState::is_window_word(policy) {
-        Some(WINDOW_WORD)
-    } else {
-        general(policy.algorithm())
+    match Form::of(policy) {
+        Form::Tat => Some(TAT_WRITE_FIRST),
+        Form::WindowWord => Some(WINDOW_WORD),
+        Form::General => general(policy.algorithm()),
     }
 }
 
@@ -167,32 +166,23 @@ pub(crate) fn for_each_arg<'a>(
     min_ttl_ms: u64,
     mut arg: impl FnMut(Arg<'a>),
 ) {
-    let descriptor = Arg::Text(policy.state_descriptor());
-    if PolicyState::is_one_word(policy) {
-        let (step, slack) = one_word_args(policy, cost);
-        arg(Arg::Number(step));
-        arg(Arg::Number(slack));
-        arg(descriptor);
-        // On Redis's clock, the script needs nothing more.
-        if now > 0 {
-            arg(Arg::Number(now));
-            arg(Arg::Number(min_ttl_ms));
-        }
-        return;
+    let form = Form::of(policy);
+    if form == Form::General {
+        return general_args(policy, Arg::Number(cost), now, min_ttl_ms, arg);
     }
-    if PolicyState::is_window_word(policy) {
-        let (period, step, slack) = window_word_args(policy, cost);
-        for n in [period, step, slack] {
-            arg(Arg::Number(n));
-        }
-        arg(descriptor);
-        if now > 0 {
-            arg(Arg::Number(now));
-            arg(Arg::Number(min_ttl_ms));
-        }
-        return;
+    let (period, step, slack) = word_args(form, policy, cost);
+    // The one-time script takes no period.
+    if form == Form::WindowWord {
+        arg(Arg::Number(period));
     }
-    general_args(policy, Arg::Number(cost), now, min_ttl_ms, arg);
+    arg(Arg::Number(step));
+    arg(Arg::Number(slack));
+    arg(Arg::Text(policy.state_descriptor()));
+    // On Redis's clock, the script needs nothing more.
+    if now > 0 {
+        arg(Arg::Number(now));
+        arg(Arg::Number(min_ttl_ms));
+    }
 }
 
 /// Feeds the `ARGV` of a general script's call to `arg`: `costs` is one
@@ -216,11 +206,23 @@ pub(crate) fn general_args<'a>(
     }
 }
 
-/// The two arguments of one request to the one-word script: the step, how
+/// The period (0 for the one-time script, which takes none), step and
+/// slack of one request to a word script.
+pub(crate) fn word_args(form: Form, policy: &Policy, cost: u64) -> (u64, u64, u64) {
+    match form {
+        Form::WindowWord => window_word_args(policy, cost),
+        _ => {
+            let (step, slack) = tat_args(policy, cost);
+            (0, step, slack)
+        }
+    }
+}
+
+/// The two arguments of one request to the one-time script: the step, how
 /// far an admitted request moves the key's time, and the slack, how far
 /// ahead of now that time may be for the request to be admitted (capacity
 /// less cost, times the interval), both in µs.
-pub(crate) fn one_word_args(policy: &Policy, cost: u64) -> (u64, u64) {
+fn tat_args(policy: &Policy, cost: u64) -> (u64, u64) {
     let Some(p) = policy.params().first() else {
         return (0, 0);
     };
@@ -240,7 +242,7 @@ pub(crate) fn one_word_args(policy: &Policy, cost: u64) -> (u64, u64) {
 /// period in µs, the step (the cost, or 0 when nothing can be committed)
 /// and the slack (how much the window may hold already for the request to
 /// be admitted).
-pub(crate) fn window_word_args(policy: &Policy, cost: u64) -> (u64, u64, u64) {
+fn window_word_args(policy: &Policy, cost: u64) -> (u64, u64, u64) {
     let Some(p) = policy.params().first() else {
         return (1, 0, 0);
     };
@@ -271,7 +273,7 @@ impl DecisionScript {
 pub(crate) struct Scripts {
     general: Vec<(Algorithm, DecisionScript)>,
     /// Writing first, then reading first.
-    one_word: [DecisionScript; 2],
+    tat: [DecisionScript; 2],
     pub(crate) window_word: DecisionScript,
 }
 
@@ -282,40 +284,34 @@ impl Scripts {
                 .into_iter()
                 .filter_map(|a| Some((a, DecisionScript::new(general(a)?))))
                 .collect(),
-            one_word: [
-                DecisionScript::new(ONE_WORD_WRITE_FIRST),
-                DecisionScript::new(ONE_WORD_READ_FIRST),
+            tat: [
+                DecisionScript::new(TAT_WRITE_FIRST),
+                DecisionScript::new(TAT_READ_FIRST),
             ],
             window_word: DecisionScript::new(WINDOW_WORD),
         }
     }
 
-    /// The script that decides for `policy`, or `None` for an algorithm
-    /// this store does not know.
+    /// The general script of `policy`'s algorithm, or `None` for one this
+    /// store does not know.
     pub(crate) fn get(&self, policy: &Policy) -> Option<&DecisionScript> {
-        if PolicyState::is_one_word(policy) {
-            return Some(&self.one_word[0]);
-        }
-        if PolicyState::is_window_word(policy) {
-            return Some(&self.window_word);
-        }
         self.general
             .iter()
             .find(|(a, _)| *a == policy.algorithm())
             .map(|(_, s)| s)
     }
 
-    /// The script of one-word policies, which takes one or more keys,
+    /// The script of one-time policies, which takes one or more keys,
     /// writing first or reading first.
-    pub(crate) fn one_word(&self, write_first: bool) -> &DecisionScript {
-        &self.one_word[usize::from(!write_first)]
+    pub(crate) fn tat(&self, write_first: bool) -> &DecisionScript {
+        &self.tat[usize::from(!write_first)]
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &DecisionScript> {
         self.general
             .iter()
             .map(|(_, s)| s)
-            .chain(&self.one_word)
+            .chain(&self.tat)
             .chain([&self.window_word])
     }
 }

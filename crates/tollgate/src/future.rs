@@ -14,9 +14,10 @@ use tollgate_core::{Decision, StoreError};
 use tower_service::Service;
 
 use crate::body::{BodyKind, WrapBody};
+use crate::fallback::FailureMode;
 use crate::headers::Decoration;
 use crate::report::Verdict;
-use crate::response::{FailureMode, Responder};
+use crate::response::Responder;
 
 pub(crate) type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 

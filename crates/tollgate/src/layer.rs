@@ -10,9 +10,10 @@ use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
 use tower_layer::Layer;
 
 use crate::body::{KeepBody, WrapBody};
+use crate::fallback::{FailureMode, FallbackStore};
 use crate::headers::HeaderStyle;
-use crate::response::{FailureMode, MissingKey, Responder};
-use crate::service::{RateLimit, Shared};
+use crate::response::{MissingKey, Responder};
+use crate::service::{Config, RateLimit, Shared};
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service.
 ///
@@ -38,28 +39,16 @@ use crate::service::{RateLimit, Shared};
 #[derive(Debug)]
 #[must_use]
 pub struct RateLimitLayer<K, St = MemoryStore, M = WrapBody> {
-    policy: Policy,
-    store: Arc<St>,
-    extractor: Arc<K>,
-    cost: u64,
-    wait: Option<Duration>,
-    local: MemoryStore,
-    local_policy: Policy,
-    responder: Responder,
+    store: FallbackStore<St>,
+    config: Config<K>,
     body: PhantomData<fn() -> M>,
 }
 
 impl<K, St, M> Clone for RateLimitLayer<K, St, M> {
     fn clone(&self) -> Self {
         Self {
-            policy: self.policy.clone(),
             store: self.store.clone(),
-            extractor: self.extractor.clone(),
-            cost: self.cost,
-            wait: self.wait,
-            local: self.local.clone(),
-            local_policy: self.local_policy.clone(),
-            responder: self.responder.clone(),
+            config: self.config.clone(),
             body: PhantomData,
         }
     }
@@ -69,16 +58,15 @@ impl<K> RateLimitLayer<K, MemoryStore> {
     /// Limits requests by `policy`, keyed by `extractor`, on a new
     /// [`MemoryStore`] with the system clock.
     pub fn new(policy: Policy, extractor: K) -> Self {
-        let responder = Responder::new(policy.name());
         Self {
-            local_policy: policy.clone(),
-            policy,
-            store: Arc::new(MemoryStore::new()),
-            extractor: Arc::new(extractor),
-            cost: 1,
-            wait: None,
-            local: shared_fallback().clone(),
-            responder,
+            store: FallbackStore::new(MemoryStore::new()),
+            config: Config {
+                responder: Arc::new(Responder::new(policy.name())),
+                policy,
+                extractor: Arc::new(extractor),
+                cost: 1,
+                wait: None,
+            },
             body: PhantomData,
         }
     }
@@ -88,20 +76,9 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// Keeps state in `store` instead. Pass a clone of one store to several
     /// layers to let them share state (state is per policy name and key).
     pub fn store<St2>(self, store: St2) -> RateLimitLayer<K, St2, M> {
-        self.retyped(Arc::new(store))
-    }
-
-    /// The same configuration with `store` and the body kind `M2`.
-    fn retyped<St2, M2>(self, store: Arc<St2>) -> RateLimitLayer<K, St2, M2> {
         RateLimitLayer {
-            policy: self.policy,
-            store,
-            extractor: self.extractor,
-            cost: self.cost,
-            wait: self.wait,
-            local: self.local,
-            local_policy: self.local_policy,
-            responder: self.responder,
+            store: self.store.rewrapped(store),
+            config: self.config,
             body: PhantomData,
         }
     }
@@ -125,27 +102,30 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn keep_body_type(self) -> RateLimitLayer<K, St, KeepBody> {
-        let store = self.store.clone();
-        self.retyped(store)
+        RateLimitLayer {
+            store: self.store,
+            config: self.config,
+            body: PhantomData,
+        }
     }
 
     /// The cost of each request (default 1). A cost of 0 only reads the
     /// state: requests are never denied, but carry the headers.
     pub fn cost(mut self, cost: u64) -> Self {
-        self.cost = cost;
+        self.config.cost = cost;
         self
     }
 
     /// Which rate-limit headers to send (default [`HeaderStyle::GitHub`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.responder.headers = style;
+        Arc::make_mut(&mut self.config.responder).headers = style;
         self
     }
 
     /// The status of a rejection (default 429). GitHub-compatible clients
     /// may expect 403.
     pub fn rejection_status(mut self, status: StatusCode) -> Self {
-        self.responder.status = status;
+        Arc::make_mut(&mut self.config.responder).status = status;
         self
     }
 
@@ -156,7 +136,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.responder.custom = Some(Arc::new(f));
+        Arc::make_mut(&mut self.config.responder).custom = Some(Arc::new(f));
         self
     }
 
@@ -180,7 +160,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn wait(mut self, max_wait: Duration) -> Self {
-        self.wait = Some(max_wait);
+        self.config.wait = Some(max_wait);
         self
     }
 
@@ -191,7 +171,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
     /// failure in closed mode `UNAVAILABLE`.
     pub fn grpc(mut self) -> Self {
-        self.responder.grpc = true;
+        Arc::make_mut(&mut self.config.responder).grpc = true;
         self
     }
 
@@ -223,7 +203,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// # }
     /// ```
     pub fn shadow(mut self) -> Self {
-        self.responder.enforce_percent = 0;
+        Arc::make_mut(&mut self.config.responder).enforce_percent = 0;
         self
     }
 
@@ -254,20 +234,20 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
                 reason: "must be between 0 and 100",
             });
         }
-        self.responder.enforce_percent = percent;
+        Arc::make_mut(&mut self.config.responder).enforce_percent = percent;
         Ok(self)
     }
 
     /// What to do with a request that yields no key (default
     /// [`MissingKey::Error`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.responder.missing = missing;
+        Arc::make_mut(&mut self.config.responder).missing = missing;
         self
     }
 
     /// What to do when the store fails (default [`FailureMode::Local`]).
     pub fn on_store_error(mut self, failure: FailureMode) -> Self {
-        self.responder.failure = failure;
+        self.store = self.store.on_store_error(failure);
         self
     }
 
@@ -276,68 +256,40 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// policy's limits divided by `instances` (see [`Policy::divided`]).
     /// Default 1: each instance enforces the whole limit.
     pub fn local_divisor(mut self, instances: std::num::NonZeroU64) -> Self {
-        // `divided` fails only for zero, which NonZeroU64 rules out.
-        if let Ok(share) = self.policy.divided(instances.get()) {
-            self.local_policy = share;
-        }
+        self.store = self.store.local_divisor(instances);
         self
     }
 
     /// The in-memory store [`FailureMode::Local`] decides with (default:
-    /// [`shared_fallback`], one store for every layer of the process).
+    /// [`shared_fallback`](crate::shared_fallback), one store for every layer of the process).
     pub fn local_fallback(mut self, store: MemoryStore) -> Self {
-        self.local = store;
+        self.store = self.store.local_fallback(store);
         self
     }
 
     /// The policy.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        &self.config.policy
     }
 
     /// The store.
     pub fn get_store(&self) -> &St {
-        &self.store
+        self.store.get_ref()
     }
-}
-
-/// The in-memory store that every layer falls back to under
-/// [`FailureMode::Local`], unless given its own with
-/// [`RateLimitLayer::local_fallback`]: one per process, made on first use,
-/// with the system clock and [`MemoryStore::DEFAULT_MAX_KEYS`] keys.
-///
-/// Sharing it keeps the process bounded however many layers it has: the
-/// keys held are at most the sum of `max_keys` over the stores the layers
-/// decide with (each [`RateLimitLayer::new`] makes one, unless replaced with
-/// [`store`](RateLimitLayer::store)) plus this store's
-/// [`max_keys`](MemoryStore::max_keys). State in it is per policy name and
-/// key, like in any store, so layers of different policies do not mix.
-///
-/// ```
-/// use tollgate::{MemoryStore, shared_fallback};
-///
-/// assert_eq!(shared_fallback().max_keys(), MemoryStore::DEFAULT_MAX_KEYS);
-/// ```
-pub fn shared_fallback() -> &'static MemoryStore {
-    static FALLBACK: std::sync::OnceLock<MemoryStore> = std::sync::OnceLock::new();
-    FALLBACK.get_or_init(MemoryStore::new)
 }
 
 impl<S, K, St, M> Layer<S> for RateLimitLayer<K, St, M> {
     type Service = RateLimit<S, K, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let mut config = self.config.clone();
+        // The responses follow the store's failure mode, set in one place.
+        Arc::make_mut(&mut config.responder).failure = self.store.failure_mode();
         RateLimit::new(
             inner,
             Arc::new(Shared {
-                policy: self.policy.clone(),
                 store: self.store.clone(),
-                extractor: self.extractor.clone(),
-                cost: self.cost,
-                wait: self.wait,
-                local: self.local.clone(),
-                local_policy: self.local_policy.clone(),
-                responder: Arc::new(self.responder.clone()),
+                config,
             }),
         )
     }

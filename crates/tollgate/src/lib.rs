@@ -84,6 +84,7 @@
 mod body;
 mod clock;
 mod extract;
+mod fallback;
 mod future;
 pub mod headers;
 mod ip;
@@ -98,41 +99,42 @@ pub use clock::TokioClock;
 #[cfg(feature = "axum")]
 pub use extract::RouteKey;
 pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause, ToKey};
+pub use fallback::{FailureMode, FallbackStore, shared_fallback};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
-pub use layer::{RateLimitLayer, shared_fallback};
+pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
-pub use response::{FailureMode, MissingKey};
+pub use response::MissingKey;
 pub use service::RateLimit;
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{
-    Algorithm, BreakerState, CircuitBreaker, Clock, ConfigError, Decision, FakeClock, Key, KeyKind,
-    Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError,
-    SystemClock, Timestamp, TypeTag,
+    Algorithm, BreakerState, Clock, ConfigError, Decision, FakeClock, Key, KeyKind, Limit,
+    LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError, SystemClock,
+    Timestamp, TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.
 ///
-/// The same pages are in the repository's `docs/` folder; every code block
+/// The same pages are in the crate's `guides/` folder; every code block
 /// in them is compiled and run as a doctest.
 pub mod guides {
-    #[doc = include_str!("../../../docs/choosing-an-algorithm.md")]
+    #[doc = include_str!("../guides/choosing-an-algorithm.md")]
     pub mod choosing_an_algorithm {}
 
-    #[doc = include_str!("../../../docs/keys-and-proxies.md")]
+    #[doc = include_str!("../guides/keys-and-proxies.md")]
     pub mod keys_and_proxies {}
 
-    #[doc = include_str!("../../../docs/redis.md")]
+    #[doc = include_str!("../guides/redis.md")]
     pub mod redis {}
 
-    #[doc = include_str!("../../../docs/failure-modes.md")]
+    #[doc = include_str!("../guides/failure-modes.md")]
     pub mod failure_modes {}
 
-    #[doc = include_str!("../../../docs/outbound-and-jobs.md")]
+    #[doc = include_str!("../guides/outbound-and-jobs.md")]
     pub mod outbound_and_jobs {}
 
-    #[doc = include_str!("../../../docs/observability.md")]
+    #[doc = include_str!("../guides/observability.md")]
     pub mod observability {}
 }

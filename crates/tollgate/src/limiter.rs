@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, Key, MemoryStore, Outcome, Policy, Store, StoreError};
 
+use crate::fallback::{FailureMode, FallbackStore, let_through};
 use crate::report::{Telemetry, Verdict};
 
 /// Why [`RateLimiter::until_ready`] gave up.
@@ -70,7 +71,7 @@ pub enum WaitError {
 /// ```
 pub struct RateLimiter<St = MemoryStore> {
     policy: Policy,
-    store: Arc<St>,
+    store: FallbackStore<St>,
     telemetry: Arc<Telemetry>,
 }
 
@@ -87,8 +88,46 @@ impl<St> RateLimiter<St> {
         Self {
             telemetry: Arc::new(Telemetry::new(policy.name())),
             policy,
-            store: Arc::new(store),
+            store: FallbackStore::new(store),
         }
+    }
+
+    /// What to do when the store fails (default [`FailureMode::Local`], as
+    /// for the layer): decide with an in-memory store, each instance
+    /// enforcing its share ([`RateLimiter::local_divisor`]);
+    /// [`FailureMode::Closed`] returns the error; [`FailureMode::Open`]
+    /// admits, reporting every limit full.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, FailureMode, Policy, RateLimiter};
+    ///
+    /// let policy = Policy::new("partner-api", Algorithm::Gcra, "10/s")?;
+    /// let limiter = RateLimiter::new(policy).on_store_error(FailureMode::Closed);
+    /// assert_eq!(limiter.failure_mode(), FailureMode::Closed);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
+        self.store = self.store.on_store_error(mode);
+        self
+    }
+
+    /// How many instances share the limit, for [`FailureMode::Local`] (see
+    /// [`FallbackStore::local_divisor`]). Default 1.
+    pub fn local_divisor(mut self, instances: std::num::NonZeroU64) -> Self {
+        self.store = self.store.local_divisor(instances);
+        self
+    }
+
+    /// The in-memory store [`FailureMode::Local`] decides with (default:
+    /// [`shared_fallback`](crate::shared_fallback)).
+    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
+        self.store = self.store.local_fallback(store);
+        self
+    }
+
+    /// The failure mode.
+    pub fn failure_mode(&self) -> FailureMode {
+        self.store.failure_mode()
     }
 
     /// The policy.
@@ -98,7 +137,7 @@ impl<St> RateLimiter<St> {
 
     /// The store.
     pub fn store(&self) -> &St {
-        &self.store
+        self.store.get_ref()
     }
 }
 
@@ -107,7 +146,8 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// # Errors
     ///
-    /// A [`StoreError`] when the store cannot decide.
+    /// A [`StoreError`] when the store cannot decide under
+    /// [`FailureMode::Closed`], or the local fallback cannot either.
     pub async fn check(&self, key: &Key) -> Result<Decision, StoreError> {
         self.check_n(key, 1).await
     }
@@ -118,18 +158,32 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// # Errors
     ///
-    /// A [`StoreError`] when the store cannot decide.
+    /// A [`StoreError`] when the store cannot decide under
+    /// [`FailureMode::Closed`], or the local fallback cannot either.
     pub async fn check_n(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        let result = match self.store.try_check_now(key, &self.policy, cost) {
-            Some(result) => result,
-            None => self.store.check(key, &self.policy, cost).await,
+        let result = self
+            .store
+            .check_reported(key, &self.policy, cost, &*self.telemetry)
+            .await;
+        let result = match result {
+            Err(error) if self.store.failure_mode() == FailureMode::Open => {
+                self.telemetry.store_failed(Some(FailureMode::Open), &error);
+                self.telemetry.failed_over(FailureMode::Open);
+                return Ok(let_through(&self.policy));
+            }
+            other => other,
         };
         match &result {
             Ok(decision) if decision.is_allowed() => {
                 self.telemetry.decided(decision, Verdict::Allowed);
             }
             Ok(decision) => self.telemetry.decided(decision, Verdict::Limited),
-            Err(error) => self.telemetry.store_failed(None, error),
+            // Under `Local`, the fallback reported the failure already.
+            Err(error) if self.failure_mode() == FailureMode::Closed => {
+                self.telemetry
+                    .store_failed(Some(FailureMode::Closed), error);
+            }
+            Err(_) => {}
         }
         result
     }

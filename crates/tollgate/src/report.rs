@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Decision, StoreError};
 
 use crate::extract::MissingCause;
-use crate::response::FailureMode;
+use crate::fallback::{FailureMode, FailureReport};
 
 /// What became of a decided request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +230,16 @@ impl Throttle {
             return None;
         }
         Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+}
+
+impl FailureReport for Telemetry {
+    fn store_failed(&self, mode: FailureMode, error: &StoreError) {
+        Telemetry::store_failed(self, Some(mode), error);
+    }
+
+    fn decided_locally(&self, allowed: bool) {
+        Telemetry::decided_locally(self, allowed);
     }
 }
 

@@ -9,6 +9,7 @@ use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key, Outcome};
 
 use crate::extract::MissingCause;
+use crate::fallback::FailureMode;
 use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
 
@@ -32,23 +33,6 @@ pub enum MissingKey {
     Reject(StatusCode),
     /// Let the request through unlimited, without rate-limit headers.
     Allow,
-}
-
-/// What the layer does when the store cannot decide.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailureMode {
-    /// Let the request through without rate-limit headers, and log a
-    /// warning.
-    Open,
-    /// Answer 503 with `Retry-After: 1`.
-    Closed,
-    /// Decide with an in-memory store instead, and log a warning: limiting
-    /// goes on, per instance, with each instance's share of the limit (see
-    /// [`RateLimitLayer::local_divisor`](crate::RateLimitLayer::local_divisor)).
-    /// The default.
-    #[default]
-    Local,
 }
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;

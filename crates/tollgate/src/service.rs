@@ -7,53 +7,52 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tollgate_core::{Decision, Key, MemoryStore, Policy, PolicyState, Store, StoreError};
+use tollgate_core::{Key, Policy, Store};
 use tower_service::Service;
 
 use crate::body::{BodyKind, WrapBody};
 use crate::extract::KeyExtractor;
+use crate::fallback::FallbackStore;
 use crate::future::{Check, Inner, ResponseFuture, Waiter};
-use crate::response::{FailureMode, MissingKey, Responder};
+use crate::response::{MissingKey, Responder};
 
-/// Configuration and state shared by a layer's services and their clones.
-pub(crate) struct Shared<K, St> {
+/// A layer's settings, kept once: cloned into each layer made from it, and
+/// shared by every service of one.
+pub(crate) struct Config<K> {
     pub(crate) policy: Policy,
-    pub(crate) store: Arc<St>,
     pub(crate) extractor: Arc<K>,
     pub(crate) cost: u64,
     pub(crate) wait: Option<Duration>,
-    pub(crate) local: MemoryStore,
-    pub(crate) local_policy: Policy,
     pub(crate) responder: Arc<Responder>,
 }
 
-impl<K, St: Store> Shared<K, St> {
-    /// Applies the local fallback to a store failure, if configured. A key
-    /// the store still remembers takes its use along into the fallback
-    /// (scaled to the local share), rather than starting afresh.
-    fn fall_back(
-        &self,
-        key: &Key,
-        result: Result<Decision, StoreError>,
-    ) -> Result<Decision, StoreError> {
-        match result {
-            Err(error) if self.responder.failure == FailureMode::Local => {
-                let telemetry = &self.responder.telemetry;
-                telemetry.store_failed(Some(FailureMode::Local), &error);
-                if let Some(last) = self.store.last_known(key, &self.policy) {
-                    let state = PolicyState::seeded(&self.local_policy, &last);
-                    // A full fallback decides below as it would anyway.
-                    let _ = self.local.seed(key, &self.local_policy, state);
-                }
-                let local = self.local.check_sync(key, &self.local_policy, self.cost);
-                if let Ok(decision) = &local {
-                    telemetry.decided_locally(decision.is_allowed());
-                }
-                local
-            }
-            other => other,
+impl<K> fmt::Debug for Config<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("policy", &self.policy)
+            .field("cost", &self.cost)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Clone for Config<K> {
+    fn clone(&self) -> Self {
+        Self {
+            policy: self.policy.clone(),
+            extractor: self.extractor.clone(),
+            cost: self.cost,
+            wait: self.wait,
+            responder: self.responder.clone(),
         }
     }
+}
+
+/// What a layer's services and their clones share: the store behind its
+/// failure handling, and the settings.
+pub(crate) struct Shared<K, St> {
+    pub(crate) store: FallbackStore<St>,
+    pub(crate) config: Config<K>,
 }
 
 /// A service that rate-limits requests before passing them to `S`.
@@ -95,7 +94,7 @@ impl<S, K, St, M> RateLimit<S, K, St, M> {
 
     /// The policy.
     pub fn policy(&self) -> &Policy {
-        &self.shared.policy
+        &self.shared.config.policy
     }
 }
 
@@ -113,7 +112,7 @@ impl<S: fmt::Debug, K, St, M> fmt::Debug for RateLimit<S, K, St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("policy", &self.shared.policy)
+            .field("policy", &self.shared.config.policy)
             .finish_non_exhaustive()
     }
 }
@@ -136,37 +135,43 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
+        let config = &shared.config;
         // The service that `poll_ready` drove to readiness. A request the
         // store decides at once calls it in place; a request that waits for
         // the store takes it along and leaves a clone here.
         let inner = Inner::Ready(&mut self.inner);
-        let responder = shared.responder.clone();
+        let responder = config.responder.clone();
 
-        let Some(key) = shared.extractor.extract(&request) else {
-            return match shared.responder.missing {
+        let Some(key) = config.extractor.extract(&request) else {
+            return match config.responder.missing {
                 MissingKey::Allow => ResponseFuture::call(inner, request, responder),
                 _ => {
-                    let cause = shared.extractor.missing(&request);
-                    let response = shared.responder.missing_key(&cause);
+                    let cause = config.extractor.missing(&request);
+                    let response = config.responder.missing_key(&cause);
                     ResponseFuture::respond(response, responder)
                 }
             };
         };
 
-        let enforce = shared.responder.enforces(&key);
-        let waiter = shared.wait.map(|max_wait| Waiter {
+        let enforce = config.responder.enforces(&key);
+        let waiter = config.wait.map(|max_wait| Waiter {
             recheck: {
                 let (shared, key) = (shared.clone(), key.clone());
                 Box::new(move || check(shared.clone(), key.clone()))
             },
             deadline: tokio::time::Instant::now() + max_wait,
         });
+        let telemetry = &*config.responder.telemetry;
         match shared
             .store
-            .try_check_now(&key, &shared.policy, shared.cost)
+            .get_ref()
+            .try_check_now(&key, &config.policy, config.cost)
         {
             Some(result) => {
-                let result = shared.fall_back(&key, result);
+                let result =
+                    shared
+                        .store
+                        .settle(&key, &config.policy, config.cost, result, telemetry);
                 ResponseFuture::decided(result, inner, request, responder, waiter, enforce)
             }
             None => {
@@ -185,7 +190,11 @@ where
     St: Store,
 {
     Box::pin(async move {
-        let result = shared.store.check(&key, &shared.policy, shared.cost).await;
-        shared.fall_back(&key, result)
+        let config = &shared.config;
+        let telemetry = &*config.responder.telemetry;
+        shared
+            .store
+            .check_reported(&key, &config.policy, config.cost, telemetry)
+            .await
     })
 }

@@ -45,7 +45,7 @@ local key = KEYS[1]
 -- Set by an algorithm whose advance rewrote stored state, or when the
 -- state was carried over from another configuration.
 local changed = false
--- Whether the key holds the string of a one-word or window-word
+-- Whether the key holds the string of a one-time or window-word
 -- configuration, which the hash written below replaces.
 local was_string = false
 -- S[i]: the state of limit i, fields a, b, c (and s for the log's

@@ -1,4 +1,4 @@
--- tollgate: the decision script of one-word policies, each a single GCRA,
+-- tollgate: the decision script of one-time policies, each a single GCRA,
 -- token-bucket or leaky-bucket limit (after arith.lua and carry.lua). The
 -- whole state of a key is one time in microseconds (the theoretical
 -- arrival time, when the bucket is full again, or when the queue is next
@@ -37,7 +37,7 @@
 -- For several keys, any ahead, it replies the string
 -- "<seconds> <microseconds> <old_1> ... <old_n>": now as Redis TIME gave
 -- it, then each request's time before it (0 where it was not ahead of
--- now). The client repeats the arithmetic (PolicyState::decide_word) to
+-- now). The client repeats the arithmetic (tollgate_core::state::decide_tat) to
 -- build each decision. Every number stays below 2^53, which Lua doubles
 -- hold exactly.
 --

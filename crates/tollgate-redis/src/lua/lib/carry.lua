@@ -5,7 +5,7 @@
 -- A key has one Redis key per policy name, whatever the configuration. Its
 -- state records the configuration it was written under as a descriptor,
 -- "<algorithm> <period>/<interval>/<capacity> ...", one triple per limit:
--- the general scripts in the hash field 'c', the one-word and window-word
+-- the general scripts in the hash field 'c', the one-time and window-word
 -- scripts after the word, "<word>|<descriptor>". A script that finds
 -- another descriptor (or the other kind of value: a hash where it keeps a
 -- string, or the reverse) carries the state over:

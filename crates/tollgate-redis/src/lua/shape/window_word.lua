@@ -1,6 +1,6 @@
 -- tollgate: the decision script of window-word policies, each a single
 -- fixed-window limit whose count is below its period in µs
--- (PolicyState::is_window_word), after arith.lua and carry.lua. The whole
+-- (Shape::WindowWord), after arith.lua and carry.lua. The whole
 -- state of a key is one integer, the window word: the window's start in
 -- µs plus the cost counted in it, stored as "<word>|<descriptor>" (see
 -- carry.lua) in a string that expires when the window ends. As the count
@@ -33,7 +33,7 @@
 -- replies the string "<seconds> <microseconds> <word_1> ... <word_n>": now
 -- as Redis TIME gave it, then each request's word before it (0 where the
 -- key held no count of the current window). The client repeats the
--- reference arithmetic (PolicyState::decide_window_word) on each word.
+-- reference arithmetic (tollgate_core::state::decide_window_word) on each word.
 --
 -- Per call: TIME. Per request: a GET, then, if admitted, a SET: of a new
 -- window's word with its expiry, or of the counted word keeping its

@@ -1,0 +1,47 @@
+//! The leaky bucket as a queue: requests are admitted with a delay so that
+//! they leave at the limit's rate. Lua: `leaky_bucket.lua`; a single limit
+//! is kept in the one-time form of `gcra.rs`.
+
+use crate::algorithm::rule::{Rule, backlog, backlog_admits, backlog_status, rescaled};
+use crate::policy::LimitParams;
+
+/// When the queue can next release a request: the last admitted request's
+/// departure plus its cost in intervals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeakyBucket {
+    pub(crate) free_at: u64,
+}
+
+impl Rule for LeakyBucket {
+    fn fresh(_p: &LimitParams, _now: u64) -> Self {
+        LeakyBucket { free_at: 0 }
+    }
+
+    fn status(&self, p: &LimitParams, now: u64, queue_free: u64) -> (u64, u64) {
+        backlog_status(p, queue_free, now)
+    }
+
+    fn admits(&self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) -> Result<(), u64> {
+        backlog_admits(p, queue_free, now, cost)
+    }
+
+    fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) {
+        self.free_at = queue_free.max(now) + cost * p.interval_us;
+    }
+
+    fn expires_at(&self, _p: &LimitParams) -> u64 {
+        self.free_at
+    }
+
+    fn carried(self, old: &LimitParams, new: &LimitParams, now: u64) -> Self {
+        LeakyBucket {
+            free_at: rescaled(self.free_at, old.interval_us, new.interval_us, now),
+        }
+    }
+
+    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
+        LeakyBucket {
+            free_at: now + backlog(p, used),
+        }
+    }
+}

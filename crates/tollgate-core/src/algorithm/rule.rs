@@ -1,0 +1,88 @@
+//! What every algorithm implements for one limit, and the arithmetic
+//! several share. All times are integer microseconds since the Unix epoch.
+
+use crate::policy::{LimitParams, MAX_SPAN_US};
+
+/// One limit's state under one algorithm, and how it decides.
+///
+/// `queue_free` is the joint departure time of a leaky-bucket policy (a
+/// request leaves when every limit's queue lets it); other algorithms
+/// ignore it.
+pub(crate) trait Rule: Sized {
+    /// The state of a key never seen.
+    fn fresh(p: &LimitParams, now: u64) -> Self;
+
+    /// Brings the state up to `now` without changing what it means: rolls
+    /// windows, drops expired log entries, adds refilled tokens.
+    fn advance(&mut self, _p: &LimitParams, _now: u64) {}
+
+    /// `(remaining, reset)` in the current state.
+    fn status(&self, p: &LimitParams, now: u64, queue_free: u64) -> (u64, u64);
+
+    /// `Ok` if this limit admits `cost` now (`cost <= capacity` holds),
+    /// otherwise the exact time from `now` until it would.
+    fn admits(&self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) -> Result<(), u64>;
+
+    /// Consumes `cost`, which [`Rule::admits`] accepted.
+    fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64);
+
+    /// From when on the state is indistinguishable from a fresh one.
+    fn expires_at(&self, p: &LimitParams) -> u64;
+
+    /// This state, built under `old`, as the state of `new`, a limit of the
+    /// same algorithm and period whose count, interval or capacity may
+    /// differ: the amount already used carries over. Counts of a window or
+    /// log mean the same under any count (the default); a time ahead of now
+    /// is a backlog of used intervals, rescaled to the new interval.
+    fn carried(self, _old: &LimitParams, _new: &LimitParams, _now: u64) -> Self {
+        self
+    }
+
+    /// A fresh state (`self`) that has used `used` units at `now`, as
+    /// another store reported: windows and logs count it at `now`, buckets
+    /// as a backlog from then.
+    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self;
+}
+
+/// The start of the window of `period` holding `now`.
+pub(crate) fn window_start(now: u64, period: u64) -> u64 {
+    now - now % period
+}
+
+/// `word`, a time when a backlog of intervals of `from` µs clears, as the
+/// time the same number of intervals of `to` µs clears, rounded up, and at
+/// most [`MAX_SPAN_US`] ahead of `now`. A time that has passed stays as it
+/// is: it means no backlog under any interval.
+pub(crate) fn rescaled(word: u64, from: u64, to: u64, now: u64) -> u64 {
+    if word <= now || from == to {
+        return word;
+    }
+    let backlog = u128::from(word - now) * u128::from(to);
+    let backlog = backlog.div_ceil(u128::from(from.max(1)));
+    now + u64::try_from(backlog).map_or(MAX_SPAN_US, |b| b.min(MAX_SPAN_US))
+}
+
+/// `used` units of `p` as a backlog of intervals, bounded.
+pub(crate) fn backlog(p: &LimitParams, used: u64) -> u64 {
+    used.saturating_mul(p.interval_us).min(MAX_SPAN_US)
+}
+
+/// `(remaining, backlog)` of a limit whose state is the time `at` its
+/// backlog clears: what GCRA and the leaky bucket report.
+pub(crate) fn backlog_status(p: &LimitParams, at: u64, now: u64) -> (u64, u64) {
+    let backlog = at.saturating_sub(now);
+    let remaining = (p.capacity * p.interval_us).saturating_sub(backlog) / p.per_interval;
+    (remaining, backlog)
+}
+
+/// Whether `cost` more fits a backlog that clears at `at`; if not, the
+/// time from `now` until it would.
+pub(crate) fn backlog_admits(p: &LimitParams, at: u64, now: u64, cost: u64) -> Result<(), u64> {
+    let (t, cap) = (p.interval_us, p.capacity);
+    let base = at.max(now);
+    if base + cost * t - now <= cap * t {
+        Ok(())
+    } else {
+        Err(base + cost * t - cap * t - now)
+    }
+}

@@ -1,0 +1,79 @@
+//! The sliding log: every admitted request of the last period, so exactly
+//! the limit in any period-long interval. Lua: `sliding_log.lua`.
+
+use std::collections::VecDeque;
+
+use crate::algorithm::rule::Rule;
+use crate::policy::LimitParams;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SlidingLog {
+    /// `(time, cost)` of admitted requests, oldest first.
+    pub(crate) entries: VecDeque<(u64, u64)>,
+    /// The sum of the entries' costs.
+    pub(crate) used: u64,
+}
+
+impl Rule for SlidingLog {
+    fn fresh(_p: &LimitParams, _now: u64) -> Self {
+        SlidingLog {
+            entries: VecDeque::new(),
+            used: 0,
+        }
+    }
+
+    fn advance(&mut self, p: &LimitParams, now: u64) {
+        while let Some(&(t, c)) = self.entries.front() {
+            if t.saturating_add(p.period_us) > now {
+                break;
+            }
+            self.used -= c;
+            self.entries.pop_front();
+        }
+    }
+
+    fn status(&self, p: &LimitParams, now: u64, _queue_free: u64) -> (u64, u64) {
+        (
+            p.limit.count().saturating_sub(self.used),
+            self.entries
+                .back()
+                .map_or(0, |&(last, _)| (last + p.period_us).saturating_sub(now)),
+        )
+    }
+
+    fn admits(&self, p: &LimitParams, now: u64, cost: u64, _queue_free: u64) -> Result<(), u64> {
+        let n = p.limit.count();
+        if self.used + cost <= n {
+            return Ok(());
+        }
+        let need = self.used + cost - n;
+        let mut freed = 0;
+        for &(at, c) in &self.entries {
+            freed += c;
+            if freed >= need {
+                return Err((at + p.period_us).saturating_sub(now));
+            }
+        }
+        Err(0) // unreachable while `cost <= n`
+    }
+
+    fn commit(&mut self, _p: &LimitParams, now: u64, cost: u64, _queue_free: u64) {
+        let at = self.entries.back().map_or(now, |&(last, _)| last.max(now));
+        match self.entries.back_mut() {
+            Some((last, c)) if *last == at => *c += cost,
+            _ => self.entries.push_back((at, cost)),
+        }
+        self.used += cost;
+    }
+
+    fn expires_at(&self, p: &LimitParams) -> u64 {
+        self.entries.back().map_or(0, |&(at, _)| at + p.period_us)
+    }
+
+    fn seeded(self, _p: &LimitParams, used: u64, now: u64) -> Self {
+        SlidingLog {
+            entries: std::iter::once((now, used)).collect(),
+            used,
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The forms a key's state takes in a shard, one per [`Shape`], and the one
+//! place the memory store dispatches on a policy's shape.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::algorithm::fixed_window::window_word_end;
+use crate::decision::Decision;
+use crate::policy::{Policy, Shape};
+use crate::state::{PolicyState, decide_tat, decide_window_word};
+use crate::time::Timestamp;
+
+pub(super) type KeyHash = u64;
+pub(super) type HashedMap<V> = HashMap<KeyHash, V, BuildHasherDefault<PassThrough>>;
+
+/// A shard's keys, one map per form.
+#[derive(Default)]
+pub(super) struct Maps {
+    /// [`Shape::Tat`]: the one time that is the whole state, which is also
+    /// when it expires.
+    tat: HashedMap<u64>,
+    /// [`Shape::WindowWord`]: the word and when it expires.
+    windows: HashedMap<Window>,
+    /// [`Shape::Full`]: every other key.
+    full: HashedMap<Entry>,
+}
+
+pub(super) struct Window {
+    word: u64,
+    expires_at: u64,
+}
+
+pub(super) struct Entry {
+    state: PolicyState,
+    expires_at: u64,
+}
+
+impl Maps {
+    pub(super) fn len(&self) -> usize {
+        self.tat.len() + self.windows.len() + self.full.len()
+    }
+
+    /// Forgets every key expired by `now`; returns the earliest expiry of
+    /// those kept.
+    pub(super) fn retain_live(&mut self, now: u64) -> u64 {
+        let mut next = u64::MAX;
+        let mut live = |at: u64| {
+            let keep = at > now;
+            if keep {
+                next = next.min(at);
+            }
+            keep
+        };
+        self.tat.retain(|_, &mut at| live(at));
+        self.windows.retain(|_, window| live(window.expires_at));
+        self.full.retain(|_, entry| live(entry.expires_at));
+        next
+    }
+}
+
+/// How the shard keeps, decides and converts the state of one shape.
+pub(super) trait Form {
+    /// What the shard holds per key.
+    type Held;
+
+    fn map(maps: &mut Maps) -> &mut HashedMap<Self::Held>;
+
+    /// Decides on a held state.
+    fn decide(held: &mut Self::Held, policy: &Policy, now: Timestamp, cost: u64) -> Decision;
+
+    /// Decides on `state`, carried over from another configuration, or on
+    /// a fresh state; returns the decision and what to hold, with when it
+    /// expires.
+    fn decide_new(
+        state: Option<PolicyState>,
+        policy: &Policy,
+        now: Timestamp,
+        cost: u64,
+    ) -> (Decision, Self::Held, u64);
+
+    /// `state` (of `policy`) as held, with when it expires.
+    fn hold(state: PolicyState, policy: &Policy) -> (Self::Held, u64);
+
+    /// The held state of a key under `policy`, to carry it to another
+    /// configuration.
+    fn state(held: Self::Held, policy: &Policy, now: Timestamp) -> Option<PolicyState>;
+}
+
+pub(super) struct Tat;
+pub(super) struct WindowWord;
+pub(super) struct Full;
+
+impl Form for Tat {
+    type Held = u64;
+
+    fn map(maps: &mut Maps) -> &mut HashedMap<u64> {
+        &mut maps.tat
+    }
+
+    #[inline(always)]
+    fn decide(word: &mut u64, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+        decide_tat(policy, word, now, cost)
+    }
+
+    fn decide_new(
+        state: Option<PolicyState>,
+        policy: &Policy,
+        now: Timestamp,
+        cost: u64,
+    ) -> (Decision, u64, u64) {
+        let mut word = state.and_then(|state| state.tat()).unwrap_or(0);
+        let decision = decide_tat(policy, &mut word, now, cost);
+        (decision, word, word)
+    }
+
+    fn hold(state: PolicyState, policy: &Policy) -> (u64, u64) {
+        let word = state
+            .tat()
+            .unwrap_or_else(|| state.expires_at(policy).as_micros());
+        (word, word)
+    }
+
+    fn state(word: u64, policy: &Policy, now: Timestamp) -> Option<PolicyState> {
+        PolicyState::from_tat(policy, word, now)
+    }
+}
+
+fn window_period(policy: &Policy) -> u64 {
+    policy.params().first().map_or(1, |p| p.period_us.max(1))
+}
+
+impl Form for WindowWord {
+    type Held = Window;
+
+    fn map(maps: &mut Maps) -> &mut HashedMap<Window> {
+        &mut maps.windows
+    }
+
+    #[inline(always)]
+    fn decide(window: &mut Window, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+        let decision = decide_window_word(policy, &mut window.word, now, cost);
+        let end = window_word_end(window.word, window_period(policy));
+        window.expires_at = window.expires_at.max(end);
+        decision
+    }
+
+    fn decide_new(
+        state: Option<PolicyState>,
+        policy: &Policy,
+        now: Timestamp,
+        cost: u64,
+    ) -> (Decision, Window, u64) {
+        let mut word = state.and_then(|state| state.window_word()).unwrap_or(0);
+        let decision = decide_window_word(policy, &mut word, now, cost);
+        let expires_at = window_word_end(word, window_period(policy));
+        (decision, Window { word, expires_at }, expires_at)
+    }
+
+    fn hold(state: PolicyState, policy: &Policy) -> (Window, u64) {
+        let expires_at = state.expires_at(policy).as_micros();
+        let word = state.window_word().unwrap_or(0);
+        (Window { word, expires_at }, expires_at)
+    }
+
+    fn state(window: Window, policy: &Policy, _now: Timestamp) -> Option<PolicyState> {
+        PolicyState::from_window_word(policy, window.word)
+    }
+}
+
+impl Form for Full {
+    type Held = Entry;
+
+    fn map(maps: &mut Maps) -> &mut HashedMap<Entry> {
+        &mut maps.full
+    }
+
+    #[inline(always)]
+    fn decide(entry: &mut Entry, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+        let decision = entry.state.decide(policy, now, cost);
+        entry.expires_at = entry
+            .expires_at
+            .max(entry.state.expires_at(policy).as_micros());
+        decision
+    }
+
+    fn decide_new(
+        state: Option<PolicyState>,
+        policy: &Policy,
+        now: Timestamp,
+        cost: u64,
+    ) -> (Decision, Entry, u64) {
+        let mut state = state.unwrap_or_else(|| PolicyState::new(policy, now));
+        let decision = state.decide(policy, now, cost);
+        let (entry, expires_at) = Self::hold(state, policy);
+        (decision, entry, expires_at)
+    }
+
+    fn hold(state: PolicyState, policy: &Policy) -> (Entry, u64) {
+        let expires_at = state.expires_at(policy).as_micros();
+        (Entry { state, expires_at }, expires_at)
+    }
+
+    fn state(entry: Entry, _policy: &Policy, _now: Timestamp) -> Option<PolicyState> {
+        Some(entry.state)
+    }
+}
+
+/// Work to do on a key in the form of its policy's shape.
+pub(super) trait Visit {
+    type Out;
+    fn visit<F: Form>(self, policy: &Policy) -> Self::Out;
+}
+
+/// Runs `visit` in the form of `policy`'s shape: the memory store's one
+/// dispatch on shapes.
+#[inline(always)]
+pub(super) fn dispatch<V: Visit>(policy: &Policy, visit: V) -> V::Out {
+    match policy.shape() {
+        Shape::Tat => visit.visit::<Tat>(policy),
+        Shape::WindowWord => visit.visit::<WindowWord>(policy),
+        Shape::Full => visit.visit::<Full>(policy),
+    }
+}
+
+/// The map's keys are already uniformly random hashes.
+#[derive(Default)]
+pub(super) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}

@@ -1,0 +1,268 @@
+//! The embedded in-memory store.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::memory::shard::{KeysGauge, Padded, Shard, Shared, lock};
+use crate::policy::Policy;
+use crate::state::PolicyState;
+use crate::store::Store;
+use crate::time::{Clock, SystemClock};
+
+mod form;
+mod shard;
+
+/// The in-memory store: exact, sharded and bounded.
+///
+/// - **Exact.** Each key's state is decided under its shard's lock, so
+///   concurrent checks of one key never over-admit.
+/// - **Sharded.** Keys spread over many independently locked shards.
+/// - **Bounded.** At most [`max_keys`](MemoryStoreBuilder::max_keys) keys
+///   are held (the budget is split evenly over the shards). A shard forgets
+///   its expired keys in one pass when it has doubled in size since its
+///   last pass, or when it is full and some key has expired since; so
+///   sweeping costs a bounded amount per new key, and a shard full of live
+///   keys is never scanned. A key whose state still matters is never
+///   evicted to make room: when a shard is full of live keys, a new key
+///   gets [`StoreError::Full`] and the caller's failure policy decides.
+/// - **Compact.** Keys are kept as a 64-bit keyed hash (random per store)
+///   of the policy and the key, so no client-supplied bytes are retained.
+///   A single-limit GCRA, token-bucket or leaky-bucket key costs 16 bytes
+///   plus the hash table's slack, a single fixed-window key (below a
+///   million a second) 24; other policies keep their full state per key.
+///   Two
+///   distinct keys share state only if their hashes collide, which for a
+///   million live keys happens with a probability of about 3 in 100 million,
+///   and cannot be aimed at without the store's random seed.
+///
+/// State is per policy *name* and key: two policies with the same name
+/// share state, and when a policy's limits change, what each key has used
+/// carries over to the new limits (see
+/// [`PolicyState::carry_to`](crate::state::PolicyState::carry_to)), also when the
+/// change moves the policy between the compact layouts below and the full
+/// state (adding a second limit to a single one, say). The store keeps a
+/// key under the configuration it was last decided with, and looks for it
+/// under the others of its name (up to eight per name, the latest) only
+/// when that one holds nothing.
+///
+/// ```
+/// use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Store};
+///
+/// # tokio_test(async {
+/// let store = MemoryStore::builder()
+///     .max_keys(10_000)
+///     .clock(FakeClock::default())
+///     .build()?;
+/// let policy = Policy::new("login", Algorithm::FixedWindow, "3/min")?;
+/// for _ in 0..3 {
+///     assert!(store.check(&Key::user("ada"), &policy, 1).await?.is_allowed());
+/// }
+/// assert!(!store.check(&Key::user("ada"), &policy, 1).await?.is_allowed());
+/// assert_eq!(store.len(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn tokio_test<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+impl MemoryStore {
+    /// The default maximum number of keys.
+    pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+    /// A store with the system clock and the default settings.
+    pub fn new() -> Self {
+        Self::build_unchecked(MemoryStoreBuilder::default())
+    }
+
+    /// Starts configuring a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    fn build_unchecked(b: MemoryStoreBuilder) -> Self {
+        let shards = b
+            .shards
+            .unwrap_or_else(default_shards)
+            .clamp(1, b.max_keys.max(1));
+        let shard_capacity = (b.max_keys / shards).max(1);
+        Self {
+            shared: Arc::new(Shared {
+                shards: (0..shards)
+                    .map(|_| Padded(Mutex::new(Shard::new(shard_capacity))))
+                    .collect(),
+                shard_capacity,
+                max_keys: b.max_keys,
+                clock: b.clock,
+                seed: foldhash::quality::RandomState::default(),
+                keys_gauge: KeysGauge::new(),
+                configs: RwLock::default(),
+            }),
+        }
+    }
+
+    /// How many keys are held now, expired ones not yet swept included.
+    pub fn len(&self) -> usize {
+        self.shared.shards.iter().map(|s| lock(&s.0).len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured maximum number of keys.
+    pub fn max_keys(&self) -> usize {
+        self.shared.max_keys
+    }
+
+    /// Decides synchronously; what [`Store::check`] does.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Full`] when the key is new and its shard is full of
+    /// keys that are still inside their windows.
+    pub fn check_sync(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        self.shared.check(key, policy, cost)
+    }
+
+    /// Takes `state` as the state of `key` under `policy`, unless the store
+    /// holds some already: for a local fallback that takes over from a
+    /// failed shared store what it last knew of the key (see
+    /// [`Store::last_known`] and [`PolicyState::seeded`]).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Full`] when the key is new and its shard is full.
+    pub fn seed(&self, key: &Key, policy: &Policy, state: PolicyState) -> Result<(), StoreError> {
+        self.shared.seed(key, policy, state)
+    }
+}
+
+fn default_shards() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(4, usize::from);
+    (cpus * 16).next_power_of_two().clamp(16, 256)
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shared.shards.len())
+            .field("max_keys", &self.shared.max_keys)
+            .field(
+                "clock",
+                &self.shared.clock.as_deref().unwrap_or(&SystemClock),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for MemoryStore {
+    fn check(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(self.check_sync(key, policy, cost))
+    }
+
+    fn try_check_now(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.check_sync(key, policy, cost))
+    }
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug)]
+#[must_use = "call .build() to get the store"]
+pub struct MemoryStoreBuilder {
+    max_keys: usize,
+    shards: Option<usize>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        Self {
+            max_keys: MemoryStore::DEFAULT_MAX_KEYS,
+            shards: None,
+            clock: None,
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The most keys held at once (default [`MemoryStore::DEFAULT_MAX_KEYS`]).
+    /// Each shard holds `max_keys / shards` of them.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The number of shards (default: 16 per CPU, 16 to 256).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The clock (default [`SystemClock`]).
+    pub fn clock<C: Clock>(mut self, clock: C) -> Self {
+        let system = std::any::TypeId::of::<C>() == std::any::TypeId::of::<SystemClock>();
+        self.clock = (!system).then(|| Arc::new(clock) as Arc<dyn Clock>);
+        self
+    }
+
+    /// Builds the store.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] when `max_keys` or `shards` is zero,
+    /// or there are more shards than keys.
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
+        if self.max_keys == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "max_keys",
+                reason: "must be at least 1",
+            });
+        }
+        match self.shards {
+            Some(0) => Err(ConfigError::InvalidSetting {
+                setting: "shards",
+                reason: "must be at least 1",
+            }),
+            Some(n) if n > self.max_keys => Err(ConfigError::InvalidSetting {
+                setting: "shards",
+                reason: "must not exceed max_keys",
+            }),
+            _ => Ok(MemoryStore::build_unchecked(self)),
+        }
+    }
+}

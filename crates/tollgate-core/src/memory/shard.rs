@@ -1,0 +1,351 @@
+//! The store's shards: each holds its keys in the forms of `form.rs`, and
+//! decides, carries over, admits and sweeps them under its lock.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::memory::form::{Form, KeyHash, Maps, Visit, dispatch};
+use crate::policy::Policy;
+use crate::state::PolicyState;
+use crate::time::{Clock, SystemClock, Timestamp};
+
+/// What every handle of one store shares.
+pub(super) struct Shared {
+    pub(super) shards: Box<[Padded]>,
+    pub(super) shard_capacity: usize,
+    pub(super) max_keys: usize,
+    /// `None` for the [`SystemClock`], read without a virtual call.
+    pub(super) clock: Option<std::sync::Arc<dyn Clock>>,
+    pub(super) seed: foldhash::quality::RandomState,
+    pub(super) keys_gauge: KeysGauge,
+    /// The configurations each policy name was decided under, so that a
+    /// key whose state was kept under one is found, and carried over, from
+    /// another. Written only when a new configuration keeps its first key.
+    pub(super) configs: RwLock<HashMap<u64, Vec<Policy>>>,
+}
+
+/// The most configurations of one policy name the store carries keys
+/// between: beyond it, the oldest is forgotten, and its keys' state is
+/// kept but no longer carried over to the others.
+const MAX_CONFIGS: usize = 8;
+
+/// The smallest shard size worth a sweep.
+const MIN_SWEEP: usize = 1_024;
+
+/// The [`MEMORY_STORE_KEYS`](crate::telemetry::MEMORY_STORE_KEYS) gauge,
+/// with the `metrics` feature; nothing without it.
+pub(super) struct KeysGauge {
+    #[cfg(feature = "metrics")]
+    gauge: metrics::Gauge,
+}
+
+impl KeysGauge {
+    pub(super) fn new() -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            gauge: metrics::gauge!(crate::telemetry::MEMORY_STORE_KEYS),
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn add(&self, _keys: usize) {
+        #[cfg(feature = "metrics")]
+        self.gauge.increment(_keys as f64);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn sub(&self, _keys: usize) {
+        #[cfg(feature = "metrics")]
+        self.gauge.decrement(_keys as f64);
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let held = self.shards.iter().map(|s| lock(&s.0).len()).sum();
+        self.keys_gauge.sub(held);
+    }
+}
+
+/// A shard's lock on a cache line pair of its own, so that threads working
+/// on neighbouring shards do not slow each other down.
+#[repr(align(128))]
+pub(super) struct Padded(pub(super) Mutex<Shard>);
+
+pub(super) struct Shard {
+    maps: Maps,
+    /// Sweep when the shard holds this many keys.
+    sweep_at: usize,
+    /// No key held expires before this (µs): a sweep earlier frees nothing.
+    next_expiry: u64,
+}
+
+pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A short spin, then parking: critical sections here are a few dozen
+    // nanoseconds, far shorter than a trip through the kernel.
+    shard.lock()
+}
+
+impl Shared {
+    /// Decides `cost` for `key` under `policy`.
+    #[inline(always)]
+    pub(super) fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Decided {
+        let (shard, base) = self.locate(key, policy);
+        let mut guard = lock(&self.shards[shard].0);
+        let now = self.now();
+        dispatch(
+            policy,
+            Check {
+                shared: self,
+                shard: &mut guard,
+                base,
+                now,
+                cost,
+            },
+        )
+    }
+
+    /// Takes `state` as the state of `key` under `policy`, unless the shard
+    /// holds some already.
+    pub(super) fn seed(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        state: PolicyState,
+    ) -> Result<(), StoreError> {
+        let (shard, base) = self.locate(key, policy);
+        let mut guard = lock(&self.shards[shard].0);
+        let now = self.now();
+        dispatch(
+            policy,
+            Seed {
+                shared: self,
+                shard: &mut guard,
+                base,
+                now,
+                state,
+            },
+        )
+    }
+
+    fn now(&self) -> Timestamp {
+        match &self.clock {
+            None => SystemClock.now(),
+            Some(clock) => clock.now(),
+        }
+    }
+
+    /// The shard of `key` under `policy`'s name, and the key's hash before
+    /// the configuration is mixed in.
+    #[inline(always)]
+    fn locate(&self, key: &Key, policy: &Policy) -> (usize, KeyHash) {
+        let mut h = self.seed.build_hasher();
+        // Fixed-width parts, then the key's bytes, whose length is among
+        // them: no two different inputs feed the same bytes. The policy
+        // enters as one number (its name, hashed when it was built), so a
+        // check costs three mixing steps, not six. Its limits are not part
+        // of it: a changed configuration finds the state built under the
+        // old one and carries it over.
+        h.write_u64(policy.identity());
+        h.write_u64(((key.as_bytes().len() as u64) << 8) | key.kind() as u64);
+        h.write(key.as_bytes());
+        let base = h.finish();
+        // The map uses the hash's low bits for buckets and its top 7 for
+        // tags; pick the shard from the middle 32 bits, scaled to the shard
+        // count by a multiplication rather than a (slow) division. Every
+        // configuration of a policy finds a key in the same shard, under
+        // its own name in the maps.
+        let shard = ((((base >> 25) & 0xffff_ffff) * self.shards.len() as u64) >> 32) as usize;
+        (shard, base)
+    }
+
+    /// The other configurations of `policy`'s name the store has kept keys
+    /// under; registers `policy` among them.
+    fn other_configs(&self, policy: &Policy) -> Vec<Policy> {
+        let name = policy.identity();
+        let same = |p: &Policy| p.fingerprint() == policy.fingerprint();
+        let known = self.configs.read();
+        let others: Vec<Policy> = known
+            .get(&name)
+            .map(|configs| configs.iter().filter(|p| !same(p)).cloned().collect())
+            .unwrap_or_default();
+        let registered = known
+            .get(&name)
+            .is_some_and(|configs| configs.iter().any(same));
+        drop(known);
+        if !registered {
+            let mut known = self.configs.write();
+            let configs = known.entry(name).or_default();
+            if !configs.iter().any(same) {
+                if configs.len() >= MAX_CONFIGS {
+                    configs.remove(0);
+                }
+                configs.push(policy.clone());
+            }
+        }
+        others
+    }
+}
+
+type Decided = Result<Decision, StoreError>;
+
+struct Check<'a> {
+    shared: &'a Shared,
+    shard: &'a mut Shard,
+    base: KeyHash,
+    now: Timestamp,
+    cost: u64,
+}
+
+impl Visit for Check<'_> {
+    type Out = Decided;
+
+    #[inline(always)]
+    fn visit<F: Form>(self, policy: &Policy) -> Decided {
+        let hash = self.base ^ policy.config_mix();
+        match F::map(&mut self.shard.maps).get_mut(&hash) {
+            Some(held) => Ok(F::decide(held, policy, self.now, self.cost)),
+            None => self.new_key::<F>(policy),
+        }
+    }
+}
+
+impl Check<'_> {
+    /// Decides for a key the shard holds nothing of under `policy`: carried
+    /// over from another configuration, or new. Out of line, to keep the
+    /// check of a held key short.
+    #[inline(never)]
+    fn new_key<F: Form>(self, policy: &Policy) -> Decided {
+        let carried = self
+            .shard
+            .take_other(self.shared, self.base, policy, self.now);
+        let (decision, held, expires_at) = F::decide_new(carried, policy, self.now, self.cost);
+        // A peek, or a request that can never be admitted, leaves nothing to keep.
+        if expires_at > self.now.as_micros() {
+            let hash = self.base ^ policy.config_mix();
+            self.shard
+                .admit::<F>(self.shared, self.now, hash, held, expires_at)?;
+        }
+        Ok(decision)
+    }
+}
+
+struct Seed<'a> {
+    shared: &'a Shared,
+    shard: &'a mut Shard,
+    base: KeyHash,
+    now: Timestamp,
+    state: PolicyState,
+}
+
+impl Visit for Seed<'_> {
+    type Out = Result<(), StoreError>;
+
+    fn visit<F: Form>(self, policy: &Policy) -> Self::Out {
+        let mut state = self.state;
+        state.carry_to(policy, self.now);
+        let hash = self.base ^ policy.config_mix();
+        let (held, expires_at) = F::hold(state, policy);
+        if F::map(&mut self.shard.maps).contains_key(&hash) || expires_at <= self.now.as_micros() {
+            return Ok(());
+        }
+        self.shared.other_configs(policy);
+        self.shard
+            .admit::<F>(self.shared, self.now, hash, held, expires_at)
+    }
+}
+
+/// Takes a key's state under another configuration out of the shard.
+struct Take<'a> {
+    shard: &'a mut Shard,
+    hash: KeyHash,
+    now: Timestamp,
+}
+
+impl Visit for Take<'_> {
+    type Out = Option<PolicyState>;
+
+    fn visit<F: Form>(self, policy: &Policy) -> Self::Out {
+        let held = F::map(&mut self.shard.maps).remove(&self.hash)?;
+        F::state(held, policy, self.now)
+    }
+}
+
+impl Shard {
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            maps: Maps::default(),
+            sweep_at: MIN_SWEEP.min(capacity),
+            next_expiry: u64::MAX,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.maps.len()
+    }
+
+    /// Takes the state the key of `base` holds under another configuration
+    /// of `policy`'s name, carried over to `policy`.
+    fn take_other(
+        &mut self,
+        shared: &Shared,
+        base: KeyHash,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Option<PolicyState> {
+        for other in shared.other_configs(policy) {
+            let hash = base ^ other.config_mix();
+            let take = Take {
+                shard: self,
+                hash,
+                now,
+            };
+            if let Some(mut state) = dispatch(&other, take) {
+                shared.keys_gauge.sub(1);
+                state.carry_to(policy, now);
+                return Some(state);
+            }
+        }
+        None
+    }
+
+    /// Makes room for a new key expiring at `expires_at` and inserts it, or
+    /// reports the shard full.
+    fn admit<F: Form>(
+        &mut self,
+        shared: &Shared,
+        now: Timestamp,
+        hash: KeyHash,
+        held: F::Held,
+        expires_at: u64,
+    ) -> Result<(), StoreError> {
+        let now = now.as_micros();
+        if self.len() >= self.sweep_at && now >= self.next_expiry {
+            let swept = self.sweep(now);
+            shared.keys_gauge.sub(swept);
+            self.sweep_at = (self.len() * 2).max(MIN_SWEEP).min(shared.shard_capacity);
+        }
+        if self.len() >= shared.shard_capacity {
+            return Err(StoreError::Full {
+                max_keys: shared.max_keys,
+            });
+        }
+        F::map(&mut self.maps).insert(hash, held);
+        self.next_expiry = self.next_expiry.min(expires_at);
+        shared.keys_gauge.add(1);
+        Ok(())
+    }
+
+    /// Forgets every key whose state has expired by `now` (µs); returns how
+    /// many it forgot.
+    fn sweep(&mut self, now: u64) -> usize {
+        let before = self.len();
+        self.next_expiry = self.maps.retain_live(now);
+        before - self.len()
+    }
+}

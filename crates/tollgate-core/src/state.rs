@@ -1,0 +1,454 @@
+//! For store implementors: the reference decisions every store must match,
+//! and the compact forms a store may keep a key's state in.
+//!
+//! [`PolicyState`] holds one key's state for one policy and decides
+//! requests against it. The memory store keeps one per key where the
+//! policy's [`Shape`](crate::Shape) is `Full`; other stores (the Redis Lua
+//! scripts) implement the same arithmetic and are tested against it. For a
+//! policy of a compact shape, [`decide_tat`] and [`decide_window_word`]
+//! decide on the one number that is its whole state, and
+//! [`PolicyState::from_tat`] / [`PolicyState::tat`] (and the window-word
+//! pair) convert between the two, so that a key carries over when a
+//! policy's configuration moves it between shapes. All arithmetic is in
+//! integer microseconds since the Unix epoch.
+//!
+//! The conformance suite of the `testing` feature runs a store against
+//! these decisions.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{Algorithm, Policy, Timestamp};
+//! use tollgate_core::state::PolicyState;
+//!
+//! let policy = Policy::new("jobs", Algorithm::FixedWindow, "2/min")?;
+//! let now = Timestamp::from_secs(600); // the start of a minute
+//! let mut state = PolicyState::new(&policy, now);
+//! assert!(state.decide(&policy, now, 1).is_allowed());
+//! assert!(state.decide(&policy, now, 1).is_allowed());
+//! let third = state.decide(&policy, now, 1);
+//! assert_eq!(third.retry_after(), Some(Duration::from_secs(60)));
+//! # Ok::<(), tollgate_core::ConfigError>(())
+//! ```
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+pub use crate::algorithm::fixed_window::decide_window_word;
+pub use crate::algorithm::gcra::decide_tat;
+
+use crate::algorithm::Algorithm;
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::leaky_bucket::LeakyBucket;
+use crate::algorithm::rule::Rule;
+use crate::algorithm::sliding_log::SlidingLog;
+use crate::algorithm::sliding_window::SlidingWindow;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::decision::{Decision, LimitStatus, Outcome};
+use crate::policy::{LimitParams, Policy};
+use crate::time::Timestamp;
+
+/// The state of one limit, under its policy's algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LimitState {
+    FixedWindow(FixedWindow),
+    SlidingLog(SlidingLog),
+    SlidingWindow(SlidingWindow),
+    TokenBucket(TokenBucket),
+    LeakyBucket(LeakyBucket),
+    Gcra(Gcra),
+}
+
+/// Applies `$body` to the algorithm's state `$s`, whichever it is: the one
+/// match over the algorithms; `$wrap` rebuilds a [`LimitState`] from a
+/// state of the same algorithm where the body returns one.
+macro_rules! each {
+    ($state:expr, $s:ident => $body:expr) => {
+        match $state {
+            LimitState::FixedWindow($s) => $body,
+            LimitState::SlidingLog($s) => $body,
+            LimitState::SlidingWindow($s) => $body,
+            LimitState::TokenBucket($s) => $body,
+            LimitState::LeakyBucket($s) => $body,
+            LimitState::Gcra($s) => $body,
+        }
+    };
+    ($state:expr, $s:ident => wrap $body:expr) => {
+        match $state {
+            LimitState::FixedWindow($s) => LimitState::FixedWindow($body),
+            LimitState::SlidingLog($s) => LimitState::SlidingLog($body),
+            LimitState::SlidingWindow($s) => LimitState::SlidingWindow($body),
+            LimitState::TokenBucket($s) => LimitState::TokenBucket($body),
+            LimitState::LeakyBucket($s) => LimitState::LeakyBucket($body),
+            LimitState::Gcra($s) => LimitState::Gcra($body),
+        }
+    };
+}
+
+impl LimitState {
+    fn fresh(algorithm: Algorithm, p: &LimitParams, now: u64) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => LimitState::FixedWindow(Rule::fresh(p, now)),
+            Algorithm::SlidingLog => LimitState::SlidingLog(Rule::fresh(p, now)),
+            Algorithm::SlidingWindow => LimitState::SlidingWindow(Rule::fresh(p, now)),
+            Algorithm::TokenBucket => LimitState::TokenBucket(Rule::fresh(p, now)),
+            Algorithm::LeakyBucket => LimitState::LeakyBucket(Rule::fresh(p, now)),
+            Algorithm::Gcra => LimitState::Gcra(Rule::fresh(p, now)),
+        }
+    }
+
+    fn advance(&mut self, p: &LimitParams, now: u64) {
+        each!(self, s => s.advance(p, now));
+    }
+
+    fn status(&self, p: &LimitParams, now: u64, queue_free: u64) -> (u64, u64) {
+        each!(self, s => s.status(p, now, queue_free))
+    }
+
+    fn admits(&self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) -> Result<(), u64> {
+        each!(self, s => s.admits(p, now, cost, queue_free))
+    }
+
+    fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) {
+        each!(self, s => s.commit(p, now, cost, queue_free));
+    }
+
+    fn expires_at(&self, p: &LimitParams) -> u64 {
+        each!(self, s => s.expires_at(p))
+    }
+
+    fn carried(self, old: &LimitParams, new: &LimitParams, now: u64) -> Self {
+        each!(self, s => wrap s.carried(old, new, now))
+    }
+
+    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
+        each!(self, s => wrap s.seeded(p, used, now))
+    }
+}
+
+/// One key's state for one policy: the state of each limit, and the
+/// policy it was built under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyState {
+    policy: Policy,
+    limits: SmallVec<[LimitState; 2]>,
+}
+
+impl PolicyState {
+    /// The state of a key that has never been seen.
+    pub fn new(policy: &Policy, now: Timestamp) -> Self {
+        Self {
+            policy: policy.clone(),
+            limits: policy
+                .params()
+                .iter()
+                .map(|p| LimitState::fresh(policy.algorithm(), p, now.as_micros()))
+                .collect(),
+        }
+    }
+
+    /// The policy the state was built under (or last carried to).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn fits(&self, policy: &Policy) -> bool {
+        Policy::ptr_eq(&self.policy, policy) || self.policy.fingerprint() == policy.fingerprint()
+    }
+
+    /// Makes this state, built under another configuration of the policy
+    /// (the same name, other limits), the state of `policy` at `now`, so
+    /// that what was used carries over. Nothing changes if the state was
+    /// built under `policy`.
+    ///
+    /// Limits are matched by period (a policy has at most one limit per
+    /// period): a limit of `policy` whose period the old configuration had
+    /// takes that limit's use, whatever its count, burst or interval; a
+    /// limit it did not have starts empty; an old limit `policy` no longer
+    /// has is dropped. A change of algorithm starts every limit afresh.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, Timestamp};
+    /// use tollgate_core::state::PolicyState;
+    ///
+    /// let old = Policy::builder("api").limit("100/h").limit("20/min").build()?;
+    /// let new = Policy::builder("api").limit("100/h").limit("25/min").build()?;
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let mut state = PolicyState::new(&old, now);
+    /// for _ in 0..20 {
+    ///     assert!(state.decide(&old, now, 1).is_allowed());
+    /// }
+    /// assert!(!state.decide(&old, now, 1).is_allowed());
+    /// // The new configuration admits the 5 more it allows, not 25.
+    /// let admitted = (0..25).filter(|_| state.decide(&new, now, 1).is_allowed()).count();
+    /// assert_eq!(admitted, 5);
+    /// assert_eq!(state.policy(), &new);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn carry_to(&mut self, policy: &Policy, now: Timestamp) {
+        if self.fits(policy) {
+            return;
+        }
+        let old = std::mem::replace(self, Self::new(policy, now));
+        if old.policy.algorithm() != policy.algorithm() {
+            return;
+        }
+        let now = now.as_micros();
+        let old_params = old.policy.params();
+        for (state, p) in self.limits.iter_mut().zip(policy.params()) {
+            let matched = old_params.iter().position(|q| q.period_us == p.period_us);
+            if let Some((before, q)) =
+                matched.and_then(|j| Some((old.limits.get(j)?, &old_params[j])))
+            {
+                *state = before.clone().carried(q, p, now);
+            }
+        }
+    }
+
+    /// The state of a policy of [`Shape::Tat`](crate::Shape::Tat) whose
+    /// compact form is `word` (see [`decide_tat`]); `None` for a policy of
+    /// another shape. With [`PolicyState::tat`], this lets a store that
+    /// keeps compact forms carry a key over to a policy of another shape.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, Timestamp};
+    /// use tollgate_core::state::PolicyState;
+    ///
+    /// let gcra = Policy::new("api", Algorithm::Gcra, "2/s")?;
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let state = PolicyState::from_tat(&gcra, now.as_micros() + 500_000, now).unwrap();
+    /// assert_eq!(state.tat(), Some(now.as_micros() + 500_000));
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn from_tat(policy: &Policy, word: u64, now: Timestamp) -> Option<Self> {
+        let [p] = policy.params() else {
+            return None;
+        };
+        let limit = match policy.algorithm() {
+            Algorithm::Gcra => LimitState::Gcra(Gcra { tat: word }),
+            Algorithm::LeakyBucket => LimitState::LeakyBucket(LeakyBucket { free_at: word }),
+            Algorithm::TokenBucket => {
+                LimitState::TokenBucket(TokenBucket::full_at(word, p, now.as_micros()))
+            }
+            _ => return None,
+        };
+        Some(Self::single(policy, limit))
+    }
+
+    /// The state of a single fixed-window policy whose window word is
+    /// `word` (see [`decide_window_word`]); `None` for another policy.
+    pub fn from_window_word(policy: &Policy, word: u64) -> Option<Self> {
+        match (policy.algorithm(), policy.params()) {
+            (Algorithm::FixedWindow, [p]) => Some(Self::single(
+                policy,
+                LimitState::FixedWindow(FixedWindow::from_word(word, p)),
+            )),
+            _ => None,
+        }
+    }
+
+    fn single(policy: &Policy, limit: LimitState) -> Self {
+        Self {
+            policy: policy.clone(),
+            limits: std::iter::once(limit).collect(),
+        }
+    }
+
+    /// The one-time compact form of this state (see
+    /// [`PolicyState::from_tat`]): when a single GCRA, token-bucket or
+    /// leaky-bucket limit's backlog clears; `None` for other policies.
+    pub fn tat(&self) -> Option<u64> {
+        match (&self.limits[..], self.policy.params()) {
+            (
+                [
+                    state @ (LimitState::Gcra(_)
+                    | LimitState::LeakyBucket(_)
+                    | LimitState::TokenBucket(_)),
+                ],
+                [p],
+            ) => Some(state.expires_at(p)),
+            _ => None,
+        }
+    }
+
+    /// The window word of this state (see
+    /// [`PolicyState::from_window_word`]): a single fixed window's start
+    /// plus its count, at most the period less 1 µs (which denies as any
+    /// count above the limit does); `None` for other policies.
+    pub fn window_word(&self) -> Option<u64> {
+        match (&self.limits[..], self.policy.params()) {
+            ([LimitState::FixedWindow(window)], [p]) => Some(window.word(p)),
+            _ => None,
+        }
+    }
+
+    /// A state of `policy` that has used what `decision` (made by another
+    /// store, perhaps under another configuration or share of the policy)
+    /// reports used, at the decision's time: of each limit of `policy`, the
+    /// share of its capacity that the decision's limit of the same period
+    /// had used, rounded up. For a store that takes over a key from a store
+    /// that failed, so that the key does not start afresh. Conservative:
+    /// windows and logs count the whole use at the decision's time, buckets
+    /// as a backlog from then; limits without a match start empty.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Policy, Timestamp};
+    /// use tollgate_core::state::PolicyState;
+    ///
+    /// let policy = Policy::builder("api").limit("10/h").limit("100/d").build()?;
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let mut elsewhere = PolicyState::new(&policy, now);
+    /// for _ in 0..8 {
+    ///     elsewhere.decide(&policy, now, 1);
+    /// }
+    /// let last = elsewhere.decide(&policy, now, 0);
+    /// // Half the policy on each of two servers: 4 of this one's 5 used.
+    /// let share = policy.divided(2)?;
+    /// let mut here = PolicyState::seeded(&share, &last);
+    /// let admitted = (0..5).filter(|_| here.decide(&share, now, 1).is_allowed()).count();
+    /// assert_eq!(admitted, 1);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn seeded(policy: &Policy, decision: &Decision) -> Self {
+        let now = decision.now();
+        let mut state = Self::new(policy, now);
+        let t0 = now.as_micros();
+        for (limit, p) in state.limits.iter_mut().zip(policy.params()) {
+            let Some(seen) = decision
+                .limits()
+                .iter()
+                .find(|s| s.limit().period_micros() == p.period_us)
+            else {
+                continue;
+            };
+            let seen_cap = seen.capacity().max(1);
+            let used = seen_cap.saturating_sub(seen.remaining());
+            let used = u64::try_from(
+                (u128::from(used) * u128::from(p.capacity)).div_ceil(u128::from(seen_cap)),
+            )
+            .unwrap_or(u64::MAX);
+            if used > 0 {
+                let fresh = LimitState::fresh(policy.algorithm(), p, t0);
+                *limit = fresh.seeded(p, used, t0);
+            }
+        }
+        state
+    }
+
+    /// Decides a request of `cost` at `now` and, if it is admitted, consumes
+    /// it from every limit. If any limit denies, nothing is consumed.
+    ///
+    /// A cost of 0 is a peek: it is always admitted and changes nothing. A
+    /// cost above a limit's capacity is [`Outcome::CostExceedsCapacity`].
+    /// A state built under another configuration of the policy is first
+    /// [carried over](PolicyState::carry_to).
+    pub fn decide(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+        self.carry_to(policy, now);
+        let params = policy.params();
+        let now_us = now.as_micros();
+        for (state, p) in self.limits.iter_mut().zip(params) {
+            state.advance(p, now_us);
+        }
+        let queue_free = self.queue_free();
+
+        let too_costly = params.iter().find(|p| cost > p.capacity);
+        if let Some(p) = too_costly {
+            let outcome = Outcome::CostExceedsCapacity {
+                cost,
+                capacity: p.capacity,
+            };
+            return self.decision(policy, outcome, now, Duration::ZERO, queue_free, |_| None);
+        }
+
+        let denials: SmallVec<[Option<u64>; 2]> = self
+            .limits
+            .iter()
+            .zip(params)
+            // A peek is never denied, not even by a limit in debt (one whose
+            // use, carried over from a larger configuration, is above it).
+            .map(|(state, p)| {
+                if cost == 0 {
+                    return None;
+                }
+                state.admits(p, now_us, cost, queue_free).err()
+            })
+            .collect();
+        if let Some(retry) = denials.iter().flatten().max() {
+            let outcome = Outcome::Limited {
+                retry_after: Duration::from_micros(*retry),
+            };
+            return self.decision(policy, outcome, now, Duration::ZERO, queue_free, |i| {
+                denials[i].map(Duration::from_micros)
+            });
+        }
+
+        if cost > 0 {
+            for (state, p) in self.limits.iter_mut().zip(params) {
+                state.commit(p, now_us, cost, queue_free);
+            }
+        }
+        let delay = if policy.algorithm() == Algorithm::LeakyBucket && cost > 0 {
+            Duration::from_micros(queue_free.saturating_sub(now_us))
+        } else {
+            Duration::ZERO
+        };
+        let queue_free = self.queue_free();
+        self.decision(policy, Outcome::Allowed, now, delay, queue_free, |_| None)
+    }
+
+    /// The time the state stops mattering: from then on it is
+    /// indistinguishable from a fresh one and may be forgotten.
+    pub fn expires_at(&self, policy: &Policy) -> Timestamp {
+        let at = self
+            .limits
+            .iter()
+            .zip(policy.params())
+            .map(|(s, p)| s.expires_at(p))
+            .max()
+            .unwrap_or(0);
+        Timestamp::from_micros(at)
+    }
+
+    /// The joint departure time of a leaky-bucket policy: a request leaves
+    /// when every limit's queue lets it.
+    fn queue_free(&self) -> u64 {
+        self.limits
+            .iter()
+            .map(|s| match s {
+                LimitState::LeakyBucket(bucket) => bucket.free_at,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn decision(
+        &self,
+        policy: &Policy,
+        outcome: Outcome,
+        now: Timestamp,
+        delay: Duration,
+        queue_free: u64,
+        retry: impl Fn(usize) -> Option<Duration>,
+    ) -> Decision {
+        let now_us = now.as_micros();
+        let statuses =
+            self.limits
+                .iter()
+                .zip(policy.params())
+                .enumerate()
+                .map(|(i, (state, p))| {
+                    let (remaining, reset) = state.status(p, now_us, queue_free);
+                    LimitStatus::new(
+                        i,
+                        p.limit,
+                        p.capacity,
+                        remaining,
+                        Duration::from_micros(reset),
+                        retry(i),
+                    )
+                });
+        Decision::new(policy, outcome, now, delay, statuses)
+    }
+}

@@ -1,0 +1,407 @@
+//! Configuring a [`RedisStore`] and connecting it: a single server, a
+//! bb8 pool, a cluster, or a connection of your own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::IntoConnectionInfo;
+use redis::aio::ConnectionManagerConfig;
+use tollgate_core::{CircuitBreaker, Clock, ConfigError};
+
+use crate::batch::Batcher;
+use crate::cluster::ClusterConnection;
+use crate::connection::{Pool, RedisConnection};
+use crate::deny_cache::DenyCache;
+use crate::error::RedisStoreError;
+use crate::identity::{ServerIdentity, run_id, too_old};
+use crate::keys::KeyNamer;
+use crate::known::LastKnown;
+use crate::lanes::Lanes;
+use crate::managed::ManagedConnection;
+use crate::script::Scripts;
+use crate::store::{Inner, RedisStore};
+use crate::wire::{RedisClock, Wire, WriteOrder};
+
+impl RedisStore<ManagedConnection> {
+    /// Connects to `url` with the default settings and a multiplexed
+    /// [`ManagedConnection`].
+    ///
+    /// # Errors
+    ///
+    /// When Redis cannot be reached or the scripts cannot be loaded.
+    pub async fn connect(url: &str) -> Result<Self, RedisStoreError> {
+        Self::builder().connect(url).await
+    }
+}
+
+impl RedisStore {
+    /// Starts configuring a store.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+}
+
+/// Configures a [`RedisStore`].
+///
+/// The defaults suit a request path: a decision waits at most 50 ms, a
+/// response 50 ms, a new connection 100 ms and a pool checkout 25 ms.
+#[derive(Debug)]
+#[must_use = "call .connect(url) to get the store"]
+pub struct RedisStoreBuilder {
+    prefix: String,
+    secret: Option<Vec<u8>>,
+    deadline: Duration,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    pool_size: u32,
+    checkout_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    breaker_threshold: u32,
+    breaker_cooldown: Duration,
+    breaker_ranges: usize,
+    deny_cache: usize,
+    batch_size: usize,
+    write_first: Option<bool>,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        Self {
+            prefix: "tollgate".to_owned(),
+            secret: None,
+            deadline: Duration::from_millis(50),
+            connect_timeout: Duration::from_millis(100),
+            response_timeout: Duration::from_millis(50),
+            pool_size: 16,
+            checkout_timeout: Duration::from_millis(25),
+            clock: None,
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(1),
+            breaker_ranges: 1,
+            deny_cache: 10_000,
+            batch_size: 64,
+            write_first: None,
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The first part of every key (default `tollgate`): 1 to 64 visible
+    /// ASCII characters without braces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Mixes a secret into the key hashes, so that key names cannot be
+    /// linked to identities (such as IPv4 addresses) by hashing guesses.
+    /// All servers sharing limits need the same secret.
+    pub fn key_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// The longest a decision may take, from call to reply (default 50 ms).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// How long establishing a connection may take (default 100 ms).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long Redis may take to answer a command (default 50 ms).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// The size of a bb8 pool (default 16).
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// How long a request waits for a pooled connection (default 25 ms,
+    /// never bb8's 30 s).
+    pub fn pool_checkout_timeout(mut self, timeout: Duration) -> Self {
+        self.checkout_timeout = timeout;
+        self
+    }
+
+    /// The circuit breaker: open after `threshold` consecutive failures or
+    /// missed deadlines (default 5), for `cooldown` (default 1 s) before one
+    /// probe goes through. While open, decisions fail at once with
+    /// [`RedisStoreError::CircuitOpen`], adding no latency, and the
+    /// caller's failure policy applies.
+    pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
+        self.breaker_threshold = threshold;
+        self.breaker_cooldown = cooldown;
+        self
+    }
+
+    /// The most denials the local deny cache holds (default 10,000; 0
+    /// turns it off). A key denied until a time is denied locally until
+    /// then, without asking Redis: a client hammering an exhausted limit
+    /// costs Redis nothing, and decisions stay exact. The store remembers
+    /// the last decision of as many keys for a local fallback to take over
+    /// ([`Store::last_known`](tollgate_core::Store::last_known)).
+    pub fn deny_cache(mut self, max_entries: usize) -> Self {
+        self.deny_cache = max_entries;
+        self
+    }
+
+    /// The most requests one script call decides (default 64; 1 turns
+    /// batching off). While a store has calls on their way to Redis,
+    /// further requests of single-limit GCRA, token-bucket and
+    /// leaky-bucket policies queue and go together in the next call, in
+    /// the order they came, each decided as if alone; so do those of
+    /// single fixed-window limits, in calls of their own. A store without
+    /// concurrent requests sends each alone at once. Under load this
+    /// divides Redis's CPU per decision and the client's work per
+    /// round trip by the batch (see `BENCHMARKS.md`). Only on connections
+    /// to one server ([`RedisConnection::is_one_server`]): on a cluster,
+    /// keys of different slots cannot share a script call.
+    ///
+    /// ```
+    /// use tollgate_redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    /// let store = RedisStore::builder().batch_size(16).connect(url.as_str()).await?;
+    /// # drop(store);
+    /// // 1 turns batching off; 0 is no batch size.
+    /// let err = RedisStore::builder().batch_size(0).connect(url.as_str()).await.unwrap_err();
+    /// assert!(err.to_string().contains("invalid Redis store configuration"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn batch_size(mut self, max_requests: usize) -> Self {
+        self.batch_size = max_requests;
+        self
+    }
+
+    /// **Test hook.** Makes the one-time script always write first
+    /// (`true`: `SET ... NX GET`) or always read first (`false`: `GET`),
+    /// instead of choosing by how many recent requests found their key
+    /// busy, so that tests can hold both ways to the same results.
+    #[doc(hidden)]
+    pub fn test_write_first(mut self, write_first: bool) -> Self {
+        self.write_first = Some(write_first);
+        self
+    }
+
+    /// **Test hook.** Sends `clock`'s time to the scripts instead of letting
+    /// them read Redis `TIME`, so tests can drive Redis with a
+    /// [`FakeClock`](tollgate_core::FakeClock). Keys then live at least ten
+    /// minutes of real time, because fake time does not pass with Redis's.
+    /// Never use it in production: servers' clocks disagree.
+    pub fn test_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    fn check(&self) -> Result<KeyNamer, ConfigError> {
+        CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown)?;
+        let positive = [
+            ("deadline", self.deadline),
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+            ("pool_checkout_timeout", self.checkout_timeout),
+        ];
+        for (setting, value) in positive {
+            if value.is_zero() {
+                return Err(ConfigError::InvalidSetting {
+                    setting,
+                    reason: "must be greater than zero",
+                });
+            }
+        }
+        if self.batch_size == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "batch_size",
+                reason: "must be at least 1 (1 turns batching off)",
+            });
+        }
+        if self.pool_size == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "pool_size",
+                reason: "must be at least 1",
+            });
+        }
+        KeyNamer::new(&self.prefix, self.secret.clone())
+    }
+
+    /// Connects with a [`ManagedConnection`]: redis-rs's multiplexed
+    /// `ConnectionManager`, which reconnects by itself, replaced by a fresh
+    /// one after `READONLY`-like replies. This is the default connection: it
+    /// was the faster in our measurements (see `BENCHMARKS.md`).
+    ///
+    /// # Errors
+    ///
+    /// On invalid settings, when Redis cannot be reached, when it is older
+    /// than 7.0 ([`RedisStoreError::UnsupportedVersion`]), or when the
+    /// scripts cannot be loaded.
+    pub async fn connect(
+        self,
+        url: impl IntoConnectionInfo,
+    ) -> Result<RedisStore<ManagedConnection>, RedisStoreError> {
+        self.check()?;
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(self.connect_timeout);
+        let connection =
+            ManagedConnection::connect(client, config, self.connect_timeout * 2).await?;
+        self.build(connection).await
+    }
+
+    /// Connects through a bb8 pool of multiplexed connections.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect_pool(
+        self,
+        url: impl IntoConnectionInfo,
+    ) -> Result<RedisStore<Pool>, RedisStoreError> {
+        self.check()?;
+        let manager = bb8_redis::RedisConnectionManager::new(url)?;
+        let pool = bb8::Pool::builder()
+            .max_size(self.pool_size)
+            .connection_timeout(self.checkout_timeout)
+            .build(manager)
+            .await?;
+        self.build(pool).await
+    }
+
+    /// Connects to a Redis Cluster through any of `nodes` (URLs such as
+    /// `redis://10.0.0.1:6379`), with a [`ClusterConnection`]: each decision
+    /// goes to its slot's master, a failed master affects only its slots,
+    /// and the circuit breaker is kept per range of 128 slots.
+    ///
+    /// Keep the response timeout under the deadline, as by default.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect_cluster<I: IntoConnectionInfo>(
+        self,
+        nodes: impl IntoIterator<Item = I>,
+    ) -> Result<RedisStore<ClusterConnection>, RedisStoreError> {
+        self.check()?;
+        let mut seeds = Vec::new();
+        for node in nodes {
+            let info = node.into_connection_info()?;
+            seeds.push(info.addr().to_string());
+        }
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout));
+        let connection = ClusterConnection::connect(seeds, config, self.connect_timeout).await?;
+        Self {
+            breaker_ranges: 128,
+            ..self
+        }
+        .build(connection)
+        .await
+    }
+
+    /// Builds a store on a connection of your own, and loads the scripts.
+    ///
+    /// # Errors
+    ///
+    /// On invalid settings, when the server is older than Redis 7.0
+    /// ([`RedisStoreError::UnsupportedVersion`]), or when the scripts cannot
+    /// be loaded.
+    pub async fn build<C: RedisConnection>(
+        self,
+        connection: C,
+    ) -> Result<RedisStore<C>, RedisStoreError> {
+        let names = self.check()?;
+        let scripts = Scripts::new();
+        let budget = self.connect_timeout + self.response_timeout;
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let info: redis::Value = tokio::time::timeout(budget, connection.query(&info))
+            .await
+            .map_err(|_| RedisStoreError::Deadline(budget))??;
+        if let Some(version) = too_old(&info) {
+            return Err(RedisStoreError::UnsupportedVersion { version });
+        }
+        let server = ServerIdentity::new(run_id(&info).map(str::to_owned));
+        for script in scripts.all() {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script.source);
+            let sha: String = tokio::time::timeout(budget, connection.query(&load))
+                .await
+                .map_err(|_| RedisStoreError::Deadline(budget))??;
+            if sha != script.sha {
+                return Err(RedisStoreError::Protocol(format!(
+                    "SCRIPT LOAD returned {sha}, expected {}",
+                    script.sha
+                )));
+            }
+        }
+        let connection_is_one_server = connection.is_one_server();
+        let breakers = (0..self.breaker_ranges.max(1))
+            .map(|_| CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown))
+            .collect::<Result<_, _>>()?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                wire: Wire {
+                    connection,
+                    scripts,
+                    clock: self.clock,
+                    order: WriteOrder::new(self.write_first),
+                    redis_clock: RedisClock::new(),
+                    local_origin: Instant::now(),
+                },
+                names,
+                deadline: self.deadline,
+                batchers: (self.batch_size > 1 && connection_is_one_server)
+                    .then(|| [Batcher::new(self.batch_size), Batcher::new(self.batch_size)]),
+                breakers,
+                deny_cache: DenyCache::new(self.deny_cache),
+                last_known: LastKnown::new(self.deny_cache),
+                lanes: Lanes::default(),
+                server,
+                #[cfg(feature = "metrics")]
+                hit_counters: std::sync::RwLock::default(),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_settings_are_typed_errors() {
+        let err = RedisStore::builder()
+            .deadline(Duration::ZERO)
+            .check()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting deadline: must be greater than zero"
+        );
+        let err = RedisStore::builder().pool_size(0).check().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting pool_size: must be at least 1"
+        );
+        let err = RedisStore::builder().prefix("a{b").check().unwrap_err();
+        assert!(
+            err.to_string().starts_with("invalid setting prefix"),
+            "{err}"
+        );
+    }
+}

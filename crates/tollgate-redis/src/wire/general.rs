@@ -1,0 +1,161 @@
+//! The general scripts on the wire: one per algorithm, deciding in turn
+//! the requests of one key, with a reply per request.
+
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Decision, LimitStatus, Outcome, Policy, Timestamp};
+
+use crate::connection::RedisConnection;
+use crate::error::RedisStoreError;
+use crate::script::{Arg, general_args};
+use crate::wire::Wire;
+
+impl<C: RedisConnection> Wire<C> {
+    /// Decides requests of `costs` for `state_key` under `policy`, a
+    /// general-script policy, in turn, in one call of its script.
+    pub(crate) async fn general(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        costs: &[u64],
+    ) -> Result<Vec<Decision>, RedisStoreError> {
+        let script = self.scripts.get(policy).ok_or_else(|| {
+            RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
+        })?;
+        let params = policy.params();
+        let (now, min_ttl_ms) = self.test_time();
+        let text: String;
+        let costs_arg = match costs {
+            [] => return Ok(Vec::new()),
+            [cost] => Arg::Number(*cost),
+            _ => {
+                text = costs
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                Arg::Text(&text)
+            }
+        };
+        // A size hint (arguments, bytes): 16 arguments of 16 bytes or so,
+        // besides the key names and the costs, hold most policies.
+        let bytes = 256 + 2 * state_key.len() + 2 * costs.len();
+        let reply = self
+            .eval(state_key, script, (16, bytes), |cmd| {
+                general_keys(cmd, state_key, policy);
+                general_args(policy, costs_arg, now, min_ttl_ms, |arg| {
+                    cmd.arg(arg);
+                });
+            })
+            .await?;
+        decisions_from_reply(policy, costs, &reply, params.len())
+    }
+}
+
+/// The keys of a general script's call: the state key, and a sliding log's
+/// sorted set per limit, named after the limit's period so that a changed
+/// configuration finds the log of that period.
+fn general_keys(cmd: &mut redis::Cmd, state_key: &str, policy: &Policy) {
+    let params = policy.params();
+    if policy.algorithm() == Algorithm::SlidingLog {
+        cmd.arg(1 + params.len()).arg(state_key);
+        for p in params {
+            cmd.arg(format!("{state_key}:{}", p.period_us));
+        }
+    } else {
+        cmd.arg(1).arg(state_key);
+    }
+}
+
+/// Turns the general script's reply into a [`Decision`] per request.
+fn decisions_from_reply(
+    policy: &Policy,
+    costs: &[u64],
+    reply: &redis::Value,
+    limits: usize,
+) -> Result<Vec<Decision>, RedisStoreError> {
+    let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply.clone())
+        .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
+    let each = 3 + 3 * limits;
+    if reply.len() != each * costs.len() {
+        return Err(RedisStoreError::Protocol(format!("{reply:?}")));
+    }
+    reply
+        .chunks_exact(each)
+        .zip(costs)
+        .map(|(chunk, &cost)| decision_from_reply(policy, cost, chunk))
+        .collect()
+}
+
+/// Turns the general script's reply into a [`Decision`].
+fn decision_from_reply(
+    policy: &Policy,
+    cost: u64,
+    reply: &[i64],
+) -> Result<Decision, RedisStoreError> {
+    let params = policy.params();
+    let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
+    if reply.len() != 3 + 3 * params.len() {
+        return Err(bad());
+    }
+    let micros = |v: i64| u64::try_from(v).map_err(|_| bad());
+    let now = Timestamp::from_micros(micros(reply[1])?);
+    let delay = Duration::from_micros(micros(reply[2])?);
+    let mut statuses = Vec::with_capacity(params.len());
+    let mut longest_retry = 0;
+    for (i, (p, chunk)) in params.iter().zip(reply[3..].chunks_exact(3)).enumerate() {
+        let retry = match chunk[2] {
+            -1 => None,
+            r => Some(micros(r)?),
+        };
+        longest_retry = longest_retry.max(retry.unwrap_or(0));
+        statuses.push(LimitStatus::new(
+            i,
+            p.limit,
+            p.capacity,
+            micros(chunk[0])?,
+            Duration::from_micros(micros(chunk[1])?),
+            retry.map(Duration::from_micros),
+        ));
+    }
+    let outcome = match reply[0] {
+        0 => Outcome::Allowed,
+        1 => Outcome::Limited {
+            retry_after: Duration::from_micros(longest_retry),
+        },
+        2 => Outcome::CostExceedsCapacity {
+            cost,
+            capacity: params
+                .iter()
+                .find(|p| cost > p.capacity)
+                .map_or(0, |p| p.capacity),
+        },
+        _ => return Err(bad()),
+    };
+    Ok(Decision::new(policy, outcome, now, delay, statuses))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        let policy = Policy::new("p", Algorithm::Gcra, "1/s").unwrap();
+        assert!(matches!(
+            decision_from_reply(&policy, 1, &[0, 1, 0]),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            decision_from_reply(&policy, 1, &[7, 1, 0, 1, 0, -1]),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            decision_from_reply(&policy, 1, &[0, -5, 0, 1, 0, -1]),
+            Err(RedisStoreError::Protocol(_))
+        ));
+        let ok = decision_from_reply(&policy, 1, &[0, 5_000_000, 0, 0, 1_000_000, -1]).unwrap();
+        assert!(ok.is_allowed());
+        assert_eq!(ok.reset_at(), Timestamp::from_secs(6));
+    }
+}

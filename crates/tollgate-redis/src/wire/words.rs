@@ -1,0 +1,312 @@
+//! The word scripts on the wire: their arguments, replies, and the two
+//! estimates their calls keep (which way the one-time script starts, and
+//! Redis's clock).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tollgate_core::Clock;
+
+use crate::connection::RedisConnection;
+use crate::error::RedisStoreError;
+use crate::wire::{Request, Wire, Word};
+
+/// Which way the one-time script starts. Writing first (`SET ... NX GET`)
+/// decides an idle key in one command but wastes work on a key that holds
+/// a time; reading first (`GET`) costs an idle key one command more and
+/// saves the rest more (`BENCHMARKS.md`, "Redis CPU per decision"). The
+/// store writes first while fewer than a quarter of recent requests found
+/// their key holding a time. Both ways decide exactly the same.
+pub(crate) struct WriteOrder {
+    fixed: Option<bool>,
+    /// The share of recent requests whose key held a time, in 1/65,536,
+    /// as a moving average over about 32 requests. Updated without a lock:
+    /// a lost update only delays a switch.
+    busy: AtomicU32,
+}
+
+impl WriteOrder {
+    const SCALE: u32 = 1 << 16;
+    /// A quarter: writing first saves an idle key a command and costs a
+    /// busy key or a denial a dearer one, and by the instruction counts in
+    /// `BENCHMARKS.md` ("Write order") it stops paying for denials first,
+    /// at about this share.
+    const THRESHOLD: u32 = Self::SCALE / 4;
+
+    pub(crate) fn new(fixed: Option<bool>) -> Self {
+        Self {
+            fixed,
+            busy: AtomicU32::new(0),
+        }
+    }
+
+    fn write_first(&self) -> bool {
+        self.fixed
+            .unwrap_or_else(|| self.busy.load(Ordering::Relaxed) < Self::THRESHOLD)
+    }
+
+    fn observe(&self, words: &[Word]) {
+        let mut share = self.busy.load(Ordering::Relaxed);
+        for &(now, old) in words {
+            share -= share / 32;
+            if old > now {
+                share += Self::SCALE / 32;
+            }
+        }
+        self.busy.store(share, Ordering::Relaxed);
+    }
+}
+
+/// Redis's clock as the store last saw it, for stamping the decisions
+/// whose reply leaves out Redis's time: the one-time script answers a
+/// single key whose time is ahead with the gap alone (see `lua/shape/tat.lua`),
+/// which decides the request exactly; only [`Decision::now`] comes from
+/// here. Kept as the offset in µs of Redis `TIME` from the store's
+/// monotonic clock, taken from every reply that carries Redis's time, so
+/// the estimate is within about half a round trip (plus, on a cluster, the
+/// skew between nodes). Until such a reply, the system clock stands in.
+pub(crate) struct RedisClock {
+    offset: std::sync::atomic::AtomicI64,
+}
+
+impl RedisClock {
+    /// Starts from the system clock, as the store's monotonic clock
+    /// starts at 0.
+    pub(crate) fn new() -> Self {
+        let system = tollgate_core::SystemClock.now().as_micros();
+        Self {
+            offset: i64::try_from(system).unwrap_or(i64::MAX).into(),
+        }
+    }
+
+    /// Redis said it was `redis_now` at about `local_now`.
+    fn saw(&self, redis_now: u64, local_now: u64) {
+        let offset = i64::try_from(redis_now)
+            .unwrap_or(i64::MAX)
+            .saturating_sub_unsigned(local_now);
+        self.offset.store(offset, Ordering::Relaxed);
+    }
+
+    /// Redis's time at `local_now`, as estimated.
+    pub(crate) fn at(&self, local_now: u64) -> u64 {
+        local_now.saturating_add_signed(self.offset.load(Ordering::Relaxed))
+    }
+}
+
+impl<C: RedisConnection> Wire<C> {
+    /// Decides `requests` of one-time policies in one call of the one-time
+    /// script, in order, and returns each request's word.
+    pub(super) async fn send_tats(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Result<Vec<Word>, RedisStoreError> {
+        let Some(first) = requests.first() else {
+            return Ok(Vec::new());
+        };
+        let (now, min_ttl_ms) = self.test_time();
+        // The key count, then per request its key, two numbers of up to 20
+        // digits and a descriptor, then (test clock) two more numbers.
+        let count = 3 + 4 * requests.len();
+        let bytes = 60
+            + requests
+                .iter()
+                .map(|r| r.key.len() + 40 + r.policy.state_descriptor().len())
+                .sum::<usize>();
+        let reply = self
+            .eval(
+                first.key,
+                self.scripts.tat(self.order.write_first()),
+                (count, bytes),
+                |cmd| {
+                    cmd.arg(requests.len());
+                    for r in requests {
+                        cmd.arg(r.key);
+                    }
+                    for r in requests {
+                        cmd.arg(r.step)
+                            .arg(r.slack)
+                            .arg(r.policy.state_descriptor());
+                    }
+                    if now > 0 {
+                        cmd.arg(now).arg(min_ttl_ms);
+                    }
+                },
+            )
+            .await?;
+        let words = match words(&reply, requests.len())? {
+            Reply::Words(words) => {
+                if let (0, Some(&(redis_now, _))) = (now, words.first()) {
+                    self.redis_clock.saw(redis_now, self.local_now());
+                }
+                words
+            }
+            Reply::Ahead(gap) => {
+                // Under a test clock the script decided at the `now` sent.
+                let now = match now {
+                    0 => self.redis_clock.at(self.local_now()),
+                    sent => sent,
+                };
+                let old = now.checked_add(gap).ok_or_else(|| {
+                    RedisStoreError::Protocol(format!("a time {gap} µs ahead of {now}"))
+                })?;
+                vec![(now, old)]
+            }
+        };
+        self.order.observe(&words);
+        Ok(words)
+    }
+
+    /// Decides `requests` of window-word policies in one call of the
+    /// window-word script, in order, and returns each request's word (0
+    /// where its key held no count of the current window).
+    pub(super) async fn send_window_words(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Result<Vec<Word>, RedisStoreError> {
+        let Some(first) = requests.first() else {
+            return Ok(Vec::new());
+        };
+        let (now, min_ttl_ms) = self.test_time();
+        // The key count, then per request its key, three numbers of up to
+        // 20 digits and a descriptor, then (test clock) two more numbers.
+        let count = 3 + 5 * requests.len();
+        let bytes = 60
+            + requests
+                .iter()
+                .map(|r| r.key.len() + 60 + r.policy.state_descriptor().len())
+                .sum::<usize>();
+        let reply = self
+            .eval(
+                first.key,
+                &self.scripts.window_word,
+                (count, bytes),
+                |cmd| {
+                    cmd.arg(requests.len());
+                    for r in requests {
+                        cmd.arg(r.key);
+                    }
+                    for r in requests {
+                        cmd.arg(r.period)
+                            .arg(r.step)
+                            .arg(r.slack)
+                            .arg(r.policy.state_descriptor());
+                    }
+                    if now > 0 {
+                        cmd.arg(now).arg(min_ttl_ms);
+                    }
+                },
+            )
+            .await?;
+        // The script never replies a negative number (a gap), which only
+        // the one-time script does.
+        match words(&reply, requests.len())? {
+            Reply::Words(words) => Ok(words),
+            Reply::Ahead(_) => Err(RedisStoreError::Protocol(format!("{reply:?}"))),
+        }
+    }
+}
+
+/// A reply of the one-time script, read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// Each request's word, at Redis's `now`, which the reply carried.
+    Words(Vec<Word>),
+    /// One request, whose key's time was this many µs ahead of Redis's
+    /// `now`, which the reply did not carry.
+    Ahead(u64),
+}
+
+/// Reads a reply of the one-time script for `n` requests: `now` alone, as
+/// a positive integer (no key's time was ahead of now); for one request
+/// whose key's time was ahead, now minus that time, a negative integer; or
+/// else the string `"<seconds> <microseconds> <old_1> ... <old_n>"`, now as
+/// Redis `TIME` gave it.
+pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreError> {
+    use redis::Value;
+    let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
+    match reply {
+        Value::Int(now) if *now >= 0 => Ok(Reply::Words(vec![(now.unsigned_abs(), 0); n])),
+        Value::Int(gap) if n == 1 => Ok(Reply::Ahead(gap.unsigned_abs())),
+        Value::BulkString(text) => {
+            let mut fields = text.split(|&b| b == b' ').map(decimal);
+            let now = match (fields.next().flatten(), fields.next().flatten()) {
+                (Some(sec), Some(usec)) if usec < 1_000_000 => sec
+                    .checked_mul(1_000_000)
+                    .and_then(|s| s.checked_add(usec))
+                    .ok_or_else(bad)?,
+                _ => return Err(bad()),
+            };
+            let words = fields
+                .map(|old| old.map(|old| (now, old)))
+                .collect::<Option<Vec<Word>>>()
+                .ok_or_else(bad)?;
+            if words.len() == n {
+                Ok(Reply::Words(words))
+            } else {
+                Err(bad())
+            }
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// A non-empty run of ASCII digits as a `u64`, or `None`.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        if d.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    #[test]
+    fn replies_are_read_per_request() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let read = |reply: Value, n| match words(&reply, n) {
+            Ok(Reply::Words(words)) => words,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(read(Value::Int(7), 3), vec![(7, 0); 3]);
+        assert_eq!(
+            read(text("2 5 0 3000009"), 2),
+            vec![(2_000_005, 0), (2_000_005, 3_000_009)]
+        );
+        assert_eq!(
+            read(text("1795000000 999999 1795000001000000"), 1),
+            vec![(1_795_000_000_999_999, 1_795_000_001_000_000)]
+        );
+        assert_eq!(words(&Value::Int(-9), 1).unwrap(), Reply::Ahead(9));
+        assert_eq!(
+            words(&Value::Int(i64::MIN), 1).unwrap(),
+            Reply::Ahead(1 << 63)
+        );
+        for bad in [
+            words(&text("2 5 0 9"), 3),
+            words(&text("2 5 0 9"), 1),
+            words(&text("2 5"), 1),
+            words(&text("2"), 0),
+            words(&text("2 1000000 9"), 1),
+            words(&text("2 5 -9"), 1),
+            words(&text("2 5 9 "), 1),
+            words(&text("2  5 9"), 1),
+            words(&text("2 5 1e9"), 1),
+            words(&text("2 5 18446744073709551616"), 1),
+            words(&text("18446744073710 5 9"), 1),
+            // A gap is for one request alone.
+            words(&Value::Int(-1), 2),
+            words(&Value::Array(vec![Value::Int(7), Value::Int(9)]), 1),
+            words(&Value::Nil, 1),
+        ] {
+            assert!(matches!(bad, Err(RedisStoreError::Protocol(_))), "{bad:?}");
+        }
+    }
+}

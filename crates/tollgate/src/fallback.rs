@@ -1,0 +1,292 @@
+//! Failure handling as a store: [`FallbackStore`] applies a
+//! [`FailureMode`] to the failures of the store it wraps.
+
+use std::num::NonZeroU64;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use tollgate_core::state::PolicyState;
+use tollgate_core::{Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Store, StoreError};
+
+/// What a [`FallbackStore`] (and so a layer or a [`RateLimiter`](crate::RateLimiter))
+/// does when the store it wraps cannot decide.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// Let the request through, and log a warning: a layer sends no
+    /// rate-limit headers, and a [`RateLimiter`](crate::RateLimiter)
+    /// admits, reporting every limit as full.
+    Open,
+    /// Fail: a layer answers 503 with `Retry-After: 1`, and a
+    /// [`RateLimiter`](crate::RateLimiter) returns the store's error.
+    Closed,
+    /// Decide with an in-memory store instead, and log a warning: limiting
+    /// goes on, per instance, with each instance's share of the limit (see
+    /// [`RateLimitLayer::local_divisor`](crate::RateLimitLayer::local_divisor)(crate::RateLimitLayer::local_divisor)).
+    /// The default.
+    #[default]
+    Local,
+}
+
+/// What a fallback reports of the failures it handles: the layer's and
+/// the limiter's telemetry; `()` reports nothing.
+pub(crate) trait FailureReport {
+    /// The store failed, and `mode` handles it.
+    fn store_failed(&self, mode: FailureMode, error: &StoreError);
+    /// The local fallback decided.
+    fn decided_locally(&self, allowed: bool);
+}
+
+impl FailureReport for () {
+    fn store_failed(&self, _mode: FailureMode, _error: &StoreError) {}
+    fn decided_locally(&self, _allowed: bool) {}
+}
+
+/// A store that applies a [`FailureMode`] to the failures of another, in
+/// the spirit of tower-sessions' `CachingSessionStore`: under
+/// [`FailureMode::Local`] (the default), a decision the wrapped store
+/// cannot make is made by an in-memory store instead, with this
+/// instance's share of the policy ([`FallbackStore::local_divisor`]),
+/// seeded with what the wrapped store last knew of the key
+/// ([`Store::last_known`]), so that a failure hands nobody a fresh quota.
+///
+/// [`RateLimitLayer`](crate::RateLimitLayer) and
+/// [`RateLimiter`](crate::RateLimiter) wrap their store in one; it is
+/// public for code that asks a store directly.
+///
+/// ```
+/// use std::num::NonZeroU64;
+/// use tollgate::{Algorithm, FailureMode, FallbackStore, Key, MemoryStore, Policy, Store};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = FallbackStore::new(MemoryStore::new())
+///     .on_store_error(FailureMode::Local)
+///     .local_divisor(NonZeroU64::new(4).unwrap());
+/// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
+/// // The memory store never fails: decisions are its own.
+/// assert_eq!(store.check(&Key::user("ada"), &policy, 1).await?.remaining(), 99);
+/// # Ok(())
+/// # }
+/// ```
+pub struct FallbackStore<S> {
+    store: Arc<S>,
+    mode: FailureMode,
+    local: MemoryStore,
+    divisor: NonZeroU64,
+    /// Each policy's local share, made on its first failure.
+    shares: Arc<RwLock<Vec<(Policy, Policy)>>>,
+}
+
+impl<S> FallbackStore<S> {
+    /// Wraps `store`, falling back locally on [`crate::shared_fallback`],
+    /// each instance enforcing the whole limit.
+    pub fn new(store: S) -> Self {
+        Self::shared(Arc::new(store))
+    }
+
+    pub(crate) fn shared(store: Arc<S>) -> Self {
+        Self {
+            store,
+            mode: FailureMode::default(),
+            local: shared_fallback().clone(),
+            divisor: NonZeroU64::MIN,
+            shares: Arc::default(),
+        }
+    }
+
+    /// This fallback's settings around another store.
+    pub(crate) fn rewrapped<S2>(self, store: S2) -> FallbackStore<S2> {
+        FallbackStore {
+            store: Arc::new(store),
+            mode: self.mode,
+            local: self.local,
+            divisor: self.divisor,
+            shares: self.shares,
+        }
+    }
+
+    /// What to do when the wrapped store fails (default
+    /// [`FailureMode::Local`]).
+    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How many instances share the limit, for [`FailureMode::Local`]:
+    /// while the store fails, each enforces the policy's limits divided by
+    /// `instances` (see [`Policy::divided`]). Default 1.
+    pub fn local_divisor(mut self, instances: NonZeroU64) -> Self {
+        self.divisor = instances;
+        self.shares = Arc::default();
+        self
+    }
+
+    /// The in-memory store [`FailureMode::Local`] decides with (default:
+    /// [`shared_fallback`](crate::shared_fallback)).
+    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
+        self.local = store;
+        self
+    }
+
+    /// The failure mode.
+    pub fn failure_mode(&self) -> FailureMode {
+        self.mode
+    }
+
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.store
+    }
+
+    /// `policy`'s local share.
+    fn share(&self, policy: &Policy) -> Policy {
+        if self.divisor == NonZeroU64::MIN {
+            return policy.clone();
+        }
+        let same = |(p, _): &&(Policy, Policy)| Policy::ptr_eq(p, policy) || p == policy;
+        let shares = self.shares.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, share)) = shares.iter().find(same) {
+            return share.clone();
+        }
+        drop(shares);
+        // `divided` fails only for zero, which NonZeroU64 rules out.
+        let share = policy
+            .divided(self.divisor.get())
+            .unwrap_or_else(|_| policy.clone());
+        let mut shares = self.shares.write().unwrap_or_else(PoisonError::into_inner);
+        // A handful of policies per store; a bound all the same.
+        if shares.len() >= 64 {
+            shares.clear();
+        }
+        shares.push((policy.clone(), share.clone()));
+        share
+    }
+}
+
+impl<S: Store> FallbackStore<S> {
+    /// Applies the failure mode to `result`, the wrapped store's answer:
+    /// under [`FailureMode::Local`] a failure is decided locally, seeded
+    /// with what the store last knew of the key; under the others it stays
+    /// a failure, reported to `report`.
+    pub(crate) fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        result: Result<Decision, StoreError>,
+        report: &impl FailureReport,
+    ) -> Result<Decision, StoreError> {
+        let error = match result {
+            Ok(decision) => return Ok(decision),
+            Err(error) => error,
+        };
+        // Open and closed are the caller's to answer, and to report.
+        if self.mode != FailureMode::Local {
+            return Err(error);
+        }
+        report.store_failed(self.mode, &error);
+        let share = self.share(policy);
+        if let Some(last) = self.store.last_known(key, policy) {
+            let state = PolicyState::seeded(&share, &last);
+            // A full fallback decides below as it would anyway.
+            let _ = self.local.seed(key, &share, state);
+        }
+        let local = self.local.check_sync(key, &share, cost);
+        if let Ok(decision) = &local {
+            report.decided_locally(decision.is_allowed());
+        }
+        local
+    }
+
+    /// Decides as [`Store::check`] does, reporting failures to `report`.
+    pub(crate) async fn check_reported(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        report: &impl FailureReport,
+    ) -> Result<Decision, StoreError> {
+        let result = match self.store.try_check_now(key, policy, cost) {
+            Some(result) => result,
+            None => self.store.check(key, policy, cost).await,
+        };
+        self.settle(key, policy, cost, result, report)
+    }
+}
+
+/// An admitting decision that reports every limit of `policy` full: what
+/// [`FailureMode::Open`] answers a caller that needs a decision.
+pub(crate) fn let_through(policy: &Policy) -> Decision {
+    let statuses =
+        policy.params().iter().enumerate().map(|(i, p)| {
+            LimitStatus::new(i, p.limit, p.capacity, p.capacity, Duration::ZERO, None)
+        });
+    let now = tollgate_core::Clock::now(&tollgate_core::SystemClock);
+    Decision::new(policy, Outcome::Allowed, now, Duration::ZERO, statuses)
+}
+
+impl<S: Store> Store for FallbackStore<S> {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let result = self.store.check(key, policy, cost).await;
+        self.settle(key, policy, cost, result, &())
+    }
+
+    fn try_check_now(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        let result = self.store.try_check_now(key, policy, cost)?;
+        Some(self.settle(key, policy, cost, result, &()))
+    }
+
+    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
+        self.store.last_known(key, policy)
+    }
+}
+
+impl<S> Clone for FallbackStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            mode: self.mode,
+            local: self.local.clone(),
+            divisor: self.divisor,
+            shares: self.shares.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for FallbackStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FallbackStore")
+            .field("store", &self.store)
+            .field("mode", &self.mode)
+            .field("divisor", &self.divisor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The in-memory store that every layer falls back to under
+/// [`FailureMode::Local`], unless given its own with
+/// [`RateLimitLayer::local_fallback`](crate::RateLimitLayer::local_fallback): one per process, made on first use,
+/// with the system clock and [`MemoryStore::DEFAULT_MAX_KEYS`] keys.
+///
+/// Sharing it keeps the process bounded however many layers it has: the
+/// keys held are at most the sum of `max_keys` over the stores the layers
+/// decide with (each [`RateLimitLayer::new`](crate::RateLimitLayer::new) makes one, unless replaced with
+/// [`store`](crate::RateLimitLayer::store)) plus this store's
+/// [`max_keys`](MemoryStore::max_keys). State in it is per policy name and
+/// key, like in any store, so layers of different policies do not mix.
+///
+/// ```
+/// use tollgate::{MemoryStore, shared_fallback};
+///
+/// assert_eq!(shared_fallback().max_keys(), MemoryStore::DEFAULT_MAX_KEYS);
+/// ```
+pub fn shared_fallback() -> &'static MemoryStore {
+    static FALLBACK: std::sync::OnceLock<MemoryStore> = std::sync::OnceLock::new();
+    FALLBACK.get_or_init(MemoryStore::new)
+}
