@@ -374,3 +374,16 @@ fn identical_responses_and_headers_through_the_layer() {
         "{statuses:?}"
     );
 }
+
+/// The conformance suite of `tollgate-core`'s `testing` feature, as any
+/// third-party store would run it: on both script orders.
+#[test]
+fn the_redis_store_passes_the_conformance_suite() {
+    let harness = Harness::new("suite");
+    for store in [&harness.redis, &harness.reading_first] {
+        let report = RT
+            .block_on(tollgate_core::testing::check_store(store, &harness.clock))
+            .unwrap();
+        assert_eq!((report.cases, report.decisions), (30, 30 * 240));
+    }
+}

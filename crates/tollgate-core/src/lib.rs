@@ -40,6 +40,7 @@
 //! |---|---|---|
 //! | `serde` | yes | `Serialize`/`Deserialize` for [`Limit`], [`Policy`] and [`Algorithm`] |
 //! | `metrics` | no | the [memory-store and circuit-breaker gauges](telemetry) through the `metrics` facade |
+//! | `testing` | no | `testing`: the conformance suite for stores |
 //!
 //! # Time
 //!
@@ -60,6 +61,8 @@ mod policy;
 pub mod state;
 mod store;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod time;
 
 pub use algorithm::Algorithm;

@@ -20,8 +20,13 @@ use crate::policy::Policy;
 /// [`try_check_now`](Store::try_check_now), which lets callers skip the
 /// future (and its allocation) entirely.
 ///
-/// A complete (if unbounded) store over the [reference
-/// algorithms](crate::state):
+/// A store must give exactly the decisions of the [reference
+/// algorithms](crate::state). The `testing` feature's conformance suite,
+/// `tollgate_core::testing::check_store`, checks that on any store built on
+/// a `FakeClock`; the memory store and the Redis store run it in their
+/// tests, and a store of your own should too.
+///
+/// A complete (if unbounded) store over the reference algorithms:
 ///
 /// ```
 /// use std::collections::HashMap;

@@ -1,0 +1,242 @@
+//! A conformance suite any [`Store`] can run (feature `testing`): does the
+//! store give exactly the reference decisions of
+//! [`PolicyState`]?
+//!
+//! The memory store and the Redis store both run it in their tests; a
+//! third-party store should too. Build the store on a [`FakeClock`] (the
+//! memory store's [`clock`](crate::MemoryStoreBuilder::clock), the Redis
+//! store's `test_clock`) and pass both to [`check_store`]. The suite sets
+//! and advances that clock, and compares every decision with the
+//! reference's at the same time:
+//!
+//! - every algorithm, with one limit and with two, with and without a
+//!   burst, over a few hundred requests of costs from 0 (a peek) to above
+//!   capacity, at gaps from none to more than a period;
+//! - the same with two configurations of one policy name served in turn,
+//!   as during a rolling deploy that changes a limit: what a key has used
+//!   carries over (see
+//!   [`PolicyState::carry_to`]).
+//!
+//! Every case uses keys of its own, so a shared store may run the suite
+//! again, and alongside other tests.
+//!
+//! ```
+//! use tollgate_core::{FakeClock, MemoryStore};
+//! use tollgate_core::testing::check_store;
+//!
+//! let clock = FakeClock::default();
+//! let store = MemoryStore::builder().clock(clock.clone()).build()?;
+//! # let run = async {
+//! let report = check_store(&store, &clock).await?;
+//! assert!(report.decisions > 1_000);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # };
+//! # let mut run = std::pin::pin!(run);
+//! # let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+//! # loop {
+//! #     if let std::task::Poll::Ready(result) = run.as_mut().poll(&mut cx) { break result?; }
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::state::PolicyState;
+use crate::store::Store;
+use crate::time::{FakeClock, Timestamp};
+
+/// What a passing run checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Cases run.
+    pub cases: usize,
+    /// Decisions compared with the reference.
+    pub decisions: usize,
+}
+
+/// Where a store departed from the reference.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Mismatch {
+    /// The store decided otherwise.
+    #[error(
+        "{case}, request {request} (cost {cost}): the store decided {store}, the reference {reference}"
+    )]
+    Decision {
+        /// The case: policy or policies, as configured.
+        case: String,
+        /// The request's place in the case, from 0.
+        request: usize,
+        /// The request's cost.
+        cost: u64,
+        /// The store's decision, debug-formatted.
+        store: String,
+        /// The reference's decision, debug-formatted.
+        reference: String,
+    },
+    /// A configuration of the suite was refused: a change of the
+    /// validation rules that the suite has not followed.
+    #[error("the suite's configuration was refused: {0}")]
+    Setup(#[from] ConfigError),
+    /// The store failed.
+    #[error("{case}, request {request}: the store failed: {error}")]
+    Failed {
+        /// The case.
+        case: String,
+        /// The request's place in the case, from 0.
+        request: usize,
+        /// What failed.
+        #[source]
+        error: StoreError,
+    },
+}
+
+/// Requests per case.
+const REQUESTS: usize = 240;
+
+/// Runs the suite against `store`, whose clock is `clock` (see the module
+/// docs).
+///
+/// # Errors
+///
+/// The first [`Mismatch`].
+pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Report, Mismatch> {
+    let mut report = Report {
+        cases: 0,
+        decisions: 0,
+    };
+    let mut random = Random(0x9e37_79b9_7f4a_7c15);
+    for algorithm in Algorithm::ALL {
+        for configs in cases(algorithm) {
+            let configs = configs
+                .iter()
+                .map(|limits| policy(algorithm, limits))
+                .collect::<Result<Vec<_>, _>>()?;
+            report.decisions += run(store, clock, &configs, &mut random).await?;
+            report.cases += 1;
+        }
+    }
+    Ok(report)
+}
+
+/// The configurations of each case: a list of limits and an optional burst
+/// per configuration; two configurations are served in turn.
+fn cases(algorithm: Algorithm) -> Vec<Vec<(&'static [&'static str], Option<u64>)>> {
+    let burst = |b| algorithm.has_burst().then_some(b);
+    vec![
+        vec![(&["5/s"], None)],
+        vec![(&["12/min"], burst(20))],
+        vec![(&["3/s", "20/min"], None)],
+        vec![(&["20/min"], None), (&["25/min"], burst(30))],
+        vec![(&["6/s"], None), (&["6/s", "30/min"], None)],
+    ]
+}
+
+fn policy(
+    algorithm: Algorithm,
+    &(limits, burst): &(&[&str], Option<u64>),
+) -> Result<Policy, ConfigError> {
+    let mut builder = Policy::builder("conformance").algorithm(algorithm);
+    for &limit in limits {
+        builder = builder.limit(limit);
+    }
+    if let Some(burst) = burst {
+        builder = builder.burst(burst);
+    }
+    builder.build()
+}
+
+/// A key no other run uses.
+fn fresh_key() -> Key {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let wall = crate::time::Clock::now(&crate::time::SystemClock).as_micros();
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    Key::custom(format!("conformance-{}-{wall}-{n}", std::process::id()))
+}
+
+/// One case: requests at random gaps and costs, served by the
+/// configurations in turn; returns how many decisions were compared.
+async fn run<S: Store>(
+    store: &S,
+    clock: &FakeClock,
+    configs: &[Policy],
+    random: &mut Random,
+) -> Result<usize, Mismatch> {
+    let key = fresh_key();
+    let name = configs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" then ");
+    // Somewhere inside a day, so windows start anywhere.
+    clock.set(
+        Timestamp::from_secs(1_700_000_000) + Duration::from_micros(random.below(86_400_000_000)),
+    );
+    let shortest = configs
+        .iter()
+        .flat_map(|p| p.params().iter().map(|p| p.period_us))
+        .min()
+        .unwrap_or(1_000_000);
+    let capacity = configs
+        .iter()
+        .flat_map(|p| p.params().iter().map(|p| p.capacity))
+        .max()
+        .unwrap_or(1);
+    let mut reference: Option<PolicyState> = None;
+    for request in 0..REQUESTS {
+        let gap = match random.below(10) {
+            0..=3 => 0,
+            4..=8 => random.below(shortest / 4 + 1),
+            _ => random.below(2 * shortest),
+        };
+        clock.advance(Duration::from_micros(gap));
+        let cost = match random.below(20) {
+            0 => 0,
+            1 => capacity + 1,
+            2..=4 => 1 + random.below(capacity),
+            _ => 1,
+        };
+        let policy = &configs[request % configs.len()];
+        let now = crate::time::Clock::now(clock);
+        let expected = reference
+            .get_or_insert_with(|| PolicyState::new(policy, now))
+            .decide(policy, now, cost);
+        let decided = store
+            .check(&key, policy, cost)
+            .await
+            .map_err(|error| Mismatch::Failed {
+                case: name.clone(),
+                request,
+                error,
+            })?;
+        if decided != expected {
+            return Err(Mismatch::Decision {
+                case: name,
+                request,
+                cost,
+                store: format!("{decided:?}"),
+                reference: format!("{expected:?}"),
+            });
+        }
+    }
+    Ok(REQUESTS)
+}
+
+/// SplitMix64: a fixed sequence, so a failing run fails again.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+}
