@@ -31,7 +31,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Key, Policy};
-use tollgate_redis::{RedisStore, script_args, script_source};
+use tollgate_redis::RedisStore;
+use tollgate_redis::testing::{script_args, script_source};
 use tollgate_tests::RedisServer;
 
 /// The straightforward GCRA script a user would write first.

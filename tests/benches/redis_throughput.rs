@@ -8,7 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Key, Policy, Store};
-use tollgate_redis::{RedisConnection, RedisStore, script_args, script_source};
+use tollgate_redis::testing::{script_args, script_source};
+use tollgate_redis::{RedisConnection, RedisStore};
 use tollgate_tests::RedisServer;
 
 const RUN: Duration = Duration::from_secs(2);

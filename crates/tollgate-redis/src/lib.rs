@@ -76,8 +76,9 @@
 //! when the window ends. It is decided with `TIME`, a `GET` and, when
 //! admitted, a `SET`, and such decisions are batched as well (among
 //! themselves, by a script of their own). Every other policy keeps a hash
-//! per key, with the descriptor in it. [`script_source`] and
-//! [`script_args`] give the exact script and arguments the store sends.
+//! per key, with the descriptor in it. With the `testing` feature,
+//! `testing::script_source` and `testing::script_args` give the exact
+//! script and arguments the store sends.
 
 mod batch;
 mod builder;
@@ -93,6 +94,8 @@ mod managed;
 mod script;
 mod shape;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod wire;
 
 pub use builder::RedisStoreBuilder;
@@ -100,5 +103,4 @@ pub use cluster::ClusterConnection;
 pub use connection::{Pool, RedisConnection};
 pub use error::RedisStoreError;
 pub use managed::ManagedConnection;
-pub use script::{script_args, script_source};
 pub use store::RedisStore;

@@ -64,72 +64,15 @@ fn general(algorithm: Algorithm) -> Option<&'static str> {
     })
 }
 
-/// The Lua source of the script that decides for `policy`, as sent to
-/// Redis, or `None` for an algorithm this version does not implement.
-///
-/// A policy of one GCRA, token-bucket or leaky-bucket limit runs a smaller
-/// script than the others (see [`Shape::Tat`](tollgate_core::Shape::Tat)); this is its
-/// variant that writes first, which the store sends while few of its recent
-/// requests found their key busy. Once more did, it sends the same script
-/// with `local write_first = false` as its first line. A policy of one
-/// fixed-window limit below a million a second runs a small script of its
-/// own (see [`Shape::WindowWord`](tollgate_core::Shape::WindowWord)). Together with
-/// [`script_args`] this is exactly what the store sends, useful to load it
-/// elsewhere, such as into `redis-benchmark`.
-///
-/// ```
-/// use tollgate_core::{Algorithm, Policy};
-/// use tollgate_redis::script_source;
-///
-/// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
-/// assert!(script_source(&gcra).unwrap().contains("PXAT"));
-/// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
-/// assert!(script_source(&window).unwrap().contains("KEEPTTL"));
-/// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
-/// assert!(script_source(&sliding).unwrap().contains("HGETALL"));
-/// # Ok::<(), tollgate_core::ConfigError>(())
-/// ```
-pub fn script_source(policy: &Policy) -> Option<&'static str> {
+/// The source of the script that decides for `policy`, as sent (see
+/// `testing::script_source`).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn source(policy: &Policy) -> Option<&'static str> {
     match Form::of(policy) {
         Form::Tat => Some(TAT_WRITE_FIRST),
         Form::WindowWord => Some(WINDOW_WORD),
         Form::General => general(policy.algorithm()),
     }
-}
-
-/// The `ARGV` of one decision of `cost` under `policy`, on Redis's clock,
-/// as the store sends it after the script's single state key (a
-/// sliding-log policy also passes one key per limit,
-/// `<state key>:<period in µs>`).
-///
-/// ```
-/// use tollgate_core::{Algorithm, Policy};
-/// use tollgate_redis::script_args;
-///
-/// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
-/// // The step and the slack: 100 ms per request, and a burst of 10 leaves
-/// // room for 9 more intervals ahead of now; then the descriptor the
-/// // state is written under.
-/// assert_eq!(script_args(&gcra, 1), ["100000", "900000", "gcra 1000000/100000/10"]);
-/// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
-/// // The period, the step and the slack: 9 more may be counted already.
-/// assert_eq!(
-///     script_args(&window, 1),
-///     ["1000000", "1", "9", "fixed_window 1000000/100000/10"]
-/// );
-/// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
-/// // Now (0: Redis TIME), cost, descriptor, minimum TTL, one limit:
-/// // count, period, interval and capacity.
-/// let args = script_args(&sliding, 1);
-/// assert_eq!(args.len(), 9);
-/// assert_eq!(args[2], "sliding_window 1000000/100000/10");
-/// assert_eq!(args[5..], ["10", "1000000", "100000", "10"]);
-/// # Ok::<(), tollgate_core::ConfigError>(())
-/// ```
-pub fn script_args(policy: &Policy, cost: u64) -> Vec<String> {
-    let mut args = Vec::new();
-    for_each_arg(policy, cost, 0, 0, |arg| args.push(arg.to_string()));
-    args
 }
 
 /// One argument of a script call.
@@ -159,6 +102,7 @@ impl std::fmt::Display for Arg<'_> {
 
 /// Feeds the `ARGV` of one decision to `arg`: `now` in µs, or 0 for Redis
 /// TIME, and the shortest TTL in ms.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) fn for_each_arg<'a>(
     policy: &'a Policy,
     cost: u64,
