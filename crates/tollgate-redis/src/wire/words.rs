@@ -8,6 +8,7 @@ use tollgate_core::Clock;
 
 use crate::connection::RedisConnection;
 use crate::error::RedisStoreError;
+use crate::script::DecisionScript;
 use crate::wire::{Request, Wire, Word};
 
 /// Which way the one-time script starts. Writing first (`SET ... NX GET`)
@@ -99,38 +100,12 @@ impl<C: RedisConnection> Wire<C> {
         &self,
         requests: &[Request<'_>],
     ) -> Result<Vec<Word>, RedisStoreError> {
-        let Some(first) = requests.first() else {
-            return Ok(Vec::new());
-        };
-        let (now, min_ttl_ms) = self.test_time();
-        // The key count, then per request its key, two numbers of up to 20
-        // digits and a descriptor, then (test clock) two more numbers.
-        let count = 3 + 4 * requests.len();
-        let bytes = 60
-            + requests
-                .iter()
-                .map(|r| r.key.len() + 40 + r.policy.state_descriptor().len())
-                .sum::<usize>();
-        let reply = self
-            .eval(
-                first.key,
-                self.scripts.tat(self.order.write_first()),
-                (count, bytes),
-                |cmd| {
-                    cmd.arg(requests.len());
-                    for r in requests {
-                        cmd.arg(r.key);
-                    }
-                    for r in requests {
-                        cmd.arg(r.step)
-                            .arg(r.slack)
-                            .arg(r.policy.state_descriptor());
-                    }
-                    if now > 0 {
-                        cmd.arg(now).arg(min_ttl_ms);
-                    }
-                },
-            )
+        let script = self.scripts.tat(self.order.write_first());
+        // Per request: the step and the slack.
+        let (reply, now) = self
+            .call_words(script, requests, 2, |cmd, r| {
+                cmd.arg(r.step).arg(r.slack);
+            })
             .await?;
         let words = match words(&reply, requests.len())? {
             Reply::Words(words) => {
@@ -162,39 +137,11 @@ impl<C: RedisConnection> Wire<C> {
         &self,
         requests: &[Request<'_>],
     ) -> Result<Vec<Word>, RedisStoreError> {
-        let Some(first) = requests.first() else {
-            return Ok(Vec::new());
-        };
-        let (now, min_ttl_ms) = self.test_time();
-        // The key count, then per request its key, three numbers of up to
-        // 20 digits and a descriptor, then (test clock) two more numbers.
-        let count = 3 + 5 * requests.len();
-        let bytes = 60
-            + requests
-                .iter()
-                .map(|r| r.key.len() + 60 + r.policy.state_descriptor().len())
-                .sum::<usize>();
-        let reply = self
-            .eval(
-                first.key,
-                &self.scripts.window_word,
-                (count, bytes),
-                |cmd| {
-                    cmd.arg(requests.len());
-                    for r in requests {
-                        cmd.arg(r.key);
-                    }
-                    for r in requests {
-                        cmd.arg(r.period)
-                            .arg(r.step)
-                            .arg(r.slack)
-                            .arg(r.policy.state_descriptor());
-                    }
-                    if now > 0 {
-                        cmd.arg(now).arg(min_ttl_ms);
-                    }
-                },
-            )
+        // Per request: the period, the step and the slack.
+        let (reply, _) = self
+            .call_words(&self.scripts.window_word, requests, 3, |cmd, r| {
+                cmd.arg(r.period).arg(r.step).arg(r.slack);
+            })
             .await?;
         // The script never replies a negative number (a gap), which only
         // the one-time script does.
@@ -202,6 +149,46 @@ impl<C: RedisConnection> Wire<C> {
             Reply::Words(words) => Ok(words),
             Reply::Ahead(_) => Err(RedisStoreError::Protocol(format!("{reply:?}"))),
         }
+    }
+
+    /// Calls a word script on `requests`: the key count, the keys, then
+    /// per request the `numbers` arguments `numbers_of` adds and its
+    /// descriptor, then (test clock) now and the shortest TTL. Returns the
+    /// reply and the `now` sent (0: Redis's clock).
+    async fn call_words(
+        &self,
+        script: &DecisionScript,
+        requests: &[Request<'_>],
+        numbers: usize,
+        numbers_of: impl Fn(&mut redis::Cmd, &Request<'_>),
+    ) -> Result<(redis::Value, u64), RedisStoreError> {
+        let Some(first) = requests.first() else {
+            return Ok((redis::Value::Int(0), 0));
+        };
+        let (now, min_ttl_ms) = self.test_time();
+        // Numbers of up to 20 digits each.
+        let count = 3 + (2 + numbers) * requests.len();
+        let bytes = 60
+            + requests
+                .iter()
+                .map(|r| r.key.len() + 20 * numbers + r.policy.state_descriptor().len())
+                .sum::<usize>();
+        let reply = self
+            .eval(first.key, script, (count, bytes), |cmd| {
+                cmd.arg(requests.len());
+                for r in requests {
+                    cmd.arg(r.key);
+                }
+                for r in requests {
+                    numbers_of(cmd, r);
+                    cmd.arg(r.policy.state_descriptor());
+                }
+                if now > 0 {
+                    cmd.arg(now).arg(min_ttl_ms);
+                }
+            })
+            .await?;
+        Ok((reply, now))
     }
 }
 
