@@ -21,41 +21,41 @@ use crate::response::Responder;
 
 pub(crate) type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
+/// The call of the inner service for a request held for later (while the
+/// store decides, a shaped request's delay passes, or a denied one waits):
+/// the service and the request, boxed, so that the future's type names
+/// neither.
+type Deferred<F> = Box<dyn FnOnce() -> F + Send>;
+
 /// How a layer in waiting mode asks the store again.
 pub(crate) struct Waiter {
     pub(crate) recheck: Box<dyn Fn() -> Check + Send + Sync>,
     pub(crate) deadline: tokio::time::Instant,
 }
 
-/// The inner service as a decision finds it: owned by the response future
-/// after an asynchronous check, or still in the service when the store
-/// answered at once. In the second case an admitted request calls the
-/// service that `poll_ready` drove to readiness, in place, and nothing is
-/// cloned; only a request held for later takes it, leaving a clone behind.
-pub(crate) enum Inner<'a, S> {
-    Owned(S),
-    Ready(&'a mut S),
-}
+/// The inner service that `poll_ready` drove to readiness, still in the
+/// service. A request the store answered at once calls it in place, and
+/// nothing is cloned; only a request held for later takes it along,
+/// leaving a clone behind.
+pub(crate) struct Inner<'a, S>(pub(crate) &'a mut S);
 
 impl<S: Clone> Inner<'_, S> {
     fn call<B>(self, request: Request<B>) -> S::Future
     where
         S: Service<Request<B>>,
     {
-        match self {
-            Inner::Owned(mut inner) => inner.call(request),
-            Inner::Ready(inner) => inner.call(request),
-        }
+        self.0.call(request)
     }
 
-    pub(crate) fn into_owned(self) -> S {
-        match self {
-            Inner::Owned(inner) => inner,
-            Inner::Ready(inner) => {
-                let clone = inner.clone();
-                std::mem::replace(inner, clone)
-            }
-        }
+    /// The call of `request`, for later.
+    pub(crate) fn defer<B>(self, request: Request<B>) -> Deferred<S::Future>
+    where
+        S: Service<Request<B>> + Send + 'static,
+        B: Send + 'static,
+    {
+        let clone = self.0.clone();
+        let mut ready = std::mem::replace(self.0, clone);
+        Box::new(move || ready.call(request))
     }
 }
 
@@ -67,9 +67,9 @@ pin_project! {
     /// until it is admitted), then runs the inner service's future and adds
     /// the rate-limit headers to its response. `M` types the response body
     /// (see [`BodyKind`]).
-    pub struct ResponseFuture<F, S, B, M = WrapBody> {
+    pub struct ResponseFuture<F, M = WrapBody> {
         #[pin]
-        state: State<F, S, B>,
+        state: State<F>,
         responder: Arc<Responder>,
         body: PhantomData<fn() -> M>,
     }
@@ -77,25 +77,22 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, S, B> {
+    enum State<F> {
         Checking {
             check: Check,
-            inner: Option<S>,
-            request: Option<Request<B>>,
+            call: Option<Deferred<F>>,
             waiter: Option<Waiter>,
             enforce: bool,
         },
         Waiting {
             sleep: Pin<Box<tokio::time::Sleep>>,
-            inner: Option<S>,
-            request: Option<Request<B>>,
+            call: Option<Deferred<F>>,
             waiter: Option<Waiter>,
             enforce: bool,
         },
         Delaying {
             sleep: Pin<Box<tokio::time::Sleep>>,
-            inner: Option<S>,
-            request: Option<Request<B>>,
+            call: Option<Deferred<F>>,
             decoration: Option<Decoration>,
         },
         // The state of nearly every request: kept small (the decision's
@@ -111,15 +108,15 @@ pin_project! {
     }
 }
 
-impl<F, S, B, M> ResponseFuture<F, S, B, M>
-where
-    S: Service<Request<B>, Future = F> + Clone,
-{
-    pub(crate) fn call(
+impl<F, M> ResponseFuture<F, M> {
+    pub(crate) fn call<S, B>(
         inner: Inner<'_, S>,
         request: Request<B>,
         responder: Arc<Responder>,
-    ) -> Self {
+    ) -> Self
+    where
+        S: Service<Request<B>, Future = F> + Clone,
+    {
         Self {
             state: State::Calling {
                 future: inner.call(request),
@@ -142,8 +139,7 @@ where
 
     pub(crate) fn check(
         check: Check,
-        inner: S,
-        request: Request<B>,
+        call: Deferred<F>,
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
         enforce: bool,
@@ -151,8 +147,7 @@ where
         Self {
             state: State::Checking {
                 check,
-                inner: Some(inner),
-                request: Some(request),
+                call: Some(call),
                 waiter,
                 enforce,
             },
@@ -161,15 +156,19 @@ where
         }
     }
 
-    pub(crate) fn decided(
+    pub(crate) fn decided<S, B>(
         result: Result<Decision, StoreError>,
         inner: Inner<'_, S>,
         request: Request<B>,
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
         enforce: bool,
-    ) -> Self {
-        let state = next_state(result, inner, request, &responder, waiter, enforce);
+    ) -> Self
+    where
+        S: Service<Request<B>, Future = F> + Clone + Send + 'static,
+        B: Send + 'static,
+    {
+        let state = next_state(result, (inner, request), &responder, waiter, enforce);
         Self {
             state,
             responder,
@@ -178,19 +177,48 @@ where
     }
 }
 
+/// The call a decision leads to: of the service `poll_ready` made ready,
+/// or one deferred while the store decided.
+trait Call<F> {
+    /// Calls now.
+    fn call(self) -> F;
+    /// Keeps the call for later.
+    fn defer(self) -> Deferred<F>;
+}
+
+impl<S, B> Call<S::Future> for (Inner<'_, S>, Request<B>)
+where
+    S: Service<Request<B>> + Clone + Send + 'static,
+    B: Send + 'static,
+{
+    fn call(self) -> S::Future {
+        self.0.call(self.1)
+    }
+
+    fn defer(self) -> Deferred<S::Future> {
+        self.0.defer(self.1)
+    }
+}
+
+impl<F> Call<F> for Deferred<F> {
+    fn call(self) -> F {
+        self()
+    }
+
+    fn defer(self) -> Deferred<F> {
+        self
+    }
+}
+
 /// What follows a store's answer. A denial of a key that is not
 /// `enforce`d (shadow mode) lets the request through with its headers.
-fn next_state<F, S, B>(
+fn next_state<F>(
     result: Result<Decision, StoreError>,
-    inner: Inner<'_, S>,
-    request: Request<B>,
+    next: impl Call<F>,
     responder: &Responder,
     waiter: Option<Waiter>,
     enforce: bool,
-) -> State<F, S, B>
-where
-    S: Service<Request<B>, Future = F> + Clone,
-{
+) -> State<F> {
     let telemetry = &responder.telemetry;
     match result {
         Ok(decision) if decision.is_allowed() => {
@@ -198,13 +226,12 @@ where
             if decision.delay() > Duration::ZERO {
                 State::Delaying {
                     sleep: Box::pin(tokio::time::sleep(decision.delay())),
-                    inner: Some(inner.into_owned()),
-                    request: Some(request),
+                    call: Some(next.defer()),
                     decoration: responder.decoration(&decision),
                 }
             } else {
                 State::Calling {
-                    future: inner.call(request),
+                    future: next.call(),
                     decoration: responder.decoration(&decision),
                 }
             }
@@ -212,7 +239,7 @@ where
         Ok(decision) if !enforce => {
             telemetry.decided(&decision, Verdict::ShadowLimited);
             State::Calling {
-                future: inner.call(request),
+                future: next.call(),
                 decoration: responder.decoration(&decision),
             }
         }
@@ -222,8 +249,7 @@ where
                 if wake <= waiter.deadline {
                     return State::Waiting {
                         sleep: Box::pin(tokio::time::sleep_until(wake)),
-                        inner: Some(inner.into_owned()),
-                        request: Some(request),
+                        call: Some(next.defer()),
                         waiter: Some(waiter),
                         enforce,
                     };
@@ -240,7 +266,7 @@ where
                 FailureMode::Open => {
                     telemetry.failed_over(FailureMode::Open);
                     State::Calling {
-                        future: inner.call(request),
+                        future: next.call(),
                         decoration: None,
                     }
                 }
@@ -257,9 +283,8 @@ where
     }
 }
 
-impl<F, S, B, M, ResBody, E> Future for ResponseFuture<F, S, B, M>
+impl<F, M, ResBody, E> Future for ResponseFuture<F, M>
 where
-    S: Service<Request<B>, Response = Response<ResBody>, Error = E, Future = F> + Clone,
     F: Future<Output = Result<Response<ResBody>, E>>,
     M: BodyKind<ResBody>,
 {
@@ -271,38 +296,30 @@ where
             match this.state.as_mut().project() {
                 StateProj::Checking {
                     check,
-                    inner,
-                    request,
+                    call,
                     waiter,
                     enforce,
                 } => {
                     let result = ready!(check.as_mut().poll(cx));
-                    let next = match (inner.take(), request.take()) {
-                        (Some(inner), Some(request)) => next_state(
-                            result,
-                            Inner::Owned(inner),
-                            request,
-                            this.responder,
-                            waiter.take(),
-                            *enforce,
-                        ),
-                        _ => State::Responding { response: None },
+                    let next = match call.take() {
+                        Some(call) => {
+                            next_state(result, call, this.responder, waiter.take(), *enforce)
+                        }
+                        None => State::Responding { response: None },
                     };
                     this.state.set(next);
                 }
                 StateProj::Waiting {
                     sleep,
-                    inner,
-                    request,
+                    call,
                     waiter,
                     enforce,
                 } => {
                     ready!(sleep.as_mut().poll(cx));
-                    let next = match (waiter.take(), inner.take(), request.take()) {
-                        (Some(waiter), Some(inner), Some(request)) => State::Checking {
+                    let next = match (waiter.take(), call.take()) {
+                        (Some(waiter), Some(call)) => State::Checking {
                             check: (waiter.recheck)(),
-                            inner: Some(inner),
-                            request: Some(request),
+                            call: Some(call),
                             waiter: Some(waiter),
                             enforce: *enforce,
                         },
@@ -312,17 +329,16 @@ where
                 }
                 StateProj::Delaying {
                     sleep,
-                    inner,
-                    request,
+                    call,
                     decoration,
                 } => {
                     ready!(sleep.as_mut().poll(cx));
-                    let next = match (inner.take(), request.take()) {
-                        (Some(mut inner), Some(request)) => State::Calling {
-                            future: inner.call(request),
+                    let next = match call.take() {
+                        Some(call) => State::Calling {
+                            future: call(),
                             decoration: decoration.take(),
                         },
-                        _ => State::Responding { response: None },
+                        None => State::Responding { response: None },
                     };
                     this.state.set(next);
                 }
@@ -364,7 +380,7 @@ mod tests {
         // is polled (into axum's boxed future, say), so every byte is copied
         // more than once; holding the whole decision (120 bytes) and the
         // waiting mode's fields here made it 112 bytes larger.
-        let outer = std::mem::size_of::<ResponseFuture<Large, (), (), WrapBody>>();
+        let outer = std::mem::size_of::<ResponseFuture<Large, WrapBody>>();
         let inner = std::mem::size_of::<Large>();
         assert!(outer - inner <= 56, "{outer} - {inner}");
     }

@@ -127,7 +127,7 @@ where
 {
     type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, S, ReqBody, M>;
+    type Future = ResponseFuture<S::Future, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -139,7 +139,7 @@ where
         // The service that `poll_ready` drove to readiness. A request the
         // store decides at once calls it in place; a request that waits for
         // the store takes it along and leaves a clone here.
-        let inner = Inner::Ready(&mut self.inner);
+        let inner = Inner(&mut self.inner);
         let responder = config.responder.clone();
 
         let Some(key) = config.extractor.extract(&request) else {
@@ -176,8 +176,8 @@ where
             }
             None => {
                 let check = check(shared.clone(), key);
-                let inner = inner.into_owned();
-                ResponseFuture::check(check, inner, request, responder, waiter, enforce)
+                let call = inner.defer(request);
+                ResponseFuture::check(check, call, responder, waiter, enforce)
             }
         }
     }
