@@ -2,11 +2,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tollgate::{FakeClock, HeaderKey, MemoryStore, PeerIp, Timestamp};
 use tonic::Code;
 use tonic_greeter::{GreeterClient, GreeterKey, HelloRequest, default_policy, serve};
+use tonic_types::StatusExt;
 
 async fn start(key: GreeterKey) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -53,6 +55,11 @@ async fn the_eleventh_call_from_a_peer_is_resource_exhausted() {
     // Sliding window: the 10 weigh 10 * (60 - e) / 60 in the next minute;
     // an 11th fits once that is at most 9, 6 s into it.
     assert_eq!(md.get("retry-after").unwrap(), "66");
+    // The same wait as gRFC A6's pushback and as google.rpc.RetryInfo,
+    // read by tonic's client and tonic-types.
+    assert_eq!(md.get("grpc-retry-pushback-ms").unwrap(), "66000");
+    let retry = status.get_details_retry_info().unwrap();
+    assert_eq!(retry.retry_delay, Some(Duration::from_secs(66)));
 }
 
 #[tokio::test]
@@ -79,4 +86,39 @@ async fn keyed_by_metadata_each_api_key_has_its_own_limit() {
         client.say_hello(hello("c", None)).await.unwrap_err().code(),
         Code::Internal
     );
+}
+
+#[tokio::test]
+async fn a_denial_carries_the_exact_wait_as_pushback_and_retry_info() {
+    // 7 a second: the wait after a burst is no whole number of milliseconds.
+    let policy = tollgate::Policy::new("greeter", tollgate::Algorithm::Gcra, "7/s").unwrap();
+    let now = Timestamp::from_secs(1_700_000_040);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let store = MemoryStore::builder()
+        .clock(FakeClock::new(now))
+        .build()
+        .unwrap();
+    let key = GreeterKey::Peer(PeerIp::new());
+    tokio::spawn(serve(listener, policy.clone(), key, store));
+    let mut client = GreeterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    // The reference decides the same eight requests at the same time.
+    let mut reference = tollgate_core::state::PolicyState::new(&policy, now);
+    for _ in 0..7 {
+        assert!(reference.decide(&policy, now, 1).is_allowed());
+        client.say_hello(hello("ada", None)).await.unwrap();
+    }
+    let wait = reference.decide(&policy, now, 1).retry_after().unwrap();
+    assert_ne!(wait.subsec_micros() % 1_000, 0, "{wait:?}");
+    let status = client.say_hello(hello("ada", None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let pushback = status.metadata().get("grpc-retry-pushback-ms").unwrap();
+    assert_eq!(
+        pushback.to_str().unwrap(),
+        wait.as_micros().div_ceil(1_000).to_string()
+    );
+    let retry = status.get_details_retry_info().unwrap();
+    assert_eq!(retry.retry_delay, Some(wait));
 }

@@ -167,9 +167,15 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// Answers as a gRPC server: rejections become trailers-only responses
     /// with `grpc-status` 8 (`RESOURCE_EXHAUSTED`) and a `grpc-message`,
     /// carrying the rate-limit headers and `retry-after` (seconds) as
-    /// metadata. A missing key becomes `INTERNAL` (or `UNAUTHENTICATED` /
+    /// metadata, and the wait until the request would be admitted in the
+    /// two forms gRPC clients read: `grpc-retry-pushback-ms` (gRFC A6's
+    /// retry policy; whole milliseconds, rounded up, or -1 for a request
+    /// that can never be admitted, which tells the client not to retry)
+    /// and a `google.rpc.RetryInfo` in `grpc-status-details-bin` (exact,
+    /// read by `tonic-types`' `StatusExt::get_details_retry_info`). A
+    /// missing key becomes `INTERNAL` (or `UNAUTHENTICATED` /
     /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
-    /// failure in closed mode `UNAVAILABLE`.
+    /// failure in closed mode `UNAVAILABLE` with a pushback of a second.
     pub fn grpc(mut self) -> Self {
         Arc::make_mut(&mut self.config.responder).grpc = true;
         self

@@ -86,6 +86,7 @@ mod clock;
 mod extract;
 mod fallback;
 mod future;
+mod grpc;
 pub mod headers;
 mod ip;
 mod layer;

@@ -10,6 +10,7 @@ use tollgate_core::{Decision, Key, Outcome};
 
 use crate::extract::MissingCause;
 use crate::fallback::FailureMode;
+use crate::grpc::{self, Code};
 use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
 
@@ -164,7 +165,7 @@ impl Responder {
         let name = &*self.policy;
         let detail = detail(decision, name);
         if self.grpc {
-            return grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail);
+            return grpc::rejection(decision, &detail);
         }
         // Policy names are validated to [A-Za-z0-9_.:-], so nothing needs escaping.
         let body = format!(
@@ -195,12 +196,12 @@ impl Responder {
         };
         if self.grpc {
             let code = match status {
-                StatusCode::BAD_REQUEST => GRPC_INVALID_ARGUMENT,
-                StatusCode::UNAUTHORIZED => GRPC_UNAUTHENTICATED,
-                StatusCode::FORBIDDEN => GRPC_PERMISSION_DENIED,
-                _ => GRPC_INTERNAL,
+                StatusCode::BAD_REQUEST => Code::InvalidArgument,
+                StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+                StatusCode::FORBIDDEN => Code::PermissionDenied,
+                _ => Code::Internal,
             };
-            return grpc_response(code, detail);
+            return grpc::response(code, detail);
         }
         let body = format!(
             r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{}"}}"#,
@@ -214,11 +215,7 @@ impl Responder {
     /// The response when the store failed and the failure mode is closed.
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
         if self.grpc {
-            let mut response = grpc_response(GRPC_UNAVAILABLE, "the rate limiter is unavailable");
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            return response;
+            return grpc::unavailable("the rate limiter is unavailable");
         }
         let body = r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"the rate limiter is unavailable"}"#;
         let mut response = problem_response(StatusCode::SERVICE_UNAVAILABLE, body.to_owned());
@@ -240,26 +237,6 @@ fn detail(decision: &Decision, name: &str) -> String {
             None => format!("limit '{name}' exceeded"),
         },
     }
-}
-
-const GRPC_INVALID_ARGUMENT: &str = "3";
-const GRPC_PERMISSION_DENIED: &str = "7";
-const GRPC_RESOURCE_EXHAUSTED: &str = "8";
-const GRPC_INTERNAL: &str = "13";
-const GRPC_UNAVAILABLE: &str = "14";
-const GRPC_UNAUTHENTICATED: &str = "16";
-
-/// A trailers-only gRPC response with `code` and `message`.
-fn grpc_response(code: &'static str, message: &str) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::new());
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert("grpc-status", HeaderValue::from_static(code));
-    // Our messages are printable ASCII without '%': valid unencoded.
-    if let Ok(message) = HeaderValue::from_str(message) {
-        headers.insert("grpc-message", message);
-    }
-    response
 }
 
 /// `text` with what JSON strings cannot hold as it is escaped.

@@ -357,13 +357,25 @@ async fn store_failures_follow_the_failure_mode() {
     assert_eq!(header(&res, "x-ratelimit-remaining"), None);
 
     let closed = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::new(policy, by_header)
-            .store(store)
+        RateLimitLayer::new(policy.clone(), by_header.clone())
+            .store(store.clone())
             .on_store_error(FailureMode::Closed),
     );
     let res = closed.oneshot(request("b")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&res, "retry-after"), Some("1"));
+
+    // Closed, as a gRPC server: UNAVAILABLE, to be retried in a second.
+    let grpc = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy, by_header)
+            .store(store)
+            .on_store_error(FailureMode::Closed)
+            .grpc(),
+    );
+    let res = grpc.oneshot(request("b")).await.unwrap();
+    assert_eq!(header(&res, "grpc-status"), Some("14"));
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("1000"));
 
     // Local: the same policy goes on in memory.
     let fallback = MemoryStore::builder()
@@ -670,7 +682,24 @@ async fn grpc_rejections_are_resource_exhausted_with_metadata() {
         Some("limit 'greeter' exceeded, retry in 60 s")
     );
     assert_eq!(header(&res, "retry-after"), Some("60"));
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("60000"));
+    assert!(header(&res, "grpc-status-details-bin").is_some());
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+}
+
+#[tokio::test]
+async fn a_grpc_request_that_can_never_fit_is_told_not_to_retry() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("greeter", Algorithm::FixedWindow, "5/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .cost(6)
+        .grpc());
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    // gRFC A6: a negative pushback means do not retry.
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("-1"));
+    assert_eq!(header(&res, "grpc-status-details-bin"), None);
 }
 
 async fn six_at_once(max_wait: Duration) -> Vec<(u128, u16)> {

@@ -1,0 +1,164 @@
+//! The layer's own gRPC answers: trailers-only responses with a status,
+//! and for a rejection the wait, in the forms clients read it: gRFC A6's
+//! `grpc-retry-pushback-ms`, and a `google.rpc.RetryInfo` in
+//! `grpc-status-details-bin` for clients that read rich error details.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::Response;
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use tollgate_core::{Decision, Outcome};
+
+/// The gRPC status codes the layer answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Code {
+    InvalidArgument = 3,
+    PermissionDenied = 7,
+    ResourceExhausted = 8,
+    Internal = 13,
+    Unavailable = 14,
+    Unauthenticated = 16,
+}
+
+impl Code {
+    fn header(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Code::InvalidArgument => "3",
+            Code::PermissionDenied => "7",
+            Code::ResourceExhausted => "8",
+            Code::Internal => "13",
+            Code::Unavailable => "14",
+            Code::Unauthenticated => "16",
+        })
+    }
+}
+
+const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+const DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+
+/// A trailers-only gRPC response with `code` and `message`.
+pub(crate) fn response(code: Code, message: &str) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", code.header());
+    // Our messages are printable ASCII without '%': valid unencoded.
+    if let Ok(message) = HeaderValue::from_str(message) {
+        headers.insert("grpc-message", message);
+    }
+    response
+}
+
+/// `RESOURCE_EXHAUSTED` for `decision`, with the wait until the request
+/// would be admitted: `grpc-retry-pushback-ms` in whole milliseconds,
+/// rounded up, and the exact wait as `RetryInfo`. A request that can never
+/// be admitted gets a pushback of -1, which tells a gRFC A6 client not to
+/// retry, and no `RetryInfo`.
+pub(crate) fn rejection(decision: &Decision, message: &str) -> Response<Bytes> {
+    let mut response = response(Code::ResourceExhausted, message);
+    let wait = match decision.outcome() {
+        Outcome::CostExceedsCapacity { .. } => None,
+        _ => Some(decision.retry_after().unwrap_or(Duration::ZERO)),
+    };
+    let headers = response.headers_mut();
+    let Some(wait) = wait else {
+        headers.insert(PUSHBACK, HeaderValue::from_static("-1"));
+        return response;
+    };
+    headers.insert(PUSHBACK, HeaderValue::from(pushback_ms(wait)));
+    let details = status_with_retry_info(Code::ResourceExhausted, message, wait);
+    let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details);
+    if let Ok(value) = HeaderValue::from_str(&encoded) {
+        headers.insert(DETAILS, value);
+    }
+    response
+}
+
+/// `UNAVAILABLE`, to be retried in a second, as `Retry-After: 1` says.
+pub(crate) fn unavailable(message: &str) -> Response<Bytes> {
+    let mut response = response(Code::Unavailable, message);
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    headers.insert(PUSHBACK, HeaderValue::from_static("1000"));
+    response
+}
+
+/// `wait` in whole milliseconds, rounded up.
+fn pushback_ms(wait: Duration) -> u64 {
+    u64::try_from(wait.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX)
+}
+
+/// A `google.rpc.Status` of `code` and `message` whose one detail is a
+/// `google.rpc.RetryInfo` of `wait`, in protobuf's wire format.
+fn status_with_retry_info(code: Code, message: &str, wait: Duration) -> Vec<u8> {
+    // google.protobuf.Duration { int64 seconds = 1; int32 nanos = 2; }
+    let mut duration = Vec::new();
+    if wait.as_secs() > 0 {
+        varint_field(&mut duration, 1, wait.as_secs());
+    }
+    if wait.subsec_nanos() > 0 {
+        varint_field(&mut duration, 2, u64::from(wait.subsec_nanos()));
+    }
+    // google.rpc.RetryInfo { google.protobuf.Duration retry_delay = 1; }
+    let mut retry_info = Vec::new();
+    bytes_field(&mut retry_info, 1, &duration);
+    // google.protobuf.Any { string type_url = 1; bytes value = 2; }
+    let mut any = Vec::new();
+    bytes_field(&mut any, 1, b"type.googleapis.com/google.rpc.RetryInfo");
+    bytes_field(&mut any, 2, &retry_info);
+    // google.rpc.Status { int32 code = 1; string message = 2; repeated Any details = 3; }
+    let mut status = Vec::new();
+    varint_field(&mut status, 1, code as u64);
+    bytes_field(&mut status, 2, message.as_bytes());
+    bytes_field(&mut status, 3, &any);
+    status
+}
+
+fn varint_field(out: &mut Vec<u8>, field: u8, value: u64) {
+    out.push(field << 3);
+    varint(out, value);
+}
+
+fn bytes_field(out: &mut Vec<u8>, field: u8, bytes: &[u8]) {
+    out.push((field << 3) | 2);
+    varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushback_rounds_up_to_whole_milliseconds() {
+        assert_eq!(pushback_ms(Duration::from_micros(1)), 1);
+        assert_eq!(pushback_ms(Duration::from_millis(500)), 500);
+        assert_eq!(pushback_ms(Duration::from_micros(66_000_001)), 66_001);
+        assert_eq!(pushback_ms(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn retry_info_is_protobuf_wire_format() {
+        let bytes = status_with_retry_info(Code::ResourceExhausted, "x", Duration::new(1, 5));
+        let url = b"type.googleapis.com/google.rpc.RetryInfo";
+        let mut expected = vec![0x08, 8, 0x12, 1, b'x', 0x1a, 2 + url.len() as u8 + 2 + 6];
+        expected.extend_from_slice(&[0x0a, url.len() as u8]);
+        expected.extend_from_slice(url);
+        // RetryInfo { retry_delay: Duration { seconds: 1, nanos: 5 } }
+        expected.extend_from_slice(&[0x12, 6, 0x0a, 4, 0x08, 1, 0x10, 5]);
+        assert_eq!(bytes, expected);
+        let mut long = Vec::new();
+        varint(&mut long, 300);
+        assert_eq!(long, [0xac, 0x02]);
+    }
+}
