@@ -8,11 +8,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
-use axum_app::{AppConfig, AppStore, app};
+use axum_app::{AppConfig, app};
 use http::{Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tollgate::{FakeClock, MemoryStore, Timestamp};
+use tollgate::{BoxStore, FakeClock, MemoryStore, Timestamp};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
 use tower::ServiceExt;
@@ -64,7 +64,7 @@ async fn send(app: &Router, method: &str, path: &str, user: Option<&str>) -> See
 }
 
 /// Drives every route; returns everything seen, in order.
-async fn scenario(store: AppStore, clock: &FakeClock) -> Vec<Seen> {
+async fn scenario(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
     clock.set(Timestamp::from_secs(T0) + Duration::from_millis(12_500));
     let app =
         app(&config(), store).layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 7], 5555))));
@@ -177,7 +177,7 @@ async fn scenario(store: AppStore, clock: &FakeClock) -> Vec<Seen> {
 async fn every_route_on_memory_and_the_same_on_redis() {
     let clock = FakeClock::default();
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let on_memory = scenario(AppStore::Memory(memory), &clock).await;
+    let on_memory = scenario(BoxStore::new(memory), &clock).await;
 
     let url = require_redis().await;
     let redis = RedisStore::builder()
@@ -187,7 +187,7 @@ async fn every_route_on_memory_and_the_same_on_redis() {
         .connect(url.as_str())
         .await
         .unwrap();
-    let on_redis = scenario(AppStore::Redis(redis), &clock).await;
+    let on_redis = scenario(BoxStore::new(redis), &clock).await;
     assert_eq!(on_memory, on_redis);
 }
 
@@ -205,7 +205,7 @@ async fn connect_info_over_real_tcp() {
     let store = MemoryStore::builder().clock(clock).build().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = app(&config(), AppStore::Memory(store));
+    let app = app(&config(), BoxStore::new(store));
     tokio::spawn(async move {
         axum::serve(
             listener,

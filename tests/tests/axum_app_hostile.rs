@@ -7,9 +7,10 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use axum_app::{AppConfig, AppStore, app};
+use axum_app::{AppConfig, app};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tollgate::BoxStore;
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
 
@@ -46,7 +47,7 @@ async fn serve() -> SocketAddr {
     let config = AppConfig::parse(CONFIG).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = app(&config, AppStore::Redis(store));
+    let app = app(&config, BoxStore::new(store));
     tokio::spawn(async move {
         axum::serve(
             listener,

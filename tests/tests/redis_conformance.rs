@@ -386,4 +386,15 @@ fn the_redis_store_passes_the_conformance_suite() {
             .unwrap();
         assert_eq!((report.cases, report.decisions), (30, 30 * 240));
     }
+    // Boxed, as a service that picks its store at run time holds it; what
+    // the store last knew of a key passes through too.
+    let boxed = tollgate_core::BoxStore::new(harness.redis.clone());
+    let report = RT
+        .block_on(tollgate_core::testing::check_store(&boxed, &harness.clock))
+        .unwrap();
+    assert_eq!(report.decisions, 30 * 240);
+    let policy = Policy::new("boxed", Algorithm::FixedWindow, "5/h").unwrap();
+    let key = Key::user("boxed");
+    let decided = RT.block_on(boxed.check(&key, &policy, 2)).unwrap();
+    assert_eq!(boxed.last_known(&key, &policy), Some(decided));
 }

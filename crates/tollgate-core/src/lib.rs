@@ -50,6 +50,7 @@
 //! exactly the same decisions.
 
 mod algorithm;
+mod boxed;
 mod breaker;
 mod builder;
 mod decision;
@@ -66,6 +67,7 @@ pub mod testing;
 mod time;
 
 pub use algorithm::Algorithm;
+pub use boxed::BoxStore;
 pub use breaker::{BreakerState, CircuitBreaker, Permit};
 pub use builder::{IntoLimit, PolicyBuilder};
 pub use decision::{Decision, LimitStatus, Outcome};

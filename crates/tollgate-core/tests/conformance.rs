@@ -15,6 +15,15 @@ async fn the_memory_store_passes_the_conformance_suite() {
     assert_eq!(report.decisions, 30 * 240);
 }
 
+#[tokio::test]
+async fn a_boxed_store_passes_the_conformance_suite() {
+    let clock = FakeClock::default();
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let boxed = tollgate_core::BoxStore::new(store);
+    let report = check_store(&boxed, &clock).await.unwrap();
+    assert_eq!(report.decisions, 30 * 240);
+}
+
 /// A store that charges nothing for a single unit: it never denies one.
 struct Lenient(MemoryStore);
 

@@ -111,9 +111,9 @@ pub use service::RateLimit;
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{
-    Algorithm, BreakerState, Clock, ConfigError, Decision, FakeClock, Key, KeyKind, Limit,
-    LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError, SystemClock,
-    Timestamp, TypeTag,
+    Algorithm, BoxStore, BreakerState, Clock, ConfigError, Decision, FakeClock, Key, KeyKind,
+    Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError,
+    SystemClock, Timestamp, TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.

@@ -22,10 +22,9 @@ use axum::{Json, http};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::{
-    ClientIp, Decision, ExtensionKey, GlobalKey, HeaderKey, KeepBody, Key, KeyExtractor,
-    MemoryStore, MissingCause, Policy, RateLimitLayer, Store, StoreError, ToKey,
+    BoxStore, ClientIp, ExtensionKey, GlobalKey, HeaderKey, KeepBody, Key, KeyExtractor,
+    MissingCause, RateLimitLayer, ToKey,
 };
-use tollgate_redis::RedisStore;
 
 pub use config::{AppConfig, ConfigFileError, KeySpec, ROUTES, RouteConfig};
 
@@ -42,36 +41,6 @@ impl ToKey for UserId {
 impl fmt::Display for UserId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// The store the app runs on.
-#[derive(Debug, Clone)]
-pub enum AppStore {
-    /// The embedded in-memory store.
-    Memory(MemoryStore),
-    /// Redis, shared by every instance of the app.
-    Redis(RedisStore),
-}
-
-impl Store for AppStore {
-    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        match self {
-            AppStore::Memory(store) => store.check(key, policy, cost).await,
-            AppStore::Redis(store) => store.check(key, policy, cost).await,
-        }
-    }
-
-    fn try_check_now(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        match self {
-            AppStore::Memory(store) => store.try_check_now(key, policy, cost),
-            AppStore::Redis(_) => None,
-        }
     }
 }
 
@@ -107,7 +76,7 @@ impl KeyExtractor<Body> for AppKey {
 /// The app's router. Serve it with
 /// `into_make_service_with_connect_info::<SocketAddr>()`: IP keys need the
 /// peer address.
-pub fn app(config: &AppConfig, store: AppStore) -> Router {
+pub fn app(config: &AppConfig, store: BoxStore) -> Router {
     let mut router = Router::new();
     for &(method, path) in ROUTES {
         let mut route: MethodRouter = handler(method, path);
@@ -135,8 +104,8 @@ pub fn app(config: &AppConfig, store: AppStore) -> Router {
 fn layer(
     config: &AppConfig,
     entry: &RouteConfig,
-    store: &AppStore,
-) -> RateLimitLayer<AppKey, AppStore, KeepBody> {
+    store: &BoxStore,
+) -> RateLimitLayer<AppKey, BoxStore, KeepBody> {
     let key = match &entry.key {
         KeySpec::Ip => AppKey::Ip(config.client_ip.clone()),
         KeySpec::User => AppKey::User(ExtensionKey::new()),

@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use axum_app::{AppConfig, AppStore, app, install_metrics, metrics_route, policy_table};
+use axum_app::{AppConfig, app, install_metrics, metrics_route, policy_table};
 use clap::Parser;
-use tollgate::MemoryStore;
+use tollgate::{BoxStore, MemoryStore};
 use tollgate_redis::RedisStore;
 
 /// Tollgate's demo API: per-route rate limits from a policy file.
@@ -52,12 +52,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .await
                 .map_err(|e| format!("cannot use Redis at {}: {e}", redact(url)))?;
             println!("store: Redis at {}", redact(url));
-            AppStore::Redis(store)
+            BoxStore::new(store)
         }
         None => {
             let store = MemoryStore::new();
             println!("store: in-memory (max {} keys)", store.max_keys());
-            AppStore::Memory(store)
+            BoxStore::new(store)
         }
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
