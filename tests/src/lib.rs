@@ -86,30 +86,49 @@ impl RedisServer {
     ///
     /// As [`RedisServer::spawn`].
     pub fn spawn_with(extra: &[&str]) -> Self {
-        let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {dir:?}: {e}"));
         let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
-        let child = start(port, &dir, &extra);
-        let server = Self {
-            child,
-            port,
-            dir,
-            extra,
-        };
-        server.wait_until_up();
-        server
+        // A free port can be taken by another process before the server
+        // binds it (test binaries run side by side): then the server exits,
+        // and a fresh port is tried.
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {dir:?}: {e}"));
+            let mut server = Self {
+                child: start(port, &dir, &extra),
+                port,
+                dir,
+                extra: extra.clone(),
+            };
+            match server.wait_until_up() {
+                Ok(()) => return server,
+                Err(why) => failures.push(why),
+            }
+        }
+        panic!("redis-server did not start: {}", failures.join("; "))
     }
 
-    fn wait_until_up(&self) {
+    /// Waits until this server (not another on its port) answers.
+    fn wait_until_up(&mut self) -> Result<(), String> {
         let started = Instant::now();
-        while !self.answers() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server on port {} did not start",
-                self.port
-            );
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "redis-server on port {} exited ({status}); the port may have been taken",
+                    self.port
+                ));
+            }
+            if self.answers() {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(format!(
+                    "redis-server on port {} did not answer within 10 s",
+                    self.port
+                ));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -126,14 +145,22 @@ impl RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::create_dir_all(&self.dir);
         self.child = start(self.port, &self.dir, &self.extra);
-        self.wait_until_up();
+        if let Err(why) = self.wait_until_up() {
+            panic!("restarting: {why}");
+        }
     }
 
+    /// Whether the server answers, and is this one: its `process_id` is
+    /// our child's.
     fn answers(&self) -> bool {
-        redis::Client::open(self.url())
+        let info = redis::Client::open(self.url())
             .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-            .is_ok()
+            .and_then(|mut c| redis::cmd("INFO").arg("server").query::<String>(&mut c));
+        let pid = self.child.id().to_string();
+        info.is_ok_and(|info| {
+            info.lines()
+                .any(|line| line.strip_prefix("process_id:").map(str::trim) == Some(pid.as_str()))
+        })
     }
 
     /// The server's URL.
