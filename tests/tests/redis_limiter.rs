@@ -66,3 +66,48 @@ async fn a_limiter_on_a_redis_that_is_down_follows_its_failure_policy() {
     let wait = local.until_ready(&key, Duration::from_secs(1)).await;
     assert!(matches!(wait, Err(WaitError::TooLong { .. })), "{wait:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reset_lets_a_spent_key_in_at_once_and_status_changes_nothing() {
+    let url = tollgate_tests::require_redis().await;
+    let store = RedisStore::builder()
+        .prefix(tollgate_tests::unique_prefix("limiter-reset"))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let policy = Policy::new("exports", Algorithm::SlidingLog, "5/h").unwrap();
+    spend_look_reset(&RateLimiter::new(policy.clone()), || None).await;
+    let denials = || Some(store.deny_cache_len());
+    spend_look_reset(&RateLimiter::with_store(policy, store.clone()), denials).await;
+}
+
+/// Spends a key, looks at it 100 times, resets it and spends it again;
+/// `denials` counts the denials a deny cache holds, if there is one.
+async fn spend_look_reset<S: tollgate::Store>(
+    limiter: &RateLimiter<S>,
+    denials: impl Fn() -> Option<usize>,
+) {
+    let key = Key::user("ada");
+    let admitted = |n: usize| async move {
+        let mut admitted = 0;
+        for _ in 0..n {
+            admitted += usize::from(limiter.check(&Key::user("ada")).await.unwrap().is_allowed());
+        }
+        admitted
+    };
+    assert_eq!(admitted(8).await, 5);
+    // Looking changes nothing, however often.
+    for _ in 0..100 {
+        let status = limiter.status(&key).await.unwrap();
+        assert_eq!((status.remaining(), status.used()), (0, 5));
+    }
+    assert_eq!(admitted(1).await, 0);
+    let held = denials();
+    limiter.reset(&key).await.unwrap();
+    // A deny cache held the key's denial; the reset dropped it.
+    if let Some(held) = held {
+        assert_eq!((held, denials()), (1, Some(0)));
+    }
+    assert_eq!(limiter.status(&key).await.unwrap().remaining(), 5);
+    assert_eq!(admitted(8).await, 5);
+}

@@ -37,6 +37,9 @@ pub struct BoxStore {
 /// The decision future of a boxed store.
 type BoxedCheck<'a> = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>>;
 
+/// The reset future of a boxed store.
+type BoxedReset<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
 /// [`Store`] made object safe.
 trait DynStore: Send + Sync + 'static {
     fn check<'a>(&'a self, key: &'a Key, policy: &'a Policy, cost: u64) -> BoxedCheck<'a>;
@@ -46,6 +49,8 @@ trait DynStore: Send + Sync + 'static {
         policy: &Policy,
         cost: u64,
     ) -> Option<Result<Decision, StoreError>>;
+    fn status<'a>(&'a self, key: &'a Key, policy: &'a Policy) -> BoxedCheck<'a>;
+    fn reset<'a>(&'a self, key: &'a Key, policy: &'a Policy) -> BoxedReset<'a>;
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision>;
     fn type_name(&self) -> &'static str;
 }
@@ -62,6 +67,14 @@ impl<S: Store> DynStore for S {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         Store::try_check_now(self, key, policy, cost)
+    }
+
+    fn status<'a>(&'a self, key: &'a Key, policy: &'a Policy) -> BoxedCheck<'a> {
+        Box::pin(Store::status(self, key, policy))
+    }
+
+    fn reset<'a>(&'a self, key: &'a Key, policy: &'a Policy) -> BoxedReset<'a> {
+        Box::pin(Store::reset(self, key, policy))
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
@@ -94,6 +107,14 @@ impl Store for BoxStore {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         self.store.try_check_now(key, policy, cost)
+    }
+
+    async fn status(&self, key: &Key, policy: &Policy) -> Result<Decision, StoreError> {
+        self.store.status(key, policy).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.store.reset(key, policy).await
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

@@ -49,6 +49,11 @@ use crate::policy::Policy;
 ///             .or_insert_with(|| PolicyState::new(policy, now));
 ///         Ok(state.decide(policy, now, cost))
 ///     }
+///
+///     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+///         self.map.lock().unwrap().remove(&(policy.name().to_owned(), key.clone()));
+///         Ok(())
+///     }
 /// }
 ///
 /// # futures_lite_block_on(async {
@@ -93,6 +98,33 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// The state of `key` under `policy`, consuming nothing: a peek, the
+    /// decision of a request of cost 0, which is never denied. The default
+    /// asks [`check`](Store::check) with cost 0.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Store::check).
+    fn status(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.check(key, policy, 0)
+    }
+
+    /// Forgets what `key` has used under `policy`'s name, whatever
+    /// configuration it was kept under: the key starts afresh.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot reach its state.
+    fn reset(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The last decision the store made for `key` under `policy`, if it
     /// still remembers it: for a local fallback that takes over while the
     /// store fails, so that the key's use carries over (see
@@ -106,6 +138,14 @@ pub trait Store: Send + Sync + 'static {
 }
 
 impl<S: Store> Store for Arc<S> {
+    fn reset(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).reset(key, policy)
+    }
+
     fn check(
         &self,
         key: &Key,
@@ -113,6 +153,14 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).check(key, policy, cost)
+    }
+
+    fn status(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).status(key, policy)
     }
 
     fn try_check_now(

@@ -15,7 +15,10 @@
 //! - the same with two configurations of one policy name served in turn,
 //!   as during a rolling deploy that changes a limit: what a key has used
 //!   carries over (see
-//!   [`PolicyState::carry_to`]).
+//!   [`PolicyState::carry_to`]);
+//! - in every case, [`Store::status`] now and then (it must equal a peek
+//!   and change nothing), and a [`Store::reset`] halfway, after which the
+//!   key starts afresh.
 //!
 //! Every case uses keys of its own, so a shared store may run the suite
 //! again, and alongside other tests.
@@ -58,6 +61,10 @@ pub struct Report {
     pub cases: usize,
     /// Decisions compared with the reference.
     pub decisions: usize,
+    /// Statuses compared with the reference.
+    pub statuses: usize,
+    /// Resets made, each followed by decisions of a fresh key.
+    pub resets: usize,
 }
 
 /// Where a store departed from the reference.
@@ -110,6 +117,8 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
     let mut report = Report {
         cases: 0,
         decisions: 0,
+        statuses: 0,
+        resets: 0,
     };
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     for algorithm in Algorithm::ALL {
@@ -118,7 +127,7 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
                 .iter()
                 .map(|limits| policy(algorithm, limits))
                 .collect::<Result<Vec<_>, _>>()?;
-            report.decisions += run(store, clock, &configs, &mut random).await?;
+            run(store, clock, &configs, &mut random, &mut report).await?;
             report.cases += 1;
         }
     }
@@ -161,13 +170,15 @@ fn fresh_key() -> Key {
 }
 
 /// One case: requests at random gaps and costs, served by the
-/// configurations in turn; returns how many decisions were compared.
+/// configurations in turn, with a status now and then and a reset halfway;
+/// counts what it compared into `report`.
 async fn run<S: Store>(
     store: &S,
     clock: &FakeClock,
     configs: &[Policy],
     random: &mut Random,
-) -> Result<usize, Mismatch> {
+    report: &mut Report,
+) -> Result<(), Mismatch> {
     let key = fresh_key();
     let name = configs
         .iter()
@@ -204,17 +215,36 @@ async fn run<S: Store>(
         };
         let policy = &configs[request % configs.len()];
         let now = crate::time::Clock::now(clock);
+        let failed = |error| Mismatch::Failed {
+            case: name.clone(),
+            request,
+            error,
+        };
+        if request == REQUESTS / 2 {
+            store.reset(&key, policy).await.map_err(failed)?;
+            reference = None;
+            report.resets += 1;
+        }
+        if request % 40 == 39 {
+            let expected = reference
+                .get_or_insert_with(|| PolicyState::new(policy, now))
+                .decide(policy, now, 0);
+            let status = store.status(&key, policy).await.map_err(failed)?;
+            if status != expected {
+                return Err(Mismatch::Decision {
+                    case: name,
+                    request,
+                    cost: 0,
+                    store: format!("{status:?} (status)"),
+                    reference: format!("{expected:?}"),
+                });
+            }
+            report.statuses += 1;
+        }
         let expected = reference
             .get_or_insert_with(|| PolicyState::new(policy, now))
             .decide(policy, now, cost);
-        let decided = store
-            .check(&key, policy, cost)
-            .await
-            .map_err(|error| Mismatch::Failed {
-                case: name.clone(),
-                request,
-                error,
-            })?;
+        let decided = store.check(&key, policy, cost).await.map_err(failed)?;
         if decided != expected {
             return Err(Mismatch::Decision {
                 case: name,
@@ -224,8 +254,9 @@ async fn run<S: Store>(
                 reference: format!("{expected:?}"),
             });
         }
+        report.decisions += 1;
     }
-    Ok(REQUESTS)
+    Ok(())
 }
 
 /// SplitMix64: a fixed sequence, so a failing run fails again.

@@ -152,6 +152,15 @@ impl DenyCache {
         self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Drops the denial of `state_key`, whose state was reset: it no
+    /// longer stands, not even while Redis cannot answer.
+    pub(crate) fn remove(&self, state_key: &str) {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(state_key);
+    }
+
     fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
     }

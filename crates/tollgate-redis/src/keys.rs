@@ -82,6 +82,22 @@ impl KeyNamer {
     }
 }
 
+/// The sorted sets of a sliding-log policy's state, one per limit, named
+/// after its period so that a changed configuration finds the log of that
+/// period: `<state key>:<period in µs>`. Empty for other algorithms.
+pub(crate) fn log_keys<'a>(
+    state_key: &'a str,
+    policy: &'a Policy,
+) -> impl Iterator<Item = String> + 'a {
+    let logs = if policy.algorithm() == tollgate_core::Algorithm::SlidingLog {
+        policy.params()
+    } else {
+        &[]
+    };
+    logs.iter()
+        .map(move |p| format!("{state_key}:{}", p.period_us))
+}
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag,

@@ -69,4 +69,9 @@ impl LastKnown {
         (known.fingerprint == policy.fingerprint() && known.stale_at > now)
             .then(|| known.decision.clone())
     }
+
+    /// Forgets the decision of `state_key`, whose state was reset.
+    pub(crate) fn remove(&self, state_key: &str) {
+        self.entries().remove(state_key);
+    }
 }

@@ -221,6 +221,36 @@ impl<C: RedisConnection> RedisStore<C> {
         }
     }
 
+    /// Resets `key` under `policy`'s name, as [`Store::reset`] does,
+    /// keeping the Redis-specific error: deletes its state (the value or
+    /// hash, and a sliding log's sets of this configuration's periods) in
+    /// one `DEL`, under the store's deadline and breaker, then drops what
+    /// this store remembers of it locally (a cached denial, the last
+    /// decision). Other app servers' deny caches may still deny the key
+    /// until their cached denial runs out: at most that denial's
+    /// `Retry-After`.
+    ///
+    /// # Errors
+    ///
+    /// A [`RedisStoreError`] when Redis fails, the deadline passes or the
+    /// circuit breaker is open.
+    pub async fn reset_key(&self, key: &Key, policy: &Policy) -> Result<(), RedisStoreError> {
+        let inner = &*self.inner;
+        let state_key = inner.names.state_key(policy, key);
+        let mut del = redis::cmd("DEL");
+        del.arg(&state_key)
+            .arg(crate::keys::log_keys(&state_key, policy).collect::<Vec<_>>());
+        let connection = &inner.wire.connection;
+        inner
+            .guarded(&state_key, async {
+                connection.query_for_key::<i64>(&state_key, &del).await
+            })
+            .await?;
+        inner.deny_cache.remove(&state_key);
+        inner.last_known.remove(&state_key);
+        Ok(())
+    }
+
     /// While the deny cache answers, asks Redis now and then which server
     /// it is, and clears the cache if it is another one (see
     /// [`ServerIdentity`]). Runs in the background: the denial is answered
@@ -440,6 +470,10 @@ impl<C: RedisConnection> GeneralCalls for Inner<C> {
 impl<C: RedisConnection> Store for RedisStore<C> {
     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         Ok(self.decide(key, policy, cost).await?)
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        Ok(self.reset_key(key, policy).await?)
     }
 
     /// The last decision Redis made for `key` under `policy`, while a limit

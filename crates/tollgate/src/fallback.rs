@@ -242,6 +242,22 @@ impl<S: Store> Store for FallbackStore<S> {
         Some(self.settle(key, policy, cost, result, &()))
     }
 
+    /// The key's state in the wrapped store; when that fails, under
+    /// [`FailureMode::Local`], in the local fallback.
+    async fn status(&self, key: &Key, policy: &Policy) -> Result<Decision, StoreError> {
+        let result = self.store.status(key, policy).await;
+        self.settle(key, policy, 0, result, &())
+    }
+
+    /// Resets the key in the wrapped store and in the local fallback, so
+    /// that neither holds what it used. The wrapped store's failure is
+    /// returned whatever the failure mode: a reset that did not happen is
+    /// not papered over.
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.local.reset(key, &self.share(policy)).await?;
+        self.store.reset(key, policy).await
+    }
+
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.store.last_known(key, policy)
     }

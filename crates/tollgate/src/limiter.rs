@@ -188,6 +188,43 @@ impl<St: Store> RateLimiter<St> {
         result
     }
 
+    /// The state of `key`, consuming nothing: every limit's limit,
+    /// remaining, used and reset, as a request of cost 0 sees it.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::check`].
+    pub async fn status(&self, key: &Key) -> Result<Decision, StoreError> {
+        self.store.status(key, &self.policy).await
+    }
+
+    /// Forgets what `key` has used: it starts afresh, in the store and in
+    /// the local fallback. For operators, to let a customer in again.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Key, Policy, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(Policy::new("exports", Algorithm::FixedWindow, "1/h")?);
+    /// let customer = Key::user("ada");
+    /// assert!(limiter.check(&customer).await?.is_allowed());
+    /// assert!(!limiter.check(&customer).await?.is_allowed());
+    /// limiter.reset(&customer).await?;
+    /// assert_eq!(limiter.status(&customer).await?.remaining(), 1);
+    /// assert!(limiter.check(&customer).await?.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot reach the key's state,
+    /// whatever the failure mode.
+    pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
+        self.store.reset(key, &self.policy).await
+    }
+
     /// Waits until one unit for `key` is admitted, for at most `max_wait`.
     ///
     /// # Errors

@@ -198,6 +198,15 @@ impl Store for MemoryStore {
     ) -> Option<Result<Decision, StoreError>> {
         Some(self.check_sync(key, policy, cost))
     }
+
+    fn reset(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.shared.reset(key, policy);
+        std::future::ready(Ok(()))
+    }
 }
 
 /// Configures a [`MemoryStore`].

@@ -133,6 +133,25 @@ impl Shared {
         )
     }
 
+    /// Forgets `key` under every configuration of `policy`'s name.
+    pub(super) fn reset(&self, key: &Key, policy: &Policy) {
+        let (shard, base) = self.locate(key, policy);
+        let mut guard = lock(&self.shards[shard].0);
+        let now = self.now();
+        let mut configs = self.other_configs(policy);
+        configs.push(policy.clone());
+        for config in configs {
+            let take = Take {
+                shard: &mut guard,
+                hash: base ^ config.config_mix(),
+                now,
+            };
+            if dispatch(&config, take).is_some() {
+                self.keys_gauge.sub(1);
+            }
+        }
+    }
+
     fn now(&self) -> Timestamp {
         match &self.clock {
             None => SystemClock.now(),

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Decision, LimitStatus, Outcome, Policy, Timestamp};
+use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
 
 use crate::connection::RedisConnection;
 use crate::error::RedisStoreError;
+use crate::keys::log_keys;
 use crate::script::{Arg, general_args};
 use crate::wire::Wire;
 
@@ -56,15 +57,8 @@ impl<C: RedisConnection> Wire<C> {
 /// sorted set per limit, named after the limit's period so that a changed
 /// configuration finds the log of that period.
 fn general_keys(cmd: &mut redis::Cmd, state_key: &str, policy: &Policy) {
-    let params = policy.params();
-    if policy.algorithm() == Algorithm::SlidingLog {
-        cmd.arg(1 + params.len()).arg(state_key);
-        for p in params {
-            cmd.arg(format!("{state_key}:{}", p.period_us));
-        }
-    } else {
-        cmd.arg(1).arg(state_key);
-    }
+    let logs: Vec<String> = log_keys(state_key, policy).collect();
+    cmd.arg(1 + logs.len()).arg(state_key).arg(logs);
 }
 
 /// Turns the general script's reply into a [`Decision`] per request.
@@ -138,6 +132,7 @@ fn decision_from_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_core::Algorithm;
 
     #[test]
     fn malformed_replies_are_protocol_errors() {
