@@ -272,6 +272,37 @@ pub(crate) fn retry_after_secs(decision: &Decision) -> Option<u64> {
     Some(secs.max(1))
 }
 
+/// Writes the rate-limit headers of `decision`, made under the policy named
+/// `policy`, in `style`, exactly as the layer writes them, and
+/// `Retry-After` when the decision denies: for code that decides outside
+/// the layer, such as a middleware over [`RateLimiter`](crate::RateLimiter).
+///
+/// ```
+/// use http::HeaderMap;
+/// use tollgate::headers::{self, HeaderStyle};
+/// use tollgate::{Algorithm, Key, Policy, RateLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RateLimiter::new(Policy::new("api", Algorithm::Gcra, "10/min")?);
+/// let decision = limiter.check(&Key::user("ada")).await?;
+/// let mut response_headers = HeaderMap::new();
+/// headers::write(HeaderStyle::GitHub, &decision, "api", &mut response_headers);
+/// assert_eq!(response_headers["x-ratelimit-remaining"], "9");
+/// assert_eq!(response_headers["x-ratelimit-resource"], "api");
+/// # Ok(())
+/// # }
+/// ```
+pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mut HeaderMap) {
+    if !decision.is_allowed() {
+        write_retry_after(decision, headers);
+    }
+    if let Some(decoration) = Decoration::new(style, decision, policy) {
+        let name = HeaderValue::from_str(policy).ok();
+        decoration.write(style, headers, policy, name.as_ref());
+    }
+}
+
 pub(crate) fn write_retry_after(decision: &Decision, headers: &mut HeaderMap) {
     if let Some(secs) = retry_after_secs(decision) {
         headers.insert(RETRY_AFTER, number(secs));

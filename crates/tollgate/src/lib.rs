@@ -106,7 +106,7 @@ pub use headers::HeaderStyle;
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
-pub use response::MissingKey;
+pub use response::{MissingKey, rejection};
 pub use service::RateLimit;
 pub use tollgate_core::telemetry;
 

@@ -163,19 +163,10 @@ impl Responder {
 
     fn problem(&self, decision: &Decision) -> Response<Bytes> {
         let name = &*self.policy;
-        let detail = detail(decision, name);
         if self.grpc {
-            return grpc::rejection(decision, &detail);
+            return grpc::rejection(decision, &detail(decision, name));
         }
-        // Policy names are validated to [A-Za-z0-9_.:-], so nothing needs escaping.
-        let body = format!(
-            r#"{{"type":"{QUOTA_EXCEEDED}","title":"{}","status":{},"detail":"{detail}","violated-policies":["{name}"]}}"#,
-            self.status
-                .canonical_reason()
-                .unwrap_or("Too Many Requests"),
-            self.status.as_u16(),
-        );
-        problem_response(self.status, body)
+        quota_exceeded(decision, name, self.status)
     }
 
     /// The response to a request without a key, unless it is let through:
@@ -224,6 +215,48 @@ impl Responder {
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         response
     }
+}
+
+/// The layer's rejection of `decision`, made under the policy named
+/// `policy`: 429 with an `application/problem+json` body that says why and
+/// names the policy, `Retry-After`, and the rate-limit headers of `style`.
+/// For code that decides outside the layer, such as a middleware over
+/// [`RateLimiter`](crate::RateLimiter), to answer as the layer does.
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate::{Algorithm, HeaderStyle, Key, Policy, RateLimiter, rejection};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RateLimiter::new(Policy::new("export", Algorithm::FixedWindow, "1/h")?);
+/// let key = Key::user("ada");
+/// limiter.check(&key).await?;
+/// let denied = limiter.check(&key).await?;
+/// let response = rejection(&denied, "export", HeaderStyle::GitHub);
+/// assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert!(response.headers().contains_key("retry-after"));
+/// assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
+/// # Ok(())
+/// # }
+/// ```
+pub fn rejection(decision: &Decision, policy: &str, style: HeaderStyle) -> Response<Bytes> {
+    let mut response = quota_exceeded(decision, policy, StatusCode::TOO_MANY_REQUESTS);
+    headers::write(style, decision, policy, response.headers_mut());
+    response
+}
+
+/// The problem+json answer to a denial under `name`, with `status`.
+fn quota_exceeded(decision: &Decision, name: &str, status: StatusCode) -> Response<Bytes> {
+    let detail = detail(decision, name);
+    let name = json_escaped(name);
+    let body = format!(
+        r#"{{"type":"{QUOTA_EXCEEDED}","title":"{}","status":{},"detail":"{}","violated-policies":["{name}"]}}"#,
+        status.canonical_reason().unwrap_or("Too Many Requests"),
+        status.as_u16(),
+        json_escaped(&detail),
+    );
+    problem_response(status, body)
 }
 
 /// Why a request was denied, in words.

@@ -786,3 +786,33 @@ async fn separate_layer_calls_share_the_local_fallback() {
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 }
+
+#[tokio::test]
+async fn a_middleware_over_rate_limiter_answers_exactly_as_the_layer() {
+    let policy = Policy::builder("export")
+        .algorithm(Algorithm::SlidingWindow)
+        .limit("2/min")
+        .build()
+        .unwrap();
+    for style in [HeaderStyle::GitHub, HeaderStyle::Ietf, HeaderStyle::Both] {
+        let (_, layer_store) = clock_and_store();
+        let app = app(RateLimitLayer::new(policy.clone(), GlobalKey)
+            .store(layer_store)
+            .headers(style));
+        let (_, limiter_store) = clock_and_store();
+        let limiter = tollgate::RateLimiter::with_store(policy.clone(), limiter_store);
+        for _ in 0..2 {
+            app.clone().oneshot(get_root()).await.unwrap();
+            limiter.check(&tollgate::Key::global()).await.unwrap();
+        }
+        let mut from_layer = app.oneshot(get_root()).await.unwrap();
+        // Axum adds the length of the body; the rest is the layer's.
+        from_layer.headers_mut().remove("content-length");
+        let decision = limiter.check(&tollgate::Key::global()).await.unwrap();
+        let by_hand = tollgate::rejection(&decision, policy.name(), style);
+        assert_eq!(from_layer.status(), by_hand.status());
+        assert_eq!(from_layer.headers(), by_hand.headers(), "{style:?}");
+        let body = to_bytes(from_layer.into_body(), 10_000).await.unwrap();
+        assert_eq!(body, by_hand.into_body(), "{style:?}");
+    }
+}
