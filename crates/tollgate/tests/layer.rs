@@ -816,3 +816,31 @@ async fn a_middleware_over_rate_limiter_answers_exactly_as_the_layer() {
         assert_eq!(body, by_hand.into_body(), "{style:?}");
     }
 }
+
+#[tokio::test]
+async fn route_layer_counts_only_requests_a_handler_takes() {
+    let policy = Policy::new("login", Algorithm::FixedWindow, "2/min").unwrap();
+    let (_, store) = clock_and_store();
+    let limited = RateLimitLayer::new(policy.clone(), GlobalKey).store(store.clone());
+    let app = Router::new().route(
+        "/",
+        axum::routing::post(|| async { "welcome" }).route_layer(limited),
+    );
+    // Wrong method: 405, and nothing counted.
+    for _ in 0..5 {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let post = || Request::post("/").body(Body::empty()).unwrap();
+    let res = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("1"));
+    // With `layer`, the 405s count.
+    let counted = Router::new().route(
+        "/",
+        axum::routing::post(|| async { "welcome" })
+            .layer(RateLimitLayer::new(policy, GlobalKey).store(store)),
+    );
+    let res = counted.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+}
