@@ -1,8 +1,23 @@
 //! Run with: `cargo run -p axum-app -- [--listen ADDR] [--redis-url URL] [--config FILE]`
+//!
+//! `kill -HUP <pid>` reloads the policy file: a valid file replaces the
+//! routes' policies (each key's use carries over to the new limits, as
+//! state belongs to the policy's name); a bad one is refused with the
+//! field named, and the old policies stay.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower::ServiceExt;
+use tower::util::Oneshot;
 
 use axum_app::{AppConfig, app, install_metrics, metrics_route, policy_table};
 use clap::Parser;
@@ -40,10 +55,81 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Reads and checks the policy file.
+fn load(path: &Path) -> Result<AppConfig, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
+    AppConfig::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The app of the current policy file, swapped whole on reload.
+#[derive(Clone)]
+struct Reloadable(Arc<RwLock<Router>>);
+
+impl Reloadable {
+    fn current(&self) -> Router {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn replace(&self, router: Router) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = router;
+    }
+}
+
+impl tower::Service<Request> for Reloadable {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Oneshot<Router, Request<Body>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        self.current().oneshot(request)
+    }
+}
+
+/// The whole app of `config`: its routes and the metrics route.
+fn build(config: &AppConfig, store: &BoxStore, metrics: &PrometheusHandle) -> Router {
+    app(config, store.clone()).merge(metrics_route(metrics.clone()))
+}
+
+/// Reloads the policy file on every SIGHUP until the process ends.
+#[cfg(unix)]
+fn reload_on_sighup(path: PathBuf, app: Reloadable, store: BoxStore, metrics: PrometheusHandle) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; the policy file will not be reloaded");
+        return;
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match load(&path) {
+                Ok(config) => {
+                    app.replace(build(&config, &store, &metrics));
+                    tracing::info!(config = %path.display(), "reloaded the policy file");
+                    print!("{}", policy_table(&config));
+                }
+                Err(error) => {
+                    tracing::error!(%error, "refused the new policy file; the old policies stay");
+                }
+            }
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn reload_on_sighup(_: PathBuf, _: Reloadable, _: BoxStore, _: PrometheusHandle) {}
+
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let text = std::fs::read_to_string(&args.config)
-        .map_err(|e| format!("cannot read the config file {}: {e}", args.config.display()))?;
-    let config = AppConfig::parse(&text).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let config = load(&args.config)?;
     // Before the layers are built: they register their counters with it.
     let metrics = install_metrics().map_err(|e| format!("cannot install metrics: {e}"))?;
     let store = match &args.redis_url {
@@ -67,10 +153,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("config: {}", args.config.display());
     println!("metrics: http://{}/metrics", listener.local_addr()?);
     print!("{}", policy_table(&config));
+    let current = Reloadable(Arc::new(RwLock::new(build(&config, &store, &metrics))));
+    reload_on_sighup(args.config.clone(), current.clone(), store, metrics);
     axum::serve(
         listener,
-        app(&config, store)
-            .merge(metrics_route(metrics))
+        Router::new()
+            .fallback_service(current)
             .into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(async {
