@@ -5,7 +5,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use http::{HeaderName, Request};
-use tollgate_core::{Key, KeyKind, TypeTag};
+use tollgate_core::{Key, KeyKind, Policy, TypeTag};
 
 /// Picks the [`Key`] a request is limited by, or `None` when the request
 /// carries no usable identity.
@@ -43,6 +43,14 @@ pub trait KeyExtractor<B>: Send + Sync + 'static {
         MissingCause::Server(Cow::Borrowed(
             "the key extractor found no key; check how the server is wired",
         ))
+    }
+
+    /// The policy `request` is limited by, when it is not the layer's own:
+    /// see [`RateLimitLayer::choose_policy`](crate::RateLimitLayer::choose_policy).
+    /// The default keeps the layer's.
+    fn policy(&self, request: &Request<B>) -> Option<Policy> {
+        let _ = request;
+        None
     }
 }
 

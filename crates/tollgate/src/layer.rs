@@ -10,9 +10,10 @@ use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
 use tower_layer::Layer;
 
 use crate::body::{KeepBody, WrapBody};
+use crate::choose::ChosenPolicy;
 use crate::fallback::{FailureMode, FallbackStore};
 use crate::headers::HeaderStyle;
-use crate::response::{MissingKey, Responder};
+use crate::response::{MissingKey, Responder, Responders};
 use crate::service::{Config, RateLimit, Shared};
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service.
@@ -273,6 +274,59 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
         self
     }
 
+    /// Limits each request by the policy `choose` picks for it, or by the
+    /// layer's own where it returns `None`: plan tiers (the plan the auth
+    /// layer put into the request's extensions), per-tenant overrides, and
+    /// the like. The key is the layer's extractor's, as before.
+    ///
+    /// Each chosen policy keeps its own state (state belongs to a policy's
+    /// name: give each plan its own), and the headers, the problem body
+    /// and the metrics name it. Returning one of a fixed set of policies
+    /// (a clone is a reference count) costs no allocation per request.
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use axum::{Router, routing::get};
+    /// use http::Request;
+    /// use tollgate::{Algorithm, ExtensionKey, Policy, RateLimitLayer};
+    ///
+    /// #[derive(Clone, PartialEq)]
+    /// enum Plan { Free, Pro }
+    ///
+    /// let free = Policy::new("api-free", Algorithm::Gcra, "60/h")?;
+    /// let pro = Policy::new("api-pro", Algorithm::Gcra, "5000/h")?;
+    /// let app: Router = Router::new()
+    ///     .route("/api", get(|| async { "ok" }))
+    ///     .layer(
+    ///         RateLimitLayer::new(free, ExtensionKey::<String>::new()).choose_policy(
+    ///             move |req: &Request<Body>| {
+    ///                 (req.extensions().get::<Plan>() == Some(&Plan::Pro)).then(|| pro.clone())
+    ///             },
+    ///         ),
+    ///     );
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn choose_policy<C>(self, choose: C) -> RateLimitLayer<ChosenPolicy<K, C>, St, M> {
+        let Config {
+            policy,
+            extractor,
+            cost,
+            wait,
+            responder,
+        } = self.config;
+        RateLimitLayer {
+            store: self.store,
+            config: Config {
+                policy,
+                extractor: Arc::new(ChosenPolicy::new(extractor, choose)),
+                cost,
+                wait,
+                responder,
+            },
+            body: PhantomData,
+        }
+    }
+
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.config.policy
@@ -291,11 +345,13 @@ impl<S, K, St, M> Layer<S> for RateLimitLayer<K, St, M> {
         let mut config = self.config.clone();
         // The responses follow the store's failure mode, set in one place.
         Arc::make_mut(&mut config.responder).failure = self.store.failure_mode();
+        let responders = Responders::new(config.responder.clone());
         RateLimit::new(
             inner,
             Arc::new(Shared {
                 store: self.store.clone(),
                 config,
+                responders,
             }),
         )
     }

@@ -82,6 +82,7 @@
 //! | `metrics` | no | [counters and gauges](telemetry) through the `metrics` facade |
 
 mod body;
+mod choose;
 mod clock;
 mod extract;
 mod fallback;
@@ -96,6 +97,7 @@ mod response;
 mod service;
 
 pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
+pub use choose::ChosenPolicy;
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
 pub use extract::RouteKey;

@@ -1,12 +1,12 @@
 //! Responses the layer produces itself: rejections and failures.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use tollgate_core::{Decision, Key, Outcome};
+use tollgate_core::{Decision, Key, Outcome, Policy};
 
 use crate::extract::MissingCause;
 use crate::fallback::FailureMode;
@@ -73,6 +73,18 @@ impl Responder {
         }
     }
 
+    /// This responder for requests a chooser put under the policy named
+    /// `policy`: headers and problem bodies name it, and it counts in its
+    /// own metrics.
+    fn for_policy(&self, policy: &str) -> Self {
+        Self {
+            telemetry: Arc::new(Telemetry::new(policy)),
+            name: shared_header_value(policy),
+            policy: Arc::from(policy),
+            ..self.clone()
+        }
+    }
+
     /// Whether denials of `key` are enforced rather than shadowed.
     pub(crate) fn enforces(&self, key: &Key) -> bool {
         match self.enforce_percent {
@@ -80,6 +92,46 @@ impl Responder {
             0 => false,
             percent => ramp_bucket(key) < u64::from(percent),
         }
+    }
+}
+
+/// The responders of the policies a chooser picks, made on first use and
+/// kept by policy name: a fixed set of plans costs no allocation per
+/// request.
+pub(crate) struct Responders {
+    own: Arc<Responder>,
+    chosen: RwLock<Vec<Arc<Responder>>>,
+}
+
+/// The most chosen policies whose responders are kept; beyond them (a
+/// chooser that makes a policy per tenant, say), one is made per request.
+const MAX_CHOSEN: usize = 256;
+
+impl Responders {
+    pub(crate) fn new(own: Arc<Responder>) -> Self {
+        Self {
+            own,
+            chosen: RwLock::default(),
+        }
+    }
+
+    /// The responder of requests under `policy`.
+    pub(crate) fn of(&self, policy: &Policy) -> Arc<Responder> {
+        let name = policy.name();
+        if *self.own.policy == *name {
+            return self.own.clone();
+        }
+        let chosen = self.chosen.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = chosen.iter().find(|r| *r.policy == *name) {
+            return known.clone();
+        }
+        drop(chosen);
+        let made = Arc::new(self.own.for_policy(name));
+        let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
+        if chosen.len() < MAX_CHOSEN {
+            chosen.push(made.clone());
+        }
+        made
     }
 }
 

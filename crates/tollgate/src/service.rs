@@ -14,7 +14,7 @@ use crate::body::{BodyKind, WrapBody};
 use crate::extract::KeyExtractor;
 use crate::fallback::FallbackStore;
 use crate::future::{Check, Inner, ResponseFuture, Waiter};
-use crate::response::{MissingKey, Responder};
+use crate::response::{MissingKey, Responder, Responders};
 
 /// A layer's settings, kept once: cloned into each layer made from it, and
 /// shared by every service of one.
@@ -49,10 +49,11 @@ impl<K> Clone for Config<K> {
 }
 
 /// What a layer's services and their clones share: the store behind its
-/// failure handling, and the settings.
+/// failure handling, the settings, and the responders of chosen policies.
 pub(crate) struct Shared<K, St> {
     pub(crate) store: FallbackStore<St>,
     pub(crate) config: Config<K>,
+    pub(crate) responders: Responders,
 }
 
 /// A service that rate-limits requests before passing them to `S`.
@@ -153,29 +154,36 @@ where
             };
         };
 
-        let enforce = config.responder.enforces(&key);
+        // The chooser's policy, if it picked one, and the responder that
+        // names it; otherwise the layer's own.
+        let chosen = config.extractor.policy(&request);
+        let (policy, responder) = match &chosen {
+            None => (&config.policy, responder),
+            Some(policy) => (policy, shared.responders.of(policy)),
+        };
+        let enforce = responder.enforces(&key);
         let waiter = config.wait.map(|max_wait| Waiter {
             recheck: {
                 let (shared, key) = (shared.clone(), key.clone());
-                Box::new(move || check(shared.clone(), key.clone()))
+                let (policy, responder) = (policy.clone(), responder.clone());
+                Box::new(move || check(shared.clone(), key.clone(), &policy, &responder))
             },
             deadline: tokio::time::Instant::now() + max_wait,
         });
-        let telemetry = &*config.responder.telemetry;
         match shared
             .store
             .get_ref()
-            .try_check_now(&key, &config.policy, config.cost)
+            .try_check_now(&key, policy, config.cost)
         {
             Some(result) => {
-                let result =
-                    shared
-                        .store
-                        .settle(&key, &config.policy, config.cost, result, telemetry);
+                let telemetry = &*responder.telemetry;
+                let result = shared
+                    .store
+                    .settle(&key, policy, config.cost, result, telemetry);
                 ResponseFuture::decided(result, inner, request, responder, waiter, enforce)
             }
             None => {
-                let check = check(shared.clone(), key);
+                let check = check(shared.clone(), key, policy, &responder);
                 let call = inner.defer(request);
                 ResponseFuture::check(check, call, responder, waiter, enforce)
             }
@@ -183,18 +191,23 @@ where
     }
 }
 
-/// Asks the store, owning everything the question needs.
-fn check<K, St>(shared: Arc<Shared<K, St>>, key: Key) -> Check
+/// Asks the store about `key` under `policy`, owning everything the
+/// question needs.
+fn check<K, St>(
+    shared: Arc<Shared<K, St>>,
+    key: Key,
+    policy: &Policy,
+    responder: &Arc<Responder>,
+) -> Check
 where
     K: Send + Sync + 'static,
     St: Store,
 {
+    let (policy, responder) = (policy.clone(), responder.clone());
     Box::pin(async move {
-        let config = &shared.config;
-        let telemetry = &*config.responder.telemetry;
         shared
             .store
-            .check_reported(&key, &config.policy, config.cost, telemetry)
+            .check_reported(&key, &policy, shared.config.cost, &*responder.telemetry)
             .await
     })
 }

@@ -219,3 +219,20 @@ fn header_numbers_of_ten_thousand_and_more_allocate_once_each() {
     // The map's growth (two), and two numbers.
     assert_eq!(per_request(with_headers), per_request(noop) + 4.0);
 }
+
+/// A chooser that returns one of a fixed set of plans costs no allocation:
+/// half the clients on a second plan, every response with its headers.
+#[test]
+fn choosing_among_fixed_plans_allocates_nothing_more() {
+    const REQUESTS: usize = 1_000;
+    let keys = client_keys();
+    let layer = gcra_layer("5000/s");
+    let one_plan = allocations(route().layer(layer.clone()), &keys, REQUESTS);
+    let pro = Policy::new("alloc-pro", Algorithm::Gcra, "9000/s").unwrap();
+    let plans = layer.choose_policy(move |req: &Request<Body>| {
+        let client = req.headers().get("x-client")?.as_bytes();
+        (client.last().copied().unwrap_or(0) % 2 == 0).then(|| pro.clone())
+    });
+    let two_plans = allocations(route().layer(plans), &keys, REQUESTS);
+    assert_eq!(two_plans, one_plan);
+}

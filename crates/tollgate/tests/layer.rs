@@ -844,3 +844,59 @@ async fn route_layer_counts_only_requests_a_handler_takes() {
     assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
 }
+
+/// Plans chosen per request, as an auth layer would mark them: here the
+/// `x-plan` header stands in for the extension it would insert.
+fn plans_app(store: MemoryStore) -> Router {
+    let free = Policy::new("api-free", Algorithm::FixedWindow, "2/min").unwrap();
+    let pro = Policy::new("api-pro", Algorithm::FixedWindow, "5/min").unwrap();
+    let by_user = HeaderKey::new(http::HeaderName::from_static("x-user"));
+    let layer = RateLimitLayer::new(free, by_user)
+        .store(store)
+        .choose_policy(move |req: &Request<Body>| {
+            (req.headers().get("x-plan")? == "pro").then(|| pro.clone())
+        });
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn as_user(user: &str, plan: &str) -> Request<Body> {
+    Request::get("/")
+        .header("x-user", user)
+        .header("x-plan", plan)
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn each_plan_has_its_own_limit_and_names_itself() {
+    let (_, store) = clock_and_store();
+    let app = plans_app(store);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let res = app.clone().oneshot(as_user("ada", "free")).await.unwrap();
+        assert_eq!(header(&res, "x-ratelimit-resource"), Some("api-free"));
+        assert_eq!(header(&res, "x-ratelimit-limit"), Some("2"));
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    let res = app.clone().oneshot(as_user("ada", "free")).await.unwrap();
+    assert_eq!(body_json(res).await["violated-policies"][0], "api-free");
+
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let res = app.clone().oneshot(as_user("bob", "pro")).await.unwrap();
+        assert_eq!(header(&res, "x-ratelimit-resource"), Some("api-pro"));
+        assert_eq!(header(&res, "x-ratelimit-limit"), Some("5"));
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    let res = app.clone().oneshot(as_user("bob", "pro")).await.unwrap();
+    assert_eq!(body_json(res).await["violated-policies"][0], "api-pro");
+
+    // Plans keep their state apart: ada, spent on free, starts on pro.
+    let res = app.clone().oneshot(as_user("ada", "pro")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("4"));
+}
