@@ -5,7 +5,9 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use http::{HeaderName, Request};
-use tollgate_core::{Key, KeyKind, Policy, TypeTag};
+use tollgate_core::{Key, KeyKind, TypeTag};
+
+use crate::choose::{Choice, ChosenPolicy};
 
 /// Picks the [`Key`] a request is limited by, or `None` when the request
 /// carries no usable identity.
@@ -45,10 +47,11 @@ pub trait KeyExtractor<B>: Send + Sync + 'static {
         ))
     }
 
-    /// The policy `request` is limited by, when it is not the layer's own:
-    /// see [`RateLimitLayer::choose_policy`](crate::RateLimitLayer::choose_policy).
+    /// The policy (and perhaps the cost) `request` is limited by, when it
+    /// is not the layer's own: see
+    /// [`RateLimitLayer::choose_policy`](crate::RateLimitLayer::choose_policy).
     /// The default keeps the layer's.
-    fn policy(&self, request: &Request<B>) -> Option<Policy> {
+    fn choose(&self, request: &Request<B>) -> Option<Choice> {
         let _ = request;
         None
     }
@@ -375,6 +378,25 @@ impl<B> KeyExtractor<B> for RouteKey {
         MissingCause::Server(Cow::Borrowed(
             "no matched route: apply RouteKey with Router::route_layer",
         ))
+    }
+}
+
+impl<B, K, C, P> KeyExtractor<B> for ChosenPolicy<K, C>
+where
+    K: KeyExtractor<B>,
+    C: Fn(&Request<B>) -> Option<P> + Send + Sync + 'static,
+    P: Into<Choice>,
+{
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        self.key.extract(request)
+    }
+
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        self.key.missing(request)
+    }
+
+    fn choose(&self, request: &Request<B>) -> Option<Choice> {
+        (self.choose)(request).map(Into::into)
     }
 }
 

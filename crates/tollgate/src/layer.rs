@@ -277,7 +277,9 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// Limits each request by the policy `choose` picks for it, or by the
     /// layer's own where it returns `None`: plan tiers (the plan the auth
     /// layer put into the request's extensions), per-tenant overrides, and
-    /// the like. The key is the layer's extractor's, as before.
+    /// the like. The key is the layer's extractor's, as before. `choose`
+    /// returns a [`Policy`], or a [`Choice`](crate::Choice) with the
+    /// request's cost under it.
     ///
     /// Each chosen policy keeps its own state (state belongs to a policy's
     /// name: give each plan its own), and the headers, the problem body

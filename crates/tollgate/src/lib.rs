@@ -97,7 +97,7 @@ mod response;
 mod service;
 
 pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
-pub use choose::ChosenPolicy;
+pub use choose::{Choice, ChosenPolicy};
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
 pub use extract::RouteKey;

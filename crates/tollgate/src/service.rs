@@ -156,34 +156,32 @@ where
 
         // The chooser's policy, if it picked one, and the responder that
         // names it; otherwise the layer's own.
-        let chosen = config.extractor.policy(&request);
-        let (policy, responder) = match &chosen {
-            None => (&config.policy, responder),
-            Some(policy) => (policy, shared.responders.of(policy)),
+        let chosen = config.extractor.choose(&request);
+        let (policy, cost, responder) = match &chosen {
+            None => (&config.policy, config.cost, responder),
+            Some(choice) => (
+                &choice.policy,
+                choice.cost.unwrap_or(config.cost),
+                shared.responders.of(&choice.policy),
+            ),
         };
         let enforce = responder.enforces(&key);
         let waiter = config.wait.map(|max_wait| Waiter {
             recheck: {
                 let (shared, key) = (shared.clone(), key.clone());
                 let (policy, responder) = (policy.clone(), responder.clone());
-                Box::new(move || check(shared.clone(), key.clone(), &policy, &responder))
+                Box::new(move || check(shared.clone(), key.clone(), &policy, cost, &responder))
             },
             deadline: tokio::time::Instant::now() + max_wait,
         });
-        match shared
-            .store
-            .get_ref()
-            .try_check_now(&key, policy, config.cost)
-        {
+        match shared.store.get_ref().try_check_now(&key, policy, cost) {
             Some(result) => {
                 let telemetry = &*responder.telemetry;
-                let result = shared
-                    .store
-                    .settle(&key, policy, config.cost, result, telemetry);
+                let result = shared.store.settle(&key, policy, cost, result, telemetry);
                 ResponseFuture::decided(result, inner, request, responder, waiter, enforce)
             }
             None => {
-                let check = check(shared.clone(), key, policy, &responder);
+                let check = check(shared.clone(), key, policy, cost, &responder);
                 let call = inner.defer(request);
                 ResponseFuture::check(check, call, responder, waiter, enforce)
             }
@@ -197,6 +195,7 @@ fn check<K, St>(
     shared: Arc<Shared<K, St>>,
     key: Key,
     policy: &Policy,
+    cost: u64,
     responder: &Arc<Responder>,
 ) -> Check
 where
@@ -207,7 +206,7 @@ where
     Box::pin(async move {
         shared
             .store
-            .check_reported(&key, &policy, shared.config.cost, &*responder.telemetry)
+            .check_reported(&key, &policy, cost, &*responder.telemetry)
             .await
     })
 }

@@ -900,3 +900,37 @@ async fn each_plan_has_its_own_limit_and_names_itself() {
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("4"));
 }
+
+#[tokio::test]
+async fn a_chosen_plan_may_set_the_cost_of_its_requests() {
+    let (_, store) = clock_and_store();
+    let free = Policy::new("export-free", Algorithm::FixedWindow, "10/min").unwrap();
+    let pro = Policy::new("export-pro", Algorithm::FixedWindow, "5/min").unwrap();
+    let layer = RateLimitLayer::new(free, GlobalKey)
+        .store(store)
+        .cost(3)
+        .choose_policy(move |req: &Request<Body>| {
+            (req.headers().get("x-plan")? == "pro")
+                .then(|| tollgate::Choice::new(pro.clone()).cost(2))
+        });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let statuses = |plan: &'static str| {
+        let app = app.clone();
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..4 {
+                let req = Request::get("/")
+                    .header("x-plan", plan)
+                    .body(Body::empty())
+                    .unwrap();
+                statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            statuses
+        }
+    };
+    // Pro: 2 + 2 of 5, then 6 would not fit. Free: 3 + 3 + 3 of 10.
+    assert_eq!(statuses("pro").await, [200, 200, 429, 429]);
+    assert_eq!(statuses("free").await, [200, 200, 200, 429]);
+}
