@@ -228,3 +228,63 @@ async fn connect_info_over_real_tcp() {
     assert!(raw.contains("retry-after: 60\r\n"), "{raw}");
     assert!(raw.contains(r#""violated-policies":["login"]"#), "{raw}");
 }
+
+/// Statuses of `n` requests at one instant, and the last one's limiter
+/// headers.
+async fn burst(app: &Router, path: &str, token: &str, n: usize) -> (usize, Seen) {
+    let mut admitted = 0;
+    let mut last = None;
+    for _ in 0..n {
+        let seen = send(app, "GET", path, Some(token)).await;
+        admitted += usize::from(seen.status == 200);
+        last = Some(seen);
+    }
+    (admitted, last.unwrap())
+}
+
+/// A free and a pro user on the same routes: each plan's limits, costs and
+/// policy names, as the bundled file sets them.
+async fn plans(store: BoxStore, clock: &FakeClock) -> Vec<(usize, Seen)> {
+    clock.set(Timestamp::from_secs(T0));
+    let app =
+        app(&config(), store).layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 8], 5555))));
+    let seen = vec![
+        // Items: bursts of 10 on free, 40 on pro.
+        burst(&app, "/api/items", "ada", 15).await,
+        burst(&app, "/api/items", "pro-bob", 45).await,
+        // Exports: 10 of 50 on free, 5 of 200 on pro.
+        burst(&app, "/api/export", "ada", 7).await,
+        burst(&app, "/api/export", "pro-bob", 42).await,
+    ];
+    let counts: Vec<usize> = seen.iter().map(|(n, _)| *n).collect();
+    assert_eq!(counts, [10, 40, 5, 40]);
+    let names: Vec<_> = seen
+        .iter()
+        .map(|(_, s)| s.get("x-ratelimit-resource").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["items-read", "items-read-pro", "export", "export-pro"]
+    );
+    assert_eq!(seen[1].1.get("x-ratelimit-limit"), Some("40"));
+    assert_eq!(seen[3].1.get("x-ratelimit-limit"), Some("200"));
+    seen
+}
+
+#[tokio::test]
+async fn plans_on_memory_and_the_same_on_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = plans(BoxStore::new(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app-plans"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = plans(BoxStore::new(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
+}

@@ -64,6 +64,31 @@ struct RawRoute {
     cost: Option<i64>,
     #[serde(default)]
     enforce_percent: Option<i64>,
+    /// `[route.plans.<plan>]`: what differs for users of that plan.
+    #[serde(default)]
+    plans: std::collections::BTreeMap<String, RawPlan>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlan {
+    #[serde(default)]
+    limits: Option<Vec<String>>,
+    #[serde(default)]
+    burst: Option<i64>,
+    #[serde(default)]
+    cost: Option<i64>,
+}
+
+/// What a route entry does for the users of one plan.
+#[derive(Debug, Clone)]
+pub struct PlanConfig {
+    /// The plan's name, as the demo's auth finds it (`free`, `pro`).
+    pub plan: String,
+    /// The route's policy for the plan, named `<route name>-<plan>`.
+    pub policy: Policy,
+    /// The cost of each request.
+    pub cost: u64,
 }
 
 /// What a route entry keys requests by.
@@ -113,6 +138,8 @@ pub struct RouteConfig {
     /// The percentage of keys whose denials are enforced; the others run in
     /// shadow mode (0: a dry run; 100, the default: enforced).
     pub enforce_percent: u8,
+    /// The plans whose users the entry limits otherwise.
+    pub plans: Vec<PlanConfig>,
 }
 
 impl RouteConfig {
@@ -206,17 +233,20 @@ impl AppConfig {
 fn refuse_shared_names(routes: &[RouteConfig]) -> Result<(), ConfigFileError> {
     let mut first: HashMap<&str, (usize, &RouteConfig)> = HashMap::new();
     for (i, r) in routes.iter().enumerate() {
-        if let Some((n, earlier)) = first.insert(r.policy.name(), (i + 1, r)) {
-            return Err(ConfigFileError(format!(
-                "route {} ({} {}): field `name`: invalid value {:?}: route {n} ({} {}) has that name \
-                 already; a policy's name identifies its state, so give each route its own",
-                i + 1,
-                r.method,
-                r.path,
-                r.policy.name(),
-                earlier.method,
-                earlier.path,
-            )));
+        let names = std::iter::once(r.policy.name()).chain(r.plans.iter().map(|p| p.policy.name()));
+        for name in names {
+            if let Some((n, earlier)) = first.insert(name, (i + 1, r)) {
+                return Err(ConfigFileError(format!(
+                    "route {} ({} {}): field `name`: invalid value {:?}: route {n} ({} {}) has that name \
+                     already; a policy's name identifies its state, so give each route its own",
+                    i + 1,
+                    r.method,
+                    r.path,
+                    name,
+                    earlier.method,
+                    earlier.path,
+                )));
+            }
         }
     }
     Ok(())
@@ -293,37 +323,31 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
         .algorithm
         .parse()
         .map_err(|_| at("algorithm", &r.algorithm, "expected fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket or gcra"))?;
-    if r.limits.is_empty() {
-        return Err(at("limits", "[]", "at least one limit such as \"100/min\""));
+    if !r.plans.is_empty() && key != KeySpec::User {
+        let plans: Vec<&str> = r.plans.keys().map(String::as_str).collect();
+        return Err(at(
+            "plans",
+            &plans.join(", "),
+            "plans come from authentication: only routes keyed by user have them",
+        ));
     }
-    let mut builder = Policy::builder(r.name.clone()).algorithm(algorithm);
-    for limit in &r.limits {
-        let parsed: tollgate::Limit = limit
-            .parse()
-            .map_err(|e: ConfigError| at("limits", limit, &e.to_string()))?;
-        builder = builder.limit(parsed);
-    }
-    if let Some(burst) = r.burst {
-        let value = u64::try_from(burst)
-            .map_err(|_| at("burst", &burst.to_string(), "must be positive"))?;
-        builder = builder.burst(value);
-    }
-    let policy = builder.build().map_err(|e| {
-        let (field, value) = match &e {
-            ConfigError::InvalidName { .. } => ("name", r.name.clone()),
-            ConfigError::ZeroBurst | ConfigError::BurstNotSupported { .. } => {
-                ("burst", r.burst.map(|b| b.to_string()).unwrap_or_default())
-            }
-            _ => ("limits", r.limits.join(", ")),
-        };
-        at(field, &value, &e.to_string())
-    })?;
-    let cost = match r.cost {
-        None => 1,
-        Some(c) => {
-            u64::try_from(c).map_err(|_| at("cost", &c.to_string(), "must not be negative"))?
-        }
-    };
+    let policy = policy_of(&r.name, algorithm, &r.limits, r.burst, "", &at)?;
+    let cost = cost_of(r.cost, 1, "", &at)?;
+    let plans = r
+        .plans
+        .iter()
+        .map(|(plan, p)| {
+            let field = format!("plans.{plan}.");
+            let name = format!("{}-{plan}", r.name);
+            let limits = p.limits.as_deref().unwrap_or(&r.limits);
+            let burst = p.burst.or(r.burst);
+            Ok(PlanConfig {
+                plan: plan.clone(),
+                policy: policy_of(&name, algorithm, limits, burst, &field, &at)?,
+                cost: cost_of(p.cost, cost, &field, &at)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ConfigFileError>>()?;
     let enforce_percent = match r.enforce_percent {
         None => 100,
         Some(p) => u8::try_from(p)
@@ -338,7 +362,70 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
         policy,
         cost,
         enforce_percent,
+        plans,
     })
+}
+
+/// The policy `name` of `algorithm`, `limits` and `burst`; errors name the
+/// field after `prefix` (`plans.pro.` for a plan's).
+fn policy_of(
+    name: &str,
+    algorithm: Algorithm,
+    limits: &[String],
+    burst: Option<i64>,
+    prefix: &str,
+    at: &impl Fn(&str, &str, &str) -> ConfigFileError,
+) -> Result<Policy, ConfigFileError> {
+    let field = |f: &str| format!("{prefix}{f}");
+    if limits.is_empty() {
+        return Err(at(
+            &field("limits"),
+            "[]",
+            "at least one limit such as \"100/min\"",
+        ));
+    }
+    let mut builder = Policy::builder(name).algorithm(algorithm);
+    for limit in limits {
+        let parsed: tollgate::Limit = limit
+            .parse()
+            .map_err(|e: ConfigError| at(&field("limits"), limit, &e.to_string()))?;
+        builder = builder.limit(parsed);
+    }
+    if let Some(burst) = burst {
+        let value = u64::try_from(burst)
+            .map_err(|_| at(&field("burst"), &burst.to_string(), "must be positive"))?;
+        builder = builder.burst(value);
+    }
+    builder.build().map_err(|e| {
+        let (f, value) = match &e {
+            ConfigError::InvalidName { .. } => ("name".to_owned(), name.to_owned()),
+            ConfigError::ZeroBurst | ConfigError::BurstNotSupported { .. } => (
+                field("burst"),
+                burst.map(|b| b.to_string()).unwrap_or_default(),
+            ),
+            _ => (field("limits"), limits.join(", ")),
+        };
+        at(&f, &value, &e.to_string())
+    })
+}
+
+/// The cost `given`, or `default`; negative costs are refused.
+fn cost_of(
+    given: Option<i64>,
+    default: u64,
+    prefix: &str,
+    at: &impl Fn(&str, &str, &str) -> ConfigFileError,
+) -> Result<u64, ConfigFileError> {
+    match given {
+        None => Ok(default),
+        Some(c) => u64::try_from(c).map_err(|_| {
+            at(
+                &format!("{prefix}cost"),
+                &c.to_string(),
+                "must not be negative",
+            )
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -349,6 +436,12 @@ mod tests {
     fn the_bundled_file_is_valid() {
         let config = AppConfig::parse(include_str!("../policies.toml")).unwrap();
         assert_eq!(config.routes.len(), 6);
+        let plans: Vec<_> = config
+            .routes
+            .iter()
+            .flat_map(|r| r.plans.iter().map(|p| (p.policy.to_string(), p.cost)))
+            .collect();
+        assert_eq!(plans.len(), 2, "{plans:?}");
         assert_eq!(config.failure, FailureMode::Local);
     }
 
@@ -418,6 +511,32 @@ mod tests {
                 "field `key`: invalid value \"user\"",
             ),
             (String::new(), "no [[route]] entries"),
+            (
+                format!("{base}[route.plans.pro]\nlimits = [\"0/s\"]\n"),
+                "field `plans.pro.limits`: invalid value \"0/s\"",
+            ),
+            (
+                format!("{base}[route.plans.pro]\ncost = -2\n"),
+                "field `plans.pro.cost`: invalid value \"-2\"",
+            ),
+            (
+                format!("{base}[route.plans.pro]\nspeed = 2\n"),
+                "unknown field `speed`",
+            ),
+            (
+                format!("{base}[route.plans.pro]\n")
+                    .replace("/api/items", "/login")
+                    .replace("GET", "POST")
+                    .replace("\"user\"", "\"ip\""),
+                "field `plans`: invalid value \"pro\"",
+            ),
+            (
+                format!(
+                    "{base}[route.plans.pro]\n{}",
+                    base.replace("\"n\"", "\"n-pro\"").replace("GET", "POST")
+                ),
+                "field `name`: invalid value \"n-pro\"",
+            ),
         ];
         for (text, expected) in cases {
             let err = AppConfig::parse(&text).unwrap_err().to_string();

@@ -3,7 +3,8 @@
 //!
 //! Run with: `cargo run -p axum-app -- [--listen ADDR] [--redis-url URL] [--config FILE]`
 //!
-//! `Authorization: Bearer demo-<user>` authenticates as `<user>`; `/api/*`
+//! `Authorization: Bearer demo-<user>` authenticates as `<user>` on the
+//! free plan, `Bearer demo-pro-<user>` on the pro plan; `/api/*`
 //! answers 401 without it. Per-IP entries apply before authentication,
 //! per-user ones after it.
 
@@ -22,11 +23,19 @@ use axum::{Json, http};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::{
-    BoxStore, ClientIp, ExtensionKey, GlobalKey, HeaderKey, KeepBody, Key, KeyExtractor,
-    MissingCause, RateLimitLayer, ToKey,
+    BoxStore, Choice, ChosenPolicy, ClientIp, ExtensionKey, GlobalKey, HeaderKey, KeepBody, Key,
+    KeyExtractor, MissingCause, RateLimitLayer, ToKey,
 };
 
-pub use config::{AppConfig, ConfigFileError, KeySpec, ROUTES, RouteConfig};
+pub use config::{AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteConfig};
+
+/// The plan of an authenticated user: `free`, or `pro` for a token
+/// `Bearer demo-pro-<user>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan(pub &'static str);
+
+/// Picks a request's policy and cost by its user's plan.
+type PlanChooser = Box<dyn Fn(&Request) -> Option<Choice> + Send + Sync>;
 
 /// The id of a user authenticated by the demo auth middleware.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +114,7 @@ fn layer(
     config: &AppConfig,
     entry: &RouteConfig,
     store: &BoxStore,
-) -> RateLimitLayer<AppKey, BoxStore, KeepBody> {
+) -> RateLimitLayer<ChosenPolicy<AppKey, PlanChooser>, BoxStore, KeepBody> {
     let key = match &entry.key {
         KeySpec::Ip => AppKey::Ip(config.client_ip.clone()),
         KeySpec::User => AppKey::User(ExtensionKey::new()),
@@ -118,12 +127,23 @@ fn layer(
         .headers(config.header_style)
         .on_store_error(config.failure)
         // Axum's own body type: axum need not box each response again.
-        .keep_body_type();
+        .keep_body_type()
+        .choose_policy(plan_chooser(entry.plans.clone()));
     // The config checked the percentage (0 to 100), so this cannot fail.
     match layer.clone().enforce_percent(entry.enforce_percent) {
         Ok(ramped) => ramped,
         Err(_) => layer,
     }
+}
+
+/// The policy and cost of a request by its user's plan, where the entry
+/// has that plan; the entry's own otherwise.
+fn plan_chooser(plans: Vec<PlanConfig>) -> PlanChooser {
+    Box::new(move |request: &Request| {
+        let Plan(plan) = request.extensions().get::<Plan>()?;
+        let chosen = plans.iter().find(|p| p.plan == *plan)?;
+        Some(Choice::new(chosen.policy.clone()).cost(chosen.cost))
+    })
 }
 
 /// Installs the Prometheus recorder as the process's `metrics` recorder.
@@ -170,24 +190,34 @@ fn handler(method: &str, path: &str) -> MethodRouter {
     }
 }
 
-/// `Authorization: Bearer demo-<user>` authenticates as `<user>`; anything
-/// else gets 401.
+/// `Authorization: Bearer demo-<user>` authenticates as `<user>` on the
+/// free plan, `Bearer demo-pro-<user>` on the pro plan; anything else gets
+/// 401.
 async fn demo_auth(mut request: Request, next: Next) -> Response {
-    let user = request
+    let token = request
         .headers()
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer demo-"))
+        .and_then(|v| v.strip_prefix("Bearer demo-"));
+    let (plan, user) = match token {
+        Some(token) => match token.strip_prefix("pro-") {
+            Some(user) => (Plan("pro"), user),
+            None => (Plan("free"), token),
+        },
+        None => (Plan("free"), ""),
+    };
+    let user = Some(user)
         .filter(|user| !user.is_empty() && user.len() <= 64)
         .map(|user| UserId(user.to_owned()));
     match user {
         Some(user) => {
             request.extensions_mut().insert(user);
+            request.extensions_mut().insert(plan);
             next.run(request).await
         }
         None => (
             StatusCode::UNAUTHORIZED,
-            "use Authorization: Bearer demo-<user>\n",
+            "use Authorization: Bearer demo-<user> (free plan) or Bearer demo-pro-<user> (pro plan)\n",
         )
             .into_response(),
     }
@@ -237,6 +267,20 @@ pub fn policy_table(config: &AppConfig) -> String {
             r.key.to_string(),
             r.policy
         ));
+        for plan in &r.plans {
+            let cost = if plan.cost == 1 {
+                String::new()
+            } else {
+                format!(", cost {}", plan.cost)
+            };
+            out.push_str(&format!(
+                "  {:<6} {:<13} {:<7} {}{cost}\n",
+                "",
+                format!("  plan {}", plan.plan),
+                "",
+                plan.policy
+            ));
+        }
     }
     out
 }
