@@ -288,3 +288,70 @@ async fn plans_on_memory_and_the_same_on_redis() {
     let on_redis = plans(BoxStore::new(redis), &clock).await;
     assert_eq!(on_memory, on_redis);
 }
+
+async fn json(app: &Router, request: Request<Body>) -> (u16, serde_json::Value) {
+    let res = app.clone().oneshot(request).await.unwrap();
+    let status = res.status().as_u16();
+    let body = axum::body::to_bytes(res.into_body(), 100_000)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or_default())
+}
+
+/// `GET /rate_limit` shows what the headers show and changes nothing; an
+/// operator's reset lets a spent user in again.
+async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> {
+    clock.set(Timestamp::from_secs(T0));
+    let app =
+        app(&config(), store).layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 9], 5555))));
+    let (_, seen) = burst(&app, "/api/items", "ada", 3).await;
+    let shown = |user: &str| {
+        Request::get("/rate_limit")
+            .header("authorization", format!("Bearer demo-{user}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (status, first) = json(&app, shown("ada")).await;
+    assert_eq!(status, 200);
+    let items = &first["resources"]["items-read"];
+    for field in ["limit", "remaining", "used", "reset"] {
+        let header = seen.get(&format!("x-ratelimit-{field}")).unwrap();
+        assert_eq!(items[field].to_string(), header, "{field}");
+    }
+    for _ in 0..100 {
+        assert_eq!(json(&app, shown("ada")).await, (200, first.clone()));
+    }
+    // Spent: 5 exports of 10 from a bucket of 50.
+    assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
+    let reset = |token: &str| {
+        Request::post("/admin/reset?user=ada")
+            .header("authorization", token)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(json(&app, reset("Bearer demo-ada")).await.0, 403);
+    let (status, done) = json(&app, reset(axum_app::operators::ADMIN_TOKEN)).await;
+    assert_eq!(status, 200);
+    assert!(done["reset"].as_array().unwrap().contains(&"export".into()));
+    assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
+    let (_, after) = json(&app, shown("ada")).await;
+    vec![first, done, after]
+}
+
+#[tokio::test]
+async fn rate_limit_and_operator_reset_on_memory_and_the_same_on_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = operators(BoxStore::new(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app-ops"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = operators(BoxStore::new(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
+}

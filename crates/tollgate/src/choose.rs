@@ -31,6 +31,11 @@ impl Choice {
         Self { policy, cost: None }
     }
 
+    /// The chosen policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     /// The cost of the request under this choice.
     #[must_use]
     pub fn cost(mut self, cost: u64) -> Self {

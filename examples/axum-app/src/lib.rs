@@ -9,6 +9,7 @@
 //! per-user ones after it.
 
 pub mod config;
+pub mod operators;
 
 use std::fmt;
 
@@ -55,7 +56,7 @@ impl fmt::Display for UserId {
 
 /// The key extractor of a route entry.
 #[derive(Debug, Clone)]
-enum AppKey {
+pub(crate) enum AppKey {
     Ip(ClientIp),
     User(ExtensionKey<UserId>),
     Header(HeaderKey),
@@ -107,7 +108,7 @@ pub fn app(config: &AppConfig, store: BoxStore) -> Router {
         }
         router = router.route(path, route);
     }
-    router
+    router.merge(operators::routes(config, &store))
 }
 
 fn layer(
@@ -115,13 +116,7 @@ fn layer(
     entry: &RouteConfig,
     store: &BoxStore,
 ) -> RateLimitLayer<ChosenPolicy<AppKey, PlanChooser>, BoxStore, KeepBody> {
-    let key = match &entry.key {
-        KeySpec::Ip => AppKey::Ip(config.client_ip.clone()),
-        KeySpec::User => AppKey::User(ExtensionKey::new()),
-        KeySpec::Header(name) => AppKey::Header(HeaderKey::new(name.clone())),
-        KeySpec::Global => AppKey::Global(GlobalKey),
-    };
-    let layer = RateLimitLayer::new(entry.policy.clone(), key)
+    let layer = RateLimitLayer::new(entry.policy.clone(), app_key(config, entry))
         .store(store.clone())
         .cost(entry.cost)
         .headers(config.header_style)
@@ -136,9 +131,19 @@ fn layer(
     }
 }
 
+/// The key extractor of `entry`.
+pub(crate) fn app_key(config: &AppConfig, entry: &RouteConfig) -> AppKey {
+    match &entry.key {
+        KeySpec::Ip => AppKey::Ip(config.client_ip.clone()),
+        KeySpec::User => AppKey::User(ExtensionKey::new()),
+        KeySpec::Header(name) => AppKey::Header(HeaderKey::new(name.clone())),
+        KeySpec::Global => AppKey::Global(GlobalKey),
+    }
+}
+
 /// The policy and cost of a request by its user's plan, where the entry
 /// has that plan; the entry's own otherwise.
-fn plan_chooser(plans: Vec<PlanConfig>) -> PlanChooser {
+pub(crate) fn plan_chooser(plans: Vec<PlanConfig>) -> PlanChooser {
     Box::new(move |request: &Request| {
         let Plan(plan) = request.extensions().get::<Plan>()?;
         let chosen = plans.iter().find(|p| p.plan == *plan)?;
@@ -193,7 +198,7 @@ fn handler(method: &str, path: &str) -> MethodRouter {
 /// `Authorization: Bearer demo-<user>` authenticates as `<user>` on the
 /// free plan, `Bearer demo-pro-<user>` on the pro plan; anything else gets
 /// 401.
-async fn demo_auth(mut request: Request, next: Next) -> Response {
+pub(crate) async fn demo_auth(mut request: Request, next: Next) -> Response {
     let token = request
         .headers()
         .get(http::header::AUTHORIZATION)
