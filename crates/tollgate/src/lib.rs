@@ -140,4 +140,10 @@ pub mod guides {
 
     #[doc = include_str!("../guides/observability.md")]
     pub mod observability {}
+
+    #[doc = include_str!("../guides/plans-costs-and-operators.md")]
+    pub mod plans_costs_and_operators {}
+
+    #[doc = include_str!("../guides/tonic.md")]
+    pub mod tonic {}
 }
