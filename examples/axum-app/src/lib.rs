@@ -36,7 +36,7 @@ pub use config::{AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteC
 pub struct Plan(pub &'static str);
 
 /// Picks a request's policy and cost by its user's plan.
-type PlanChooser = Box<dyn Fn(&Request) -> Option<Choice> + Send + Sync>;
+pub(crate) type PlanChooser = Box<dyn Fn(&Request) -> Option<Choice> + Send + Sync>;
 
 /// The id of a user authenticated by the demo auth middleware.
 #[derive(Debug, Clone, PartialEq, Eq)]

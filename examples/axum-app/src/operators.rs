@@ -15,21 +15,23 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use tollgate::{BoxStore, KeyExtractor, Policy, Store, ToKey};
 
-use crate::{AppConfig, AppKey, KeySpec, RouteConfig, UserId, app_key, demo_auth, plan_chooser};
+use crate::{
+    AppConfig, AppKey, KeySpec, PlanChooser, RouteConfig, UserId, app_key, demo_auth, plan_chooser,
+};
 
 /// The token of the demo's operator. A demo's: a real service checks its
 /// operators as it checks any other caller.
 pub const ADMIN_TOKEN: &str = "Bearer admin-demo";
 
-/// Every route entry, with its key extractor.
-type Entries = Arc<[(RouteConfig, AppKey)]>;
+/// Every route entry, with its key extractor and its plans' chooser.
+type Entries = Arc<[(RouteConfig, AppKey, PlanChooser)]>;
 
 /// `GET /rate_limit` (authenticated) and `POST /admin/reset`.
 pub(crate) fn routes(config: &AppConfig, store: &BoxStore) -> Router {
     let entries: Entries = config
         .routes
         .iter()
-        .map(|r| (r.clone(), app_key(config, r)))
+        .map(|r| (r.clone(), app_key(config, r), plan_chooser(r.plans.clone())))
         .collect();
     let shown = {
         let (entries, store) = (entries.clone(), store.clone());
@@ -50,18 +52,17 @@ pub(crate) fn routes(config: &AppConfig, store: &BoxStore) -> Router {
 }
 
 /// The policy `entry` limits `request` by: its plan's, if it has one.
-fn policy_for(entry: &RouteConfig, request: &Request) -> Policy {
-    plan_chooser(entry.plans.clone())(request)
-        .map_or_else(|| entry.policy.clone(), |choice| choice.policy().clone())
+fn policy_for(entry: &RouteConfig, plans: &PlanChooser, request: &Request) -> Policy {
+    plans(request).map_or_else(|| entry.policy.clone(), |choice| choice.policy().clone())
 }
 
 async fn rate_limit(entries: Entries, store: BoxStore, request: Request) -> Response {
     let mut resources = serde_json::Map::new();
-    for (entry, key) in entries.iter() {
+    for (entry, key, plans) in entries.iter() {
         let Some(key) = KeyExtractor::<Body>::extract(key, &request) else {
             continue;
         };
-        let policy = policy_for(entry, &request);
+        let policy = policy_for(entry, plans, &request);
         match store.status(&key, &policy).await {
             Ok(d) => {
                 let shown = serde_json::json!({
@@ -100,7 +101,7 @@ async fn reset(entries: Entries, store: BoxStore, request: Request, who: Who) ->
     }
     let key = UserId(who.user).to_key();
     let mut done = Vec::new();
-    for (entry, _) in entries.iter().filter(|(e, _)| e.key == KeySpec::User) {
+    for (entry, _, _) in entries.iter().filter(|(e, _, _)| e.key == KeySpec::User) {
         let policies = std::iter::once(&entry.policy).chain(entry.plans.iter().map(|p| &p.policy));
         for policy in policies {
             if store.reset(&key, policy).await.is_err() {
