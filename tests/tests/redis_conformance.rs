@@ -11,7 +11,8 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use tokio::runtime::Runtime;
 use tollgate_core::{
-    Algorithm, Decision, FakeClock, Key, Limit, MemoryStore, Outcome, Policy, Store, Timestamp,
+    Algorithm, Decision, FakeClock, Key, Limit, MemoryStore, Outcome, Policy, Settlement, Store,
+    Timestamp,
 };
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
@@ -76,17 +77,52 @@ impl Harness {
         self.clock.set(Timestamp::from_micros(case.start));
         RT.block_on(async {
             let (mut from_memory, mut from_redis) = (Vec::new(), Vec::new());
-            for &(gap, cost, which) in &case.arrivals {
+            // The last admitted request: its cost and when.
+            let mut reserved = None;
+            for &(gap, op, which) in &case.arrivals {
                 self.clock.advance(Duration::from_micros(gap));
                 let policy = &case.policies[which];
-                from_memory.push(memory.check(&key, policy, cost).await.unwrap());
-                let decision = self.redis.check(&key, policy, cost).await.unwrap();
-                let read_first = self.reading_first.check(&key, policy, cost);
+                let now = tollgate_core::Clock::now(&self.clock);
+                let (from_m, from_r, from_read_first) = match op {
+                    Op::Check(cost) => (
+                        memory.check(&key, policy, cost).await,
+                        self.redis.check(&key, policy, cost).await,
+                        self.reading_first.check(&key, policy, cost).await,
+                    ),
+                    Op::Settle(actual) => {
+                        let (cost, at) = reserved.unwrap_or((0, now));
+                        let settlement = Settlement::new(cost, actual, at);
+                        (
+                            memory.settle(&key, policy, settlement).await,
+                            self.redis.settle(&key, policy, settlement).await,
+                            self.reading_first.settle(&key, policy, settlement).await,
+                        )
+                    }
+                    Op::Block(micros) => {
+                        let duration = Duration::from_micros(micros);
+                        memory.block(&key, policy, duration).await.unwrap();
+                        self.redis.block(&key, policy, duration).await.unwrap();
+                        self.reading_first
+                            .block(&key, policy, duration)
+                            .await
+                            .unwrap();
+                        (
+                            memory.status(&key, policy).await,
+                            self.redis.status(&key, policy).await,
+                            self.reading_first.status(&key, policy).await,
+                        )
+                    }
+                };
+                let decision = from_r.unwrap();
                 assert_eq!(
-                    read_first.await.unwrap(),
+                    from_read_first.unwrap(),
                     decision,
                     "reading first decides as the default"
                 );
+                if let (Op::Check(cost), true) = (op, decision.is_allowed()) {
+                    reserved = Some((cost, decision.now()));
+                }
+                from_memory.push(from_m.unwrap());
                 from_redis.push(decision);
             }
             (from_memory, from_redis)
@@ -94,13 +130,25 @@ impl Harness {
     }
 }
 
+/// What a case does at a key.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Decides a request of this cost.
+    Check(u64),
+    /// Settles the last admitted request (or, before any, one of cost 0)
+    /// at this actual cost.
+    Settle(u64),
+    /// Blocks the key for this many µs, then peeks.
+    Block(u64),
+}
+
 /// Arrivals at one key under one or more configurations of one policy.
 #[derive(Debug, Clone)]
 struct Case {
     policies: Vec<Policy>,
     start: u64,
-    /// `(gap before the request in µs, cost, which policy)`.
-    arrivals: Vec<(u64, u64, usize)>,
+    /// `(gap before the request in µs, what it does, which policy)`.
+    arrivals: Vec<(u64, Op, usize)>,
 }
 
 const DAY_US: u64 = 86_400_000_000;
@@ -143,7 +191,7 @@ fn conf(algorithm: Algorithm, limits: &[(u64, u64)], burst: Option<u64>) -> Poli
     with_burst.unwrap_or_else(|| builder.build().unwrap())
 }
 
-fn arrivals(shortest: u64, configs: usize) -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
+fn arrivals(shortest: u64, configs: usize) -> impl Strategy<Value = Vec<(u64, Op, usize)>> {
     let gap = prop_oneof![
         3 => Just(0u64),
         4 => 0..shortest / 3 + 2,
@@ -157,7 +205,21 @@ fn arrivals(shortest: u64, configs: usize) -> impl Strategy<Value = Vec<(u64, u6
         1 => Just(u64::from(u32::MAX)),
         1 => (1u64 << 31)..(1u64 << 33),
     ];
-    prop::collection::vec((gap, cost, 0..configs), 1..25)
+    let actual = prop_oneof![
+        6 => 0u64..12,
+        1 => Just(u64::from(u32::MAX)),
+        1 => (1u64 << 31)..(1u64 << 52),
+    ];
+    let block = prop_oneof![
+        3 => 0..shortest * 2 + 2,
+        1 => 0..DAY_US,
+    ];
+    let op = prop_oneof![
+        12 => cost.prop_map(Op::Check),
+        3 => actual.prop_map(Op::Settle),
+        1 => block.prop_map(Op::Block),
+    ];
+    prop::collection::vec((gap, op, 0..configs), 1..25)
 }
 
 fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
@@ -292,7 +354,7 @@ fn extremes_agree_for_every_algorithm() {
                     (29 * DAY_US, max),
                     (0, 0),
                 ]
-                .map(|(gap, cost)| (gap, cost, 0))
+                .map(|(gap, cost)| (gap, Op::Check(cost), 0))
                 .to_vec(),
             };
             let (memory, redis) = harness.run(&case);
@@ -385,6 +447,8 @@ fn the_redis_store_passes_the_conformance_suite() {
             .block_on(tollgate_core::testing::check_store(store, &harness.clock))
             .unwrap();
         assert_eq!((report.cases, report.decisions), (30, 30 * 240));
+        // As many settlements and blocks as the memory store's run.
+        assert_eq!((report.settlements, report.blocks), (572, 30));
     }
     // Boxed, as a service that picks its store at run time holds it; what
     // the store last knew of a key passes through too.

@@ -4,11 +4,13 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
+use crate::settle::Settlement;
 use crate::store::Store;
 
 /// Any [`Store`] behind one type: for a service that picks its store at
@@ -51,6 +53,8 @@ trait DynStore: Send + Sync + 'static {
     ) -> Option<Result<Decision, StoreError>>;
     fn status<'a>(&'a self, key: &'a Key, policy: &'a Policy) -> BoxedCheck<'a>;
     fn reset<'a>(&'a self, key: &'a Key, policy: &'a Policy) -> BoxedReset<'a>;
+    fn settle<'a>(&'a self, key: &'a Key, policy: &'a Policy, s: Settlement) -> BoxedCheck<'a>;
+    fn block<'a>(&'a self, key: &'a Key, policy: &'a Policy, d: Duration) -> BoxedReset<'a>;
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision>;
     fn type_name(&self) -> &'static str;
 }
@@ -75,6 +79,14 @@ impl<S: Store> DynStore for S {
 
     fn reset<'a>(&'a self, key: &'a Key, policy: &'a Policy) -> BoxedReset<'a> {
         Box::pin(Store::reset(self, key, policy))
+    }
+
+    fn settle<'a>(&'a self, key: &'a Key, policy: &'a Policy, s: Settlement) -> BoxedCheck<'a> {
+        Box::pin(Store::settle(self, key, policy, s))
+    }
+
+    fn block<'a>(&'a self, key: &'a Key, policy: &'a Policy, d: Duration) -> BoxedReset<'a> {
+        Box::pin(Store::block(self, key, policy, d))
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
@@ -115,6 +127,24 @@ impl Store for BoxStore {
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
         self.store.reset(key, policy).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        self.store.settle(key, policy, settlement).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.store.block(key, policy, duration).await
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

@@ -47,7 +47,38 @@ use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::decision::{Decision, LimitStatus, Outcome};
 use crate::policy::{LimitParams, Policy};
+use crate::settle::{Change, Settlement};
 use crate::time::Timestamp;
+
+/// The decision on any request of a key that an operator blocked until
+/// `until` (see [`Store::block`](crate::Store::block)), at `now`, before
+/// then: denied, whatever its cost (a peek included), with a `Retry-After`
+/// of exactly the rest of the block; every limit shows nothing remaining
+/// and resets when the block ends, when the key starts afresh.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{Algorithm, Policy, Timestamp};
+/// use tollgate_core::state::blocked;
+///
+/// let policy = Policy::new("api", Algorithm::Gcra, "10/s")?;
+/// let now = Timestamp::from_secs(1_700_000_000);
+/// let until = Timestamp::from_micros(now.as_micros() + 90_000_000);
+/// let decision = blocked(&policy, now, until);
+/// assert_eq!(decision.retry_after(), Some(Duration::from_secs(90)));
+/// assert_eq!(decision.remaining(), 0);
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+pub fn blocked(policy: &Policy, now: Timestamp, until: Timestamp) -> Decision {
+    let rest = Duration::from_micros(until.as_micros().saturating_sub(now.as_micros()));
+    let statuses = policy
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| LimitStatus::new(i, p.limit, p.capacity, 0, rest, Some(rest)));
+    let outcome = Outcome::Limited { retry_after: rest };
+    Decision::new(policy, outcome, now, Duration::ZERO, statuses)
+}
 
 /// The state of one limit, under its policy's algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +143,14 @@ impl LimitState {
 
     fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) {
         each!(self, s => s.commit(p, now, cost, queue_free));
+    }
+
+    fn charge(&mut self, p: &LimitParams, now: u64, n: u64, queue_free: u64) {
+        each!(self, s => s.charge(p, now, n, queue_free));
+    }
+
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, since: u64) {
+        each!(self, s => s.refund(p, now, n, since));
     }
 
     fn expires_at(&self, p: &LimitParams) -> u64 {
@@ -395,6 +434,38 @@ impl PolicyState {
         };
         let queue_free = self.queue_free();
         self.decision(policy, Outcome::Allowed, now, delay, queue_free, |_| None)
+    }
+
+    /// Settles a request's actual cost against what it reserved (see
+    /// [`Settlement`]) on every limit, and reports the state after it: an
+    /// [`Outcome::Allowed`] decision, whose remaining and reset are what
+    /// the response's headers show. A state built under another
+    /// configuration of the policy is first [carried
+    /// over](PolicyState::carry_to).
+    pub fn settle(&mut self, policy: &Policy, now: Timestamp, settlement: &Settlement) -> Decision {
+        self.carry_to(policy, now);
+        let params = policy.params();
+        let now_us = now.as_micros();
+        for (state, p) in self.limits.iter_mut().zip(params) {
+            state.advance(p, now_us);
+        }
+        let queue_free = self.queue_free();
+        for (state, p) in self.limits.iter_mut().zip(params) {
+            match settlement.change() {
+                Change::None => {}
+                Change::Charge(n) => state.charge(p, now_us, n, queue_free),
+                Change::Refund { amount, since } => state.refund(p, now_us, amount, since),
+            }
+        }
+        let queue_free = self.queue_free();
+        self.decision(
+            policy,
+            Outcome::Allowed,
+            now,
+            Duration::ZERO,
+            queue_free,
+            |_| None,
+        )
     }
 
     /// The time the state stops mattering: from then on it is

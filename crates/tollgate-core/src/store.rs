@@ -2,11 +2,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
+use crate::settle::Settlement;
 
 /// Where rate-limit state lives: decides one request atomically.
 ///
@@ -31,27 +33,61 @@ use crate::policy::Policy;
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::Mutex;
-/// use tollgate_core::state::PolicyState;
-/// use tollgate_core::{Algorithm, Clock, Decision, FakeClock, Key, Policy, Store, StoreError};
+/// use std::time::Duration;
+/// use tollgate_core::state::{PolicyState, blocked};
+/// use tollgate_core::{
+///     Algorithm, Clock, Decision, FakeClock, Key, Policy, Settlement, Store, StoreError, Timestamp,
+/// };
+///
+/// enum Held {
+///     State(PolicyState),
+///     BlockedUntil(Timestamp),
+/// }
 ///
 /// #[derive(Default)]
 /// struct MapStore {
 ///     clock: FakeClock,
-///     map: Mutex<HashMap<(String, Key), PolicyState>>,
+///     map: Mutex<HashMap<(String, Key), Held>>,
+/// }
+///
+/// impl MapStore {
+///     fn with_state(&self, key: &Key, policy: &Policy, f: impl FnOnce(&mut PolicyState) -> Decision) -> Decision {
+///         let now = self.clock.now();
+///         let mut map = self.map.lock().unwrap();
+///         let held = map.entry((policy.name().to_owned(), key.clone()));
+///         let held = held.or_insert_with(|| Held::State(PolicyState::new(policy, now)));
+///         if let Held::BlockedUntil(until) = *held {
+///             if until > now {
+///                 return blocked(policy, now, until);
+///             }
+///             *held = Held::State(PolicyState::new(policy, now));
+///         }
+///         match held {
+///             Held::State(state) => f(state),
+///             Held::BlockedUntil(_) => unreachable!(),
+///         }
+///     }
 /// }
 ///
 /// impl Store for MapStore {
 ///     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
 ///         let now = self.clock.now();
-///         let mut map = self.map.lock().unwrap();
-///         let state = map
-///             .entry((policy.name().to_owned(), key.clone()))
-///             .or_insert_with(|| PolicyState::new(policy, now));
-///         Ok(state.decide(policy, now, cost))
+///         Ok(self.with_state(key, policy, |state| state.decide(policy, now, cost)))
+///     }
+///
+///     async fn settle(&self, key: &Key, policy: &Policy, settlement: Settlement) -> Result<Decision, StoreError> {
+///         let now = self.clock.now();
+///         Ok(self.with_state(key, policy, |state| state.settle(policy, now, &settlement)))
 ///     }
 ///
 ///     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
 ///         self.map.lock().unwrap().remove(&(policy.name().to_owned(), key.clone()));
+///         Ok(())
+///     }
+///
+///     async fn block(&self, key: &Key, policy: &Policy, duration: Duration) -> Result<(), StoreError> {
+///         let until = Timestamp::from_micros(self.clock.now().as_micros() + duration.as_micros() as u64);
+///         self.map.lock().unwrap().insert((policy.name().to_owned(), key.clone()), Held::BlockedUntil(until));
 ///         Ok(())
 ///     }
 /// }
@@ -60,8 +96,14 @@ use crate::policy::Policy;
 /// let store = MapStore::default();
 /// let policy = Policy::new("demo", Algorithm::Gcra, "1/s")?;
 /// let key = Key::user("ada");
-/// assert!(store.check(&key, &policy, 1).await?.is_allowed());
+/// let reserved = store.check(&key, &policy, 1).await?;
+/// assert!(reserved.is_allowed());
 /// assert!(!store.check(&key, &policy, 1).await?.is_allowed());
+/// store.settle(&key, &policy, Settlement::of(&reserved, 1, 0)).await?;
+/// assert!(store.check(&key, &policy, 1).await?.is_allowed());
+/// store.block(&key, &policy, Duration::from_secs(60)).await?;
+/// let denied = store.check(&key, &policy, 1).await?;
+/// assert_eq!(denied.retry_after(), Some(Duration::from_secs(60)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// # fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -125,6 +167,42 @@ pub trait Store: Send + Sync + 'static {
         policy: &Policy,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Settles the actual cost of a request admitted earlier against the
+    /// cost it reserved (see [`Settlement`] for what a charge beyond the
+    /// allowance does under each algorithm), atomically, and reports the
+    /// key's state after it: an allowed decision whose remaining and reset
+    /// are what the response's headers show. A key blocked meanwhile
+    /// stays blocked: the decision is the block's denial, and nothing
+    /// changes.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Store::check).
+    fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Blocks `key` under `policy`'s name for `duration` (at most 2^50
+    /// µs), whatever configuration of the policy decides it: its state is
+    /// forgotten, every request is denied with a `Retry-After` of exactly
+    /// the rest of the block (see [`blocked`](crate::state::blocked)), a
+    /// settlement changes nothing, and when the block ends the key starts
+    /// afresh. [`reset`](Store::reset) lifts a block; a new block replaces
+    /// the old one.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot reach its state.
+    fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The last decision the store made for `key` under `policy`, if it
     /// still remembers it: for a local fallback that takes over while the
     /// store fails, so that the key's use carries over (see
@@ -170,6 +248,24 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         (**self).try_check_now(key, policy, cost)
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).settle(key, policy, settlement)
+    }
+
+    fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).block(key, policy, duration)
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

@@ -18,7 +18,13 @@
 //!   [`PolicyState::carry_to`]);
 //! - in every case, [`Store::status`] now and then (it must equal a peek
 //!   and change nothing), and a [`Store::reset`] halfway, after which the
-//!   key starts afresh.
+//!   key starts afresh;
+//! - after about one admitted request in four, a [`Store::settle`] of an
+//!   actual cost from nothing to twice the capacity (a refund, or a charge
+//!   into debt), some time later, perhaps in another window;
+//! - a [`Store::block`] three quarters in, for up to two periods: every
+//!   request, status and settlement until it ends is denied with the rest
+//!   of the block as `Retry-After`, and the key then starts afresh.
 //!
 //! Every case uses keys of its own, so a shared store may run the suite
 //! again, and alongside other tests.
@@ -49,7 +55,8 @@ use crate::algorithm::Algorithm;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::state::PolicyState;
+use crate::settle::Settlement;
+use crate::state::{PolicyState, blocked};
 use crate::store::Store;
 use crate::time::{FakeClock, Timestamp};
 
@@ -65,6 +72,10 @@ pub struct Report {
     pub statuses: usize,
     /// Resets made, each followed by decisions of a fresh key.
     pub resets: usize,
+    /// Settlements compared with the reference.
+    pub settlements: usize,
+    /// Blocks made, each followed by denials until it ended.
+    pub blocks: usize,
 }
 
 /// Where a store departed from the reference.
@@ -119,6 +130,8 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
         decisions: 0,
         statuses: 0,
         resets: 0,
+        settlements: 0,
+        blocks: 0,
     };
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     for algorithm in Algorithm::ALL {
@@ -200,6 +213,14 @@ async fn run<S: Store>(
         .max()
         .unwrap_or(1);
     let mut reference: Option<PolicyState> = None;
+    let mut blocked_until: Option<Timestamp> = None;
+    let mismatch = |request, cost, store: String, reference: String| Mismatch::Decision {
+        case: name.clone(),
+        request,
+        cost,
+        store,
+        reference,
+    };
     for request in 0..REQUESTS {
         let gap = match random.below(10) {
             0..=3 => 0,
@@ -225,36 +246,59 @@ async fn run<S: Store>(
             reference = None;
             report.resets += 1;
         }
+        if request == REQUESTS * 3 / 4 {
+            let duration = Duration::from_micros(1 + random.below(2 * shortest));
+            store.block(&key, policy, duration).await.map_err(failed)?;
+            blocked_until = Some(now + duration);
+            reference = None;
+            report.blocks += 1;
+        }
+        // The reference's decision at `now` of `decide`, or the block's.
+        let mut expect = |decide: &dyn Fn(&mut PolicyState) -> crate::decision::Decision| {
+            if let Some(until) = blocked_until.filter(|&until| until > now) {
+                return blocked(policy, now, until);
+            }
+            decide(reference.get_or_insert_with(|| PolicyState::new(policy, now)))
+        };
         if request % 40 == 39 {
-            let expected = reference
-                .get_or_insert_with(|| PolicyState::new(policy, now))
-                .decide(policy, now, 0);
+            let expected = expect(&|state| state.decide(policy, now, 0));
             let status = store.status(&key, policy).await.map_err(failed)?;
             if status != expected {
-                return Err(Mismatch::Decision {
-                    case: name,
-                    request,
-                    cost: 0,
-                    store: format!("{status:?} (status)"),
-                    reference: format!("{expected:?}"),
-                });
+                let (status, expected) = (format!("{status:?} (status)"), format!("{expected:?}"));
+                return Err(mismatch(request, 0, status, expected));
             }
             report.statuses += 1;
         }
-        let expected = reference
-            .get_or_insert_with(|| PolicyState::new(policy, now))
-            .decide(policy, now, cost);
+        let expected = expect(&|state| state.decide(policy, now, cost));
         let decided = store.check(&key, policy, cost).await.map_err(failed)?;
         if decided != expected {
-            return Err(Mismatch::Decision {
-                case: name,
-                request,
-                cost,
-                store: format!("{decided:?}"),
-                reference: format!("{expected:?}"),
-            });
+            let (decided, expected) = (format!("{decided:?}"), format!("{expected:?}"));
+            return Err(mismatch(request, cost, decided, expected));
         }
         report.decisions += 1;
+        if decided.is_allowed() && cost > 0 && random.below(4) == 0 {
+            clock.advance(Duration::from_micros(random.below(shortest)));
+            let now = crate::time::Clock::now(clock);
+            let settlement = Settlement::of(&decided, cost, random.below(2 * capacity + 1));
+            let expected = match blocked_until.filter(|&until| until > now) {
+                Some(until) => blocked(policy, now, until),
+                None => reference
+                    .get_or_insert_with(|| PolicyState::new(policy, now))
+                    .settle(policy, now, &settlement),
+            };
+            let settled = store
+                .settle(&key, policy, settlement)
+                .await
+                .map_err(failed)?;
+            if settled != expected {
+                let (settled, expected) = (
+                    format!("{settled:?} (settling {settlement:?})"),
+                    format!("{expected:?}"),
+                );
+                return Err(mismatch(request, cost, settled, expected));
+            }
+            report.settlements += 1;
+        }
     }
     Ok(())
 }

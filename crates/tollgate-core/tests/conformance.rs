@@ -1,9 +1,12 @@
-//! The memory store passes the conformance suite of the `testing` feature.
+//! The memory store passes the conformance suite of the `testing` feature,
+//! and stores that depart from the reference in one operation fail it.
 #![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use tollgate_core::testing::check_store;
-use tollgate_core::{FakeClock, MemoryStore};
+use std::time::Duration;
+
+use tollgate_core::testing::{Mismatch, check_store};
+use tollgate_core::{Decision, FakeClock, Key, MemoryStore, Policy, Settlement, Store, StoreError};
 
 #[tokio::test]
 async fn the_memory_store_passes_the_conformance_suite() {
@@ -11,11 +14,14 @@ async fn the_memory_store_passes_the_conformance_suite() {
     let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let report = check_store(&store, &clock).await.unwrap();
     // Six algorithms, five cases each, every request compared, a status
-    // every 40 requests and a reset in each case.
+    // every 40 requests, a reset and a block in each case.
     assert_eq!(report.cases, 30);
     assert_eq!(report.decisions, 30 * 240);
     assert_eq!(report.statuses, 30 * 6);
     assert_eq!(report.resets, 30);
+    assert_eq!(report.blocks, 30);
+    // About one admitted request in four is settled (the sequence is fixed).
+    assert_eq!(report.settlements, 572);
 }
 
 #[tokio::test]
@@ -27,76 +33,106 @@ async fn a_boxed_store_passes_the_conformance_suite() {
     assert_eq!(report.decisions, 30 * 240);
 }
 
-/// A store that charges nothing for a single unit: it never denies one.
-struct Lenient(MemoryStore);
+/// What a store gets wrong.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Charges nothing for a single unit: never denies one.
+    Lenient,
+    /// Its reset forgets nothing.
+    NoReset,
+    /// Its settlement changes nothing, though it reports the state.
+    NoSettle,
+    /// Its block blocks nothing.
+    NoBlock,
+}
 
-impl tollgate_core::Store for Lenient {
-    async fn check(
-        &self,
-        key: &tollgate_core::Key,
-        policy: &tollgate_core::Policy,
-        cost: u64,
-    ) -> Result<tollgate_core::Decision, tollgate_core::StoreError> {
-        let cost = if cost == 1 { 0 } else { cost };
+/// The memory store with one fault.
+struct Faulty(MemoryStore, Fault);
+
+impl Store for Faulty {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let cost = match self.1 {
+            Fault::Lenient if cost == 1 => 0,
+            _ => cost,
+        };
         self.0.check(key, policy, cost).await
     }
 
-    async fn reset(
-        &self,
-        key: &tollgate_core::Key,
-        policy: &tollgate_core::Policy,
-    ) -> Result<(), tollgate_core::StoreError> {
-        self.0.reset(key, policy).await
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        match self.1 {
+            Fault::NoReset => Ok(()),
+            _ => self.0.reset(key, policy).await,
+        }
     }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        match self.1 {
+            Fault::NoSettle => self.0.status(key, policy).await,
+            _ => self.0.settle(key, policy, settlement).await,
+        }
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        match self.1 {
+            Fault::NoBlock => Ok(()),
+            _ => self.0.block(key, policy, duration).await,
+        }
+    }
+}
+
+async fn mismatch(fault: Fault) -> Mismatch {
+    let clock = FakeClock::default();
+    let store = Faulty(
+        MemoryStore::builder().clock(clock.clone()).build().unwrap(),
+        fault,
+    );
+    check_store(&store, &clock).await.unwrap_err()
 }
 
 #[tokio::test]
 async fn a_store_that_departs_from_the_reference_fails_it() {
-    let clock = FakeClock::default();
-    let store = Lenient(MemoryStore::builder().clock(clock.clone()).build().unwrap());
-    let mismatch = check_store(&store, &clock).await.unwrap_err();
+    let mismatch = mismatch(Fault::Lenient).await;
     assert!(
-        matches!(
-            mismatch,
-            tollgate_core::testing::Mismatch::Decision { cost: 1, .. }
-        ),
+        matches!(mismatch, Mismatch::Decision { cost: 1, .. }),
         "{mismatch}"
     );
 }
 
-/// A store whose reset forgets nothing.
-struct NoReset(MemoryStore);
-
-impl tollgate_core::Store for NoReset {
-    async fn check(
-        &self,
-        key: &tollgate_core::Key,
-        policy: &tollgate_core::Policy,
-        cost: u64,
-    ) -> Result<tollgate_core::Decision, tollgate_core::StoreError> {
-        self.0.check(key, policy, cost).await
-    }
-
-    async fn reset(
-        &self,
-        _key: &tollgate_core::Key,
-        _policy: &tollgate_core::Policy,
-    ) -> Result<(), tollgate_core::StoreError> {
-        Ok(())
-    }
+#[tokio::test]
+async fn a_store_whose_reset_forgets_nothing_fails_it() {
+    let mismatch = mismatch(Fault::NoReset).await;
+    // The first decision after the reset differs from a fresh key's.
+    assert!(
+        matches!(mismatch, Mismatch::Decision { request: 120, .. }),
+        "{mismatch}"
+    );
 }
 
 #[tokio::test]
-async fn a_store_whose_reset_forgets_nothing_fails_it() {
-    let clock = FakeClock::default();
-    let store = NoReset(MemoryStore::builder().clock(clock.clone()).build().unwrap());
-    let mismatch = check_store(&store, &clock).await.unwrap_err();
-    // The first decision after the reset differs from a fresh key's.
+async fn a_store_whose_settlement_changes_nothing_fails_it() {
+    let mismatch = mismatch(Fault::NoSettle).await;
     assert!(
-        matches!(
-            mismatch,
-            tollgate_core::testing::Mismatch::Decision { request: 120, .. }
-        ),
+        matches!(&mismatch, Mismatch::Decision { store, .. } if store.contains("settling")),
+        "{mismatch}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_whose_block_blocks_nothing_fails_it() {
+    let mismatch = mismatch(Fault::NoBlock).await;
+    // The first request after the block is admitted rather than denied.
+    assert!(
+        matches!(mismatch, Mismatch::Decision { request: 180, .. }),
         "{mismatch}"
     );
 }

@@ -1,7 +1,7 @@
 //! The decision scripts, assembled from `src/lua`: one general script per
 //! algorithm, and smaller ones for one-time and window-word policies.
 
-use tollgate_core::{Algorithm, Policy};
+use tollgate_core::{Algorithm, Policy, Settlement};
 
 use crate::shape::Form;
 
@@ -10,6 +10,7 @@ macro_rules! decision_script {
         concat!(
             include_str!("lua/lib/arith.lua"),
             include_str!("lua/lib/carry.lua"),
+            include_str!("lua/lib/block.lua"),
             include_str!("lua/lib/prelude.lua"),
             include_str!(concat!("lua/algorithm/", $file)),
             include_str!("lua/lib/epilogue.lua"),
@@ -26,6 +27,7 @@ macro_rules! word_carry {
             include_str!("lua/lib/arith.lua"),
             include_str!("lua/lib/carry.lua"),
             include_str!("lua/lib/word_carry_end.lua"),
+            include_str!("lua/lib/block.lua"),
         )
     };
 }
@@ -75,11 +77,71 @@ pub(crate) fn source(policy: &Policy) -> Option<&'static str> {
     }
 }
 
+/// The script that blocks a key (see `lua/block.lua`).
+const BLOCK: &str = include_str!("lua/block.lua");
+
+/// Every amount and backlog stops at 2^50, as tollgate-core's.
+const MAX_SPAN: u64 = 1 << 50;
+
 /// One argument of a script call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Arg<'a> {
     Number(u64),
     Text(&'a str),
+}
+
+/// The arguments of a settlement: to a word script, its period (0 for
+/// the one-time script, which takes none), step and slack; to a general
+/// script, its request.
+pub(crate) struct SettleArgs {
+    pub(crate) period: u64,
+    pub(crate) step: String,
+    pub(crate) slack: String,
+}
+
+/// What a settlement sends for `policy`, in the form of its shape (see
+/// the scripts' headers: `tat.lua`, `window_word.lua`, `prelude.lua`).
+pub(crate) fn settle_args(form: Form, policy: &Policy, settlement: &Settlement) -> SettleArgs {
+    let (charge, refund) = (settlement.charge(), settlement.refund());
+    let since = settlement.reserved_at().as_micros();
+    let Some(p) = policy.params().first() else {
+        return SettleArgs {
+            period: 0,
+            step: "0".into(),
+            slack: "0".into(),
+        };
+    };
+    let span = |n: u64| n.saturating_mul(p.interval_us).min(MAX_SPAN);
+    let (period, step, slack) = match form {
+        Form::Tat if charge > 0 => (0, span(charge).to_string(), MAX_SPAN - span(charge)),
+        Form::Tat if refund > 0 => (0, format!("-{}", span(refund)), MAX_SPAN),
+        Form::Tat => (0, "0".into(), 0),
+        Form::WindowWord => {
+            let period = p.period_us.max(1);
+            if charge > 0 {
+                let n = charge.min(period - 1);
+                (period, format!("+{n}"), period - 1 - n)
+            } else if refund > 0 {
+                // The slack says which window the request was reserved in.
+                let reserved_in = since - since % period;
+                return SettleArgs {
+                    period,
+                    step: format!("-{refund}"),
+                    slack: format!("-{}", reserved_in + 1),
+                };
+            } else {
+                (period, "0".into(), 0)
+            }
+        }
+        Form::General if charge > 0 => (0, format!("+{charge}"), 0),
+        Form::General if refund > 0 => (0, format!("-{refund}@{since}"), 0),
+        Form::General => (0, "0".into(), 0),
+    };
+    SettleArgs {
+        period,
+        step,
+        slack: slack.to_string(),
+    }
 }
 
 impl redis::ToRedisArgs for Arg<'_> {
@@ -219,6 +281,7 @@ pub(crate) struct Scripts {
     /// Writing first, then reading first.
     tat: [DecisionScript; 2],
     pub(crate) window_word: DecisionScript,
+    pub(crate) block: DecisionScript,
 }
 
 impl Scripts {
@@ -233,6 +296,7 @@ impl Scripts {
                 DecisionScript::new(TAT_READ_FIRST),
             ],
             window_word: DecisionScript::new(WINDOW_WORD),
+            block: DecisionScript::new(BLOCK),
         }
     }
 
@@ -256,6 +320,6 @@ impl Scripts {
             .iter()
             .map(|(_, s)| s)
             .chain(&self.tat)
-            .chain([&self.window_word])
+            .chain([&self.window_word, &self.block])
     }
 }

@@ -7,8 +7,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tollgate_core::{
-    Algorithm, BreakerState, CircuitBreaker, Decision, Key, Policy, Store, StoreError,
+    Algorithm, BreakerState, CircuitBreaker, Decision, Key, Policy, Settlement, Store, StoreError,
+    Timestamp,
 };
+
+/// The longest block, 2^50 µs, as the memory store's.
+const MAX_BLOCK_US: u64 = 1 << 50;
 
 use crate::batch::{self, Batcher, Queued, Turn, WordCalls};
 use crate::connection::RedisConnection;
@@ -19,7 +23,8 @@ use crate::keys::KeyNamer;
 use crate::known::LastKnown;
 use crate::lanes::{self, GeneralCalls, Lanes};
 use crate::managed::ManagedConnection;
-use crate::shape::Form;
+use crate::script::settle_args;
+use crate::shape::{Form, WordOp};
 use crate::wire::{Request, Wire, Word};
 
 /// A [`Store`] in Redis: every app server that points at the same Redis
@@ -251,6 +256,77 @@ impl<C: RedisConnection> RedisStore<C> {
         Ok(())
     }
 
+    /// Settles a request's actual cost, as [`Store::settle`] does, keeping
+    /// the Redis-specific error: one script call, alone (neither batched
+    /// nor queued behind the key's decisions, which it need not wait for:
+    /// every call is atomic), under the store's deadline and breaker. A
+    /// denial of the key in the local deny cache is dropped, since a
+    /// refund may have made room.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStore::decide`].
+    pub async fn settle_key(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: &Settlement,
+    ) -> Result<Decision, RedisStoreError> {
+        let inner = &*self.inner;
+        let state_key = inner.names.state_key(policy, key);
+        let sent_at = inner.local_now();
+        let form = Form::of(policy);
+        let args = settle_args(form, policy, settlement);
+        let wire = &inner.wire;
+        let decision = match form {
+            Form::General => {
+                let call = wire.settle_general(&state_key, policy, &args.step);
+                inner.guarded(&state_key, call).await?
+            }
+            form => {
+                let call = wire.settle_word(form, &state_key, policy, &args);
+                let (now, word) = inner.guarded(&state_key, call).await?;
+                form.decide_word(policy, now, word, WordOp::Settle(settlement))
+                    .ok_or_else(|| RedisStoreError::Protocol("no decision".into()))?
+            }
+        };
+        inner.deny_cache.remove(&state_key);
+        inner
+            .last_known
+            .record(state_key, policy, &decision, sent_at);
+        Ok(decision)
+    }
+
+    /// Blocks `key` under `policy`'s name for `duration`, as
+    /// [`Store::block`] does, keeping the Redis-specific error: one script
+    /// call (`lua/block.lua`) deletes its state and writes the block,
+    /// expiring when it ends; every app server's next decision of the key
+    /// finds it. Returns when the block ends, on Redis's clock.
+    ///
+    /// # Errors
+    ///
+    /// A [`RedisStoreError`] when Redis fails, the deadline passes or the
+    /// circuit breaker is open.
+    pub async fn block_key(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<Timestamp, RedisStoreError> {
+        let inner = &*self.inner;
+        let state_key = inner.names.state_key(policy, key);
+        let micros =
+            u64::try_from(duration.as_micros()).map_or(MAX_BLOCK_US, |d| d.min(MAX_BLOCK_US));
+        let mut keys = vec![state_key.clone()];
+        keys.extend(crate::keys::log_keys(&state_key, policy));
+        let ends = inner
+            .guarded(&state_key, inner.wire.block(&keys, micros))
+            .await?;
+        inner.deny_cache.remove(&state_key);
+        inner.last_known.remove(&state_key);
+        Ok(Timestamp::from_micros(ends))
+    }
+
     /// While the deny cache answers, asks Redis now and then which server
     /// it is, and clears the cache if it is another one (see
     /// [`ServerIdentity`]). Runs in the background: the denial is answered
@@ -389,7 +465,7 @@ fn decided(
     word: u64,
     cost: u64,
 ) -> Result<Decision, RedisStoreError> {
-    form.decide_word(policy, now, word, cost)
+    form.decide_word(policy, now, word, WordOp::Check(cost))
         .ok_or_else(|| RedisStoreError::Protocol("a word for a general policy".into()))
 }
 
@@ -474,6 +550,25 @@ impl<C: RedisConnection> Store for RedisStore<C> {
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
         Ok(self.reset_key(key, policy).await?)
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        Ok(self.settle_key(key, policy, &settlement).await?)
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.block_key(key, policy, duration).await?;
+        Ok(())
     }
 
     /// The last decision Redis made for `key` under `policy`, while a limit

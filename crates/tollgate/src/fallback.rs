@@ -6,7 +6,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use tollgate_core::state::PolicyState;
-use tollgate_core::{Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Store, StoreError};
+use tollgate_core::{
+    Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement, Store, StoreError,
+};
 
 /// What a [`FallbackStore`] (and so a layer or a [`RateLimiter`](crate::RateLimiter))
 /// does when the store it wraps cannot decide.
@@ -169,7 +171,7 @@ impl<S: Store> FallbackStore<S> {
     /// under [`FailureMode::Local`] a failure is decided locally, seeded
     /// with what the store last knew of the key; under the others it stays
     /// a failure, reported to `report`.
-    pub(crate) fn settle(
+    pub(crate) fn fall_back(
         &self,
         key: &Key,
         policy: &Policy,
@@ -211,7 +213,7 @@ impl<S: Store> FallbackStore<S> {
             Some(result) => result,
             None => self.store.check(key, policy, cost).await,
         };
-        self.settle(key, policy, cost, result, report)
+        self.fall_back(key, policy, cost, result, report)
     }
 }
 
@@ -229,7 +231,7 @@ pub(crate) fn let_through(policy: &Policy) -> Decision {
 impl<S: Store> Store for FallbackStore<S> {
     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         let result = self.store.check(key, policy, cost).await;
-        self.settle(key, policy, cost, result, &())
+        self.fall_back(key, policy, cost, result, &())
     }
 
     fn try_check_now(
@@ -239,14 +241,14 @@ impl<S: Store> Store for FallbackStore<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         let result = self.store.try_check_now(key, policy, cost)?;
-        Some(self.settle(key, policy, cost, result, &()))
+        Some(self.fall_back(key, policy, cost, result, &()))
     }
 
     /// The key's state in the wrapped store; when that fails, under
     /// [`FailureMode::Local`], in the local fallback.
     async fn status(&self, key: &Key, policy: &Policy) -> Result<Decision, StoreError> {
         let result = self.store.status(key, policy).await;
-        self.settle(key, policy, 0, result, &())
+        self.fall_back(key, policy, 0, result, &())
     }
 
     /// Resets the key in the wrapped store and in the local fallback, so
@@ -256,6 +258,40 @@ impl<S: Store> Store for FallbackStore<S> {
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
         self.local.reset(key, &self.share(policy)).await?;
         self.store.reset(key, policy).await
+    }
+
+    /// Settles in the wrapped store; when that fails, under
+    /// [`FailureMode::Local`], in the local fallback, which decided the
+    /// request if the store was failing then too (a refund of a
+    /// reservation it does not hold changes nothing there; a charge is
+    /// debt there too).
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        match self.store.settle(key, policy, settlement).await {
+            Err(_) if self.mode == FailureMode::Local => {
+                let share = self.share(policy);
+                self.local.settle(key, &share, settlement).await
+            }
+            result => result,
+        }
+    }
+
+    /// Blocks the key in the local fallback and in the wrapped store, so
+    /// that a fallback taking over while the store fails does not let the
+    /// key in. The wrapped store's failure is returned whatever the
+    /// failure mode.
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.local.block(key, &self.share(policy), duration).await?;
+        self.store.block(key, policy, duration).await
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

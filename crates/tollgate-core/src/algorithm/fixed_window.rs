@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::algorithm::rule::{Rule, window_start};
 use crate::decision::{Decision, LimitStatus, Outcome};
-use crate::policy::{LimitParams, Policy};
+use crate::policy::{LimitParams, MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +69,16 @@ impl Rule for FixedWindow {
 
     fn commit(&mut self, _p: &LimitParams, _now: u64, cost: u64, _queue_free: u64) {
         self.count += cost;
+    }
+
+    fn charge(&mut self, _p: &LimitParams, _now: u64, n: u64, _queue_free: u64) {
+        self.count = (self.count + n).min(MAX_SPAN_US);
+    }
+
+    fn refund(&mut self, p: &LimitParams, _now: u64, n: u64, since: u64) {
+        if window_start(since, p.period_us) == self.start {
+            self.count -= n.min(self.count);
+        }
     }
 
     fn expires_at(&self, p: &LimitParams) -> u64 {

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use crate::algorithm::Algorithm;
-use crate::algorithm::rule::{Rule, backlog, backlog_admits, backlog_status, rescaled};
+use crate::algorithm::rule::{
+    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled,
+};
 use crate::decision::{Decision, LimitStatus, Outcome};
 use crate::policy::{LimitParams, Policy};
 use crate::time::Timestamp;
@@ -32,6 +34,16 @@ impl Rule for Gcra {
 
     fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, _queue_free: u64) {
         self.tat = self.tat.max(now) + cost * p.interval_us;
+    }
+
+    fn charge(&mut self, p: &LimitParams, now: u64, n: u64, _queue_free: u64) {
+        if let Some(tat) = charged(p, self.tat, now, n) {
+            self.tat = tat;
+        }
+    }
+
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {
+        self.tat = refunded(p, self.tat, now, n);
     }
 
     fn expires_at(&self, _p: &LimitParams) -> u64 {

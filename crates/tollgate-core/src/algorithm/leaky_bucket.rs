@@ -2,7 +2,9 @@
 //! they leave at the limit's rate. Lua: `leaky_bucket.lua`; a single limit
 //! is kept in the one-time form of `gcra.rs`.
 
-use crate::algorithm::rule::{Rule, backlog, backlog_admits, backlog_status, rescaled};
+use crate::algorithm::rule::{
+    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled,
+};
 use crate::policy::LimitParams;
 
 /// When the queue can next release a request: the last admitted request's
@@ -27,6 +29,17 @@ impl Rule for LeakyBucket {
 
     fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) {
         self.free_at = queue_free.max(now) + cost * p.interval_us;
+    }
+
+    /// Like a request that queues: from the joint departure.
+    fn charge(&mut self, p: &LimitParams, now: u64, n: u64, queue_free: u64) {
+        if let Some(free_at) = charged(p, queue_free, now, n) {
+            self.free_at = free_at;
+        }
+    }
+
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {
+        self.free_at = refunded(p, self.free_at, now, n);
     }
 
     fn expires_at(&self, _p: &LimitParams) -> u64 {

@@ -26,6 +26,15 @@ pub(crate) trait Rule: Sized {
     /// Consumes `cost`, which [`Rule::admits`] accepted.
     fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64);
 
+    /// Charges `n` more after the fact (on a state advanced to `now`):
+    /// never denied, past the allowance it is debt (see
+    /// [`Settlement`](crate::Settlement)).
+    fn charge(&mut self, p: &LimitParams, now: u64, n: u64, queue_free: u64);
+
+    /// Gives back up to `n` of what a request reserved at `since` took (on
+    /// a state advanced to `now`).
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, since: u64);
+
     /// From when on the state is indistinguishable from a fresh one.
     fn expires_at(&self, p: &LimitParams) -> u64;
 
@@ -65,6 +74,22 @@ pub(crate) fn rescaled(word: u64, from: u64, to: u64, now: u64) -> u64 {
 /// `used` units of `p` as a backlog of intervals, bounded.
 pub(crate) fn backlog(p: &LimitParams, used: u64) -> u64 {
     used.saturating_mul(p.interval_us).min(MAX_SPAN_US)
+}
+
+/// A backlog that clears at `at`, charged `n` more units at `now`: it
+/// grows from `now` if it had cleared; `None` when it would reach beyond
+/// [`MAX_SPAN_US`] from now.
+pub(crate) fn charged(p: &LimitParams, at: u64, now: u64, n: u64) -> Option<u64> {
+    let grown = at.max(now) + backlog(p, n);
+    (grown - now <= MAX_SPAN_US).then_some(grown)
+}
+
+/// A backlog that clears at `at`, `n` units smaller, never below empty.
+pub(crate) fn refunded(p: &LimitParams, at: u64, now: u64, n: u64) -> u64 {
+    if at <= now {
+        return at;
+    }
+    at.saturating_sub(backlog(p, n)).max(now)
 }
 
 /// `(remaining, backlog)` of a limit whose state is the time `at` its

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use crate::algorithm::rule::Rule;
-use crate::policy::LimitParams;
+use crate::policy::{LimitParams, MAX_SPAN_US};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingLog {
@@ -64,6 +64,32 @@ impl Rule for SlidingLog {
             _ => self.entries.push_back((at, cost)),
         }
         self.used += cost;
+    }
+
+    fn charge(&mut self, p: &LimitParams, now: u64, n: u64, queue_free: u64) {
+        let n = n.min(MAX_SPAN_US.saturating_sub(self.used));
+        if n > 0 {
+            self.commit(p, now, n, queue_free);
+        }
+    }
+
+    /// From the newest entries back to `since`.
+    fn refund(&mut self, _p: &LimitParams, _now: u64, mut n: u64, since: u64) {
+        while n > 0 {
+            let Some((at, c)) = self.entries.back_mut() else {
+                break;
+            };
+            if *at < since {
+                break;
+            }
+            let taken = n.min(*c);
+            *c -= taken;
+            n -= taken;
+            self.used -= taken;
+            if *c == 0 {
+                self.entries.pop_back();
+            }
+        }
     }
 
     fn expires_at(&self, p: &LimitParams) -> u64 {

@@ -3,7 +3,7 @@
 //! overlaps. Lua: `sliding_window.lua`.
 
 use crate::algorithm::rule::{Rule, window_start};
-use crate::policy::LimitParams;
+use crate::policy::{LimitParams, MAX_SPAN_US};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
@@ -76,6 +76,20 @@ impl Rule for SlidingWindow {
 
     fn commit(&mut self, _p: &LimitParams, _now: u64, cost: u64, _queue_free: u64) {
         self.curr += cost;
+    }
+
+    fn charge(&mut self, _p: &LimitParams, _now: u64, n: u64, _queue_free: u64) {
+        self.curr = (self.curr + n).min(MAX_SPAN_US);
+    }
+
+    /// From the window the request was reserved in, current or previous.
+    fn refund(&mut self, p: &LimitParams, _now: u64, n: u64, since: u64) {
+        let reserved_in = window_start(since, p.period_us);
+        if reserved_in == self.start {
+            self.curr -= n.min(self.curr);
+        } else if reserved_in + p.period_us == self.start {
+            self.prev -= n.min(self.prev);
+        }
     }
 
     fn expires_at(&self, p: &LimitParams) -> u64 {

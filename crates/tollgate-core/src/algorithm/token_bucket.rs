@@ -2,7 +2,7 @@
 //! Lua: `token_bucket.lua`; a single limit is kept in the one-time form of
 //! `gcra.rs`, the time the bucket is full again.
 
-use crate::algorithm::rule::{Rule, backlog, rescaled};
+use crate::algorithm::rule::{Rule, backlog, charged, refunded, rescaled};
 use crate::policy::LimitParams;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +70,20 @@ impl Rule for TokenBucket {
 
     fn commit(&mut self, _p: &LimitParams, _now: u64, cost: u64, _queue_free: u64) {
         self.tokens -= cost;
+    }
+
+    /// On the time the bucket is full again: below empty is a later time.
+    fn charge(&mut self, p: &LimitParams, now: u64, n: u64, _queue_free: u64) {
+        if let Some(full) = charged(p, self.expires_at(p), now, n) {
+            *self = TokenBucket::full_at(full, p, now);
+        }
+    }
+
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {
+        let full = self.expires_at(p);
+        if full > now {
+            *self = TokenBucket::full_at(refunded(p, full, now, n), p, now);
+        }
     }
 
     fn expires_at(&self, p: &LimitParams) -> u64 {

@@ -7,6 +7,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::algorithm::fixed_window::window_word_end;
 use crate::decision::Decision;
 use crate::policy::{Policy, Shape};
+use crate::settle::Settlement;
 use crate::state::{PolicyState, decide_tat, decide_window_word};
 use crate::time::Timestamp;
 
@@ -23,6 +24,10 @@ pub(super) struct Maps {
     windows: HashedMap<Window>,
     /// [`Shape::Full`]: every other key.
     full: HashedMap<Entry>,
+    /// Keys an operator blocked, by their hash before the configuration
+    /// is mixed in (a block holds under every configuration of the
+    /// policy's name), with when the block ends. Usually empty.
+    pub(super) blocks: HashedMap<u64>,
 }
 
 pub(super) struct Window {
@@ -54,6 +59,7 @@ impl Maps {
         self.tat.retain(|_, &mut at| live(at));
         self.windows.retain(|_, window| live(window.expires_at));
         self.full.retain(|_, entry| live(entry.expires_at));
+        self.blocks.retain(|_, &mut until| until > now);
         next
     }
 }
@@ -77,6 +83,14 @@ pub(super) trait Form {
         now: Timestamp,
         cost: u64,
     ) -> (Decision, Self::Held, u64);
+
+    /// Settles a request's cost on a held state.
+    fn settle(
+        held: &mut Self::Held,
+        policy: &Policy,
+        now: Timestamp,
+        settlement: &Settlement,
+    ) -> Decision;
 
     /// `state` (of `policy`) as held, with when it expires.
     fn hold(state: PolicyState, policy: &Policy) -> (Self::Held, u64);
@@ -111,6 +125,19 @@ impl Form for Tat {
         let mut word = state.and_then(|state| state.tat()).unwrap_or(0);
         let decision = decide_tat(policy, &mut word, now, cost);
         (decision, word, word)
+    }
+
+    fn settle(
+        word: &mut u64,
+        policy: &Policy,
+        now: Timestamp,
+        settlement: &Settlement,
+    ) -> Decision {
+        let mut state = PolicyState::from_tat(policy, *word, now)
+            .unwrap_or_else(|| PolicyState::new(policy, now));
+        let decision = state.settle(policy, now, settlement);
+        *word = state.tat().unwrap_or(*word);
+        decision
     }
 
     fn hold(state: PolicyState, policy: &Policy) -> (u64, u64) {
@@ -156,6 +183,21 @@ impl Form for WindowWord {
         (decision, Window { word, expires_at }, expires_at)
     }
 
+    fn settle(
+        window: &mut Window,
+        policy: &Policy,
+        now: Timestamp,
+        settlement: &Settlement,
+    ) -> Decision {
+        let mut state = PolicyState::from_window_word(policy, window.word)
+            .unwrap_or_else(|| PolicyState::new(policy, now));
+        let decision = state.settle(policy, now, settlement);
+        window.word = state.window_word().unwrap_or(window.word);
+        let end = window_word_end(window.word, window_period(policy));
+        window.expires_at = window.expires_at.max(end);
+        decision
+    }
+
     fn hold(state: PolicyState, policy: &Policy) -> (Window, u64) {
         let expires_at = state.expires_at(policy).as_micros();
         let word = state.window_word().unwrap_or(0);
@@ -193,6 +235,19 @@ impl Form for Full {
         let decision = state.decide(policy, now, cost);
         let (entry, expires_at) = Self::hold(state, policy);
         (decision, entry, expires_at)
+    }
+
+    fn settle(
+        entry: &mut Entry,
+        policy: &Policy,
+        now: Timestamp,
+        settlement: &Settlement,
+    ) -> Decision {
+        let decision = entry.state.settle(policy, now, settlement);
+        entry.expires_at = entry
+            .expires_at
+            .max(entry.state.expires_at(policy).as_micros());
+        decision
     }
 
     fn hold(state: PolicyState, policy: &Policy) -> (Entry, u64) {

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -11,6 +12,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::memory::shard::{KeysGauge, Padded, Shard, Shared, lock};
 use crate::policy::Policy;
+use crate::settle::Settlement;
 use crate::state::PolicyState;
 use crate::store::Store;
 use crate::time::{Clock, SystemClock};
@@ -205,6 +207,25 @@ impl Store for MemoryStore {
         policy: &Policy,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.shared.reset(key, policy);
+        std::future::ready(Ok(()))
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(self.shared.settle(key, policy, &settlement))
+    }
+
+    fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.shared.block(key, policy, duration);
         std::future::ready(Ok(()))
     }
 }

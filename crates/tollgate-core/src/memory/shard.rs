@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
@@ -10,8 +11,10 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::memory::form::{Form, KeyHash, Maps, Visit, dispatch};
+use crate::policy::MAX_SPAN_US;
 use crate::policy::Policy;
-use crate::state::PolicyState;
+use crate::settle::Settlement;
+use crate::state::{PolicyState, blocked};
 use crate::time::{Clock, SystemClock, Timestamp};
 
 /// What every handle of one store shares.
@@ -98,6 +101,9 @@ impl Shared {
         let (shard, base) = self.locate(key, policy);
         let mut guard = lock(&self.shards[shard].0);
         let now = self.now();
+        if let Some(blocked) = guard.blocked(base, policy, now) {
+            return Ok(blocked);
+        }
         dispatch(
             policy,
             Check {
@@ -133,16 +139,57 @@ impl Shared {
         )
     }
 
-    /// Forgets `key` under every configuration of `policy`'s name.
+    /// Settles a request's actual cost for `key` under `policy`.
+    pub(super) fn settle(&self, key: &Key, policy: &Policy, settlement: &Settlement) -> Decided {
+        let (shard, base) = self.locate(key, policy);
+        let mut guard = lock(&self.shards[shard].0);
+        let now = self.now();
+        if let Some(blocked) = guard.blocked(base, policy, now) {
+            return Ok(blocked);
+        }
+        dispatch(
+            policy,
+            Settle {
+                shared: self,
+                shard: &mut guard,
+                base,
+                now,
+                settlement,
+            },
+        )
+    }
+
+    /// Forgets `key` under every configuration of `policy`'s name, and
+    /// lifts a block of it.
     pub(super) fn reset(&self, key: &Key, policy: &Policy) {
         let (shard, base) = self.locate(key, policy);
         let mut guard = lock(&self.shards[shard].0);
         let now = self.now();
+        self.forget(&mut guard, base, policy, now);
+        guard.maps.blocks.remove(&base);
+    }
+
+    /// Forgets `key` under `policy`'s name and denies it until `now` plus
+    /// `duration`; returns when the block ends.
+    pub(super) fn block(&self, key: &Key, policy: &Policy, duration: Duration) -> Timestamp {
+        let (shard, base) = self.locate(key, policy);
+        let mut guard = lock(&self.shards[shard].0);
+        let now = self.now();
+        self.forget(&mut guard, base, policy, now);
+        let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        let until = now.as_micros().saturating_add(micros.min(MAX_SPAN_US));
+        guard.maps.blocks.insert(base, until);
+        Timestamp::from_micros(until)
+    }
+
+    /// Forgets the key of `base` under every configuration of `policy`'s
+    /// name.
+    fn forget(&self, shard: &mut Shard, base: KeyHash, policy: &Policy, now: Timestamp) {
         let mut configs = self.other_configs(policy);
         configs.push(policy.clone());
         for config in configs {
             let take = Take {
-                shard: &mut guard,
+                shard,
                 hash: base ^ config.config_mix(),
                 now,
             };
@@ -254,6 +301,36 @@ impl Check<'_> {
     }
 }
 
+struct Settle<'a> {
+    shared: &'a Shared,
+    shard: &'a mut Shard,
+    base: KeyHash,
+    now: Timestamp,
+    settlement: &'a Settlement,
+}
+
+impl Visit for Settle<'_> {
+    type Out = Decided;
+
+    fn visit<F: Form>(self, policy: &Policy) -> Decided {
+        let hash = self.base ^ policy.config_mix();
+        if let Some(held) = F::map(&mut self.shard.maps).get_mut(&hash) {
+            return Ok(F::settle(held, policy, self.now, self.settlement));
+        }
+        let mut state = self
+            .shard
+            .take_other(self.shared, self.base, policy, self.now)
+            .unwrap_or_else(|| PolicyState::new(policy, self.now));
+        let decision = state.settle(policy, self.now, self.settlement);
+        let (held, expires_at) = F::hold(state, policy);
+        if expires_at > self.now.as_micros() {
+            self.shard
+                .admit::<F>(self.shared, self.now, hash, held, expires_at)?;
+        }
+        Ok(decision)
+    }
+}
+
 struct Seed<'a> {
     shared: &'a Shared,
     shard: &'a mut Shard,
@@ -306,6 +383,31 @@ impl Shard {
 
     pub(super) fn len(&self) -> usize {
         self.maps.len()
+    }
+
+    /// The decision on a request of the key of `base` if an operator
+    /// blocked it: checked only while the shard holds a block.
+    #[inline(always)]
+    fn blocked(&mut self, base: KeyHash, policy: &Policy, now: Timestamp) -> Option<Decision> {
+        if self.maps.blocks.is_empty() {
+            return None;
+        }
+        self.blocked_until(base, policy, now)
+    }
+
+    #[inline(never)]
+    fn blocked_until(
+        &mut self,
+        base: KeyHash,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Option<Decision> {
+        let until = *self.maps.blocks.get(&base)?;
+        if until > now.as_micros() {
+            return Some(blocked(policy, now, Timestamp::from_micros(until)));
+        }
+        self.maps.blocks.remove(&base);
+        None
     }
 
     /// Takes the state the key of `base` holds under another configuration

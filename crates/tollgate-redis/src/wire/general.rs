@@ -20,11 +20,6 @@ impl<C: RedisConnection> Wire<C> {
         policy: &Policy,
         costs: &[u64],
     ) -> Result<Vec<Decision>, RedisStoreError> {
-        let script = self.scripts.get(policy).ok_or_else(|| {
-            RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
-        })?;
-        let params = policy.params();
-        let (now, min_ttl_ms) = self.test_time();
         let text: String;
         let costs_arg = match costs {
             [] => return Ok(Vec::new()),
@@ -38,18 +33,52 @@ impl<C: RedisConnection> Wire<C> {
                 Arg::Text(&text)
             }
         };
-        // A size hint (arguments, bytes): 16 arguments of 16 bytes or so,
-        // besides the key names and the costs, hold most policies.
-        let bytes = 256 + 2 * state_key.len() + 2 * costs.len();
+        let reply = self.call_general(state_key, policy, costs_arg).await?;
+        decisions_from_reply(policy, costs, &reply, policy.params().len())
+    }
+
+    /// Settles a request of `state_key` under `policy`, a general-script
+    /// policy: `request` is the script's request for it (see
+    /// `script::settle_args`).
+    pub(crate) async fn settle_general(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        request: &str,
+    ) -> Result<Decision, RedisStoreError> {
         let reply = self
-            .eval(state_key, script, (16, bytes), |cmd| {
-                general_keys(cmd, state_key, policy);
-                general_args(policy, costs_arg, now, min_ttl_ms, |arg| {
-                    cmd.arg(arg);
-                });
-            })
+            .call_general(state_key, policy, Arg::Text(request))
             .await?;
-        decisions_from_reply(policy, costs, &reply, params.len())
+        decisions_from_reply(policy, &[0], &reply, policy.params().len())?
+            .pop()
+            .ok_or_else(|| RedisStoreError::Protocol("no decision in the reply".into()))
+    }
+
+    async fn call_general(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        requests: Arg<'_>,
+    ) -> Result<redis::Value, RedisStoreError> {
+        let script = self.scripts.get(policy).ok_or_else(|| {
+            RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
+        })?;
+        let (now, min_ttl_ms) = self.test_time();
+        // A size hint (arguments, bytes): 16 arguments of 16 bytes or so,
+        // besides the key names and the requests, hold most policies.
+        let bytes = 256
+            + 2 * state_key.len()
+            + match requests {
+                Arg::Text(text) => text.len(),
+                Arg::Number(_) => 20,
+            };
+        self.eval(state_key, script, (16, bytes), |cmd| {
+            general_keys(cmd, state_key, policy);
+            general_args(policy, requests, now, min_ttl_ms, |arg| {
+                cmd.arg(arg);
+            });
+        })
+        .await
     }
 }
 

@@ -21,7 +21,11 @@ pub(crate) use words::{RedisClock, WriteOrder};
 
 /// What the script says of one request: Redis's `now` and the key's time
 /// before the request (0 for an expired key), both in µs.
+/// Redis's time and a request's old word (see the word scripts), both in
+/// µs; the word flagged [`BLOCKED`] for a key blocked until then.
 pub(crate) type Word = (u64, u64);
+
+pub(crate) use crate::shape::BLOCKED;
 
 /// One request to a word script: its state key and numbers (see
 /// `script::tat_args` and `script::window_word_args`).

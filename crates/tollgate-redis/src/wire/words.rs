@@ -4,12 +4,13 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use tollgate_core::Clock;
+use tollgate_core::{Clock, Policy};
 
 use crate::connection::RedisConnection;
 use crate::error::RedisStoreError;
-use crate::script::DecisionScript;
-use crate::wire::{Request, Wire, Word};
+use crate::script::{DecisionScript, SettleArgs};
+use crate::shape::Form;
+use crate::wire::{BLOCKED, Request, Wire, Word};
 
 /// Which way the one-time script starts. Writing first (`SET ... NX GET`)
 /// decides an idle key in one command but wastes work on a key that holds
@@ -107,7 +108,20 @@ impl<C: RedisConnection> Wire<C> {
                 cmd.arg(r.step).arg(r.slack);
             })
             .await?;
-        let words = match words(&reply, requests.len())? {
+        let words = self.tat_words(&reply, now, requests.len())?;
+        self.order.observe(&words);
+        Ok(words)
+    }
+
+    /// The words of a reply of the one-time script to `n` requests sent
+    /// at `now` (0 on Redis's clock).
+    fn tat_words(
+        &self,
+        reply: &redis::Value,
+        now: u64,
+        n: usize,
+    ) -> Result<Vec<Word>, RedisStoreError> {
+        Ok(match words(reply, n)? {
             Reply::Words(words) => {
                 if let (0, Some(&(redis_now, _))) = (now, words.first()) {
                     self.redis_clock.saw(redis_now, self.local_now());
@@ -125,9 +139,68 @@ impl<C: RedisConnection> Wire<C> {
                 })?;
                 vec![(now, old)]
             }
+        })
+    }
+
+    /// Sends a settlement of a key of a word form, alone (the one-time
+    /// script reading first): the key's word before it.
+    pub(crate) async fn settle_word(
+        &self,
+        form: Form,
+        key: &str,
+        policy: &Policy,
+        args: &SettleArgs,
+    ) -> Result<Word, RedisStoreError> {
+        let script = match form {
+            Form::WindowWord => &self.scripts.window_word,
+            _ => self.scripts.tat(false),
         };
-        self.order.observe(&words);
-        Ok(words)
+        let (now, min_ttl_ms) = self.test_time();
+        let bytes = 128 + key.len() + policy.state_descriptor().len();
+        let reply = self
+            .eval(key, script, (9, bytes), |cmd| {
+                cmd.arg(1).arg(key);
+                if form == Form::WindowWord {
+                    cmd.arg(args.period);
+                }
+                cmd.arg(&args.step)
+                    .arg(&args.slack)
+                    .arg(policy.state_descriptor());
+                if now > 0 {
+                    cmd.arg(now).arg(min_ttl_ms);
+                }
+            })
+            .await?;
+        self.tat_words(&reply, now, 1)?
+            .first()
+            .copied()
+            .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))
+    }
+
+    /// Blocks the key of `keys` (its state key, then a sliding log's sets)
+    /// for `duration` µs: when the block ends, on Redis's clock.
+    pub(crate) async fn block(
+        &self,
+        keys: &[String],
+        duration: u64,
+    ) -> Result<u64, RedisStoreError> {
+        let Some(first) = keys.first() else {
+            return Ok(0);
+        };
+        let (now, min_ttl_ms) = self.test_time();
+        let reply = self
+            .eval(first, &self.scripts.block, (8, 64 * keys.len()), |cmd| {
+                cmd.arg(keys.len()).arg(keys).arg(duration);
+                if now > 0 {
+                    cmd.arg(now).arg(min_ttl_ms);
+                }
+            })
+            .await?;
+        match &reply {
+            redis::Value::BulkString(text) => decimal(text),
+            _ => None,
+        }
+        .ok_or_else(|| RedisStoreError::Protocol(format!("{reply:?}")))
     }
 
     /// Decides `requests` of window-word policies in one call of the
@@ -214,8 +287,11 @@ pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreE
         Value::Int(now) if *now >= 0 => Ok(Reply::Words(vec![(now.unsigned_abs(), 0); n])),
         Value::Int(gap) if n == 1 => Ok(Reply::Ahead(gap.unsigned_abs())),
         Value::BulkString(text) => {
-            let mut fields = text.split(|&b| b == b' ').map(decimal);
-            let now = match (fields.next().flatten(), fields.next().flatten()) {
+            let mut fields = text.split(|&b| b == b' ');
+            let now = match (
+                fields.next().and_then(decimal),
+                fields.next().and_then(decimal),
+            ) {
                 (Some(sec), Some(usec)) if usec < 1_000_000 => sec
                     .checked_mul(1_000_000)
                     .and_then(|s| s.checked_add(usec))
@@ -223,7 +299,7 @@ pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreE
                 _ => return Err(bad()),
             };
             let words = fields
-                .map(|old| old.map(|old| (now, old)))
+                .map(|old| old_word(old).map(|old| (now, old)))
                 .collect::<Option<Vec<Word>>>()
                 .ok_or_else(bad)?;
             if words.len() == n {
@@ -237,6 +313,15 @@ pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreE
 }
 
 /// A non-empty run of ASCII digits as a `u64`, or `None`.
+/// A request's old word in a reply: a decimal, or "b<until>" for a key
+/// blocked until then, flagged [`BLOCKED`].
+fn old_word(field: &[u8]) -> Option<u64> {
+    match field.split_first() {
+        Some((b'b', until)) => decimal(until).filter(|&u| u < BLOCKED).map(|u| u | BLOCKED),
+        _ => decimal(field),
+    }
+}
+
 fn decimal(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
         return None;
@@ -271,6 +356,10 @@ mod tests {
             read(text("1795000000 999999 1795000001000000"), 1),
             vec![(1_795_000_000_999_999, 1_795_000_001_000_000)]
         );
+        assert_eq!(
+            read(text("2 5 0 b3000009"), 2),
+            vec![(2_000_005, 0), (2_000_005, 3_000_009 | BLOCKED)]
+        );
         assert_eq!(words(&Value::Int(-9), 1).unwrap(), Reply::Ahead(9));
         assert_eq!(
             words(&Value::Int(i64::MIN), 1).unwrap(),
@@ -286,6 +375,9 @@ mod tests {
             words(&text("2 5 9 "), 1),
             words(&text("2  5 9"), 1),
             words(&text("2 5 1e9"), 1),
+            words(&text("2 5 b"), 1),
+            words(&text("2 5 bb9"), 1),
+            words(&text("2 5 b9223372036854775808"), 1),
             words(&text("2 5 18446744073709551616"), 1),
             words(&text("18446744073710 5 9"), 1),
             // A gap is for one request alone.

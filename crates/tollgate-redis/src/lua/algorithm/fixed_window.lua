@@ -16,3 +16,8 @@ expires = function(i, p, s)
   if s.b == 0 then return 0 end
   return s.a + p.period
 end
+charge = function(i, p, s, amount, qf) s.b = min(s.b + amount, MAX_SPAN) end
+-- Only from the window the request was reserved in.
+refund = function(i, p, s, amount, since)
+  if window_start(since, p.period) == s.a then s.b = s.b - min(amount, s.b) end
+end

@@ -50,3 +50,34 @@ expires = function(i, p, s)
   if s.a == 0 then return 0 end
   return s.b + p.period
 end
+-- A charge is an entry like a request's.
+charge = function(i, p, s, amount, qf)
+  amount = min(amount, MAX_SPAN - s.a)
+  if amount <= 0 then return end
+  local saved = cost
+  cost = amount
+  commit(i, p, s, qf)
+  cost = saved
+end
+-- From the newest entries back to `since`.
+refund = function(i, p, s, amount, since)
+  if s.a == 0 then return end
+  local log = KEYS[1 + i]
+  for _, m in ipairs(redis.call('ZREVRANGEBYSCORE', log, '+inf', fmt(since))) do
+    if amount <= 0 then break end
+    local t, c = parse(m)
+    local taken = min(amount, c)
+    redis.call('ZREM', log, m)
+    if taken < c then
+      s.s = s.s + 1
+      redis.call('ZADD', log, fmt(t), fmt(t) .. ':' .. fmt(c - taken) .. ':' .. fmt(s.s))
+    end
+    amount = amount - taken
+    s.a = s.a - taken
+  end
+  if s.a == 0 then
+    s.b = 0
+  else
+    s.b = num(redis.call('ZREVRANGE', log, 0, 0, 'WITHSCORES')[2])
+  end
+end

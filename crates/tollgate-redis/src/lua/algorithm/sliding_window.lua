@@ -46,3 +46,10 @@ expires = function(i, p, s)
   if s.b > 0 then return s.a + p.period end
   return 0
 end
+charge = function(i, p, s, amount, qf) s.c = min(s.c + amount, MAX_SPAN) end
+-- From the window the request was reserved in, current or previous.
+refund = function(i, p, s, amount, since)
+  local reserved_in = window_start(since, p.period)
+  if reserved_in == s.a then s.c = s.c - min(amount, s.c)
+  elseif reserved_in + p.period == s.a then s.b = s.b - min(amount, s.b) end
+end

@@ -20,3 +20,22 @@ admits = function(i, p, s, qf)
 end
 commit = function(i, p, s, qf) s.a = s.a - cost end
 expires = function(i, p, s) return s.b + (p.cap - min(s.a, p.cap)) * p.interval end
+-- Settlements work on the time the bucket is full again (below empty is a
+-- later time), rebuilt into whole tokens as the carry-over does.
+local function full_time(p, s) return s.b + (p.cap - min(s.a, p.cap)) * p.interval end
+local function from_full(p, s, full)
+  if full <= now then
+    s.a, s.b = p.cap, now
+    return
+  end
+  local tokens = max(p.cap - idiv(full - now + p.interval - 1, p.interval), 0)
+  s.a, s.b = tokens, full - (p.cap - tokens) * p.interval
+end
+charge = function(i, p, s, amount, qf)
+  local grown = max(full_time(p, s), now) + span(amount, p.interval)
+  if grown - now <= MAX_SPAN then from_full(p, s, grown) end
+end
+refund = function(i, p, s, amount, since)
+  local full = full_time(p, s)
+  if full > now then from_full(p, s, max(full - span(amount, p.interval), now)) end
+end

@@ -3,7 +3,9 @@
 -- ARGV[2]), all limits atomically, persists a committed change with its
 -- TTL, and replies per request
 --   outcome, now, delay, then per limit: remaining, reset, retry or -1
--- with outcome 0 = allowed, 1 = limited, 2 = cost above capacity.
+-- with outcome 0 = allowed, 1 = limited, 2 = cost above capacity. A
+-- settlement's reply is that of an allowed request, with the state after
+-- it; a blocked key's is a denial until the block ends.
 
 for i = 1, n do
   if S[i] == nil then S[i] = init(i, P[i]) end
@@ -12,40 +14,74 @@ end
 -- Each request in turn, at the same `now`.
 local reply = {}
 local committed = false
-for each in string.gmatch(costs, '%d+') do
-  cost = tonumber(each)
-  local qf = queue_free()
-  local outcome, delay = 0, 0
-  local retry = {}
-  for i = 1, n do
-    if cost > P[i].cap then outcome = 2 end
-  end
-  -- A peek (cost 0) is never denied, not even by a limit in carried-over
-  -- debt.
-  if outcome == 0 and cost > 0 then
+for each in string.gmatch(costs, '%S+') do
+  local sign = string.byte(each)
+  if blocked then
+    -- Denied until the block ends, whatever the request.
+    local rest = blocked - now
+    reply[#reply + 1] = 1
+    reply[#reply + 1] = now
+    reply[#reply + 1] = 0
     for i = 1, n do
-      retry[i] = admits(i, P[i], S[i], qf)
-      if retry[i] ~= nil then outcome = 1 end
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = rest
+      reply[#reply + 1] = rest
     end
-  end
-  if outcome == 0 and cost > 0 then
-    for i = 1, n do commit(i, P[i], S[i], qf) end
-    delay = max(qf - now, 0)
+  elseif sign == 43 or sign == 45 then
+    -- A settlement: charged or refunded on every limit, never denied.
+    local qf = queue_free()
+    local amount, since = string.match(each, '^.(%d+)@?(%d*)$')
+    amount = num(amount)
+    for i = 1, n do
+      if sign == 43 then charge(i, P[i], S[i], amount, qf)
+      else refund(i, P[i], S[i], amount, num(since)) end
+    end
     committed = true
     qf = queue_free()
-  end
-  reply[#reply + 1] = outcome
-  reply[#reply + 1] = now
-  reply[#reply + 1] = delay
-  for i = 1, n do
-    local remaining, reset = status(i, P[i], S[i], qf)
-    reply[#reply + 1] = remaining
-    reply[#reply + 1] = reset
-    reply[#reply + 1] = retry[i] or -1
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = now
+    reply[#reply + 1] = 0
+    for i = 1, n do
+      local remaining, reset = status(i, P[i], S[i], qf)
+      reply[#reply + 1] = remaining
+      reply[#reply + 1] = reset
+      reply[#reply + 1] = -1
+    end
+  else
+    cost = tonumber(each)
+    local qf = queue_free()
+    local outcome, delay = 0, 0
+    local retry = {}
+    for i = 1, n do
+      if cost > P[i].cap then outcome = 2 end
+    end
+    -- A peek (cost 0) is never denied, not even by a limit in carried-over
+    -- debt.
+    if outcome == 0 and cost > 0 then
+      for i = 1, n do
+        retry[i] = admits(i, P[i], S[i], qf)
+        if retry[i] ~= nil then outcome = 1 end
+      end
+    end
+    if outcome == 0 and cost > 0 then
+      for i = 1, n do commit(i, P[i], S[i], qf) end
+      delay = max(qf - now, 0)
+      committed = true
+      qf = queue_free()
+    end
+    reply[#reply + 1] = outcome
+    reply[#reply + 1] = now
+    reply[#reply + 1] = delay
+    for i = 1, n do
+      local remaining, reset = status(i, P[i], S[i], qf)
+      reply[#reply + 1] = remaining
+      reply[#reply + 1] = reset
+      reply[#reply + 1] = retry[i] or -1
+    end
   end
 end
 
-if committed or changed then
+if not blocked and (committed or changed) then
   local expiry = 0
   local fields = { 'c', descriptor }
   local names = { 'a', 'b', 'c', 's' }

@@ -6,7 +6,10 @@
 --              after the limit's period, so that it carries over too
 -- ARGV[1]      now in microseconds since the Unix epoch, or 0 to read Redis TIME
 -- ARGV[2]      the cost of each request, decided in turn: "1", or "1 1 3"
---              for requests of one key that queued behind each other
+--              for requests of one key that queued behind each other; or
+--              a settlement (Store::settle): "+<n>" charges n more, never
+--              denied, and "-<n>@<since>" refunds n of a request reserved
+--              at `since` (µs)
 -- ARGV[3]      the policy's descriptor (see carry.lua); state written under
 --              another one is carried over
 -- ARGV[4]      the shortest TTL to set, in ms: 0, except under a test clock,
@@ -22,6 +25,10 @@ local function num(s) return tonumber(s) or 0 end
 local function fmt(x) return string.format('%d', x) end
 local function max(a, b) if a > b then return a end return b end
 local function min(a, b) if a < b then return a end return b end
+-- Every amount and backlog stops at 2^50, as tollgate-core's MAX_SPAN_US.
+local MAX_SPAN = 1125899906842624
+-- n intervals of `interval` µs, at most MAX_SPAN.
+local function span(n, interval) return min(n * interval, MAX_SPAN) end
 
 local now = num(ARGV[1])
 if now <= 0 then
@@ -48,6 +55,9 @@ local changed = false
 -- Whether the key holds the string of a one-time or window-word
 -- configuration, which the hash written below replaces.
 local was_string = false
+-- When an operator's block of the key ends, while it lasts (see
+-- lib/block.lua); every request is then denied and nothing changes.
+local blocked = nil
 -- S[i]: the state of limit i, fields a, b, c (and s for the log's
 -- sequence); nil for a new one.
 local S = {}
@@ -58,8 +68,14 @@ do
     -- on as it is.
     if not string.find(flat.err, '^WRONGTYPE') then error(flat) end
     was_string = true
-    S = carry_over(string.match(descriptor, '^(%S+)'), P, nil, redis.call('GET', key), now) or {}
-    changed = true
+    local value = redis.call('GET', key)
+    local ends = block_end(value)
+    if not ends then
+      S = carry_over(string.match(descriptor, '^(%S+)'), P, nil, value, now) or {}
+    elseif ends > now then
+      blocked = ends
+    end
+    changed = not blocked
   else
     local H = {}
     for j = 1, #flat, 2 do H[flat[j]] = flat[j + 1] end
@@ -79,5 +95,5 @@ local function window_start(t, period)
 end
 
 -- Defined by the algorithm below.
-local init, advance, status, admits, commit, expires
+local init, advance, status, admits, commit, expires, charge, refund
 local queue_free = function() return 0 end

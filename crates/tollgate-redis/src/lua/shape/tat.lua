@@ -18,6 +18,10 @@
 --              cost of 0 or one above capacity)
 -- ARGV[3i-1]   its slack: (capacity - cost) x interval in µs, how far
 --              ahead of now the time may be for the request to be admitted
+--              A settlement (Store::settle), always read first: a step
+--              of cost x interval with a slack of 2^50 less it charges,
+--              a negative step refunds (the time never goes back past
+--              now, and a time that has passed means no backlog)
 -- ARGV[3i]     its policy's descriptor; a key written under another one
 --              (another count or burst, or another layout) is carried over
 --              and written back in this one's terms, even when denied
@@ -34,10 +38,10 @@
 -- one key whose time was ahead, it replies now minus that time, a negative
 -- integer: the decision depends only on how far ahead the time was, and
 -- the client stamps it with Redis's clock as its recent replies showed it.
--- For several keys, any ahead, it replies the string
+-- For several keys, any ahead or blocked, it replies the string
 -- "<seconds> <microseconds> <old_1> ... <old_n>": now as Redis TIME gave
 -- it, then each request's time before it (0 where it was not ahead of
--- now). The client repeats the arithmetic (tollgate_core::state::decide_tat) to
+-- now, "b<until>" for a key blocked until then, which nothing changes). The client repeats the arithmetic (tollgate_core::state::decide_tat) to
 -- build each decision. Every number stays below 2^53, which Lua doubles
 -- hold exactly.
 --
@@ -103,7 +107,7 @@ for i = 1, n do
   end
   -- The time (word) the key held, carried over if it was written under
   -- another descriptor.
-  local old, carried = nil, false
+  local old, carried, blocked = nil, false, nil
   if raw then
     local bar = type(raw) == 'string' and string.find(raw, '|', 1, true)
     if bar and #raw - bar == #descriptor and string.find(raw, descriptor, bar + 1, true) then
@@ -115,10 +119,24 @@ for i = 1, n do
         if not string.find(raw.err, '^WRONGTYPE') then error(raw) end
         raw = nil
       end
-      old, carried = carried_word(key, raw, descriptor, now), true
+      blocked = block_end(raw)
+      if not blocked then
+        old, carried = carried_word(key, raw, descriptor, now), true
+      elseif blocked <= now then
+        -- A block that has ended: as a key never seen.
+        blocked = nil
+      else
+        if not olds then
+          olds = {}
+          for j = 1, i - 1 do olds[j] = '0' end
+        end
+        olds[i] = 'b' .. string.format('%d', blocked)
+      end
     end
   end
-  if old and old > now then
+  if blocked then
+    -- Blocked: nothing changes.
+  elseif old and old > now then
     -- The key's time is ahead: admit from it, or leave it as it is (a
     -- denial writes nothing, unless the time was carried over).
     if n == 1 then

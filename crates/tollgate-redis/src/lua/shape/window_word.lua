@@ -82,7 +82,7 @@ for i = 1, n do
   local raw = redis.pcall('GET', key)
   -- The time (word) the key held, carried over if it was written under
   -- another descriptor.
-  local old, carried = nil, false
+  local old, carried, blocked = nil, false, nil
   if raw then
     local bar = type(raw) == 'string' and string.find(raw, '|', 1, true)
     if bar and #raw - bar == #descriptor and string.find(raw, descriptor, bar + 1, true) then
@@ -94,10 +94,26 @@ for i = 1, n do
         if not string.find(raw.err, '^WRONGTYPE') then error(raw) end
         raw = nil
       end
-      old, carried = carried_word(key, raw, descriptor, now), true
+      blocked = block_end(raw)
+      if not blocked then
+        old, carried = carried_word(key, raw, descriptor, now), true
+      elseif blocked <= now then
+        -- A block that has ended: as a key never seen.
+        blocked = nil
+      elseif n == 1 then
+        only = 'b' .. string.format('%d', blocked)
+      else
+        if not olds then
+          olds = {}
+          for j = 1, i - 1 do olds[j] = '0' end
+        end
+        olds[i] = 'b' .. string.format('%d', blocked)
+      end
     end
   end
-  if old and old >= start then
+  if blocked then
+    -- Blocked: nothing changes.
+  elseif old and old >= start then
     -- A count of this window (or, after Redis's clock stepped back, of a
     -- later one, which the reference keeps too): admit if it leaves room.
     local word = string.format('%d', old)
@@ -112,8 +128,15 @@ for i = 1, n do
     end
     local ends = nil
     if carried then ends = old - old % period + period end
-    if step ~= '0' and old % period <= tonumber(ARGV[4 * i - 1]) then
+    local slack = tonumber(ARGV[4 * i - 1])
+    if step ~= '0' and old % period <= slack then
       put(key, old + tonumber(step), descriptor, ends)
+    elseif string.byte(step) == 43 then
+      -- A charge past what the word holds: the window is full.
+      put(key, start + period - 1, descriptor, ends)
+    elseif string.byte(step) == 45 and -1 - slack == start then
+      -- A refund of a request reserved in this window.
+      put(key, math.max(old + tonumber(step), start), descriptor, ends)
     elseif carried then
       put(key, old, descriptor, ends)
     end

@@ -1,0 +1,129 @@
+//! [`Settlement`]: a request's real cost, known after it ran, settled
+//! against the cost it reserved before.
+
+use crate::decision::Decision;
+use crate::policy::MAX_SPAN_US;
+use crate::time::Timestamp;
+
+/// A request's actual cost, settled against what it reserved: the store
+/// refunds the unused part or charges the rest (see
+/// [`Store::settle`](crate::Store::settle)).
+///
+/// A charge is never denied: it is work already done. A key charged
+/// beyond its remaining allowance goes into debt, and its next admission
+/// waits until the debt is paid off. What that means per algorithm:
+///
+/// | algorithm | charge beyond the allowance | refund |
+/// |---|---|---|
+/// | GCRA, leaky bucket | the backlog grows past capacity: the next request waits until it drains | the backlog shrinks, never below empty |
+/// | token bucket | the bucket goes below empty: refills pay the debt first | tokens come back, never above capacity |
+/// | fixed window | the window counts past its limit and denies until it ends; the debt ends with the window | taken from the window the request was reserved in, if it is still the current one |
+/// | sliding window | the current window counts past its limit, which also weighs on the next window | taken from the window the request was reserved in, current or previous |
+/// | sliding log | an entry of the charged cost, now; it ages out after the period | taken from the newest entries since the reservation |
+///
+/// Every amount is capped at 2^50 (a backlog of at most about 35 years):
+/// a charge that would take a backlog beyond it leaves the key as it was,
+/// already unable to be admitted for decades.
+///
+/// ```
+/// use tollgate_core::{Algorithm, Policy, Settlement, Timestamp};
+/// use tollgate_core::state::PolicyState;
+///
+/// let policy = Policy::new("tokens", Algorithm::Gcra, "60/min")?;
+/// let now = Timestamp::from_secs(1_700_000_000);
+/// let mut state = PolicyState::new(&policy, now);
+/// // Reserve 10 tokens, then learn that the call used 4.
+/// let reserved = state.decide(&policy, now, 10);
+/// assert_eq!(reserved.remaining(), 50);
+/// let settled = state.settle(&policy, now, &Settlement::of(&reserved, 10, 4));
+/// assert_eq!(settled.remaining(), 56);
+/// // A call that used 74 leaves the key 18 tokens in debt: at one token a
+/// // second, the next request of 1 waits 19 seconds.
+/// let reserved = state.decide(&policy, now, 10);
+/// let settled = state.settle(&policy, now, &Settlement::of(&reserved, 10, 74));
+/// assert_eq!(settled.remaining(), 0);
+/// let next = state.decide(&policy, now, 1);
+/// assert_eq!(next.retry_after().unwrap().as_secs(), 19);
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    reserved: u64,
+    actual: u64,
+    reserved_at: Timestamp,
+}
+
+/// What a settlement does to a key's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Nothing: the request cost what it reserved.
+    None,
+    /// Charges this much more, admitted or not.
+    Charge(u64),
+    /// Gives back this much of what was reserved at `since` (µs).
+    Refund { amount: u64, since: u64 },
+}
+
+impl Settlement {
+    /// A request that reserved `reserved` at `reserved_at` (the store's
+    /// time of the reservation, [`Decision::now`]) and cost `actual`.
+    pub fn new(reserved: u64, actual: u64, reserved_at: Timestamp) -> Self {
+        Self {
+            reserved,
+            actual,
+            reserved_at,
+        }
+    }
+
+    /// The settlement of the request `reservation` admitted at cost
+    /// `reserved`, which cost `actual`.
+    pub fn of(reservation: &Decision, reserved: u64, actual: u64) -> Self {
+        Self::new(reserved, actual, reservation.now())
+    }
+
+    /// The cost reserved before the request ran.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// What the request really cost.
+    pub fn actual(&self) -> u64 {
+        self.actual
+    }
+
+    /// When the reservation was admitted, on the store's clock.
+    pub fn reserved_at(&self) -> Timestamp {
+        self.reserved_at
+    }
+
+    /// What the settlement changes, each amount capped at 2^50.
+    pub(crate) fn change(&self) -> Change {
+        let (reserved, actual) = (self.reserved, self.actual);
+        if actual > reserved {
+            Change::Charge((actual - reserved).min(MAX_SPAN_US))
+        } else if actual < reserved {
+            Change::Refund {
+                amount: (reserved - actual).min(MAX_SPAN_US),
+                since: self.reserved_at.as_micros(),
+            }
+        } else {
+            Change::None
+        }
+    }
+
+    /// How much more the settlement charges (0 if none), at most 2^50.
+    pub fn charge(&self) -> u64 {
+        match self.change() {
+            Change::Charge(n) => n,
+            _ => 0,
+        }
+    }
+
+    /// How much the settlement gives back (0 if none), at most 2^50.
+    pub fn refund(&self) -> u64 {
+        match self.change() {
+            Change::Refund { amount, .. } => amount,
+            _ => 0,
+        }
+    }
+}
