@@ -111,3 +111,87 @@ async fn spend_look_reset<S: tollgate::Store>(
     assert_eq!(limiter.status(&key).await.unwrap().remaining(), 5);
     assert_eq!(admitted(8).await, 5);
 }
+
+/// Settle and block through `RateLimiter`, on memory and on Redis, with
+/// the same exact figures: a refund, a charge into debt with its exact
+/// wait, a block whose `Retry-After` is the rest of it to the microsecond,
+/// lifted by a reset, and a key that starts afresh when a block ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_and_block_give_the_same_exact_answers_on_memory_and_redis() {
+    use tollgate::{FakeClock, Timestamp};
+    let url = tollgate_tests::require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let redis = RedisStore::builder()
+        .prefix(tollgate_tests::unique_prefix("limiter-ops"))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new("ops", algorithm, "10/min").unwrap();
+        let on_memory = RateLimiter::with_store(policy.clone(), memory.clone());
+        let on_redis = RateLimiter::with_store(policy.clone(), redis.clone());
+        let mut seen = Vec::new();
+        for limiter in [&on_memory as &dyn Ops, &on_redis] {
+            clock.set(Timestamp::from_secs(1_700_000_040));
+            let key = Key::custom(format!("ops-{algorithm}"));
+            seen.push(limiter.run(&key, &clock).await);
+        }
+        assert_eq!(seen[0], seen[1], "{algorithm}");
+        let (refunded, charged, wait, blocked, after_reset, after_block) = seen[0];
+        assert_eq!((refunded, charged), (7, 0), "{algorithm}");
+        assert!(wait >= Duration::from_secs(36), "{algorithm}: {wait:?}");
+        assert_eq!(blocked, Duration::from_micros(90_000_000 - 250_000));
+        assert!(after_reset && after_block, "{algorithm}");
+    }
+}
+
+type Seen = (u64, u64, Duration, Duration, bool, bool);
+
+/// The same steps on a limiter of either store.
+trait Ops: Sync {
+    fn run<'a>(
+        &'a self,
+        key: &'a Key,
+        clock: &'a tollgate::FakeClock,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Seen> + Send + 'a>>;
+}
+
+impl<St: tollgate::Store> Ops for RateLimiter<St> {
+    fn run<'a>(
+        &'a self,
+        key: &'a Key,
+        clock: &'a tollgate::FakeClock,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Seen> + Send + 'a>> {
+        Box::pin(async move {
+            // Reserve 10, use 3: 7 back.
+            let reservation = self.check_n(key, 10).await.unwrap();
+            let refunded = self.settle(key, &reservation, 10, 3).await.unwrap();
+            // Reserve the 7, use 13: 6 in debt.
+            let reservation = self.check_n(key, 7).await.unwrap();
+            assert!(reservation.is_allowed());
+            let charged = self.settle(key, &reservation, 7, 13).await.unwrap();
+            let denied = self.check(key).await.unwrap();
+            // Blocked for 90 s; asked 250 ms later.
+            self.block(key, Duration::from_secs(90)).await.unwrap();
+            clock.advance(Duration::from_millis(250));
+            let blocked = self.check(key).await.unwrap();
+            assert!(!self.check_n(key, 0).await.unwrap().is_allowed());
+            self.reset(key).await.unwrap();
+            let after_reset = self.check(key).await.unwrap().is_allowed();
+            // A block that ends leaves a fresh key: all 10 at once.
+            self.block(key, Duration::from_secs(5)).await.unwrap();
+            clock.advance(Duration::from_secs(5));
+            let after_block = self.check_n(key, 10).await.unwrap().is_allowed();
+            (
+                refunded.remaining(),
+                charged.remaining(),
+                denied.retry_after().unwrap(),
+                blocked.retry_after().unwrap(),
+                after_reset,
+                after_block,
+            )
+        })
+    }
+}

@@ -91,6 +91,7 @@ mod keys;
 mod known;
 mod lanes;
 mod managed;
+mod operations;
 mod script;
 mod shape;
 mod store;

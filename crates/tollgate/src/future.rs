@@ -18,6 +18,7 @@ use crate::fallback::FailureMode;
 use crate::headers::Decoration;
 use crate::report::Verdict;
 use crate::response::Responder;
+use crate::settle::{SettleCall, Settled, Settling};
 
 pub(crate) type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
@@ -67,9 +68,12 @@ pin_project! {
     /// until it is admitted), then runs the inner service's future and adds
     /// the rate-limit headers to its response. `M` types the response body
     /// (see [`BodyKind`]).
-    pub struct ResponseFuture<F, M = WrapBody> {
+    pub struct ResponseFuture<F, M = WrapBody>
+    where
+        F: Future,
+    {
         #[pin]
-        state: State<F>,
+        state: State<F, F::Output>,
         responder: Arc<Responder>,
         body: PhantomData<fn() -> M>,
     }
@@ -77,29 +81,38 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, R> {
         Checking {
             check: Check,
             call: Option<Deferred<F>>,
             waiter: Option<Waiter>,
             enforce: bool,
+            settle: Option<SettleCall>,
         },
         Waiting {
             sleep: Pin<Box<tokio::time::Sleep>>,
             call: Option<Deferred<F>>,
             waiter: Option<Waiter>,
             enforce: bool,
+            settle: Option<SettleCall>,
         },
         Delaying {
             sleep: Pin<Box<tokio::time::Sleep>>,
             call: Option<Deferred<F>>,
-            decoration: Option<Decoration>,
+            finish: Finish,
         },
         // The state of nearly every request: kept small (the decision's
         // headers, not the decision), since the future is moved whole.
         Calling {
             #[pin]
             future: F,
+            finish: Finish,
+        },
+        // The response is in; its cost is being settled, after which its
+        // headers show the state.
+        Settling {
+            settled: Settled,
+            response: Option<R>,
             decoration: Option<Decoration>,
         },
         Responding {
@@ -108,7 +121,7 @@ pin_project! {
     }
 }
 
-impl<F, M> ResponseFuture<F, M> {
+impl<F: Future, M> ResponseFuture<F, M> {
     pub(crate) fn call<S, B>(
         inner: Inner<'_, S>,
         request: Request<B>,
@@ -120,7 +133,7 @@ impl<F, M> ResponseFuture<F, M> {
         Self {
             state: State::Calling {
                 future: inner.call(request),
-                decoration: None,
+                finish: Finish::Headers(None),
             },
             responder,
             body: PhantomData,
@@ -143,6 +156,7 @@ impl<F, M> ResponseFuture<F, M> {
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
         enforce: bool,
+        settle: Option<SettleCall>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -150,6 +164,7 @@ impl<F, M> ResponseFuture<F, M> {
                 call: Some(call),
                 waiter,
                 enforce,
+                settle,
             },
             responder,
             body: PhantomData,
@@ -163,12 +178,14 @@ impl<F, M> ResponseFuture<F, M> {
         responder: Arc<Responder>,
         waiter: Option<Waiter>,
         enforce: bool,
+        settle: Option<SettleCall>,
     ) -> Self
     where
         S: Service<Request<B>, Future = F> + Clone + Send + 'static,
         B: Send + 'static,
     {
-        let state = next_state(result, (inner, request), &responder, waiter, enforce);
+        let next = (inner, request);
+        let state = next_state(result, next, &responder, waiter, enforce, settle);
         Self {
             state,
             responder,
@@ -210,29 +227,54 @@ impl<F> Call<F> for Deferred<F> {
     }
 }
 
+/// What an admitted request does once its inner response is in: add the
+/// headers of its decision, or first settle its cost (for a layer that
+/// settles), then add the headers of the state after. Boxed when settling,
+/// so that every other request's future stays as small as it was.
+enum Finish {
+    Headers(Option<Decoration>),
+    Settle(Box<(Option<Decoration>, Settling)>),
+}
+
+impl Finish {
+    fn take(&mut self) -> Self {
+        std::mem::replace(self, Finish::Headers(None))
+    }
+}
+
 /// What follows a store's answer. A denial of a key that is not
 /// `enforce`d (shadow mode) lets the request through with its headers.
-fn next_state<F>(
+/// An admitted request of a settling layer settles its cost once its
+/// response is in; nothing else does.
+fn next_state<F, R>(
     result: Result<Decision, StoreError>,
     next: impl Call<F>,
     responder: &Responder,
     waiter: Option<Waiter>,
     enforce: bool,
-) -> State<F> {
+    settle: Option<SettleCall>,
+) -> State<F, R> {
     let telemetry = &responder.telemetry;
     match result {
         Ok(decision) if decision.is_allowed() => {
             telemetry.decided(&decision, Verdict::Allowed);
+            let decoration = responder.decoration(&decision);
+            let finish = match settle {
+                None => Finish::Headers(decoration),
+                Some(call) => {
+                    Finish::Settle(Box::new((decoration, Settling::new(&decision, call))))
+                }
+            };
             if decision.delay() > Duration::ZERO {
                 State::Delaying {
                     sleep: Box::pin(tokio::time::sleep(decision.delay())),
                     call: Some(next.defer()),
-                    decoration: responder.decoration(&decision),
+                    finish,
                 }
             } else {
                 State::Calling {
                     future: next.call(),
-                    decoration: responder.decoration(&decision),
+                    finish,
                 }
             }
         }
@@ -240,7 +282,7 @@ fn next_state<F>(
             telemetry.decided(&decision, Verdict::ShadowLimited);
             State::Calling {
                 future: next.call(),
-                decoration: responder.decoration(&decision),
+                finish: Finish::Headers(responder.decoration(&decision)),
             }
         }
         Ok(decision) => {
@@ -252,6 +294,7 @@ fn next_state<F>(
                         call: Some(next.defer()),
                         waiter: Some(waiter),
                         enforce,
+                        settle,
                     };
                 }
             }
@@ -267,7 +310,7 @@ fn next_state<F>(
                     telemetry.failed_over(FailureMode::Open);
                     State::Calling {
                         future: next.call(),
-                        decoration: None,
+                        finish: Finish::Headers(None),
                     }
                 }
                 // `Local` was handled where the store was asked; what is left
@@ -299,12 +342,18 @@ where
                     call,
                     waiter,
                     enforce,
+                    settle,
                 } => {
                     let result = ready!(check.as_mut().poll(cx));
                     let next = match call.take() {
-                        Some(call) => {
-                            next_state(result, call, this.responder, waiter.take(), *enforce)
-                        }
+                        Some(call) => next_state(
+                            result,
+                            call,
+                            this.responder,
+                            waiter.take(),
+                            *enforce,
+                            settle.take(),
+                        ),
                         None => State::Responding { response: None },
                     };
                     this.state.set(next);
@@ -314,6 +363,7 @@ where
                     call,
                     waiter,
                     enforce,
+                    settle,
                 } => {
                     ready!(sleep.as_mut().poll(cx));
                     let next = match (waiter.take(), call.take()) {
@@ -322,6 +372,7 @@ where
                             call: Some(call),
                             waiter: Some(waiter),
                             enforce: *enforce,
+                            settle: settle.take(),
                         },
                         _ => State::Responding { response: None },
                     };
@@ -330,22 +381,65 @@ where
                 StateProj::Delaying {
                     sleep,
                     call,
-                    decoration,
+                    finish,
                 } => {
                     ready!(sleep.as_mut().poll(cx));
                     let next = match call.take() {
                         Some(call) => State::Calling {
                             future: call(),
-                            decoration: decoration.take(),
+                            finish: finish.take(),
                         },
                         None => State::Responding { response: None },
                     };
                     this.state.set(next);
                 }
-                StateProj::Calling { future, decoration } => {
-                    let response = ready!(future.poll(cx))?;
-                    let mut response = response.map(M::inner);
-                    if let Some(decoration) = decoration.take() {
+                StateProj::Calling { future, finish } => {
+                    let result = ready!(future.poll(cx));
+                    let decoration = match (finish.take(), &result) {
+                        (Finish::Headers(decoration), _) => decoration,
+                        (Finish::Settle(settle), Ok(response)) => {
+                            let (decoration, settling) = *settle;
+                            match settling.start(response.status(), response.extensions()) {
+                                None => decoration,
+                                Some(settled) => {
+                                    this.state.set(State::Settling {
+                                        settled,
+                                        response: Some(result),
+                                        decoration,
+                                    });
+                                    continue;
+                                }
+                            }
+                        }
+                        (Finish::Settle(settle), Err(_)) => settle.0,
+                    };
+                    let mut response = result?.map(M::inner);
+                    if let Some(decoration) = decoration {
+                        this.responder.decorate(decoration, &mut response);
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Settling {
+                    settled,
+                    response,
+                    decoration,
+                } => {
+                    let settled = ready!(settled.as_mut().poll(cx));
+                    // After a failed settlement the headers show the
+                    // reservation's state.
+                    let decoration = match settled {
+                        Ok(decision) => this.responder.decoration(&decision),
+                        Err(error) => {
+                            this.responder.telemetry.store_failed(None, &error);
+                            decoration.take()
+                        }
+                    };
+                    let Some(result) = response.take() else {
+                        this.state.set(State::Responding { response: None });
+                        continue;
+                    };
+                    let mut response = result?.map(M::inner);
+                    if let Some(decoration) = decoration {
                         this.responder.decorate(decoration, &mut response);
                     }
                     return Poll::Ready(Ok(response));
@@ -371,6 +465,14 @@ mod tests {
     /// A stand-in for a large inner future (axum's is 320 bytes).
     #[expect(dead_code, reason = "only its size is used")]
     struct Large([u8; 320]);
+
+    impl Future for Large {
+        type Output = Result<Response<Bytes>, std::convert::Infallible>;
+
+        fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Pending
+        }
+    }
 
     #[test]
     fn the_future_adds_little_to_the_inner_one() {

@@ -15,6 +15,7 @@ use crate::fallback::{FailureMode, FallbackStore};
 use crate::headers::HeaderStyle;
 use crate::response::{MissingKey, Responder, Responders};
 use crate::service::{Config, RateLimit, Shared};
+use crate::settle::Settle;
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service.
 ///
@@ -62,6 +63,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
         Self {
             store: FallbackStore::new(MemoryStore::new()),
             config: Config {
+                settle: None,
                 responder: Arc::new(Responder::new(policy.name())),
                 policy,
                 extractor: Arc::new(extractor),
@@ -114,6 +116,58 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// state: requests are never denied, but carry the headers.
     pub fn cost(mut self, cost: u64) -> Self {
         self.config.cost = cost;
+        self
+    }
+
+    /// Settles each request's cost after its response, by `rule`: the
+    /// layer reserves the request's cost before calling the inner service
+    /// (denying as usual when it does not fit), then refunds the unused
+    /// part or charges the rest, in one more store call (one round trip on
+    /// Redis) made only when the actual cost differs. The response's
+    /// headers show the state after settling. A charge past the allowance
+    /// is debt that delays the key's next admission (see
+    /// [`Settlement`](tollgate_core::Settlement) for each algorithm). If
+    /// the settlement fails, the reservation stands, the failure is
+    /// reported like any store failure, and the headers show the
+    /// reservation's state.
+    ///
+    /// Tokens of an LLM call, known when the handler is done: reserve an
+    /// estimate, and let the handler report the real count with
+    /// [`ActualCost`](crate::ActualCost).
+    ///
+    /// ```
+    /// use axum::{Extension, Router, routing::post};
+    /// use http::HeaderName;
+    /// use tollgate::{ActualCost, Algorithm, HeaderKey, Policy, RateLimitLayer, Settle};
+    ///
+    /// let tokens = Policy::new("tokens", Algorithm::TokenBucket, "10000/min")?;
+    /// let app: Router = Router::new()
+    ///     .route("/complete", post(|| async { (Extension(ActualCost(412)), "...") }))
+    ///     .route_layer(
+    ///         RateLimitLayer::new(tokens, HeaderKey::new(HeaderName::from_static("x-api-key")))
+    ///             .cost(500) // the estimate reserved up front
+    ///             .settle(Settle::actual_cost()),
+    ///     );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Brute-force protection that counts only failed logins:
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use tollgate::{Algorithm, PeerIp, Policy, RateLimitLayer, Settle};
+    ///
+    /// let failures = Policy::new("login-failures", Algorithm::FixedWindow, "5/15min")?;
+    /// let app: Router = Router::new()
+    ///     .route("/login", post(|| async { "welcome" }))
+    ///     .route_layer(
+    ///         RateLimitLayer::new(failures, PeerIp::new())
+    ///             .settle(Settle::count_only(|status| status.as_u16() >= 400)),
+    ///     );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn settle(mut self, rule: Settle) -> Self {
+        self.config.settle = Some(rule);
         self
     }
 
@@ -314,6 +368,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
             extractor,
             cost,
             wait,
+            settle,
             responder,
         } = self.config;
         RateLimitLayer {
@@ -323,6 +378,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
                 extractor: Arc::new(ChosenPolicy::new(extractor, choose)),
                 cost,
                 wait,
+                settle,
                 responder,
             },
             body: PhantomData,

@@ -95,6 +95,7 @@ mod limiter;
 mod report;
 mod response;
 mod service;
+mod settle;
 
 pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
 pub use choose::{Choice, ChosenPolicy};
@@ -110,6 +111,7 @@ pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
 pub use response::{MissingKey, rejection};
 pub use service::RateLimit;
+pub use settle::{ActualCost, Settle};
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Decision, Key, MemoryStore, Outcome, Policy, Store, StoreError};
+use tollgate_core::{Decision, Key, MemoryStore, Outcome, Policy, Settlement, Store, StoreError};
 
 use crate::fallback::{FailureMode, FallbackStore, let_through};
 use crate::report::{Telemetry, Verdict};
@@ -223,6 +223,75 @@ impl<St: Store> RateLimiter<St> {
     /// whatever the failure mode.
     pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
         self.store.reset(key, &self.policy).await
+    }
+
+    /// Settles what a piece of work admitted earlier really cost: checked
+    /// (reserved) at `reservation`'s cost `reserved`, it cost `actual`.
+    /// Refunds the unused part or charges the rest (past the allowance,
+    /// as debt: see [`Settlement`]), and returns the state after it.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Key, Policy, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tokens = RateLimiter::new(Policy::new("llm-tokens", Algorithm::TokenBucket, "1000/min")?);
+    /// let tenant = Key::user("acme");
+    /// let reservation = tokens.check_n(&tenant, 300).await?;
+    /// assert!(reservation.is_allowed());
+    /// let used = 120; // what the model call really took
+    /// let after = tokens.settle(&tenant, &reservation, 300, used).await?;
+    /// assert_eq!(after.remaining(), 880);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::check`], except that no failure mode turns a
+    /// failed settlement into a decision: the caller decides whether to
+    /// retry it.
+    pub async fn settle(
+        &self,
+        key: &Key,
+        reservation: &Decision,
+        reserved: u64,
+        actual: u64,
+    ) -> Result<Decision, StoreError> {
+        let settlement = Settlement::of(reservation, reserved, actual);
+        self.store.settle(key, &self.policy, settlement).await
+    }
+
+    /// Blocks `key` for `duration`: its state is forgotten and every check
+    /// is denied, with `Retry-After` exactly the rest of the block, until
+    /// it ends; then the key starts afresh. [`RateLimiter::reset`] lifts
+    /// it. Blocks the key in the local fallback too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, Key, Policy, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(Policy::new("api", Algorithm::Gcra, "100/min")?);
+    /// let abuser = Key::ip("203.0.113.9".parse()?);
+    /// limiter.block(&abuser, Duration::from_secs(900)).await?;
+    /// let denied = limiter.check(&abuser).await?;
+    /// // The rest of the block: 900 s, less the microseconds since.
+    /// let wait = denied.retry_after().unwrap();
+    /// assert!(wait <= Duration::from_secs(900) && wait > Duration::from_secs(899));
+    /// limiter.reset(&abuser).await?;
+    /// assert!(limiter.check(&abuser).await?.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot reach the key's state,
+    /// whatever the failure mode.
+    pub async fn block(&self, key: &Key, duration: Duration) -> Result<(), StoreError> {
+        self.store.block(key, &self.policy, duration).await
     }
 
     /// Waits until one unit for `key` is admitted, for at most `max_wait`.

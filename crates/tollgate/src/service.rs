@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tollgate_core::{Key, Policy, Store};
+use tollgate_core::{Key, Policy, Settlement, Store};
 use tower_service::Service;
 
 use crate::body::{BodyKind, WrapBody};
@@ -15,6 +15,7 @@ use crate::extract::KeyExtractor;
 use crate::fallback::FallbackStore;
 use crate::future::{Check, Inner, ResponseFuture, Waiter};
 use crate::response::{MissingKey, Responder, Responders};
+use crate::settle::{Settle, SettleCall};
 
 /// A layer's settings, kept once: cloned into each layer made from it, and
 /// shared by every service of one.
@@ -23,6 +24,7 @@ pub(crate) struct Config<K> {
     pub(crate) extractor: Arc<K>,
     pub(crate) cost: u64,
     pub(crate) wait: Option<Duration>,
+    pub(crate) settle: Option<Settle>,
     pub(crate) responder: Arc<Responder>,
 }
 
@@ -32,6 +34,7 @@ impl<K> fmt::Debug for Config<K> {
             .field("policy", &self.policy)
             .field("cost", &self.cost)
             .field("wait", &self.wait)
+            .field("settle", &self.settle)
             .finish_non_exhaustive()
     }
 }
@@ -43,6 +46,7 @@ impl<K> Clone for Config<K> {
             extractor: self.extractor.clone(),
             cost: self.cost,
             wait: self.wait,
+            settle: self.settle.clone(),
             responder: self.responder.clone(),
         }
     }
@@ -174,18 +178,20 @@ where
             },
             deadline: tokio::time::Instant::now() + max_wait,
         });
+        let settle =
+            (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
         match shared.store.get_ref().try_check_now(&key, policy, cost) {
             Some(result) => {
                 let telemetry = &*responder.telemetry;
                 let result = shared
                     .store
                     .fall_back(&key, policy, cost, result, telemetry);
-                ResponseFuture::decided(result, inner, request, responder, waiter, enforce)
+                ResponseFuture::decided(result, inner, request, responder, waiter, enforce, settle)
             }
             None => {
                 let check = check(shared.clone(), key, policy, cost, &responder);
                 let call = inner.defer(request);
-                ResponseFuture::check(check, call, responder, waiter, enforce)
+                ResponseFuture::check(check, call, responder, waiter, enforce, settle)
             }
         }
     }
@@ -210,5 +216,32 @@ where
             .store
             .check_reported(&key, &policy, cost, &*responder.telemetry)
             .await
+    })
+}
+
+/// The settle call of a request of `key` that reserved `reserved` under
+/// `policy`, in a layer that settles by `rule`.
+pub(crate) fn settle_call<K, St>(
+    shared: &Arc<Shared<K, St>>,
+    rule: &Settle,
+    key: &Key,
+    policy: &Policy,
+    reserved: u64,
+) -> SettleCall
+where
+    K: Send + Sync + 'static,
+    St: Store,
+{
+    let (shared, rule) = (shared.clone(), rule.clone());
+    let (key, policy) = (key.clone(), policy.clone());
+    Box::new(move |reserved_at, status, extensions| {
+        let actual = rule.actual(status, extensions, reserved);
+        if actual == reserved {
+            return None;
+        }
+        let settlement = Settlement::new(reserved, actual, reserved_at);
+        Some(Box::pin(async move {
+            shared.store.settle(&key, &policy, settlement).await
+        }))
     })
 }

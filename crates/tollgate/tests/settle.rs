@@ -1,0 +1,187 @@
+//! Cost settled after the response, through the layer: exact refunds and
+//! debt, headers after settling, only failures counted, and concurrent
+//! reservations that never overshoot.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use axum::Extension;
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, Response, StatusCode, Uri};
+use tollgate::{
+    ActualCost, Algorithm, FakeClock, GlobalKey, MemoryStore, Policy, RateLimitLayer, Settle,
+    Timestamp,
+};
+use tower::ServiceExt;
+
+/// 10:00:40 UTC on 2023-11-14; a whole minute.
+const T0: u64 = 1_700_000_040;
+
+fn store() -> MemoryStore {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    MemoryStore::builder().clock(clock).build().unwrap()
+}
+
+/// `POST /complete?tokens=N` reports N tokens used.
+fn tokens_app(layer: RateLimitLayer<GlobalKey, MemoryStore>) -> Router {
+    Router::new()
+        .route(
+            "/complete",
+            post(|uri: Uri| async move {
+                let tokens = uri.query().and_then(|q| q.strip_prefix("tokens="));
+                let tokens = tokens.and_then(|n| n.parse().ok()).unwrap_or(0);
+                (Extension(ActualCost(tokens)), "done")
+            }),
+        )
+        .route_layer(layer)
+}
+
+fn complete(tokens: u64) -> Request<Body> {
+    Request::post(format!("/complete?tokens={tokens}"))
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn header<'a>(res: &'a Response<impl Sized>, name: &str) -> &'a str {
+    res.headers().get(name).unwrap().to_str().unwrap()
+}
+
+#[tokio::test]
+async fn a_refund_and_a_charge_show_in_the_headers_and_debt_delays_the_next_request() {
+    // 10 tokens a minute, one every 6 s; each call reserves 5.
+    let policy = Policy::new("tokens", Algorithm::Gcra, "10/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store())
+        .cost(5)
+        .settle(Settle::actual_cost());
+    let app = tokens_app(layer);
+
+    // Reserved 5, used 2: 8 remain, not 5.
+    let res = app.clone().oneshot(complete(2)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "8");
+    assert_eq!(header(&res, "x-ratelimit-used"), "2");
+
+    // Reserved 5 of the 8, used 9: 11 used of 10, one in debt.
+    let res = app.clone().oneshot(complete(9)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "0");
+
+    // The next reservation of 5 waits for 6 units: 36 s.
+    let res = app.clone().oneshot(complete(5)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), "36");
+}
+
+#[tokio::test]
+async fn a_response_that_cost_what_it_reserved_is_not_settled_again() {
+    let policy = Policy::new("tokens", Algorithm::FixedWindow, "10/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store())
+        .cost(3)
+        .settle(Settle::actual_cost());
+    let app = Router::new()
+        .route("/complete", post(|| async { "no ActualCost" }))
+        .route_layer(layer);
+    for remaining in ["7", "4", "1"] {
+        let res = app.clone().oneshot(complete(0)).await.unwrap();
+        assert_eq!(header(&res, "x-ratelimit-remaining"), remaining);
+    }
+    let res = app.oneshot(complete(0)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn only_failed_logins_count() {
+    let policy = Policy::new("login-failures", Algorithm::FixedWindow, "3/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store())
+        .settle(Settle::count_only(|status| status.as_u16() >= 400));
+    let app = Router::new()
+        .route(
+            "/login",
+            post(|password: String| async move {
+                if password == "demo" {
+                    StatusCode::OK
+                } else {
+                    StatusCode::UNAUTHORIZED
+                }
+            }),
+        )
+        .route_layer(layer);
+    let login = |password: &str| {
+        Request::post("/login")
+            .body(Body::from(password.to_owned()))
+            .unwrap()
+    };
+    // Successes are refunded: any number of them, and all 3 failures left.
+    for _ in 0..20 {
+        let res = app.clone().oneshot(login("demo")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-remaining"), "3");
+    }
+    for remaining in ["2", "1", "0"] {
+        let res = app.clone().oneshot(login("guess")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(header(&res, "x-ratelimit-remaining"), remaining);
+    }
+    // Locked out for the rest of the minute, right password or not.
+    let res = app.clone().oneshot(login("demo")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), "60");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reservations_never_overshoot() {
+    // 100 units a minute; 1,000 concurrent calls reserve 10 each and use 1.
+    // While they run, reservations decide: exactly 10 fit at first. Each
+    // settles down to 1 as it finishes, making room for 9 more: calls that
+    // arrive later may use it, but the total used never passes 100.
+    let policy = Policy::new("tokens", Algorithm::FixedWindow, "100/min").unwrap();
+    let store = store();
+    let layer = RateLimitLayer::new(policy.clone(), GlobalKey)
+        .store(store.clone())
+        .cost(10)
+        .settle(Settle::actual_cost());
+    let gate = std::sync::Arc::new(tokio::sync::Barrier::new(11));
+    let app = Router::new()
+        .route(
+            "/complete",
+            post({
+                let gate = gate.clone();
+                move || {
+                    let gate = gate.clone();
+                    async move {
+                        // The 10 admitted wait until the test lets them go.
+                        gate.wait().await;
+                        (Extension(ActualCost(1)), "done")
+                    }
+                }
+            }),
+        )
+        .route_layer(layer);
+    let first: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(app.clone().oneshot(complete(0))))
+        .collect();
+    use tollgate::Store as _;
+    let key = tollgate::Key::global();
+    while store.status(&key, &policy).await.unwrap().remaining() > 0 {
+        tokio::task::yield_now().await;
+    }
+    // While the first 10 are held, every other reservation is denied.
+    let mut denied = 0;
+    for _ in 0..990 {
+        let res = app.clone().oneshot(complete(0)).await.unwrap();
+        if res.status() == StatusCode::TOO_MANY_REQUESTS {
+            denied += 1;
+        }
+    }
+    assert_eq!(denied, 990);
+    gate.wait().await;
+    for call in first {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    // Settled to 1 each: 90 remain.
+    let status = store.status(&key, &policy).await.unwrap();
+    assert_eq!(status.remaining(), 90);
+}
