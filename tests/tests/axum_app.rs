@@ -75,15 +75,16 @@ async fn scenario(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
     assert_eq!((health.status, health.headers.len()), (200, 0));
     seen.push(health);
 
-    // POST /login: 5 per minute per IP, fixed window.
+    // POST /login: 5 failed logins per minute per IP, fixed window. A
+    // login without the password fails, and counts.
     for i in 0..5u64 {
         let s = send(&app, "POST", "/login", None).await;
-        assert_eq!(s.status, 200);
+        assert_eq!(s.status, 401);
         assert_eq!(s.get("x-ratelimit-limit"), Some("5"));
         assert_eq!(s.get("x-ratelimit-remaining").unwrap(), (4 - i).to_string());
         assert_eq!(s.get("x-ratelimit-used").unwrap(), (i + 1).to_string());
         assert_eq!(s.get("x-ratelimit-reset"), Some("1700000100"));
-        assert_eq!(s.get("x-ratelimit-resource"), Some("login"));
+        assert_eq!(s.get("x-ratelimit-resource"), Some("login-failures"));
         seen.push(s);
     }
     let s = send(&app, "POST", "/login", None).await;
@@ -217,7 +218,7 @@ async fn connect_info_over_real_tcp() {
     let login = "POST /login HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
     for remaining in ["4", "3", "2", "1", "0"] {
         let raw = raw_http(addr, login).await;
-        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+        assert!(raw.starts_with("HTTP/1.1 401"), "{raw}");
         assert!(
             raw.contains(&format!("x-ratelimit-remaining: {remaining}\r\n")),
             "{raw}"
@@ -226,7 +227,10 @@ async fn connect_info_over_real_tcp() {
     let raw = raw_http(addr, login).await;
     assert!(raw.starts_with("HTTP/1.1 429"), "{raw}");
     assert!(raw.contains("retry-after: 60\r\n"), "{raw}");
-    assert!(raw.contains(r#""violated-policies":["login"]"#), "{raw}");
+    assert!(
+        raw.contains(r#""violated-policies":["login-failures"]"#),
+        "{raw}"
+    );
 }
 
 /// Statuses of `n` requests at one instant, and the last one's limiter
@@ -298,12 +302,14 @@ async fn json(app: &Router, request: Request<Body>) -> (u16, serde_json::Value) 
     (status, serde_json::from_slice(&body).unwrap_or_default())
 }
 
-/// `GET /rate_limit` shows what the headers show and changes nothing; an
-/// operator's reset lets a spent user in again.
+/// `GET /rate_limit` shows what the headers show, only user-keyed limits,
+/// and changes nothing; an operator's reset lets a spent user in again,
+/// with the admin token only.
 async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> {
     clock.set(Timestamp::from_secs(T0));
-    let app =
-        app(&config(), store).layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 9], 5555))));
+    let admin = axum_app::AdminToken::new("s3cret");
+    let app = axum_app::app_with_admin(&config(), store, admin)
+        .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 9], 5555))));
     let (_, seen) = burst(&app, "/api/items", "ada", 3).await;
     let shown = |user: &str| {
         Request::get("/rate_limit")
@@ -318,24 +324,155 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
         let header = seen.get(&format!("x-ratelimit-{field}")).unwrap();
         assert_eq!(items[field].to_string(), header, "{field}");
     }
+    // Every user-keyed policy of the free plan, and nothing keyed by IP.
+    let mut names: Vec<&String> = first["resources"].as_object().unwrap().keys().collect();
+    names.sort();
+    let expected = [
+        "completion-tokens",
+        "export",
+        "items-read",
+        "items-write",
+        "search",
+    ];
+    assert_eq!(names, expected);
+    // A pro user sees the pro plan's policies where a route has them.
+    let (_, pro) = json(&app, shown("pro-bob")).await;
+    assert_eq!(pro["resources"]["items-read-pro"]["limit"], 40);
+    assert!(pro["resources"].get("items-read").is_none());
     for _ in 0..100 {
         assert_eq!(json(&app, shown("ada")).await, (200, first.clone()));
     }
     // Spent: 5 exports of 10 from a bucket of 50.
     assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
-    let reset = |token: &str| {
-        Request::post("/admin/reset?user=ada")
-            .header("authorization", token)
-            .body(Body::empty())
-            .unwrap()
+    let reset = |path: &str, token: Option<&str>| {
+        let mut request = Request::delete(path);
+        if let Some(token) = token {
+            request = request.header("authorization", token);
+        }
+        request.body(Body::empty()).unwrap()
     };
-    assert_eq!(json(&app, reset("Bearer demo-ada")).await.0, 403);
-    let (status, done) = json(&app, reset(axum_app::operators::ADMIN_TOKEN)).await;
-    assert_eq!(status, 200);
-    assert!(done["reset"].as_array().unwrap().contains(&"export".into()));
+    let ada = "/admin/rate_limit/export/ada";
+    assert_eq!(json(&app, reset(ada, None)).await.0, 401);
+    assert_eq!(json(&app, reset(ada, Some("Bearer demo-ada"))).await.0, 403);
+    assert_eq!(json(&app, reset(ada, Some("Bearer s3cre"))).await.0, 403);
+    assert_eq!(json(&app, reset(ada, Some("s3cret"))).await.0, 401);
+    let unknown = "/admin/rate_limit/api-ip/ada";
+    assert_eq!(
+        json(&app, reset(unknown, Some("Bearer s3cret"))).await.0,
+        404
+    );
+    // Still spent after every refusal.
+    assert_eq!(burst(&app, "/api/export", "ada", 1).await.0, 0);
+    assert_eq!(json(&app, reset(ada, Some("Bearer s3cret"))).await.0, 204);
     assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
     let (_, after) = json(&app, shown("ada")).await;
-    vec![first, done, after]
+    vec![first, pro, after]
+}
+
+#[tokio::test]
+async fn without_an_admin_token_the_admin_routes_do_not_exist() {
+    let app = app(&config(), BoxStore::new(MemoryStore::new()));
+    let request = Request::delete("/admin/rate_limit/export/ada")
+        .header("authorization", "Bearer anything")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.oneshot(request).await.unwrap().status(), 404);
+}
+
+/// `POST /api/complete?tokens=N`: a reservation of 200 settled to the N
+/// tokens used, the headers after settling, debt past the allowance; and
+/// `/login`, where only failures count.
+async fn settled(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
+    clock.set(Timestamp::from_secs(T0));
+    let app = app(&config(), store).layer(MockConnectInfo(SocketAddr::from((
+        [198, 51, 100, 10],
+        5555,
+    ))));
+    let mut seen = Vec::new();
+    let complete = |tokens: u64| format!("/api/complete?tokens={tokens}");
+    // What `GET /rate_limit` shows of a user's tokens. (The response's own
+    // headers show the tightest of the route's limits, here the per-IP
+    // one; the layer's tests check a settled response's headers.)
+    let tokens_left = |user: &'static str, policy: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::get("/rate_limit")
+                .header("authorization", format!("Bearer demo-{user}"))
+                .body(Body::empty())
+                .unwrap();
+            json(&app, request).await.1["resources"][policy]["remaining"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    // 2,000 tokens a minute. Used 150 of the 200 reserved: 1,850 left.
+    let s = send(&app, "POST", &complete(150), Some("cleo")).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(tokens_left("cleo", "completion-tokens").await, 1_850);
+    seen.push(s);
+    // Used 1,900: 50 in debt. At 2,000 a minute (one per 30 ms), the next
+    // reservation of 200 waits for 250 tokens: 7.5 s.
+    let s = send(&app, "POST", &complete(1_900), Some("cleo")).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(tokens_left("cleo", "completion-tokens").await, 0);
+    seen.push(s);
+    let s = send(&app, "POST", &complete(10), Some("cleo")).await;
+    assert_eq!((s.status, s.get("retry-after")), (429, Some("8")));
+    assert_eq!(s.get("x-ratelimit-resource"), Some("completion-tokens"));
+    seen.push(s);
+    clock.advance(Duration::from_millis(7_500));
+    let s = send(&app, "POST", &complete(10), Some("cleo")).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(tokens_left("cleo", "completion-tokens").await, 190);
+    seen.push(s);
+    // The pro plan: 20,000 a minute, reserving 1,000.
+    let s = send(&app, "POST", &complete(300), Some("pro-cleo")).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(
+        tokens_left("pro-cleo", "completion-tokens-pro").await,
+        19_700
+    );
+    seen.push(s);
+
+    // Logins: successes are refunded, so any number pass; 5 failures lock
+    // the client out, right password or not.
+    let login = |password: &str| {
+        Request::post("/login")
+            .header("content-type", "application/json")
+            .body(Body::from(format!(r#"{{"password": "{password}"}}"#)))
+            .unwrap()
+    };
+    for _ in 0..8 {
+        let res = app.clone().oneshot(login("demo")).await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["x-ratelimit-remaining"], "5");
+    }
+    for remaining in ["4", "3", "2", "1", "0"] {
+        let res = app.clone().oneshot(login("hunter2")).await.unwrap();
+        assert_eq!(res.status(), 401);
+        assert_eq!(res.headers()["x-ratelimit-remaining"], remaining);
+    }
+    let res = app.clone().oneshot(login("demo")).await.unwrap();
+    assert_eq!(res.status(), 429);
+    seen
+}
+
+#[tokio::test]
+async fn costs_settled_after_the_response_on_memory_and_the_same_on_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = settled(BoxStore::new(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app-settle"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = settled(BoxStore::new(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
 }
 
 #[tokio::test]

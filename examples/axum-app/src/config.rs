@@ -14,6 +14,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/items"),
     ("GET", "/api/search"),
     ("GET", "/api/export"),
+    ("POST", "/api/complete"),
 ];
 
 /// Whether `path` needs an authenticated user.
@@ -64,6 +65,8 @@ struct RawRoute {
     cost: Option<i64>,
     #[serde(default)]
     enforce_percent: Option<i64>,
+    #[serde(default)]
+    settle: Option<String>,
     /// `[route.plans.<plan>]`: what differs for users of that plan.
     #[serde(default)]
     plans: std::collections::BTreeMap<String, RawPlan>,
@@ -89,6 +92,19 @@ pub struct PlanConfig {
     pub policy: Policy,
     /// The cost of each request.
     pub cost: u64,
+}
+
+/// How a route entry settles each request's cost after its response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleSpec {
+    /// Not at all: a request costs what it reserved (the default).
+    Reserved,
+    /// To what the handler reports (`tollgate::ActualCost`), e.g. the
+    /// tokens an LLM call used.
+    Actual,
+    /// Only responses with a status of 400 or above count; the others are
+    /// refunded.
+    Failures,
 }
 
 /// What a route entry keys requests by.
@@ -140,6 +156,8 @@ pub struct RouteConfig {
     pub enforce_percent: u8,
     /// The plans whose users the entry limits otherwise.
     pub plans: Vec<PlanConfig>,
+    /// How each request's cost is settled after its response.
+    pub settle: SettleSpec,
 }
 
 impl RouteConfig {
@@ -355,6 +373,12 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
             .filter(|p| *p <= 100)
             .ok_or_else(|| at("enforce_percent", &p.to_string(), "must be 0 to 100"))?,
     };
+    let settle = match r.settle.as_deref() {
+        None | Some("reserved") => SettleSpec::Reserved,
+        Some("actual") => SettleSpec::Actual,
+        Some("failures") => SettleSpec::Failures,
+        Some(other) => return Err(at("settle", other, "expected reserved, actual or failures")),
+    };
     Ok(RouteConfig {
         method,
         path: r.path,
@@ -363,6 +387,7 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
         cost,
         enforce_percent,
         plans,
+        settle,
     })
 }
 
@@ -435,13 +460,26 @@ mod tests {
     #[test]
     fn the_bundled_file_is_valid() {
         let config = AppConfig::parse(include_str!("../policies.toml")).unwrap();
-        assert_eq!(config.routes.len(), 6);
+        assert_eq!(config.routes.len(), 7);
         let plans: Vec<_> = config
             .routes
             .iter()
             .flat_map(|r| r.plans.iter().map(|p| (p.policy.to_string(), p.cost)))
             .collect();
-        assert_eq!(plans.len(), 2, "{plans:?}");
+        assert_eq!(plans.len(), 3, "{plans:?}");
+        let settled: Vec<_> = config
+            .routes
+            .iter()
+            .map(|r| (r.policy.name(), r.settle))
+            .filter(|(_, s)| *s != SettleSpec::Reserved)
+            .collect();
+        assert_eq!(
+            settled,
+            [
+                ("login-failures", SettleSpec::Failures),
+                ("completion-tokens", SettleSpec::Actual)
+            ]
+        );
         assert_eq!(config.failure, FailureMode::Local);
     }
 
@@ -481,6 +519,10 @@ mod tests {
             (
                 base.replace("\"gcra\"", "\"magic\""),
                 "field `algorithm`: invalid value \"magic\"",
+            ),
+            (
+                format!("{base}settle = \"later\"\n"),
+                "field `settle`: invalid value \"later\": expected reserved, actual or failures",
             ),
             (
                 base.replace("5/s", "0/s"),

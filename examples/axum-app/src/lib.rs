@@ -24,11 +24,15 @@ use axum::{Json, http};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::{
-    BoxStore, Choice, ChosenPolicy, ClientIp, ExtensionKey, GlobalKey, HeaderKey, KeepBody, Key,
-    KeyExtractor, MissingCause, RateLimitLayer, ToKey,
+    ActualCost, BoxStore, Choice, ChosenPolicy, ClientIp, ExtensionKey, GlobalKey, HeaderKey,
+    KeepBody, Key, KeyExtractor, MissingCause, RateLimitLayer, Settle, ToKey,
 };
 
-pub use config::{AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteConfig};
+pub use operators::AdminToken;
+
+pub use config::{
+    AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteConfig, SettleSpec,
+};
 
 /// The plan of an authenticated user: `free`, or `pro` for a token
 /// `Bearer demo-pro-<user>`.
@@ -83,10 +87,17 @@ impl KeyExtractor<Body> for AppKey {
     }
 }
 
-/// The app's router. Serve it with
+/// The app's router, without admin routes. Serve it with
 /// `into_make_service_with_connect_info::<SocketAddr>()`: IP keys need the
 /// peer address.
 pub fn app(config: &AppConfig, store: BoxStore) -> Router {
+    app_with_admin(config, store, None)
+}
+
+/// The app's router, with `DELETE /admin/rate_limit/{policy}/{user}` for
+/// requests that carry `Authorization: Bearer <admin token>`, if there is
+/// an admin token.
+pub fn app_with_admin(config: &AppConfig, store: BoxStore, admin: Option<AdminToken>) -> Router {
     let mut router = Router::new();
     for &(method, path) in ROUTES {
         let mut route: MethodRouter = handler(method, path);
@@ -108,7 +119,7 @@ pub fn app(config: &AppConfig, store: BoxStore) -> Router {
         }
         router = router.route(path, route);
     }
-    router.merge(operators::routes(config, &store))
+    router.merge(operators::routes(config, &store, admin))
 }
 
 fn layer(
@@ -124,6 +135,11 @@ fn layer(
         // Axum's own body type: axum need not box each response again.
         .keep_body_type()
         .choose_policy(plan_chooser(entry.plans.clone()));
+    let layer = match entry.settle {
+        SettleSpec::Reserved => layer,
+        SettleSpec::Actual => layer.settle(Settle::actual_cost()),
+        SettleSpec::Failures => layer.settle(Settle::count_only(|status| status.as_u16() >= 400)),
+    };
     // The config checked the percentage (0 to 100), so this cannot fail.
     match layer.clone().enforce_percent(entry.enforce_percent) {
         Ok(ramped) => ramped,
@@ -187,7 +203,8 @@ fn handler(method: &str, path: &str) -> MethodRouter {
     };
     match (method, path) {
         ("GET", "/health") => on(filter, || async { "ok\n" }),
-        ("POST", "/login") => on(filter, || async { "logged in (demo)\n" }),
+        ("POST", "/login") => on(filter, login),
+        ("POST", "/api/complete") => on(filter, complete),
         ("GET", "/api/items") => on(filter, list_items),
         ("POST", "/api/items") => on(filter, create_item),
         ("GET", "/api/search") => on(filter, search),
@@ -252,6 +269,36 @@ async fn search(
     Json(serde_json::json!({ "user": user.0, "query": query.q, "results": [] }))
 }
 
+/// `POST /login` with `{"password": "demo"}` succeeds; anything else is
+/// 401 (a body that is not that JSON included).
+async fn login(body: axum::body::Bytes) -> (StatusCode, &'static str) {
+    #[derive(Deserialize)]
+    struct Login {
+        password: String,
+    }
+    match serde_json::from_slice::<Login>(&body) {
+        Ok(login) if login.password == "demo" => (StatusCode::OK, "logged in (demo)\n"),
+        _ => (StatusCode::UNAUTHORIZED, "wrong password\n"),
+    }
+}
+
+#[derive(Deserialize)]
+struct CompleteQuery {
+    #[serde(default)]
+    tokens: u64,
+}
+
+/// `POST /api/complete?tokens=N` stands in for an LLM call that used N
+/// tokens, known only when it is done: it reports them to the layer, which
+/// settles the request's reservation to them.
+async fn complete(
+    Extension(user): Extension<UserId>,
+    Query(query): Query<CompleteQuery>,
+) -> (Extension<ActualCost>, Json<serde_json::Value>) {
+    let body = serde_json::json!({ "user": user.0, "completion": "...", "tokens": query.tokens });
+    (Extension(ActualCost(query.tokens)), Json(body))
+}
+
 async fn export(Extension(user): Extension<UserId>) -> String {
     format!("export for {user}: 2 items\n")
 }
@@ -260,10 +307,11 @@ async fn export(Extension(user): Extension<UserId>) -> String {
 pub fn policy_table(config: &AppConfig) -> String {
     let mut out = String::from("  METHOD PATH          KEY     POLICY\n");
     for r in &config.routes {
-        let cost = if r.cost == 1 {
-            String::new()
-        } else {
-            format!(", cost {}", r.cost)
+        let cost = match (r.cost, r.settle) {
+            (1, SettleSpec::Reserved) => String::new(),
+            (cost, SettleSpec::Reserved) => format!(", cost {cost}"),
+            (cost, SettleSpec::Actual) => format!(", reserves {cost}, settles to the actual cost"),
+            (_, SettleSpec::Failures) => ", counts failures only".to_owned(),
         };
         out.push_str(&format!(
             "  {:<6} {:<13} {:<7} {}{cost}\n",
@@ -273,10 +321,10 @@ pub fn policy_table(config: &AppConfig) -> String {
             r.policy
         ));
         for plan in &r.plans {
-            let cost = if plan.cost == 1 {
-                String::new()
-            } else {
-                format!(", cost {}", plan.cost)
+            let cost = match (plan.cost, r.settle) {
+                (1, SettleSpec::Reserved) | (_, SettleSpec::Failures) => String::new(),
+                (cost, SettleSpec::Reserved) => format!(", cost {cost}"),
+                (cost, SettleSpec::Actual) => format!(", reserves {cost}"),
             };
             out.push_str(&format!(
                 "  {:<6} {:<13} {:<7} {}{cost}\n",

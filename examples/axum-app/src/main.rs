@@ -19,7 +19,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tower::ServiceExt;
 use tower::util::Oneshot;
 
-use axum_app::{AppConfig, app, install_metrics, metrics_route, policy_table};
+use axum_app::{
+    AdminToken, AppConfig, app_with_admin, install_metrics, metrics_route, policy_table,
+};
 use clap::Parser;
 use tollgate::{BoxStore, MemoryStore};
 use tollgate_redis::RedisStore;
@@ -37,6 +39,10 @@ struct Args {
     /// The policy file.
     #[arg(long, env = "TOLLGATE_CONFIG", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/policies.toml"))]
     config: PathBuf,
+    /// The token of `DELETE /admin/rate_limit/{policy}/{user}`, sent as
+    /// `Authorization: Bearer <token>`; without one the admin routes answer 404.
+    #[arg(long, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
 }
 
 #[tokio::main]
@@ -96,14 +102,23 @@ impl tower::Service<Request> for Reloadable {
     }
 }
 
+/// What the app is built of, besides the policy file.
+#[derive(Clone)]
+struct Parts {
+    store: BoxStore,
+    metrics: PrometheusHandle,
+    admin: Option<AdminToken>,
+}
+
 /// The whole app of `config`: its routes and the metrics route.
-fn build(config: &AppConfig, store: &BoxStore, metrics: &PrometheusHandle) -> Router {
-    app(config, store.clone()).merge(metrics_route(metrics.clone()))
+fn build(config: &AppConfig, parts: &Parts) -> Router {
+    app_with_admin(config, parts.store.clone(), parts.admin.clone())
+        .merge(metrics_route(parts.metrics.clone()))
 }
 
 /// Reloads the policy file on every SIGHUP until the process ends.
 #[cfg(unix)]
-fn reload_on_sighup(path: PathBuf, app: Reloadable, store: BoxStore, metrics: PrometheusHandle) {
+fn reload_on_sighup(path: PathBuf, app: Reloadable, parts: Parts) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot listen for SIGHUP; the policy file will not be reloaded");
@@ -113,7 +128,7 @@ fn reload_on_sighup(path: PathBuf, app: Reloadable, store: BoxStore, metrics: Pr
         while hangups.recv().await.is_some() {
             match load(&path) {
                 Ok(config) => {
-                    app.replace(build(&config, &store, &metrics));
+                    app.replace(build(&config, &parts));
                     tracing::info!(config = %path.display(), "reloaded the policy file");
                     print!("{}", policy_table(&config));
                 }
@@ -126,7 +141,7 @@ fn reload_on_sighup(path: PathBuf, app: Reloadable, store: BoxStore, metrics: Pr
 }
 
 #[cfg(not(unix))]
-fn reload_on_sighup(_: PathBuf, _: Reloadable, _: BoxStore, _: PrometheusHandle) {}
+fn reload_on_sighup(_: PathBuf, _: Reloadable, _: Parts) {}
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let config = load(&args.config)?;
@@ -153,8 +168,21 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("config: {}", args.config.display());
     println!("metrics: http://{}/metrics", listener.local_addr()?);
     print!("{}", policy_table(&config));
-    let current = Reloadable(Arc::new(RwLock::new(build(&config, &store, &metrics))));
-    reload_on_sighup(args.config.clone(), current.clone(), store, metrics);
+    let admin = match args.admin_token.as_deref().map(AdminToken::new) {
+        None => None,
+        Some(None) => return Err("--admin-token: an empty token would let anyone in".into()),
+        Some(token) => {
+            println!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
+            token
+        }
+    };
+    let parts = Parts {
+        store,
+        metrics,
+        admin,
+    };
+    let current = Reloadable(Arc::new(RwLock::new(build(&config, &parts))));
+    reload_on_sighup(args.config.clone(), current.clone(), parts);
     axum::serve(
         listener,
         Router::new()

@@ -1,54 +1,52 @@
 //! What the demo shows its users and its operators: `GET /rate_limit`,
-//! every limit of the caller as GitHub's endpoint of that name shows it,
-//! consuming nothing; and `POST /admin/reset?user=<name>`, which lets a
-//! spent user in again.
+//! every user-keyed limit of the caller as GitHub's endpoint of that name
+//! shows it, consuming nothing; and, with an admin token configured,
+//! `DELETE /admin/rate_limit/{policy}/{user}`, which lets a spent user in
+//! again.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Query, Request};
+use axum::extract::{Path, Request};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use serde::Deserialize;
+use axum::routing::{delete, get};
 use tollgate::{BoxStore, KeyExtractor, Policy, Store, ToKey};
 
 use crate::{
     AppConfig, AppKey, KeySpec, PlanChooser, RouteConfig, UserId, app_key, demo_auth, plan_chooser,
 };
 
-/// The token of the demo's operator. A demo's: a real service checks its
-/// operators as it checks any other caller.
-pub const ADMIN_TOKEN: &str = "Bearer admin-demo";
-
 /// Every route entry, with its key extractor and its plans' chooser.
 type Entries = Arc<[(RouteConfig, AppKey, PlanChooser)]>;
 
-/// `GET /rate_limit` (authenticated) and `POST /admin/reset`.
-pub(crate) fn routes(config: &AppConfig, store: &BoxStore) -> Router {
+/// `GET /rate_limit` (authenticated) and, with an admin token, `DELETE
+/// /admin/rate_limit/{policy}/{user}`.
+pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminToken>) -> Router {
     let entries: Entries = config
         .routes
         .iter()
+        .filter(|r| r.key == KeySpec::User)
         .map(|r| (r.clone(), app_key(config, r), plan_chooser(r.plans.clone())))
         .collect();
     let shown = {
         let (entries, store) = (entries.clone(), store.clone());
         move |request: Request| rate_limit(entries.clone(), store.clone(), request)
     };
-    let reset = {
-        let store = store.clone();
-        move |Query(who): Query<Who>, request: Request| {
-            reset(entries.clone(), store.clone(), request, who)
-        }
+    let router = Router::new().route(
+        "/rate_limit",
+        get(shown).layer(middleware::from_fn(demo_auth)),
+    );
+    // Without a token, the admin routes do not exist: 404.
+    let Some(token) = admin else {
+        return router;
     };
-    Router::new()
-        .route(
-            "/rate_limit",
-            get(shown).layer(middleware::from_fn(demo_auth)),
-        )
-        .route("/admin/reset", post(reset))
+    let store = store.clone();
+    let reset =
+        move |path, request| reset(entries.clone(), store.clone(), token.clone(), path, request);
+    router.route("/admin/rate_limit/{policy}/{user}", delete(reset))
 }
 
 /// The policy `entry` limits `request` by: its plan's, if it has one.
@@ -85,34 +83,78 @@ async fn rate_limit(entries: Entries, store: BoxStore, request: Request) -> Resp
     axum::Json(serde_json::json!({ "resources": resources })).into_response()
 }
 
-/// The user an operator acts on.
-#[derive(Debug, Deserialize)]
-struct Who {
-    user: String,
+/// The admin token, checked in time independent of where a guess first
+/// differs.
+#[derive(Clone)]
+pub struct AdminToken(Arc<str>);
+
+impl AdminToken {
+    /// An admin token: requests must carry `Authorization: Bearer <token>`.
+    /// `None` for an empty token, which would let anyone in.
+    pub fn new(token: &str) -> Option<Self> {
+        (!token.is_empty()).then(|| Self(token.into()))
+    }
+
+    fn admits(&self, given: &[u8]) -> bool {
+        let expected = self.0.as_bytes();
+        let differ = expected
+            .iter()
+            .zip(given)
+            .fold(expected.len() ^ given.len(), |d, (a, b)| {
+                d | usize::from(a ^ b)
+            });
+        differ == 0
+    }
 }
 
-async fn reset(entries: Entries, store: BoxStore, request: Request, who: Who) -> Response {
-    let authorized = request
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(***)")
+    }
+}
+
+/// `DELETE /admin/rate_limit/{policy}/{user}`: 204 after resetting the
+/// user's state under the policy; 401 without a bearer token, 403 with a
+/// wrong one, 404 for a policy that is not a user-keyed one of the file.
+async fn reset(
+    entries: Entries,
+    store: BoxStore,
+    token: AdminToken,
+    Path((policy, user)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let given = request
         .headers()
         .get(http::header::AUTHORIZATION)
-        .is_some_and(|v| v == ADMIN_TOKEN);
-    if !authorized {
-        return (StatusCode::FORBIDDEN, "operators only\n").into_response();
-    }
-    let key = UserId(who.user).to_key();
-    let mut done = Vec::new();
-    for (entry, _, _) in entries.iter().filter(|(e, _, _)| e.key == KeySpec::User) {
-        let policies = std::iter::once(&entry.policy).chain(entry.plans.iter().map(|p| &p.policy));
-        for policy in policies {
-            if store.reset(&key, policy).await.is_err() {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the rate limiter is unavailable\n",
-                )
-                    .into_response();
-            }
-            done.push(policy.name().to_owned());
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    match given {
+        None => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                "operators only: Authorization: Bearer <admin token>\n",
+            )
+                .into_response();
         }
+        Some(given) if !token.admits(given) => {
+            return (StatusCode::FORBIDDEN, "wrong admin token\n").into_response();
+        }
+        Some(_) => {}
     }
-    axum::Json(serde_json::json!({ "reset": done })).into_response()
+    let found = entries
+        .iter()
+        .filter(|(e, _, _)| e.key == KeySpec::User)
+        .flat_map(|(e, _, _)| std::iter::once(&e.policy).chain(e.plans.iter().map(|p| &p.policy)))
+        .find(|p| p.name() == policy);
+    let Some(policy) = found else {
+        return (StatusCode::NOT_FOUND, "no user-keyed policy of that name\n").into_response();
+    };
+    match store.reset(&UserId(user).to_key(), policy).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate limiter is unavailable\n",
+        )
+            .into_response(),
+    }
 }

@@ -80,10 +80,11 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
 fn metrics_count_exactly_the_allowed_and_limited_requests_sent() {
     let app = App::start();
     let mut seen = std::collections::HashMap::<(&str, u16), u64>::new();
-    // Login: 5 per minute per IP, fixed window; 12 attempts.
+    // Login: 5 failed logins per minute per IP, fixed window; 12 attempts
+    // without the password, each a failure.
     for _ in 0..12 {
         let (status, _) = app.send("POST", "/login", None);
-        *seen.entry(("login", status)).or_default() += 1;
+        *seen.entry(("login-failures", status)).or_default() += 1;
     }
     // Items: GCRA 5/s with bursts of 10 per user, behind 120/min per IP; 15 reads.
     for _ in 0..15 {
@@ -100,13 +101,13 @@ fn metrics_count_exactly_the_allowed_and_limited_requests_sent() {
             &[("policy", policy), ("outcome", outcome)],
         )
     };
-    let login_ok = seen.get(&("login", 200)).copied().unwrap_or(0);
-    let login_429 = seen.get(&("login", 429)).copied().unwrap_or(0);
+    let login_ok = seen.get(&("login-failures", 401)).copied().unwrap_or(0);
+    let login_429 = seen.get(&("login-failures", 429)).copied().unwrap_or(0);
     assert_eq!(login_ok + login_429, 12, "{seen:?}");
     // At least one window's worth is refused, even across a minute boundary.
     assert!(login_429 >= 2, "{seen:?}");
-    assert_eq!(count("login", "allowed"), login_ok, "{text}");
-    assert_eq!(count("login", "limited"), login_429, "{text}");
+    assert_eq!(count("login-failures", "allowed"), login_ok, "{text}");
+    assert_eq!(count("login-failures", "limited"), login_429, "{text}");
 
     let items_ok = seen.get(&("items-read", 200)).copied().unwrap_or(0);
     let items_429 = seen.get(&("items-read", 429)).copied().unwrap_or(0);
@@ -117,7 +118,7 @@ fn metrics_count_exactly_the_allowed_and_limited_requests_sent() {
     // Every items request passed the per-IP limit first.
     assert_eq!(count("api-ip", "allowed"), 15, "{text}");
     assert_eq!(count("api-ip", "limited"), 0, "{text}");
-    assert_eq!(count("login", "shadow_limited"), 0, "{text}");
+    assert_eq!(count("login-failures", "shadow_limited"), 0, "{text}");
     // Keys are not labels: no client address or user name in the output.
     assert!(
         !text.contains("127.0.0.1") && !text.contains("ada"),
