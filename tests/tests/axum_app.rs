@@ -366,7 +366,30 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     assert_eq!(json(&app, reset(ada, Some("Bearer s3cret"))).await.0, 204);
     assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
     let (_, after) = json(&app, shown("ada")).await;
-    vec![first, pro, after]
+
+    // Blocked for 90 s: denied with the rest of the block as Retry-After,
+    // shown spent until it ends; then a fresh bucket.
+    let block = |path: &str, token: &str| {
+        Request::post(path)
+            .header("authorization", token)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let blocking = "/admin/rate_limit/export/ada/block?seconds=90";
+    assert_eq!(json(&app, block(blocking, "Bearer nope")).await.0, 403);
+    assert_eq!(json(&app, block(blocking, "Bearer s3cret")).await.0, 204);
+    let (admitted, denied) = burst(&app, "/api/export", "ada", 1).await;
+    assert_eq!((admitted, denied.get("retry-after")), (0, Some("90")));
+    clock.advance(Duration::from_secs(30));
+    let (_, denied) = burst(&app, "/api/export", "ada", 1).await;
+    assert_eq!(denied.get("retry-after"), Some("60"));
+    let (_, blocked) = json(&app, shown("ada")).await;
+    let export = &blocked["resources"]["export"];
+    assert_eq!(export["remaining"], 0);
+    assert_eq!(export["reset"], T0 + 90);
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
+    vec![first, pro, after, blocked]
 }
 
 #[tokio::test]

@@ -2,17 +2,20 @@
 //! every user-keyed limit of the caller as GitHub's endpoint of that name
 //! shows it, consuming nothing; and, with an admin token configured,
 //! `DELETE /admin/rate_limit/{policy}/{user}`, which lets a spent user in
-//! again.
+//! again, and `POST /admin/rate_limit/{policy}/{user}/block?seconds=N`,
+//! which shuts one out.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Request};
+use axum::extract::{Path, Query, Request};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
+use serde::Deserialize;
 use tollgate::{BoxStore, KeyExtractor, Policy, Store, ToKey};
 
 use crate::{
@@ -23,7 +26,8 @@ use crate::{
 type Entries = Arc<[(RouteConfig, AppKey, PlanChooser)]>;
 
 /// `GET /rate_limit` (authenticated) and, with an admin token, `DELETE
-/// /admin/rate_limit/{policy}/{user}`.
+/// /admin/rate_limit/{policy}/{user}` and `POST
+/// /admin/rate_limit/{policy}/{user}/block?seconds=N`.
 pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminToken>) -> Router {
     let entries: Entries = config
         .routes
@@ -43,10 +47,25 @@ pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminTo
     let Some(token) = admin else {
         return router;
     };
-    let store = store.clone();
-    let reset =
-        move |path, request| reset(entries.clone(), store.clone(), token.clone(), path, request);
-    router.route("/admin/rate_limit/{policy}/{user}", delete(reset))
+    let admin = Admin {
+        entries,
+        store: store.clone(),
+        token,
+    };
+    let reset = {
+        let admin = admin.clone();
+        move |path, request| {
+            let admin = admin.clone();
+            async move { admin.act(path, None, request).await }
+        }
+    };
+    let block = move |path, Query(block): Query<Block>, request| {
+        let admin = admin.clone();
+        async move { admin.act(path, Some(block), request).await }
+    };
+    router
+        .route("/admin/rate_limit/{policy}/{user}", delete(reset))
+        .route("/admin/rate_limit/{policy}/{user}/block", post(block))
 }
 
 /// The policy `entry` limits `request` by: its plan's, if it has one.
@@ -113,48 +132,73 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
-/// `DELETE /admin/rate_limit/{policy}/{user}`: 204 after resetting the
-/// user's state under the policy; 401 without a bearer token, 403 with a
-/// wrong one, 404 for a policy that is not a user-keyed one of the file.
-async fn reset(
+/// How long an operator blocks a user.
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct Block {
+    seconds: u64,
+}
+
+/// What the admin routes share.
+#[derive(Clone)]
+struct Admin {
     entries: Entries,
     store: BoxStore,
     token: AdminToken,
-    Path((policy, user)): Path<(String, String)>,
-    request: Request,
-) -> Response {
-    let given = request
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    match given {
-        None => {
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(http::header::WWW_AUTHENTICATE, "Bearer")],
-                "operators only: Authorization: Bearer <admin token>\n",
+}
+
+impl Admin {
+    /// `DELETE /admin/rate_limit/{policy}/{user}` resets the user's state
+    /// under the policy, and `POST .../block?seconds=N` blocks the user
+    /// for N seconds under it: 204; 401 without a bearer token, 403 with a
+    /// wrong one, 404 for a policy that is not a user-keyed one of the
+    /// file.
+    async fn act(
+        &self,
+        Path((policy, user)): Path<(String, String)>,
+        block: Option<Block>,
+        request: Request,
+    ) -> Response {
+        let given = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        match given {
+            None => {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                    "operators only: Authorization: Bearer <admin token>\n",
+                )
+                    .into_response();
+            }
+            Some(given) if !self.token.admits(given) => {
+                return (StatusCode::FORBIDDEN, "wrong admin token\n").into_response();
+            }
+            Some(_) => {}
+        }
+        let found = (self.entries.iter())
+            .flat_map(|(e, _, _)| {
+                std::iter::once(&e.policy).chain(e.plans.iter().map(|p| &p.policy))
+            })
+            .find(|p| p.name() == policy);
+        let Some(policy) = found else {
+            return (StatusCode::NOT_FOUND, "no user-keyed policy of that name\n").into_response();
+        };
+        let key = UserId(user).to_key();
+        let done = match block {
+            None => self.store.reset(&key, policy).await,
+            Some(Block { seconds }) => {
+                let duration = Duration::from_secs(seconds);
+                self.store.block(&key, policy, duration).await
+            }
+        };
+        match done {
+            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Err(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate limiter is unavailable\n",
             )
-                .into_response();
+                .into_response(),
         }
-        Some(given) if !token.admits(given) => {
-            return (StatusCode::FORBIDDEN, "wrong admin token\n").into_response();
-        }
-        Some(_) => {}
-    }
-    let found = entries
-        .iter()
-        .filter(|(e, _, _)| e.key == KeySpec::User)
-        .flat_map(|(e, _, _)| std::iter::once(&e.policy).chain(e.plans.iter().map(|p| &p.policy)))
-        .find(|p| p.name() == policy);
-    let Some(policy) = found else {
-        return (StatusCode::NOT_FOUND, "no user-keyed policy of that name\n").into_response();
-    };
-    match store.reset(&UserId(user).to_key(), policy).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the rate limiter is unavailable\n",
-        )
-            .into_response(),
     }
 }
