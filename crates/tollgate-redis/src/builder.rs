@@ -1,11 +1,13 @@
 //! Configuring a [`RedisStore`] and connecting it: a single server, a
-//! bb8 pool, a cluster, or a connection of your own.
+//! bb8 pool, a cluster, a Sentinel deployment's master, or a connection
+//! of your own.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::IntoConnectionInfo;
 use redis::aio::ConnectionManagerConfig;
+use redis::sentinel::SentinelNodeConnectionInfo;
 use tollgate_core::{CircuitBreaker, Clock, ConfigError};
 
 use crate::batch::Batcher;
@@ -19,6 +21,7 @@ use crate::known::LastKnown;
 use crate::lanes::Lanes;
 use crate::managed::ManagedConnection;
 use crate::script::Scripts;
+use crate::sentinel::SentinelConnection;
 use crate::store::{Inner, RedisStore};
 use crate::wire::{RedisClock, Wire, WriteOrder};
 
@@ -252,14 +255,152 @@ impl RedisStoreBuilder {
     ) -> Result<RedisStore<ManagedConnection>, RedisStoreError> {
         self.check()?;
         let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(self.connect_timeout);
+        let config = self.manager_config();
         let connection =
             ManagedConnection::connect(client, config, self.connect_timeout * 2).await?;
         self.build(connection).await
+    }
+
+    /// Connects to the master that Redis Sentinel names `service`, asking
+    /// any of `sentinels` (URLs such as `redis://10.0.0.1:26379`, with the
+    /// sentinels' own credentials if they need any), with a
+    /// [`SentinelConnection`], which follows the master through failovers:
+    /// calls that find the master gone fail (the failure policy answers
+    /// them, within the deadline) while the connection asks the sentinels
+    /// again, and go to the new master once Sentinel has promoted one.
+    /// See [`connect_sentinel_with`](Self::connect_sentinel_with) for a
+    /// master that needs a password, a database or TLS, and
+    /// [`connect_sentinel_url`](Self::connect_sentinel_url) for the URL form.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`], and when no sentinel names a
+    /// master for `service`.
+    pub async fn connect_sentinel<I: IntoConnectionInfo>(
+        self,
+        service: &str,
+        sentinels: impl IntoIterator<Item = I>,
+    ) -> Result<RedisStore<SentinelConnection>, RedisStoreError> {
+        let master = SentinelNodeConnectionInfo::default();
+        self.connect_sentinel_with(service, sentinels, master).await
+    }
+
+    /// As [`connect_sentinel`](Self::connect_sentinel), connecting to the
+    /// master with `master`'s settings: its credentials and database
+    /// (`set_redis_connection_info`), and TLS (`set_tls_mode`, with one of
+    /// the redis crate's TLS features).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_sentinel`](Self::connect_sentinel).
+    pub async fn connect_sentinel_with<I: IntoConnectionInfo>(
+        self,
+        service: &str,
+        sentinels: impl IntoIterator<Item = I>,
+        master: SentinelNodeConnectionInfo,
+    ) -> Result<RedisStore<SentinelConnection>, RedisStoreError> {
+        self.check()?;
+        let sentinels: Vec<I> = sentinels.into_iter().collect();
+        if sentinels.is_empty() {
+            return Err(ConfigError::InvalidSetting {
+                setting: "sentinels",
+                reason: "at least one sentinel address",
+            }
+            .into());
+        }
+        let config = self.manager_config();
+        let budget = self.connect_timeout * 2;
+        let connection =
+            SentinelConnection::connect(sentinels, service, master, config, budget).await?;
+        self.build(connection).await
+    }
+
+    /// As [`connect_sentinel`](Self::connect_sentinel), from one URL:
+    /// `redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]`.
+    /// The hosts are the sentinels; the credentials and the database are
+    /// the master's.
+    ///
+    /// ```
+    /// use tollgate_redis::RedisStoreBuilder;
+    ///
+    /// let (service, sentinels, _master) = RedisStoreBuilder::parse_sentinel_url(
+    ///     "redis+sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379/mymaster/2",
+    /// )?;
+    /// assert_eq!(service, "mymaster");
+    /// assert_eq!(sentinels, ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]);
+    /// # Ok::<(), tollgate_redis::RedisStoreError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_sentinel`](Self::connect_sentinel), and
+    /// [`ConfigError::InvalidSetting`] for a URL of another form.
+    pub async fn connect_sentinel_url(
+        self,
+        url: &str,
+    ) -> Result<RedisStore<SentinelConnection>, RedisStoreError> {
+        let (service, sentinels, master) = Self::parse_sentinel_url(url)?;
+        self.connect_sentinel_with(&service, sentinels, master)
+            .await
+    }
+
+    /// The service, the sentinels' URLs and the master's settings of a
+    /// `redis+sentinel://` URL (see
+    /// [`connect_sentinel_url`](Self::connect_sentinel_url)).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] for a URL of another form.
+    pub fn parse_sentinel_url(
+        url: &str,
+    ) -> Result<(String, Vec<String>, SentinelNodeConnectionInfo), RedisStoreError> {
+        let bad = |reason| ConfigError::InvalidSetting {
+            setting: "sentinel URL",
+            reason,
+        };
+        let rest = url
+            .strip_prefix("redis+sentinel://")
+            .ok_or_else(|| bad("expected redis+sentinel://host:port[,host:port...]/service"))?;
+        let (credentials, rest) = match rest.rsplit_once('@') {
+            Some((credentials, rest)) => (Some(credentials), rest),
+            None => (None, rest),
+        };
+        let (hosts, path) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("no service name after the sentinels' addresses"))?;
+        let mut path = path.split('/');
+        let service = path.next().filter(|s| !s.is_empty());
+        let service =
+            service.ok_or_else(|| bad("no service name after the sentinels' addresses"))?;
+        let db = path.next().filter(|d| !d.is_empty());
+        let sentinels: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{h}"))
+            .collect();
+        if sentinels.is_empty() {
+            return Err(bad("at least one sentinel address").into());
+        }
+        // The master's settings, read by the redis crate from a URL of its
+        // own form (it decodes the credentials and checks the database).
+        let master_url = format!(
+            "redis://{}localhost/{}",
+            credentials.map(|c| format!("{c}@")).unwrap_or_default(),
+            db.unwrap_or("0")
+        );
+        let info = master_url.as_str().into_connection_info()?;
+        let master = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(info.redis_settings().clone());
+        Ok((service.to_owned(), sentinels, master))
+    }
+
+    /// The settings of a connection manager to one server.
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(self.connect_timeout)
     }
 
     /// Connects through a bb8 pool of multiplexed connections.

@@ -93,6 +93,7 @@ mod lanes;
 mod managed;
 mod operations;
 mod script;
+mod sentinel;
 mod shape;
 mod store;
 #[cfg(feature = "testing")]
@@ -104,4 +105,6 @@ pub use cluster::ClusterConnection;
 pub use connection::{Pool, RedisConnection};
 pub use error::RedisStoreError;
 pub use managed::ManagedConnection;
+pub use redis::sentinel::SentinelNodeConnectionInfo;
+pub use sentinel::SentinelConnection;
 pub use store::RedisStore;

@@ -33,7 +33,9 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "TOLLGATE_LISTEN", default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
-    /// Redis to share limits through; the in-memory store when absent.
+    /// Redis to share limits through (`redis://host:port`, or
+    /// `redis+sentinel://host:port[,host:port...]/service` for the master
+    /// Sentinel names); the in-memory store when absent.
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
     /// The policy file.
@@ -148,6 +150,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Before the layers are built: they register their counters with it.
     let metrics = install_metrics().map_err(|e| format!("cannot install metrics: {e}"))?;
     let store = match &args.redis_url {
+        Some(url) if url.starts_with("redis+sentinel://") => {
+            let store = RedisStore::builder()
+                .connect_sentinel_url(url)
+                .await
+                .map_err(|e| format!("cannot use Redis through {}: {e}", redact(url)))?;
+            println!("store: Redis through Sentinel {}", redact(url));
+            BoxStore::new(store)
+        }
         Some(url) => {
             let store = RedisStore::connect(url.as_str())
                 .await

@@ -1,0 +1,131 @@
+//! [`SentinelConnection`]: the master of a Redis Sentinel deployment,
+//! followed through failovers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo, RedisError};
+
+use crate::connection::RedisConnection;
+use crate::error::RedisStoreError;
+
+/// A connection to the master that Redis Sentinel names for a service,
+/// which follows the master when Sentinel promotes a replica.
+///
+/// Made by [`RedisStoreBuilder::connect_sentinel`](crate::RedisStoreBuilder::connect_sentinel).
+/// It holds a multiplexed `ConnectionManager` to the master it was last
+/// told of. When a call finds that master gone (the connection lost or
+/// refused) or demoted (`READONLY`), it fails, as any call to a failed
+/// server does (the store's failure policy answers it), and the
+/// connection asks the sentinels for the master again, in the background,
+/// one question at a time: once Sentinel has promoted a replica, the next
+/// calls go to it.
+#[derive(Clone)]
+pub struct SentinelConnection {
+    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+    config: ConnectionManagerConfig,
+    connect_budget: Duration,
+    current: Arc<Mutex<ConnectionManager>>,
+    refreshing: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for SentinelConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelConnection")
+            .field("refreshing", &self.refreshing.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentinelConnection {
+    /// Asks `sentinels` for the master of `service` and connects to it.
+    pub(crate) async fn connect<I: IntoConnectionInfo>(
+        sentinels: Vec<I>,
+        service: &str,
+        master: SentinelNodeConnectionInfo,
+        config: ConnectionManagerConfig,
+        connect_budget: Duration,
+    ) -> Result<Self, RedisStoreError> {
+        let sentinel = SentinelClient::build(
+            sentinels,
+            service.to_owned(),
+            Some(master),
+            SentinelServerType::Master,
+        )?;
+        let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
+        let manager = tokio::time::timeout(connect_budget, master_of(&sentinel, &config))
+            .await
+            .map_err(|_| RedisStoreError::Deadline(connect_budget))??;
+        Ok(Self {
+            sentinel,
+            config,
+            connect_budget,
+            current: Arc::new(Mutex::new(manager)),
+            refreshing: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    fn current(&self) -> ConnectionManager {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A connection to the master the sentinels name now.
+async fn master_of(
+    sentinel: &tokio::sync::Mutex<SentinelClient>,
+    config: &ConnectionManagerConfig,
+) -> Result<ConnectionManager, RedisError> {
+    let client = sentinel.lock().await.async_get_client().await?;
+    ConnectionManager::new_with_config(client, config.clone()).await
+}
+
+/// Whether `error` says the master is gone or no longer the master.
+fn master_lost(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
+impl RedisConnection for SentinelConnection {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        match cmd.query_async(&mut self.current()).await {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                if master_lost(&error) {
+                    self.refresh();
+                }
+                Err(error.into())
+            }
+        }
+    }
+
+    fn is_one_server(&self) -> bool {
+        true
+    }
+
+    /// Asks the sentinels for the master again, in the background, unless
+    /// a question is already on its way.
+    fn refresh(&self) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let fresh =
+                tokio::time::timeout(this.connect_budget, master_of(&this.sentinel, &this.config))
+                    .await;
+            if let Ok(Ok(manager)) = fresh {
+                *this.current.lock().unwrap_or_else(PoisonError::into_inner) = manager;
+            }
+            this.refreshing.store(false, Ordering::Release);
+        });
+    }
+}
