@@ -178,7 +178,7 @@ async fn scenario(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
 async fn every_route_on_memory_and_the_same_on_redis() {
     let clock = FakeClock::default();
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let on_memory = scenario(BoxStore::new(memory), &clock).await;
+    let on_memory = scenario(BoxStore::with_slots(memory), &clock).await;
 
     let url = require_redis().await;
     let redis = RedisStore::builder()
@@ -188,7 +188,7 @@ async fn every_route_on_memory_and_the_same_on_redis() {
         .connect(url.as_str())
         .await
         .unwrap();
-    let on_redis = scenario(BoxStore::new(redis), &clock).await;
+    let on_redis = scenario(BoxStore::with_slots(redis), &clock).await;
     assert_eq!(on_memory, on_redis);
 }
 
@@ -206,7 +206,7 @@ async fn connect_info_over_real_tcp() {
     let store = MemoryStore::builder().clock(clock).build().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = app(&config(), BoxStore::new(store));
+    let app = app(&config(), BoxStore::with_slots(store));
     tokio::spawn(async move {
         axum::serve(
             listener,
@@ -279,7 +279,7 @@ async fn plans(store: BoxStore, clock: &FakeClock) -> Vec<(usize, Seen)> {
 async fn plans_on_memory_and_the_same_on_redis() {
     let clock = FakeClock::default();
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let on_memory = plans(BoxStore::new(memory), &clock).await;
+    let on_memory = plans(BoxStore::with_slots(memory), &clock).await;
 
     let url = require_redis().await;
     let redis = RedisStore::builder()
@@ -289,7 +289,7 @@ async fn plans_on_memory_and_the_same_on_redis() {
         .connect(url.as_str())
         .await
         .unwrap();
-    let on_redis = plans(BoxStore::new(redis), &clock).await;
+    let on_redis = plans(BoxStore::with_slots(redis), &clock).await;
     assert_eq!(on_memory, on_redis);
 }
 
@@ -394,7 +394,7 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
 
 #[tokio::test]
 async fn without_an_admin_token_the_admin_routes_do_not_exist() {
-    let app = app(&config(), BoxStore::new(MemoryStore::new()));
+    let app = app(&config(), BoxStore::with_slots(MemoryStore::new()));
     let request = Request::delete("/admin/rate_limit/export/ada")
         .header("authorization", "Bearer anything")
         .body(Body::empty())
@@ -484,7 +484,7 @@ async fn settled(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
 async fn costs_settled_after_the_response_on_memory_and_the_same_on_redis() {
     let clock = FakeClock::default();
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let on_memory = settled(BoxStore::new(memory), &clock).await;
+    let on_memory = settled(BoxStore::with_slots(memory), &clock).await;
 
     let url = require_redis().await;
     let redis = RedisStore::builder()
@@ -494,7 +494,7 @@ async fn costs_settled_after_the_response_on_memory_and_the_same_on_redis() {
         .connect(url.as_str())
         .await
         .unwrap();
-    let on_redis = settled(BoxStore::new(redis), &clock).await;
+    let on_redis = settled(BoxStore::with_slots(redis), &clock).await;
     assert_eq!(on_memory, on_redis);
 }
 
@@ -502,7 +502,7 @@ async fn costs_settled_after_the_response_on_memory_and_the_same_on_redis() {
 async fn rate_limit_and_operator_reset_on_memory_and_the_same_on_redis() {
     let clock = FakeClock::default();
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let on_memory = operators(BoxStore::new(memory), &clock).await;
+    let on_memory = operators(BoxStore::with_slots(memory), &clock).await;
 
     let url = require_redis().await;
     let redis = RedisStore::builder()
@@ -512,6 +512,6 @@ async fn rate_limit_and_operator_reset_on_memory_and_the_same_on_redis() {
         .connect(url.as_str())
         .await
         .unwrap();
-    let on_redis = operators(BoxStore::new(redis), &clock).await;
+    let on_redis = operators(BoxStore::with_slots(redis), &clock).await;
     assert_eq!(on_memory, on_redis);
 }

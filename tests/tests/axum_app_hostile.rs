@@ -47,7 +47,7 @@ async fn serve() -> SocketAddr {
     let config = AppConfig::parse(CONFIG).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = app(&config, BoxStore::new(store));
+    let app = app(&config, BoxStore::with_slots(store));
     tokio::spawn(async move {
         axum::serve(
             listener,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
+use crate::inflight::{InFlightLimit, SlotStore, Slots};
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::settle::Settlement;
@@ -20,7 +21,9 @@ use crate::store::Store;
 /// A store that answers at once ([`Store::try_check_now`], the memory
 /// store) still does, without a boxed future; a store that waits (Redis)
 /// boxes the future of each decision. [`Store::last_known`] is passed
-/// through, so a local fallback still takes over a key's use.
+/// through, so a local fallback still takes over a key's use. Made with
+/// [`BoxStore::with_slots`], it also holds the slots of in-flight limits
+/// ([`SlotStore`]).
 ///
 /// ```
 /// use tollgate_core::{Algorithm, BoxStore, Key, MemoryStore, Policy, Store};
@@ -34,6 +37,130 @@ use crate::store::Store;
 #[derive(Clone)]
 pub struct BoxStore {
     store: Arc<dyn DynStore>,
+    slots: Option<Arc<dyn DynSlots>>,
+}
+
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+trait DynSlots: Send + Sync + 'static {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        limit: &'a InFlightLimit,
+        holder: u64,
+    ) -> Boxed<'a, Slots>;
+    fn renew<'a>(&'a self, key: &'a Key, limit: &'a InFlightLimit, holder: u64) -> Boxed<'a, bool>;
+    fn release<'a>(&'a self, key: &'a Key, limit: &'a InFlightLimit, holder: u64) -> Boxed<'a, ()>;
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool;
+    fn leases(&self) -> bool;
+}
+
+impl<S: SlotStore> DynSlots for S {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        limit: &'a InFlightLimit,
+        holder: u64,
+    ) -> Boxed<'a, Slots> {
+        Box::pin(SlotStore::acquire(self, key, limit, holder))
+    }
+
+    fn renew<'a>(&'a self, key: &'a Key, limit: &'a InFlightLimit, holder: u64) -> Boxed<'a, bool> {
+        Box::pin(SlotStore::renew(self, key, limit, holder))
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, limit: &'a InFlightLimit, holder: u64) -> Boxed<'a, ()> {
+        Box::pin(SlotStore::release(self, key, limit, holder))
+    }
+
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        SlotStore::release_now(self, key, limit, holder)
+    }
+
+    fn leases(&self) -> bool {
+        SlotStore::leases(self)
+    }
+}
+
+/// A [`BoxStore`] made with [`BoxStore::new`] holds no slots.
+#[derive(Debug, thiserror::Error)]
+#[error("this BoxStore holds no in-flight slots: make it with BoxStore::with_slots")]
+struct NoSlots;
+
+impl BoxStore {
+    /// `store` behind one type, holding the slots of in-flight limits too.
+    ///
+    /// ```
+    /// use tollgate_core::{BoxStore, InFlightLimit, Key, MemoryStore, SlotStore};
+    ///
+    /// # futures_block_on(async {
+    /// let store = BoxStore::with_slots(MemoryStore::new());
+    /// let exports = InFlightLimit::new("exports", 1)?;
+    /// let key = Key::user("ada");
+    /// assert!(store.acquire(&key, &exports, 1).await?.acquired);
+    /// assert!(!store.acquire(&key, &exports, 2).await?.acquired);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// # fn futures_block_on<F: Future>(f: F) -> F::Output {
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// ```
+    pub fn with_slots<S: Store + SlotStore>(store: S) -> Self {
+        let store = Arc::new(store);
+        Self {
+            store: store.clone(),
+            slots: Some(store),
+        }
+    }
+
+    fn slots(&self) -> Result<&dyn DynSlots, StoreError> {
+        self.slots
+            .as_deref()
+            .ok_or_else(|| StoreError::backend(NoSlots))
+    }
+}
+
+/// The slots of the store given to [`BoxStore::with_slots`]; a store made
+/// with [`BoxStore::new`] fails every call.
+impl SlotStore for BoxStore {
+    async fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Slots, StoreError> {
+        self.slots()?.acquire(key, limit, holder).await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<bool, StoreError> {
+        self.slots()?.renew(key, limit, holder).await
+    }
+
+    async fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<(), StoreError> {
+        self.slots()?.release(key, limit, holder).await
+    }
+
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        self.slots
+            .as_deref()
+            .is_some_and(|s| s.release_now(key, limit, holder))
+    }
+
+    fn leases(&self) -> bool {
+        self.slots.as_deref().is_none_or(DynSlots::leases)
+    }
 }
 
 /// The decision future of a boxed store.
@@ -103,6 +230,7 @@ impl BoxStore {
     pub fn new<S: Store>(store: S) -> Self {
         Self {
             store: Arc::new(store),
+            slots: None,
         }
     }
 }

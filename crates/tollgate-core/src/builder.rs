@@ -244,7 +244,7 @@ fn params_for(
     })
 }
 
-fn validate_name(name: &str) -> Result<(), ConfigError> {
+pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name

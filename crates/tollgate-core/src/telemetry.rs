@@ -14,6 +14,8 @@
 //! | [`DENY_CACHE_HITS`] | counter | `policy` | denials the Redis store answered from its deny cache, without a round trip |
 //! | [`MEMORY_STORE_KEYS`] | gauge | none | keys held by the process's memory stores |
 //! | [`CIRCUITS_OPEN`] | gauge | none | circuit breakers open or probing (0 when every store is healthy) |
+//! | [`INFLIGHT_SLOTS`] | gauge | `policy` | slots of an in-flight limit held by this process's requests |
+//! | [`INFLIGHT_REJECTED`] | counter | `policy` | requests an in-flight limit turned away |
 //!
 //! Handles are registered when a layer, limiter or store is built: install
 //! the metrics recorder first.
@@ -40,3 +42,11 @@ pub const MEMORY_STORE_KEYS: &str = "tollgate_memory_store_keys";
 
 /// Gauge of the circuit breakers that are open or half-open.
 pub const CIRCUITS_OPEN: &str = "tollgate_circuits_open";
+
+/// Gauge: slots of an in-flight limit held by this app server's requests
+/// (label `policy`, the limit's name).
+pub const INFLIGHT_SLOTS: &str = "tollgate_inflight_slots";
+
+/// Counter: requests an in-flight limit turned away, every slot of their
+/// key being taken (label `policy`).
+pub const INFLIGHT_REJECTED: &str = "tollgate_inflight_rejected_total";

@@ -52,6 +52,11 @@ impl KeyNamer {
         self.named(policy.name(), key)
     }
 
+    /// The sorted set of `key`'s slots under the in-flight limit `name`.
+    pub(crate) fn slots_key(&self, name: &str, key: &Key) -> String {
+        self.named(&format!("inflight/{name}"), key)
+    }
+
     fn named(&self, policy: &str, key: &Key) -> String {
         let mut h = Sha256::new();
         let mut part = |bytes: &[u8]| {

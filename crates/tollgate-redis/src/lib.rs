@@ -95,6 +95,7 @@ mod operations;
 mod script;
 mod sentinel;
 mod shape;
+mod slots;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

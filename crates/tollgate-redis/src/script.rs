@@ -282,6 +282,9 @@ pub(crate) struct Scripts {
     tat: [DecisionScript; 2],
     pub(crate) window_word: DecisionScript,
     pub(crate) block: DecisionScript,
+    /// The in-flight limit's scripts: taking a slot, renewing its lease.
+    pub(crate) acquire: DecisionScript,
+    pub(crate) renew: DecisionScript,
 }
 
 impl Scripts {
@@ -297,6 +300,8 @@ impl Scripts {
             ],
             window_word: DecisionScript::new(WINDOW_WORD),
             block: DecisionScript::new(BLOCK),
+            acquire: DecisionScript::new(include_str!("lua/inflight/acquire.lua")),
+            renew: DecisionScript::new(include_str!("lua/inflight/renew.lua")),
         }
     }
 
@@ -316,10 +321,11 @@ impl Scripts {
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &DecisionScript> {
-        self.general
-            .iter()
-            .map(|(_, s)| s)
-            .chain(&self.tat)
-            .chain([&self.window_word, &self.block])
+        self.general.iter().map(|(_, s)| s).chain(&self.tat).chain([
+            &self.window_word,
+            &self.block,
+            &self.acquire,
+            &self.renew,
+        ])
     }
 }

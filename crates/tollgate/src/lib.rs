@@ -89,6 +89,7 @@ mod fallback;
 mod future;
 mod grpc;
 pub mod headers;
+mod inflight;
 mod ip;
 mod layer;
 mod limiter;
@@ -106,6 +107,7 @@ pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause
 pub use fallback::{FailureMode, FallbackStore, shared_fallback};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
+pub use inflight::{CONCURRENCY_LIMIT, InFlight, InFlightBody, InFlightLayer};
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
@@ -115,9 +117,9 @@ pub use settle::{ActualCost, Settle};
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{
-    Algorithm, BoxStore, BreakerState, Clock, ConfigError, Decision, FakeClock, Key, KeyKind,
-    Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Store, StoreError,
-    SystemClock, Timestamp, TypeTag,
+    Algorithm, BoxStore, BreakerState, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key,
+    KeyKind, Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Settlement,
+    SlotStore, Slots, Store, StoreError, SystemClock, Timestamp, TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.

@@ -191,7 +191,7 @@ impl Telemetry {
 /// Lets a line through at most once per interval, counting the ones it
 /// holds back, so an outage cannot flood the logs.
 #[derive(Debug)]
-struct Throttle {
+pub(crate) struct Throttle {
     origin: Instant,
     interval: Duration,
     /// When the last line was logged, in ms since `origin`, plus one (0: never).
@@ -200,7 +200,7 @@ struct Throttle {
 }
 
 impl Throttle {
-    fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         Self {
             origin: Instant::now(),
             interval,
@@ -211,7 +211,7 @@ impl Throttle {
 
     /// `Some(lines held back since the last one)` if a line may be logged
     /// at `now`.
-    fn may_log(&self, now: Instant) -> Option<u64> {
+    pub(crate) fn may_log(&self, now: Instant) -> Option<u64> {
         let now_ms = u64::try_from(now.saturating_duration_since(self.origin).as_millis())
             .unwrap_or(u64::MAX - 1)
             + 1;

@@ -341,7 +341,7 @@ fn json_escaped(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
+pub(crate) fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(

@@ -287,3 +287,48 @@ fn store_failures_are_counted_by_kind_and_by_what_the_failure_policy_did() {
     assert_eq!(get(DECISIONS, "open", "allowed"), 1.0);
     assert_eq!(get(DECISIONS, "closed", "allowed"), 1.0);
 }
+
+#[test]
+fn the_in_flight_limit_counts_slots_held_and_rejections() {
+    use tollgate::telemetry::{INFLIGHT_REJECTED, INFLIGHT_SLOTS};
+    use tollgate::{InFlightLayer, InFlightLimit};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (during, after) = with_recorder(&recorder, || async {
+        let limit = InFlightLimit::new("exports", 2).unwrap();
+        let layer = InFlightLayer::new(limit, client_header());
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let request = |client: &str| {
+            Request::get("/")
+                .header("x-client", client)
+                .body(Body::empty())
+                .unwrap()
+        };
+        // Two responses held (their bodies unread), a third turned away,
+        // and one of another client.
+        let first = app.clone().oneshot(request("a")).await.unwrap();
+        let second = app.clone().oneshot(request("a")).await.unwrap();
+        let third = app.clone().oneshot(request("a")).await.unwrap();
+        let other = app.clone().oneshot(request("b")).await.unwrap();
+        assert_eq!(
+            [
+                first.status(),
+                second.status(),
+                third.status(),
+                other.status()
+            ],
+            [200, 200, 429, 200]
+        );
+        let during = Values::take(&snapshotter);
+        drop((first, second, other));
+        (during, Values::take(&snapshotter))
+    });
+    let labels = [("policy", "exports")];
+    assert_eq!(during.get(INFLIGHT_SLOTS, &labels), 3.0);
+    assert_eq!(during.get(INFLIGHT_REJECTED, &labels), 1.0);
+    // The recorder drains on each snapshot: the second holds the change
+    // since the first, every slot given back.
+    assert_eq!(after.get(INFLIGHT_SLOTS, &labels), -3.0);
+}

@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::time::Duration;
 
 use serde::Deserialize;
-use tollgate::{Algorithm, ClientIp, ConfigError, FailureMode, HeaderStyle, Policy};
+use tollgate::{Algorithm, ClientIp, ConfigError, FailureMode, HeaderStyle, InFlightLimit, Policy};
 
 /// The routes of the app, fixed in code.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -67,6 +68,10 @@ struct RawRoute {
     enforce_percent: Option<i64>,
     #[serde(default)]
     settle: Option<String>,
+    #[serde(default)]
+    in_flight: Option<i64>,
+    #[serde(default)]
+    in_flight_lease_ms: Option<i64>,
     /// `[route.plans.<plan>]`: what differs for users of that plan.
     #[serde(default)]
     plans: std::collections::BTreeMap<String, RawPlan>,
@@ -158,6 +163,9 @@ pub struct RouteConfig {
     pub plans: Vec<PlanConfig>,
     /// How each request's cost is settled after its response.
     pub settle: SettleSpec,
+    /// At most this many requests of one key in progress at once, under
+    /// the route's name.
+    pub in_flight: Option<InFlightLimit>,
 }
 
 impl RouteConfig {
@@ -379,6 +387,31 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
         Some("failures") => SettleSpec::Failures,
         Some(other) => return Err(at("settle", other, "expected reserved, actual or failures")),
     };
+    let in_flight = match r.in_flight {
+        None => None,
+        Some(max) => {
+            let max = u64::try_from(max)
+                .map_err(|_| at("in_flight", &max.to_string(), "must be at least 1"))?;
+            let limit = InFlightLimit::new(&r.name, max)
+                .map_err(|e| at("in_flight", &max.to_string(), &e.to_string()))?;
+            Some(match r.in_flight_lease_ms {
+                None => limit,
+                Some(ms) => {
+                    let lease = Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+                    limit
+                        .lease(lease)
+                        .map_err(|e| at("in_flight_lease_ms", &ms.to_string(), &e.to_string()))?
+                }
+            })
+        }
+    };
+    if in_flight.is_none() && r.in_flight_lease_ms.is_some() {
+        return Err(at(
+            "in_flight_lease_ms",
+            &r.in_flight_lease_ms.unwrap_or_default().to_string(),
+            "a lease needs `in_flight`",
+        ));
+    }
     Ok(RouteConfig {
         method,
         path: r.path,
@@ -388,6 +421,7 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
         enforce_percent,
         plans,
         settle,
+        in_flight,
     })
 }
 

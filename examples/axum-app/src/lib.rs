@@ -25,7 +25,7 @@ use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandl
 use serde::Deserialize;
 use tollgate::{
     ActualCost, BoxStore, Choice, ChosenPolicy, ClientIp, ExtensionKey, GlobalKey, HeaderKey,
-    KeepBody, Key, KeyExtractor, MissingCause, RateLimitLayer, Settle, ToKey,
+    InFlightLayer, KeepBody, Key, KeyExtractor, MissingCause, RateLimitLayer, Settle, ToKey,
 };
 
 pub use operators::AdminToken;
@@ -107,7 +107,15 @@ pub fn app_with_admin(config: &AppConfig, store: BoxStore, admin: Option<AdminTo
             .filter(|r| r.matches(method, path))
             .collect();
         // Layers added later wrap earlier ones: add the innermost first, so
-        // that the file's first entry is the outermost of its group.
+        // that the file's first entry is the outermost of its group. The
+        // in-flight limits are innermost: a request turned away by a rate
+        // limit never takes a slot.
+        for entry in entries.iter().rev() {
+            if let Some(limit) = &entry.in_flight {
+                let key = app_key(config, entry);
+                route = route.layer(InFlightLayer::new(limit.clone(), key).store(store.clone()));
+            }
+        }
         for entry in entries.iter().rev().filter(|e| e.key.after_auth()) {
             route = route.layer(layer(config, entry, &store));
         }
@@ -299,8 +307,36 @@ async fn complete(
     (Extension(ActualCost(query.tokens)), Json(body))
 }
 
-async fn export(Extension(user): Extension<UserId>) -> String {
-    format!("export for {user}: 2 items\n")
+#[derive(Deserialize)]
+struct ExportQuery {
+    #[serde(default = "default_rows")]
+    rows: u32,
+}
+
+fn default_rows() -> u32 {
+    10
+}
+
+/// `GET /api/export?rows=N` (at most 1,000): an expensive export, streamed
+/// one row per 100 ms; its in-flight slot is held until the last row is
+/// out.
+async fn export(
+    Extension(user): Extension<UserId>,
+    Query(query): Query<ExportQuery>,
+) -> axum::body::Body {
+    let rows = query.rows.min(1_000);
+    let stream = futures::stream::unfold(0, move |row| {
+        let user = user.clone();
+        async move {
+            if row == rows {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let line = format!("export for {user}: row {row}\n");
+            Some((Ok::<_, std::convert::Infallible>(line), row + 1))
+        }
+    });
+    axum::body::Body::from_stream(stream)
 }
 
 /// The policy table printed at start-up.

@@ -26,6 +26,15 @@ use clap::Parser;
 use tollgate::{BoxStore, MemoryStore};
 use tollgate_redis::RedisStore;
 
+/// Writes a line to stdout, as `println!` does, but carries on if stdout
+/// is closed (a pipe whose reader is gone): the server keeps serving.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// Tollgate's demo API: per-route rate limits from a policy file.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -38,6 +47,9 @@ struct Args {
     /// Sentinel names); the in-memory store when absent.
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
+    /// The prefix of every Redis key the limits keep.
+    #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
+    redis_prefix: String,
     /// The policy file.
     #[arg(long, env = "TOLLGATE_CONFIG", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/policies.toml"))]
     config: PathBuf,
@@ -132,7 +144,7 @@ fn reload_on_sighup(path: PathBuf, app: Reloadable, parts: Parts) {
                 Ok(config) => {
                     app.replace(build(&config, &parts));
                     tracing::info!(config = %path.display(), "reloaded the policy file");
-                    print!("{}", policy_table(&config));
+                    say!("{}", policy_table(&config).trim_end());
                 }
                 Err(error) => {
                     tracing::error!(%error, "refused the new policy file; the old policies stay");
@@ -152,37 +164,40 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let store = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
+                .prefix(args.redis_prefix.as_str())
                 .connect_sentinel_url(url)
                 .await
                 .map_err(|e| format!("cannot use Redis through {}: {e}", redact(url)))?;
-            println!("store: Redis through Sentinel {}", redact(url));
-            BoxStore::new(store)
+            say!("store: Redis through Sentinel {}", redact(url));
+            BoxStore::with_slots(store)
         }
         Some(url) => {
-            let store = RedisStore::connect(url.as_str())
+            let store = RedisStore::builder()
+                .prefix(args.redis_prefix.as_str())
+                .connect(url.as_str())
                 .await
                 .map_err(|e| format!("cannot use Redis at {}: {e}", redact(url)))?;
-            println!("store: Redis at {}", redact(url));
-            BoxStore::new(store)
+            say!("store: Redis at {}", redact(url));
+            BoxStore::with_slots(store)
         }
         None => {
             let store = MemoryStore::new();
-            println!("store: in-memory (max {} keys)", store.max_keys());
-            BoxStore::new(store)
+            say!("store: in-memory (max {} keys)", store.max_keys());
+            BoxStore::with_slots(store)
         }
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    println!("listening on http://{}", listener.local_addr()?);
-    println!("config: {}", args.config.display());
-    println!("metrics: http://{}/metrics", listener.local_addr()?);
-    print!("{}", policy_table(&config));
+    say!("listening on http://{}", listener.local_addr()?);
+    say!("config: {}", args.config.display());
+    say!("metrics: http://{}/metrics", listener.local_addr()?);
+    say!("{}", policy_table(&config).trim_end());
     let admin = match args.admin_token.as_deref().map(AdminToken::new) {
         None => None,
         Some(None) => return Err("--admin-token: an empty token would let anyone in".into()),
         Some(token) => {
-            println!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
+            say!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
             token
         }
     };

@@ -9,6 +9,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
+use crate::inflight::{InFlightLimit, MemorySlots, SlotStore, Slots};
 use crate::key::Key;
 use crate::memory::shard::{KeysGauge, Padded, Shard, Shared, lock};
 use crate::policy::Policy;
@@ -111,6 +112,7 @@ impl MemoryStore {
                 seed: foldhash::quality::RandomState::default(),
                 keys_gauge: KeysGauge::new(),
                 configs: RwLock::default(),
+                slots: MemorySlots::default(),
             }),
         }
     }
@@ -227,6 +229,46 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.shared.block(key, policy, duration);
         std::future::ready(Ok(()))
+    }
+}
+
+/// Slots of in-flight limits, held as long as their requests: no leases.
+impl SlotStore for MemoryStore {
+    fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> impl Future<Output = Result<Slots, StoreError>> + Send {
+        std::future::ready(Ok(self.shared.slots.acquire(key, limit, holder)))
+    }
+
+    fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.shared.slots.holds(key, limit, holder)))
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.shared.slots.release(key, limit, holder);
+        std::future::ready(Ok(()))
+    }
+
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        self.shared.slots.release(key, limit, holder);
+        true
+    }
+
+    fn leases(&self) -> bool {
+        false
     }
 }
 

@@ -9,6 +9,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
+use crate::inflight::MemorySlots;
 use crate::key::Key;
 use crate::memory::form::{Form, KeyHash, Maps, Visit, dispatch};
 use crate::policy::MAX_SPAN_US;
@@ -30,6 +31,8 @@ pub(super) struct Shared {
     /// key whose state was kept under one is found, and carried over, from
     /// another. Written only when a new configuration keeps its first key.
     pub(super) configs: RwLock<HashMap<u64, Vec<Policy>>>,
+    /// The slots of in-flight limits.
+    pub(super) slots: MemorySlots,
 }
 
 /// The most configurations of one policy name the store carries keys

@@ -15,6 +15,7 @@ use crate::script::{DecisionScript, Scripts};
 use crate::shape::Form;
 
 mod general;
+mod slots;
 mod words;
 
 pub(crate) use words::{RedisClock, WriteOrder};

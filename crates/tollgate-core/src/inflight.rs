@@ -1,0 +1,233 @@
+//! A limit on requests in flight per key: [`InFlightLimit`], and the
+//! [`SlotStore`] operations that hold its slots.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::builder::validate_name;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+
+/// At most `max` requests of one key in progress at once: a concurrency
+/// limit per key, across every app server that shares the store.
+///
+/// A request takes a slot before it runs and gives it back when it is done
+/// (for an HTTP layer, when its response body is finished or dropped). On a
+/// shared store a slot is a lease of `lease`, which the holder renews while
+/// the request runs: the slot of an app server that died frees itself when
+/// its lease runs out. The name is the identity of the slots, as a policy's
+/// name is of its state.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::InFlightLimit;
+///
+/// let exports = InFlightLimit::new("exports", 2)?.lease(Duration::from_secs(10))?;
+/// assert_eq!((exports.name(), exports.max()), ("exports", 2));
+/// assert!(InFlightLimit::new("exports", 0).is_err());
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlightLimit {
+    name: Arc<str>,
+    max: u64,
+    lease: Duration,
+}
+
+impl InFlightLimit {
+    /// The default lease of a slot in a shared store.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+    /// At most `max` requests of one key in flight, under `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidName`] for a name a policy could not have, and
+    /// [`ConfigError::InvalidSetting`] for a `max` of 0.
+    pub fn new(name: impl Into<String>, max: u64) -> Result<Self, ConfigError> {
+        let name = name.into();
+        validate_name(&name)?;
+        if max == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "max in flight",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(Self {
+            name: name.into(),
+            max,
+            lease: Self::DEFAULT_LEASE,
+        })
+    }
+
+    /// How long a slot in a shared store lasts without a renewal (default
+    /// 30 s; renewed every third of it while the request runs): how long
+    /// the slot of an app server that died stays taken.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] for a lease under 10 ms or over a
+    /// day.
+    pub fn lease(mut self, lease: Duration) -> Result<Self, ConfigError> {
+        if lease < Duration::from_millis(10) || lease > Duration::from_secs(86_400) {
+            return Err(ConfigError::InvalidSetting {
+                setting: "lease",
+                reason: "must be from 10 ms to a day",
+            });
+        }
+        self.lease = lease;
+        Ok(self)
+    }
+
+    /// The name, the identity of the slots.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The most requests of one key in flight.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// The lease of a slot in a shared store.
+    pub fn lease_duration(&self) -> Duration {
+        self.lease
+    }
+}
+
+/// What [`SlotStore::acquire`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slots {
+    /// Whether the request took a slot.
+    pub acquired: bool,
+    /// The slots of the key held now, the request's included if it took one.
+    pub held: u64,
+}
+
+/// A store that holds the slots of [`InFlightLimit`]s. Each request's slot
+/// is named by a `holder` id, unique among the requests of every app
+/// server (see [`SlotStore::new_holder`]).
+pub trait SlotStore: Send + Sync + 'static {
+    /// Takes a slot of `key` under `limit` for `holder`, if fewer than
+    /// `limit.max()` are held. Atomic: concurrent requests never take more
+    /// slots than the limit.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot decide.
+    fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> impl Future<Output = Result<Slots, StoreError>> + Send;
+
+    /// Extends `holder`'s lease; `false` if its slot had already expired
+    /// (and may have gone to another request).
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot be reached.
+    fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives `holder`'s slot back.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store cannot be reached: the slot then
+    /// frees itself when its lease runs out.
+    fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives the slot back at once, for stores that need no I/O: `true` if
+    /// done; the default does nothing and returns `false`, and the caller
+    /// then calls [`release`](SlotStore::release).
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        let _ = (key, limit, holder);
+        false
+    }
+
+    /// Whether slots are leases that their holders must renew while their
+    /// requests run (a store shared by app servers, which may die holding
+    /// one). The default is `true`.
+    fn leases(&self) -> bool {
+        true
+    }
+
+    /// A holder id no other request of any app server uses: 64 random bits.
+    fn new_holder(&self) -> u64 {
+        new_holder()
+    }
+}
+
+/// 64 bits that no other request of any process is likely to draw: a
+/// per-process random seed hashed with a counter.
+fn new_holder() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut h = SEED
+        .get_or_init(std::collections::hash_map::RandomState::new)
+        .build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// The in-memory store's slots: per limit name and key, the holders. They
+/// live as long as their requests (a process that dies takes them along),
+/// so they are no leases.
+#[derive(Default)]
+pub(crate) struct MemorySlots {
+    held: Mutex<HashMap<SlotsOf, Vec<u64>>>,
+}
+
+/// The slots of one key under one limit's name.
+type SlotsOf = (Arc<str>, Key);
+
+impl MemorySlots {
+    pub(crate) fn acquire(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> Slots {
+        let mut held = self.held.lock();
+        let holders = held.entry((limit.name.clone(), key.clone())).or_default();
+        let acquired = (holders.len() as u64) < limit.max;
+        if acquired {
+            holders.push(holder);
+        }
+        Slots {
+            acquired,
+            held: holders.len() as u64,
+        }
+    }
+
+    pub(crate) fn holds(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        let held = self.held.lock();
+        held.get(&(limit.name.clone(), key.clone()))
+            .is_some_and(|holders| holders.contains(&holder))
+    }
+
+    pub(crate) fn release(&self, key: &Key, limit: &InFlightLimit, holder: u64) {
+        let mut held = self.held.lock();
+        let id = (limit.name.clone(), key.clone());
+        if let Some(holders) = held.get_mut(&id) {
+            holders.retain(|&h| h != holder);
+            if holders.is_empty() {
+                held.remove(&id);
+            }
+        }
+    }
+}

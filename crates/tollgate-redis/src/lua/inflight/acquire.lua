@@ -1,0 +1,24 @@
+-- tollgate: takes a slot of an in-flight limit (SlotStore::acquire). The
+-- slots of one key are a sorted set: each holder scored by when its lease
+-- ends, in ms on Redis's clock. Slots whose lease has ended are dropped
+-- first: their holders died, or stopped renewing.
+--
+-- KEYS[1]  the key's slots
+-- ARGV[1]  the holder
+-- ARGV[2]  the most slots
+-- ARGV[3]  the lease in ms
+--
+-- Replies { 1 if the holder took a slot else 0, the slots held now }.
+
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local lease = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if held >= tonumber(ARGV[2]) then
+  return { 0, held }
+end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+-- The set lives as long as its longest lease: this one, the newest.
+redis.call('PEXPIRE', KEYS[1], lease)
+return { 1, held + 1 }

@@ -1,0 +1,432 @@
+//! [`InFlightLayer`]: at most N requests of one key in progress at once.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use pin_project_lite::pin_project;
+use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, Slots};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::extract::KeyExtractor;
+use crate::fallback::FailureMode;
+use crate::report::Throttle;
+use crate::response::{Responder, problem_response};
+
+/// The header that tells a client the in-flight limit it ran into.
+pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
+
+/// A layer that admits at most [`InFlightLimit::max`] requests of one key
+/// in progress at once, across every app server that shares its store:
+/// a keyed, distributed concurrency limit, beside the rate limit of
+/// [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// A request takes a slot before the inner service sees it, and gives it
+/// back when its response body is finished or dropped: when the client
+/// has read the whole response, disconnects, or the handler fails or
+/// panics. A request that finds every slot of its key taken is answered
+/// at once with 429, `application/problem+json`, `Retry-After: 1` and
+/// [`x-concurrency-limit`](CONCURRENCY_LIMIT) carrying the limit.
+///
+/// On Redis a slot is a lease ([`InFlightLimit::lease`]) renewed every
+/// third of it while the request runs, so the slot of an app server that
+/// dies frees itself when the lease ends; in memory a slot lives exactly
+/// as long as its request. When the store fails, the request goes through
+/// unlimited ([`FailureMode::Open`], the default), or is answered 503
+/// ([`FailureMode::Closed`]).
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::{ExtensionKey, InFlightLayer, InFlightLimit};
+///
+/// # #[derive(Clone)] struct UserId(String);
+/// # impl tollgate::ToKey for UserId { fn to_key(&self) -> tollgate::Key { self.0.to_key() } }
+/// let exports = InFlightLimit::new("exports", 2)?;
+/// let app: Router = Router::new()
+///     .route("/export", get(|| async { "a large file" }))
+///     .route_layer(InFlightLayer::new(exports, ExtensionKey::<UserId>::new()));
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub struct InFlightLayer<K, St = MemoryStore> {
+    shared: Arc<Shared<K, St>>,
+}
+
+struct Shared<K, St> {
+    limit: InFlightLimit,
+    extractor: K,
+    store: St,
+    failure: FailureMode,
+    responder: Responder,
+    telemetry: Telemetry,
+}
+
+impl<K> InFlightLayer<K> {
+    /// A layer of `limit` keyed by `extractor`, holding its slots in a
+    /// store of its own in memory (use [`store`](Self::store) to share
+    /// them through Redis).
+    pub fn new(limit: InFlightLimit, extractor: K) -> Self {
+        Self::with_store(limit, extractor, MemoryStore::new())
+    }
+}
+
+impl<K, St> InFlightLayer<K, St> {
+    fn with_store(limit: InFlightLimit, extractor: K, store: St) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                responder: Responder::new(limit.name()),
+                telemetry: Telemetry::new(limit.name()),
+                limit,
+                extractor,
+                store,
+                failure: FailureMode::Open,
+            }),
+        }
+    }
+
+    /// Holds the slots in `store`: a `RedisStore` shared by every app
+    /// server makes the limit global.
+    pub fn store<S2>(self, store: S2) -> InFlightLayer<K, S2> {
+        let shared = Arc::into_inner(self.shared);
+        let (limit, extractor, failure) = match shared {
+            Some(s) => (s.limit, s.extractor, s.failure),
+            None => unreachable_shared(),
+        };
+        let mut layer = InFlightLayer::with_store(limit, extractor, store);
+        layer.set_failure(failure);
+        layer
+    }
+
+    /// What to do when the store fails: [`FailureMode::Open`] (the
+    /// default) lets the request through unlimited; any other mode answers
+    /// 503.
+    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
+        self.set_failure(mode);
+        self
+    }
+
+    fn set_failure(&mut self, mode: FailureMode) {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.failure = mode;
+        }
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> &InFlightLimit {
+        &self.shared.limit
+    }
+}
+
+/// A layer is configured before it is cloned: its settings are never
+/// shared yet.
+fn unreachable_shared() -> ! {
+    unreachable!("InFlightLayer settings are set before the layer is cloned")
+}
+
+impl<K, St> Clone for InFlightLayer<K, St> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K, St> fmt::Debug for InFlightLayer<K, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightLayer")
+            .field("limit", &self.shared.limit)
+            .field("failure", &self.shared.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, St> Layer<S> for InFlightLayer<K, St> {
+    type Service = InFlight<S, K, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlight {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service of an [`InFlightLayer`].
+pub struct InFlight<S, K, St> {
+    inner: S,
+    shared: Arc<Shared<K, St>>,
+}
+
+impl<S: Clone, K, St> Clone for InFlight<S, K, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, St> fmt::Debug for InFlight<S, K, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight")
+            .field("inner", &self.inner)
+            .field("limit", &self.shared.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<InFlightBody<B>>, E>> + Send>>;
+
+impl<S, K, St, ReqBody, ResBody> Service<Request<ReqBody>> for InFlight<S, K, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    K: KeyExtractor<ReqBody>,
+    St: SlotStore + Clone,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<InFlightBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BoxedResponse<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service `poll_ready` made ready goes with the request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        let Some(key) = shared.extractor.extract(&request) else {
+            let cause = shared.extractor.missing(&request);
+            let response = shared.responder.missing_key(&cause);
+            return Box::pin(async move { Ok(response.map(InFlightBody::own)) });
+        };
+        Box::pin(async move {
+            let holder = shared.store.new_holder();
+            let slot = match shared.store.acquire(&key, &shared.limit, holder).await {
+                Ok(Slots { acquired: true, .. }) => Some(Slot::take(&shared, key, holder)),
+                Ok(Slots {
+                    acquired: false, ..
+                }) => {
+                    shared.telemetry.rejected();
+                    return Ok(rejection(&shared.limit).map(InFlightBody::own));
+                }
+                Err(error) => {
+                    shared.telemetry.store_failed(&error);
+                    if shared.failure != FailureMode::Open {
+                        return Ok(unavailable().map(InFlightBody::own));
+                    }
+                    None
+                }
+            };
+            // Held across the call: dropped (and given back) if the call
+            // fails, panics or is dropped, else handed to the body.
+            let response = inner.call(request).await?;
+            Ok(response.map(|body| InFlightBody::inner(body, slot)))
+        })
+    }
+}
+
+/// A slot held: given back when dropped, and its lease renewed meanwhile
+/// in a store of leases.
+struct Slot<St: SlotStore + Clone> {
+    store: St,
+    key: Key,
+    limit: InFlightLimit,
+    holder: u64,
+    renewal: Option<tokio::task::AbortHandle>,
+    telemetry: Telemetry,
+}
+
+impl<St: SlotStore + Clone> Slot<St> {
+    fn take<K>(shared: &Shared<K, St>, key: Key, holder: u64) -> Self {
+        shared.telemetry.held(1.0);
+        let renewal = shared.store.leases().then(|| {
+            let (store, key, limit) = (shared.store.clone(), key.clone(), shared.limit.clone());
+            let every = limit.lease_duration() / 3;
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    // A slot lost (its lease ran out) is not taken back.
+                    if let Ok(false) = store.renew(&key, &limit, holder).await {
+                        break;
+                    }
+                }
+            })
+            .abort_handle()
+        });
+        Self {
+            store: shared.store.clone(),
+            key,
+            limit: shared.limit.clone(),
+            holder,
+            renewal,
+            telemetry: shared.telemetry.clone(),
+        }
+    }
+}
+
+impl<St: SlotStore + Clone> Drop for Slot<St> {
+    fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+        self.telemetry.held(-1.0);
+        if self.store.release_now(&self.key, &self.limit, self.holder) {
+            return;
+        }
+        // Outside a runtime the lease frees the slot.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, key, limit) = (self.store.clone(), self.key.clone(), self.limit.clone());
+            let holder = self.holder;
+            runtime.spawn(async move {
+                let _ = store.release(&key, &limit, holder).await;
+            });
+        }
+    }
+}
+
+pin_project! {
+    /// The response body of an [`InFlight`] service: the inner body, which
+    /// holds the request's slot until it is finished or dropped, or the
+    /// layer's own answer.
+    pub struct InFlightBody<B> {
+        #[pin]
+        body: ResponseBody<B>,
+        slot: Option<Box<dyn Any + Send + Sync>>,
+    }
+}
+
+impl<B> InFlightBody<B> {
+    fn inner<St: SlotStore + Clone>(body: B, slot: Option<Slot<St>>) -> Self {
+        Self {
+            body: ResponseBody::inner(body),
+            slot: slot.map(|slot| Box::new(slot) as Box<dyn Any + Send + Sync>),
+        }
+    }
+
+    fn own(body: Bytes) -> Self {
+        Self {
+            body: ResponseBody::own(Full::new(body)),
+            slot: None,
+        }
+    }
+}
+
+impl<B> fmt::Debug for InFlightBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightBody")
+            .field("holds_slot", &self.slot.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for InFlightBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let frame = std::task::ready!(this.body.poll_frame(cx));
+        if frame.is_none() {
+            // The whole body is out: the request is done.
+            this.slot.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The answer to a request whose key holds every slot.
+fn rejection(limit: &InFlightLimit) -> Response<Bytes> {
+    // The name holds only characters JSON leaves as they are.
+    let body = format!(
+        r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"at most {max} requests of this client may be in progress at once; retry when one is done","in-flight-limit":{max},"policy":"{name}"}}"#,
+        max = limit.max(),
+        name = limit.name(),
+    );
+    let mut response = problem_response(StatusCode::TOO_MANY_REQUESTS, body);
+    let headers = response.headers_mut();
+    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(1u32));
+    headers.insert(CONCURRENCY_LIMIT, HeaderValue::from(limit.max()));
+    response
+}
+
+fn unavailable() -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from_static(b"the rate limiter is unavailable\n"));
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response
+}
+
+/// The layer's metrics (with the `metrics` feature) and throttled logs.
+#[derive(Clone)]
+struct Telemetry {
+    #[cfg(feature = "metrics")]
+    held: metrics::Gauge,
+    #[cfg(feature = "metrics")]
+    rejected: metrics::Counter,
+    throttle: Arc<Throttle>,
+}
+
+impl Telemetry {
+    fn new(_name: &str) -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            held: metrics::gauge!(
+                tollgate_core::telemetry::INFLIGHT_SLOTS,
+                "policy" => _name.to_owned()
+            ),
+            #[cfg(feature = "metrics")]
+            rejected: metrics::counter!(
+                tollgate_core::telemetry::INFLIGHT_REJECTED,
+                "policy" => _name.to_owned()
+            ),
+            throttle: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn held(&self, _change: f64) {
+        #[cfg(feature = "metrics")]
+        self.held.increment(_change);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn rejected(&self) {
+        #[cfg(feature = "metrics")]
+        self.rejected.increment(1);
+    }
+
+    fn store_failed(&self, error: &tollgate_core::StoreError) {
+        if let Some(suppressed) = self.throttle.may_log(std::time::Instant::now()) {
+            tracing::warn!(%error, suppressed, "in-flight limit: the store failed");
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The in-flight limit through the layer, in memory: exactly N requests of
+//! a key run at once, and slots come back on completion, when the client
+//! goes away, when the body is dropped unread, and when the handler
+//! panics.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
+use tollgate::{GlobalKey, InFlightLayer, InFlightLimit, Key, MemoryStore, SlotStore};
+use tower::ServiceExt;
+
+/// A slow route: each request runs until the test hands it a permit, and
+/// counts how many run at once.
+#[derive(Clone)]
+struct Slow {
+    running: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    started: Arc<AtomicUsize>,
+    go: Arc<Semaphore>,
+}
+
+impl Default for Slow {
+    fn default() -> Self {
+        Self {
+            running: Arc::default(),
+            most: Arc::default(),
+            started: Arc::default(),
+            go: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+async fn panics() -> &'static str {
+    panic!("the handler failed")
+}
+
+impl Slow {
+    fn app(&self, layer: InFlightLayer<GlobalKey, MemoryStore>) -> Router {
+        let slow = self.clone();
+        Router::new()
+            .route(
+                "/export",
+                get(move || {
+                    let slow = slow.clone();
+                    async move {
+                        let now = slow.running.fetch_add(1, Ordering::SeqCst) + 1;
+                        slow.most.fetch_max(now, Ordering::SeqCst);
+                        slow.started.fetch_add(1, Ordering::SeqCst);
+                        slow.go.acquire().await.unwrap().forget();
+                        slow.running.fetch_sub(1, Ordering::SeqCst);
+                        "exported"
+                    }
+                }),
+            )
+            .route("/panic", get(panics))
+            .route_layer(layer)
+    }
+}
+
+fn get_path(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+async fn until(what: impl Fn() -> bool) {
+    while !what() {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_five_of_fifty_run_at_once_and_slots_come_back_on_completion() {
+    let store = MemoryStore::new();
+    let limit = InFlightLimit::new("exports", 5).unwrap();
+    let layer = InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone());
+    let slow = Slow::default();
+    let app = slow.app(layer);
+    let calls: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(app.clone().oneshot(get_path("/export"))))
+        .collect();
+    // 45 are turned away at once; 5 run.
+    until(|| slow.started.load(Ordering::SeqCst) == 5).await;
+    slow.go.add_permits(5);
+    let (mut ok, mut rejected) = (0, 0);
+    for call in calls {
+        let response = call.await.unwrap().unwrap();
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(response.headers()["x-concurrency-limit"], "5");
+            assert_eq!(response.headers()["retry-after"], "1");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json"
+            );
+            rejected += 1;
+        } else {
+            assert_eq!(response.status(), StatusCode::OK);
+            // Read to the end: the slot comes back.
+            response.into_body().collect().await.unwrap();
+            ok += 1;
+        }
+    }
+    assert_eq!((ok, rejected), (5, 45));
+    assert_eq!(slow.most.load(Ordering::SeqCst), 5);
+    assert_eq!(slow.started.load(Ordering::SeqCst), 5);
+    // Every slot is back: 5 more run.
+    let key = Key::global();
+    for holder in 0..5 {
+        assert!(store.acquire(&key, &limit, holder).await.unwrap().acquired);
+    }
+    assert!(!store.acquire(&key, &limit, 99).await.unwrap().acquired);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_a_dropped_body_and_a_panic_give_the_slot_back() {
+    let store = MemoryStore::new();
+    let limit = InFlightLimit::new("exports", 1).unwrap();
+    let layer = InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone());
+    let slow = Slow::default();
+    let app = slow.app(layer);
+    let key = Key::global();
+    let free = || async {
+        let taken = store.acquire(&key, &limit, 7).await.unwrap().acquired;
+        if taken {
+            store.release(&key, &limit, 7).await.unwrap();
+        }
+        taken
+    };
+
+    // The client goes away while the handler runs.
+    let call = tokio::spawn(app.clone().oneshot(get_path("/export")));
+    until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    assert!(!free().await, "held while the request runs");
+    call.abort();
+    let _ = call.await;
+    assert!(free().await, "given back when the client went away");
+
+    // The response body dropped unread.
+    slow.go.add_permits(1);
+    let response = app.clone().oneshot(get_path("/export")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(!free().await, "held until the body is done");
+    drop(response);
+    assert!(free().await, "given back when the body was dropped");
+
+    // The handler panics.
+    let call = tokio::spawn(app.clone().oneshot(get_path("/panic")));
+    assert!(call.await.unwrap_err().is_panic());
+    assert!(free().await, "given back when the handler panicked");
+}
