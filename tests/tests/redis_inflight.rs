@@ -254,3 +254,61 @@ async fn memory_and_redis_hold_slots_alike() {
         [(true, 1), (true, 2), (true, 3), (false, 3)]
     );
 }
+
+/// Random sequences of acquire, renew and release on random limits: the
+/// memory store and Redis give the same answers, case by case.
+#[test]
+fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
+    use proptest::prelude::*;
+    use std::sync::atomic::AtomicU64;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = runtime.block_on(async {
+        let url = require_redis().await;
+        RedisStore::builder()
+            .prefix(unique_prefix("inflight-prop"))
+            .deadline(Duration::from_secs(5))
+            .connect(url.as_str())
+            .await
+            .unwrap()
+    });
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let ops = prop::collection::vec((0u8..3, 0u64..6), 1..40);
+    let config = ProptestConfig {
+        cases: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(max in 1u64..5, ops in ops)| {
+        let limit = InFlightLimit::new("prop", max).unwrap();
+        let key = Key::user(format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
+        let memory = MemoryStore::new();
+        let (on_memory, on_redis) = runtime.block_on(async {
+            let mut answers = (Vec::new(), Vec::new());
+            for &(op, holder) in &ops {
+                let (m, r) = match op {
+                    0 => (
+                        memory.acquire(&key, &limit, holder).await.map(|s| (s.acquired, s.held)),
+                        redis.acquire(&key, &limit, holder).await.map(|s| (s.acquired, s.held)),
+                    ),
+                    1 => (
+                        memory.renew(&key, &limit, holder).await.map(|r| (r, 0)),
+                        redis.renew(&key, &limit, holder).await.map(|r| (r, 0)),
+                    ),
+                    _ => (
+                        memory.release(&key, &limit, holder).await.map(|()| (true, 0)),
+                        redis.release(&key, &limit, holder).await.map(|()| (true, 0)),
+                    ),
+                };
+                answers.0.push(m.unwrap());
+                answers.1.push(r.unwrap());
+            }
+            answers
+        });
+        prop_assert_eq!(on_memory, on_redis, "{:?}", ops);
+    });
+}

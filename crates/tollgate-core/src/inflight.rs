@@ -114,7 +114,8 @@ pub struct Slots {
 pub trait SlotStore: Send + Sync + 'static {
     /// Takes a slot of `key` under `limit` for `holder`, if fewer than
     /// `limit.max()` are held. Atomic: concurrent requests never take more
-    /// slots than the limit.
+    /// slots than the limit. A holder that holds a slot already keeps it
+    /// (acquired, nothing more held).
     ///
     /// # Errors
     ///
@@ -204,6 +205,12 @@ impl MemorySlots {
     pub(crate) fn acquire(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> Slots {
         let mut held = self.held.lock();
         let holders = held.entry((limit.name.clone(), key.clone())).or_default();
+        if holders.contains(&holder) {
+            return Slots {
+                acquired: true,
+                held: holders.len() as u64,
+            };
+        }
         let acquired = (holders.len() as u64) < limit.max;
         if acquired {
             holders.push(holder);

@@ -15,6 +15,12 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
+-- A holder that holds a slot already keeps it, its lease extended.
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], lease)
+  return { 1, held }
+end
 if held >= tonumber(ARGV[2]) then
   return { 0, held }
 end
