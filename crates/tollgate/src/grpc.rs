@@ -57,11 +57,17 @@ pub(crate) fn response(code: Code, message: &str) -> Response<Bytes> {
 /// be admitted gets a pushback of -1, which tells a gRFC A6 client not to
 /// retry, and no `RetryInfo`.
 pub(crate) fn rejection(decision: &Decision, message: &str) -> Response<Bytes> {
-    let mut response = response(Code::ResourceExhausted, message);
     let wait = match decision.outcome() {
         Outcome::CostExceedsCapacity { .. } => None,
         _ => Some(decision.retry_after().unwrap_or(Duration::ZERO)),
     };
+    exhausted(message, wait)
+}
+
+/// `RESOURCE_EXHAUSTED`, to be retried after `wait` (never, for `None`),
+/// in the forms of [`rejection`].
+pub(crate) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes> {
+    let mut response = response(Code::ResourceExhausted, message);
     let headers = response.headers_mut();
     let Some(wait) = wait else {
         headers.insert(PUSHBACK, HeaderValue::from_static("-1"));

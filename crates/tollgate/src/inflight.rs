@@ -57,12 +57,16 @@ pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 pub struct InFlightLayer<K, St = MemoryStore> {
-    shared: Arc<Shared<K, St>>,
+    limit: InFlightLimit,
+    extractor: Arc<K>,
+    store: St,
+    failure: FailureMode,
+    responder: Responder,
 }
 
 struct Shared<K, St> {
     limit: InFlightLimit,
-    extractor: K,
+    extractor: Arc<K>,
     store: St,
     failure: FailureMode,
     responder: Responder,
@@ -74,67 +78,60 @@ impl<K> InFlightLayer<K> {
     /// store of its own in memory (use [`store`](Self::store) to share
     /// them through Redis).
     pub fn new(limit: InFlightLimit, extractor: K) -> Self {
-        Self::with_store(limit, extractor, MemoryStore::new())
+        Self {
+            responder: Responder::new(limit.name()),
+            limit,
+            extractor: Arc::new(extractor),
+            store: MemoryStore::new(),
+            failure: FailureMode::Open,
+        }
     }
 }
 
 impl<K, St> InFlightLayer<K, St> {
-    fn with_store(limit: InFlightLimit, extractor: K, store: St) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                responder: Responder::new(limit.name()),
-                telemetry: Telemetry::new(limit.name()),
-                limit,
-                extractor,
-                store,
-                failure: FailureMode::Open,
-            }),
-        }
-    }
-
     /// Holds the slots in `store`: a `RedisStore` shared by every app
     /// server makes the limit global.
     pub fn store<S2>(self, store: S2) -> InFlightLayer<K, S2> {
-        let shared = Arc::into_inner(self.shared);
-        let (limit, extractor, failure) = match shared {
-            Some(s) => (s.limit, s.extractor, s.failure),
-            None => unreachable_shared(),
-        };
-        let mut layer = InFlightLayer::with_store(limit, extractor, store);
-        layer.set_failure(failure);
-        layer
+        InFlightLayer {
+            limit: self.limit,
+            extractor: self.extractor,
+            store,
+            failure: self.failure,
+            responder: self.responder,
+        }
     }
 
     /// What to do when the store fails: [`FailureMode::Open`] (the
     /// default) lets the request through unlimited; any other mode answers
     /// 503.
     pub fn on_store_error(mut self, mode: FailureMode) -> Self {
-        self.set_failure(mode);
+        self.failure = mode;
         self
     }
 
-    fn set_failure(&mut self, mode: FailureMode) {
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.failure = mode;
-        }
+    /// Answers as a gRPC server: a refused request gets a trailers-only
+    /// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms: 1000`, a
+    /// `RetryInfo` of 1 s and `x-concurrency-limit` as metadata; a store
+    /// failure under [`FailureMode::Closed`] gets `UNAVAILABLE`.
+    pub fn grpc(mut self) -> Self {
+        self.responder.grpc = true;
+        self
     }
 
     /// The limit.
     pub fn limit(&self) -> &InFlightLimit {
-        &self.shared.limit
+        &self.limit
     }
 }
 
-/// A layer is configured before it is cloned: its settings are never
-/// shared yet.
-fn unreachable_shared() -> ! {
-    unreachable!("InFlightLayer settings are set before the layer is cloned")
-}
-
-impl<K, St> Clone for InFlightLayer<K, St> {
+impl<K, St: Clone> Clone for InFlightLayer<K, St> {
     fn clone(&self) -> Self {
         Self {
-            shared: self.shared.clone(),
+            limit: self.limit.clone(),
+            extractor: self.extractor.clone(),
+            store: self.store.clone(),
+            failure: self.failure,
+            responder: self.responder.clone(),
         }
     }
 }
@@ -142,19 +139,26 @@ impl<K, St> Clone for InFlightLayer<K, St> {
 impl<K, St> fmt::Debug for InFlightLayer<K, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightLayer")
-            .field("limit", &self.shared.limit)
-            .field("failure", &self.shared.failure)
+            .field("limit", &self.limit)
+            .field("failure", &self.failure)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, K, St> Layer<S> for InFlightLayer<K, St> {
+impl<S, K, St: Clone> Layer<S> for InFlightLayer<K, St> {
     type Service = InFlight<S, K, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
         InFlight {
             inner,
-            shared: self.shared.clone(),
+            shared: Arc::new(Shared {
+                limit: self.limit.clone(),
+                extractor: self.extractor.clone(),
+                store: self.store.clone(),
+                failure: self.failure,
+                responder: self.responder.clone(),
+                telemetry: Telemetry::new(self.limit.name()),
+            }),
         }
     }
 }
@@ -221,12 +225,13 @@ where
                     acquired: false, ..
                 }) => {
                     shared.telemetry.rejected();
-                    return Ok(rejection(&shared.limit).map(InFlightBody::own));
+                    let response = rejection(&shared.limit, shared.responder.grpc);
+                    return Ok(response.map(InFlightBody::own));
                 }
                 Err(error) => {
                     shared.telemetry.store_failed(&error);
                     if shared.failure != FailureMode::Open {
-                        return Ok(unavailable().map(InFlightBody::own));
+                        return Ok(shared.responder.unavailable().map(InFlightBody::own));
                     }
                     None
                 }
@@ -364,24 +369,28 @@ where
     }
 }
 
-/// The answer to a request whose key holds every slot.
-fn rejection(limit: &InFlightLimit) -> Response<Bytes> {
-    // The name holds only characters JSON leaves as they are.
-    let body = format!(
-        r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"at most {max} requests of this client may be in progress at once; retry when one is done","in-flight-limit":{max},"policy":"{name}"}}"#,
-        max = limit.max(),
-        name = limit.name(),
+/// The answer to a request whose key holds every slot: 429 with
+/// problem+json, or gRPC's `RESOURCE_EXHAUSTED`; either way to be retried
+/// in a second, and naming the limit.
+fn rejection(limit: &InFlightLimit, grpc: bool) -> Response<Bytes> {
+    let detail = format!(
+        "at most {} requests of this client may be in progress at once; retry when one is done",
+        limit.max()
     );
-    let mut response = problem_response(StatusCode::TOO_MANY_REQUESTS, body);
+    let mut response = if grpc {
+        crate::grpc::exhausted(&detail, Some(std::time::Duration::from_secs(1)))
+    } else {
+        // The name holds only characters JSON leaves as they are.
+        let body = format!(
+            r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"{detail}","in-flight-limit":{max},"policy":"{name}"}}"#,
+            max = limit.max(),
+            name = limit.name(),
+        );
+        problem_response(StatusCode::TOO_MANY_REQUESTS, body)
+    };
     let headers = response.headers_mut();
     headers.insert(http::header::RETRY_AFTER, HeaderValue::from(1u32));
     headers.insert(CONCURRENCY_LIMIT, HeaderValue::from(limit.max()));
-    response
-}
-
-fn unavailable() -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from_static(b"the rate limiter is unavailable\n"));
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     response
 }
 

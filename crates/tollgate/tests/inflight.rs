@@ -153,3 +153,23 @@ async fn a_client_that_goes_away_a_dropped_body_and_a_panic_give_the_slot_back()
     assert!(call.await.unwrap_err().is_panic());
     assert!(free().await, "given back when the handler panicked");
 }
+
+#[tokio::test]
+async fn a_grpc_server_refuses_with_resource_exhausted_and_a_pushback() {
+    let limit = InFlightLimit::new("streams", 1).unwrap();
+    let app = Router::new()
+        .route("/greeter", get(|| async { "hello" }))
+        .layer(InFlightLayer::new(limit, GlobalKey).grpc());
+    let held = app.clone().oneshot(get_path("/greeter")).await.unwrap();
+    let refused = app.clone().oneshot(get_path("/greeter")).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let headers = refused.headers();
+    assert_eq!(refused.status(), StatusCode::OK, "trailers-only");
+    assert_eq!(headers["grpc-status"], "8");
+    assert_eq!(headers["grpc-retry-pushback-ms"], "1000");
+    assert_eq!(headers["x-concurrency-limit"], "1");
+    assert!(headers.contains_key("grpc-status-details-bin"));
+    drop(held);
+    let again = app.oneshot(get_path("/greeter")).await.unwrap();
+    assert!(!again.headers().contains_key("grpc-status"));
+}
