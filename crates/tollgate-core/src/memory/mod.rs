@@ -79,6 +79,8 @@ mod shard;
 #[derive(Clone)]
 pub struct MemoryStore {
     shared: Arc<Shared>,
+    /// The slots of in-flight limits, apart from the decisions' state.
+    slots: Arc<MemorySlots>,
 }
 
 impl MemoryStore {
@@ -112,8 +114,8 @@ impl MemoryStore {
                 seed: foldhash::quality::RandomState::default(),
                 keys_gauge: KeysGauge::new(),
                 configs: RwLock::default(),
-                slots: MemorySlots::default(),
             }),
+            slots: Arc::default(),
         }
     }
 
@@ -240,7 +242,7 @@ impl SlotStore for MemoryStore {
         limit: &InFlightLimit,
         holder: u64,
     ) -> impl Future<Output = Result<Slots, StoreError>> + Send {
-        std::future::ready(Ok(self.shared.slots.acquire(key, limit, holder)))
+        std::future::ready(Ok(self.slots.acquire(key, limit, holder)))
     }
 
     fn renew(
@@ -249,7 +251,7 @@ impl SlotStore for MemoryStore {
         limit: &InFlightLimit,
         holder: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        std::future::ready(Ok(self.shared.slots.holds(key, limit, holder)))
+        std::future::ready(Ok(self.slots.holds(key, limit, holder)))
     }
 
     fn release(
@@ -258,12 +260,12 @@ impl SlotStore for MemoryStore {
         limit: &InFlightLimit,
         holder: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.shared.slots.release(key, limit, holder);
+        self.slots.release(key, limit, holder);
         std::future::ready(Ok(()))
     }
 
     fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
-        self.shared.slots.release(key, limit, holder);
+        self.slots.release(key, limit, holder);
         true
     }
 

@@ -9,7 +9,6 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::inflight::MemorySlots;
 use crate::key::Key;
 use crate::memory::form::{Form, KeyHash, Maps, Visit, dispatch};
 use crate::policy::MAX_SPAN_US;
@@ -31,8 +30,6 @@ pub(super) struct Shared {
     /// key whose state was kept under one is found, and carried over, from
     /// another. Written only when a new configuration keeps its first key.
     pub(super) configs: RwLock<HashMap<u64, Vec<Policy>>>,
-    /// The slots of in-flight limits.
-    pub(super) slots: MemorySlots,
 }
 
 /// The most configurations of one policy name the store carries keys
@@ -104,9 +101,6 @@ impl Shared {
         let (shard, base) = self.locate(key, policy);
         let mut guard = lock(&self.shards[shard].0);
         let now = self.now();
-        if let Some(blocked) = guard.blocked(base, policy, now) {
-            return Ok(blocked);
-        }
         dispatch(
             policy,
             Check {
@@ -147,9 +141,6 @@ impl Shared {
         let (shard, base) = self.locate(key, policy);
         let mut guard = lock(&self.shards[shard].0);
         let now = self.now();
-        if let Some(blocked) = guard.blocked(base, policy, now) {
-            return Ok(blocked);
-        }
         dispatch(
             policy,
             Settle {
@@ -290,6 +281,9 @@ impl Check<'_> {
     /// check of a held key short.
     #[inline(never)]
     fn new_key<F: Form>(self, policy: &Policy) -> Decided {
+        if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
+            return Ok(blocked);
+        }
         let carried = self
             .shard
             .take_other(self.shared, self.base, policy, self.now);
@@ -319,6 +313,9 @@ impl Visit for Settle<'_> {
         let hash = self.base ^ policy.config_mix();
         if let Some(held) = F::map(&mut self.shard.maps).get_mut(&hash) {
             return Ok(F::settle(held, policy, self.now, self.settlement));
+        }
+        if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
+            return Ok(blocked);
         }
         let mut state = self
             .shard
@@ -351,6 +348,9 @@ impl Visit for Seed<'_> {
         let hash = self.base ^ policy.config_mix();
         let (held, expires_at) = F::hold(state, policy);
         if F::map(&mut self.shard.maps).contains_key(&hash) || expires_at <= self.now.as_micros() {
+            return Ok(());
+        }
+        if self.shard.blocked(self.base, policy, self.now).is_some() {
             return Ok(());
         }
         self.shared.other_configs(policy);
@@ -389,22 +389,11 @@ impl Shard {
     }
 
     /// The decision on a request of the key of `base` if an operator
-    /// blocked it: checked only while the shard holds a block.
-    #[inline(always)]
+    /// blocked it. A blocked key holds no state (blocking forgot it, and
+    /// nothing makes it anew while the block lasts), so only the paths of
+    /// a key the shard does not hold ask: a check of a held key pays
+    /// nothing for blocks.
     fn blocked(&mut self, base: KeyHash, policy: &Policy, now: Timestamp) -> Option<Decision> {
-        if self.maps.blocks.is_empty() {
-            return None;
-        }
-        self.blocked_until(base, policy, now)
-    }
-
-    #[inline(never)]
-    fn blocked_until(
-        &mut self,
-        base: KeyHash,
-        policy: &Policy,
-        now: Timestamp,
-    ) -> Option<Decision> {
         let until = *self.maps.blocks.get(&base)?;
         if until > now.as_micros() {
             return Some(blocked(policy, now, Timestamp::from_micros(until)));
