@@ -67,11 +67,17 @@
 //! - [Outbound calls and job throttling](guides::outbound_and_jobs).
 //! - [Observing and rolling out policies](guides::observability): metrics,
 //!   shadow mode, enforcement ramps and the `tollgate-sim` replay tool.
+//! - [Plans, costs and operators](guides::plans_costs_and_operators): a
+//!   policy per request, cost settled after the response
+//!   ([`RateLimitLayer::settle`], [`ActualCost`]), inspecting, resetting
+//!   and blocking keys, and requests in flight ([`InFlightLayer`]).
 //!
 //! # Outside HTTP
 //!
 //! [`RateLimiter`] offers `check`, `check_n` and a bounded
-//! `until_ready` wait for jobs and outbound calls.
+//! `until_ready` wait for jobs and outbound calls, and `settle`, `status`,
+//! `reset` and `block` for work whose cost is known afterwards and for
+//! operators.
 //!
 //! # Feature flags
 //!
