@@ -95,6 +95,9 @@ pub(super) trait Form {
     /// `state` (of `policy`) as held, with when it expires.
     fn hold(state: PolicyState, policy: &Policy) -> (Self::Held, u64);
 
+    /// When a held state expires.
+    fn expires_at(held: &Self::Held) -> u64;
+
     /// The held state of a key under `policy`, to carry it to another
     /// configuration.
     fn state(held: Self::Held, policy: &Policy, now: Timestamp) -> Option<PolicyState>;
@@ -138,6 +141,10 @@ impl Form for Tat {
         let decision = state.settle(policy, now, settlement);
         *word = state.tat().unwrap_or(*word);
         decision
+    }
+
+    fn expires_at(word: &u64) -> u64 {
+        *word
     }
 
     fn hold(state: PolicyState, policy: &Policy) -> (u64, u64) {
@@ -198,6 +205,10 @@ impl Form for WindowWord {
         decision
     }
 
+    fn expires_at(window: &Window) -> u64 {
+        window.expires_at
+    }
+
     fn hold(state: PolicyState, policy: &Policy) -> (Window, u64) {
         let expires_at = state.expires_at(policy).as_micros();
         let word = state.window_word().unwrap_or(0);
@@ -248,6 +259,10 @@ impl Form for Full {
             .expires_at
             .max(entry.state.expires_at(policy).as_micros());
         decision
+    }
+
+    fn expires_at(entry: &Entry) -> u64 {
+        entry.expires_at
     }
 
     fn hold(state: PolicyState, policy: &Policy) -> (Entry, u64) {

@@ -317,12 +317,16 @@ impl Visit for Settle<'_> {
         if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
             return Ok(blocked);
         }
-        let mut state = self
+        let state = self
             .shard
             .take_other(self.shared, self.base, policy, self.now)
             .unwrap_or_else(|| PolicyState::new(policy, self.now));
-        let decision = state.settle(policy, self.now, self.settlement);
-        let (held, expires_at) = F::hold(state, policy);
+        // In the form it is kept in first, then settled, as the Redis
+        // scripts do: a compact form bounds what it holds (a window word
+        // its count), and the bound applies before the settlement.
+        let (mut held, _) = F::hold(state, policy);
+        let decision = F::settle(&mut held, policy, self.now, self.settlement);
+        let expires_at = F::expires_at(&held);
         if expires_at > self.now.as_micros() {
             self.shard
                 .admit::<F>(self.shared, self.now, hash, held, expires_at)?;
