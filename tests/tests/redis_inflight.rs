@@ -71,6 +71,29 @@ async fn until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// Whether a slot of the global key under `limit` is free now (taken and
+/// given back at once to find out).
+async fn is_free(store: &RedisStore, limit: &InFlightLimit) -> bool {
+    let key = Key::global();
+    let taken = store.acquire(&key, limit, 2_000).await.unwrap().acquired;
+    if taken {
+        store.release(&key, limit, 2_000).await.unwrap();
+    }
+    taken
+}
+
+/// Whether a slot comes free within a second: slots are given back by a
+/// call in the background.
+async fn comes_free(store: &RedisStore, limit: &InFlightLimit) -> bool {
+    for _ in 0..200 {
+        if is_free(store, limit).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_share_one_in_flight_limit_exactly() {
     let prefix = unique_prefix("inflight");
@@ -92,8 +115,11 @@ async fn three_instances_share_one_in_flight_limit_exactly() {
         gate.running.load(Ordering::SeqCst) == 5
     })
     .await;
-    // Give the other 45 time to be turned away before the 5 finish.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The other 45 are turned away while the 5 run.
+    until("45 requests answered", || {
+        calls.iter().filter(|call| call.is_finished()).count() == 45
+    })
+    .await;
     gate.go.add_permits(5);
     let (mut ok, mut rejected) = (0, 0);
     for call in calls {
@@ -115,74 +141,37 @@ async fn three_instances_share_one_in_flight_limit_exactly() {
     assert_eq!((ok, rejected), (5, 45));
     assert_eq!(gate.most.load(Ordering::SeqCst), 5);
 
-    // Every slot is back (released in the background): 5 may be taken.
+    // Every slot is back (released in the background).
     let store = &apps[0].1;
-    let key = Key::global();
-    let free = || async {
-        let taken = store.acquire(&key, &limit, 1_000).await.unwrap().acquired;
-        if taken {
-            store.release(&key, &limit, 1_000).await.unwrap();
-        }
-        taken
-    };
-    let mut back = false;
-    for _ in 0..200 {
-        if free().await {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(back, "the slots came back");
+    assert!(comes_free(store, &limit).await, "the slots came back");
 
     // A client that goes away, and a handler that panics, on another
     // instance than the one asking.
     let one = InFlightLimit::new("exports-one", 1).unwrap();
     let (app, _) = instance(&prefix, &one, &gate).await;
     let (_, other) = instance(&prefix, &one, &gate).await;
-    let is_free = |store: RedisStore| {
-        let one = one.clone();
-        async move {
-            let key = Key::global();
-            let taken = store.acquire(&key, &one, 2_000).await.unwrap().acquired;
-            if taken {
-                store.release(&key, &one, 2_000).await.unwrap();
-            }
-            taken
-        }
-    };
     let running = gate.running.load(Ordering::SeqCst);
     let call = tokio::spawn(app.clone().oneshot(export()));
     until("the request runs", || {
         gate.running.load(Ordering::SeqCst) == running + 1
     })
     .await;
-    assert!(!is_free(other.clone()).await, "held while the request runs");
+    assert!(!is_free(&other, &one).await, "held while the request runs");
     call.abort();
     let _ = call.await;
-    let mut freed = false;
-    for _ in 0..200 {
-        if is_free(other.clone()).await {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(freed, "given back when the client went away");
+    assert!(
+        comes_free(&other, &one).await,
+        "given back when the client went away"
+    );
     let call = tokio::spawn(
         app.clone()
             .oneshot(Request::get("/panic").body(Body::empty()).unwrap()),
     );
     assert!(call.await.unwrap_err().is_panic());
-    let mut freed = false;
-    for _ in 0..200 {
-        if is_free(other.clone()).await {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(freed, "given back when the handler panicked");
+    assert!(
+        comes_free(&other, &one).await,
+        "given back when the handler panicked"
+    );
     gate.go.add_permits(10);
 }
 

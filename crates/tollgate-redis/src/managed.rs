@@ -21,15 +21,13 @@ use crate::error::RedisStoreError;
 pub struct ManagedConnection {
     client: redis::Client,
     config: ConnectionManagerConfig,
-    connect_budget: Duration,
-    current: Arc<Mutex<ConnectionManager>>,
-    refreshing: Arc<AtomicBool>,
+    swap: Swappable,
 }
 
 impl std::fmt::Debug for ManagedConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ManagedConnection")
-            .field("refreshing", &self.refreshing.load(Ordering::Relaxed))
+            .field("refreshing", &self.swap.refreshing())
             .finish_non_exhaustive()
     }
 }
@@ -44,23 +42,14 @@ impl ManagedConnection {
         Ok(Self {
             client,
             config,
-            connect_budget,
-            current: Arc::new(Mutex::new(manager)),
-            refreshing: Arc::new(AtomicBool::new(false)),
+            swap: Swappable::new(manager, connect_budget),
         })
-    }
-
-    fn current(&self) -> ConnectionManager {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 }
 
 impl RedisConnection for ManagedConnection {
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        Ok(cmd.query_async(&mut self.current()).await?)
+        Ok(cmd.query_async(&mut self.swap.current()).await?)
     }
 
     fn is_one_server(&self) -> bool {
@@ -68,17 +57,56 @@ impl RedisConnection for ManagedConnection {
     }
 
     fn refresh(&self) {
+        let (client, config) = (self.client.clone(), self.config.clone());
+        self.swap
+            .refresh(async move { ConnectionManager::new_with_config(client, config).await });
+    }
+}
+
+/// A connection manager that a fresh one replaces, made in the background
+/// within a budget, one at a time: what [`ManagedConnection`] and
+/// [`SentinelConnection`](crate::SentinelConnection) share.
+#[derive(Clone)]
+pub(crate) struct Swappable {
+    current: Arc<Mutex<ConnectionManager>>,
+    refreshing: Arc<AtomicBool>,
+    connect_budget: Duration,
+}
+
+impl Swappable {
+    pub(crate) fn new(manager: ConnectionManager, connect_budget: Duration) -> Self {
+        Self {
+            current: Arc::new(Mutex::new(manager)),
+            refreshing: Arc::new(AtomicBool::new(false)),
+            connect_budget,
+        }
+    }
+
+    /// The connection now.
+    pub(crate) fn current(&self) -> ConnectionManager {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn refreshing(&self) -> bool {
+        self.refreshing.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the connection with the one `fresh` makes, in the
+    /// background and within the budget, unless a replacement is already
+    /// on its way; a failed one leaves the connection as it was.
+    pub(crate) fn refresh(
+        &self,
+        fresh: impl Future<Output = Result<ConnectionManager, redis::RedisError>> + Send + 'static,
+    ) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let this = self.clone();
         tokio::spawn(async move {
-            let fresh = tokio::time::timeout(
-                this.connect_budget,
-                ConnectionManager::new_with_config(this.client.clone(), this.config.clone()),
-            )
-            .await;
-            if let Ok(Ok(manager)) = fresh {
+            if let Ok(Ok(manager)) = tokio::time::timeout(this.connect_budget, fresh).await {
                 *this.current.lock().unwrap_or_else(PoisonError::into_inner) = manager;
             }
             this.refreshing.store(false, Ordering::Release);

@@ -1,8 +1,7 @@
 //! [`SentinelConnection`]: the master of a Redis Sentinel deployment,
 //! followed through failovers.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -11,6 +10,7 @@ use redis::{Cmd, FromRedisValue, IntoConnectionInfo, RedisError};
 
 use crate::connection::RedisConnection;
 use crate::error::RedisStoreError;
+use crate::managed::Swappable;
 
 /// A connection to the master that Redis Sentinel names for a service,
 /// which follows the master when Sentinel promotes a replica.
@@ -27,15 +27,13 @@ use crate::error::RedisStoreError;
 pub struct SentinelConnection {
     sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
     config: ConnectionManagerConfig,
-    connect_budget: Duration,
-    current: Arc<Mutex<ConnectionManager>>,
-    refreshing: Arc<AtomicBool>,
+    swap: Swappable,
 }
 
 impl std::fmt::Debug for SentinelConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SentinelConnection")
-            .field("refreshing", &self.refreshing.load(Ordering::Relaxed))
+            .field("refreshing", &self.swap.refreshing())
             .finish_non_exhaustive()
     }
 }
@@ -62,17 +60,8 @@ impl SentinelConnection {
         Ok(Self {
             sentinel,
             config,
-            connect_budget,
-            current: Arc::new(Mutex::new(manager)),
-            refreshing: Arc::new(AtomicBool::new(false)),
+            swap: Swappable::new(manager, connect_budget),
         })
-    }
-
-    fn current(&self) -> ConnectionManager {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 }
 
@@ -96,7 +85,7 @@ fn master_lost(error: &RedisError) -> bool {
 
 impl RedisConnection for SentinelConnection {
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        match cmd.query_async(&mut self.current()).await {
+        match cmd.query_async(&mut self.swap.current()).await {
             Ok(value) => Ok(value),
             Err(error) => {
                 if master_lost(&error) {
@@ -114,18 +103,8 @@ impl RedisConnection for SentinelConnection {
     /// Asks the sentinels for the master again, in the background, unless
     /// a question is already on its way.
     fn refresh(&self) {
-        if self.refreshing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let this = self.clone();
-        tokio::spawn(async move {
-            let fresh =
-                tokio::time::timeout(this.connect_budget, master_of(&this.sentinel, &this.config))
-                    .await;
-            if let Ok(Ok(manager)) = fresh {
-                *this.current.lock().unwrap_or_else(PoisonError::into_inner) = manager;
-            }
-            this.refreshing.store(false, Ordering::Release);
-        });
+        let (sentinel, config) = (self.sentinel.clone(), self.config.clone());
+        self.swap
+            .refresh(async move { master_of(&sentinel, &config).await });
     }
 }
