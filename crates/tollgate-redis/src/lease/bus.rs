@@ -1,0 +1,243 @@
+//! Invalidations: how an operator's reset or block on one instance ends
+//! every instance's lease of that key before it takes effect.
+//!
+//! Every instance subscribes to one channel. An invalidation publishes
+//! `d <nonce> <identity>`; `PUBLISH` answers how many subscribers got it.
+//! Each drops its leases of the identity, then publishes `a <nonce>`, and
+//! the invalidating instance waits for that many acknowledgements before
+//! the reset or block goes to the store. So no lease is spent after the
+//! store forgets what the lease consumed. An instance that is not
+//! subscribed (Redis is down, or the subscription was lost) holds no
+//! lease and takes none: it might miss an invalidation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::AsyncCommands;
+use tokio::sync::watch;
+
+/// The invalidation channel of one instance.
+pub(crate) struct Bus {
+    pub(crate) channel: String,
+    client: redis::Client,
+    publisher: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    /// Invalidations this instance waits on: acknowledgements so far.
+    pending: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Subscribed: leases may be taken.
+    listening: AtomicBool,
+    /// Counts the invalidations received, so that a grant on its way
+    /// while one arrived is not kept.
+    pub(crate) generation: AtomicU64,
+    instance: u64,
+    next_nonce: AtomicU64,
+}
+
+/// What a [`Bus`] asks of the store it serves.
+pub(crate) trait Listener: Send + Sync + 'static {
+    /// Drops the leases of `identity`, without giving anything back.
+    fn drop_identity(&self, identity: &[u8; 16]);
+    /// Drops every lease: the subscription is lost.
+    fn drop_all(&self);
+    /// The bus this listener serves.
+    fn bus(&self) -> &Bus;
+}
+
+impl Bus {
+    pub(crate) fn new(client: redis::Client, channel: String) -> Self {
+        Self {
+            channel,
+            client,
+            publisher: tokio::sync::Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            listening: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            instance: std::hash::BuildHasher::hash_one(
+                &foldhash::quality::RandomState::default(),
+                std::process::id(),
+            ),
+            next_nonce: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn listening(&self) -> bool {
+        self.listening.load(Ordering::Acquire)
+    }
+
+    /// Subscribes, and keeps subscribed while `listener` lives: a lost
+    /// subscription drops every lease, and is made again after a pause.
+    /// Returns once the first subscription is made (or failed).
+    pub(crate) async fn listen<L: Listener>(listener: Weak<L>) {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let Some(strong) = listener.upgrade() else {
+                    return;
+                };
+                let subscribed = async {
+                    let mut pubsub = strong.bus().client.get_async_pubsub().await?;
+                    pubsub.subscribe(&strong.bus().channel).await?;
+                    redis::RedisResult::Ok(pubsub)
+                };
+                let subscribed = tokio::time::timeout(Duration::from_secs(2), subscribed).await;
+                let Ok(Ok(pubsub)) = subscribed else {
+                    drop(strong);
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    continue;
+                };
+                pause = Duration::from_millis(50);
+                strong.bus().listening.store(true, Ordering::Release);
+                drop(strong);
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(());
+                }
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = messages.next().await {
+                    let Some(strong) = listener.upgrade() else {
+                        return;
+                    };
+                    let payload: Vec<u8> = message.get_payload().unwrap_or_default();
+                    strong.bus().receive(&*strong, &payload).await;
+                }
+                let Some(strong) = listener.upgrade() else {
+                    return;
+                };
+                strong.bus().listening.store(false, Ordering::Release);
+                strong.bus().generation.fetch_add(1, Ordering::AcqRel);
+                strong.drop_all();
+                tracing::warn!(
+                    channel = %strong.bus().channel,
+                    "lease invalidations: subscription lost; leases dropped until it is back"
+                );
+            }
+        });
+        let _ = ready_rx.await;
+    }
+
+    async fn receive<L: Listener>(&self, listener: &L, payload: &[u8]) {
+        let text = String::from_utf8_lossy(payload);
+        let mut parts = text.split(' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("d"), Some(nonce), Some(id)) => {
+                if let Some(identity) = parse_identity(id) {
+                    self.generation.fetch_add(1, Ordering::AcqRel);
+                    listener.drop_identity(&identity);
+                }
+                // Acknowledged even when unreadable: the sender waits.
+                let _ = self.publish(&format!("a {nonce}")).await;
+            }
+            (Some("a"), Some(nonce), None) => {
+                let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(acks) = pending.get(nonce) {
+                    acks.send_modify(|n| *n += 1);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    async fn publish(&self, message: &str) -> redis::RedisResult<u64> {
+        let mut publisher = self.publisher.lock().await;
+        let connection = match &mut *publisher {
+            Some(connection) => connection,
+            empty @ None => empty.insert(self.client.get_multiplexed_async_connection().await?),
+        };
+        let sent = connection.publish(&self.channel, message).await;
+        if sent.is_err() {
+            *publisher = None;
+        }
+        sent
+    }
+
+    /// Ends every instance's leases of `identity`, waiting up to `timeout`
+    /// for each subscriber to acknowledge.
+    pub(crate) async fn invalidate(
+        &self,
+        identity: &[u8; 16],
+        timeout: Duration,
+    ) -> Result<(), InvalidateError> {
+        let nonce = format!(
+            "{:x}.{}",
+            self.instance,
+            self.next_nonce.fetch_add(1, Ordering::Relaxed)
+        );
+        let (acks, mut seen) = watch::channel(0);
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(nonce.clone(), acks);
+        let message = format!("d {nonce} {}", hex(identity));
+        let waited = tokio::time::timeout(timeout, async {
+            let receivers = self
+                .publish(&message)
+                .await
+                .map_err(InvalidateError::Redis)?;
+            seen.wait_for(|n| *n >= receivers)
+                .await
+                .map(|_| ())
+                .map_err(|_| InvalidateError::Timeout)
+        })
+        .await;
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&nonce);
+        waited.unwrap_or(Err(InvalidateError::Timeout))
+    }
+}
+
+/// Why an invalidation did not reach every instance.
+#[derive(Debug)]
+pub(crate) enum InvalidateError {
+    Redis(redis::RedisError),
+    Timeout,
+}
+
+impl std::fmt::Display for InvalidateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InvalidateError::Redis(e) => write!(f, "publishing failed: {e}"),
+            InvalidateError::Timeout => f.write_str("not every instance acknowledged in time"),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn parse_identity(text: &str) -> Option<[u8; 16]> {
+    if text.len() != 32 {
+        return None;
+    }
+    let mut id = [0; 16];
+    for (i, byte) in id.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_round_trip_through_hex() {
+        let id = [0xab; 16];
+        assert_eq!(parse_identity(&hex(&id)), Some(id));
+        assert_eq!(parse_identity("zz"), None);
+        assert_eq!(parse_identity(&"g".repeat(32)), None);
+    }
+}

@@ -1,0 +1,580 @@
+//! Quota leases: a global limit decided at local speed.
+
+mod bus;
+mod table;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tollgate_core::{Clock, Decision, Key, Policy, Settlement, Store, StoreError, SystemClock};
+
+use crate::error::RedisStoreError;
+use bus::{Bus, Listener};
+use table::{Entry, Lease, Leasing, Table, identity};
+
+/// A store that lends each instance slices of a hot key's allowance, so
+/// that most of the key's requests are decided locally, without a round
+/// trip, while the limit stays global and exact.
+///
+/// A lease is a grant, by the wrapped store, of several units of a key's
+/// allowance at once: one `check` of their total cost, atomic, admitted
+/// only if that much is available. The store counts the units as used
+/// from then on, so every request admitted from a lease has consumed a
+/// unit in the store, and all instances together never admit more than
+/// the limit. The instance spends the lease locally, and gives back what
+/// it did not spend (a [`Settlement`] refund) when the lease ends, or
+/// when the key goes quiet. Until then those units are unavailable to
+/// other instances: under-admission is bounded by the units outstanding in
+/// leases ([`LeasedStore::outstanding`]).
+///
+/// **Adaptive size.** A key is decided by the store as usual until its
+/// rate is known; then each lease is sized to cover one
+/// [`interval`](LeasedStoreBuilder::interval) of the key's traffic (after
+/// a lease, by how fast it was spent, at most twice the last size), and
+/// never more than a [`share`](LeasedStoreBuilder::share) of the limit's
+/// capacity. A cold key, or one whose interval of traffic is a single
+/// request, never gets a lease. A grant the store refuses (the key is near
+/// its limit) sizes the next one to what the store said remains, and the
+/// request is then decided by the store: near its limit, a key is decided
+/// exactly as without leases.
+///
+/// **Algorithms.** GCRA and the token bucket: units reserved early and
+/// spent later leave the key's traffic more conformant than the store saw
+/// it, so a lease is sound for its whole lifetime (twice the interval).
+/// Fixed and sliding windows: units count in the window of their grant,
+/// so a lease also ends with its window. The sliding log and the leaky
+/// bucket are always decided by the store: a log dates each request, and
+/// a lease would date its units to the grant, so they would leave the log
+/// before the requests that used them; a leaky bucket delays each request
+/// by when it comes.
+///
+/// **Headers.** A request spent from a lease reports the store's answer
+/// to the grant, plus what the lease still holds: `remaining` is the
+/// store's remaining at the grant plus the lease's unspent units (what
+/// this client could still be admitted if no one else consumed), and
+/// `reset` counts down from the store's answer. Denials always come from
+/// the store, so `Retry-After` stays exact.
+///
+/// **Resets and blocks.** [`Store::reset`] and [`Store::block`] through a
+/// `LeasedStore` first end every instance's lease of the key: they
+/// publish an invalidation on a Redis channel and wait until every
+/// subscribed instance has dropped its lease and said so, then reset or
+/// block the key in the store. An instance that is not subscribed (Redis
+/// is down, or the subscription was lost) drops its leases and takes no
+/// new one until it is subscribed again.
+///
+/// **Failures.** A lease already granted is spent while Redis fails (its
+/// units were counted), unless the subscription is lost, which drops it.
+/// Every decision that needs the store returns the store's error, and the
+/// layer's [`FailureMode`](https://docs.rs/tollgate/latest/tollgate/enum.FailureMode.html)
+/// applies.
+///
+/// ```
+/// use tollgate::{Algorithm, Key, Policy, Store};
+/// use tollgate_redis::{LeasedStore, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // This example runs against a local Redis (apt install redis-server).
+/// let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+/// let redis = RedisStore::builder()
+///     .prefix(format!("tollgate-doc-lease-{}", std::process::id()))
+///     .connect(url.as_str())
+///     .await?;
+/// let store = LeasedStore::builder().connect(redis, url.as_str()).await?;
+/// let policy = Policy::new("api", Algorithm::Gcra, "1000/s")?;
+/// let key = Key::user("ada");
+/// // The first requests go to Redis, which measures the key's rate...
+/// for _ in 0..200 {
+///     assert!(store.check(&key, &policy, 1).await?.is_allowed());
+/// }
+/// // ...and every admission consumed a unit in Redis, leased or not.
+/// store.return_leases().await;
+/// assert_eq!(store.outstanding(), (0, 0));
+/// # Ok(())
+/// # }
+/// ```
+pub struct LeasedStore<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for LeasedStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+struct Shared<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    /// One lease interval, µs.
+    interval: u64,
+    /// The divisor of a limit's capacity that bounds a lease.
+    share: u64,
+    ack_timeout: Duration,
+    table: Table,
+    bus: Bus,
+    calls: Calls,
+}
+
+#[derive(Default)]
+struct Calls {
+    grants: AtomicU64,
+    direct: AtomicU64,
+    returns: AtomicU64,
+}
+
+/// How many calls a [`LeasedStore`] made to the store it wraps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseCalls {
+    /// Grants asked for: one `check` of a lease's cost.
+    pub grants: u64,
+    /// Requests decided by the store, without a lease.
+    pub direct: u64,
+    /// Unused parts given back: one `settle` each.
+    pub returns: u64,
+}
+
+impl LeaseCalls {
+    /// Every call.
+    pub fn total(&self) -> u64 {
+        self.grants + self.direct + self.returns
+    }
+}
+
+/// Settings of a [`LeasedStore`]; see [`LeasedStore::builder`].
+#[derive(Debug, Clone)]
+pub struct LeasedStoreBuilder {
+    interval: Duration,
+    share: u64,
+    max_keys: usize,
+    channel: String,
+    ack_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for LeasedStoreBuilder {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(50),
+            share: 16,
+            max_keys: 100_000,
+            channel: "tollgate:leases".to_owned(),
+            ack_timeout: Duration::from_secs(1),
+            clock: None,
+        }
+    }
+}
+
+impl LeasedStoreBuilder {
+    /// How much of a key's traffic one lease covers (default 50 ms). A
+    /// lease lives twice as long before its unused part goes back.
+    /// Longer intervals mean fewer calls to the store and more units held
+    /// by each instance.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval.max(Duration::from_micros(8));
+        self
+    }
+
+    /// A lease holds at most `1 / share` of a limit's capacity (default
+    /// 16, at least 1): with `n` instances, at most `n / share` of it is
+    /// outstanding at once.
+    pub fn share(mut self, share: u64) -> Self {
+        self.share = share.max(1);
+        self
+    }
+
+    /// How many keys the instance tracks (default 100,000). A key beyond
+    /// them, once idle keys are forgotten, is decided by the store.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The Redis channel invalidations go through (default
+    /// `tollgate:leases`). Every instance of one limit must use the same.
+    pub fn channel(mut self, channel: impl Into<String>) -> Self {
+        self.channel = channel.into();
+        self
+    }
+
+    /// How long a reset or block waits for every instance to drop its
+    /// lease (default 1 s). An instance that has not answered by then is
+    /// too slow to spend much: its lease ends with its lifetime.
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// The clock leases are timed with, for tests: the wrapped store's
+    /// [`test_clock`](crate::RedisStoreBuilder::test_clock).
+    pub fn test_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Wraps `store`, subscribing to invalidations through the Redis at
+    /// `url` (the store's; any node of a cluster), and starts the task
+    /// that gives back the unused part of ended leases.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisStoreError::Redis`] for a malformed URL. A Redis that cannot
+    /// be reached yet is not an error: no lease is taken until the
+    /// subscription is made.
+    pub async fn connect<S: Store>(
+        self,
+        store: S,
+        url: &str,
+    ) -> Result<LeasedStore<S>, RedisStoreError> {
+        let client = redis::Client::open(url)?;
+        let interval = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
+        let shared = Arc::new(Shared {
+            store,
+            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+            interval,
+            share: self.share,
+            ack_timeout: self.ack_timeout,
+            table: Table::new(self.max_keys),
+            bus: Bus::new(client, self.channel),
+            calls: Calls::default(),
+        });
+        Bus::listen(Arc::downgrade(&shared)).await;
+        sweep_every(Arc::downgrade(&shared), self.interval);
+        Ok(LeasedStore { shared })
+    }
+}
+
+/// Gives back ended leases every `interval`, while the store lives.
+fn sweep_every<S: Store>(shared: Weak<Shared<S>>, interval: Duration) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let now = shared.now();
+            let ended = shared
+                .table
+                .sweep(shared.idle_before(now), |lease| lease.expires <= now);
+            shared.give_back(ended).await;
+        }
+    });
+}
+
+impl LeasedStore<()> {
+    /// Settings, to [`connect`](LeasedStoreBuilder::connect) around a store.
+    pub fn builder() -> LeasedStoreBuilder {
+        LeasedStoreBuilder::default()
+    }
+}
+
+impl<S: Store> LeasedStore<S> {
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.shared.store
+    }
+
+    /// The leases this instance holds, and the units they hold unspent.
+    pub fn outstanding(&self) -> (usize, u64) {
+        self.shared.table.outstanding()
+    }
+
+    /// The calls made to the wrapped store so far.
+    pub fn calls(&self) -> LeaseCalls {
+        let calls = &self.shared.calls;
+        LeaseCalls {
+            grants: calls.grants.load(Ordering::Relaxed),
+            direct: calls.direct.load(Ordering::Relaxed),
+            returns: calls.returns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the instance is subscribed to invalidations, and so may
+    /// take leases.
+    pub fn is_listening(&self) -> bool {
+        self.shared.bus.listening()
+    }
+
+    /// Ends every lease now, giving back the unused part: for a graceful
+    /// shutdown, so that other instances get the units at once.
+    pub async fn return_leases(&self) {
+        let ended = self.shared.table.sweep(0, |_| true);
+        self.shared.give_back(ended).await;
+    }
+}
+
+impl<S: Store> Shared<S> {
+    fn now(&self) -> u64 {
+        self.clock.now().as_micros()
+    }
+
+    /// Keys unseen since this are forgotten when room is needed.
+    fn idle_before(&self, now: u64) -> u64 {
+        now.saturating_sub(self.interval.saturating_mul(4))
+    }
+
+    /// The largest lease of `policy`.
+    fn cap(&self, policy: &Policy) -> u64 {
+        policy
+            .params()
+            .iter()
+            .map(|p| p.capacity / self.share)
+            .min()
+            .unwrap_or(0)
+    }
+
+    async fn give_back(&self, ended: Vec<Lease>) {
+        for lease in ended {
+            if let Some(settlement) = lease.unused() {
+                self.calls.returns.fetch_add(1, Ordering::Relaxed);
+                // A return that fails leaves the units used until the
+                // store forgets them: under-admission, never over.
+                let _ = self
+                    .store
+                    .settle(&lease.key, &lease.policy, settlement)
+                    .await;
+            }
+        }
+    }
+
+    async fn direct(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.calls.direct.fetch_add(1, Ordering::Relaxed);
+        self.store.check(key, policy, cost).await
+    }
+
+    /// Asks for a lease of `size` (more than `cost`), deciding a request
+    /// of `cost` with it.
+    async fn grant(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        hash: u64,
+        size: u64,
+        cost: u64,
+        sent: u64,
+    ) -> Result<Decision, StoreError> {
+        let generation = self.bus.generation.load(Ordering::Acquire);
+        self.calls.grants.fetch_add(1, Ordering::Relaxed);
+        let answer = self.store.check(key, policy, size).await;
+        let refused = match &answer {
+            Ok(base) => !base.is_allowed(),
+            Err(_) => false,
+        };
+        let base = {
+            let mut shard = self.table.shard(hash);
+            let entry = shard
+                .get_mut(&hash)
+                .filter(|e| e.fingerprint == policy.fingerprint());
+            if let Some(entry) = entry {
+                entry.refilling = false;
+                if let (true, Ok(refusal)) = (refused, &answer) {
+                    entry.size = entry.size.min(refusal.remaining());
+                }
+            }
+            answer?
+        };
+        if refused {
+            return self.direct(key, policy, cost).await;
+        }
+        let lifetime = Leasing::of(policy).lifetime(policy, &base, self.interval * 2);
+        let mut lease = Lease {
+            granted: size - cost,
+            left: size - cost,
+            sent,
+            expires: sent + lifetime,
+            base,
+            identity: identity(key, policy),
+            key: key.clone(),
+            policy: policy.clone(),
+        };
+        let decision = lease.spend(0, sent);
+        if self.bus.generation.load(Ordering::Acquire) != generation || !self.bus.listening() {
+            // A reset or block may have wiped what the grant consumed:
+            // the units are dropped, not given back.
+            return Ok(decision);
+        }
+        let unkept = {
+            let mut shard = self.table.shard(hash);
+            let entry = shard
+                .get_mut(&hash)
+                .filter(|e| e.fingerprint == policy.fingerprint());
+            match entry {
+                Some(entry) if lifetime > 0 && entry.lease.is_none() => {
+                    entry.lease = Some(lease);
+                    None
+                }
+                _ => Some(lease),
+            }
+        };
+        if let Some(lease) = unkept {
+            self.give_back(vec![lease]).await;
+        }
+        Ok(decision)
+    }
+}
+
+/// What a request finds in the table.
+enum Plan {
+    Direct,
+    Grant(u64),
+}
+
+impl<S: Store> Listener for Shared<S> {
+    fn drop_identity(&self, identity: &[u8; 16]) {
+        drop(self.table.sweep(0, |lease| lease.identity == *identity));
+    }
+
+    fn drop_all(&self) {
+        drop(self.table.sweep(0, |_| true));
+    }
+
+    fn bus(&self) -> &Bus {
+        &self.bus
+    }
+}
+
+impl<S: Store> LeasedStore<S> {
+    /// Ends every instance's lease of `key` under `policy`'s name.
+    async fn invalidate(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        let shared = &self.shared;
+        let id = identity(key, policy);
+        shared.bus.generation.fetch_add(1, Ordering::AcqRel);
+        shared.drop_identity(&id);
+        match shared.bus.invalidate(&id, shared.ack_timeout).await {
+            Ok(()) => Ok(()),
+            Err(bus::InvalidateError::Timeout) => {
+                tracing::warn!(
+                    policy = policy.name(),
+                    "lease invalidation: not every instance acknowledged; their leases end with their lifetime"
+                );
+                Ok(())
+            }
+            Err(bus::InvalidateError::Redis(error)) => Err(StoreError::backend(error)),
+        }
+    }
+}
+
+impl<S: Store> Store for LeasedStore<S> {
+    fn try_check_now(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        if Leasing::of(policy) == Leasing::Never || cost == 0 {
+            return self.shared.store.try_check_now(key, policy, cost);
+        }
+        let shared = &self.shared;
+        let now = shared.now();
+        let hash = shared.table.hash(key, policy);
+        let mut shard = shared.table.shard(hash);
+        let entry = shard.get_mut(&hash)?;
+        let lease = entry.lease.as_mut()?;
+        if entry.fingerprint != policy.fingerprint() || lease.expires <= now || lease.left < cost {
+            return None;
+        }
+        entry.last_seen = now;
+        Some(Ok(lease.spend(cost, now)))
+    }
+
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let shared = &self.shared;
+        if Leasing::of(policy) == Leasing::Never || cost == 0 {
+            return shared.direct(key, policy, cost).await;
+        }
+        let now = shared.now();
+        let hash = shared.table.hash(key, policy);
+        let mut ended = Vec::new();
+        let plan = {
+            let mut shard = shared.table.shard(hash);
+            let idle_before = shared.idle_before(now);
+            let entry = shared.table.entry(
+                &mut shard,
+                hash,
+                policy.fingerprint(),
+                now,
+                idle_before,
+                &mut ended,
+            );
+            match entry {
+                None => Plan::Direct,
+                Some(entry) => {
+                    if let Some(decision) = spend(entry, cost, now) {
+                        return Ok(decision);
+                    }
+                    let cap = shared.cap(policy);
+                    match entry.lease.take() {
+                        Some(lease) => {
+                            entry.resize(&lease, now, shared.interval, cap);
+                            ended.push(lease);
+                        }
+                        None => entry.observe(cost, now, shared.interval, cap),
+                    }
+                    if entry.refilling || !shared.bus.listening() || entry.size <= cost {
+                        Plan::Direct
+                    } else {
+                        entry.refilling = true;
+                        Plan::Grant(entry.size)
+                    }
+                }
+            }
+        };
+        let deciding = async {
+            match plan {
+                Plan::Direct => shared.direct(key, policy, cost).await,
+                Plan::Grant(size) => shared.grant(key, policy, hash, size, cost, now).await,
+            }
+        };
+        let ((), decision) = tokio::join!(shared.give_back(ended), deciding);
+        decision
+    }
+
+    fn status(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.shared.store.status(key, policy)
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.shared.store.settle(key, policy, settlement)
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.invalidate(key, policy).await?;
+        self.shared.store.reset(key, policy).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.invalidate(key, policy).await?;
+        self.shared.store.block(key, policy, duration).await
+    }
+
+    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
+        self.shared.store.last_known(key, policy)
+    }
+}
+
+/// Spends `cost` from `entry`'s lease, if it holds that much and is live.
+fn spend(entry: &mut Entry, cost: u64, now: u64) -> Option<Decision> {
+    let lease = entry.lease.as_mut()?;
+    (lease.expires > now && lease.left >= cost).then(|| lease.spend(cost, now))
+}

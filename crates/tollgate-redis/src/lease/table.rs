@@ -1,0 +1,286 @@
+//! The leases one instance holds, and what it has seen of each key's rate.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Decision, Key, LimitStatus, Outcome, Policy, Timestamp};
+
+/// How a policy's algorithm lends itself to leases: the one place that
+/// knows which algorithms take them, and when a lease must end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leasing {
+    /// Every request is decided by the store. A sliding log remembers when
+    /// each request came, and a lease would date its units to the grant,
+    /// letting them age out of the log before the requests that used them;
+    /// a leaky bucket delays each request by when it comes.
+    Never,
+    /// GCRA and the token bucket: units reserved early and spent later
+    /// only leave the key's traffic more conformant than the store saw it,
+    /// so a lease may live as long as its lifetime.
+    Rate,
+    /// Fixed and sliding windows: units count in the window of the grant,
+    /// so a lease also ends with that window.
+    Window,
+}
+
+impl Leasing {
+    pub(crate) fn of(policy: &Policy) -> Self {
+        match policy.algorithm() {
+            Algorithm::Gcra | Algorithm::TokenBucket => Leasing::Rate,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => Leasing::Window,
+            _ => Leasing::Never,
+        }
+    }
+
+    /// How long after `sent` (the local time the grant was asked for) a
+    /// lease granted by `base` may be spent, given `lifetime`. Measured
+    /// from the sending, which precedes the store's decision, so a window
+    /// lease ends no later than its window in the store.
+    pub(crate) fn lifetime(self, policy: &Policy, base: &Decision, lifetime: u64) -> u64 {
+        match self {
+            Leasing::Never => 0,
+            Leasing::Rate => lifetime,
+            Leasing::Window => {
+                let now = base.now().as_micros();
+                policy
+                    .params()
+                    .iter()
+                    .map(|p| p.period_us - now % p.period_us.max(1))
+                    .fold(lifetime, u64::min)
+            }
+        }
+    }
+}
+
+/// Units of a key's allowance that the store has counted as used and this
+/// instance spends locally.
+pub(crate) struct Lease {
+    pub(crate) granted: u64,
+    pub(crate) left: u64,
+    /// Local time (µs) the grant was asked for.
+    pub(crate) sent: u64,
+    /// Local time (µs) from which the lease is no longer spent.
+    pub(crate) expires: u64,
+    /// The store's answer to the grant.
+    pub(crate) base: Decision,
+    pub(crate) identity: [u8; 16],
+    pub(crate) key: Key,
+    pub(crate) policy: Policy,
+}
+
+impl Lease {
+    /// The decision of a request of `cost` spent from this lease at local
+    /// time `now`: what the store said at the grant, plus the units this
+    /// lease still holds, with reset times counted down since.
+    pub(crate) fn spend(&mut self, cost: u64, now: u64) -> Decision {
+        self.left -= cost;
+        let elapsed = now.saturating_sub(self.sent);
+        let statuses = self.base.limits().iter().map(|s| {
+            LimitStatus::new(
+                s.index(),
+                s.limit(),
+                s.capacity(),
+                s.remaining().saturating_add(self.left),
+                s.reset().saturating_sub(Duration::from_micros(elapsed)),
+                None,
+            )
+        });
+        let store_now = Timestamp::from_micros(self.base.now().as_micros() + elapsed);
+        Decision::new(
+            &self.policy,
+            Outcome::Allowed,
+            store_now,
+            Duration::ZERO,
+            statuses,
+        )
+    }
+
+    /// What to give back to the store: the unused part, as a settlement.
+    pub(crate) fn unused(&self) -> Option<tollgate_core::Settlement> {
+        (self.left > 0).then(|| {
+            tollgate_core::Settlement::new(self.granted, self.granted - self.left, self.base.now())
+        })
+    }
+}
+
+/// What one instance knows of one key under one policy.
+pub(crate) struct Entry {
+    pub(crate) fingerprint: u64,
+    pub(crate) last_seen: u64,
+    /// Requests decided by the store since `span_start`: how the rate of
+    /// a key without a lease is measured.
+    span_start: u64,
+    span_cost: u64,
+    /// The size of the next lease; 0 while the key is cold.
+    pub(crate) size: u64,
+    /// A grant is on its way: the key's other requests meanwhile go to
+    /// the store.
+    pub(crate) refilling: bool,
+    pub(crate) lease: Option<Lease>,
+}
+
+impl Entry {
+    fn new(fingerprint: u64, now: u64) -> Self {
+        Self {
+            fingerprint,
+            last_seen: now,
+            span_start: now,
+            span_cost: 0,
+            size: 0,
+            refilling: false,
+            lease: None,
+        }
+    }
+
+    /// Counts a request of `cost` decided by the store at `now`, and
+    /// sizes the next lease from the rate once a span of `interval / 8`
+    /// has passed: the cost the key would spend in one `interval`.
+    pub(crate) fn observe(&mut self, cost: u64, now: u64, interval: u64, cap: u64) {
+        self.span_cost = self.span_cost.saturating_add(cost);
+        let elapsed = now.saturating_sub(self.span_start);
+        if elapsed >= (interval / 8).max(1) {
+            let per_interval =
+                u128::from(self.span_cost) * u128::from(interval) / u128::from(elapsed.max(1));
+            self.size = u64::try_from(per_interval).unwrap_or(u64::MAX).min(cap);
+            self.span_start = now;
+            self.span_cost = 0;
+        }
+    }
+
+    /// Sizes the next lease after `lease` ends at `now`: the units it saw
+    /// spent, scaled to one `interval`, at most twice its size.
+    pub(crate) fn resize(&mut self, lease: &Lease, now: u64, interval: u64, cap: u64) {
+        let used = lease.granted - lease.left;
+        let elapsed = now.saturating_sub(lease.sent).max(1);
+        let per_interval = u128::from(used) * u128::from(interval) / u128::from(elapsed);
+        let grown = u64::try_from(per_interval).unwrap_or(u64::MAX);
+        self.size = grown.min(lease.granted.saturating_mul(2)).min(cap);
+        self.span_start = now;
+        self.span_cost = 0;
+    }
+}
+
+/// Sharded by key hash, each shard bounded.
+pub(crate) struct Table {
+    hasher: foldhash::quality::RandomState,
+    shards: Box<[Mutex<HashMap<u64, Entry, foldhash::fast::FixedState>>]>,
+    per_shard: usize,
+}
+
+const SHARDS: usize = 64;
+
+impl Table {
+    pub(crate) fn new(max_keys: usize) -> Self {
+        Self {
+            hasher: foldhash::quality::RandomState::default(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
+            per_shard: max_keys.div_ceil(SHARDS),
+        }
+    }
+
+    pub(crate) fn hash(&self, key: &Key, policy: &Policy) -> u64 {
+        self.hasher.hash_one((policy.name(), key))
+    }
+
+    pub(crate) fn shard(
+        &self,
+        hash: u64,
+    ) -> MutexGuard<'_, HashMap<u64, Entry, foldhash::fast::FixedState>> {
+        // The top bits: the map itself uses the low ones.
+        self.shards[(hash >> 58) as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The entry of `hash` for `fingerprint`, made if there is room: a
+    /// full shard first forgets keys idle since `idle_before` (handing
+    /// their leases to `ended`), and tracks no new key if still full.
+    pub(crate) fn entry<'a>(
+        &self,
+        shard: &'a mut HashMap<u64, Entry, foldhash::fast::FixedState>,
+        hash: u64,
+        fingerprint: u64,
+        now: u64,
+        idle_before: u64,
+        ended: &mut Vec<Lease>,
+    ) -> Option<&'a mut Entry> {
+        if !shard.contains_key(&hash) && shard.len() >= self.per_shard {
+            shard.retain(|_, e| {
+                let keep = e.last_seen >= idle_before || e.refilling;
+                if !keep {
+                    ended.extend(e.lease.take());
+                }
+                keep
+            });
+            if shard.len() >= self.per_shard {
+                return None;
+            }
+        }
+        let entry = shard
+            .entry(hash)
+            .or_insert_with(|| Entry::new(fingerprint, now));
+        if entry.fingerprint != fingerprint {
+            // The policy's configuration changed: the lease of the old
+            // one goes back under it, and the rate carries over.
+            ended.extend(entry.lease.take());
+            entry.fingerprint = fingerprint;
+        }
+        entry.last_seen = now;
+        Some(entry)
+    }
+
+    /// Takes out every lease for which `end` holds, forgetting keys idle
+    /// since `idle_before`.
+    pub(crate) fn sweep(
+        &self,
+        idle_before: u64,
+        mut end: impl FnMut(&Lease) -> bool,
+    ) -> Vec<Lease> {
+        let mut ended = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            shard.retain(|_, e| {
+                if e.lease.as_ref().is_some_and(&mut end) {
+                    ended.extend(e.lease.take());
+                }
+                e.last_seen >= idle_before || e.refilling || e.lease.is_some()
+            });
+        }
+        ended
+    }
+
+    /// How many leases are held, and how many units they hold.
+    pub(crate) fn outstanding(&self) -> (usize, u64) {
+        let mut held = (0, 0);
+        for shard in &self.shards {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for lease in shard.values().filter_map(|e| e.lease.as_ref()) {
+                held.0 += 1;
+                held.1 += lease.left;
+            }
+        }
+        held
+    }
+}
+
+/// The identity of a key under a policy's name, the same on every
+/// instance: how an invalidation names the leases it ends.
+pub(crate) fn identity(key: &Key, policy: &Policy) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut digest = Sha256::new();
+    for part in [
+        policy.name().as_bytes(),
+        key.kind().as_str().as_bytes(),
+        key.as_bytes(),
+    ] {
+        digest.update((part.len() as u64).to_be_bytes());
+        digest.update(part);
+    }
+    let mut id = [0; 16];
+    id.copy_from_slice(&digest.finalize()[..16]);
+    id
+}

@@ -1,0 +1,257 @@
+//! Quota leases on real Redis: four instances never admit more than the
+//! limit, what they under-admit is exactly what their leases hold, a
+//! returned unit is usable at once, resets and blocks end every lease,
+//! and a Redis failure follows the failure policy.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use tollgate::{Algorithm, FailureMode, FakeClock, FallbackStore, Key, Policy, Store, Timestamp};
+use tollgate_redis::{LeasedStore, RedisStore};
+use tollgate_tests::{RedisServer, require_redis, unique_prefix};
+
+const START: Timestamp = Timestamp::from_secs(1_700_000_000);
+
+/// `n` instances, each a Redis store and a leased store on `clock`,
+/// sharing one prefix and one invalidation channel. `deny_cache` sizes
+/// each Redis store's cache of denials: a cached denial stands until its
+/// own retry time, whatever other instances give back meanwhile.
+async fn instances(
+    url: &str,
+    test: &str,
+    clock: &FakeClock,
+    n: usize,
+    share: u64,
+    deny_cache: usize,
+) -> Vec<LeasedStore<RedisStore>> {
+    let prefix = unique_prefix(test);
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        let redis = RedisStore::builder()
+            .prefix(prefix.clone())
+            .test_clock(clock.clone())
+            .deny_cache(deny_cache)
+            .connect(url)
+            .await
+            .unwrap();
+        let leased = LeasedStore::builder()
+            .share(share)
+            .channel(format!("{prefix}:leases"))
+            .test_clock(clock.clone())
+            .connect(redis, url)
+            .await
+            .unwrap();
+        assert!(leased.is_listening(), "subscribed to invalidations");
+        stores.push(leased);
+    }
+    stores
+}
+
+fn outstanding(stores: &[LeasedStore<RedisStore>]) -> u64 {
+    stores.iter().map(|s| s.outstanding().1).sum()
+}
+
+/// Requests `per_instance` of cost 1 on each store at once; how many
+/// were admitted.
+async fn burst(
+    stores: &[LeasedStore<RedisStore>],
+    key: &Key,
+    policy: &Policy,
+    per_instance: usize,
+) -> u64 {
+    let calls = stores
+        .iter()
+        .flat_map(|s| (0..per_instance).map(move |_| s.check(key, policy, 1)));
+    join_all(calls)
+        .await
+        .into_iter()
+        .map(|d| u64::from(d.unwrap().is_allowed()))
+        .sum()
+}
+
+/// Makes `store` measure a hot key: 10 requests a millisecond for 10 ms.
+async fn warm(
+    store: &LeasedStore<RedisStore>,
+    clock: &FakeClock,
+    key: &Key,
+    policy: &Policy,
+) -> u64 {
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += burst(std::slice::from_ref(store), key, policy, 10).await;
+        clock.advance(Duration::from_millis(1));
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_instances_admit_exactly_the_limit_of_each_window() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-exact", &clock, 4, 16, 10_000).await;
+    let policy = Policy::new("hot", Algorithm::FixedWindow, "20000/s").unwrap();
+    let key = Key::user("hot");
+    let cap = 20_000 / 16;
+    let calls = || stores.iter().map(|s| s.calls().total()).sum::<u64>();
+    for window in 0..3 {
+        let mut admitted = 0;
+        let calls_before = calls();
+        // Demand of 40 a millisecond, twice the limit.
+        for tick in 0..1000 {
+            admitted += burst(&stores, &key, &policy, 10).await;
+            if tick == 399 && window > 0 {
+                // Far from the limit, with the rate known: at most one
+                // store call in 20 admissions.
+                let spent = calls() - calls_before;
+                assert!(
+                    spent * 20 <= admitted,
+                    "{spent} store calls for {admitted} admissions"
+                );
+            }
+            if tick == 999 {
+                // The window's last moment: the store counted every
+                // admission plus what the leases hold, which is the limit.
+                let held = outstanding(&stores);
+                assert_eq!(
+                    admitted + held,
+                    20_000,
+                    "window {window}: {admitted} admitted, {held} held"
+                );
+                assert!(held <= 4 * cap, "window {window}: {held} held");
+            }
+            clock.advance(Duration::from_millis(1));
+        }
+        assert!(admitted <= 20_000);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_admission_is_what_leases_hold_and_returned_units_are_usable_at_once() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-bound", &clock, 2, 4, 0).await;
+    let (a, b) = (&stores[0], &stores[1]);
+    let policy = Policy::new("bound", Algorithm::Gcra, "600/min").unwrap();
+    let key = Key::user("ada");
+    let by_a = warm(a, &clock, &key, &policy).await;
+    assert_eq!(by_a, 100, "far from the limit, all admitted");
+    let (leases, held) = a.outstanding();
+    assert_eq!(leases, 1, "the hot key has a lease");
+    assert!(
+        held > 0 && held <= 600 / 4,
+        "a lease of at most a quarter: {held}"
+    );
+
+    // With time standing still, B gets exactly what neither A's
+    // admissions nor A's lease took.
+    let mut by_b = 0;
+    while b.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        by_b += 1;
+    }
+    assert_eq!(by_b, 600 - by_a - held);
+
+    // A gives its lease back: B gets those units at once.
+    a.return_leases().await;
+    assert_eq!(a.outstanding(), (0, 0));
+    let mut after = 0;
+    while b.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        after += 1;
+    }
+    assert_eq!(after, held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_or_reset_on_one_instance_ends_the_leases_of_all() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-reset", &clock, 2, 4, 0).await;
+    let (a, b) = (&stores[0], &stores[1]);
+    let policy = Policy::new("ops", Algorithm::TokenBucket, "600/min").unwrap();
+    let key = Key::user("mallory");
+    warm(a, &clock, &key, &policy).await;
+    assert_eq!(a.outstanding().0, 1);
+
+    // Blocked from B: A's next request is denied, with the block's exact
+    // Retry-After, though A held units.
+    b.block(&key, &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(a.outstanding(), (0, 0));
+    let denied = a.check(&key, &policy, 1).await.unwrap();
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(60)));
+
+    // Reset from B: the key starts afresh, and no unit leased before the
+    // reset is spent after it. A and B together admit exactly the
+    // capacity, once A gives back what it holds.
+    b.reset(&key, &policy).await.unwrap();
+    let mut admitted = warm(a, &clock, &key, &policy).await;
+    assert_eq!(a.outstanding().0, 1, "a new lease, from the fresh state");
+    let mut held = a.outstanding().1;
+    while b.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+    }
+    // Time moved 10 ms while warming: the bucket refilled by 0.1 token,
+    // less than one, so the count is exact.
+    assert_eq!(admitted + held, 600);
+    a.return_leases().await;
+    held = 0;
+    while b.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+    }
+    assert_eq!(admitted + held, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_failure_during_a_lease_follows_the_failure_policy() {
+    let mut server = RedisServer::spawn();
+    let url = server.url();
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-fail", &clock, 1, 4, 10_000).await;
+    let leased = stores.into_iter().next().unwrap();
+    let policy = Policy::new("fail", Algorithm::Gcra, "600/min").unwrap();
+    let key = Key::user("ada");
+    warm(&leased, &clock, &key, &policy).await;
+    assert_eq!(leased.outstanding().0, 1);
+
+    server.kill();
+    // The lost subscription drops the lease: the instance could no
+    // longer hear of a reset or block.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while leased.is_listening() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the loss went unnoticed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(leased.outstanding(), (0, 0));
+
+    // Every decision now needs Redis, and its failure is the policy's.
+    assert!(leased.check(&key, &policy, 1).await.is_err());
+    let closed = FallbackStore::new(leased.clone()).on_store_error(FailureMode::Closed);
+    assert!(closed.check(&key, &policy, 1).await.is_err());
+    let local = FallbackStore::new(leased.clone()).on_store_error(FailureMode::Local);
+    let decided = local.check(&key, &policy, 1).await.unwrap();
+    assert!(decided.is_allowed());
+    assert_eq!(decided.limit(), 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_or_leaky_bucket_is_never_leased() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-never", &clock, 1, 4, 10_000).await;
+    let key = Key::user("ada");
+    for algorithm in [Algorithm::SlidingLog, Algorithm::LeakyBucket] {
+        let policy = Policy::new(algorithm.as_str(), algorithm, "600/min").unwrap();
+        assert_eq!(warm(&stores[0], &clock, &key, &policy).await, 100);
+    }
+    assert_eq!(stores[0].outstanding(), (0, 0));
+    let calls = stores[0].calls();
+    assert_eq!(
+        (calls.grants, calls.direct),
+        (0, 200),
+        "every request decided by Redis"
+    );
+}
