@@ -37,8 +37,7 @@ use std::time::Duration;
 
 use axum::Router;
 use tollgate::{HeaderStyle, RateLimitLayer};
-use tollgate_core::{Algorithm, Policy};
-use tollgate_redis::RedisStore;
+use tollgate_redis::{LeasedStore, RedisStore};
 use tollgate_tests::{RedisServer, command_calls, command_stat};
 use tower::util::MapResponseLayer;
 
@@ -49,19 +48,48 @@ const ROUNDS: usize = 7;
 const SECONDS: u64 = 3;
 const CONNECTIONS: usize = 32;
 
-/// Rotating keys: `k0` to `k9999`, one per request in turn.
-const ROTATING: &str = r#"
-local n = 0
+/// 10,000 keys drawn uniformly at random.
+const UNIFORM: &str = r#"
 request = function()
-  n = n + 1
-  return wrk.format("GET", "/", { ["x-api-key"] = "k" .. (n % 10000) })
+  return wrk.format("GET", "/", { ["x-api-key"] = "u" .. math.random(10000) })
 end
 "#;
+/// One key for every request.
 const HOT: &str = r#"
 request = function()
   return wrk.format("GET", "/", { ["x-api-key"] = "hot" })
 end
 "#;
+/// 100,000 keys drawn from a Zipf distribution with s = 1.1: key k with
+/// weight 1 / k^1.1 (the first key takes about 13% of the requests, the
+/// first hundred about half).
+const ZIPF: &str = r#"
+local n, s = 100000, 1.1
+local cdf, total = {}, 0
+for k = 1, n do
+  total = total + 1 / (k ^ s)
+  cdf[k] = total
+end
+for k = 1, n do
+  cdf[k] = cdf[k] / total
+end
+request = function()
+  local u = math.random()
+  local lo, hi = 1, n
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if cdf[mid] < u then lo = mid + 1 else hi = mid end
+  end
+  return wrk.format("GET", "/", { ["x-api-key"] = "z" .. lo })
+end
+"#;
+
+/// The key distributions, with the name each variant carries.
+const DISTRIBUTIONS: [(&str, &str); 3] = [
+    ("1 hot key", HOT),
+    ("10k uniform", UNIFORM),
+    ("Zipf 1.1 over 100k", ZIPF),
+];
 
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -273,68 +301,79 @@ fn main() {
         .build()
         .unwrap();
     let redis = RedisServer::spawn();
-    let variants: Vec<(&str, SocketAddr, &str)> = runtime.block_on(async {
-        let store = RedisStore::connect(&redis.url()).await.unwrap();
-        let unbatched = RedisStore::builder()
-            .batch_size(1)
-            .connect(redis.url().as_str())
-            .await
-            .unwrap();
-        let hot = Policy::new("hot", Algorithm::Gcra, "1000000/s").unwrap();
-        vec![
-            ("bare", serve(route()).await, ROTATING),
+    let variants: Vec<(String, SocketAddr, &str)> = runtime.block_on(async {
+        let url = redis.url();
+        let mut variants = Vec::new();
+        for (dist, script) in DISTRIBUTIONS {
+            variants.push((format!("bare, {dist}"), serve(route()).await, script));
+        }
+        variants.push((
+            "bare, five fixed headers, 10k uniform".to_owned(),
+            serve(route().layer(MapResponseLayer::new(five_headers))).await,
+            UNIFORM,
+        ));
+        for (i, (dist, script)) in DISTRIBUTIONS.into_iter().enumerate() {
+            let store = RedisStore::builder()
+                .prefix(format!("bench-plain-{i}"))
+                .connect(url.as_str())
+                .await
+                .unwrap();
+            let leased = LeasedStore::builder()
+                .channel(format!("bench-leases-{i}"))
+                .connect(
+                    RedisStore::builder()
+                        .prefix(format!("bench-leased-{i}"))
+                        .connect(url.as_str())
+                        .await
+                        .unwrap(),
+                    url.as_str(),
+                )
+                .await
+                .unwrap();
+            let layer = || RateLimitLayer::new(per_key(), header_key()).keep_body_type();
+            variants.extend([
+                (
+                    format!("tollgate memory, {dist}"),
+                    serve(route().layer(layer())).await,
+                    script,
+                ),
+                (
+                    format!("tower_governor, with headers, {dist}"),
+                    serve(tower_governor_app(true)).await,
+                    script,
+                ),
+                (
+                    format!("tollgate Redis, {dist}"),
+                    serve(route().layer(layer().store(store))).await,
+                    script,
+                ),
+                (
+                    format!("tollgate Redis + leases, {dist}"),
+                    serve(route().layer(layer().store(leased))).await,
+                    script,
+                ),
+            ]);
+        }
+        variants.extend([
             (
-                "bare, five fixed headers",
-                serve(route().layer(MapResponseLayer::new(five_headers))).await,
-                ROTATING,
-            ),
-            (
-                "tollgate, 1 hot key",
-                serve(route().layer(RateLimitLayer::new(hot, header_key()))).await,
-                HOT,
-            ),
-            (
-                "tollgate, 10k keys",
-                serve(route().layer(RateLimitLayer::new(per_key(), header_key()))).await,
-                ROTATING,
-            ),
-            (
-                "tollgate, 10k keys, keep_body_type",
-                serve(route().layer(RateLimitLayer::new(per_key(), header_key()).keep_body_type()))
-                    .await,
-                ROTATING,
-            ),
-            (
-                "tollgate, 10k keys, no headers",
-                serve(route().layer(
-                    RateLimitLayer::new(per_key(), header_key()).headers(HeaderStyle::None),
-                ))
+                "tollgate memory, no headers, 10k uniform".to_owned(),
+                serve(
+                    route().layer(
+                        RateLimitLayer::new(per_key(), header_key())
+                            .keep_body_type()
+                            .headers(HeaderStyle::None),
+                    ),
+                )
                 .await,
-                ROTATING,
+                UNIFORM,
             ),
             (
-                "tower_governor, 10k keys",
+                "tower_governor, no headers, 10k uniform".to_owned(),
                 serve(tower_governor_app(false)).await,
-                ROTATING,
+                UNIFORM,
             ),
-            (
-                "tower_governor, 10k keys, with headers",
-                serve(tower_governor_app(true)).await,
-                ROTATING,
-            ),
-            (
-                "tollgate on Redis, 10k keys",
-                serve(route().layer(RateLimitLayer::new(per_key(), header_key()).store(store)))
-                    .await,
-                ROTATING,
-            ),
-            (
-                "tollgate on Redis, 10k keys, batching off",
-                serve(route().layer(RateLimitLayer::new(per_key(), header_key()).store(unbatched)))
-                    .await,
-                ROTATING,
-            ),
-        ]
+        ]);
+        variants
     });
 
     // `TOLLGATE_BENCH_ONLY=bare,Redis` keeps the variants whose names
@@ -344,7 +383,7 @@ fn main() {
         Ok(only) => variants
             .into_iter()
             .filter(|(name, _, _)| {
-                *name == "bare" || only.split(',').any(|w| name.contains(w.trim()))
+                name.starts_with("bare, ") || only.split(',').any(|w| name.contains(w.trim()))
             })
             .collect(),
         Err(_) => variants,
@@ -376,28 +415,37 @@ fn main() {
         }
     }
 
-    // Ratios are paired: each run against the bare run of its own round.
+    // Ratios are paired: each run against the run of the plain bare route
+    // with the same key distribution in its own round.
     let ratios = |of: &[Run], to: &[Run]| -> Vec<f64> {
         of.iter()
             .zip(to)
             .map(|(a, b)| a.per_sec / b.per_sec)
             .collect()
     };
+    let find = |wanted: &str| variants.iter().position(|(n, _, _)| n == wanted);
+    let bare_of = |script: &str| {
+        variants
+            .iter()
+            .position(|(n, _, s)| n.starts_with("bare, ") && !n.contains("five") && *s == script)
+            .unwrap()
+    };
     println!(
         "\nwrk -t1 -c{} -d{}s, {rounds} interleaved rounds in rotating order; \
-         medians, and the median of the per-round ratios to bare\n",
+         medians, and the median of the per-round ratios to the plain bare route \
+         (no headers) with the same key distribution\n",
         connections(),
         seconds()
     );
     println!(
-        "| variant | requests/s | ratio to bare | p50 | p99 | CPU/request: server, redis-server, wrk | machine idle | ratio per round |"
+        "| variant | requests/s | ratio to bare | p50 | p99 | CPU/request: server, redis-server, wrk | EVALSHA per request | ratio per round |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---|");
-    for ((name, _, _), of) in variants.iter().zip(&runs) {
-        let paired = ratios(of, &runs[0]);
+    for ((name, _, script), of) in variants.iter().zip(&runs) {
+        let paired = ratios(of, &runs[bare_of(script)]);
         let listed: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "| {name} | {:.0} | {:.2} | {:.0} µs | {:.0} µs | {:.1} µs, {:.1} µs, {:.1} µs | {:.0}% | {} |",
+            "| {name} | {:.0} | {:.2} | {:.0} µs | {:.0} µs | {:.1} µs, {:.1} µs, {:.1} µs | {:.3} | {} |",
             median(of.iter().map(|r| r.per_sec).collect()),
             median(paired),
             median(of.iter().map(|r| r.p50_us).collect()),
@@ -405,27 +453,48 @@ fn main() {
             median(of.iter().map(|r| r.server_cpu_us).collect()),
             median(of.iter().map(|r| r.redis_cpu_us).collect()),
             median(of.iter().map(|r| r.wrk_cpu_us).collect()),
-            median(of.iter().map(|r| r.idle * 100.0).collect()),
+            median(
+                of.iter()
+                    .map(|r| if r.per_call > 0.0 {
+                        1.0 / r.per_call
+                    } else {
+                        0.0
+                    })
+                    .collect()
+            ),
             listed.join(" "),
         );
     }
-    // The comparison the target names, paired the same way.
-    let find = |wanted: &str| variants.iter().position(|(n, _, _)| *n == wanted);
-    let pairs = [
-        (
-            "tollgate, 10k keys",
-            "tower_governor, 10k keys, with headers",
-        ),
-        ("tollgate, 10k keys, no headers", "tower_governor, 10k keys"),
-    ];
+    // The comparisons the targets name, paired the same way.
+    let mut pairs = vec![(
+        "tollgate memory, no headers, 10k uniform".to_owned(),
+        "tower_governor, no headers, 10k uniform".to_owned(),
+    )];
+    for (dist, _) in DISTRIBUTIONS {
+        pairs.push((
+            format!("tollgate memory, {dist}"),
+            format!("tower_governor, with headers, {dist}"),
+        ));
+        pairs.push((
+            format!("tollgate Redis + leases, {dist}"),
+            format!("tollgate memory, {dist}"),
+        ));
+        pairs.push((
+            format!("tollgate Redis, {dist}"),
+            format!("tollgate memory, {dist}"),
+        ));
+    }
+    println!();
     for (ours, theirs) in pairs {
-        let (Some(ours_at), Some(theirs_at)) = (find(ours), find(theirs)) else {
+        let (Some(ours_at), Some(theirs_at)) = (find(&ours), find(&theirs)) else {
             continue;
         };
         let paired = ratios(&runs[ours_at], &runs[theirs_at]);
+        let cpu = |at: usize| median(runs[at].iter().map(|r| r.server_cpu_us).collect());
         println!(
-            "\n{ours} / {theirs}: median of per-round ratios {:.2}",
-            median(paired)
+            "{ours} / {theirs}: throughput {:.2} (median of per-round ratios), server CPU per request {:.2}",
+            median(paired),
+            cpu(ours_at) / cpu(theirs_at)
         );
     }
     drop(redis);

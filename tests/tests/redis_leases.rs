@@ -36,6 +36,7 @@ async fn instances(
             .await
             .unwrap();
         let leased = LeasedStore::builder()
+            .interval(Duration::from_millis(8))
             .share(share)
             .channel(format!("{prefix}:leases"))
             .test_clock(clock.clone())
@@ -70,7 +71,8 @@ async fn burst(
         .sum()
 }
 
-/// Makes `store` measure a hot key: 10 requests a millisecond for 10 ms.
+/// Makes `store` measure a hot key: 10 requests a millisecond for 10 ms,
+/// more than one lease interval.
 async fn warm(
     store: &LeasedStore<RedisStore>,
     clock: &FakeClock,

@@ -160,7 +160,7 @@ pub struct LeasedStoreBuilder {
 impl Default for LeasedStoreBuilder {
     fn default() -> Self {
         Self {
-            interval: Duration::from_millis(50),
+            interval: Duration::from_millis(100),
             share: 16,
             max_keys: 100_000,
             channel: "tollgate:leases".to_owned(),
@@ -171,7 +171,7 @@ impl Default for LeasedStoreBuilder {
 }
 
 impl LeasedStoreBuilder {
-    /// How much of a key's traffic one lease covers (default 50 ms). A
+    /// How much of a key's traffic one lease covers (default 100 ms). A
     /// lease lives twice as long before its unused part goes back.
     /// Longer intervals mean fewer calls to the store and more units held
     /// by each instance.
@@ -367,13 +367,16 @@ impl<S: Store> Shared<S> {
             Ok(base) => !base.is_allowed(),
             Err(_) => false,
         };
+        // The requests waiting for this grant wake when it is settled
+        // (this returns), and find the lease or go to the store.
+        let mut _wake = Wake(None);
         let base = {
             let mut shard = self.table.shard(hash);
             let entry = shard
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint());
             if let Some(entry) = entry {
-                entry.refilling = false;
+                _wake = Wake(entry.refilling.take());
                 if let (true, Ok(refusal)) = (refused, &answer) {
                     entry.size = entry.size.min(refusal.remaining());
                 }
@@ -420,10 +423,23 @@ impl<S: Store> Shared<S> {
     }
 }
 
+/// Wakes the requests waiting for a grant when dropped.
+struct Wake(Option<Arc<tokio::sync::Notify>>);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        if let Some(waiting) = &self.0 {
+            waiting.notify_waiters();
+        }
+    }
+}
+
 /// What a request finds in the table.
 enum Plan {
     Direct,
     Grant(u64),
+    /// Waits for the grant on its way, then spends from it.
+    Wait(Arc<tokio::sync::Notify>),
 }
 
 impl<S: Store> Listener for Shared<S> {
@@ -517,10 +533,13 @@ impl<S: Store> Store for LeasedStore<S> {
                         }
                         None => entry.observe(cost, now, shared.interval, cap),
                     }
-                    if entry.refilling || !shared.bus.listening() || entry.size <= cost {
+                    // A lease worth a call holds at least two more requests.
+                    if let Some(waiting) = &entry.refilling {
+                        Plan::Wait(Arc::clone(waiting))
+                    } else if !shared.bus.listening() || entry.size < cost + 2 {
                         Plan::Direct
                     } else {
-                        entry.refilling = true;
+                        entry.refilling = Some(Arc::default());
                         Plan::Grant(entry.size)
                     }
                 }
@@ -530,6 +549,26 @@ impl<S: Store> Store for LeasedStore<S> {
             match plan {
                 Plan::Direct => shared.direct(key, policy, cost).await,
                 Plan::Grant(size) => shared.grant(key, policy, hash, size, cost, now).await,
+                Plan::Wait(grant) => {
+                    let granted = grant.notified();
+                    // The grant may have ended between the lock and here.
+                    if shared.table.shard(hash).get(&hash).is_some_and(|e| {
+                        e.refilling.as_ref().is_some_and(|w| Arc::ptr_eq(w, &grant))
+                    }) {
+                        granted.await;
+                    }
+                    let now = shared.now();
+                    let spent = shared
+                        .table
+                        .shard(hash)
+                        .get_mut(&hash)
+                        .filter(|e| e.fingerprint == policy.fingerprint())
+                        .and_then(|e| spend(e, cost, now));
+                    match spent {
+                        Some(decision) => Ok(decision),
+                        None => shared.direct(key, policy, cost).await,
+                    }
+                }
             }
         };
         let ((), decision) = tokio::join!(shared.give_back(ended), deciding);

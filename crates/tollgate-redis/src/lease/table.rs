@@ -115,9 +115,9 @@ pub(crate) struct Entry {
     span_cost: u64,
     /// The size of the next lease; 0 while the key is cold.
     pub(crate) size: u64,
-    /// A grant is on its way: the key's other requests meanwhile go to
-    /// the store.
-    pub(crate) refilling: bool,
+    /// A grant is on its way: the key's other requests meanwhile wait
+    /// for it.
+    pub(crate) refilling: Option<std::sync::Arc<tokio::sync::Notify>>,
     pub(crate) lease: Option<Lease>,
 }
 
@@ -129,18 +129,19 @@ impl Entry {
             span_start: now,
             span_cost: 0,
             size: 0,
-            refilling: false,
+            refilling: None,
             lease: None,
         }
     }
 
     /// Counts a request of `cost` decided by the store at `now`, and
-    /// sizes the next lease from the rate once a span of `interval / 8`
-    /// has passed: the cost the key would spend in one `interval`.
+    /// sizes the next lease once a whole `interval` has passed: the cost
+    /// the key spent in it. A shorter span would take two requests close
+    /// together for a hot key.
     pub(crate) fn observe(&mut self, cost: u64, now: u64, interval: u64, cap: u64) {
         self.span_cost = self.span_cost.saturating_add(cost);
         let elapsed = now.saturating_sub(self.span_start);
-        if elapsed >= (interval / 8).max(1) {
+        if elapsed >= interval {
             let per_interval =
                 u128::from(self.span_cost) * u128::from(interval) / u128::from(elapsed.max(1));
             self.size = u64::try_from(per_interval).unwrap_or(u64::MAX).min(cap);
@@ -210,7 +211,7 @@ impl Table {
     ) -> Option<&'a mut Entry> {
         if !shard.contains_key(&hash) && shard.len() >= self.per_shard {
             shard.retain(|_, e| {
-                let keep = e.last_seen >= idle_before || e.refilling;
+                let keep = e.last_seen >= idle_before || e.refilling.is_some();
                 if !keep {
                     ended.extend(e.lease.take());
                 }
@@ -247,7 +248,7 @@ impl Table {
                 if e.lease.as_ref().is_some_and(&mut end) {
                     ended.extend(e.lease.take());
                 }
-                e.last_seen >= idle_before || e.refilling || e.lease.is_some()
+                e.last_seen >= idle_before || e.refilling.is_some() || e.lease.is_some()
             });
         }
         ended
