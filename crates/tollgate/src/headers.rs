@@ -25,11 +25,22 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeaderStyle {
-    /// GitHub's `x-ratelimit-*` headers (the default), for the binding limit.
+    /// GitHub's `x-ratelimit-*` headers that clients read (the default),
+    /// for the binding limit: `x-ratelimit-limit`, `-remaining`, `-reset`
+    /// and `-resource`. GitHub also sends `x-ratelimit-used`, which is
+    /// always `limit - remaining`; [`HeaderStyle::GitHubFull`] adds it.
     /// When several layers limit one route (per IP, then per user), the
     /// headers describe the one with the fewest requests remaining.
+    ///
+    /// Four, not five, because of what a response costs: with a body's
+    /// `content-type` and `content-length`, a fifth rate-limit header is
+    /// the seventh header of the response, and makes `http`'s `HeaderMap`
+    /// grow from room for six to room for twelve (see `BENCHMARKS.md`).
     #[default]
     GitHub,
+    /// All five of GitHub's `x-ratelimit-*` headers, as GitHub sends them:
+    /// those of [`HeaderStyle::GitHub`] and `x-ratelimit-used`.
+    GitHubFull,
     /// The IETF draft's (draft-ietf-httpapi-ratelimit-headers-10)
     /// `RateLimit-Policy` and `RateLimit` structured fields, with one item
     /// per limit of the policy:
@@ -44,7 +55,7 @@ pub enum HeaderStyle {
     /// `r` the remaining quota and `t` the seconds until more quota is
     /// available (0 while some remains; rounded up).
     Ietf,
-    /// Both of the above.
+    /// [`HeaderStyle::GitHub`] and [`HeaderStyle::Ietf`].
     Both,
     /// No rate-limit headers. Rejections still carry `Retry-After`.
     None,
@@ -106,14 +117,16 @@ impl Decoration {
             headers.append(RATELIMIT_POLICY, policy);
             headers.append(RATELIMIT, state);
         }
-        if !matches!(style, HeaderStyle::GitHub | HeaderStyle::Both) {
-            return;
-        }
-        // Room for the five headers and one more: axum adds `content-length`
+        let with_used = match style {
+            HeaderStyle::GitHub | HeaderStyle::Both => false,
+            HeaderStyle::GitHubFull => true,
+            HeaderStyle::Ietf | HeaderStyle::None => return,
+        };
+        // Room for the headers and one more: axum adds `content-length`
         // after the layer. A map that must grow then grows now, once, while
         // it holds a header or two, rather than later, when every entry it
         // holds would be moved and re-indexed.
-        headers.reserve(6);
+        headers.reserve(5 + usize::from(with_used));
         // Stacked layers (per IP, then per user) all decorate one response:
         // the GitHub headers describe the tightest of them. One lookup both
         // reads a nearer layer's figure and writes this one's (every lookup
@@ -137,7 +150,9 @@ impl Decoration {
             }
         }
         headers.insert(X_RATELIMIT_LIMIT, number(self.limit));
-        headers.insert(X_RATELIMIT_USED, number(self.used));
+        if with_used {
+            headers.insert(X_RATELIMIT_USED, number(self.used));
+        }
         headers.insert(X_RATELIMIT_RESET, epoch_secs(self.reset_secs));
         match name {
             Some(name) if name.as_bytes() == policy.as_bytes() => {

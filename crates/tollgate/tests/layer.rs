@@ -58,12 +58,13 @@ async fn exact_headers_on_200_and_429() {
     let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
     let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
 
-    for (remaining, used) in [("2", "1"), ("1", "2"), ("0", "3")] {
+    for remaining in ["2", "1", "0"] {
         let res = app.clone().oneshot(get_root()).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
         assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
-        assert_eq!(header(&res, "x-ratelimit-used"), Some(used));
+        // `used` is limit - remaining: only `HeaderStyle::GitHubFull` sends it.
+        assert_eq!(header(&res, "x-ratelimit-used"), None);
         assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
         assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
         assert_eq!(header(&res, "retry-after"), None);
@@ -73,7 +74,7 @@ async fn exact_headers_on_200_and_429() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
-    assert_eq!(header(&res, "x-ratelimit-used"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-used"), None);
     assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
     assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
     // 47.5 s left, rounded up.
@@ -92,6 +93,28 @@ async fn exact_headers_on_200_and_429() {
             "violated-policies": ["core"],
         })
     );
+}
+
+#[tokio::test]
+async fn github_full_adds_used_on_200_and_429() {
+    let (clock, store) = clock_and_store();
+    clock.advance(Duration::from_millis(12_500));
+    let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .headers(HeaderStyle::GitHubFull);
+    let app = app(layer);
+    for (remaining, used) in [("2", "1"), ("1", "2"), ("0", "3")] {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(header(&res, "x-ratelimit-used"), Some(used));
+        assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
+    }
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "x-ratelimit-used"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
 }
 
 #[tokio::test]
@@ -472,7 +495,9 @@ async fn stacked_layers_report_the_one_with_fewest_requests_left() {
     let (_, store) = clock_and_store();
     let layer = |name: &str, limit: &str| {
         let policy = Policy::new(name, Algorithm::FixedWindow, limit).unwrap();
-        RateLimitLayer::new(policy, GlobalKey).store(store.clone())
+        RateLimitLayer::new(policy, GlobalKey)
+            .store(store.clone())
+            .headers(HeaderStyle::GitHubFull)
     };
     // The nearer layer (inner) writes first; the outer one replaces its
     // headers only when it has fewer requests left.

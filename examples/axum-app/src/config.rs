@@ -202,6 +202,7 @@ impl AppConfig {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigFileError(e.to_string()))?;
         let header_style = match raw.header_style.as_deref() {
             None | Some("github") => HeaderStyle::GitHub,
+            Some("github_full") => HeaderStyle::GitHubFull,
             Some("ietf") => HeaderStyle::Ietf,
             Some("both") => HeaderStyle::Both,
             Some("none") => HeaderStyle::None,
@@ -209,7 +210,7 @@ impl AppConfig {
                 return Err(bad(
                     "header_style",
                     other,
-                    "expected github, ietf, both or none",
+                    "expected github, github_full, ietf, both or none",
                 ));
             }
         };
