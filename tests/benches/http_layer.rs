@@ -191,6 +191,15 @@ fn connections() -> usize {
         .unwrap_or(CONNECTIONS)
 }
 
+/// The lease interval of the leased variants: `TOLLGATE_BENCH_LEASE_MS`,
+/// or the store's default of 100 ms.
+fn lease_interval() -> Duration {
+    std::env::var("TOLLGATE_BENCH_LEASE_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_millis(100), Duration::from_millis)
+}
+
 fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
     let redis_pid = redis.pid();
     let mut con = redis.connection();
@@ -301,6 +310,7 @@ fn main() {
         .build()
         .unwrap();
     let redis = RedisServer::spawn();
+    let mut leased_stores = Vec::new();
     let variants: Vec<(String, SocketAddr, &str)> = runtime.block_on(async {
         let url = redis.url();
         let mut variants = Vec::new();
@@ -319,6 +329,7 @@ fn main() {
                 .await
                 .unwrap();
             let leased = LeasedStore::builder()
+                .interval(lease_interval())
                 .channel(format!("bench-leases-{i}"))
                 .connect(
                     RedisStore::builder()
@@ -330,6 +341,7 @@ fn main() {
                 )
                 .await
                 .unwrap();
+            leased_stores.push((format!("tollgate Redis + leases, {dist}"), leased.clone()));
             let layer = || RateLimitLayer::new(per_key(), header_key()).keep_body_type();
             variants.extend([
                 (
@@ -349,7 +361,7 @@ fn main() {
                 ),
                 (
                     format!("tollgate Redis + leases, {dist}"),
-                    serve(route().layer(layer().store(leased))).await,
+                    serve(route().layer(layer().store(leased.clone()))).await,
                     script,
                 ),
             ]);
@@ -495,6 +507,21 @@ fn main() {
             "{ours} / {theirs}: throughput {:.2} (median of per-round ratios), server CPU per request {:.2}",
             median(paired),
             cpu(ours_at) / cpu(theirs_at)
+        );
+    }
+    // Calls to Redis per admitted request, counted by the leased stores.
+    for (name, store) in &leased_stores {
+        let Some(at) = find(name) else {
+            continue;
+        };
+        let requests: f64 = runs[at].iter().map(|r| r.per_sec * seconds() as f64).sum();
+        let calls = store.calls();
+        println!(
+            "{name}: {:.3} store calls per request ({} grants, {} decided by Redis, {} returns)",
+            calls.total() as f64 / requests,
+            calls.grants,
+            calls.direct,
+            calls.returns
         );
     }
     drop(redis);

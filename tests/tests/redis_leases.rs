@@ -114,13 +114,16 @@ async fn four_instances_admit_exactly_the_limit_of_each_window() {
             if tick == 999 {
                 // The window's last moment: the store counted every
                 // admission plus what the leases hold, which is the limit.
+                for store in &stores {
+                    store.wait_for_grants().await;
+                }
                 let held = outstanding(&stores);
                 assert_eq!(
                     admitted + held,
                     20_000,
                     "window {window}: {admitted} admitted, {held} held"
                 );
-                assert!(held <= 4 * cap, "window {window}: {held} held");
+                assert!(held <= 4 * 2 * cap, "window {window}: {held} held");
             }
             clock.advance(Duration::from_millis(1));
         }
@@ -138,11 +141,13 @@ async fn under_admission_is_what_leases_hold_and_returned_units_are_usable_at_on
     let key = Key::user("ada");
     let by_a = warm(a, &clock, &key, &policy).await;
     assert_eq!(by_a, 100, "far from the limit, all admitted");
+    // The lease being spent, and perhaps the next, asked for ahead.
+    a.wait_for_grants().await;
     let (leases, held) = a.outstanding();
-    assert_eq!(leases, 1, "the hot key has a lease");
+    assert!((1..=2).contains(&leases), "the hot key has a lease");
     assert!(
-        held > 0 && held <= 600 / 4,
-        "a lease of at most a quarter: {held}"
+        held > 0 && held <= 2 * 600 / 4,
+        "each lease at most a quarter: {held}"
     );
 
     // With time standing still, B gets exactly what neither A's
@@ -172,7 +177,8 @@ async fn a_block_or_reset_on_one_instance_ends_the_leases_of_all() {
     let policy = Policy::new("ops", Algorithm::TokenBucket, "600/min").unwrap();
     let key = Key::user("mallory");
     warm(a, &clock, &key, &policy).await;
-    assert_eq!(a.outstanding().0, 1);
+    a.wait_for_grants().await;
+    assert!(a.outstanding().0 >= 1);
 
     // Blocked from B: A's next request is denied, with the block's exact
     // Retry-After, though A held units.
@@ -188,7 +194,8 @@ async fn a_block_or_reset_on_one_instance_ends_the_leases_of_all() {
     // capacity, once A gives back what it holds.
     b.reset(&key, &policy).await.unwrap();
     let mut admitted = warm(a, &clock, &key, &policy).await;
-    assert_eq!(a.outstanding().0, 1, "a new lease, from the fresh state");
+    a.wait_for_grants().await;
+    assert!(a.outstanding().0 >= 1, "a new lease, from the fresh state");
     let mut held = a.outstanding().1;
     while b.check(&key, &policy, 1).await.unwrap().is_allowed() {
         admitted += 1;
@@ -214,7 +221,8 @@ async fn a_redis_failure_during_a_lease_follows_the_failure_policy() {
     let policy = Policy::new("fail", Algorithm::Gcra, "600/min").unwrap();
     let key = Key::user("ada");
     warm(&leased, &clock, &key, &policy).await;
-    assert_eq!(leased.outstanding().0, 1);
+    leased.wait_for_grants().await;
+    assert!(leased.outstanding().0 >= 1);
 
     server.kill();
     // The lost subscription drops the lease: the instance could no

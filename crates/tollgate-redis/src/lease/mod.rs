@@ -29,12 +29,14 @@ use table::{Entry, Lease, Leasing, Table, identity};
 /// leases ([`LeasedStore::outstanding`]).
 ///
 /// **Adaptive size.** A key is decided by the store as usual until its
-/// rate is known; then each lease is sized to cover one
-/// [`interval`](LeasedStoreBuilder::interval) of the key's traffic (after
-/// a lease, by how fast it was spent, at most twice the last size), and
+/// rate is known (a whole [`interval`](LeasedStoreBuilder::interval) of
+/// its traffic, or sooner once it has seen a lease's worth); then each
+/// lease is sized to cover one interval of the key's traffic (after a
+/// lease, by how fast it was spent, at most twice the last size), and
 /// never more than a [`share`](LeasedStoreBuilder::share) of the limit's
-/// capacity. A cold key, or one whose interval of traffic is a single
-/// request, never gets a lease. A grant the store refuses (the key is near
+/// capacity. When half a lease is spent, the next one is asked for in the
+/// background, so that a hot key does not wait for it. A cold key, or one
+/// with fewer than four requests an interval, never gets a lease. A grant the store refuses (the key is near
 /// its limit) sizes the next one to what the store said remains, and the
 /// request is then decided by the store: near its limit, a key is decided
 /// exactly as without leases.
@@ -118,6 +120,9 @@ struct Shared<S> {
     table: Table,
     bus: Bus,
     calls: Calls,
+    /// Grants asked for ahead of time and not yet answered.
+    ahead: AtomicU64,
+    ahead_done: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -242,6 +247,8 @@ impl LeasedStoreBuilder {
             table: Table::new(self.max_keys),
             bus: Bus::new(client, self.channel),
             calls: Calls::default(),
+            ahead: AtomicU64::new(0),
+            ahead_done: tokio::sync::Notify::new(),
         });
         Bus::listen(Arc::downgrade(&shared)).await;
         sweep_every(Arc::downgrade(&shared), self.interval);
@@ -302,9 +309,24 @@ impl<S: Store> LeasedStore<S> {
         self.shared.bus.listening()
     }
 
-    /// Ends every lease now, giving back the unused part: for a graceful
-    /// shutdown, so that other instances get the units at once.
+    /// Waits until no lease this instance asked for ahead of time (while
+    /// a hot key's current one was being spent) is still on its way.
+    pub async fn wait_for_grants(&self) {
+        let shared = &self.shared;
+        loop {
+            let done = shared.ahead_done.notified();
+            if shared.ahead.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+
+    /// Ends every lease now, giving back the unused part, once the grants
+    /// on their way are in: for a graceful shutdown, so that other
+    /// instances get the units at once.
     pub async fn return_leases(&self) {
+        self.wait_for_grants().await;
         let ended = self.shared.table.sweep(0, |_| true);
         self.shared.give_back(ended).await;
     }
@@ -347,6 +369,91 @@ impl<S: Store> Shared<S> {
     async fn direct(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.calls.direct.fetch_add(1, Ordering::Relaxed);
         self.store.check(key, policy, cost).await
+    }
+
+    /// Asks for a lease of `size` for the key of `hash`, all of it for
+    /// later: the next lease, granted while the current one is spent.
+    async fn grant_ahead(&self, key: &Key, policy: &Policy, hash: u64, size: u64, sent: u64) {
+        let generation = self.bus.generation.load(Ordering::Acquire);
+        self.calls.grants.fetch_add(1, Ordering::Relaxed);
+        let answer = self.store.check(key, policy, size).await;
+        let mut _wake = Wake(None);
+        let unkept = {
+            let mut shard = self.table.shard(hash);
+            let Some(entry) = shard
+                .get_mut(&hash)
+                .filter(|e| e.fingerprint == policy.fingerprint())
+            else {
+                return;
+            };
+            _wake = Wake(entry.refilling.take());
+            let base = match answer {
+                // The current lease goes on; the key's next request that
+                // finds it used up meets the store's error itself.
+                Err(_) => return,
+                Ok(refused) if !refused.is_allowed() => {
+                    entry.size = entry.size.min(refused.remaining());
+                    return;
+                }
+                Ok(base) => base,
+            };
+            let lifetime = Leasing::of(policy).lifetime(policy, &base, self.interval * 2);
+            let lease = Lease {
+                granted: size,
+                left: size,
+                sent,
+                expires: sent + lifetime,
+                base,
+                identity: identity(key, policy),
+                key: key.clone(),
+                policy: policy.clone(),
+            };
+            if self.bus.generation.load(Ordering::Acquire) != generation || !self.bus.listening() {
+                // As in `grant`: dropped, not given back.
+                return;
+            }
+            if lifetime > 0 {
+                install(entry, lease)
+            } else {
+                Some(lease)
+            }
+        };
+        if let Some(lease) = unkept {
+            self.give_back(vec![lease]).await;
+        }
+    }
+
+    /// Waits for the grant on its way for the key of `hash`, then spends
+    /// `cost` from its lease, or asks the store when there is none.
+    async fn after_grant(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        hash: u64,
+        cost: u64,
+        grant: Arc<tokio::sync::Notify>,
+    ) -> Result<Decision, StoreError> {
+        let granted = grant.notified();
+        // The grant may have ended between the lock and here.
+        let on_its_way = self
+            .table
+            .shard(hash)
+            .get(&hash)
+            .is_some_and(|e| e.refilling.as_ref().is_some_and(|w| Arc::ptr_eq(w, &grant)));
+        if on_its_way {
+            granted.await;
+        }
+        let now = self.now();
+        let spent = self
+            .table
+            .shard(hash)
+            .get_mut(&hash)
+            .filter(|e| e.fingerprint == policy.fingerprint())
+            .and_then(|e| e.spend(cost, now));
+        match spent {
+            Some(decision) => Ok(decision),
+            None => self.direct(key, policy, cost).await,
+        }
     }
 
     /// Asks for a lease of `size` (more than `cost`), deciding a request
@@ -409,10 +516,7 @@ impl<S: Store> Shared<S> {
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint());
             match entry {
-                Some(entry) if lifetime > 0 && entry.lease.is_none() => {
-                    entry.lease = Some(lease);
-                    None
-                }
+                Some(entry) if lifetime > 0 => install(entry, lease),
                 _ => Some(lease),
             }
         };
@@ -491,13 +595,13 @@ impl<S: Store> Store for LeasedStore<S> {
         let now = shared.now();
         let hash = shared.table.hash(key, policy);
         let mut shard = shared.table.shard(hash);
-        let entry = shard.get_mut(&hash)?;
-        let lease = entry.lease.as_mut()?;
-        if entry.fingerprint != policy.fingerprint() || lease.expires <= now || lease.left < cost {
-            return None;
-        }
+        let entry = shard
+            .get_mut(&hash)
+            .filter(|e| e.fingerprint == policy.fingerprint())?;
+        let decision = entry.spend(cost, now)?;
         entry.last_seen = now;
-        Some(Ok(lease.spend(cost, now)))
+        self.ahead(entry, key, policy, hash, now);
+        Some(Ok(decision))
     }
 
     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
@@ -522,10 +626,15 @@ impl<S: Store> Store for LeasedStore<S> {
             match entry {
                 None => Plan::Direct,
                 Some(entry) => {
-                    if let Some(decision) = spend(entry, cost, now) {
+                    if let Some(decision) = entry.spend(cost, now) {
+                        self.ahead(entry, key, policy, hash, now);
                         return Ok(decision);
                     }
                     let cap = shared.cap(policy);
+                    // Neither lease can serve the request: they end.
+                    if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
+                        ended.extend(entry.next.take());
+                    }
                     match entry.lease.take() {
                         Some(lease) => {
                             entry.resize(&lease, now, shared.interval, cap);
@@ -533,10 +642,9 @@ impl<S: Store> Store for LeasedStore<S> {
                         }
                         None => entry.observe(cost, now, shared.interval, cap),
                     }
-                    // A lease worth a call holds at least two more requests.
                     if let Some(waiting) = &entry.refilling {
                         Plan::Wait(Arc::clone(waiting))
-                    } else if !shared.bus.listening() || entry.size < cost + 2 {
+                    } else if !shared.bus.listening() || !entry.worth_a_lease(cost) {
                         Plan::Direct
                     } else {
                         entry.refilling = Some(Arc::default());
@@ -545,33 +653,23 @@ impl<S: Store> Store for LeasedStore<S> {
                 }
             }
         };
+        // The rare paths are boxed, so that the common one, a request the
+        // store decides, carries a future no larger than the store's.
         let deciding = async {
             match plan {
                 Plan::Direct => shared.direct(key, policy, cost).await,
-                Plan::Grant(size) => shared.grant(key, policy, hash, size, cost, now).await,
+                Plan::Grant(size) => {
+                    Box::pin(shared.grant(key, policy, hash, size, cost, now)).await
+                }
                 Plan::Wait(grant) => {
-                    let granted = grant.notified();
-                    // The grant may have ended between the lock and here.
-                    if shared.table.shard(hash).get(&hash).is_some_and(|e| {
-                        e.refilling.as_ref().is_some_and(|w| Arc::ptr_eq(w, &grant))
-                    }) {
-                        granted.await;
-                    }
-                    let now = shared.now();
-                    let spent = shared
-                        .table
-                        .shard(hash)
-                        .get_mut(&hash)
-                        .filter(|e| e.fingerprint == policy.fingerprint())
-                        .and_then(|e| spend(e, cost, now));
-                    match spent {
-                        Some(decision) => Ok(decision),
-                        None => shared.direct(key, policy, cost).await,
-                    }
+                    Box::pin(shared.after_grant(key, policy, hash, cost, grant)).await
                 }
             }
         };
-        let ((), decision) = tokio::join!(shared.give_back(ended), deciding);
+        if ended.is_empty() {
+            return deciding.await;
+        }
+        let ((), decision) = tokio::join!(Box::pin(shared.give_back(ended)), deciding);
         decision
     }
 
@@ -612,8 +710,37 @@ impl<S: Store> Store for LeasedStore<S> {
     }
 }
 
-/// Spends `cost` from `entry`'s lease, if it holds that much and is live.
-fn spend(entry: &mut Entry, cost: u64, now: u64) -> Option<Decision> {
-    let lease = entry.lease.as_mut()?;
-    (lease.expires > now && lease.left >= cost).then(|| lease.spend(cost, now))
+/// Puts `lease` in the first free place of `entry`, or hands it back.
+fn install(entry: &mut Entry, lease: Lease) -> Option<Lease> {
+    match (&entry.lease, &entry.next) {
+        (None, _) => entry.lease = Some(lease),
+        (Some(_), None) => entry.next = Some(lease),
+        (Some(_), Some(_)) => return Some(lease),
+    }
+    None
+}
+
+impl<S: Store> LeasedStore<S> {
+    /// Asks, in the background, for the next lease of the key of `hash`
+    /// when `entry`'s current one has spent half its units.
+    fn ahead(&self, entry: &mut Entry, key: &Key, policy: &Policy, hash: u64, now: u64) {
+        let shared = &self.shared;
+        let Some(size) = entry.ahead(now, shared.interval, shared.cap(policy)) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !shared.bus.listening() {
+            return;
+        }
+        entry.refilling = Some(Arc::default());
+        let (shared, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
+        shared.ahead.fetch_add(1, Ordering::AcqRel);
+        runtime.spawn(async move {
+            shared.grant_ahead(&key, &policy, hash, size, now).await;
+            shared.ahead.fetch_sub(1, Ordering::AcqRel);
+            shared.ahead_done.notify_waiters();
+        });
+    }
 }

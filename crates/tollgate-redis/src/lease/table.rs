@@ -105,6 +105,11 @@ impl Lease {
     }
 }
 
+/// The fewest units a lease holds beyond the request that asks for it: a
+/// lease costs a grant and perhaps a return, two calls, and should save
+/// more than it costs.
+pub(crate) const LEASE_MIN_SPARE: u64 = 3;
+
 /// What one instance knows of one key under one policy.
 pub(crate) struct Entry {
     pub(crate) fingerprint: u64,
@@ -118,7 +123,12 @@ pub(crate) struct Entry {
     /// A grant is on its way: the key's other requests meanwhile wait
     /// for it.
     pub(crate) refilling: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// The lease being spent.
     pub(crate) lease: Option<Lease>,
+    /// The lease granted ahead, while the current one still held half its
+    /// units: spent once the current one is used up, so that a hot key
+    /// never waits for a grant.
+    pub(crate) next: Option<Lease>,
 }
 
 impl Entry {
@@ -131,13 +141,16 @@ impl Entry {
             size: 0,
             refilling: None,
             lease: None,
+            next: None,
         }
     }
 
     /// Counts a request of `cost` decided by the store at `now`, and
-    /// sizes the next lease once a whole `interval` has passed: the cost
-    /// the key spent in it. A shorter span would take two requests close
-    /// together for a hot key.
+    /// sizes the next lease: once a whole `interval` has passed, to the
+    /// cost the key spent in it; before that, to the cost seen so far
+    /// once it is a lease's worth ([`LEASE_MIN_SPARE`] beyond one request),
+    /// so that a key busy from its start does not wait a whole interval.
+    /// Two close requests of a cold key are no rate.
     pub(crate) fn observe(&mut self, cost: u64, now: u64, interval: u64, cap: u64) {
         self.span_cost = self.span_cost.saturating_add(cost);
         let elapsed = now.saturating_sub(self.span_start);
@@ -147,7 +160,51 @@ impl Entry {
             self.size = u64::try_from(per_interval).unwrap_or(u64::MAX).min(cap);
             self.span_start = now;
             self.span_cost = 0;
+        } else if self.span_cost > cost + LEASE_MIN_SPARE {
+            self.size = self.size.max(self.span_cost.min(cap));
         }
+    }
+
+    /// Spends `cost` at `now` from the current lease, or from the next
+    /// once the current one is used up.
+    pub(crate) fn spend(&mut self, cost: u64, now: u64) -> Option<Decision> {
+        let live = |lease: &Lease| lease.expires > now && lease.left >= cost;
+        if let Some(lease) = self.lease.as_mut().filter(|l| live(l)) {
+            return Some(lease.spend(cost, now));
+        }
+        // A used-up lease has nothing to give back: the next one takes
+        // its place here. One with units left goes back first, by the
+        // caller.
+        if self.lease.as_ref().is_none_or(|l| l.left == 0) && self.next.as_ref().is_some_and(live) {
+            let next = self.next.take()?;
+            return Some(self.lease.insert(next).spend(cost, now));
+        }
+        None
+    }
+
+    /// The size of a lease to ask for ahead of time at `now`, if the
+    /// current one has spent half its units and none is on its way: what
+    /// the current one saw spent, scaled to one `interval`, at most twice
+    /// its size.
+    pub(crate) fn ahead(&self, now: u64, interval: u64, cap: u64) -> Option<u64> {
+        let lease = self.lease.as_ref()?;
+        if self.next.is_some() || self.refilling.is_some() || lease.left * 2 > lease.granted {
+            return None;
+        }
+        let used = lease.granted - lease.left;
+        let elapsed = now.saturating_sub(lease.sent).max(1);
+        let per_interval = u128::from(used) * u128::from(interval) / u128::from(elapsed);
+        let size = u64::try_from(per_interval)
+            .unwrap_or(u64::MAX)
+            .min(lease.granted.saturating_mul(2))
+            .min(cap);
+        (size > LEASE_MIN_SPARE).then_some(size)
+    }
+
+    /// Whether a request of `cost` should ask for a lease of the entry's
+    /// size: one that holds at least [`LEASE_MIN_SPARE`] more units.
+    pub(crate) fn worth_a_lease(&self, cost: u64) -> bool {
+        self.size >= cost.saturating_add(LEASE_MIN_SPARE)
     }
 
     /// Sizes the next lease after `lease` ends at `now`: the units it saw
@@ -214,6 +271,7 @@ impl Table {
                 let keep = e.last_seen >= idle_before || e.refilling.is_some();
                 if !keep {
                     ended.extend(e.lease.take());
+                    ended.extend(e.next.take());
                 }
                 keep
             });
@@ -228,6 +286,7 @@ impl Table {
             // The policy's configuration changed: the lease of the old
             // one goes back under it, and the rate carries over.
             ended.extend(entry.lease.take());
+            ended.extend(entry.next.take());
             entry.fingerprint = fingerprint;
         }
         entry.last_seen = now;
@@ -245,10 +304,15 @@ impl Table {
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
             shard.retain(|_, e| {
-                if e.lease.as_ref().is_some_and(&mut end) {
-                    ended.extend(e.lease.take());
+                for slot in [&mut e.lease, &mut e.next] {
+                    if slot.as_ref().is_some_and(&mut end) {
+                        ended.extend(slot.take());
+                    }
                 }
-                e.last_seen >= idle_before || e.refilling.is_some() || e.lease.is_some()
+                e.last_seen >= idle_before
+                    || e.refilling.is_some()
+                    || e.lease.is_some()
+                    || e.next.is_some()
             });
         }
         ended
@@ -259,7 +323,8 @@ impl Table {
         let mut held = (0, 0);
         for shard in &self.shards {
             let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            for lease in shard.values().filter_map(|e| e.lease.as_ref()) {
+            let leases = shard.values().flat_map(|e| [&e.lease, &e.next]);
+            for lease in leases.filter_map(Option::as_ref) {
                 held.0 += 1;
                 held.1 += lease.left;
             }
