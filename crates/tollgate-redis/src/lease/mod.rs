@@ -371,6 +371,29 @@ impl<S: Store> Shared<S> {
         self.store.check(key, policy, cost).await
     }
 
+    /// A lease of `units`, granted by the store's answer `base` to a grant
+    /// asked for at local time `sent`.
+    fn lease(&self, key: &Key, policy: &Policy, base: Decision, units: u64, sent: u64) -> Lease {
+        let lifetime = Leasing::of(policy).lifetime(policy, &base, self.interval * 2);
+        Lease {
+            granted: units,
+            left: units,
+            sent,
+            expires: sent + lifetime,
+            base,
+            identity: identity(key, policy),
+            key: key.clone(),
+            policy: policy.clone(),
+        }
+    }
+
+    /// Whether a grant asked for at invalidation `generation` may be
+    /// kept: no invalidation arrived meanwhile, and the instance still
+    /// hears of them.
+    fn keeps(&self, generation: u64) -> bool {
+        self.bus.generation.load(Ordering::Acquire) == generation && self.bus.listening()
+    }
+
     /// Asks for a lease of `size` for the key of `hash`, all of it for
     /// later: the next lease, granted while the current one is spent.
     async fn grant_ahead(&self, key: &Key, policy: &Policy, hash: u64, size: u64, sent: u64) {
@@ -397,22 +420,12 @@ impl<S: Store> Shared<S> {
                 }
                 Ok(base) => base,
             };
-            let lifetime = Leasing::of(policy).lifetime(policy, &base, self.interval * 2);
-            let lease = Lease {
-                granted: size,
-                left: size,
-                sent,
-                expires: sent + lifetime,
-                base,
-                identity: identity(key, policy),
-                key: key.clone(),
-                policy: policy.clone(),
-            };
-            if self.bus.generation.load(Ordering::Acquire) != generation || !self.bus.listening() {
+            let lease = self.lease(key, policy, base, size, sent);
+            if !self.keeps(generation) {
                 // As in `grant`: dropped, not given back.
                 return;
             }
-            if lifetime > 0 {
+            if lease.expires > sent {
                 install(entry, lease)
             } else {
                 Some(lease)
@@ -493,19 +506,9 @@ impl<S: Store> Shared<S> {
         if refused {
             return self.direct(key, policy, cost).await;
         }
-        let lifetime = Leasing::of(policy).lifetime(policy, &base, self.interval * 2);
-        let mut lease = Lease {
-            granted: size - cost,
-            left: size - cost,
-            sent,
-            expires: sent + lifetime,
-            base,
-            identity: identity(key, policy),
-            key: key.clone(),
-            policy: policy.clone(),
-        };
+        let mut lease = self.lease(key, policy, base, size - cost, sent);
         let decision = lease.spend(0, sent);
-        if self.bus.generation.load(Ordering::Acquire) != generation || !self.bus.listening() {
+        if !self.keeps(generation) {
             // A reset or block may have wiped what the grant consumed:
             // the units are dropped, not given back.
             return Ok(decision);
@@ -516,7 +519,7 @@ impl<S: Store> Shared<S> {
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint());
             match entry {
-                Some(entry) if lifetime > 0 => install(entry, lease),
+                Some(entry) if lease.expires > sent => install(entry, lease),
                 _ => Some(lease),
             }
         };
