@@ -165,7 +165,7 @@ pub struct LeasedStoreBuilder {
 impl Default for LeasedStoreBuilder {
     fn default() -> Self {
         Self {
-            interval: Duration::from_millis(100),
+            interval: Duration::from_secs(1),
             share: 16,
             max_keys: 100_000,
             channel: "tollgate:leases".to_owned(),
@@ -176,7 +176,7 @@ impl Default for LeasedStoreBuilder {
 }
 
 impl LeasedStoreBuilder {
-    /// How much of a key's traffic one lease covers (default 100 ms). A
+    /// How much of a key's traffic one lease covers (default 1 s). A
     /// lease lives twice as long before its unused part goes back.
     /// Longer intervals mean fewer calls to the store and more units held
     /// by each instance.

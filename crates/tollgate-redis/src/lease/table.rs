@@ -1,8 +1,8 @@
 //! The leases one instance holds, and what it has seen of each key's rate.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tollgate_core::{Algorithm, Decision, Key, LimitStatus, Outcome, Policy, Timestamp};
@@ -220,10 +220,17 @@ impl Entry {
     }
 }
 
+type Map = HashMap<u64, Entry, foldhash::fast::FixedState>;
+
+/// A shard on cache lines of its own: a hot key's shard is locked from
+/// every thread, and should not slow its neighbours.
+#[repr(align(128))]
+struct Padded(Mutex<Map>);
+
 /// Sharded by key hash, each shard bounded.
 pub(crate) struct Table {
     hasher: foldhash::quality::RandomState,
-    shards: Box<[Mutex<HashMap<u64, Entry, foldhash::fast::FixedState>>]>,
+    shards: Box<[Padded]>,
     per_shard: usize,
 }
 
@@ -234,7 +241,7 @@ impl Table {
         Self {
             hasher: foldhash::quality::RandomState::default(),
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
+                .map(|_| Padded(Mutex::new(HashMap::default())))
                 .collect(),
             per_shard: max_keys.div_ceil(SHARDS),
         }
@@ -244,14 +251,9 @@ impl Table {
         self.hasher.hash_one((policy.name(), key))
     }
 
-    pub(crate) fn shard(
-        &self,
-        hash: u64,
-    ) -> MutexGuard<'_, HashMap<u64, Entry, foldhash::fast::FixedState>> {
+    pub(crate) fn shard(&self, hash: u64) -> MutexGuard<'_, Map> {
         // The top bits: the map itself uses the low ones.
-        self.shards[(hash >> 58) as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards[(hash >> 58) as usize % SHARDS].0.lock()
     }
 
     /// The entry of `hash` for `fingerprint`, made if there is room: a
@@ -259,7 +261,7 @@ impl Table {
     /// their leases to `ended`), and tracks no new key if still full.
     pub(crate) fn entry<'a>(
         &self,
-        shard: &'a mut HashMap<u64, Entry, foldhash::fast::FixedState>,
+        shard: &'a mut Map,
         hash: u64,
         fingerprint: u64,
         now: u64,
@@ -302,7 +304,7 @@ impl Table {
     ) -> Vec<Lease> {
         let mut ended = Vec::new();
         for shard in &self.shards {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut shard = shard.0.lock();
             shard.retain(|_, e| {
                 for slot in [&mut e.lease, &mut e.next] {
                     if slot.as_ref().is_some_and(&mut end) {
@@ -322,7 +324,7 @@ impl Table {
     pub(crate) fn outstanding(&self) -> (usize, u64) {
         let mut held = (0, 0);
         for shard in &self.shards {
-            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            let shard = shard.0.lock();
             let leases = shard.values().flat_map(|e| [&e.lease, &e.next]);
             for lease in leases.filter_map(Option::as_ref) {
                 held.0 += 1;
