@@ -186,8 +186,9 @@ impl LeasedStoreBuilder {
     }
 
     /// A lease holds at most `1 / share` of a limit's capacity (default
-    /// 16, at least 1): with `n` instances, at most `n / share` of it is
-    /// outstanding at once.
+    /// 16, at least 1). An instance holds two leases of a key at most (the
+    /// one being spent and the next): with `n` instances, at most
+    /// `2n / share` of the capacity is outstanding at once.
     pub fn share(mut self, share: u64) -> Self {
         self.share = share.max(1);
         self
