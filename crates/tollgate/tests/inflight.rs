@@ -84,8 +84,11 @@ async fn exactly_five_of_fifty_run_at_once_and_slots_come_back_on_completion() {
     let calls: Vec<_> = (0..50)
         .map(|_| tokio::spawn(app.clone().oneshot(get_path("/export"))))
         .collect();
-    // 45 are turned away at once; 5 run.
+    // 45 are turned away at once; 5 run. Every refusal is in before a
+    // slot comes back: a request still undecided then (on a loaded
+    // machine) would take the freed slot and wait for a sixth permit.
     until(|| slow.started.load(Ordering::SeqCst) == 5).await;
+    until(|| calls.iter().filter(|c| c.is_finished()).count() == 45).await;
     slow.go.add_permits(5);
     let (mut ok, mut rejected) = (0, 0);
     for call in calls {
