@@ -729,7 +729,7 @@ impl<S: Store> LeasedStore<S> {
     /// when `entry`'s current one has spent half its units.
     fn ahead(&self, entry: &mut Entry, key: &Key, policy: &Policy, hash: u64, now: u64) {
         let shared = &self.shared;
-        let Some(size) = entry.ahead(now, shared.interval, shared.cap(policy)) else {
+        let Some(size) = entry.ahead(now, shared.interval, || shared.cap(policy)) else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

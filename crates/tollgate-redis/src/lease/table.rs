@@ -97,6 +97,19 @@ impl Lease {
         )
     }
 
+    /// The size of the lease after this one at `now`: the units this one
+    /// saw spent since it was asked for, scaled to one `interval`, at most
+    /// twice its size and at most `cap`.
+    pub(crate) fn next_size(&self, now: u64, interval: u64, cap: u64) -> u64 {
+        let used = self.granted - self.left;
+        let elapsed = now.saturating_sub(self.sent).max(1);
+        let per_interval = u128::from(used) * u128::from(interval) / u128::from(elapsed);
+        u64::try_from(per_interval)
+            .unwrap_or(u64::MAX)
+            .min(self.granted.saturating_mul(2))
+            .min(cap)
+    }
+
     /// What to give back to the store: the unused part, as a settlement.
     pub(crate) fn unused(&self) -> Option<tollgate_core::Settlement> {
         (self.left > 0).then(|| {
@@ -186,18 +199,12 @@ impl Entry {
     /// current one has spent half its units and none is on its way: what
     /// the current one saw spent, scaled to one `interval`, at most twice
     /// its size.
-    pub(crate) fn ahead(&self, now: u64, interval: u64, cap: u64) -> Option<u64> {
+    pub(crate) fn ahead(&self, now: u64, interval: u64, cap: impl FnOnce() -> u64) -> Option<u64> {
         let lease = self.lease.as_ref()?;
         if self.next.is_some() || self.refilling.is_some() || lease.left * 2 > lease.granted {
             return None;
         }
-        let used = lease.granted - lease.left;
-        let elapsed = now.saturating_sub(lease.sent).max(1);
-        let per_interval = u128::from(used) * u128::from(interval) / u128::from(elapsed);
-        let size = u64::try_from(per_interval)
-            .unwrap_or(u64::MAX)
-            .min(lease.granted.saturating_mul(2))
-            .min(cap);
+        let size = lease.next_size(now, interval, cap());
         (size > LEASE_MIN_SPARE).then_some(size)
     }
 
@@ -207,14 +214,10 @@ impl Entry {
         self.size >= cost.saturating_add(LEASE_MIN_SPARE)
     }
 
-    /// Sizes the next lease after `lease` ends at `now`: the units it saw
-    /// spent, scaled to one `interval`, at most twice its size.
+    /// Sizes the next lease after `lease` ends at `now` (see
+    /// [`Lease::next_size`]), and starts measuring the rate afresh.
     pub(crate) fn resize(&mut self, lease: &Lease, now: u64, interval: u64, cap: u64) {
-        let used = lease.granted - lease.left;
-        let elapsed = now.saturating_sub(lease.sent).max(1);
-        let per_interval = u128::from(used) * u128::from(interval) / u128::from(elapsed);
-        let grown = u64::try_from(per_interval).unwrap_or(u64::MAX);
-        self.size = grown.min(lease.granted.saturating_mul(2)).min(cap);
+        self.size = lease.next_size(now, interval, cap);
         self.span_start = now;
         self.span_cost = 0;
     }
