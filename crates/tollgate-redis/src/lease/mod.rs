@@ -1,15 +1,16 @@
 //! Quota leases: a global limit decided at local speed.
 
+mod builder;
 mod bus;
 mod table;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tollgate_core::{Clock, Decision, Key, Policy, Settlement, Store, StoreError, SystemClock};
+use tollgate_core::{Clock, Decision, Key, Policy, Settlement, Store, StoreError};
 
-use crate::error::RedisStoreError;
+pub use builder::LeasedStoreBuilder;
 use bus::{Bus, Listener};
 use table::{Entry, Lease, Leasing, Table, identity};
 
@@ -151,138 +152,6 @@ impl LeaseCalls {
     }
 }
 
-/// Settings of a [`LeasedStore`]; see [`LeasedStore::builder`].
-#[derive(Debug, Clone)]
-pub struct LeasedStoreBuilder {
-    interval: Duration,
-    share: u64,
-    max_keys: usize,
-    channel: String,
-    ack_timeout: Duration,
-    clock: Option<Arc<dyn Clock>>,
-}
-
-impl Default for LeasedStoreBuilder {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_secs(1),
-            share: 16,
-            max_keys: 100_000,
-            channel: "tollgate:leases".to_owned(),
-            ack_timeout: Duration::from_secs(1),
-            clock: None,
-        }
-    }
-}
-
-impl LeasedStoreBuilder {
-    /// How much of a key's traffic one lease covers (default 1 s). A
-    /// lease lives twice as long before its unused part goes back.
-    /// Longer intervals mean fewer calls to the store and more units held
-    /// by each instance.
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.interval = interval.max(Duration::from_micros(8));
-        self
-    }
-
-    /// A lease holds at most `1 / share` of a limit's capacity (default
-    /// 16, at least 1). An instance holds two leases of a key at most (the
-    /// one being spent and the next): with `n` instances, at most
-    /// `2n / share` of the capacity is outstanding at once.
-    pub fn share(mut self, share: u64) -> Self {
-        self.share = share.max(1);
-        self
-    }
-
-    /// How many keys the instance tracks (default 100,000). A key beyond
-    /// them, once idle keys are forgotten, is decided by the store.
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys;
-        self
-    }
-
-    /// The Redis channel invalidations go through (default
-    /// `tollgate:leases`). Every instance of one limit must use the same.
-    pub fn channel(mut self, channel: impl Into<String>) -> Self {
-        self.channel = channel.into();
-        self
-    }
-
-    /// How long a reset or block waits for every instance to drop its
-    /// lease (default 1 s). An instance that has not answered by then is
-    /// too slow to spend much: its lease ends with its lifetime.
-    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
-        self.ack_timeout = timeout;
-        self
-    }
-
-    /// The clock leases are timed with, for tests: the wrapped store's
-    /// [`test_clock`](crate::RedisStoreBuilder::test_clock).
-    pub fn test_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// Wraps `store`, subscribing to invalidations through the Redis at
-    /// `url` (the store's; any node of a cluster), and starts the task
-    /// that gives back the unused part of ended leases.
-    ///
-    /// # Errors
-    ///
-    /// [`RedisStoreError::Redis`] for a malformed URL. A Redis that cannot
-    /// be reached yet is not an error: no lease is taken until the
-    /// subscription is made.
-    pub async fn connect<S: Store>(
-        self,
-        store: S,
-        url: &str,
-    ) -> Result<LeasedStore<S>, RedisStoreError> {
-        let client = redis::Client::open(url)?;
-        let interval = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
-        let shared = Arc::new(Shared {
-            store,
-            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
-            interval,
-            share: self.share,
-            ack_timeout: self.ack_timeout,
-            table: Table::new(self.max_keys),
-            bus: Bus::new(client, self.channel),
-            calls: Calls::default(),
-            ahead: AtomicU64::new(0),
-            ahead_done: tokio::sync::Notify::new(),
-        });
-        Bus::listen(Arc::downgrade(&shared)).await;
-        sweep_every(Arc::downgrade(&shared), self.interval);
-        Ok(LeasedStore { shared })
-    }
-}
-
-/// Gives back ended leases every `interval`, while the store lives.
-fn sweep_every<S: Store>(shared: Weak<Shared<S>>, interval: Duration) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            let now = shared.now();
-            let ended = shared
-                .table
-                .sweep(shared.idle_before(now), |lease| lease.expires <= now);
-            shared.give_back(ended).await;
-        }
-    });
-}
-
-impl LeasedStore<()> {
-    /// Settings, to [`connect`](LeasedStoreBuilder::connect) around a store.
-    pub fn builder() -> LeasedStoreBuilder {
-        LeasedStoreBuilder::default()
-    }
-}
-
 impl<S: Store> LeasedStore<S> {
     /// The wrapped store.
     pub fn get_ref(&self) -> &S {
@@ -395,48 +264,6 @@ impl<S: Store> Shared<S> {
         self.bus.generation.load(Ordering::Acquire) == generation && self.bus.listening()
     }
 
-    /// Asks for a lease of `size` for the key of `hash`, all of it for
-    /// later: the next lease, granted while the current one is spent.
-    async fn grant_ahead(&self, key: &Key, policy: &Policy, hash: u64, size: u64, sent: u64) {
-        let generation = self.bus.generation.load(Ordering::Acquire);
-        self.calls.grants.fetch_add(1, Ordering::Relaxed);
-        let answer = self.store.check(key, policy, size).await;
-        let mut _wake = Wake(None);
-        let unkept = {
-            let mut shard = self.table.shard(hash);
-            let Some(entry) = shard
-                .get_mut(&hash)
-                .filter(|e| e.fingerprint == policy.fingerprint())
-            else {
-                return;
-            };
-            _wake = Wake(entry.refilling.take());
-            let base = match answer {
-                // The current lease goes on; the key's next request that
-                // finds it used up meets the store's error itself.
-                Err(_) => return,
-                Ok(refused) if !refused.is_allowed() => {
-                    entry.size = entry.size.min(refused.remaining());
-                    return;
-                }
-                Ok(base) => base,
-            };
-            let lease = self.lease(key, policy, base, size, sent);
-            if !self.keeps(generation) {
-                // As in `grant`: dropped, not given back.
-                return;
-            }
-            if lease.expires > sent {
-                install(entry, lease)
-            } else {
-                Some(lease)
-            }
-        };
-        if let Some(lease) = unkept {
-            self.give_back(vec![lease]).await;
-        }
-    }
-
     /// Waits for the grant on its way for the key of `hash`, then spends
     /// `cost` from its lease, or asks the store when there is none.
     async fn after_grant(
@@ -470,8 +297,10 @@ impl<S: Store> Shared<S> {
         }
     }
 
-    /// Asks for a lease of `size` (more than `cost`), deciding a request
-    /// of `cost` with it.
+    /// Asks for `size` units for the key of `hash`: `cost` of them for
+    /// the request that asks (0 for a lease asked for ahead), the rest for
+    /// a lease. The request's decision, or `None` when the store refused
+    /// the grant (the key is near its limit).
     async fn grant(
         &self,
         key: &Key,
@@ -480,39 +309,35 @@ impl<S: Store> Shared<S> {
         size: u64,
         cost: u64,
         sent: u64,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<Option<Decision>, StoreError> {
         let generation = self.bus.generation.load(Ordering::Acquire);
         self.calls.grants.fetch_add(1, Ordering::Relaxed);
         let answer = self.store.check(key, policy, size).await;
-        let refused = match &answer {
-            Ok(base) => !base.is_allowed(),
-            Err(_) => false,
-        };
         // The requests waiting for this grant wake when it is settled
         // (this returns), and find the lease or go to the store.
-        let mut _wake = Wake(None);
+        let _wake: Wake;
         let base = {
             let mut shard = self.table.shard(hash);
-            let entry = shard
+            let mut entry = shard
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint());
-            if let Some(entry) = entry {
-                _wake = Wake(entry.refilling.take());
-                if let (true, Ok(refusal)) = (refused, &answer) {
-                    entry.size = entry.size.min(refusal.remaining());
+            _wake = Wake(entry.as_mut().and_then(|e| e.refilling.take()));
+            match answer? {
+                refusal if !refusal.is_allowed() => {
+                    if let Some(entry) = entry {
+                        entry.size = entry.size.min(refusal.remaining());
+                    }
+                    return Ok(None);
                 }
+                base => base,
             }
-            answer?
         };
-        if refused {
-            return self.direct(key, policy, cost).await;
-        }
         let mut lease = self.lease(key, policy, base, size - cost, sent);
         let decision = lease.spend(0, sent);
         if !self.keeps(generation) {
             // A reset or block may have wiped what the grant consumed:
             // the units are dropped, not given back.
-            return Ok(decision);
+            return Ok(Some(decision));
         }
         let unkept = {
             let mut shard = self.table.shard(hash);
@@ -527,7 +352,7 @@ impl<S: Store> Shared<S> {
         if let Some(lease) = unkept {
             self.give_back(vec![lease]).await;
         }
-        Ok(decision)
+        Ok(Some(decision))
     }
 }
 
@@ -663,7 +488,13 @@ impl<S: Store> Store for LeasedStore<S> {
             match plan {
                 Plan::Direct => shared.direct(key, policy, cost).await,
                 Plan::Grant(size) => {
-                    Box::pin(shared.grant(key, policy, hash, size, cost, now)).await
+                    Box::pin(async {
+                        match shared.grant(key, policy, hash, size, cost, now).await? {
+                            Some(decision) => Ok(decision),
+                            None => shared.direct(key, policy, cost).await,
+                        }
+                    })
+                    .await
                 }
                 Plan::Wait(grant) => {
                     Box::pin(shared.after_grant(key, policy, hash, cost, grant)).await
@@ -742,7 +573,9 @@ impl<S: Store> LeasedStore<S> {
         let (shared, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
         shared.ahead.fetch_add(1, Ordering::AcqRel);
         runtime.spawn(async move {
-            shared.grant_ahead(&key, &policy, hash, size, now).await;
+            // A failure leaves the current lease going; the request that
+            // finds it used up meets the store's error itself.
+            let _ = shared.grant(&key, &policy, hash, size, 0, now).await;
             shared.ahead.fetch_sub(1, Ordering::AcqRel);
             shared.ahead_done.notify_waiters();
         });
