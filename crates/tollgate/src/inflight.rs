@@ -434,7 +434,7 @@ impl Telemetry {
     }
 
     fn store_failed(&self, error: &tollgate_core::StoreError) {
-        if let Some(suppressed) = self.throttle.may_log(std::time::Instant::now()) {
+        if let Some(suppressed) = self.throttle.may_log(tokio::time::Instant::now()) {
             tracing::warn!(%error, suppressed, "in-flight limit: the store failed");
         }
     }

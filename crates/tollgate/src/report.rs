@@ -2,7 +2,11 @@
 //! warnings for store failures, and counters through the `metrics` facade.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the same as std's, but for tests that pause it, so that
+// what a throttle lets through does not depend on how busy the machine is.
+use tokio::time::Instant;
 
 use tollgate_core::{Decision, StoreError};
 
