@@ -28,10 +28,15 @@ async fn instances(
     let prefix = unique_prefix(test);
     let mut stores = Vec::new();
     for _ in 0..n {
+        // A generous deadline: on a busy machine a slow answer must not
+        // read as a Redis failure (the failure test kills its Redis, which
+        // fails at once).
         let redis = RedisStore::builder()
             .prefix(prefix.clone())
             .test_clock(clock.clone())
             .deny_cache(deny_cache)
+            .deadline(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5))
             .connect(url)
             .await
             .unwrap();
@@ -91,7 +96,10 @@ async fn warm(
 async fn four_instances_admit_exactly_the_limit_of_each_window() {
     let url = require_redis().await;
     let clock = FakeClock::new(START);
-    let stores = instances(&url, "lease-exact", &clock, 4, 16, 10_000).await;
+    // No deny cache: an exhausted key's requests go to the store rather
+    // than ask for leases, and a cached denial would outlive the units
+    // another instance gives back (see the bound test below).
+    let stores = instances(&url, "lease-exact", &clock, 4, 16, 0).await;
     let policy = Policy::new("hot", Algorithm::FixedWindow, "20000/s").unwrap();
     let key = Key::user("hot");
     let cap = 20_000 / 16;
@@ -264,4 +272,177 @@ async fn a_sliding_log_or_leaky_bucket_is_never_leased() {
         (0, 200),
         "every request decided by Redis"
     );
+}
+
+/// Spends `key` through `store`, 10 requests a millisecond for 150 ms,
+/// then checks it 2,000 times more within the same window; how many were
+/// admitted, and how many scripts Redis ran for the 2,000.
+async fn spend_then_deny(
+    store: &impl Store,
+    con: &mut redis::Connection,
+    clock: &FakeClock,
+    key: &Key,
+    policy: &Policy,
+) -> (u64, u64) {
+    let scripts = |con: &mut redis::Connection| {
+        tollgate_tests::command_calls(con, "evalsha") + tollgate_tests::command_calls(con, "eval")
+    };
+    let mut admitted = 0;
+    for _ in 0..150 {
+        for _ in 0..10 {
+            admitted += u64::from(store.check(key, policy, 1).await.unwrap().is_allowed());
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    let before = scripts(con);
+    for _ in 0..200 {
+        for _ in 0..10 {
+            assert!(!store.check(key, policy, 1).await.unwrap().is_allowed());
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    (admitted, scripts(con) - before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_key_costs_no_more_redis_calls_than_without_leases() {
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let mut con = server.connection();
+    let clock = FakeClock::new(START);
+    let policy = Policy::new("spent", Algorithm::FixedWindow, "1000/min").unwrap();
+    let key = Key::user("hot");
+    let plain = RedisStore::builder()
+        .prefix(unique_prefix("plain-spent"))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let (admitted, plain_calls) = spend_then_deny(&plain, &mut con, &clock, &key, &policy).await;
+    assert_eq!(admitted, 1000);
+
+    let leased = instances(&url, "lease-spent", &clock, 1, 4, 10_000)
+        .await
+        .remove(0);
+    let (admitted, leased_calls) = spend_then_deny(&leased, &mut con, &clock, &key, &policy).await;
+    leased.wait_for_grants().await;
+    assert_eq!(
+        admitted + leased.outstanding().1,
+        1000,
+        "the limit, exactly"
+    );
+    assert!(
+        leased.calls().grants > 0,
+        "the key was leased while it had room"
+    );
+    assert!(plain_calls <= 2, "the deny cache answers: {plain_calls}");
+    assert!(
+        leased_calls <= plain_calls,
+        "2,000 denials: {leased_calls} Redis calls with leases, {plain_calls} without"
+    );
+}
+
+/// Hammers `key` from every store, two tasks each, runs `operate` once
+/// 2,000 requests were admitted (leases are out and being spent), then
+/// goes on for `checks_after` more checks. Returns the admissions of
+/// checks that began before the operation returned, and of those that
+/// began after it.
+async fn hammer_across_a_fence(
+    stores: &[LeasedStore<RedisStore>],
+    key: &Key,
+    policy: &Policy,
+    checks_after: u64,
+    operate: impl Future<Output = ()>,
+) -> (u64, u64) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let fenced = Arc::new(AtomicBool::new(false));
+    let (before, after, checked) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut tasks = Vec::new();
+    for store in stores {
+        for _ in 0..2 {
+            let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
+            let fenced = fenced.clone();
+            let (before, after, checked) = (before.clone(), after.clone(), checked.clone());
+            tasks.push(tokio::spawn(async move {
+                while checked.load(Ordering::Relaxed) < checks_after {
+                    let was_fenced = fenced.load(Ordering::Acquire);
+                    let admitted = store.check(&key, &policy, 1).await.unwrap().is_allowed();
+                    match (was_fenced, admitted) {
+                        (false, true) => before.fetch_add(1, Ordering::Relaxed),
+                        (true, true) => after.fetch_add(1, Ordering::Relaxed),
+                        (_, false) => 0,
+                    };
+                    if was_fenced {
+                        checked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+    }
+    while before.load(Ordering::Relaxed) < 2_000 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        stores.iter().any(|s| s.outstanding().0 > 0),
+        "leases are out when the operator acts"
+    );
+    operate.await;
+    fenced.store(true, Ordering::Release);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    (
+        before.load(Ordering::Relaxed),
+        after.load(Ordering::Relaxed),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_a_block_returns_no_instance_admits() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-fence-block", &clock, 4, 16, 10_000).await;
+    let policy = Policy::new("fence", Algorithm::Gcra, "50000/min").unwrap();
+    let key = Key::user("mallory");
+    let blocker = stores[3].clone();
+    let (before, after) = hammer_across_a_fence(&stores, &key, &policy, 20_000, async {
+        blocker
+            .block(&key, &policy, Duration::from_secs(60))
+            .await
+            .unwrap();
+    })
+    .await;
+    assert!(before >= 2_000);
+    assert_eq!(after, 0, "admitted after the block returned");
+    assert_eq!(outstanding(&stores), 0, "no lease survives the block");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_a_reset_returns_only_the_fresh_allowance_is_spent() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-fence-reset", &clock, 4, 16, 0).await;
+    let policy = Policy::new("fence", Algorithm::Gcra, "5000/min").unwrap();
+    let key = Key::user("mallory");
+    let resetter = stores[3].clone();
+    let (_, after) = hammer_across_a_fence(&stores, &key, &policy, 30_000, async {
+        resetter.reset(&key, &policy).await.unwrap();
+    })
+    .await;
+    for store in &stores {
+        store.wait_for_grants().await;
+    }
+    // Time stands still: the fresh allowance is 5,000. What checks begun
+    // after the reset returned were admitted, plus what the leases hold,
+    // fits in it: no unit leased before the reset is spent after it.
+    // (Checks begun while the reset was under way spent fresh units too.)
+    let held = outstanding(&stores);
+    assert!(after + held <= 5_000, "{after} admitted + {held} held");
+    assert!(after > 0, "the fresh allowance is spent after the reset");
 }

@@ -59,13 +59,31 @@ use table::{Entry, Lease, Leasing, Table, identity};
 /// `reset` counts down from the store's answer. Denials always come from
 /// the store, so `Retry-After` stays exact.
 ///
-/// **Resets and blocks.** [`Store::reset`] and [`Store::block`] through a
-/// `LeasedStore` first end every instance's lease of the key: they
-/// publish an invalidation on a Redis channel and wait until every
-/// subscribed instance has dropped its lease and said so, then reset or
-/// block the key in the store. An instance that is not subscribed (Redis
-/// is down, or the subscription was lost) drops its leases and takes no
-/// new one until it is subscribed again.
+/// **Resets and blocks are fenced.** Once [`Store::reset`] or
+/// [`Store::block`] through a `LeasedStore` returns, no instance admits
+/// from a lease granted before it. The key is reset or blocked in the
+/// store first; then an invalidation goes out on a Redis channel, and the
+/// call waits until every subscribed instance has dropped its leases of
+/// the key and said so. A grant asked for before an instance heard the
+/// invalidation is dropped when it arrives, whatever the store answered;
+/// a grant asked for after it reaches the store after the operation, so
+/// a blocked key's grant is refused and a reset key's is counted in its
+/// fresh state. An instance that is not subscribed (Redis is down, or the
+/// subscription was lost) drops its leases and takes no new one until it
+/// is subscribed again.
+///
+/// The one exception is an instance that does not acknowledge within
+/// [`ack_timeout`](LeasedStoreBuilder::ack_timeout) (it is paused, or
+/// its process stalls): the operation returns with a warning, and that
+/// instance may go on spending what it held when the operation landed,
+/// at most its two leases of the key (each at most the limit's capacity
+/// divided by the [`share`](LeasedStoreBuilder::share)), and only until
+/// they end, at most twice the [`interval`](LeasedStoreBuilder::interval)
+/// after they were asked for. Its new grants meet the block in the store.
+/// After a reset, the leases that instances took from the fresh state
+/// before they heard the invalidation are dropped, not given back: the
+/// key under-admits by at most two leases per instance, until the units
+/// age out of the limit.
 ///
 /// **Failures.** A lease already granted is spent while Redis fails (its
 /// units were counted), unless the subscription is lost, which drops it.
@@ -236,6 +254,18 @@ impl<S: Store> Shared<S> {
         }
     }
 
+    /// Remembers the store's answer to a request of the key of `hash`.
+    fn store_answered(&self, policy: &Policy, hash: u64, decision: &Decision) {
+        let now = self.now();
+        let mut shard = self.table.shard(hash);
+        let entry = shard
+            .get_mut(&hash)
+            .filter(|e| e.fingerprint == policy.fingerprint());
+        if let Some(entry) = entry {
+            entry.store_answered(decision, now);
+        }
+    }
+
     async fn direct(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.calls.direct.fetch_add(1, Ordering::Relaxed);
         self.store.check(key, policy, cost).await
@@ -322,25 +352,30 @@ impl<S: Store> Shared<S> {
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint());
             _wake = Wake(entry.as_mut().and_then(|e| e.refilling.take()));
-            match answer? {
-                refusal if !refusal.is_allowed() => {
-                    if let Some(entry) = entry {
-                        entry.size = entry.size.min(refusal.remaining());
-                    }
-                    return Ok(None);
+            let answer = answer?;
+            if let Some(entry) = entry {
+                entry.store_answered(&answer, self.now());
+                if !answer.is_allowed() {
+                    entry.size = entry.size.min(answer.remaining());
                 }
-                base => base,
             }
+            if !answer.is_allowed() {
+                return Ok(None);
+            }
+            answer
         };
         let mut lease = self.lease(key, policy, base, size - cost, sent);
         let decision = lease.spend(0, sent);
-        if !self.keeps(generation) {
-            // A reset or block may have wiped what the grant consumed:
-            // the units are dropped, not given back.
-            return Ok(Some(decision));
-        }
         let unkept = {
             let mut shard = self.table.shard(hash);
+            // Under the shard's lock: an invalidation bumps the generation
+            // before it sweeps the shards, so a lease is either installed
+            // before the sweep, which drops it, or sees the new generation.
+            if !self.keeps(generation) {
+                // A reset or block may have wiped what the grant consumed:
+                // the units are dropped, not given back.
+                return Ok(Some(decision));
+            }
             let entry = shard
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint());
@@ -369,7 +404,10 @@ impl Drop for Wake {
 
 /// What a request finds in the table.
 enum Plan {
-    Direct,
+    /// Asks the store; `low` when the store last found the key low.
+    Direct {
+        low: bool,
+    },
     Grant(u64),
     /// Waits for the grant on its way, then spends from it.
     Wait(Arc<tokio::sync::Notify>),
@@ -453,7 +491,7 @@ impl<S: Store> Store for LeasedStore<S> {
                 &mut ended,
             );
             match entry {
-                None => Plan::Direct,
+                None => Plan::Direct { low: false },
                 Some(entry) => {
                     if let Some(decision) = entry.spend(cost, now) {
                         self.ahead(entry, key, policy, hash, now);
@@ -473,8 +511,10 @@ impl<S: Store> Store for LeasedStore<S> {
                     }
                     if let Some(waiting) = &entry.refilling {
                         Plan::Wait(Arc::clone(waiting))
-                    } else if !shared.bus.listening() || !entry.worth_a_lease(cost) {
-                        Plan::Direct
+                    } else if !shared.bus.listening() || !entry.worth_a_lease(cost, now) {
+                        Plan::Direct {
+                            low: entry.is_low(now),
+                        }
                     } else {
                         entry.refilling = Some(Arc::default());
                         Plan::Grant(entry.size)
@@ -486,7 +526,17 @@ impl<S: Store> Store for LeasedStore<S> {
         // store decides, carries a future no larger than the store's.
         let deciding = async {
             match plan {
-                Plan::Direct => shared.direct(key, policy, cost).await,
+                Plan::Direct { low } => {
+                    let decided = shared.direct(key, policy, cost).await;
+                    if let Ok(decision) = &decided {
+                        // Only a key that is or becomes low pays for the
+                        // lock: the store's answer says when to lease again.
+                        if low || table::is_low(decision) || !decision.is_allowed() {
+                            shared.store_answered(policy, hash, decision);
+                        }
+                    }
+                    decided
+                }
                 Plan::Grant(size) => {
                     Box::pin(async {
                         match shared.grant(key, policy, hash, size, cost, now).await? {
@@ -525,19 +575,23 @@ impl<S: Store> Store for LeasedStore<S> {
         self.shared.store.settle(key, policy, settlement)
     }
 
+    /// Resets the key in the store, then ends every instance's lease of
+    /// it (see [`LeasedStore`]'s fence).
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.invalidate(key, policy).await?;
-        self.shared.store.reset(key, policy).await
+        self.shared.store.reset(key, policy).await?;
+        self.invalidate(key, policy).await
     }
 
+    /// Blocks the key in the store, then ends every instance's lease of
+    /// it (see [`LeasedStore`]'s fence).
     async fn block(
         &self,
         key: &Key,
         policy: &Policy,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        self.invalidate(key, policy).await?;
-        self.shared.store.block(key, policy, duration).await
+        self.shared.store.block(key, policy, duration).await?;
+        self.invalidate(key, policy).await
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

@@ -142,6 +142,12 @@ pub(crate) struct Entry {
     /// units: spent once the current one is used up, so that a hot key
     /// never waits for a grant.
     pub(crate) next: Option<Lease>,
+    /// Local time (µs) until which the store's last answer says the key
+    /// holds too little for a lease (0: not known to be low). Until then
+    /// no grant is asked for: the key's requests go to the store, whose
+    /// own cache answers its denials, so an exhausted key costs no more
+    /// calls than without leases.
+    low_until: u64,
 }
 
 impl Entry {
@@ -155,7 +161,27 @@ impl Entry {
             refilling: None,
             lease: None,
             next: None,
+            low_until: 0,
         }
+    }
+
+    /// Whether the store's last answer said the key holds too little for
+    /// a lease, at `now`.
+    pub(crate) fn is_low(&self, now: u64) -> bool {
+        now < self.low_until
+    }
+
+    /// Remembers what the store answered at `now` for this key (a grant,
+    /// refused or not, or a request it decided): a key left with less
+    /// than a lease's worth is low until its denial's retry time, or
+    /// until its limits reset.
+    pub(crate) fn store_answered(&mut self, decision: &Decision, now: u64) {
+        self.low_until = if decision.is_allowed() && !is_low(decision) {
+            0
+        } else {
+            let wait = decision.retry_after().unwrap_or_else(|| decision.reset());
+            now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX))
+        };
     }
 
     /// Counts a request of `cost` decided by the store at `now`, and
@@ -201,17 +227,22 @@ impl Entry {
     /// its size.
     pub(crate) fn ahead(&self, now: u64, interval: u64, cap: impl FnOnce() -> u64) -> Option<u64> {
         let lease = self.lease.as_ref()?;
-        if self.next.is_some() || self.refilling.is_some() || lease.left * 2 > lease.granted {
+        if self.next.is_some()
+            || self.refilling.is_some()
+            || lease.left * 2 > lease.granted
+            || self.is_low(now)
+        {
             return None;
         }
         let size = lease.next_size(now, interval, cap());
         (size > LEASE_MIN_SPARE).then_some(size)
     }
 
-    /// Whether a request of `cost` should ask for a lease of the entry's
-    /// size: one that holds at least [`LEASE_MIN_SPARE`] more units.
-    pub(crate) fn worth_a_lease(&self, cost: u64) -> bool {
-        self.size >= cost.saturating_add(LEASE_MIN_SPARE)
+    /// Whether a request of `cost` at `now` should ask for a lease of the
+    /// entry's size: one that holds at least [`LEASE_MIN_SPARE`] more
+    /// units, of a key the store did not last find low.
+    pub(crate) fn worth_a_lease(&self, cost: u64, now: u64) -> bool {
+        self.size >= cost.saturating_add(LEASE_MIN_SPARE) && !self.is_low(now)
     }
 
     /// Sizes the next lease after `lease` ends at `now` (see
@@ -336,6 +367,11 @@ impl Table {
         }
         held
     }
+}
+
+/// Whether the store's answer leaves the key less than a lease's worth.
+pub(crate) fn is_low(decision: &Decision) -> bool {
+    decision.remaining() <= LEASE_MIN_SPARE
 }
 
 /// The identity of a key under a policy's name, the same on every
