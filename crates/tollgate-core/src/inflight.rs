@@ -97,6 +97,28 @@ impl InFlightLimit {
     pub fn lease_duration(&self) -> Duration {
         self.lease
     }
+
+    /// This limit's share on one of `instances` app servers that each
+    /// enforce it alone (a local fallback while the shared store fails):
+    /// the same name and lease, and `max` divided by `instances`, rounded
+    /// down but at least 1, so that a key is never refused everywhere.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use tollgate_core::InFlightLimit;
+    ///
+    /// let exports = InFlightLimit::new("exports", 5)?;
+    /// assert_eq!(exports.divided(NonZeroU64::new(2).unwrap()).max(), 2);
+    /// assert_eq!(exports.divided(NonZeroU64::new(9).unwrap()).max(), 1);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn divided(&self, instances: std::num::NonZeroU64) -> InFlightLimit {
+        Self {
+            name: self.name.clone(),
+            max: (self.max / instances.get()).max(1),
+            lease: self.lease,
+        }
+    }
 }
 
 /// What [`SlotStore::acquire`] found.

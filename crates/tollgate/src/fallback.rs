@@ -30,18 +30,87 @@ pub enum FailureMode {
     Local,
 }
 
-/// What a fallback reports of the failures it handles: the layer's and
+/// What a store's caller does under the failure policy: the rate-limit
+/// layer, [`RateLimiter`](crate::RateLimiter) and the in-flight layer
+/// each match on it, with no arm for "anything else", so that a new mode
+/// or a new caller cannot miss a case.
+#[derive(Debug)]
+pub(crate) enum Answer<T> {
+    /// The store decided; or, under [`FailureMode::Local`], the local
+    /// fallback did.
+    Decided(T),
+    /// [`FailureMode::Open`]: the request goes on, unlimited.
+    LetThrough(StoreError),
+    /// [`FailureMode::Closed`], or a local fallback that failed too: the
+    /// request is refused.
+    Refused(StoreError),
+}
+
+impl<T> Answer<T> {
+    /// As a store's result: a failure let through or refused stays the
+    /// store's error.
+    pub(crate) fn into_result(self) -> Result<T, StoreError> {
+        match self {
+            Answer::Decided(value) => Ok(value),
+            Answer::LetThrough(error) | Answer::Refused(error) => Err(error),
+        }
+    }
+}
+
+impl FailureMode {
+    /// The failure policy, in the one place it is decided: `result` is the
+    /// store's; on its failure, `local` decides under
+    /// [`FailureMode::Local`]. Every failure is reported to `report`, with
+    /// what became of the request.
+    pub(crate) fn apply<T>(
+        self,
+        result: Result<T, StoreError>,
+        local: impl FnOnce() -> Result<T, StoreError>,
+        report: &impl FailureReport,
+    ) -> Answer<T> {
+        let error = match result {
+            Ok(value) => return Answer::Decided(value),
+            Err(error) => error,
+        };
+        report.store_failed(self, &error);
+        match self {
+            FailureMode::Open => {
+                report.let_through();
+                Answer::LetThrough(error)
+            }
+            FailureMode::Closed => {
+                report.refused();
+                Answer::Refused(error)
+            }
+            FailureMode::Local => match local() {
+                Ok(value) => Answer::Decided(value),
+                Err(error) => {
+                    report.refused();
+                    Answer::Refused(error)
+                }
+            },
+        }
+    }
+}
+
+/// What a fallback reports of the failures it handles: the layers' and
 /// the limiter's telemetry; `()` reports nothing.
 pub(crate) trait FailureReport {
     /// The store failed, and `mode` handles it.
     fn store_failed(&self, mode: FailureMode, error: &StoreError);
     /// The local fallback decided.
     fn decided_locally(&self, allowed: bool);
+    /// A request went on without a decision.
+    fn let_through(&self);
+    /// A request was refused without a decision.
+    fn refused(&self);
 }
 
 impl FailureReport for () {
     fn store_failed(&self, _mode: FailureMode, _error: &StoreError) {}
     fn decided_locally(&self, _allowed: bool) {}
+    fn let_through(&self) {}
+    fn refused(&self) {}
 }
 
 /// A store that applies a [`FailureMode`] to the failures of another, in
@@ -169,51 +238,45 @@ impl<S> FallbackStore<S> {
 impl<S: Store> FallbackStore<S> {
     /// Applies the failure mode to `result`, the wrapped store's answer:
     /// under [`FailureMode::Local`] a failure is decided locally, seeded
-    /// with what the store last knew of the key; under the others it stays
-    /// a failure, reported to `report`.
-    pub(crate) fn fall_back(
+    /// with what the store last knew of the key.
+    pub(crate) fn answer(
         &self,
         key: &Key,
         policy: &Policy,
         cost: u64,
         result: Result<Decision, StoreError>,
         report: &impl FailureReport,
-    ) -> Result<Decision, StoreError> {
-        let error = match result {
-            Ok(decision) => return Ok(decision),
-            Err(error) => error,
+    ) -> Answer<Decision> {
+        let local = || {
+            let share = self.share(policy);
+            if let Some(last) = self.store.last_known(key, policy) {
+                let state = PolicyState::seeded(&share, &last);
+                // A full fallback decides below as it would anyway.
+                let _ = self.local.seed(key, &share, state);
+            }
+            let local = self.local.check_sync(key, &share, cost);
+            if let Ok(decision) = &local {
+                report.decided_locally(decision.is_allowed());
+            }
+            local
         };
-        // Open and closed are the caller's to answer, and to report.
-        if self.mode != FailureMode::Local {
-            return Err(error);
-        }
-        report.store_failed(self.mode, &error);
-        let share = self.share(policy);
-        if let Some(last) = self.store.last_known(key, policy) {
-            let state = PolicyState::seeded(&share, &last);
-            // A full fallback decides below as it would anyway.
-            let _ = self.local.seed(key, &share, state);
-        }
-        let local = self.local.check_sync(key, &share, cost);
-        if let Ok(decision) = &local {
-            report.decided_locally(decision.is_allowed());
-        }
-        local
+        self.mode.apply(result, local, report)
     }
 
-    /// Decides as [`Store::check`] does, reporting failures to `report`.
+    /// Decides as [`Store::check`] does, under the failure policy,
+    /// reporting failures to `report`.
     pub(crate) async fn check_reported(
         &self,
         key: &Key,
         policy: &Policy,
         cost: u64,
         report: &impl FailureReport,
-    ) -> Result<Decision, StoreError> {
+    ) -> Answer<Decision> {
         let result = match self.store.try_check_now(key, policy, cost) {
             Some(result) => result,
             None => self.store.check(key, policy, cost).await,
         };
-        self.fall_back(key, policy, cost, result, report)
+        self.answer(key, policy, cost, result, report)
     }
 }
 
@@ -231,7 +294,7 @@ pub(crate) fn let_through(policy: &Policy) -> Decision {
 impl<S: Store> Store for FallbackStore<S> {
     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         let result = self.store.check(key, policy, cost).await;
-        self.fall_back(key, policy, cost, result, &())
+        self.answer(key, policy, cost, result, &()).into_result()
     }
 
     fn try_check_now(
@@ -241,14 +304,14 @@ impl<S: Store> Store for FallbackStore<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         let result = self.store.try_check_now(key, policy, cost)?;
-        Some(self.fall_back(key, policy, cost, result, &()))
+        Some(self.answer(key, policy, cost, result, &()).into_result())
     }
 
     /// The key's state in the wrapped store; when that fails, under
     /// [`FailureMode::Local`], in the local fallback.
     async fn status(&self, key: &Key, policy: &Policy) -> Result<Decision, StoreError> {
         let result = self.store.status(key, policy).await;
-        self.fall_back(key, policy, 0, result, &())
+        self.answer(key, policy, 0, result, &()).into_result()
     }
 
     /// Resets the key in the wrapped store and in the local fallback, so
@@ -271,13 +334,12 @@ impl<S: Store> Store for FallbackStore<S> {
         policy: &Policy,
         settlement: Settlement,
     ) -> Result<Decision, StoreError> {
-        match self.store.settle(key, policy, settlement).await {
-            Err(_) if self.mode == FailureMode::Local => {
-                let share = self.share(policy);
-                self.local.settle(key, &share, settlement).await
-            }
-            result => result,
-        }
+        let result = self.store.settle(key, policy, settlement).await;
+        let local = || {
+            self.local
+                .settle_sync(key, &self.share(policy), &settlement)
+        };
+        self.mode.apply(result, local, &()).into_result()
     }
 
     /// Blocks the key in the local fallback and in the wrapped store, so

@@ -10,17 +10,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
-use tollgate_core::{Decision, StoreError};
+use tollgate_core::Decision;
 use tower_service::Service;
 
 use crate::body::{BodyKind, WrapBody};
-use crate::fallback::FailureMode;
+use crate::fallback::Answer;
 use crate::headers::Decoration;
 use crate::report::Verdict;
 use crate::response::Responder;
 use crate::settle::{SettleCall, Settled, Settling};
 
-pub(crate) type Check = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+pub(crate) type Check = Pin<Box<dyn Future<Output = Answer<Decision>> + Send>>;
 
 /// The call of the inner service for a request held for later (while the
 /// store decides, a shaped request's delay passes, or a denied one waits):
@@ -172,7 +172,7 @@ impl<F: Future, M> ResponseFuture<F, M> {
     }
 
     pub(crate) fn decided<S, B>(
-        result: Result<Decision, StoreError>,
+        result: Answer<Decision>,
         inner: Inner<'_, S>,
         request: Request<B>,
         responder: Arc<Responder>,
@@ -247,7 +247,7 @@ impl Finish {
 /// An admitted request of a settling layer settles its cost once its
 /// response is in; nothing else does.
 fn next_state<F, R>(
-    result: Result<Decision, StoreError>,
+    result: Answer<Decision>,
     next: impl Call<F>,
     responder: &Responder,
     waiter: Option<Waiter>,
@@ -256,7 +256,7 @@ fn next_state<F, R>(
 ) -> State<F, R> {
     let telemetry = &responder.telemetry;
     match result {
-        Ok(decision) if decision.is_allowed() => {
+        Answer::Decided(decision) if decision.is_allowed() => {
             telemetry.decided(&decision, Verdict::Allowed);
             let decoration = responder.decoration(&decision);
             let finish = match settle {
@@ -278,14 +278,14 @@ fn next_state<F, R>(
                 }
             }
         }
-        Ok(decision) if !enforce => {
+        Answer::Decided(decision) if !enforce => {
             telemetry.decided(&decision, Verdict::ShadowLimited);
             State::Calling {
                 future: next.call(),
                 finish: Finish::Headers(responder.decoration(&decision)),
             }
         }
-        Ok(decision) => {
+        Answer::Decided(decision) => {
             if let (Some(waiter), Some(retry)) = (waiter, decision.retry_after()) {
                 let wake = tokio::time::Instant::now() + retry;
                 if wake <= waiter.deadline {
@@ -303,26 +303,15 @@ fn next_state<F, R>(
                 response: Some(responder.reject(&decision)),
             }
         }
-        Err(error) => {
-            telemetry.store_failed(Some(responder.failure), &error);
-            match responder.failure {
-                FailureMode::Open => {
-                    telemetry.failed_over(FailureMode::Open);
-                    State::Calling {
-                        future: next.call(),
-                        finish: Finish::Headers(None),
-                    }
-                }
-                // `Local` was handled where the store was asked; what is left
-                // is a failure of the fallback itself.
-                _ => {
-                    telemetry.failed_over(FailureMode::Closed);
-                    State::Responding {
-                        response: Some(responder.unavailable()),
-                    }
-                }
-            }
-        }
+        // The failure policy was applied, and reported, where the store
+        // was asked.
+        Answer::LetThrough(_) => State::Calling {
+            future: next.call(),
+            finish: Finish::Headers(None),
+        },
+        Answer::Refused(_) => State::Responding {
+            response: Some(responder.unavailable()),
+        },
     }
 }
 

@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU64;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,7 +19,7 @@ use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
-use crate::fallback::FailureMode;
+use crate::fallback::{Answer, FailureMode, FailureReport, shared_fallback};
 use crate::report::Throttle;
 use crate::response::{Responder, problem_response};
 
@@ -40,9 +41,15 @@ pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
 /// On Redis a slot is a lease ([`InFlightLimit::lease`]) renewed every
 /// third of it while the request runs, so the slot of an app server that
 /// dies frees itself when the lease ends; in memory a slot lives exactly
-/// as long as its request. When the store fails, the request goes through
-/// unlimited ([`FailureMode::Open`], the default), or is answered 503
-/// ([`FailureMode::Closed`]).
+/// as long as its request. A renewal that finds the slot gone (Redis lost
+/// its data) takes it back.
+///
+/// When the store fails, the layer follows its [`FailureMode`] as
+/// [`RateLimitLayer`](crate::RateLimitLayer) does: under
+/// [`FailureMode::Local`] (the default) the slots are taken in memory,
+/// with this instance's share of the limit ([`InFlightLayer::local_divisor`]);
+/// [`FailureMode::Open`] lets the request through unlimited;
+/// [`FailureMode::Closed`] answers 503.
 ///
 /// ```
 /// use axum::{Router, routing::get};
@@ -61,6 +68,8 @@ pub struct InFlightLayer<K, St = MemoryStore> {
     extractor: Arc<K>,
     store: St,
     failure: FailureMode,
+    divisor: NonZeroU64,
+    local: MemoryStore,
     responder: Responder,
 }
 
@@ -69,6 +78,9 @@ struct Shared<K, St> {
     extractor: Arc<K>,
     store: St,
     failure: FailureMode,
+    /// The local fallback's slots, and this instance's share of the limit.
+    local: MemoryStore,
+    local_limit: InFlightLimit,
     responder: Responder,
     telemetry: Telemetry,
 }
@@ -83,7 +95,9 @@ impl<K> InFlightLayer<K> {
             limit,
             extractor: Arc::new(extractor),
             store: MemoryStore::new(),
-            failure: FailureMode::Open,
+            failure: FailureMode::default(),
+            divisor: NonZeroU64::MIN,
+            local: shared_fallback().clone(),
         }
     }
 }
@@ -97,15 +111,34 @@ impl<K, St> InFlightLayer<K, St> {
             extractor: self.extractor,
             store,
             failure: self.failure,
+            divisor: self.divisor,
+            local: self.local,
             responder: self.responder,
         }
     }
 
-    /// What to do when the store fails: [`FailureMode::Open`] (the
-    /// default) lets the request through unlimited; any other mode answers
-    /// 503.
+    /// What to do when the store fails: [`FailureMode::Local`] (the
+    /// default) takes the slot in memory, with this instance's share of
+    /// the limit; [`FailureMode::Open`] lets the request through
+    /// unlimited; [`FailureMode::Closed`] answers 503.
     pub fn on_store_error(mut self, mode: FailureMode) -> Self {
         self.failure = mode;
+        self
+    }
+
+    /// How many instances share the limit, for [`FailureMode::Local`]:
+    /// while the store fails, each lets `max / instances` requests of a
+    /// key run at once (at least 1; see [`InFlightLimit::divided`]).
+    /// Default 1.
+    pub fn local_divisor(mut self, instances: NonZeroU64) -> Self {
+        self.divisor = instances;
+        self
+    }
+
+    /// The in-memory store whose slots [`FailureMode::Local`] takes
+    /// (default: [`shared_fallback`](crate::shared_fallback)).
+    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
+        self.local = store;
         self
     }
 
@@ -131,6 +164,8 @@ impl<K, St: Clone> Clone for InFlightLayer<K, St> {
             extractor: self.extractor.clone(),
             store: self.store.clone(),
             failure: self.failure,
+            divisor: self.divisor,
+            local: self.local.clone(),
             responder: self.responder.clone(),
         }
     }
@@ -156,6 +191,8 @@ impl<S, K, St: Clone> Layer<S> for InFlightLayer<K, St> {
                 extractor: self.extractor.clone(),
                 store: self.store.clone(),
                 failure: self.failure,
+                local: self.local.clone(),
+                local_limit: self.limit.divided(self.divisor),
                 responder: self.responder.clone(),
                 telemetry: Telemetry::new(self.limit.name()),
             }),
@@ -219,29 +256,65 @@ where
         };
         Box::pin(async move {
             let holder = shared.store.new_holder();
-            let slot = match shared.store.acquire(&key, &shared.limit, holder).await {
-                Ok(Slots { acquired: true, .. }) => Some(Slot::take(&shared, key, holder)),
-                Ok(Slots {
-                    acquired: false, ..
-                }) => {
-                    shared.telemetry.rejected();
-                    let response = rejection(&shared.limit, shared.responder.grpc);
-                    return Ok(response.map(InFlightBody::own));
-                }
-                Err(error) => {
-                    shared.telemetry.store_failed(&error);
-                    if shared.failure != FailureMode::Open {
+            let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
+            let taken = acquired.map(|slots| (slots, Holds::Store));
+            let local = || {
+                let slots = shared
+                    .local
+                    .acquire_slot_sync(&key, &shared.local_limit, holder);
+                Ok((slots, Holds::Local))
+            };
+            let slot: Option<Box<dyn Any + Send + Sync>> =
+                match shared.failure.apply(taken, local, &shared.telemetry) {
+                    Answer::Decided((Slots { acquired: true, .. }, Holds::Store)) => {
+                        let (store, limit) = (shared.store.clone(), shared.limit.clone());
+                        Some(Box::new(Slot::take(
+                            store,
+                            key,
+                            limit,
+                            holder,
+                            &shared.telemetry,
+                        )))
+                    }
+                    Answer::Decided((Slots { acquired: true, .. }, Holds::Local)) => {
+                        let (store, limit) = (shared.local.clone(), shared.local_limit.clone());
+                        Some(Box::new(Slot::take(
+                            store,
+                            key,
+                            limit,
+                            holder,
+                            &shared.telemetry,
+                        )))
+                    }
+                    Answer::Decided((
+                        Slots {
+                            acquired: false, ..
+                        },
+                        Holds::Store | Holds::Local,
+                    )) => {
+                        shared.telemetry.rejected();
+                        let response = rejection(&shared.limit, shared.responder.grpc);
+                        return Ok(response.map(InFlightBody::own));
+                    }
+                    Answer::LetThrough(_) => None,
+                    Answer::Refused(_) => {
                         return Ok(shared.responder.unavailable().map(InFlightBody::own));
                     }
-                    None
-                }
-            };
+                };
             // Held across the call: dropped (and given back) if the call
             // fails, panics or is dropped, else handed to the body.
             let response = inner.call(request).await?;
             Ok(response.map(|body| InFlightBody::inner(body, slot)))
         })
     }
+}
+
+/// Where a request's slot was taken: in the layer's store, or, while it
+/// fails, in the local fallback.
+#[derive(Debug, Clone, Copy)]
+enum Holds {
+    Store,
+    Local,
 }
 
 /// A slot held: given back when dropped, and its lease renewed meanwhile
@@ -256,10 +329,10 @@ struct Slot<St: SlotStore + Clone> {
 }
 
 impl<St: SlotStore + Clone> Slot<St> {
-    fn take<K>(shared: &Shared<K, St>, key: Key, holder: u64) -> Self {
-        shared.telemetry.held(1.0);
-        let renewal = shared.store.leases().then(|| {
-            let (store, key, limit) = (shared.store.clone(), key.clone(), shared.limit.clone());
+    fn take(store: St, key: Key, limit: InFlightLimit, holder: u64, telemetry: &Telemetry) -> Self {
+        telemetry.held(1.0);
+        let renewal = store.leases().then(|| {
+            let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
             let every = limit.lease_duration() / 3;
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
@@ -275,12 +348,12 @@ impl<St: SlotStore + Clone> Slot<St> {
             .abort_handle()
         });
         Self {
-            store: shared.store.clone(),
+            store,
             key,
-            limit: shared.limit.clone(),
+            limit,
             holder,
             renewal,
-            telemetry: shared.telemetry.clone(),
+            telemetry: telemetry.clone(),
         }
     }
 }
@@ -317,10 +390,10 @@ pin_project! {
 }
 
 impl<B> InFlightBody<B> {
-    fn inner<St: SlotStore + Clone>(body: B, slot: Option<Slot<St>>) -> Self {
+    fn inner(body: B, slot: Option<Box<dyn Any + Send + Sync>>) -> Self {
         Self {
             body: ResponseBody::inner(body),
-            slot: slot.map(|slot| Box::new(slot) as Box<dyn Any + Send + Sync>),
+            slot,
         }
     }
 
@@ -432,10 +505,23 @@ impl Telemetry {
         #[cfg(feature = "metrics")]
         self.rejected.increment(1);
     }
+}
 
-    fn store_failed(&self, error: &tollgate_core::StoreError) {
+impl FailureReport for Telemetry {
+    fn store_failed(&self, mode: FailureMode, error: &tollgate_core::StoreError) {
         if let Some(suppressed) = self.throttle.may_log(tokio::time::Instant::now()) {
-            tracing::warn!(%error, suppressed, "in-flight limit: the store failed");
+            tracing::warn!(
+                error = error as &dyn std::error::Error,
+                failure_mode = ?mode,
+                suppressed,
+                "in-flight limit: the store failed; applying the failure policy"
+            );
         }
     }
+
+    fn decided_locally(&self, _allowed: bool) {}
+
+    fn let_through(&self) {}
+
+    fn refused(&self) {}
 }

@@ -400,9 +400,7 @@ impl<S, K, St, M> Layer<S> for RateLimitLayer<K, St, M> {
     type Service = RateLimit<S, K, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let mut config = self.config.clone();
-        // The responses follow the store's failure mode, set in one place.
-        Arc::make_mut(&mut config.responder).failure = self.store.failure_mode();
+        let config = self.config.clone();
         let responders = Responders::new(config.responder.clone());
         RateLimit::new(
             inner,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, Key, MemoryStore, Outcome, Policy, Settlement, Store, StoreError};
 
-use crate::fallback::{FailureMode, FallbackStore, let_through};
+use crate::fallback::{Answer, FailureMode, FallbackStore, let_through};
 use crate::report::{Telemetry, Verdict};
 
 /// Why [`RateLimiter::until_ready`] gave up.
@@ -161,31 +161,23 @@ impl<St: Store> RateLimiter<St> {
     /// A [`StoreError`] when the store cannot decide under
     /// [`FailureMode::Closed`], or the local fallback cannot either.
     pub async fn check_n(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        let result = self
+        let answer = self
             .store
             .check_reported(key, &self.policy, cost, &*self.telemetry)
             .await;
-        let result = match result {
-            Err(error) if self.store.failure_mode() == FailureMode::Open => {
-                self.telemetry.store_failed(Some(FailureMode::Open), &error);
-                self.telemetry.failed_over(FailureMode::Open);
-                return Ok(let_through(&self.policy));
+        match answer {
+            Answer::Decided(decision) => {
+                let verdict = if decision.is_allowed() {
+                    Verdict::Allowed
+                } else {
+                    Verdict::Limited
+                };
+                self.telemetry.decided(&decision, verdict);
+                Ok(decision)
             }
-            other => other,
-        };
-        match &result {
-            Ok(decision) if decision.is_allowed() => {
-                self.telemetry.decided(decision, Verdict::Allowed);
-            }
-            Ok(decision) => self.telemetry.decided(decision, Verdict::Limited),
-            // Under `Local`, the fallback reported the failure already.
-            Err(error) if self.failure_mode() == FailureMode::Closed => {
-                self.telemetry
-                    .store_failed(Some(FailureMode::Closed), error);
-            }
-            Err(_) => {}
+            Answer::LetThrough(_) => Ok(let_through(&self.policy)),
+            Answer::Refused(error) => Err(error),
         }
-        result
     }
 
     /// The state of `key`, consuming nothing: every limit's limit,

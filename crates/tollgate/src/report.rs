@@ -125,7 +125,7 @@ impl Telemetry {
         let mode = match mode {
             Some(FailureMode::Open) => "open",
             Some(FailureMode::Closed) => "closed",
-            Some(_) => "local",
+            Some(FailureMode::Local) => "local",
             None => "returned",
         };
         #[cfg(feature = "metrics")]
@@ -169,16 +169,18 @@ impl Telemetry {
         }
     }
 
-    /// Records a request let through (`Open`) or refused (`Closed`)
-    /// without a decision, because the store failed.
-    pub(crate) fn failed_over(&self, mode: FailureMode) {
+    /// Records a request let through without a decision, because the
+    /// store failed.
+    pub(crate) fn let_through(&self) {
         #[cfg(feature = "metrics")]
-        match mode {
-            FailureMode::Open => self.counters.open.increment(1),
-            _ => self.counters.closed.increment(1),
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = mode;
+        self.counters.open.increment(1);
+    }
+
+    /// Records a request refused without a decision, because the store
+    /// failed.
+    pub(crate) fn refused(&self) {
+        #[cfg(feature = "metrics")]
+        self.counters.closed.increment(1);
     }
 
     /// Records a decision of the local fallback store.
@@ -244,6 +246,14 @@ impl FailureReport for Telemetry {
 
     fn decided_locally(&self, allowed: bool) {
         Telemetry::decided_locally(self, allowed);
+    }
+
+    fn let_through(&self) {
+        Telemetry::let_through(self);
+    }
+
+    fn refused(&self) {
+        Telemetry::refused(self);
     }
 }
 

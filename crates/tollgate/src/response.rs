@@ -9,7 +9,6 @@ use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key, Outcome, Policy};
 
 use crate::extract::MissingCause;
-use crate::fallback::FailureMode;
 use crate::grpc::{self, Code};
 use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
@@ -45,7 +44,6 @@ pub(crate) struct Responder {
     pub(crate) status: StatusCode,
     pub(crate) custom: Option<CustomRejection>,
     pub(crate) missing: MissingKey,
-    pub(crate) failure: FailureMode,
     pub(crate) grpc: bool,
     /// The percentage of keys whose denials are enforced; the others run
     /// in shadow mode.
@@ -64,7 +62,6 @@ impl Responder {
             status: StatusCode::TOO_MANY_REQUESTS,
             custom: None,
             missing: MissingKey::default(),
-            failure: FailureMode::default(),
             grpc: false,
             enforce_percent: 100,
             telemetry: Arc::new(Telemetry::new(policy)),
@@ -162,7 +159,6 @@ impl fmt::Debug for Responder {
             .field("status", &self.status)
             .field("custom", &self.custom.as_ref().map(|_| ".."))
             .field("missing", &self.missing)
-            .field("failure", &self.failure)
             .field("grpc", &self.grpc)
             .field("enforce_percent", &self.enforce_percent)
             .finish()

@@ -183,9 +183,7 @@ where
         match shared.store.get_ref().try_check_now(&key, policy, cost) {
             Some(result) => {
                 let telemetry = &*responder.telemetry;
-                let result = shared
-                    .store
-                    .fall_back(&key, policy, cost, result, telemetry);
+                let result = shared.store.answer(&key, policy, cost, result, telemetry);
                 ResponseFuture::decided(result, inner, request, responder, waiter, enforce, settle)
             }
             None => {

@@ -149,6 +149,50 @@ impl MemoryStore {
         self.shared.check(key, policy, cost)
     }
 
+    /// Takes an in-flight slot synchronously; what
+    /// [`SlotStore::acquire`] does.
+    ///
+    /// ```
+    /// use tollgate_core::{InFlightLimit, Key, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let exports = InFlightLimit::new("exports", 1)?;
+    /// let key = Key::user("ada");
+    /// assert!(store.acquire_slot_sync(&key, &exports, 1).acquired);
+    /// assert!(!store.acquire_slot_sync(&key, &exports, 2).acquired);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn acquire_slot_sync(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> Slots {
+        self.slots.acquire(key, limit, holder)
+    }
+
+    /// Settles synchronously; what [`Store::settle`] does.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Key, MemoryStore, Policy, Settlement};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new("tokens", Algorithm::TokenBucket, "100/min")?;
+    /// let key = Key::user("ada");
+    /// let reserved = store.check_sync(&key, &policy, 10)?;
+    /// let settled = store.settle_sync(&key, &policy, &Settlement::of(&reserved, 10, 4))?;
+    /// assert_eq!(settled.remaining(), 96);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Full`] when the key is new and its shard is full of
+    /// keys that are still inside their windows.
+    pub fn settle_sync(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: &Settlement,
+    ) -> Result<Decision, StoreError> {
+        self.shared.settle(key, policy, settlement)
+    }
+
     /// Takes `state` as the state of `key` under `policy`, unless the store
     /// holds some already: for a local fallback that takes over from a
     /// failed shared store what it last knew of the key (see
@@ -220,7 +264,7 @@ impl Store for MemoryStore {
         policy: &Policy,
         settlement: Settlement,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        std::future::ready(self.shared.settle(key, policy, &settlement))
+        std::future::ready(self.settle_sync(key, policy, &settlement))
     }
 
     fn block(
@@ -242,7 +286,7 @@ impl SlotStore for MemoryStore {
         limit: &InFlightLimit,
         holder: u64,
     ) -> impl Future<Output = Result<Slots, StoreError>> + Send {
-        std::future::ready(Ok(self.slots.acquire(key, limit, holder)))
+        std::future::ready(Ok(self.acquire_slot_sync(key, limit, holder)))
     }
 
     fn renew(

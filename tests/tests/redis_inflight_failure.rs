@@ -1,0 +1,109 @@
+//! The in-flight limit while Redis is down follows the failure policy as
+//! the rate limit does: `closed` refuses with 503, `open` lets every
+//! request run, and `local` enforces the limit in memory, this instance's
+//! share of it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use futures::future::join_all;
+use http::Request;
+use tokio::sync::Semaphore;
+use tollgate::{FailureMode, GlobalKey, InFlightLayer, InFlightLimit, MemoryStore};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{RedisServer, unique_prefix};
+use tower::ServiceExt;
+
+/// Ten requests of one key at once, through an in-flight limit of 4
+/// shared by two instances, on a Redis that is down: how many ran at once,
+/// and the status of each answer the layer gave itself.
+async fn ten_at_once(store: &RedisStore, mode: FailureMode) -> (usize, Vec<u16>) {
+    let limit = InFlightLimit::new("exports", 4).unwrap();
+    let layer = InFlightLayer::new(limit, GlobalKey)
+        .store(store.clone())
+        .on_store_error(mode)
+        .local_divisor(NonZeroU64::new(2).unwrap())
+        .local_fallback(MemoryStore::new());
+    let running = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(Semaphore::new(0));
+    let app = {
+        let (running, go) = (running.clone(), go.clone());
+        Router::new()
+            .route(
+                "/export",
+                get(move || {
+                    let (running, go) = (running.clone(), go.clone());
+                    async move {
+                        running.fetch_add(1, Ordering::SeqCst);
+                        go.acquire().await.unwrap().forget();
+                        "exported"
+                    }
+                }),
+            )
+            .route_layer(layer)
+    };
+    let answered = Arc::new(AtomicUsize::new(0));
+    let requests: Vec<_> = (0..10)
+        .map(|_| {
+            let (app, answered) = (app.clone(), answered.clone());
+            tokio::spawn(async move {
+                let request = Request::get("/export").body(Body::empty()).unwrap();
+                let response = app.oneshot(request).await.unwrap();
+                let status = response.status().as_u16();
+                if status != 200 {
+                    answered.fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = axum::body::to_bytes(response.into_body(), 1 << 20).await;
+                status
+            })
+        })
+        .collect();
+    // Every request is running or answered by the layer; then the runners
+    // finish.
+    let started = std::time::Instant::now();
+    while running.load(Ordering::SeqCst) + answered.load(Ordering::SeqCst) < 10 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "requests stuck"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let at_once = running.load(Ordering::SeqCst);
+    go.add_permits(10);
+    let statuses = join_all(requests)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .filter(|&status| status != 200)
+        .collect();
+    (at_once, statuses)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_limit_follows_the_failure_policy_while_redis_is_down() {
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("inflight-down"))
+        .deadline(Duration::from_millis(200))
+        .connect(server.url().as_str())
+        .await
+        .unwrap();
+    server.kill();
+
+    let (at_once, refused) = ten_at_once(&store, FailureMode::Local).await;
+    assert_eq!(at_once, 2, "local: this instance's half of the limit");
+    assert_eq!(refused, vec![429; 8]);
+
+    let (at_once, refused) = ten_at_once(&store, FailureMode::Open).await;
+    assert_eq!((at_once, refused), (10, vec![]), "open: every request runs");
+
+    let (at_once, refused) = ten_at_once(&store, FailureMode::Closed).await;
+    assert_eq!(at_once, 0);
+    assert_eq!(refused, vec![503; 10], "closed: every request refused");
+}
