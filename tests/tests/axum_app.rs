@@ -463,6 +463,14 @@ async fn settled(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
     );
     seen.push(s);
 
+    // Only `POST /login` is a login: six `GET /login` are answered 405,
+    // limited by nothing and counted nowhere, and the right password then
+    // logs in with the whole allowance left.
+    for _ in 0..6 {
+        let s = send(&app, "GET", "/login", None).await;
+        assert_eq!((s.status, s.headers.len()), (405, 0));
+        seen.push(s);
+    }
     // Logins: successes are refunded, so any number pass; 5 failures lock
     // the client out, right password or not.
     let login = |password: &str| {
