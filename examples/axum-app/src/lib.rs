@@ -144,6 +144,7 @@ fn layer(
         .cost(entry.cost)
         .headers(config.header_style)
         .on_store_error(config.failure)
+        .local_divisor(config.instances)
         // Axum's own body type: axum need not box each response again.
         .keep_body_type()
         .choose_policy(plan_chooser(entry.plans.clone()));
