@@ -311,6 +311,7 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     let app = axum_app::app_with_admin(&config(), store, admin)
         .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 9], 5555))));
     let (_, seen) = burst(&app, "/api/items", "ada", 3).await;
+    assert_eq!(burst(&app, "/api/search", "ada", 1).await.0, 1);
     let shown = |user: &str| {
         Request::get("/rate_limit")
             .header("authorization", format!("Bearer demo-{user}"))
@@ -329,6 +330,21 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     assert_eq!(
         items["used"],
         number("x-ratelimit-limit") - number("x-ratelimit-remaining")
+    );
+    // Every limit of a policy with several: search's 2/s and 100/h, each
+    // after the one search; the binding one (the 2/s) beside them.
+    assert_eq!(
+        first["resources"]["search"],
+        serde_json::json!({
+            "limit": 2,
+            "remaining": 1,
+            "used": 1,
+            "reset": T0 + 1,
+            "limits": [
+                { "rate": "2/s", "limit": 2, "remaining": 1, "used": 1, "reset": T0 + 1 },
+                { "rate": "100/h", "limit": 100, "remaining": 99, "used": 1, "reset": T0 + 3_600 },
+            ],
+        })
     );
     // Every user-keyed policy of the free plan, and nothing keyed by IP.
     let mut names: Vec<&String> = first["resources"].as_object().unwrap().keys().collect();
@@ -463,6 +479,14 @@ async fn settled(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
     );
     seen.push(s);
 
+    // Only `POST /login` is a login: six `GET /login` are answered 405,
+    // limited by nothing and counted nowhere, and the right password then
+    // logs in with the whole allowance left.
+    for _ in 0..6 {
+        let s = send(&app, "GET", "/login", None).await;
+        assert_eq!((s.status, s.headers.len()), (405, 0));
+        seen.push(s);
+    }
     // Logins: successes are refunded, so any number pass; 5 failures lock
     // the client out, right password or not.
     let login = |password: &str| {

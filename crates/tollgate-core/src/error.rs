@@ -159,8 +159,9 @@ pub enum StoreError {
     /// The store did not answer within its deadline.
     #[error("store did not answer within {0:?}")]
     Timeout(Duration),
-    /// The store's backend failed; the source says how.
-    #[error("store backend failed")]
+    /// The store's backend failed; the message says how, and the backend's
+    /// error is kept as the [`source`](std::error::Error::source).
+    #[error("store backend failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
@@ -186,5 +187,19 @@ impl StoreError {
             Self::Timeout(_) => "timeout",
             Self::Backend(_) => "backend",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_failure_says_why_and_keeps_its_source() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = StoreError::backend(refused);
+        assert_eq!(error.to_string(), "store backend failed: refused");
+        let source = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("refused"));
     }
 }

@@ -31,9 +31,11 @@ impl RedisStore<ManagedConnection> {
     ///
     /// # Errors
     ///
-    /// When Redis cannot be reached or the scripts cannot be loaded.
+    /// As [`RedisStoreBuilder::parse_url`] for a URL that cannot be used,
+    /// and when Redis cannot be reached or the scripts cannot be loaded.
     pub async fn connect(url: &str) -> Result<Self, RedisStoreError> {
-        Self::builder().connect(url).await
+        let info = RedisStoreBuilder::parse_url(url)?;
+        Self::builder().connect(info).await
     }
 }
 
@@ -342,6 +344,28 @@ impl RedisStoreBuilder {
         let (service, sentinels, master) = Self::parse_sentinel_url(url)?;
         self.connect_sentinel_with(&service, sentinels, master)
             .await
+    }
+
+    /// The connection settings of a `redis://`, `rediss://`,
+    /// `redis+unix://` or `unix://` URL (and the `valkey` forms), to pass
+    /// to [`connect`](Self::connect) or [`connect_pool`](Self::connect_pool).
+    /// Unlike a URL passed to them as text, a URL refused here says why.
+    ///
+    /// ```
+    /// use tollgate_redis::RedisStoreBuilder;
+    ///
+    /// assert!(RedisStoreBuilder::parse_url("redis://127.0.0.1:6379/2").is_ok());
+    /// let err = RedisStoreBuilder::parse_url("foo://x").unwrap_err();
+    /// assert!(err.to_string().contains("unknown URL scheme"), "{err}");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidValue`] for an unknown scheme (naming it),
+    /// [`ConfigError::InvalidSetting`] for a text that is not a URL, and
+    /// [`RedisStoreError::Redis`] for a URL the redis crate refuses.
+    pub fn parse_url(url: &str) -> Result<redis::ConnectionInfo, RedisStoreError> {
+        crate::url::connection_info(url)
     }
 
     /// The service, the sentinels' URLs and the master's settings of a

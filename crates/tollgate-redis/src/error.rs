@@ -8,13 +8,13 @@ use tollgate_core::{ConfigError, StoreError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisStoreError {
-    /// A setting is invalid.
-    #[error("invalid Redis store configuration")]
+    /// A setting is invalid; the message names it and why.
+    #[error("invalid Redis store configuration: {0}")]
     Config(#[from] ConfigError),
     /// Redis cannot serve the request right now (`READONLY`, `MASTERDOWN`,
     /// `LOADING`, `CLUSTERDOWN`, `TRYAGAIN` or `OOM`): the connection is
     /// refreshed and the caller's failure policy applies.
-    #[error("redis is unavailable ({code})")]
+    #[error("redis is unavailable ({code}): {source}")]
     Unavailable {
         /// The error code Redis replied with.
         code: String,
@@ -26,8 +26,10 @@ pub enum RedisStoreError {
     /// called until it has had time to recover.
     #[error("redis circuit breaker is open")]
     CircuitOpen,
-    /// Redis answered with an error, or the connection failed.
-    #[error("redis command failed")]
+    /// Redis answered with an error, the connection failed, or the redis
+    /// client refused its settings; the message says which, and why (such
+    /// as "Connection refused").
+    #[error("{kind}: {0}", kind = failure_of(.0))]
     Redis(#[from] redis::RedisError),
     /// No pooled connection became free within the pool's checkout timeout.
     #[error("no pooled Redis connection became free within the checkout timeout")]
@@ -95,6 +97,25 @@ impl From<RedisStoreError> for StoreError {
     }
 }
 
+/// What kind of failure `error` is, in words: the start of its message.
+fn failure_of(error: &redis::RedisError) -> &'static str {
+    match error.kind() {
+        redis::ErrorKind::InvalidClientConfig => "invalid Redis client configuration",
+        redis::ErrorKind::MasterNameNotFoundBySentinel => "no sentinel knows the service",
+        redis::ErrorKind::EmptySentinelList => "no sentinel to ask",
+        _ if error.is_timeout() => "redis did not answer in time",
+        _ if error.is_connection_refusal()
+            || error.is_io_error()
+            || error.is_connection_dropped() =>
+        {
+            "redis connection failed"
+        }
+        // redis's `ErrorKind` is not ours, and grows: any other kind is
+        // an answer from Redis.
+        _ => "redis command failed",
+    }
+}
+
 /// Error codes after which the connection reaches the wrong server or
 /// Redis cannot serve for now.
 const UNAVAILABLE: &[&str] = &[
@@ -114,5 +135,87 @@ pub(crate) fn classify(error: redis::RedisError) -> RedisStoreError {
             source: error,
         },
         _ => RedisStoreError::Redis(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_names_the_cause() {
+        let config = RedisStoreError::from(ConfigError::InvalidSetting {
+            setting: "batch_size",
+            reason: "must be at least 1 (1 turns batching off)",
+        });
+        assert_eq!(
+            config.to_string(),
+            "invalid Redis store configuration: invalid setting batch_size: must be at least 1 \
+             (1 turns batching off)"
+        );
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused here");
+        assert_eq!(
+            RedisStoreError::from(redis::RedisError::from(refused)).to_string(),
+            "redis connection failed: refused here"
+        );
+        let unknown = redis::RedisError::from((
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            "Master with given name not found in sentinel",
+        ));
+        assert_eq!(
+            RedisStoreError::from(unknown).to_string(),
+            "no sentinel knows the service: Master with given name not found in sentinel - \
+             MasterNameNotFoundBySentinel"
+        );
+        let bad_url = redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "Redis URL did not parse",
+        ));
+        assert_eq!(
+            RedisStoreError::from(bad_url).to_string(),
+            "invalid Redis client configuration: Redis URL did not parse - InvalidClientConfig"
+        );
+        let readonly = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        let unavailable = classify(readonly);
+        assert!(matches!(unavailable, RedisStoreError::Unavailable { .. }));
+        assert!(
+            unavailable
+                .to_string()
+                .starts_with("redis is unavailable (READONLY): "),
+            "{unavailable}"
+        );
+        assert!(
+            unavailable.to_string().contains("read only replica"),
+            "{unavailable}"
+        );
+        // The store error a layer logs says it too.
+        let store = StoreError::from(RedisStoreError::from(ConfigError::ZeroBurst));
+        assert_eq!(
+            store.to_string(),
+            "store backend failed: invalid Redis store configuration: burst must be at least 1, got 0"
+        );
+    }
+
+    /// A server that is not there: the operating system's reason, whatever
+    /// connects to it (this asks the redis crate directly, so that it holds
+    /// however the store's own connect treats an unreachable server).
+    #[tokio::test]
+    async fn an_unreachable_server_is_named_as_refused() {
+        // Port 1 (tcpmux) has no listener on any machine the tests run on.
+        let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
+        let error = client
+            .get_multiplexed_async_connection()
+            .await
+            .map(drop)
+            .unwrap_err();
+        let message = RedisStoreError::from(error).to_string();
+        assert!(
+            message.starts_with("redis connection failed: "),
+            "{message}"
+        );
+        assert!(message.contains("Connection refused"), "{message}");
     }
 }

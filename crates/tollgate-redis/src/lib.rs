@@ -100,6 +100,7 @@ mod slots;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod url;
 mod wire;
 
 pub use builder::RedisStoreBuilder;

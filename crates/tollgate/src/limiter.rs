@@ -35,8 +35,8 @@ pub enum WaitError {
         /// The maximum wait that was given.
         max_wait: Duration,
     },
-    /// The store failed.
-    #[error("rate-limit store failed")]
+    /// The store failed; the message says how.
+    #[error("rate-limit store failed: {0}")]
     Store(#[from] StoreError),
 }
 

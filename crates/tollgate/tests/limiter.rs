@@ -82,3 +82,13 @@ async fn until_ready_includes_the_shaping_delay() {
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(500));
 }
+
+#[test]
+fn a_store_failure_says_why() {
+    let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+    let error = WaitError::from(tollgate::StoreError::backend(refused));
+    assert_eq!(
+        error.to_string(),
+        "rate-limit store failed: store backend failed: refused"
+    );
+}

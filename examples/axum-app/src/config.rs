@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -43,6 +44,8 @@ struct RawConfig {
     header_style: Option<String>,
     #[serde(default)]
     failure: Option<String>,
+    #[serde(default)]
+    instances: Option<i64>,
     #[serde(default)]
     trusted_proxies: Vec<String>,
     #[serde(default)]
@@ -182,6 +185,10 @@ pub struct AppConfig {
     pub header_style: HeaderStyle,
     /// What to do when the store fails.
     pub failure: FailureMode,
+    /// How many app servers share the limits (default 1): under
+    /// `failure = "local"`, while the store fails, each enforces its share,
+    /// every limit divided by this.
+    pub instances: NonZeroU64,
     /// How client IPs are found.
     pub client_ip: ClientIp,
     /// The trusted proxies as written, for display.
@@ -220,6 +227,19 @@ impl AppConfig {
             None | Some("local") => FailureMode::Local,
             Some(other) => return Err(bad("failure", other, "expected open, closed or local")),
         };
+        let instances = match raw.instances {
+            None => NonZeroU64::MIN,
+            Some(n) => u64::try_from(n)
+                .ok()
+                .and_then(NonZeroU64::new)
+                .ok_or_else(|| {
+                    bad(
+                        "instances",
+                        &n.to_string(),
+                        "must be at least 1 (the number of app servers sharing the limits)",
+                    )
+                })?,
+        };
         let ipv6_prefix = match raw.ipv6_prefix {
             None => 56,
             Some(bits) => u8::try_from(bits)
@@ -246,6 +266,7 @@ impl AppConfig {
         Ok(Self {
             header_style,
             failure,
+            instances,
             client_ip,
             trusted_proxies: raw.trusted_proxies,
             ipv6_prefix,
@@ -516,6 +537,27 @@ mod tests {
             ]
         );
         assert_eq!(config.failure, FailureMode::Local);
+        assert_eq!(config.instances.get(), 1);
+    }
+
+    #[test]
+    fn instances_is_a_count_of_at_least_one() {
+        let base = "[[route]]\nmethod = \"GET\"\npath = \"/api/items\"\nname = \"n\"\nkey = \"user\"\nalgorithm = \"gcra\"\nlimits = [\"5/s\"]\n";
+        let instances = |text: &str| AppConfig::parse(text).map(|c| c.instances.get());
+        assert_eq!(instances(base).unwrap(), 1);
+        assert_eq!(instances(&format!("instances = 3\n{base}")).unwrap(), 3);
+        for n in ["0", "-2"] {
+            let err = instances(&format!("instances = {n}\n{base}")).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "field `instances`: invalid value \"{n}\": must be at least 1 (the number of \
+                     app servers sharing the limits)"
+                )
+            );
+        }
+        let err = instances(&format!("instances = \"two\"\n{base}")).unwrap_err();
+        assert!(err.to_string().contains("instances"), "{err}");
     }
 
     #[test]

@@ -109,21 +109,25 @@ pub fn app_with_admin(config: &AppConfig, store: BoxStore, admin: Option<AdminTo
         // Layers added later wrap earlier ones: add the innermost first, so
         // that the file's first entry is the outermost of its group. The
         // in-flight limits are innermost: a request turned away by a rate
-        // limit never takes a slot.
+        // limit never takes a slot. `route_layer`, not `layer`: a method
+        // the route does not have is answered 405 before any limit, so
+        // that it counts against none (five `GET /login` would otherwise
+        // be five failed logins).
         for entry in entries.iter().rev() {
             if let Some(limit) = &entry.in_flight {
                 let key = app_key(config, entry);
-                route = route.layer(InFlightLayer::new(limit.clone(), key).store(store.clone()));
+                route =
+                    route.route_layer(InFlightLayer::new(limit.clone(), key).store(store.clone()));
             }
         }
         for entry in entries.iter().rev().filter(|e| e.key.after_auth()) {
-            route = route.layer(layer(config, entry, &store));
+            route = route.route_layer(layer(config, entry, &store));
         }
         if config::is_authenticated(path) {
-            route = route.layer(middleware::from_fn(demo_auth));
+            route = route.route_layer(middleware::from_fn(demo_auth));
         }
         for entry in entries.iter().rev().filter(|e| !e.key.after_auth()) {
-            route = route.layer(layer(config, entry, &store));
+            route = route.route_layer(layer(config, entry, &store));
         }
         router = router.route(path, route);
     }
@@ -140,6 +144,7 @@ fn layer(
         .cost(entry.cost)
         .headers(config.header_style)
         .on_store_error(config.failure)
+        .local_divisor(config.instances)
         // Axum's own body type: axum need not box each response again.
         .keep_body_type()
         .choose_policy(plan_chooser(entry.plans.clone()));

@@ -24,7 +24,7 @@ use axum_app::{
 };
 use clap::Parser;
 use tollgate::{BoxStore, MemoryStore};
-use tollgate_redis::RedisStore;
+use tollgate_redis::{RedisStore, RedisStoreBuilder};
 
 /// Writes a line to stdout, as `println!` does, but carries on if stdout
 /// is closed (a pipe whose reader is gone): the server keeps serving.
@@ -69,17 +69,40 @@ async fn main() -> ExitCode {
     match run(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", chain(&*e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// `error` and every [`source`](std::error::Error::source) under it, each
+/// after a colon, so that a startup error always says why. A source whose
+/// message its error already shows (as ours include their cause) is not
+/// repeated.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        next = cause.source();
+    }
+    text
+}
+
 /// Reads and checks the policy file.
 fn load(path: &Path) -> Result<AppConfig, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
-    AppConfig::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the config file {}: {}",
+            path.display(),
+            chain(&e)
+        )
+    })?;
+    AppConfig::parse(&text).map_err(|e| format!("{}: {}", path.display(), chain(&e)))
 }
 
 /// The app of the current policy file, swapped whole on reload.
@@ -160,23 +183,28 @@ fn reload_on_sighup(_: PathBuf, _: Reloadable, _: Parts) {}
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let config = load(&args.config)?;
     // Before the layers are built: they register their counters with it.
-    let metrics = install_metrics().map_err(|e| format!("cannot install metrics: {e}"))?;
+    let metrics =
+        install_metrics().map_err(|e| format!("cannot install metrics: {}", chain(&e)))?;
     let store = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
                 .prefix(args.redis_prefix.as_str())
                 .connect_sentinel_url(url)
                 .await
-                .map_err(|e| format!("cannot use Redis through {}: {e}", redact(url)))?;
+                .map_err(|e| format!("cannot use Redis through {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis through Sentinel {}", redact(url));
             BoxStore::with_slots(store)
         }
         Some(url) => {
-            let store = RedisStore::builder()
-                .prefix(args.redis_prefix.as_str())
-                .connect(url.as_str())
-                .await
-                .map_err(|e| format!("cannot use Redis at {}: {e}", redact(url)))?;
+            let store = async {
+                let info = RedisStoreBuilder::parse_url(url)?;
+                RedisStore::builder()
+                    .prefix(args.redis_prefix.as_str())
+                    .connect(info)
+                    .await
+            }
+            .await
+            .map_err(|e| format!("cannot use Redis at {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis at {}", redact(url));
             BoxStore::with_slots(store)
         }
@@ -188,7 +216,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        .map_err(|e| format!("cannot listen on {}: {}", args.listen, chain(&e)))?;
     say!("listening on http://{}", listener.local_addr()?);
     say!("config: {}", args.config.display());
     say!("metrics: http://{}/metrics", listener.local_addr()?);
@@ -226,5 +254,38 @@ fn redact(url: &str) -> String {
     match (url.split_once("://"), url.rsplit_once('@')) {
         (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that says only what failed, keeping why in `source`.
+    #[derive(Debug)]
+    struct Terse(std::io::Error);
+
+    impl std::fmt::Display for Terse {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("cannot connect")
+        }
+    }
+
+    impl std::error::Error for Terse {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_chain_gives_every_cause_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(chain(&Terse(refused)), "cannot connect: refused");
+        // Ours say their cause already: it is not repeated.
+        let ours = tollgate_redis::RedisStoreError::from(tollgate::ConfigError::ZeroBurst);
+        assert_eq!(
+            chain(&ours),
+            "invalid Redis store configuration: burst must be at least 1, got 0"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! What the demo shows its users and its operators: `GET /rate_limit`,
-//! every user-keyed limit of the caller as GitHub's endpoint of that name
-//! shows it, consuming nothing; and, with an admin token configured,
+//! every user-keyed policy of the caller as GitHub's endpoint of that name
+//! shows it (the binding limit), with each of the policy's limits under
+//! `limits` (`search` has 2/s and 100/h), consuming nothing; and, with an admin token configured,
 //! `DELETE /admin/rate_limit/{policy}/{user}`, which lets a spent user in
 //! again, and `POST /admin/rate_limit/{policy}/{user}/block?seconds=N`,
 //! which shuts one out.
@@ -82,11 +83,28 @@ async fn rate_limit(entries: Entries, store: BoxStore, request: Request) -> Resp
         let policy = policy_for(entry, plans, &request);
         match store.status(&key, &policy).await {
             Ok(d) => {
+                // Every limit of the policy, in the file's order; the
+                // fields beside them are the binding one's, as the
+                // headers show it.
+                let limits: Vec<serde_json::Value> = d
+                    .limits()
+                    .iter()
+                    .map(|l| {
+                        serde_json::json!({
+                            "rate": l.limit().to_string(),
+                            "limit": l.capacity(),
+                            "remaining": l.remaining(),
+                            "used": l.used(),
+                            "reset": (d.now() + l.reset()).as_secs_ceil(),
+                        })
+                    })
+                    .collect();
                 let shown = serde_json::json!({
                     "limit": d.limit(),
                     "remaining": d.remaining(),
                     "used": d.used(),
                     "reset": d.reset_at().as_secs_ceil(),
+                    "limits": limits,
                 });
                 resources.insert(policy.name().to_owned(), shown);
             }

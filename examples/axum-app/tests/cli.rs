@@ -68,3 +68,91 @@ fn bad_config_exits_non_zero_naming_the_field() {
             .contains("cannot read the config file /nonexistent/policies.toml")
     );
 }
+
+/// Starts the demo with the bundled policies on `redis_url`, and returns
+/// whether it exited successfully and what it wrote to stderr. A demo that
+/// is still running after 30 s (it started instead of refusing) is killed
+/// and the test fails.
+fn run_on_redis(redis_url: &str) -> (bool, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_axum-app"))
+        .args(["--listen", "127.0.0.1:0", "--redis-url", redis_url])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (send, exited) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+        let _ = send.send(());
+        text
+    });
+    if exited
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .is_err()
+    {
+        let _ = child.kill();
+        panic!("the demo did not exit with --redis-url {redis_url}");
+    }
+    let status = child.wait().unwrap();
+    (status.success(), reader.join().unwrap())
+}
+
+/// A Redis URL the store cannot use stops the demo, naming the reason.
+#[test]
+fn an_unusable_redis_url_exits_naming_the_cause() {
+    let (ok, stderr) = run_on_redis("foo://x");
+    assert!(!ok);
+    assert_eq!(
+        stderr.trim_end().lines().last().unwrap(),
+        "error: cannot use Redis at foo://x: invalid Redis store configuration: invalid Redis URL \
+         scheme \"foo\": unknown URL scheme: expected redis, rediss, redis+unix or unix (valkey, \
+         valkeys and valkey+unix too)"
+    );
+    let (ok, stderr) = run_on_redis("redis+sentinel://127.0.0.1:26379");
+    assert!(!ok);
+    assert!(
+        stderr.contains(
+            "error: cannot use Redis through redis+sentinel://127.0.0.1:26379: invalid Redis \
+             store configuration: invalid setting sentinel URL: no service name after the \
+             sentinels' addresses"
+        ),
+        "{stderr}"
+    );
+}
+
+/// A Redis or a sentinel with nothing listening: the demo, which connects
+/// at start, stops with the operating system's reason. (When the store
+/// boots without Redis, these become the warning it starts with.)
+#[test]
+fn an_unreachable_redis_or_sentinel_is_named_as_refused() {
+    let closed = closed_port();
+    let cases = [
+        (
+            format!("redis://127.0.0.1:{closed}"),
+            format!(
+                "error: cannot use Redis at redis://127.0.0.1:{closed}: redis connection failed: Connection refused"
+            ),
+        ),
+        (
+            format!("redis+sentinel://127.0.0.1:{closed}/mymaster"),
+            format!(
+                "error: cannot use Redis through redis+sentinel://127.0.0.1:{closed}/mymaster: \
+                 redis connection failed: Connection refused"
+            ),
+        ),
+    ];
+    for (url, expected) in cases {
+        let (ok, stderr) = run_on_redis(&url);
+        assert!(!ok, "{url}");
+        assert!(stderr.contains(&expected), "{expected:?} not in {stderr:?}");
+    }
+}
+
+/// A local port with nothing listening: one the system gave out and took
+/// back.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
