@@ -116,8 +116,12 @@ pub fn app_with_admin(config: &AppConfig, store: BoxStore, admin: Option<AdminTo
         for entry in entries.iter().rev() {
             if let Some(limit) = &entry.in_flight {
                 let key = app_key(config, entry);
-                route =
-                    route.route_layer(InFlightLayer::new(limit.clone(), key).store(store.clone()));
+                // The failure settings of every layer are the file's.
+                let in_flight = InFlightLayer::new(limit.clone(), key)
+                    .store(store.clone())
+                    .on_store_error(config.failure)
+                    .local_divisor(config.instances);
+                route = route.route_layer(in_flight);
             }
         }
         for entry in entries.iter().rev().filter(|e| e.key.after_auth()) {

@@ -1,6 +1,6 @@
 //! `instances` in the policy file: while the store fails, under `failure =
-//! "local"`, each app server enforces its share of every limit, the limit
-//! divided by the number of servers.
+//! "local"`, each app server enforces its share of every limit, rate and
+//! in-flight alike, the limit divided by the number of servers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::net::SocketAddr;
@@ -93,4 +93,33 @@ async fn with_two_instances_each_enforces_half_while_the_store_is_down() {
         admitted(&config(3), "one-of-three").await,
         (3, "3".to_owned())
     );
+}
+
+#[tokio::test]
+async fn the_in_flight_limit_follows_the_failure_settings_while_the_store_is_down() {
+    // At most 2 exports of a user at once, on 2 servers: 1 here.
+    let config = AppConfig::parse(
+        "failure = \"local\"\ninstances = 2\n\
+         [[route]]\nmethod = \"GET\"\npath = \"/api/export\"\nname = \"fallback-export\"\n\
+         key = \"user\"\nalgorithm = \"token_bucket\"\nlimits = [\"100/h\"]\nin_flight = 2\n",
+    )
+    .unwrap();
+    let app = app(&config, BoxStore::new(Down)).layer(MockConnectInfo(SocketAddr::from((
+        [198, 51, 100, 21],
+        5555,
+    ))));
+    let mut running = Vec::new();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let request = Request::get("/api/export?rows=50")
+            .header("authorization", "Bearer demo-exporter")
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        statuses.push(response.status().as_u16());
+        // The export streams on while its body is held: so is its slot.
+        running.push(response);
+    }
+    assert_eq!(statuses, [200, 429, 429]);
+    assert_eq!(running[1].headers()["x-concurrency-limit"], "2");
 }
