@@ -68,8 +68,7 @@ impl Harness {
     /// Runs `case` on a fresh memory store and on Redis, returning both
     /// decision sequences.
     fn run(&self, case: &Case) -> (Vec<Decision>, Vec<Decision>) {
-        static KEY: AtomicU64 = AtomicU64::new(0);
-        let key = Key::user(format!("k{}", KEY.fetch_add(1, Ordering::Relaxed)));
+        let key = next_key();
         let memory = MemoryStore::builder()
             .clock(self.clock.clone())
             .build()
@@ -82,52 +81,121 @@ impl Harness {
             for &(gap, op, which) in &case.arrivals {
                 self.clock.advance(Duration::from_micros(gap));
                 let policy = &case.policies[which];
-                let now = tollgate_core::Clock::now(&self.clock);
-                let (from_m, from_r, from_read_first) = match op {
-                    Op::Check(cost) => (
-                        memory.check(&key, policy, cost).await,
-                        self.redis.check(&key, policy, cost).await,
-                        self.reading_first.check(&key, policy, cost).await,
-                    ),
-                    Op::Settle(actual) => {
-                        let (cost, at) = reserved.unwrap_or((0, now));
-                        let settlement = Settlement::new(cost, actual, at);
-                        (
-                            memory.settle(&key, policy, settlement).await,
-                            self.redis.settle(&key, policy, settlement).await,
-                            self.reading_first.settle(&key, policy, settlement).await,
-                        )
-                    }
-                    Op::Block(micros) => {
-                        let duration = Duration::from_micros(micros);
-                        memory.block(&key, policy, duration).await.unwrap();
-                        self.redis.block(&key, policy, duration).await.unwrap();
-                        self.reading_first
-                            .block(&key, policy, duration)
-                            .await
-                            .unwrap();
-                        (
-                            memory.status(&key, policy).await,
-                            self.redis.status(&key, policy).await,
-                            self.reading_first.status(&key, policy).await,
-                        )
-                    }
-                };
-                let decision = from_r.unwrap();
-                assert_eq!(
-                    from_read_first.unwrap(),
-                    decision,
-                    "reading first decides as the default"
-                );
-                if let (Op::Check(cost), true) = (op, decision.is_allowed()) {
-                    reserved = Some((cost, decision.now()));
+                let (m, r) = self.apply(&memory, &key, policy, op, reserved).await;
+                if let (Op::Check(cost), true) = (op, r.is_allowed()) {
+                    reserved = Some((cost, r.now()));
                 }
-                from_memory.push(from_m.unwrap());
-                from_redis.push(decision);
+                from_memory.push(m);
+                from_redis.push(r);
             }
             (from_memory, from_redis)
         })
     }
+
+    /// Does `op` at `key` on `memory` and on Redis, now; a settlement
+    /// settles `reserved` (the last admitted request's cost and time), or
+    /// one of cost 0. Returns the decisions of memory and Redis, after
+    /// checking that Redis decides alike in both script orders.
+    async fn apply(
+        &self,
+        memory: &MemoryStore,
+        key: &Key,
+        policy: &Policy,
+        op: Op,
+        reserved: Option<(u64, Timestamp)>,
+    ) -> (Decision, Decision) {
+        let now = tollgate_core::Clock::now(&self.clock);
+        let (from_m, from_r, from_read_first) = match op {
+            Op::Check(cost) => (
+                memory.check(key, policy, cost).await,
+                self.redis.check(key, policy, cost).await,
+                self.reading_first.check(key, policy, cost).await,
+            ),
+            Op::Settle(actual) => {
+                let (cost, at) = reserved.unwrap_or((0, now));
+                let settlement = Settlement::new(cost, actual, at);
+                (
+                    memory.settle(key, policy, settlement).await,
+                    self.redis.settle(key, policy, settlement).await,
+                    self.reading_first.settle(key, policy, settlement).await,
+                )
+            }
+            Op::Block(micros) => {
+                let duration = Duration::from_micros(micros);
+                memory.block(key, policy, duration).await.unwrap();
+                self.redis.block(key, policy, duration).await.unwrap();
+                self.reading_first
+                    .block(key, policy, duration)
+                    .await
+                    .unwrap();
+                (
+                    memory.status(key, policy).await,
+                    self.redis.status(key, policy).await,
+                    self.reading_first.status(key, policy).await,
+                )
+            }
+        };
+        let decision = from_r.unwrap();
+        assert_eq!(
+            from_read_first.unwrap(),
+            decision,
+            "reading first decides as the default"
+        );
+        (from_m.unwrap(), decision)
+    }
+
+    /// Runs the history of `case` at two keys alike, then settles its last
+    /// admitted request at `a` on one key and `b` on the other, and decides
+    /// the next request at each. Returns, per key, the memory store's and
+    /// Redis's decisions of the settlement and of the next request.
+    fn settle_two(&self, case: &SettleCase) -> [[(Decision, Decision); 2]; 2] {
+        let keys = [next_key(), next_key()];
+        let memory = MemoryStore::builder()
+            .clock(self.clock.clone())
+            .build()
+            .unwrap();
+        let policy = &case.history.policies[0];
+        self.clock.set(Timestamp::from_micros(case.history.start));
+        RT.block_on(async {
+            let mut reserved = None;
+            for &(gap, op, _) in &case.history.arrivals {
+                self.clock.advance(Duration::from_micros(gap));
+                let mut decided = Vec::new();
+                for key in &keys {
+                    decided.push(self.apply(&memory, key, policy, op, reserved).await);
+                }
+                assert_eq!(decided[0], decided[1], "the two keys share a history");
+                let (m, r) = &decided[0];
+                assert_eq!(m, r, "{op:?} in the history");
+                if let (Op::Check(cost), true) = (op, r.is_allowed()) {
+                    reserved = Some((cost, r.now()));
+                }
+            }
+            self.clock.advance(Duration::from_micros(case.then));
+            let (a, b) = case.costs;
+            let settled = [
+                self.apply(&memory, &keys[0], policy, Op::Settle(a), reserved)
+                    .await,
+                self.apply(&memory, &keys[1], policy, Op::Settle(b), reserved)
+                    .await,
+            ];
+            let (gap, cost) = case.next;
+            self.clock.advance(Duration::from_micros(gap));
+            let next = [
+                self.apply(&memory, &keys[0], policy, Op::Check(cost), None)
+                    .await,
+                self.apply(&memory, &keys[1], policy, Op::Check(cost), None)
+                    .await,
+            ];
+            [settled, next]
+        })
+    }
+}
+
+/// A key no other case uses.
+fn next_key() -> Key {
+    static KEY: AtomicU64 = AtomicU64::new(0);
+    Key::user(format!("k{}", KEY.fetch_add(1, Ordering::Relaxed)))
 }
 
 /// What a case does at a key.
@@ -279,6 +347,96 @@ fn change_case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
         })
 }
 
+/// A history at a key, then two actual costs `a < b` of its last admitted
+/// request: the gap before the settlement, and the gap to the next
+/// request and its cost.
+#[derive(Debug, Clone)]
+struct SettleCase {
+    history: Case,
+    then: u64,
+    costs: (u64, u64),
+    next: (u64, u64),
+}
+
+/// The most a debt reaches: 2^50 µs, as `Settlement` documents.
+const CAP_US: u64 = 1 << 50;
+
+/// A cost anywhere in the `u64` range, most often near where arithmetic
+/// could wrap or saturate: 2^50 units (the cap of an amount), `near` (the
+/// units of the first limit's interval that make 2^50 µs), 2^53 (the
+/// integers Lua holds exactly), 2^63 and `u64::MAX`; and small ones.
+fn any_cost(near: u64) -> impl Strategy<Value = u64> {
+    let around = |x: u64| x.saturating_sub(40)..=x.saturating_add(40);
+    prop_oneof![
+        3 => 0u64..24,
+        3 => any::<u64>(),
+        1 => around(u64::from(u32::MAX)),
+        2 => around(near),
+        2 => around(1 << 50),
+        1 => around(1 << 53),
+        1 => around(1 << 63),
+        2 => around(u64::MAX),
+    ]
+}
+
+fn settle_case(algorithm: Algorithm) -> impl Strategy<Value = SettleCase> {
+    case(algorithm).prop_flat_map(|history| {
+        let p = &history.policies[0].params()[0];
+        let near = (CAP_US / p.interval_us.max(1)).max(1);
+        let gap = || prop_oneof![3 => Just(0u64), 3 => 0u64..2_000_000, 1 => 0..DAY_US];
+        let costs = (any_cost(near), any_cost(near))
+            .prop_filter("two costs", |(a, b)| a != b)
+            .prop_map(|(a, b)| (a.min(b), a.max(b)));
+        let cost = prop_oneof![6 => Just(1u64), 1 => Just(0u64), 2 => 2u64..6];
+        (Just(history), gap(), costs, (gap(), cost)).prop_map(|(history, then, costs, next)| {
+            SettleCase {
+                history,
+                then,
+                costs,
+                next,
+            }
+        })
+    })
+}
+
+/// `larger`, the settlement of more than `smaller` from the same state at
+/// the same instant: no limit has more remaining.
+fn no_more_remaining(smaller: &Decision, larger: &Decision) -> Result<(), String> {
+    for (s, l) in smaller.limits().iter().zip(larger.limits()) {
+        if l.remaining() > s.remaining() {
+            return Err(format!(
+                "limit {}: {} remaining after the larger cost, {} after the smaller",
+                s.index(),
+                l.remaining(),
+                s.remaining()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `larger`, the decision of the request after settling more than
+/// `smaller` did: if it is admitted, so is `smaller`, with no longer a
+/// delay; if it is denied, `smaller` is admitted or retried no later.
+fn no_earlier(smaller: &Decision, larger: &Decision) -> Result<(), String> {
+    match (smaller.is_allowed(), larger.is_allowed()) {
+        (true, true) if larger.delay() < smaller.delay() => Err(format!(
+            "delayed {:?} after the larger cost, {:?} after the smaller",
+            larger.delay(),
+            smaller.delay()
+        )),
+        (false, true) => Err("admitted after the larger cost, denied after the smaller".into()),
+        (false, false) => match (smaller.retry_after(), larger.retry_after()) {
+            (Some(s), Some(l)) if l < s => Err(format!(
+                "retry in {l:?} after the larger cost, {s:?} after the smaller"
+            )),
+            (s, l) if s.is_some() != l.is_some() => Err(format!("retry {l:?} against {s:?}")),
+            _ => Ok(()),
+        },
+        (true, false) | (true, true) => Ok(()),
+    }
+}
+
 fn config(name: &str) -> ProptestConfig {
     ProptestConfig {
         cases: 1_000,
@@ -303,6 +461,89 @@ macro_rules! conformance {
             });
         }
     )*};
+}
+
+/// Per algorithm: two keys with one history, settled at two costs from the
+/// whole `u64` range; memory and Redis agree on every decision, and on both
+/// the larger cost leaves no more remaining and no earlier retry.
+macro_rules! monotonic_settling {
+    ($($test:ident => $algorithm:expr),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            let harness = Harness::new(stringify!($test));
+            let config = ProptestConfig { cases: 300, ..config(stringify!($test)) };
+            proptest!(config, |(case in settle_case($algorithm))| {
+                let [settled, next] = harness.settle_two(&case);
+                let (a, b) = case.costs;
+                for (i, (m, r)) in settled.iter().chain(&next).enumerate() {
+                    prop_assert_eq!(m, r, "decision {} after settling {} and {}", i, a, b);
+                }
+                no_more_remaining(&settled[0].1, &settled[1].1)
+                    .map_err(|e| TestCaseError::fail(format!("settled {a} then {b}: {e}")))?;
+                no_earlier(&next[0].1, &next[1].1)
+                    .map_err(|e| TestCaseError::fail(format!("next after {a} then {b}: {e}")))?;
+            });
+        }
+    )*};
+}
+
+monotonic_settling! {
+    fixed_window_larger_settled_costs_never_leave_more => Algorithm::FixedWindow,
+    sliding_log_larger_settled_costs_never_leave_more => Algorithm::SlidingLog,
+    sliding_window_larger_settled_costs_never_leave_more => Algorithm::SlidingWindow,
+    token_bucket_larger_settled_costs_never_leave_more => Algorithm::TokenBucket,
+    leaky_bucket_larger_settled_costs_never_leave_more => Algorithm::LeakyBucket,
+    gcra_larger_settled_costs_never_leave_more => Algorithm::Gcra,
+}
+
+/// A key settled at `u64::MAX` is denied next: a bucket or GCRA until its
+/// debt, saturated at 2^50 µs, is paid off; a window until the debt ages
+/// out. On memory and Redis alike, in every compact form and the general
+/// scripts (a policy of one limit, and of two).
+#[test]
+fn a_key_settled_at_u64_max_is_denied_next_with_a_retry_at_the_cap() {
+    let harness = Harness::new("u64-max");
+    // The start of a minute; 10 a minute is a unit every 6 s.
+    let start = Timestamp::from_secs(1_700_000_040).as_micros();
+    // With 2/s beside it, a unit every 0.5 s, a bucket's debt holds the
+    // next request until all but 1 unit of it is paid off there; windows
+    // still wait for the minute's.
+    let at_cap = Duration::from_micros(CAP_US - 9 * 6_000_000);
+    let at_cap_of_2_per_s = Duration::from_micros(CAP_US - 500_000);
+    let (minute, two_minutes) = (Duration::from_secs(60), Duration::from_secs(120));
+    let retries = [
+        (Algorithm::Gcra, [at_cap, at_cap_of_2_per_s]),
+        (Algorithm::TokenBucket, [at_cap, at_cap_of_2_per_s]),
+        (Algorithm::LeakyBucket, [at_cap, at_cap_of_2_per_s]),
+        (Algorithm::FixedWindow, [minute; 2]),
+        (Algorithm::SlidingWindow, [two_minutes; 2]),
+        (Algorithm::SlidingLog, [minute; 2]),
+    ];
+    for (algorithm, retries) in retries {
+        let one = Policy::new("max", algorithm, "10/min").unwrap();
+        let two = Policy::builder("max2")
+            .algorithm(algorithm)
+            .limit("10/min")
+            .limit("2/s")
+            .build()
+            .unwrap();
+        for (policy, retry) in [one, two].into_iter().zip(retries) {
+            let case = Case {
+                policies: vec![policy.clone()],
+                start,
+                arrivals: vec![
+                    (0, Op::Check(1), 0),
+                    (0, Op::Settle(u64::MAX), 0),
+                    (0, Op::Check(1), 0),
+                ],
+            };
+            let (memory, redis) = harness.run(&case);
+            assert_eq!(memory, redis, "{policy}");
+            assert_eq!(redis[1].remaining(), 0, "{policy}");
+            assert_eq!(redis[2].retry_after(), Some(retry), "{policy}");
+            assert!(!redis[2].is_allowed(), "{policy}");
+        }
+    }
 }
 
 conformance! {

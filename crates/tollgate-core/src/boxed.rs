@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::inflight::{InFlightLimit, SlotStore, Slots};
+use crate::inflight::{InFlightLimit, Renewal, SlotStore, Slots};
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::settle::Settlement;
@@ -49,7 +49,12 @@ trait DynSlots: Send + Sync + 'static {
         limit: &'a InFlightLimit,
         holder: u64,
     ) -> Boxed<'a, Slots>;
-    fn renew<'a>(&'a self, key: &'a Key, limit: &'a InFlightLimit, holder: u64) -> Boxed<'a, bool>;
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        limit: &'a InFlightLimit,
+        holder: u64,
+    ) -> Boxed<'a, Renewal>;
     fn release<'a>(&'a self, key: &'a Key, limit: &'a InFlightLimit, holder: u64) -> Boxed<'a, ()>;
     fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool;
     fn leases(&self) -> bool;
@@ -65,7 +70,12 @@ impl<S: SlotStore> DynSlots for S {
         Box::pin(SlotStore::acquire(self, key, limit, holder))
     }
 
-    fn renew<'a>(&'a self, key: &'a Key, limit: &'a InFlightLimit, holder: u64) -> Boxed<'a, bool> {
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        limit: &'a InFlightLimit,
+        holder: u64,
+    ) -> Boxed<'a, Renewal> {
         Box::pin(SlotStore::renew(self, key, limit, holder))
     }
 
@@ -139,7 +149,7 @@ impl SlotStore for BoxStore {
         key: &Key,
         limit: &InFlightLimit,
         holder: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Renewal, StoreError> {
         self.slots()?.renew(key, limit, holder).await
     }
 

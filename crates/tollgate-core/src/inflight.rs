@@ -130,6 +130,74 @@ pub struct Slots {
     pub held: u64,
 }
 
+/// What [`SlotStore::renew`] found.
+///
+/// A running request cannot be un-run: when its slot is gone, the renewal
+/// takes it back if a slot is free, and otherwise the request runs on
+/// uncounted, and takes one back at a later renewal, as soon as one is
+/// free. Renewing every holder so is what makes the limit hold again for
+/// new requests within one renewal period after the store lost its slots.
+///
+/// ```
+/// use tollgate_core::{InFlightLimit, Key, MemoryStore, Renewal, SlotStore};
+///
+/// # block_on(async {
+/// let store = MemoryStore::new();
+/// let limit = InFlightLimit::new("exports", 1)?;
+/// let key = Key::user("ada");
+/// assert!(store.acquire(&key, &limit, 1).await?.acquired);
+/// assert_eq!(store.renew(&key, &limit, 1).await?, Renewal::Renewed);
+/// // Holder 2's slot is gone (never taken here), and the one slot is held.
+/// let lost = store.renew(&key, &limit, 2).await?;
+/// assert_eq!(lost, Renewal::Lost);
+/// assert!(!lost.holds());
+/// store.release(&key, &limit, 1).await?;
+/// // Now there is room: holder 2 is counted again.
+/// assert_eq!(store.renew(&key, &limit, 2).await?, Renewal::Retaken);
+/// assert!(!store.acquire(&key, &limit, 3).await?.acquired);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// The holder held its slot: its lease is extended.
+    Renewed,
+    /// The holder's slot was gone (its lease had ended, or the store lost
+    /// it: a restart without persistence, `FLUSHALL`, a failover to a
+    /// replica that missed writes) and a slot was free: the holder took it
+    /// back, and new requests count it again.
+    Retaken,
+    /// The holder's slot was gone and every slot is held by others: the
+    /// request runs on without one, uncounted, until a renewal finds a
+    /// slot free.
+    Lost,
+}
+
+impl Renewal {
+    /// Whether the holder holds a slot after the renewal.
+    pub fn holds(self) -> bool {
+        match self {
+            Renewal::Renewed | Renewal::Retaken => true,
+            Renewal::Lost => false,
+        }
+    }
+
+    /// Whether the renewal found the holder's slot gone (taken back or
+    /// not).
+    pub fn found_gone(self) -> bool {
+        match self {
+            Renewal::Renewed => false,
+            Renewal::Retaken | Renewal::Lost => true,
+        }
+    }
+}
+
 /// A store that holds the slots of [`InFlightLimit`]s. Each request's slot
 /// is named by a `holder` id, unique among the requests of every app
 /// server (see [`SlotStore::new_holder`]).
@@ -149,8 +217,15 @@ pub trait SlotStore: Send + Sync + 'static {
         holder: u64,
     ) -> impl Future<Output = Result<Slots, StoreError>> + Send;
 
-    /// Extends `holder`'s lease; `false` if its slot had already expired
-    /// (and may have gone to another request).
+    /// Extends `holder`'s lease, called while its request runs. A holder
+    /// whose slot is gone (its lease ended, or the store lost it) takes it
+    /// back if fewer than `limit.max()` are held ([`Renewal::Retaken`]),
+    /// atomically as [`acquire`](SlotStore::acquire) does; if not, the
+    /// slot stays lost ([`Renewal::Lost`]) and the caller renews on, to
+    /// take one back once one is free.
+    ///
+    /// A renewal that races the holder's own release may take the slot
+    /// back after it: the slot then frees itself when its lease ends.
     ///
     /// # Errors
     ///
@@ -160,7 +235,7 @@ pub trait SlotStore: Send + Sync + 'static {
         key: &Key,
         limit: &InFlightLimit,
         holder: u64,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
 
     /// Gives `holder`'s slot back.
     ///
@@ -243,10 +318,19 @@ impl MemorySlots {
         }
     }
 
-    pub(crate) fn holds(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
-        let held = self.held.lock();
-        held.get(&(limit.name.clone(), key.clone()))
-            .is_some_and(|holders| holders.contains(&holder))
+    /// Renews `holder`'s slot: in memory a slot is gone only once given
+    /// back, and is taken back as [`SlotStore::renew`] says, as on Redis.
+    pub(crate) fn renew(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> Renewal {
+        let mut held = self.held.lock();
+        let holders = held.entry((limit.name.clone(), key.clone())).or_default();
+        if holders.contains(&holder) {
+            return Renewal::Renewed;
+        }
+        if (holders.len() as u64) < limit.max {
+            holders.push(holder);
+            return Renewal::Retaken;
+        }
+        Renewal::Lost
     }
 
     pub(crate) fn release(&self, key: &Key, limit: &InFlightLimit, holder: u64) {

@@ -74,7 +74,7 @@ pub use breaker::{BreakerState, CircuitBreaker, Permit};
 pub use builder::{IntoLimit, PolicyBuilder};
 pub use decision::{Decision, LimitStatus, Outcome};
 pub use error::{ConfigError, StoreError};
-pub use inflight::{InFlightLimit, SlotStore, Slots};
+pub use inflight::{InFlightLimit, Renewal, SlotStore, Slots};
 pub use key::{Key, KeyKind, TypeTag};
 pub use limit::Limit;
 pub use memory::{MemoryStore, MemoryStoreBuilder};

@@ -21,9 +21,12 @@ use crate::time::Timestamp;
 /// | sliding window | the current window counts past its limit, which also weighs on the next window | taken from the window the request was reserved in, current or previous |
 /// | sliding log | an entry of the charged cost, now; it ages out after the period | taken from the newest entries since the reservation |
 ///
-/// Every amount is capped at 2^50 (a backlog of at most about 35 years):
-/// a charge that would take a backlog beyond it leaves the key as it was,
-/// already unable to be admitted for decades.
+/// Every amount and every debt saturates at 2^50 (a backlog of at most
+/// about 35 years): a charge that would take a backlog beyond it takes it
+/// to 2^50 µs from now (never lower than it was), and a count to 2^50. So
+/// a larger actual cost never leaves a key more remaining, or an earlier
+/// retry, than a smaller one: a request that cost `u64::MAX` leaves its
+/// key unable to admit anything for decades.
 ///
 /// ```
 /// use tollgate_core::{Algorithm, Policy, Settlement, Timestamp};
@@ -115,7 +118,7 @@ impl Settlement {
     pub fn charge(&self) -> u64 {
         match self.change() {
             Change::Charge(n) => n,
-            _ => 0,
+            Change::None | Change::Refund { .. } => 0,
         }
     }
 
@@ -123,7 +126,7 @@ impl Settlement {
     pub fn refund(&self) -> u64 {
         match self.change() {
             Change::Refund { amount, .. } => amount,
-            _ => 0,
+            Change::None | Change::Charge(_) => 0,
         }
     }
 }

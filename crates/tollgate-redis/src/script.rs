@@ -113,7 +113,9 @@ pub(crate) fn settle_args(form: Form, policy: &Policy, settlement: &Settlement) 
     };
     let span = |n: u64| n.saturating_mul(p.interval_us).min(MAX_SPAN);
     let (period, step, slack) = match form {
-        Form::Tat if charge > 0 => (0, span(charge).to_string(), MAX_SPAN - span(charge)),
+        // A slack of 2^50 marks a settlement: the script admits it from
+        // any time it holds, and caps a charge at 2^50 ahead of now.
+        Form::Tat if charge > 0 => (0, span(charge).to_string(), MAX_SPAN),
         Form::Tat if refund > 0 => (0, format!("-{}", span(refund)), MAX_SPAN),
         Form::Tat => (0, "0".into(), 0),
         Form::WindowWord => {

@@ -1,15 +1,16 @@
 //! The slots of in-flight limits in Redis ([`SlotStore`]): a sorted set
 //! per limit and key, of holders scored by when their leases end.
 
-use tollgate_core::{InFlightLimit, Key, SlotStore, Slots, StoreError};
+use tollgate_core::{InFlightLimit, Key, Renewal, SlotStore, Slots, StoreError};
 
 use crate::connection::RedisConnection;
 use crate::store::RedisStore;
 
 /// Slots are leases on Redis's clock, renewed by their holders: a slot of
-/// an app server that died frees itself when its lease ends. Each call is
-/// one script call (`lua/inflight/`), under the store's deadline and
-/// circuit breaker.
+/// an app server that died frees itself when its lease ends, and a
+/// renewal that finds its slot gone (Redis lost its data) takes it back
+/// if there is room. Each call is one script call (`lua/inflight/`), under
+/// the store's deadline and circuit breaker.
 impl<C: RedisConnection> SlotStore for RedisStore<C> {
     async fn acquire(
         &self,
@@ -30,10 +31,12 @@ impl<C: RedisConnection> SlotStore for RedisStore<C> {
         key: &Key,
         limit: &InFlightLimit,
         holder: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Renewal, StoreError> {
         let inner = &*self.inner;
         let slots = inner.names.slots_key(limit.name(), key);
-        let call = inner.wire.renew_slot(&slots, holder, lease_ms(limit));
+        let call = inner
+            .wire
+            .renew_slot(&slots, holder, limit.max(), lease_ms(limit));
         Ok(inner.guarded(&slots, call).await?)
     }
 

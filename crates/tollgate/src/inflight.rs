@@ -13,7 +13,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
-use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, Slots};
+use tollgate_core::{InFlightLimit, Key, MemoryStore, Renewal, SlotStore, Slots};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -41,8 +41,12 @@ pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
 /// On Redis a slot is a lease ([`InFlightLimit::lease`]) renewed every
 /// third of it while the request runs, so the slot of an app server that
 /// dies frees itself when the lease ends; in memory a slot lives exactly
-/// as long as its request. A renewal that finds the slot gone (Redis lost
-/// its data) takes it back.
+/// as long as its request. A renewal that finds its slot gone (Redis
+/// restarted without persistence, was flushed, or failed over to a replica
+/// that missed writes) takes it back, so the limit holds again for new
+/// requests within a third of the lease; a running request that finds
+/// every slot taken meanwhile runs on uncounted and is counted again as
+/// soon as a slot is free (see [`Renewal`]).
 ///
 /// When the store fails, the layer follows its [`FailureMode`] as
 /// [`RateLimitLayer`](crate::RateLimitLayer) does: under
@@ -333,15 +337,24 @@ impl<St: SlotStore + Clone> Slot<St> {
         telemetry.held(1.0);
         let renewal = store.leases().then(|| {
             let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
+            let telemetry = telemetry.clone();
             let every = limit.lease_duration() / 3;
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.tick().await;
+                // Renews until the slot is given back, even once its slot
+                // is found gone: the store takes it back if a slot is free,
+                // so that new requests count this one again within a
+                // renewal period of the store losing its slots; while
+                // every slot is held by others, the request runs on
+                // uncounted (it cannot be un-run), and takes one back as
+                // soon as one is free.
                 loop {
                     tick.tick().await;
-                    // A slot lost (its lease ran out) is not taken back.
-                    if let Ok(false) = store.renew(&key, &limit, holder).await {
-                        break;
+                    if let Ok(renewal) = store.renew(&key, &limit, holder).await
+                        && renewal.found_gone()
+                    {
+                        telemetry.slot_gone(renewal);
                     }
                 }
             })
@@ -475,6 +488,7 @@ struct Telemetry {
     #[cfg(feature = "metrics")]
     rejected: metrics::Counter,
     throttle: Arc<Throttle>,
+    gone: Arc<Throttle>,
 }
 
 impl Telemetry {
@@ -491,6 +505,7 @@ impl Telemetry {
                 "policy" => _name.to_owned()
             ),
             throttle: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
+            gone: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
         }
     }
 
@@ -504,6 +519,24 @@ impl Telemetry {
     fn rejected(&self) {
         #[cfg(feature = "metrics")]
         self.rejected.increment(1);
+    }
+
+    /// A renewal found its slot gone: the store lost it, or its lease ran
+    /// out before the renewal came.
+    fn slot_gone(&self, renewal: Renewal) {
+        if let Some(suppressed) = self.gone.may_log(tokio::time::Instant::now()) {
+            if renewal.holds() {
+                tracing::warn!(
+                    suppressed,
+                    "in-flight limit: a running request's slot was gone; taken back"
+                );
+            } else {
+                tracing::warn!(
+                    suppressed,
+                    "in-flight limit: a running request's slot was gone and every slot is held; it runs uncounted until one is free"
+                );
+            }
+        }
     }
 }
 

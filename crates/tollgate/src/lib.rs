@@ -124,7 +124,7 @@ pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{
     Algorithm, BoxStore, BreakerState, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key,
-    KeyKind, Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Settlement,
+    KeyKind, Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, Renewal, Settlement,
     SlotStore, Slots, Store, StoreError, SystemClock, Timestamp, TypeTag,
 };
 

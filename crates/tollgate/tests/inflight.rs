@@ -1,11 +1,12 @@
 //! The in-flight limit through the layer, in memory: exactly N requests of
 //! a key run at once, and slots come back on completion, when the client
 //! goes away, when the body is dropped unread, and when the handler
-//! panics.
+//! panics; and a running request renews a lost slot until it has it back.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -13,7 +14,10 @@ use axum::routing::get;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
-use tollgate::{GlobalKey, InFlightLayer, InFlightLimit, Key, MemoryStore, SlotStore};
+use tollgate::{
+    GlobalKey, InFlightLayer, InFlightLimit, Key, MemoryStore, Renewal, SlotStore, Slots,
+    StoreError,
+};
 use tower::ServiceExt;
 
 /// A slow route: each request runs until the test hands it a permit, and
@@ -175,4 +179,111 @@ async fn a_grpc_server_refuses_with_resource_exhausted_and_a_pushback() {
     drop(held);
     let again = app.oneshot(get_path("/greeter")).await.unwrap();
     assert!(!again.headers().contains_key("grpc-status"));
+}
+
+/// The memory store's slots, renewed as leases are (as on Redis), with
+/// holder ids in order from 1 and every renewal's answer recorded; given
+/// back at once, as in memory.
+#[derive(Clone, Default)]
+struct Leasing {
+    slots: MemoryStore,
+    next: Arc<AtomicU64>,
+    renewals: Arc<Mutex<Vec<Renewal>>>,
+}
+
+impl SlotStore for Leasing {
+    async fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Slots, StoreError> {
+        self.slots.acquire(key, limit, holder).await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Renewal, StoreError> {
+        let renewal = self.slots.renew(key, limit, holder).await?;
+        self.renewals.lock().unwrap().push(renewal);
+        Ok(renewal)
+    }
+
+    async fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<(), StoreError> {
+        self.slots.release(key, limit, holder).await
+    }
+
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        self.slots.release_now(key, limit, holder)
+    }
+
+    fn new_holder(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+/// A running request whose slot the store lost renews on: lost while
+/// another holds the only slot, taken back once it is free, after which a
+/// new request is refused. (Tokio's paused clock drives the renewals.)
+#[tokio::test(start_paused = true)]
+async fn a_running_request_takes_its_lost_slot_back_once_one_is_free() {
+    let store = Leasing::default();
+    let limit = InFlightLimit::new("exports", 1)
+        .unwrap()
+        .lease(Duration::from_secs(3))
+        .unwrap();
+    let slow = Slow::default();
+    let app = {
+        let slow = slow.clone();
+        Router::new()
+            .route(
+                "/export",
+                get(move || {
+                    let slow = slow.clone();
+                    async move {
+                        slow.started.fetch_add(1, Ordering::SeqCst);
+                        slow.go.acquire().await.unwrap().forget();
+                        "exported"
+                    }
+                }),
+            )
+            .route_layer(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()))
+    };
+    let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
+    until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    let key = Key::global();
+    // The store loses holder 1's slot, and another request (99) takes it.
+    store.release(&key, &limit, 1).await.unwrap();
+    assert!(store.acquire(&key, &limit, 99).await.unwrap().acquired);
+    // A renewal a second later finds it lost, and the next too.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        *store.renewals.lock().unwrap(),
+        [Renewal::Lost, Renewal::Lost]
+    );
+    // 99 is done: the next renewal takes the slot back.
+    store.release(&key, &limit, 99).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        *store.renewals.lock().unwrap(),
+        [Renewal::Lost, Renewal::Lost, Renewal::Retaken]
+    );
+    let refused = app.clone().oneshot(get_path("/export")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    slow.go.add_permits(1);
+    let done = running.await.unwrap().unwrap();
+    done.into_body().collect().await.unwrap();
+    // Given back at once: a new request runs.
+    let again = tokio::spawn(app.oneshot(get_path("/export")));
+    until(|| slow.started.load(Ordering::SeqCst) == 2).await;
+    slow.go.add_permits(1);
+    assert_eq!(again.await.unwrap().unwrap().status(), StatusCode::OK);
 }

@@ -37,9 +37,7 @@ impl Rule for Gcra {
     }
 
     fn charge(&mut self, p: &LimitParams, now: u64, n: u64, _queue_free: u64) {
-        if let Some(tat) = charged(p, self.tat, now, n) {
-            self.tat = tat;
-        }
+        self.tat = charged(p, self.tat, now, n);
     }
 
     fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {

@@ -33,9 +33,7 @@ impl Rule for LeakyBucket {
 
     /// Like a request that queues: from the joint departure.
     fn charge(&mut self, p: &LimitParams, now: u64, n: u64, queue_free: u64) {
-        if let Some(free_at) = charged(p, queue_free, now, n) {
-            self.free_at = free_at;
-        }
+        self.free_at = charged(p, queue_free, now, n);
     }
 
     fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {

@@ -77,11 +77,13 @@ pub(crate) fn backlog(p: &LimitParams, used: u64) -> u64 {
 }
 
 /// A backlog that clears at `at`, charged `n` more units at `now`: it
-/// grows from `now` if it had cleared; `None` when it would reach beyond
-/// [`MAX_SPAN_US`] from now.
-pub(crate) fn charged(p: &LimitParams, at: u64, now: u64, n: u64) -> Option<u64> {
-    let grown = at.max(now) + backlog(p, n);
-    (grown - now <= MAX_SPAN_US).then_some(grown)
+/// grows from `now` if it had cleared, and saturates at [`MAX_SPAN_US`]
+/// from now. It never shrinks: a backlog already beyond the cap (a clock
+/// that stepped back) stays as it is. A charge is work already done, so a
+/// larger one never leaves the key better off than a smaller one.
+pub(crate) fn charged(p: &LimitParams, at: u64, now: u64, n: u64) -> u64 {
+    let grown = at.max(now).saturating_add(backlog(p, n));
+    grown.min(now.saturating_add(MAX_SPAN_US)).max(at)
 }
 
 /// A backlog that clears at `at`, `n` units smaller, never below empty.

@@ -74,9 +74,7 @@ impl Rule for TokenBucket {
 
     /// On the time the bucket is full again: below empty is a later time.
     fn charge(&mut self, p: &LimitParams, now: u64, n: u64, _queue_free: u64) {
-        if let Some(full) = charged(p, self.expires_at(p), now, n) {
-            *self = TokenBucket::full_at(full, p, now);
-        }
+        *self = TokenBucket::full_at(charged(p, self.expires_at(p), now, n), p, now);
     }
 
     fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {

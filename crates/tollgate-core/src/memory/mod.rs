@@ -9,7 +9,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::inflight::{InFlightLimit, MemorySlots, SlotStore, Slots};
+use crate::inflight::{InFlightLimit, MemorySlots, Renewal, SlotStore, Slots};
 use crate::key::Key;
 use crate::memory::shard::{KeysGauge, Padded, Shard, Shared, lock};
 use crate::policy::Policy;
@@ -294,8 +294,8 @@ impl SlotStore for MemoryStore {
         key: &Key,
         limit: &InFlightLimit,
         holder: u64,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        std::future::ready(Ok(self.slots.holds(key, limit, holder)))
+    ) -> impl Future<Output = Result<Renewal, StoreError>> + Send {
+        std::future::ready(Ok(self.slots.renew(key, limit, holder)))
     }
 
     fn release(

@@ -1,5 +1,7 @@
 //! The slots of in-flight limits on the wire (`lua/inflight/`).
 
+use tollgate_core::Renewal;
+
 use crate::connection::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::wire::Wire;
@@ -24,21 +26,30 @@ impl<C: RedisConnection> Wire<C> {
         Ok((acquired == 1, held))
     }
 
-    /// Extends `holder`'s lease; whether it still held a slot.
+    /// Extends `holder`'s lease, taking its slot back if it is gone and
+    /// fewer than `max` are held.
     pub(crate) async fn renew_slot(
         &self,
         key: &str,
         holder: u64,
+        max: u64,
         lease_ms: u64,
-    ) -> Result<bool, RedisStoreError> {
+    ) -> Result<Renewal, RedisStoreError> {
         let reply = self
-            .eval(key, &self.scripts.renew, (6, 80 + key.len()), |cmd| {
-                cmd.arg(1).arg(key).arg(holder).arg(lease_ms);
+            .eval(key, &self.scripts.renew, (7, 96 + key.len()), |cmd| {
+                cmd.arg(1).arg(key).arg(holder).arg(max).arg(lease_ms);
             })
             .await?;
         let renewed: u64 = redis::FromRedisValue::from_redis_value(reply)
             .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
-        Ok(renewed == 1)
+        match renewed {
+            1 => Ok(Renewal::Renewed),
+            2 => Ok(Renewal::Retaken),
+            0 => Ok(Renewal::Lost),
+            other => Err(RedisStoreError::Protocol(format!(
+                "a renewal replied {other}"
+            ))),
+        }
     }
 
     /// Gives `holder`'s slot back.

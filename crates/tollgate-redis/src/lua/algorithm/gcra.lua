@@ -12,10 +12,7 @@ admits = function(i, p, s, qf)
 end
 commit = function(i, p, s, qf) s.a = max(s.a, now) + cost * p.interval end
 expires = function(i, p, s) return s.a end
-charge = function(i, p, s, amount, qf)
-  local grown = max(s.a, now) + span(amount, p.interval)
-  if grown - now <= MAX_SPAN then s.a = grown end
-end
+charge = function(i, p, s, amount, qf) s.a = charged(s.a, amount, p.interval) end
 refund = function(i, p, s, amount, since)
   if s.a > now then s.a = max(s.a - span(amount, p.interval), now) end
 end

@@ -19,10 +19,7 @@ end
 commit = function(i, p, s, qf) s.a = max(qf, now) + cost * p.interval end
 expires = function(i, p, s) return s.a end
 -- A charge queues like a request, from the joint departure.
-charge = function(i, p, s, amount, qf)
-  local grown = max(qf, now) + span(amount, p.interval)
-  if grown - now <= MAX_SPAN then s.a = grown end
-end
+charge = function(i, p, s, amount, qf) s.a = charged(qf, amount, p.interval) end
 refund = function(i, p, s, amount, since)
   if s.a > now then s.a = max(s.a - span(amount, p.interval), now) end
 end

@@ -32,8 +32,7 @@ local function from_full(p, s, full)
   s.a, s.b = tokens, full - (p.cap - tokens) * p.interval
 end
 charge = function(i, p, s, amount, qf)
-  local grown = max(full_time(p, s), now) + span(amount, p.interval)
-  if grown - now <= MAX_SPAN then from_full(p, s, grown) end
+  from_full(p, s, charged(full_time(p, s), amount, p.interval))
 end
 refund = function(i, p, s, amount, since)
   local full = full_time(p, s)

@@ -35,6 +35,13 @@ if now <= 0 then
   local t = redis.call('TIME')
   now = num(t[1]) * 1000000 + num(t[2])
 end
+-- A backlog that clears at `at`, charged n intervals of `interval` µs
+-- more (Store::settle): it grows from now if it had cleared, and
+-- saturates at MAX_SPAN from now, never below `at` (as tollgate-core's
+-- rule::charged).
+local function charged(at, n, interval)
+  return max(min(max(at, now) + span(n, interval), now + MAX_SPAN), at)
+end
 local costs = ARGV[2]
 -- The cost of the request being decided, set by the epilogue.
 local cost = 0

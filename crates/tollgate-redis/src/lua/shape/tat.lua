@@ -18,10 +18,13 @@
 --              cost of 0 or one above capacity)
 -- ARGV[3i-1]   its slack: (capacity - cost) x interval in µs, how far
 --              ahead of now the time may be for the request to be admitted
---              A settlement (Store::settle), always read first: a step
---              of cost x interval with a slack of 2^50 less it charges,
---              a negative step refunds (the time never goes back past
---              now, and a time that has passed means no backlog)
+--              A settlement (Store::settle), always read first, is
+--              marked by its slack of 2^50, which no request has (its
+--              step and slack add up to capacity x interval, at most
+--              2^50): a step of cost x interval charges, saturating at
+--              2^50 ahead of now; a negative step refunds (the time never
+--              goes back past now, and a time that has passed means no
+--              backlog)
 -- ARGV[3i]     its policy's descriptor; a key written under another one
 --              (another count or burst, or another layout) is carried over
 --              and written back in this one's terms, even when denied
@@ -60,6 +63,9 @@
 
 local call = redis.call
 local n = #KEYS
+-- The most a time may be ahead of now, 2^50 µs, as tollgate-core's
+-- MAX_SPAN_US; only a settlement's charge can reach it.
+local MAX_SPAN = 1125899906842624
 local real = ARGV[3 * n + 1] == nil
 local sec, usec, now, min_ttl
 if real then
@@ -149,7 +155,16 @@ for i = 1, n do
       olds[i] = string.format('%d', old)
     end
     if step ~= '0' and old - now <= tonumber(ARGV[3 * i - 1]) then
-      put(key, old + tonumber(step), descriptor)
+      -- A charge saturates: with a slack of 2^50 it always gets here, and
+      -- old + step may reach beyond now + 2^50, so it stops there (never
+      -- below old, which is at most the slack ahead). For a request, old +
+      -- step is at most now + capacity x interval, within the cap, and the
+      -- test never holds: capping here costs an admitted request one
+      -- comparison, where marking a charge apart (a flag argument, a
+      -- prefix to parse) would cost every request more.
+      local at = old + tonumber(step)
+      if at - now > MAX_SPAN then at = now + MAX_SPAN end
+      put(key, at, descriptor)
     elseif carried then
       put(key, old, descriptor)
     end
