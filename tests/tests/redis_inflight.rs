@@ -31,6 +31,7 @@ async fn instance(prefix: &str, limit: &InFlightLimit, gate: &Gate) -> (Router, 
     let store = RedisStore::builder()
         .prefix(prefix)
         .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
         .connect(url.as_str())
         .await
         .unwrap();
@@ -218,6 +219,8 @@ async fn memory_and_redis_hold_slots_alike() {
     let url = require_redis().await;
     let redis = RedisStore::builder()
         .prefix(unique_prefix("inflight-same"))
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
         .connect(url.as_str())
         .await
         .unwrap();
@@ -282,6 +285,7 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
         RedisStore::builder()
             .prefix(unique_prefix("inflight-prop"))
             .deadline(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5))
             .connect(url.as_str())
             .await
             .unwrap()
@@ -339,6 +343,8 @@ async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
     let prefix = unique_prefix("inflight-renew");
     let store = RedisStore::builder()
         .prefix(prefix.as_str())
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
         .connect(url.as_str())
         .await
         .unwrap();
@@ -406,6 +412,7 @@ async fn running_requests_take_their_slots_back_after_a_flushall() {
     let store = RedisStore::builder()
         .prefix(prefix.as_str())
         .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
         .connect(server.url().as_str())
         .await
         .unwrap();

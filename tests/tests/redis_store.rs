@@ -256,8 +256,10 @@ async fn every_key_has_a_ttl_no_longer_than_its_state_matters() {
         live.iter().all(|k| found.contains(k)),
         "every key whose state still matters exists: {live:?}, found {found:?}"
     );
+    // On a busy machine more time passes between the writes and the scan:
+    // at least half the keys must still matter, or the test checks little.
     assert!(
-        live.len() + 6 >= names.len(),
+        live.len() * 2 >= names.len(),
         "{} of {} keys expired",
         names.len() - live.len(),
         names.len()

@@ -258,8 +258,7 @@ impl RedisStoreBuilder {
         self.check()?;
         let client = redis::Client::open(url)?;
         let config = self.manager_config();
-        let connection =
-            ManagedConnection::connect(client, config, self.connect_timeout * 2).await?;
+        let connection = ManagedConnection::connect(client, config, self.connect_timeout * 2).await;
         self.build(connection).await
     }
 
@@ -494,9 +493,20 @@ impl RedisStoreBuilder {
         let budget = self.connect_timeout + self.response_timeout;
         let mut info = redis::cmd("INFO");
         info.arg("server");
-        let info: redis::Value = tokio::time::timeout(budget, connection.query(&info))
+        let info: Result<redis::Value, _> = tokio::time::timeout(budget, connection.query(&info))
             .await
-            .map_err(|_| RedisStoreError::Deadline(budget))??;
+            .unwrap_or(Err(RedisStoreError::Deadline(budget)));
+        let info = match info {
+            Ok(info) => info,
+            // Redis is down: the store starts without it. Its version is
+            // not known, and its scripts load on their first call (the
+            // NOSCRIPT retry); until Redis answers, every call fails and the
+            // failure policy answers.
+            Err(error) if unreachable(&error) => {
+                return Ok(self.assemble(connection, names, scripts, ServerIdentity::new(None))?);
+            }
+            Err(error) => return Err(error),
+        };
         if let Some(version) = too_old(&info) {
             return Err(RedisStoreError::UnsupportedVersion { version });
         }
@@ -514,6 +524,18 @@ impl RedisStoreBuilder {
                 )));
             }
         }
+        Ok(self.assemble(connection, names, scripts, server)?)
+    }
+
+    /// The store around `connection`, once the server is known or known
+    /// to be unreachable.
+    fn assemble<C: RedisConnection>(
+        self,
+        connection: C,
+        names: KeyNamer,
+        scripts: Scripts,
+        server: ServerIdentity,
+    ) -> Result<RedisStore<C>, ConfigError> {
         let connection_is_one_server = connection.is_one_server();
         let breakers = (0..self.breaker_ranges.max(1))
             .map(|_| CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown))
@@ -542,6 +564,18 @@ impl RedisStoreBuilder {
             }),
         })
     }
+}
+
+/// Whether `error`, met while building the store, says Redis cannot be
+/// reached now (rather than that it answered wrongly): the store is then
+/// built without it.
+fn unreachable(error: &RedisStoreError) -> bool {
+    error.is_connection_lost()
+        || matches!(
+            error,
+            RedisStoreError::Deadline(_) | RedisStoreError::NotConnected { .. }
+        )
+        || matches!(error, RedisStoreError::Redis(e) if e.is_timeout())
 }
 
 #[cfg(test)]

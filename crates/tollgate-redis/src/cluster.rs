@@ -63,7 +63,14 @@ impl ClusterConnection {
                 refreshing: AtomicBool::new(false),
             }),
         };
-        this.refresh().await?;
+        if let Err(error) = this.refresh().await {
+            // No node answers yet: the store starts without a slot map and
+            // reads one when a call needs it.
+            tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "no Redis Cluster node is reachable; the store starts without one, answers by the failure policy, and connects when a node answers"
+            );
+        }
         Ok(this)
     }
 
@@ -216,7 +223,12 @@ impl RedisConnection for ClusterConnection {
         for addr in self.masters() {
             reply = Some(self.send(&addr, cmd, false).await?);
         }
-        reply.ok_or_else(|| RedisStoreError::Protocol("the cluster has no master".into()))
+        reply.ok_or_else(|| {
+            self.refresh_in_background();
+            RedisStoreError::NotConnected {
+                reason: "no Redis Cluster node has answered yet".into(),
+            }
+        })
     }
 
     async fn query_for_key<T: FromRedisValue + Send>(
@@ -227,10 +239,9 @@ impl RedisConnection for ClusterConnection {
         let addr = self.owner(key);
         if addr.is_empty() {
             self.refresh_in_background();
-            return Err(RedisStoreError::Protocol(format!(
-                "no master known for slot {}",
-                hash_slot(key)
-            )));
+            return Err(RedisStoreError::NotConnected {
+                reason: format!("no master known for slot {}", hash_slot(key)),
+            });
         }
         match self.send(&addr, cmd, false).await {
             Ok(v) => Ok(v),

@@ -31,6 +31,15 @@ pub enum RedisStoreError {
     /// as "Connection refused").
     #[error("{kind}: {0}", kind = failure_of(.0))]
     Redis(#[from] redis::RedisError),
+    /// The store has no connection to Redis yet: Redis was unreachable
+    /// when the store was built and has not answered since. A connection
+    /// is being made in the background; meanwhile the caller's failure
+    /// policy applies.
+    #[error("no connection to Redis yet: {reason}")]
+    NotConnected {
+        /// Why the last attempt to connect failed.
+        reason: String,
+    },
     /// No pooled connection became free within the pool's checkout timeout.
     #[error("no pooled Redis connection became free within the checkout timeout")]
     PoolTimeout,
@@ -62,6 +71,7 @@ impl RedisStoreError {
             Self::Redis(e) => {
                 e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
             }
+            Self::NotConnected { .. } => true,
             _ => false,
         }
     }
@@ -76,6 +86,9 @@ impl RedisStoreError {
             },
             Self::CircuitOpen => Self::CircuitOpen,
             Self::Redis(e) => Self::Redis(e.clone()),
+            Self::NotConnected { reason } => Self::NotConnected {
+                reason: reason.clone(),
+            },
             Self::PoolTimeout => Self::PoolTimeout,
             Self::QueueFull => Self::QueueFull,
             Self::Deadline(d) => Self::Deadline(*d),

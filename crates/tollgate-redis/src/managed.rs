@@ -33,23 +33,33 @@ impl std::fmt::Debug for ManagedConnection {
 }
 
 impl ManagedConnection {
+    /// Connects, or, when Redis cannot be reached, starts without a
+    /// connection and makes one when a call needs it (see
+    /// [`Swappable::connect`]).
     pub(crate) async fn connect(
         client: redis::Client,
         config: ConnectionManagerConfig,
         connect_budget: Duration,
-    ) -> Result<Self, RedisStoreError> {
-        let manager = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
-        Ok(Self {
+    ) -> Self {
+        let fresh = {
+            let (client, config) = (client.clone(), config.clone());
+            async move { ConnectionManager::new_with_config(client, config).await }
+        };
+        Self {
             client,
             config,
-            swap: Swappable::new(manager, connect_budget),
-        })
+            swap: Swappable::connect(fresh, connect_budget).await,
+        }
     }
 }
 
 impl RedisConnection for ManagedConnection {
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        Ok(cmd.query_async(&mut self.swap.current()).await?)
+        let Some(mut connection) = self.swap.current() else {
+            self.refresh();
+            return Err(self.swap.not_connected());
+        };
+        Ok(cmd.query_async(&mut connection).await?)
     }
 
     fn is_one_server(&self) -> bool {
@@ -65,29 +75,60 @@ impl RedisConnection for ManagedConnection {
 
 /// A connection manager that a fresh one replaces, made in the background
 /// within a budget, one at a time: what [`ManagedConnection`] and
-/// [`SentinelConnection`](crate::SentinelConnection) share.
+/// [`SentinelConnection`](crate::SentinelConnection) share. It may have
+/// none yet: a store built while Redis is down starts without one, and
+/// gets one the first time a call finds Redis up again.
 #[derive(Clone)]
 pub(crate) struct Swappable {
-    current: Arc<Mutex<ConnectionManager>>,
+    current: Arc<Mutex<Result<ConnectionManager, String>>>,
     refreshing: Arc<AtomicBool>,
     connect_budget: Duration,
 }
 
 impl Swappable {
-    pub(crate) fn new(manager: ConnectionManager, connect_budget: Duration) -> Self {
+    /// Makes the first connection with `fresh`, within the budget; when
+    /// that fails, starts without one, remembering why, and logs a
+    /// warning: the store answers by the failure policy until Redis does.
+    pub(crate) async fn connect(
+        fresh: impl Future<Output = Result<ConnectionManager, redis::RedisError>>,
+        connect_budget: Duration,
+    ) -> Self {
+        let first = match tokio::time::timeout(connect_budget, fresh).await {
+            Ok(Ok(manager)) => Ok(manager),
+            Ok(Err(error)) => Err(RedisStoreError::from(error).to_string()),
+            Err(_) => Err(format!("no connection within {connect_budget:?}")),
+        };
+        if let Err(reason) = &first {
+            tracing::warn!(
+                reason = reason.as_str(),
+                "redis is unreachable; the store starts without it, answers by the failure policy, and connects when Redis answers"
+            );
+        }
         Self {
-            current: Arc::new(Mutex::new(manager)),
+            current: Arc::new(Mutex::new(first)),
             refreshing: Arc::new(AtomicBool::new(false)),
             connect_budget,
         }
     }
 
-    /// The connection now.
-    pub(crate) fn current(&self) -> ConnectionManager {
+    /// The connection now, if there is one.
+    pub(crate) fn current(&self) -> Option<ConnectionManager> {
         self.current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .ok()
+            .cloned()
+    }
+
+    /// The error of a call made while there is no connection.
+    pub(crate) fn not_connected(&self) -> RedisStoreError {
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let reason = match &*current {
+            Ok(_) => "the connection is being replaced".to_owned(),
+            Err(reason) => reason.clone(),
+        };
+        RedisStoreError::NotConnected { reason }
     }
 
     pub(crate) fn refreshing(&self) -> bool {
@@ -96,7 +137,8 @@ impl Swappable {
 
     /// Replaces the connection with the one `fresh` makes, in the
     /// background and within the budget, unless a replacement is already
-    /// on its way; a failed one leaves the connection as it was.
+    /// on its way; a failed one leaves the connection as it was (and, while
+    /// there is none, the reason why).
     pub(crate) fn refresh(
         &self,
         fresh: impl Future<Output = Result<ConnectionManager, redis::RedisError>> + Send + 'static,
@@ -106,8 +148,20 @@ impl Swappable {
         }
         let this = self.clone();
         tokio::spawn(async move {
-            if let Ok(Ok(manager)) = tokio::time::timeout(this.connect_budget, fresh).await {
-                *this.current.lock().unwrap_or_else(PoisonError::into_inner) = manager;
+            let made = tokio::time::timeout(this.connect_budget, fresh).await;
+            {
+                let mut current = this.current.lock().unwrap_or_else(PoisonError::into_inner);
+                match made {
+                    Ok(Ok(manager)) => *current = Ok(manager),
+                    Ok(Err(error)) if current.is_err() => {
+                        *current = Err(RedisStoreError::from(error).to_string());
+                    }
+                    Err(_) if current.is_err() => {
+                        *current = Err(format!("no connection within {:?}", this.connect_budget));
+                    }
+                    // A connection that failed to be replaced stays.
+                    Ok(Err(_)) | Err(_) => {}
+                }
             }
             this.refreshing.store(false, Ordering::Release);
         });

@@ -54,13 +54,13 @@ impl SentinelConnection {
             SentinelServerType::Master,
         )?;
         let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
-        let manager = tokio::time::timeout(connect_budget, master_of(&sentinel, &config))
-            .await
-            .map_err(|_| RedisStoreError::Deadline(connect_budget))??;
+        // While no sentinel answers, or none knows a master, the store
+        // starts without one and asks again when a call needs it.
+        let swap = Swappable::connect(master_of(&sentinel, &config), connect_budget).await;
         Ok(Self {
             sentinel,
             config,
-            swap: Swappable::new(manager, connect_budget),
+            swap,
         })
     }
 }
@@ -85,7 +85,11 @@ fn master_lost(error: &RedisError) -> bool {
 
 impl RedisConnection for SentinelConnection {
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        match cmd.query_async(&mut self.swap.current()).await {
+        let Some(mut connection) = self.swap.current() else {
+            self.refresh();
+            return Err(self.swap.not_connected());
+        };
+        match cmd.query_async(&mut connection).await {
             Ok(value) => Ok(value),
             Err(error) => {
                 if master_lost(&error) {

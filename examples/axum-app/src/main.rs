@@ -180,6 +180,21 @@ fn reload_on_sighup(path: PathBuf, app: Reloadable, parts: Parts) {
 #[cfg(not(unix))]
 fn reload_on_sighup(_: PathBuf, _: Reloadable, _: Parts) {}
 
+/// Says so when Redis does not answer at startup: the demo serves all the
+/// same, by its failure policy, until Redis answers.
+async fn say_if_not_ready<C: tollgate_redis::RedisConnection>(
+    store: &RedisStore<C>,
+    config: &axum_app::AppConfig,
+) {
+    if let Err(e) = store.health_check().await {
+        say!(
+            "store: Redis is not answering yet ({}); serving by failure = {:?} until it does",
+            chain(&e),
+            config.failure
+        );
+    }
+}
+
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let config = load(&args.config)?;
     // Before the layers are built: they register their counters with it.
@@ -193,6 +208,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .await
                 .map_err(|e| format!("cannot use Redis through {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis through Sentinel {}", redact(url));
+            say_if_not_ready(&store, &config).await;
             BoxStore::with_slots(store)
         }
         Some(url) => {
@@ -206,6 +222,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .await
             .map_err(|e| format!("cannot use Redis at {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis at {}", redact(url));
+            say_if_not_ready(&store, &config).await;
             BoxStore::with_slots(store)
         }
         None => {
