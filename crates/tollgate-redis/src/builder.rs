@@ -32,7 +32,8 @@ impl RedisStore<ManagedConnection> {
     /// # Errors
     ///
     /// As [`RedisStoreBuilder::parse_url`] for a URL that cannot be used,
-    /// and when Redis cannot be reached or the scripts cannot be loaded.
+    /// and as [`RedisStoreBuilder::connect`] (a Redis that cannot be
+    /// reached is not an error: the store connects when it answers).
     pub async fn connect(url: &str) -> Result<Self, RedisStoreError> {
         let info = RedisStoreBuilder::parse_url(url)?;
         Self::builder().connect(info).await
@@ -246,11 +247,19 @@ impl RedisStoreBuilder {
     /// one after `READONLY`-like replies. This is the default connection: it
     /// was the faster in our measurements (see `BENCHMARKS.md`).
     ///
+    /// Redis need not be up: a store built while it cannot be reached
+    /// starts without a connection, answers every call with
+    /// [`RedisStoreError::NotConnected`] (so the caller's failure policy
+    /// applies) and connects when a call finds Redis up; its version is
+    /// checked, and its scripts loaded, only when Redis is reachable at
+    /// build time. [`RedisStore::health_check`] tells an orchestrator
+    /// whether it is ready.
+    ///
     /// # Errors
     ///
-    /// On invalid settings, when Redis cannot be reached, when it is older
-    /// than 7.0 ([`RedisStoreError::UnsupportedVersion`]), or when the
-    /// scripts cannot be loaded.
+    /// On invalid settings, when the Redis it reaches is older than 7.0
+    /// ([`RedisStoreError::UnsupportedVersion`]), or when the scripts
+    /// cannot be loaded.
     pub async fn connect(
         self,
         url: impl IntoConnectionInfo,
