@@ -16,6 +16,7 @@
 //! | [`CIRCUITS_OPEN`] | gauge | none | circuit breakers open or probing (0 when every store is healthy) |
 //! | [`INFLIGHT_SLOTS`] | gauge | `policy` | slots of an in-flight limit held by this process's requests |
 //! | [`INFLIGHT_REJECTED`] | counter | `policy` | requests an in-flight limit turned away |
+//! | [`STORE_LATENCY`] | histogram | none | seconds from sending a Redis call to its reply, as the app observed it, one sample per call |
 //!
 //! Handles are registered when a layer, limiter or store is built: install
 //! the metrics recorder first.
@@ -50,3 +51,28 @@ pub const INFLIGHT_SLOTS: &str = "tollgate_inflight_slots";
 /// Counter: requests an in-flight limit turned away, every slot of their
 /// key being taken (label `policy`).
 pub const INFLIGHT_REJECTED: &str = "tollgate_inflight_rejected_total";
+
+/// Histogram of the Redis store's latency in seconds: from sending a call
+/// (a script call, which may carry a batch of decisions) to its reply, one
+/// sample per call, as the app observed it. A call that missed its
+/// deadline is not sampled; it is a `timeout` in [`STORE_ERRORS`].
+///
+/// Compare it with the deadline: a store whose samples stay far below the
+/// deadline while requests time out is waiting on the app's own runtime,
+/// not on Redis.
+///
+/// ```
+/// assert_eq!(
+///     tollgate_core::telemetry::STORE_LATENCY,
+///     "tollgate_store_latency_seconds"
+/// );
+/// ```
+pub const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
+
+/// The `# HELP` text of [`STORE_LATENCY`].
+///
+/// ```
+/// assert!(tollgate_core::telemetry::STORE_LATENCY_HELP.starts_with("Seconds"));
+/// ```
+pub const STORE_LATENCY_HELP: &str =
+    "Seconds from sending a Redis call to its reply, as the app observed it, one sample per call";

@@ -58,7 +58,8 @@ pub struct RedisStoreBuilder {
     secret: Option<Vec<u8>>,
     deadline: Duration,
     connect_timeout: Duration,
-    response_timeout: Duration,
+    /// `None`: one deadline past the deadline's hard ceiling.
+    response_timeout: Option<Duration>,
     pool_size: u32,
     checkout_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -77,7 +78,7 @@ impl Default for RedisStoreBuilder {
             secret: None,
             deadline: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(100),
-            response_timeout: Duration::from_millis(50),
+            response_timeout: None,
             pool_size: 16,
             checkout_timeout: Duration::from_millis(25),
             clock: None,
@@ -119,10 +120,37 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long Redis may take to answer a command (default 50 ms).
+    /// How long the connection waits for Redis to answer a command before
+    /// it fails the command itself (default: 5 × the deadline, one past
+    /// the deadline's hard ceiling, so the store's own deadline judges
+    /// first).
+    ///
+    /// The store tells a late Redis from a late app: a deadline that fires
+    /// late because the app's runtime was too busy to poll it is no
+    /// failure, and the request waits on for its reply up to 4 × the
+    /// deadline. The connection's response timeout cannot tell them apart,
+    /// so a response timeout under that ceiling counts the app's own
+    /// overload as Redis's failure again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder()
+    ///     .deadline(Duration::from_millis(20))
+    ///     .response_timeout(Duration::from_millis(100));
+    /// # let _ = builder;
+    /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
+        self.response_timeout = Some(timeout);
         self
+    }
+
+    /// The connection's response timeout: as set, or one deadline past
+    /// the deadline's hard ceiling.
+    fn response_timeout_or_default(&self) -> Duration {
+        self.response_timeout
+            .unwrap_or_else(|| crate::patience::backstop(self.deadline))
     }
 
     /// The size of a bb8 pool (default 16).
@@ -216,7 +244,7 @@ impl RedisStoreBuilder {
         let positive = [
             ("deadline", self.deadline),
             ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout),
+            ("response_timeout", self.response_timeout_or_default()),
             ("pool_checkout_timeout", self.checkout_timeout),
         ];
         for (setting, value) in positive {
@@ -430,7 +458,7 @@ impl RedisStoreBuilder {
     fn manager_config(&self) -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
+            .set_response_timeout(Some(self.response_timeout_or_default()))
             .set_number_of_retries(1)
             .set_max_delay(self.connect_timeout)
     }
@@ -459,7 +487,10 @@ impl RedisStoreBuilder {
     /// goes to its slot's master, a failed master affects only its slots,
     /// and the circuit breaker is kept per range of 128 slots.
     ///
-    /// Keep the response timeout under the deadline, as by default.
+    /// Keep the response timeout at most the deadline, as by default (on
+    /// a cluster it defaults to the deadline, not to its ceiling: a
+    /// cluster connection's own timeout then fails a call that our busy
+    /// runtime kept waiting past the deadline).
     ///
     /// # Errors
     ///
@@ -476,7 +507,7 @@ impl RedisStoreBuilder {
         }
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout));
+            .set_response_timeout(Some(self.response_timeout.unwrap_or(self.deadline)));
         let connection = ClusterConnection::connect(seeds, config, self.connect_timeout).await?;
         Self {
             breaker_ranges: 128,
@@ -499,7 +530,7 @@ impl RedisStoreBuilder {
     ) -> Result<RedisStore<C>, RedisStoreError> {
         let names = self.check()?;
         let scripts = Scripts::new();
-        let budget = self.connect_timeout + self.response_timeout;
+        let budget = self.connect_timeout + self.response_timeout_or_default();
         let mut info = redis::cmd("INFO");
         info.arg("server");
         let info: Result<redis::Value, _> = tokio::time::timeout(budget, connection.query(&info))
@@ -568,6 +599,15 @@ impl RedisStoreBuilder {
                 last_known: LastKnown::new(self.deny_cache),
                 lanes: Lanes::default(),
                 server,
+                #[cfg(feature = "metrics")]
+                latency: {
+                    metrics::describe_histogram!(
+                        tollgate_core::telemetry::STORE_LATENCY,
+                        metrics::Unit::Seconds,
+                        tollgate_core::telemetry::STORE_LATENCY_HELP
+                    );
+                    metrics::histogram!(tollgate_core::telemetry::STORE_LATENCY)
+                },
                 #[cfg(feature = "metrics")]
                 hit_counters: std::sync::RwLock::default(),
             }),

@@ -93,6 +93,7 @@ mod lanes;
 mod lease;
 mod managed;
 mod operations;
+mod patience;
 mod script;
 mod sentinel;
 mod shape;

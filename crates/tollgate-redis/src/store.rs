@@ -19,6 +19,7 @@ use crate::keys::KeyNamer;
 use crate::known::LastKnown;
 use crate::lanes::{self, GeneralCalls, Lanes};
 use crate::managed::ManagedConnection;
+use crate::patience;
 use crate::shape::{Form, WordOp};
 use crate::wire::{Request, Wire, Word};
 
@@ -42,6 +43,10 @@ use crate::wire::{Request, Wire, Word};
 ///   as long as its state matters (rounded up to a millisecond).
 /// - **Bounded waits.** Every decision has a deadline (50 ms by default);
 ///   a decision that misses it is a [`StoreError::Timeout`], never retried.
+///   A deadline that fires late because the app's own runtime was too busy
+///   to poll it is not Redis's failure: the decision waits on for its reply
+///   (a reply already in is taken), up to 4 × the deadline, and only that
+///   ceiling counts as a failure.
 ///
 /// Keys are `<prefix>:<policy>:{<hash>}`, see [`RedisStoreBuilder::prefix`](crate::RedisStoreBuilder::prefix).
 ///
@@ -85,6 +90,9 @@ pub(crate) struct Inner<C> {
     pub(crate) server: ServerIdentity,
     /// Deny-cache hit counters by policy name, registered once each, so a
     /// hit allocates nothing.
+    /// The store-latency histogram, registered once.
+    #[cfg(feature = "metrics")]
+    pub(crate) latency: metrics::Histogram,
     #[cfg(feature = "metrics")]
     pub(crate) hit_counters:
         std::sync::RwLock<std::collections::HashMap<Box<str>, metrics::Counter>>,
@@ -313,14 +321,16 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &self.inner;
         let request = word_request(form, state_key, policy, cost);
         let (now, word) = match batch::enter(inner, form, request) {
-            Turn::Queued(reply) => match tokio::time::timeout(inner.deadline, reply).await {
+            Turn::Queued(reply) => match patience::within(inner.deadline, reply).await {
                 Ok(Ok(word)) => word?,
                 Ok(Err(_)) => {
                     return Err(RedisStoreError::Protocol(
                         "the batch of this request was dropped".into(),
                     ));
                 }
-                Err(_) => return Err(RedisStoreError::Deadline(inner.deadline)),
+                Err(missed) => {
+                    return Err(RedisStoreError::Deadline(missed.waited(inner.deadline)));
+                }
             },
             // Sent alone, exactly as without batching, holding its place
             // until the reply is in.
@@ -366,7 +376,10 @@ fn decided(
 impl<C: RedisConnection> Inner<C> {
     /// Runs `call`, a script call for `state_key`, under the store's
     /// deadline and breaker: an open breaker fails it at once, and its
-    /// outcome counts towards the breaker.
+    /// outcome counts towards the breaker. A deadline that fired late,
+    /// because our own runtime was too busy to run the call, is not
+    /// counted: the call waits on for its reply, up to the hard ceiling
+    /// (see [`patience`]).
     pub(crate) async fn guarded<T>(
         &self,
         state_key: &str,
@@ -376,9 +389,18 @@ impl<C: RedisConnection> Inner<C> {
             .breaker(state_key)
             .and_then(CircuitBreaker::try_acquire)
             .ok_or(RedisStoreError::CircuitOpen)?;
-        let result = match tokio::time::timeout(self.deadline, call).await {
-            Ok(result) => result,
-            Err(_) => Err(RedisStoreError::Deadline(self.deadline)),
+        let sent = tokio::time::Instant::now();
+        let result = match patience::within(self.deadline, call).await {
+            Ok(result) => {
+                // Redis answered (a reply or an error reply): its latency,
+                // as this app observed it.
+                #[cfg(feature = "metrics")]
+                self.latency.record(sent.elapsed().as_secs_f64());
+                #[cfg(not(feature = "metrics"))]
+                let _ = sent;
+                result
+            }
+            Err(missed) => Err(RedisStoreError::Deadline(missed.waited(self.deadline))),
         };
         match &result {
             Ok(_) => permit.success(),

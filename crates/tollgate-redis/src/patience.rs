@@ -1,0 +1,156 @@
+//! The store's deadline, told apart from our own runtime's lateness.
+//!
+//! A deadline that fires on time while the reply is still out is Redis's
+//! lateness: a store failure. A deadline whose timer fires late, because
+//! the app's own runtime was too busy to poll the timer (and the
+//! connection's reader, and the request) in time, says nothing of Redis:
+//! the reply may have been in the socket all along, or the command not yet
+//! written. Such a request waits on for its reply, up to a hard ceiling of
+//! [`CEILING`] deadlines, which is a failure again if it is reached.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+
+/// How many deadlines a call whose deadline fired late may take in all:
+/// past this ceiling it fails, however late our runtime was.
+pub(crate) const CEILING: u32 = 4;
+
+/// How late a deadline's timer may fire and still count as on time: a
+/// quarter of the deadline, and never less than [`MIN_SLACK`] (the timer
+/// wheel's millisecond, and a busy machine's scheduling).
+const SLACK_DIVISOR: u32 = 4;
+
+/// The least slack a deadline's timer gets.
+const MIN_SLACK: Duration = Duration::from_millis(2);
+
+/// Why a call ended without its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Missed {
+    /// The deadline fired on time with the reply still out: Redis was late.
+    Deadline,
+    /// The deadline fired late (our runtime was late), and the call went
+    /// on to the ceiling without its reply.
+    Ceiling,
+}
+
+impl Missed {
+    /// How long the call waited: the deadline or the ceiling.
+    pub(crate) fn waited(self, deadline: Duration) -> Duration {
+        match self {
+            Missed::Deadline => deadline,
+            Missed::Ceiling => ceiling(deadline),
+        }
+    }
+}
+
+/// The hard ceiling of a call under `deadline`.
+pub(crate) fn ceiling(deadline: Duration) -> Duration {
+    deadline.saturating_mul(CEILING)
+}
+
+/// The connection's own response timeout under `deadline`, by default:
+/// one deadline past the ceiling, so that the store's judgment comes first
+/// and a reply that waited in the socket while our process was not
+/// running is still taken by the grace poll at the ceiling.
+pub(crate) fn backstop(deadline: Duration) -> Duration {
+    deadline.saturating_mul(CEILING + 1)
+}
+
+/// Runs `call` under `deadline`. When the deadline fires, the call is
+/// polled once more after the runtime's other ready tasks (the
+/// connection's reader among them) have had their turn, so a reply that
+/// is already in is a success. If the timer fired late, the call waits on
+/// until the ceiling; if it fired on time, the call has missed its
+/// deadline.
+pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
+    let start = Instant::now();
+    let last = after(start, ceiling(deadline));
+    let slack = (deadline / SLACK_DIVISOR).max(MIN_SLACK);
+    let mut call = std::pin::pin!(call);
+    let mut due = after(start, deadline);
+    loop {
+        if let Ok(output) = tokio::time::timeout_at(due, call.as_mut()).await {
+            return Ok(output);
+        }
+        // The grace poll. How long the yield took counts as lateness too:
+        // on a starved runtime it is one more turn of the busy tasks.
+        tokio::task::yield_now().await;
+        if let Some(output) = call.as_mut().now_or_never() {
+            return Ok(output);
+        }
+        if due >= last {
+            return Err(Missed::Ceiling);
+        }
+        let late = Instant::now().saturating_duration_since(due);
+        if late <= slack {
+            return Err(Missed::Deadline);
+        }
+        due = last;
+    }
+}
+
+/// `start + wait`, or a time far enough ahead when that overflows.
+fn after(start: Instant, wait: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    start
+        .checked_add(wait)
+        .or_else(|| start.checked_add(FAR))
+        .unwrap_or(start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Blocks the runtime's one thread for `stall`, as a CPU-bound task does.
+    fn spin(stall: Duration) {
+        let end = std::time::Instant::now() + stall;
+        while std::time::Instant::now() < end {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reply_that_is_in_is_a_success_however_late() {
+        let deadline = Duration::from_millis(10);
+        let (send, receive) = tokio::sync::oneshot::channel::<u32>();
+        let reply = tokio::spawn(async move {
+            // Replies at once, but the runtime is blocked past the deadline.
+            spin(deadline * 3);
+            let _ = send.send(7);
+        });
+        assert_eq!(within(deadline, receive).await.ok(), Some(Ok(7)));
+        assert!(reply.await.is_ok());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_late_timer_waits_for_the_reply_until_the_ceiling() {
+        let deadline = Duration::from_millis(10);
+        let call = async {
+            // The deadline fires during this stall, so late.
+            spin(deadline * 2);
+            tokio::time::sleep(deadline).await;
+            5
+        };
+        assert_eq!(within(deadline, call).await, Ok(5));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_on_time_deadline_is_missed_and_the_ceiling_is_hard() {
+        let deadline = Duration::from_millis(20);
+        let never = std::future::pending::<()>();
+        assert_eq!(within(deadline, never).await, Err(Missed::Deadline));
+        let stalled_forever = async {
+            spin(deadline * 2);
+            std::future::pending::<()>().await;
+        };
+        assert_eq!(
+            within(deadline, stalled_forever).await,
+            Err(Missed::Ceiling)
+        );
+        assert_eq!(Missed::Ceiling.waited(deadline), deadline * CEILING);
+    }
+}

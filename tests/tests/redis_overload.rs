@@ -1,0 +1,132 @@
+//! Our own overload is not a store failure: on an app runtime too busy to
+//! poll its requests in time, a healthy Redis keeps deciding, the breaker
+//! stays closed and nothing is decided locally.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use metrics::{SharedString, Unit};
+use metrics_util::CompositeKey;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tollgate::telemetry::{FALLBACKS, STORE_ERRORS, STORE_LATENCY};
+use tollgate::{Algorithm, BreakerState, FailureMode, Key, Policy, RateLimiter};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{RedisServer, unique_prefix};
+
+/// The store's deadline: its default.
+const DEADLINE: Duration = Duration::from_millis(50);
+
+/// How long the runtime's one thread is blocked after each request is
+/// sent: past the deadline and its slack (a quarter of it), and well under
+/// its ceiling (4 × the deadline), leaving Redis 130 ms to answer on a
+/// busy machine.
+const STALL: Duration = Duration::from_millis(70);
+
+/// Runs `request` until it waits on Redis, then blocks the runtime's one
+/// thread for `stall`, as a handler's CPU-bound work does (so the deadline
+/// passes while the request, and the connection that would read its
+/// reply, wait to be polled), then lets it finish.
+///
+/// The thread is blocked without burning a core: on a busy 2-core machine
+/// a test that spins is itself starved by the OS, and its Redis replies
+/// then arrive 100 ms and more late as observed (1 run in 4 failed so),
+/// which no deadline logic inside the process can tell from Redis's own
+/// latency. To the runtime, a blocked thread is a busy one.
+async fn stalled<F: Future>(request: F, stall: Duration) -> (F::Output, bool) {
+    let mut request = pin!(request);
+    if let Poll::Ready(output) = futures::poll!(request.as_mut()) {
+        return (output, false);
+    }
+    std::thread::sleep(stall);
+    (request.await, true)
+}
+
+/// Every value of `name` (any labels) in `snapshot`: counters summed, and
+/// the histogram's samples.
+fn read(
+    snapshot: &[(CompositeKey, Option<Unit>, Option<SharedString>, DebugValue)],
+    name: &str,
+) -> (u64, Vec<f64>) {
+    let mut count = 0;
+    let mut samples = Vec::new();
+    for (key, _, _, value) in snapshot {
+        if key.key().name() != name {
+            continue;
+        }
+        match value {
+            DebugValue::Counter(n) => count += n,
+            DebugValue::Histogram(values) => {
+                samples.extend(values.iter().map(|v| v.into_inner()));
+            }
+            DebugValue::Gauge(_) => panic!("{name} is a gauge"),
+        }
+    }
+    (count, samples)
+}
+
+#[test]
+fn a_starved_runtime_neither_opens_the_breaker_nor_decides_locally() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // A Redis of the test's own: healthy by construction. (The shared one
+    // serves the other suites too, and its own latency peaks at tens of
+    // milliseconds when they run beside this one.)
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (admitted, stalled_requests, breaker) = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let store = RedisStore::builder()
+                .prefix(unique_prefix("overload"))
+                .deadline(DEADLINE)
+                .circuit_breaker(5, Duration::from_secs(60))
+                .connect(url.as_str())
+                .await
+                .unwrap();
+            // 100 at once, then one every 36 s: exactly 100 in this test.
+            let policy = Policy::new("starved", Algorithm::Gcra, "100/h").unwrap();
+            let limiter =
+                RateLimiter::with_store(policy, store.clone()).on_store_error(FailureMode::Local);
+            let key = Key::user("busy-app");
+            let mut admitted = 0;
+            let mut stalled_requests = 0;
+            for _ in 0..300 {
+                let (decision, stalled_request) = stalled(limiter.check(&key), STALL).await;
+                admitted += u32::from(decision.unwrap().is_allowed());
+                stalled_requests += u32::from(stalled_request);
+                assert_eq!(store.breaker_state(), BreakerState::Closed);
+            }
+            (admitted, stalled_requests, store.breaker_state())
+        })
+    });
+    assert_eq!(admitted, 100);
+    assert_eq!(breaker, BreakerState::Closed);
+    // Every admission waited on Redis through a stall past its deadline
+    // (the denials after the first are answered by the deny cache).
+    assert!(stalled_requests >= 100, "{stalled_requests} stalled");
+    // One snapshot: it drains the histograms.
+    let snapshot = snapshotter.snapshot().into_vec();
+    let (store_errors, _) = read(&snapshot, STORE_ERRORS);
+    let (_, latencies) = read(&snapshot, STORE_LATENCY);
+    let (fallbacks, _) = read(&snapshot, FALLBACKS);
+    let slowest = latencies.iter().copied().fold(0.0, f64::max);
+    assert_eq!(
+        store_errors, 0,
+        "no store failure (slowest call {slowest} s)"
+    );
+    assert_eq!(fallbacks, 0, "nothing decided locally");
+    // One sample per call, each as observed: with the stall, and under the
+    // ceiling.
+    assert_eq!(latencies.len(), stalled_requests as usize);
+    assert!(
+        latencies
+            .iter()
+            .all(|&s| s >= STALL.as_secs_f64() && s < (DEADLINE * 4).as_secs_f64()),
+        "{latencies:?}"
+    );
+}
