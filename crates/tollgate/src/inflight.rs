@@ -271,24 +271,19 @@ where
             let slot: Option<Box<dyn Any + Send + Sync>> =
                 match shared.failure.apply(taken, local, &shared.telemetry) {
                     Answer::Decided((Slots { acquired: true, .. }, Holds::Store)) => {
-                        let (store, limit) = (shared.store.clone(), shared.limit.clone());
-                        Some(Box::new(Slot::take(
+                        let store = shared.store.clone();
+                        Some(Slot::boxed(
                             store,
                             key,
-                            limit,
+                            &shared.limit,
                             holder,
                             &shared.telemetry,
-                        )))
+                        ))
                     }
                     Answer::Decided((Slots { acquired: true, .. }, Holds::Local)) => {
-                        let (store, limit) = (shared.local.clone(), shared.local_limit.clone());
-                        Some(Box::new(Slot::take(
-                            store,
-                            key,
-                            limit,
-                            holder,
-                            &shared.telemetry,
-                        )))
+                        let store = shared.local.clone();
+                        let limit = &shared.local_limit;
+                        Some(Slot::boxed(store, key, limit, holder, &shared.telemetry))
                     }
                     Answer::Decided((
                         Slots {
@@ -333,6 +328,17 @@ struct Slot<St: SlotStore + Clone> {
 }
 
 impl<St: SlotStore + Clone> Slot<St> {
+    /// A slot taken in `store`, as the response body holds it.
+    fn boxed(
+        store: St,
+        key: Key,
+        limit: &InFlightLimit,
+        holder: u64,
+        telemetry: &Telemetry,
+    ) -> Box<dyn Any + Send + Sync> {
+        Box::new(Self::take(store, key, limit.clone(), holder, telemetry))
+    }
+
     fn take(store: St, key: Key, limit: InFlightLimit, holder: u64, telemetry: &Telemetry) -> Self {
         telemetry.held(1.0);
         let renewal = store.leases().then(|| {
