@@ -66,3 +66,62 @@ async fn a_store_built_while_redis_is_down_decides_through_it_once_it_answers() 
     }
     assert_eq!(admitted, 50, "one count in Redis, shared by both");
 }
+
+/// A local port with nothing listening: one the system gave out and took
+/// back.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_and_cluster_stores_are_built_while_nothing_answers() {
+    let port = closed_port();
+    let policy = Policy::new("boot-topologies", Algorithm::FixedWindow, "5/h").unwrap();
+    let key = Key::user("ada");
+    let builder = || {
+        RedisStore::builder()
+            .prefix(unique_prefix("boot-topologies"))
+            .connect_timeout(Duration::from_millis(200))
+    };
+    let sentinel = builder()
+        .connect_sentinel_url(&format!("redis+sentinel://127.0.0.1:{port}/mymaster"))
+        .await
+        .unwrap();
+    let cluster = builder()
+        .connect_cluster([format!("redis://127.0.0.1:{port}")])
+        .await
+        .unwrap();
+    match sentinel.decide(&key, &policy, 1).await {
+        Err(RedisStoreError::NotConnected { reason }) => {
+            assert!(reason.contains("refused"), "{reason}");
+        }
+        other => panic!("sentinel: expected no connection yet, got {other:?}"),
+    }
+    match cluster.decide(&key, &policy, 1).await {
+        Err(RedisStoreError::NotConnected { .. }) => {}
+        other => panic!("cluster: expected no connection yet, got {other:?}"),
+    }
+    // The failure policy answers meanwhile: exactly the limit, locally.
+    for (name, admitted) in [
+        ("sentinel", five_of_eight(sentinel).await),
+        ("cluster", five_of_eight(cluster).await),
+    ] {
+        assert_eq!(admitted, 5, "{name}");
+    }
+}
+
+/// 8 requests through `store` behind a local fallback of its own: how
+/// many were admitted.
+async fn five_of_eight<C: tollgate_redis::RedisConnection>(store: RedisStore<C>) -> u64 {
+    let policy = Policy::new("boot-topologies", Algorithm::FixedWindow, "5/h").unwrap();
+    let local = FallbackStore::new(store)
+        .on_store_error(FailureMode::Local)
+        .local_fallback(MemoryStore::new());
+    let mut admitted = 0;
+    for _ in 0..8 {
+        let decision = local.check(&Key::user("ada"), &policy, 1).await.unwrap();
+        admitted += u64::from(decision.is_allowed());
+    }
+    admitted
+}
