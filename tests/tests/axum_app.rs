@@ -414,6 +414,146 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     vec![first, pro, after, blocked]
 }
 
+/// An operator's block, reset and status of a user on a route cover every
+/// plan's policy of the route (its `PolicyFamily`): blocked as `export/bob`,
+/// bob is blocked on the pro plan too; a plan's policy named directly is
+/// that policy alone.
+async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> {
+    clock.set(Timestamp::from_secs(T0));
+    let admin = axum_app::AdminToken::new("s3cret");
+    let app = axum_app::app_with_admin(&config(), store, admin).layer(MockConnectInfo(
+        SocketAddr::from(([198, 51, 100, 11], 5555)),
+    ));
+    let admin = |method: &str, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", "Bearer s3cret")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let shown = |user: &str| {
+        Request::get("/rate_limit")
+            .header("authorization", format!("Bearer demo-{user}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let remaining =
+        |v: &serde_json::Value, policy: &str| v["resources"][policy]["remaining"].clone();
+    let mut out = Vec::new();
+
+    // Bob spends on both plans: 1 export of 10 on free (40 of 50 left),
+    // 2 of 5 on pro (190 of 200 left). (The responses' headers show the
+    // per-IP limit, the tightest; the admin status shows each policy.)
+    assert_eq!(burst(&app, "/api/export", "bob", 1).await.0, 1);
+    assert_eq!(burst(&app, "/api/export", "pro-bob", 2).await.0, 2);
+    let (status, before) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    assert_eq!(status, 200);
+    let names: Vec<&String> = before["resources"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["export", "export-pro"]);
+    assert_eq!(remaining(&before, "export"), 40);
+    assert_eq!(remaining(&before, "export-pro"), 190);
+    out.push(before);
+
+    // Reset `export/bob`: both plans' state is forgotten.
+    assert_eq!(
+        json(&app, admin("DELETE", "/admin/rate_limit/export/bob"))
+            .await
+            .0,
+        204
+    );
+    let (_, reset) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    assert_eq!(remaining(&reset, "export"), 50);
+    assert_eq!(remaining(&reset, "export-pro"), 200);
+    out.push(reset);
+
+    // Block `export/bob` for 90 s: on the pro plan too, with the rest of
+    // the block as Retry-After.
+    let blocking = "/admin/rate_limit/export/bob/block?seconds=90";
+    assert_eq!(json(&app, admin("POST", blocking)).await.0, 204);
+    let (admitted, denied) = burst(&app, "/api/export", "pro-bob", 1).await;
+    assert_eq!((admitted, denied.status), (0, 429));
+    assert_eq!(denied.get("retry-after"), Some("90"));
+    assert_eq!(denied.get("x-ratelimit-resource"), Some("export-pro"));
+    let (admitted, denied) = burst(&app, "/api/export", "bob", 1).await;
+    assert_eq!((admitted, denied.get("retry-after")), (0, Some("90")));
+    clock.advance(Duration::from_secs(30));
+    let (_, denied) = burst(&app, "/api/export", "pro-bob", 1).await;
+    assert_eq!(denied.get("retry-after"), Some("60"));
+    // `/rate_limit` shows a pro user the pro policy's limits, blocked.
+    let (_, pro) = json(&app, shown("pro-bob")).await;
+    let export = &pro["resources"]["export-pro"];
+    assert_eq!(
+        (&export["limit"], &export["remaining"], &export["reset"]),
+        (&200.into(), &0.into(), &(T0 + 90).into())
+    );
+    assert_eq!(export["limits"][0]["rate"], "200/h");
+    assert!(pro["resources"].get("export").is_none());
+    let (_, blocked) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    for policy in ["export", "export-pro"] {
+        assert_eq!(remaining(&blocked, policy), 0, "{policy}");
+        assert_eq!(blocked["resources"][policy]["reset"], T0 + 90, "{policy}");
+    }
+    out.push(pro);
+    out.push(blocked);
+    // A reset of the route lifts the block on every plan.
+    assert_eq!(
+        json(&app, admin("DELETE", "/admin/rate_limit/export/bob"))
+            .await
+            .0,
+        204
+    );
+    assert_eq!(burst(&app, "/api/export", "pro-bob", 1).await.0, 1);
+    let (_, after) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    assert_eq!(remaining(&after, "export"), 50);
+    assert_eq!(remaining(&after, "export-pro"), 195);
+    assert_eq!(burst(&app, "/api/export", "bob", 6).await.0, 5);
+
+    // A plan's policy named directly is that policy alone, as before.
+    let blocking = "/admin/rate_limit/export-pro/cleo/block?seconds=60";
+    assert_eq!(json(&app, admin("POST", blocking)).await.0, 204);
+    let (_, denied) = burst(&app, "/api/export", "pro-cleo", 1).await;
+    assert_eq!(
+        (denied.status, denied.get("retry-after")),
+        (429, Some("60"))
+    );
+    assert_eq!(burst(&app, "/api/export", "cleo", 1).await.0, 1);
+    let (_, cleo) = json(&app, admin("GET", "/admin/rate_limit/export-pro/cleo")).await;
+    let names: Vec<&String> = cleo["resources"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["export-pro"]);
+    // Status is for operators only, and for user-keyed policies of the file.
+    let unauthenticated = Request::get("/admin/rate_limit/export/bob")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(json(&app, unauthenticated).await.0, 401);
+    assert_eq!(
+        json(&app, admin("GET", "/admin/rate_limit/api-ip/bob"))
+            .await
+            .0,
+        404
+    );
+    out.push(cleo);
+    out
+}
+
+#[tokio::test]
+async fn operators_cover_every_plan_on_memory_and_the_same_on_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = families(BoxStore::with_slots(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app-family"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = families(BoxStore::with_slots(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
+}
+
 #[tokio::test]
 async fn without_an_admin_token_the_admin_routes_do_not_exist() {
     let app = app(&config(), BoxStore::with_slots(MemoryStore::new()));

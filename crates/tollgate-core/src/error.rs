@@ -112,6 +112,34 @@ pub enum ConfigError {
         /// The policy's algorithm.
         algorithm: Algorithm,
     },
+    /// A [`PolicyFamily`](crate::PolicyFamily) has no member.
+    #[error("policy family {family:?} has no policy")]
+    EmptyFamily {
+        /// The family's name.
+        family: String,
+    },
+    /// A [`PolicyFamily`](crate::PolicyFamily) has two members of one
+    /// name. Stores keep a key's state by the policy's name, so the two
+    /// would share it.
+    #[error(
+        "policy family {family:?} has policy {policy:?} twice: each member needs a name of its own"
+    )]
+    DuplicateMember {
+        /// The family's name.
+        family: String,
+        /// The name given twice.
+        policy: String,
+    },
+    /// A policy is not a member of the family it was put with (a
+    /// [`RateLimiter`](https://docs.rs/tollgate)'s own policy must be one
+    /// of its family's).
+    #[error("policy {policy:?} is not a member of policy family {family:?}")]
+    NotAMember {
+        /// The family's name.
+        family: String,
+        /// The policy's name.
+        policy: String,
+    },
     /// A store or layer setting is out of range.
     #[error("invalid setting {setting}: {reason}")]
     InvalidSetting {

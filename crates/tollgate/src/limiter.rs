@@ -4,7 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Decision, Key, MemoryStore, Outcome, Policy, Settlement, Store, StoreError};
+use tollgate_core::{
+    ConfigError, Decision, Key, MemoryStore, Outcome, Policy, PolicyFamily, Settlement, Store,
+    StoreError,
+};
 
 use crate::fallback::{Answer, FailureMode, FallbackStore, let_through};
 use crate::report::{Telemetry, Verdict};
@@ -71,6 +74,7 @@ pub enum WaitError {
 /// ```
 pub struct RateLimiter<St = MemoryStore> {
     policy: Policy,
+    family: PolicyFamily,
     store: FallbackStore<St>,
     telemetry: Arc<Telemetry>,
 }
@@ -87,6 +91,7 @@ impl<St> RateLimiter<St> {
     pub fn with_store(policy: Policy, store: St) -> Self {
         Self {
             telemetry: Arc::new(Telemetry::new(policy.name())),
+            family: PolicyFamily::from(policy.clone()),
             policy,
             store: FallbackStore::new(store),
         }
@@ -133,6 +138,59 @@ impl<St> RateLimiter<St> {
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// The family of policies that [`reset`](RateLimiter::reset) and
+    /// [`block`](RateLimiter::block) act on, the limiter's own policy among
+    /// them: for a limiter whose keys move between policies (a customer's
+    /// plan), so that an operator's block holds on every plan. By default
+    /// the family of the limiter's policy alone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, Key, Policy, PolicyFamily, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let free = Policy::new("exports", Algorithm::FixedWindow, "1/h")?;
+    /// let pro = Policy::new("exports-pro", Algorithm::FixedWindow, "10/h")?;
+    /// let family = PolicyFamily::new("exports", [free.clone(), pro.clone()])?;
+    /// let on_free = RateLimiter::new(free).in_family(family.clone())?;
+    /// // Sharing the store: the same customer on the pro plan.
+    /// let on_pro = RateLimiter::with_store(pro, on_free.store().clone()).in_family(family)?;
+    /// let customer = Key::user("ada");
+    /// on_free.block(&customer, Duration::from_secs(600)).await?;
+    /// assert!(!on_pro.check(&customer).await?.is_allowed());
+    /// on_free.reset(&customer).await?;
+    /// assert!(on_pro.check(&customer).await?.is_allowed());
+    ///
+    /// // The limiter's own policy must be a member.
+    /// let other = Policy::new("other", Algorithm::Gcra, "1/s")?;
+    /// let family = on_pro.family().clone();
+    /// assert!(RateLimiter::new(other).in_family(family).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NotAMember`] when the limiter's policy is not one of
+    /// `family`'s members (by name).
+    pub fn in_family(mut self, family: PolicyFamily) -> Result<Self, ConfigError> {
+        if family.member(self.policy.name()).is_none() {
+            return Err(ConfigError::NotAMember {
+                family: family.name().to_owned(),
+                policy: self.policy.name().to_owned(),
+            });
+        }
+        self.family = family;
+        Ok(self)
+    }
+
+    /// The family [`reset`](RateLimiter::reset) and
+    /// [`block`](RateLimiter::block) act on.
+    pub fn family(&self) -> &PolicyFamily {
+        &self.family
     }
 
     /// The store.
@@ -190,8 +248,21 @@ impl<St: Store> RateLimiter<St> {
         self.store.status(key, &self.policy).await
     }
 
-    /// Forgets what `key` has used: it starts afresh, in the store and in
-    /// the local fallback. For operators, to let a customer in again.
+    /// The state of `key` under each policy of the limiter's
+    /// [family](RateLimiter::in_family), consuming nothing, in the
+    /// family's order.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::check`].
+    pub async fn family_status(&self, key: &Key) -> Result<Vec<(Policy, Decision)>, StoreError> {
+        self.family.status(&self.store, key).await
+    }
+
+    /// Forgets what `key` has used under every policy of the limiter's
+    /// [family](RateLimiter::in_family) (by default, its policy alone): it
+    /// starts afresh, in the store and in the local fallback. For
+    /// operators, to let a customer in again.
     ///
     /// ```
     /// use tollgate::{Algorithm, Key, Policy, RateLimiter};
@@ -212,9 +283,10 @@ impl<St: Store> RateLimiter<St> {
     /// # Errors
     ///
     /// A [`StoreError`] when the store cannot reach the key's state,
-    /// whatever the failure mode.
+    /// whatever the failure mode; the family's members after the failing
+    /// one are not tried (see [`PolicyFamily::block`]).
     pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
-        self.store.reset(key, &self.policy).await
+        self.family.reset(&self.store, key).await
     }
 
     /// Settles what a piece of work admitted earlier really cost: checked
@@ -254,7 +326,9 @@ impl<St: Store> RateLimiter<St> {
         self.store.settle(key, &self.policy, settlement).await
     }
 
-    /// Blocks `key` for `duration`: its state is forgotten and every check
+    /// Blocks `key` for `duration` under every policy of the limiter's
+    /// [family](RateLimiter::in_family) (by default, its policy alone):
+    /// its state is forgotten and every check
     /// is denied, with `Retry-After` exactly the rest of the block, until
     /// it ends; then the key starts afresh. [`RateLimiter::reset`] lifts
     /// it. Blocks the key in the local fallback too.
@@ -281,9 +355,10 @@ impl<St: Store> RateLimiter<St> {
     /// # Errors
     ///
     /// A [`StoreError`] when the store cannot reach the key's state,
-    /// whatever the failure mode.
+    /// whatever the failure mode; the family's members after the failing
+    /// one are not tried (see [`PolicyFamily::block`]).
     pub async fn block(&self, key: &Key, duration: Duration) -> Result<(), StoreError> {
-        self.store.block(key, &self.policy, duration).await
+        self.family.block(&self.store, key, duration).await
     }
 
     /// Waits until one unit for `key` is admitted, for at most `max_wait`.
@@ -357,6 +432,7 @@ impl<St> Clone for RateLimiter<St> {
     fn clone(&self) -> Self {
         Self {
             policy: self.policy.clone(),
+            family: self.family.clone(),
             store: self.store.clone(),
             telemetry: self.telemetry.clone(),
         }
@@ -367,6 +443,7 @@ impl<St: fmt::Debug> fmt::Debug for RateLimiter<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
             .field("policy", &self.policy)
+            .field("family", &self.family)
             .field("store", &self.store)
             .finish()
     }

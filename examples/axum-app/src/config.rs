@@ -6,7 +6,9 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tollgate::{Algorithm, ClientIp, ConfigError, FailureMode, HeaderStyle, InFlightLimit, Policy};
+use tollgate::{
+    Algorithm, ClientIp, ConfigError, FailureMode, HeaderStyle, InFlightLimit, Policy, PolicyFamily,
+};
 
 /// The routes of the app, fixed in code.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -164,6 +166,10 @@ pub struct RouteConfig {
     pub enforce_percent: u8,
     /// The plans whose users the entry limits otherwise.
     pub plans: Vec<PlanConfig>,
+    /// The route's policy and each plan's, named after the route: what an
+    /// operator's block, reset and status of a user on the route cover,
+    /// whichever plan the user is on.
+    pub family: PolicyFamily,
     /// How each request's cost is settled after its response.
     pub settle: SettleSpec,
     /// At most this many requests of one key in progress at once, under
@@ -396,6 +402,14 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
             })
         })
         .collect::<Result<Vec<_>, ConfigFileError>>()?;
+    let members = std::iter::once(policy.clone()).chain(plans.iter().map(|p| p.policy.clone()));
+    let family = PolicyFamily::new(&r.name, members).map_err(|e| {
+        at(
+            "plans",
+            &r.plans.keys().cloned().collect::<Vec<_>>().join(", "),
+            &e.to_string(),
+        )
+    })?;
     let enforce_percent = match r.enforce_percent {
         None => 100,
         Some(p) => u8::try_from(p)
@@ -442,6 +456,7 @@ fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileError> {
         cost,
         enforce_percent,
         plans,
+        family,
         settle,
         in_flight,
     })

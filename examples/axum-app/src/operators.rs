@@ -3,8 +3,12 @@
 //! shows it (the binding limit), with each of the policy's limits under
 //! `limits` (`search` has 2/s and 100/h), consuming nothing; and, with an admin token configured,
 //! `DELETE /admin/rate_limit/{policy}/{user}`, which lets a spent user in
-//! again, and `POST /admin/rate_limit/{policy}/{user}/block?seconds=N`,
-//! which shuts one out.
+//! again, `POST /admin/rate_limit/{policy}/{user}/block?seconds=N`, which
+//! shuts one out, and `GET /admin/rate_limit/{policy}/{user}`, which shows
+//! the user's state. A route's policy name (`export`) stands for the
+//! route's [`PolicyFamily`]: the route's policy and every plan's
+//! (`export-pro`), so that a block holds whichever plan the user is on; a
+//! plan's policy name stands for that policy alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +21,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
-use tollgate::{BoxStore, KeyExtractor, Policy, Store, ToKey};
+use tollgate::{BoxStore, Decision, KeyExtractor, Policy, PolicyFamily, Store, ToKey};
 
 use crate::{
     AppConfig, AppKey, KeySpec, PlanChooser, RouteConfig, UserId, app_key, demo_auth, plan_chooser,
@@ -26,8 +30,8 @@ use crate::{
 /// Every route entry, with its key extractor and its plans' chooser.
 type Entries = Arc<[(RouteConfig, AppKey, PlanChooser)]>;
 
-/// `GET /rate_limit` (authenticated) and, with an admin token, `DELETE
-/// /admin/rate_limit/{policy}/{user}` and `POST
+/// `GET /rate_limit` (authenticated) and, with an admin token, `DELETE`
+/// and `GET /admin/rate_limit/{policy}/{user}` and `POST
 /// /admin/rate_limit/{policy}/{user}/block?seconds=N`.
 pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminToken>) -> Router {
     let entries: Entries = config
@@ -60,12 +64,22 @@ pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminTo
             async move { admin.act(path, None, request).await }
         }
     };
+    let status = {
+        let admin = admin.clone();
+        move |path, request| {
+            let admin = admin.clone();
+            async move { admin.status(path, request).await }
+        }
+    };
     let block = move |path, Query(block): Query<Block>, request| {
         let admin = admin.clone();
         async move { admin.act(path, Some(block), request).await }
     };
     router
-        .route("/admin/rate_limit/{policy}/{user}", delete(reset))
+        .route(
+            "/admin/rate_limit/{policy}/{user}",
+            delete(reset).get(status),
+        )
         .route("/admin/rate_limit/{policy}/{user}/block", post(block))
 }
 
@@ -83,41 +97,46 @@ async fn rate_limit(entries: Entries, store: BoxStore, request: Request) -> Resp
         let policy = policy_for(entry, plans, &request);
         match store.status(&key, &policy).await {
             Ok(d) => {
-                // Every limit of the policy, in the file's order; the
-                // fields beside them are the binding one's, as the
-                // headers show it.
-                let limits: Vec<serde_json::Value> = d
-                    .limits()
-                    .iter()
-                    .map(|l| {
-                        serde_json::json!({
-                            "rate": l.limit().to_string(),
-                            "limit": l.capacity(),
-                            "remaining": l.remaining(),
-                            "used": l.used(),
-                            "reset": (d.now() + l.reset()).as_secs_ceil(),
-                        })
-                    })
-                    .collect();
-                let shown = serde_json::json!({
-                    "limit": d.limit(),
-                    "remaining": d.remaining(),
-                    "used": d.used(),
-                    "reset": d.reset_at().as_secs_ceil(),
-                    "limits": limits,
-                });
-                resources.insert(policy.name().to_owned(), shown);
+                resources.insert(policy.name().to_owned(), shown(&d));
             }
-            Err(_) => {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the rate limiter is unavailable\n",
-                )
-                    .into_response();
-            }
+            Err(_) => return unavailable(),
         }
     }
     axum::Json(serde_json::json!({ "resources": resources })).into_response()
+}
+
+/// A decision as `/rate_limit` shows it: every limit of the policy, in the
+/// file's order; the fields beside them are the binding one's, as the
+/// headers show it.
+fn shown(d: &Decision) -> serde_json::Value {
+    let limits: Vec<serde_json::Value> = d
+        .limits()
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "rate": l.limit().to_string(),
+                "limit": l.capacity(),
+                "remaining": l.remaining(),
+                "used": l.used(),
+                "reset": (d.now() + l.reset()).as_secs_ceil(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "limit": d.limit(),
+        "remaining": d.remaining(),
+        "used": d.used(),
+        "reset": d.reset_at().as_secs_ceil(),
+        "limits": limits,
+    })
+}
+
+fn unavailable() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the rate limiter is unavailable\n",
+    )
+        .into_response()
 }
 
 /// The admin token, checked in time independent of where a guess first
@@ -165,58 +184,102 @@ struct Admin {
 }
 
 impl Admin {
+    /// 401 without a bearer token, 403 with a wrong one.
+    fn refused(&self, request: &Request) -> Option<Response> {
+        let given = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        match given {
+            None => Some(
+                (
+                    StatusCode::UNAUTHORIZED,
+                    [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                    "operators only: Authorization: Bearer <admin token>\n",
+                )
+                    .into_response(),
+            ),
+            Some(given) if !self.token.admits(given) => {
+                Some((StatusCode::FORBIDDEN, "wrong admin token\n").into_response())
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// What `{policy}` stands for: a route's policy name, the route's
+    /// family (its policy and every plan's); a plan's policy name, that
+    /// policy alone.
+    fn family(&self, policy: &str) -> Option<PolicyFamily> {
+        let entries = || self.entries.iter().map(|(e, _, _)| e);
+        if let Some(route) = entries().find(|e| e.policy.name() == policy) {
+            return Some(route.family.clone());
+        }
+        entries()
+            .flat_map(|e| e.plans.iter())
+            .find(|p| p.policy.name() == policy)
+            .map(|p| PolicyFamily::from(p.policy.clone()))
+    }
+
     /// `DELETE /admin/rate_limit/{policy}/{user}` resets the user's state
-    /// under the policy, and `POST .../block?seconds=N` blocks the user
-    /// for N seconds under it: 204; 401 without a bearer token, 403 with a
-    /// wrong one, 404 for a policy that is not a user-keyed one of the
-    /// file.
+    /// under the policy (a route's: under each of its plans' too), and
+    /// `POST .../block?seconds=N` blocks the user for N seconds under it:
+    /// 204; 401 without a bearer token, 403 with a wrong one, 404 for a
+    /// policy that is not a user-keyed one of the file.
     async fn act(
         &self,
         Path((policy, user)): Path<(String, String)>,
         block: Option<Block>,
         request: Request,
     ) -> Response {
-        let given = request
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-        match given {
-            None => {
-                return (
-                    StatusCode::UNAUTHORIZED,
-                    [(http::header::WWW_AUTHENTICATE, "Bearer")],
-                    "operators only: Authorization: Bearer <admin token>\n",
-                )
-                    .into_response();
-            }
-            Some(given) if !self.token.admits(given) => {
-                return (StatusCode::FORBIDDEN, "wrong admin token\n").into_response();
-            }
-            Some(_) => {}
+        if let Some(refused) = self.refused(&request) {
+            return refused;
         }
-        let found = (self.entries.iter())
-            .flat_map(|(e, _, _)| {
-                std::iter::once(&e.policy).chain(e.plans.iter().map(|p| &p.policy))
-            })
-            .find(|p| p.name() == policy);
-        let Some(policy) = found else {
-            return (StatusCode::NOT_FOUND, "no user-keyed policy of that name\n").into_response();
+        let Some(family) = self.family(&policy) else {
+            return not_found();
         };
         let key = UserId(user).to_key();
         let done = match block {
-            None => self.store.reset(&key, policy).await,
+            None => family.reset(&self.store, &key).await,
             Some(Block { seconds }) => {
                 let duration = Duration::from_secs(seconds);
-                self.store.block(&key, policy, duration).await
+                family.block(&self.store, &key, duration).await
             }
         };
         match done {
             Ok(()) => StatusCode::NO_CONTENT.into_response(),
-            Err(_) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the rate limiter is unavailable\n",
-            )
-                .into_response(),
+            Err(_) => unavailable(),
         }
     }
+
+    /// `GET /admin/rate_limit/{policy}/{user}`: the user's state under the
+    /// policy (a route's: under each of its plans' too), as `/rate_limit`
+    /// shows a policy, by policy name; consuming nothing. Refused as
+    /// [`act`](Admin::act) is.
+    async fn status(
+        &self,
+        Path((policy, user)): Path<(String, String)>,
+        request: Request,
+    ) -> Response {
+        if let Some(refused) = self.refused(&request) {
+            return refused;
+        }
+        let Some(family) = self.family(&policy) else {
+            return not_found();
+        };
+        let key = UserId(user).to_key();
+        match family.status(&self.store, &key).await {
+            Ok(states) => {
+                let resources: serde_json::Map<String, serde_json::Value> = states
+                    .iter()
+                    .map(|(policy, d)| (policy.name().to_owned(), shown(d)))
+                    .collect();
+                axum::Json(serde_json::json!({ "resources": resources })).into_response()
+            }
+            Err(_) => unavailable(),
+        }
+    }
+}
+
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "no user-keyed policy of that name\n").into_response()
 }
