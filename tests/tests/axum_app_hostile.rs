@@ -37,6 +37,12 @@ limits = ["1000/min"]
 "#;
 
 /// Serves the demo on Redis on a free loopback port.
+/// Held by each test for its whole run: the log test's subscriber is the
+/// default of its thread only, and tracing's per-callsite interest, which
+/// every thread shares, may be settled meanwhile by the other test's
+/// thread, which has none; run one at a time, the log test sees its lines.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn serve() -> SocketAddr {
     let url = require_redis().await;
     let store = RedisStore::builder()
@@ -90,6 +96,7 @@ impl Write for Captured {
 
 #[test]
 fn five_hundred_requests_without_the_key_header_are_400s_with_a_handful_of_log_lines() {
+    let _alone = ONE_AT_A_TIME.blocking_lock();
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -132,6 +139,7 @@ fn five_hundred_requests_without_the_key_header_are_400s_with_a_handful_of_log_l
 
 #[tokio::test]
 async fn a_spent_client_padding_x_forwarded_for_past_8_kib_stays_limited() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let addr = serve().await;
     // A client address no other run of this test uses within the minute.
     let nanos = std::time::SystemTime::UNIX_EPOCH
