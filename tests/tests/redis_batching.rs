@@ -259,3 +259,51 @@ async fn requests_whose_deadline_passed_in_the_queue_are_dropped_not_sent_late()
     let decisions = at_once(&store, &policy, &keys, 1).await;
     assert!(decisions.iter().all(Decision::is_allowed));
 }
+
+/// A queue longer than a few deadlines' worth of calls is our own
+/// queueing, not Redis's lateness: while the calls ahead come back, every
+/// queued request waits its turn and is decided, and the breaker stays
+/// closed. (Before, a request that had queued for a deadline gave up with
+/// `Deadline`, and the failure policy answered it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_longer_than_the_deadline_is_served_while_calls_come_back() {
+    let server = RedisServer::spawn();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(20);
+    // Two requests per call, two calls on their way: 4,000 requests at
+    // once take about 1,000 round trips one after the other, far more
+    // than the ceiling of four deadlines.
+    let store = RedisStore::builder()
+        .prefix("long-queue")
+        .deadline(deadline)
+        .batch_size(2)
+        .deny_cache(0)
+        .connect(server.url())
+        .await
+        .unwrap();
+    let policy = Policy::new("long-queue", Algorithm::Gcra, "10/min").unwrap();
+    let keys: Vec<Key> = (0..4_000).map(|i| Key::user(format!("q{i}"))).collect();
+    reset(&mut con);
+    let started = Instant::now();
+    let results = timed_at_once(&store, &policy, &keys, 1).await;
+    let took = started.elapsed();
+    let failed: Vec<_> = results
+        .iter()
+        .filter_map(|(r, _)| r.as_ref().err())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 4,000 failed in {took:?}, first {:?}",
+        failed.len(),
+        failed[0]
+    );
+    assert!(
+        results
+            .iter()
+            .all(|(r, _)| r.as_ref().is_ok_and(Decision::is_allowed))
+    );
+    let calls = command_calls(&mut con, "evalsha");
+    println!("4,000 queued decisions in {calls} calls, {took:?}");
+    assert!(calls >= 2_000, "{calls} calls of at most 2 requests");
+    assert_eq!(store.breaker_state(), tollgate_core::BreakerState::Closed);
+}

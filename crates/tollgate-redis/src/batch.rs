@@ -14,8 +14,17 @@
 //! Every request is still decided by exactly one script call, atomically,
 //! in the order it queued; requests whose callers stopped waiting (their
 //! deadline passed) are left out before a call is sent.
+//!
+//! Waiting in the queue is our own queueing, not Redis's lateness: a
+//! queued request waits on past its deadline as long as calls of its kind
+//! keep coming back with Redis's reply, since each one moves the queue
+//! ahead by a batch (see [`wait`]). It gives up at a deadline in which no
+//! call was answered: then Redis is late, and the calls ahead, which have
+//! the store's deadline and answer to the breaker, are failing too.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use std::future::Future;
 
@@ -23,6 +32,7 @@ use tokio::sync::oneshot;
 use tollgate_core::Policy;
 
 use crate::error::RedisStoreError;
+use crate::patience;
 use crate::shape::Form;
 use crate::wire::{Request, Word};
 
@@ -76,6 +86,8 @@ struct Queue {
 pub(crate) struct Batcher {
     max_keys: usize,
     queue: Mutex<Queue>,
+    /// Calls of this batcher's kind that came back with Redis's reply.
+    answered: AtomicU64,
 }
 
 /// Where a request goes: sent alone at once (holding a place, if the store
@@ -89,6 +101,18 @@ pub(crate) enum Turn<S: WordCalls> {
 /// returned, or its caller stopped waiting) hands it to the queue.
 pub(crate) struct Place<S: WordCalls> {
     inner: Option<(Arc<S>, Form)>,
+}
+
+impl<S: WordCalls> Place<S> {
+    /// Records that the call sent in this place came back with Redis's
+    /// reply: the queue behind it is moving.
+    pub(crate) fn answered(&self) {
+        if let Some((inner, kind)) = &self.inner
+            && let Some(batcher) = inner.batcher(*kind)
+        {
+            batcher.answered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<S: WordCalls> Drop for Place<S> {
@@ -105,6 +129,7 @@ impl Batcher {
         Self {
             max_keys,
             queue: Mutex::default(),
+            answered: AtomicU64::new(0),
         }
     }
 
@@ -137,6 +162,35 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Form, request: Request<'
         reply,
     });
     Turn::Queued(receiver)
+}
+
+/// Waits for the word of a request queued in `batcher`. The request gives
+/// up with [`RedisStoreError::Deadline`] only at a deadline (judged as
+/// [`patience::within`] judges it) in which no call of the batcher was
+/// answered; while calls come back, the queue moves and it waits on. The
+/// wait is bounded: the queue ahead of it is finite and only shrinks, and
+/// each call ahead ends within the store's ceiling.
+pub(crate) async fn wait(
+    batcher: &Batcher,
+    deadline: Duration,
+    mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
+) -> Result<Word, RedisStoreError> {
+    loop {
+        let seen = batcher.answered.load(Ordering::Relaxed);
+        match patience::within(deadline, &mut reply).await {
+            Ok(Ok(word)) => return word,
+            Ok(Err(_)) => {
+                return Err(RedisStoreError::Protocol(
+                    "the batch of this request was dropped".into(),
+                ));
+            }
+            Err(missed) => {
+                if batcher.answered.load(Ordering::Relaxed) == seen {
+                    return Err(RedisStoreError::Deadline(missed.waited(deadline)));
+                }
+            }
+        }
+    }
 }
 
 /// Gives a place back, or hands it to a task that sends the queue.
@@ -197,6 +251,7 @@ async fn drive<S: WordCalls>(inner: Arc<S>, kind: Form, mut batch: Vec<Queued>) 
         let result = inner.call_queued(kind, &batch).await;
         match result {
             Ok(words) => {
+                batcher.answered.fetch_add(1, Ordering::Relaxed);
                 for (queued, word) in batch.drain(..).zip(words) {
                     let _ = queued.reply.send(Ok(word));
                 }

@@ -309,8 +309,9 @@ impl<C: RedisConnection> RedisStore<C> {
     /// when a place is free (or the store does not batch), else in the
     /// next call of the queued requests of its kind. The call has the
     /// store's deadline and answers to the breaker; a request that waits
-    /// in the queue gives up at the deadline too, but its wait is no
-    /// failure of Redis and the breaker does not count it.
+    /// in the queue waits on while the calls ahead are answered (see
+    /// [`batch::wait`]), and its wait is no failure of Redis: the breaker
+    /// does not count it.
     async fn decide_word(
         &self,
         form: Form,
@@ -321,15 +322,12 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &self.inner;
         let request = word_request(form, state_key, policy, cost);
         let (now, word) = match batch::enter(inner, form, request) {
-            Turn::Queued(reply) => match patience::within(inner.deadline, reply).await {
-                Ok(Ok(word)) => word?,
-                Ok(Err(_)) => {
+            Turn::Queued(reply) => match inner.batcher(form) {
+                Some(batcher) => batch::wait(batcher, inner.deadline, reply).await?,
+                None => {
                     return Err(RedisStoreError::Protocol(
-                        "the batch of this request was dropped".into(),
+                        "a queued request of a kind the store does not batch".into(),
                     ));
-                }
-                Err(missed) => {
-                    return Err(RedisStoreError::Deadline(missed.waited(inner.deadline)));
                 }
             },
             // Sent alone, exactly as without batching, holding its place
@@ -338,6 +336,9 @@ impl<C: RedisConnection> RedisStore<C> {
                 let words = inner
                     .guarded(state_key, inner.wire.send(form, &[request]))
                     .await;
+                if words.is_ok() {
+                    place.answered();
+                }
                 drop(place);
                 words?
                     .first()
