@@ -2,6 +2,7 @@
 
 mod builder;
 mod bus;
+mod grant;
 mod table;
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use tollgate_core::{Clock, Decision, Key, Policy, Settlement, Store, StoreError}
 
 pub use builder::LeasedStoreBuilder;
 use bus::{Bus, Listener};
-use table::{Entry, Lease, Leasing, Table, identity};
+use table::{Lease, Leasing, Table, identity};
 
 /// A store that lends each instance slices of a hot key's allowance, so
 /// that most of the key's requests are decided locally, without a round
@@ -270,136 +271,6 @@ impl<S: Store> Shared<S> {
         self.calls.direct.fetch_add(1, Ordering::Relaxed);
         self.store.check(key, policy, cost).await
     }
-
-    /// A lease of `units`, granted by the store's answer `base` to a grant
-    /// asked for at local time `sent`.
-    fn lease(&self, key: &Key, policy: &Policy, base: Decision, units: u64, sent: u64) -> Lease {
-        let lifetime = Leasing::of(policy).lifetime(policy, &base, self.interval * 2);
-        Lease {
-            granted: units,
-            left: units,
-            sent,
-            expires: sent + lifetime,
-            base,
-            identity: identity(key, policy),
-            key: key.clone(),
-            policy: policy.clone(),
-        }
-    }
-
-    /// Whether a grant asked for at invalidation `generation` may be
-    /// kept: no invalidation arrived meanwhile, and the instance still
-    /// hears of them.
-    fn keeps(&self, generation: u64) -> bool {
-        self.bus.generation.load(Ordering::Acquire) == generation && self.bus.listening()
-    }
-
-    /// Waits for the grant on its way for the key of `hash`, then spends
-    /// `cost` from its lease, or asks the store when there is none.
-    async fn after_grant(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        hash: u64,
-        cost: u64,
-        grant: Arc<tokio::sync::Notify>,
-    ) -> Result<Decision, StoreError> {
-        let granted = grant.notified();
-        // The grant may have ended between the lock and here.
-        let on_its_way = self
-            .table
-            .shard(hash)
-            .get(&hash)
-            .is_some_and(|e| e.refilling.as_ref().is_some_and(|w| Arc::ptr_eq(w, &grant)));
-        if on_its_way {
-            granted.await;
-        }
-        let now = self.now();
-        let spent = self
-            .table
-            .shard(hash)
-            .get_mut(&hash)
-            .filter(|e| e.fingerprint == policy.fingerprint())
-            .and_then(|e| e.spend(cost, now));
-        match spent {
-            Some(decision) => Ok(decision),
-            None => self.direct(key, policy, cost).await,
-        }
-    }
-
-    /// Asks for `size` units for the key of `hash`: `cost` of them for
-    /// the request that asks (0 for a lease asked for ahead), the rest for
-    /// a lease. The request's decision, or `None` when the store refused
-    /// the grant (the key is near its limit).
-    async fn grant(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        hash: u64,
-        size: u64,
-        cost: u64,
-        sent: u64,
-    ) -> Result<Option<Decision>, StoreError> {
-        let generation = self.bus.generation.load(Ordering::Acquire);
-        self.calls.grants.fetch_add(1, Ordering::Relaxed);
-        let answer = self.store.check(key, policy, size).await;
-        // The requests waiting for this grant wake when it is settled
-        // (this returns), and find the lease or go to the store.
-        let _wake: Wake;
-        let base = {
-            let mut shard = self.table.shard(hash);
-            let mut entry = shard
-                .get_mut(&hash)
-                .filter(|e| e.fingerprint == policy.fingerprint());
-            _wake = Wake(entry.as_mut().and_then(|e| e.refilling.take()));
-            let answer = answer?;
-            if let Some(entry) = entry {
-                entry.store_answered(&answer, self.now());
-                if !answer.is_allowed() {
-                    entry.size = entry.size.min(answer.remaining());
-                }
-            }
-            if !answer.is_allowed() {
-                return Ok(None);
-            }
-            answer
-        };
-        let mut lease = self.lease(key, policy, base, size - cost, sent);
-        let decision = lease.spend(0, sent);
-        let unkept = {
-            let mut shard = self.table.shard(hash);
-            // Under the shard's lock: an invalidation bumps the generation
-            // before it sweeps the shards, so a lease is either installed
-            // before the sweep, which drops it, or sees the new generation.
-            if !self.keeps(generation) {
-                // A reset or block may have wiped what the grant consumed:
-                // the units are dropped, not given back.
-                return Ok(Some(decision));
-            }
-            let entry = shard
-                .get_mut(&hash)
-                .filter(|e| e.fingerprint == policy.fingerprint());
-            match entry {
-                Some(entry) if lease.expires > sent => install(entry, lease),
-                _ => Some(lease),
-            }
-        };
-        if let Some(lease) = unkept {
-            self.give_back(vec![lease]).await;
-        }
-        Ok(Some(decision))
-    }
-}
-
-/// Wakes the requests waiting for a grant when dropped.
-struct Wake(Option<Arc<tokio::sync::Notify>>);
-
-impl Drop for Wake {
-    fn drop(&mut self) {
-        if let Some(waiting) = &self.0 {
-            waiting.notify_waiters();
-        }
-    }
 }
 
 /// What a request finds in the table.
@@ -596,42 +467,5 @@ impl<S: Store> Store for LeasedStore<S> {
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.shared.store.last_known(key, policy)
-    }
-}
-
-/// Puts `lease` in the first free place of `entry`, or hands it back.
-fn install(entry: &mut Entry, lease: Lease) -> Option<Lease> {
-    match (&entry.lease, &entry.next) {
-        (None, _) => entry.lease = Some(lease),
-        (Some(_), None) => entry.next = Some(lease),
-        (Some(_), Some(_)) => return Some(lease),
-    }
-    None
-}
-
-impl<S: Store> LeasedStore<S> {
-    /// Asks, in the background, for the next lease of the key of `hash`
-    /// when `entry`'s current one has spent half its units.
-    fn ahead(&self, entry: &mut Entry, key: &Key, policy: &Policy, hash: u64, now: u64) {
-        let shared = &self.shared;
-        let Some(size) = entry.ahead(now, shared.interval, || shared.cap(policy)) else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if !shared.bus.listening() {
-            return;
-        }
-        entry.refilling = Some(Arc::default());
-        let (shared, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
-        shared.ahead.fetch_add(1, Ordering::AcqRel);
-        runtime.spawn(async move {
-            // A failure leaves the current lease going; the request that
-            // finds it used up meets the store's error itself.
-            let _ = shared.grant(&key, &policy, hash, size, 0, now).await;
-            shared.ahead.fetch_sub(1, Ordering::AcqRel);
-            shared.ahead_done.notify_waiters();
-        });
     }
 }

@@ -1,0 +1,131 @@
+//! Building a store on a connection: the server's version, the scripts,
+//! and a start without Redis when it cannot be reached.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tollgate_core::{CircuitBreaker, ConfigError};
+
+use super::RedisStoreBuilder;
+use crate::batch::Batcher;
+use crate::connection::RedisConnection;
+use crate::deny_cache::DenyCache;
+use crate::error::RedisStoreError;
+use crate::identity::{ServerIdentity, run_id, too_old};
+use crate::keys::KeyNamer;
+use crate::known::LastKnown;
+use crate::lanes::Lanes;
+use crate::script::Scripts;
+use crate::store::{Inner, RedisStore};
+use crate::wire::{RedisClock, Wire, WriteOrder};
+
+impl RedisStoreBuilder {
+    /// Builds a store on a connection of your own, and loads the scripts.
+    ///
+    /// # Errors
+    ///
+    /// On invalid settings, when the server is older than Redis 7.0
+    /// ([`RedisStoreError::UnsupportedVersion`]), or when the scripts cannot
+    /// be loaded.
+    pub async fn build<C: RedisConnection>(
+        self,
+        connection: C,
+    ) -> Result<RedisStore<C>, RedisStoreError> {
+        let names = self.check()?;
+        let scripts = Scripts::new();
+        let budget = self.connect_timeout + self.response_timeout_or_default();
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let info: Result<redis::Value, _> = tokio::time::timeout(budget, connection.query(&info))
+            .await
+            .unwrap_or(Err(RedisStoreError::Deadline(budget)));
+        let info = match info {
+            Ok(info) => info,
+            // Redis is down: the store starts without it. Its version is
+            // not known, and its scripts load on their first call (the
+            // NOSCRIPT retry); until Redis answers, every call fails and the
+            // failure policy answers.
+            Err(error) if unreachable(&error) => {
+                return Ok(self.assemble(connection, names, scripts, ServerIdentity::new(None))?);
+            }
+            Err(error) => return Err(error),
+        };
+        if let Some(version) = too_old(&info) {
+            return Err(RedisStoreError::UnsupportedVersion { version });
+        }
+        let server = ServerIdentity::new(run_id(&info).map(str::to_owned));
+        for script in scripts.all() {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script.source);
+            let sha: String = tokio::time::timeout(budget, connection.query(&load))
+                .await
+                .map_err(|_| RedisStoreError::Deadline(budget))??;
+            if sha != script.sha {
+                return Err(RedisStoreError::Protocol(format!(
+                    "SCRIPT LOAD returned {sha}, expected {}",
+                    script.sha
+                )));
+            }
+        }
+        Ok(self.assemble(connection, names, scripts, server)?)
+    }
+
+    /// The store around `connection`, once the server is known or known
+    /// to be unreachable.
+    fn assemble<C: RedisConnection>(
+        self,
+        connection: C,
+        names: KeyNamer,
+        scripts: Scripts,
+        server: ServerIdentity,
+    ) -> Result<RedisStore<C>, ConfigError> {
+        let connection_is_one_server = connection.is_one_server();
+        let breakers = (0..self.breaker_ranges.max(1))
+            .map(|_| CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown))
+            .collect::<Result<_, _>>()?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                wire: Wire {
+                    connection,
+                    scripts,
+                    clock: self.clock,
+                    order: WriteOrder::new(self.write_first),
+                    redis_clock: RedisClock::new(),
+                    local_origin: Instant::now(),
+                },
+                names,
+                deadline: self.deadline,
+                batchers: (self.batch_size > 1 && connection_is_one_server)
+                    .then(|| [Batcher::new(self.batch_size), Batcher::new(self.batch_size)]),
+                breakers,
+                deny_cache: DenyCache::new(self.deny_cache),
+                last_known: LastKnown::new(self.deny_cache),
+                lanes: Lanes::default(),
+                server,
+                #[cfg(feature = "metrics")]
+                latency: {
+                    metrics::describe_histogram!(
+                        tollgate_core::telemetry::STORE_LATENCY,
+                        metrics::Unit::Seconds,
+                        tollgate_core::telemetry::STORE_LATENCY_HELP
+                    );
+                    metrics::histogram!(tollgate_core::telemetry::STORE_LATENCY)
+                },
+                #[cfg(feature = "metrics")]
+                hit_counters: std::sync::RwLock::default(),
+            }),
+        })
+    }
+}
+
+/// Whether `error`, met while building the store, says Redis cannot be
+/// reached now (rather than that it answered wrongly): the store is then
+/// built without it.
+fn unreachable(error: &RedisStoreError) -> bool {
+    error.is_connection_lost()
+        || matches!(
+            error,
+            RedisStoreError::Deadline(_) | RedisStoreError::NotConnected { .. }
+        )
+        || matches!(error, RedisStoreError::Redis(e) if e.is_timeout())
+}
