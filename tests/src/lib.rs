@@ -86,28 +86,42 @@ impl RedisServer {
     ///
     /// As [`RedisServer::spawn`].
     pub fn spawn_with(extra: &[&str]) -> Self {
-        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
         // A free port can be taken by another process before the server
         // binds it (test binaries run side by side): then the server exits,
         // and a fresh port is tried.
         let mut failures = Vec::new();
         for _ in 0..5 {
-            let port = free_port();
-            let dir =
-                std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {dir:?}: {e}"));
-            let mut server = Self {
-                child: start(port, &dir, &extra),
-                port,
-                dir,
-                extra: extra.clone(),
-            };
-            match server.wait_until_up() {
-                Ok(()) => return server,
+            match Self::try_spawn(free_port(), extra) {
+                Ok(server) => return server,
                 Err(why) => failures.push(why),
             }
         }
         panic!("redis-server did not start: {}", failures.join("; "))
+    }
+
+    /// Starts a server with extra arguments on `port`, one a store was
+    /// already told to use, and waits until it answers.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::spawn`], and when `port` is taken.
+    pub fn spawn_on(port: u16, extra: &[&str]) -> Self {
+        Self::try_spawn(port, extra)
+            .unwrap_or_else(|why| panic!("redis-server did not start: {why}"))
+    }
+
+    fn try_spawn(port: u16, extra: &[&str]) -> Result<Self, String> {
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {dir:?}: {e}"));
+        let mut server = Self {
+            child: start(port, &dir, &extra),
+            port,
+            dir,
+            extra,
+        };
+        server.wait_until_up().map(|()| server)
     }
 
     /// Waits until this server (not another on its port) answers.
@@ -270,6 +284,20 @@ impl RedisCluster {
     /// When `redis-server` or `redis-cli` is missing, or the cluster does
     /// not come up within 30 s.
     pub fn spawn() -> Self {
+        Self::spawn_from(None)
+    }
+
+    /// As [`RedisCluster::spawn`], with the first node on `port`: one a
+    /// store was already told to use as its seed.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisCluster::spawn`], and when `port` is taken.
+    pub fn spawn_seeded_on(port: u16) -> Self {
+        Self::spawn_from(Some(port))
+    }
+
+    fn spawn_from(first: Option<u16>) -> Self {
         let timeout = Self::NODE_TIMEOUT.as_millis().to_string();
         let args = [
             "--cluster-enabled",
@@ -283,7 +311,12 @@ impl RedisCluster {
             "--repl-diskless-sync-delay",
             "0",
         ];
-        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::spawn_with(&args)).collect();
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|i| match first {
+                Some(port) if i == 0 => RedisServer::spawn_on(port, &args),
+                Some(_) | None => RedisServer::spawn_with(&args),
+            })
+            .collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
@@ -393,9 +426,23 @@ impl RedisSentinel {
     /// When `redis-server` cannot run as a sentinel, or does not start
     /// within 10 s.
     pub fn spawn(master: &RedisServer, service: &str, quorum: u32) -> Self {
+        Self::spawn_from(master, service, quorum, None)
+    }
+
+    /// As [`RedisSentinel::spawn`], listening on `port`: one a store was
+    /// already told to ask.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisSentinel::spawn`], and when `port` is taken.
+    pub fn spawn_on(port: u16, master: &RedisServer, service: &str, quorum: u32) -> Self {
+        Self::spawn_from(master, service, quorum, Some(port))
+    }
+
+    fn spawn_from(master: &RedisServer, service: &str, quorum: u32, fixed: Option<u16>) -> Self {
         let mut failures = Vec::new();
-        for _ in 0..5 {
-            let port = free_port();
+        for _ in 0..if fixed.is_some() { 1 } else { 5 } {
+            let port = fixed.unwrap_or_else(free_port);
             let dir = std::env::temp_dir()
                 .join(format!("tollgate-sentinel-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {dir:?}: {e}"));

@@ -6,8 +6,9 @@
 use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, FailureMode, FallbackStore, Key, MemoryStore, Policy, Store};
+use tollgate_redis::RedisConnection;
 use tollgate_redis::{RedisStore, RedisStoreError};
-use tollgate_tests::{RedisServer, unique_prefix};
+use tollgate_tests::{RedisCluster, RedisSentinel, RedisServer, unique_prefix};
 
 async fn store(url: &str, prefix: &str) -> RedisStore {
     RedisStore::builder()
@@ -124,4 +125,86 @@ async fn five_of_eight<C: tollgate_redis::RedisConnection>(store: RedisStore<C>)
         admitted += u64::from(decision.is_allowed());
     }
     admitted
+}
+
+/// Waits (up to 30 s) until `store`, built while nothing answered, is
+/// ready: its readiness probe reaches Redis.
+async fn until_ready<C: RedisConnection>(store: &RedisStore<C>, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(error) = store.health_check().await {
+        assert!(
+            Instant::now() < deadline,
+            "{name}: never connected: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// 100 checks of one key of a 50/h policy, alternately through `early`
+/// and `late`: how many were admitted.
+async fn alternately<C: RedisConnection, D: RedisConnection>(
+    early: &RedisStore<C>,
+    late: &RedisStore<D>,
+) -> u64 {
+    let policy = Policy::new("boot-later", Algorithm::FixedWindow, "50/h").unwrap();
+    let key = Key::user("ada");
+    let mut admitted = 0;
+    for i in 0..100 {
+        let decision = if i % 2 == 0 {
+            early.check(&key, &policy, 1).await
+        } else {
+            late.check(&key, &policy, 1).await
+        };
+        admitted += u64::from(decision.unwrap().is_allowed());
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_store_built_before_its_sentinel_and_master_decides_through_them_once_up() {
+    let port = closed_port();
+    let prefix = unique_prefix("boot-sentinel");
+    let builder = || {
+        RedisStore::builder()
+            .prefix(prefix.clone())
+            .connect_timeout(Duration::from_millis(200))
+            .circuit_breaker(1_000, Duration::from_millis(50))
+    };
+    let url = format!("redis+sentinel://127.0.0.1:{port}/boot");
+    let early = builder().connect_sentinel_url(&url).await.unwrap();
+    assert!(early.health_check().await.is_err(), "nothing answers yet");
+    // The master, then its sentinel on the port the store was given.
+    let master = RedisServer::spawn();
+    let _sentinel = RedisSentinel::spawn_on(port, &master, "boot", 1);
+    until_ready(&early, "sentinel").await;
+    let late = builder().connect_sentinel_url(&url).await.unwrap();
+    assert_eq!(
+        alternately(&early, &late).await,
+        50,
+        "one count on the master, shared by both"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_store_built_before_its_cluster_decides_through_it_once_up() {
+    let port = closed_port();
+    let prefix = unique_prefix("boot-cluster");
+    let builder = || {
+        RedisStore::builder()
+            .prefix(prefix.clone())
+            .connect_timeout(Duration::from_millis(200))
+            .circuit_breaker(1_000, Duration::from_millis(50))
+    };
+    let seed = format!("redis://127.0.0.1:{port}");
+    let early = builder().connect_cluster([seed.clone()]).await.unwrap();
+    assert!(early.health_check().await.is_err(), "nothing answers yet");
+    // The cluster, its first node on the seed's port.
+    let cluster = RedisCluster::spawn_seeded_on(port);
+    until_ready(&early, "cluster").await;
+    let late = builder().connect_cluster(cluster.urls()).await.unwrap();
+    assert_eq!(
+        alternately(&early, &late).await,
+        50,
+        "one count in the cluster, shared by both"
+    );
 }
