@@ -136,31 +136,36 @@ mod tests {
         assert!(reply.await.is_ok());
     }
 
-    #[tokio::test(flavor = "current_thread")]
+    // The two tests below run on tokio's paused clock: the runtime's
+    // lateness is an `advance` inside the call, which the machine's load
+    // cannot stretch (a stall on the real clock, followed by a real sleep,
+    // could be stretched past the ceiling by a busy machine).
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_late_timer_waits_for_the_reply_until_the_ceiling() {
         let deadline = Duration::from_millis(10);
         let call = async {
-            // The deadline fires during this stall, so late.
-            spin(deadline * 2);
+            // The clock moves past the deadline while the call runs, as
+            // when our runtime is too busy to fire the timer: late.
+            tokio::time::advance(deadline * 2).await;
             tokio::time::sleep(deadline).await;
             5
         };
         assert_eq!(within(deadline, call).await, Ok(5));
     }
 
-    #[tokio::test(flavor = "current_thread")]
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn an_on_time_deadline_is_missed_and_the_ceiling_is_hard() {
         let deadline = Duration::from_millis(20);
         let never = std::future::pending::<()>();
         assert_eq!(within(deadline, never).await, Err(Missed::Deadline));
-        let stalled_forever = async {
-            spin(deadline * 2);
+        let late_and_never = async {
+            tokio::time::advance(deadline * 2).await;
             std::future::pending::<()>().await;
         };
-        assert_eq!(
-            within(deadline, stalled_forever).await,
-            Err(Missed::Ceiling)
-        );
+        let started = Instant::now();
+        assert_eq!(within(deadline, late_and_never).await, Err(Missed::Ceiling));
+        assert_eq!(started.elapsed(), deadline * CEILING);
         assert_eq!(Missed::Ceiling.waited(deadline), deadline * CEILING);
     }
 }
