@@ -261,7 +261,7 @@ fn tollgate(
     per_call: usize,
     write_first: Option<bool>,
 ) -> Vec<redis::Cmd> {
-    let mut source = script_source(policy).unwrap().to_owned();
+    let mut source = script_source(policy).to_owned();
     let one_word = policy.shape() == tollgate_core::Shape::Tat;
     if one_word && !write_first.unwrap_or(matches!(w, Workload::Idle)) {
         // The variant that reads first (see `script_source`).

@@ -66,7 +66,7 @@ async fn measure<C: RedisConnection>(
 
 /// `redis-benchmark` running the GCRA decision script via EVALSHA.
 fn redis_benchmark(server: &RedisServer, policy: &Policy, concurrency: usize) -> f64 {
-    let source = script_source(policy).unwrap();
+    let source = script_source(policy);
     let mut con = server.connection();
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")

@@ -8,7 +8,6 @@ use crate::error::ConfigError;
 
 /// The state of a [`CircuitBreaker`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum BreakerState {
     /// Calls go through.
     Closed,

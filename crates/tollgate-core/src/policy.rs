@@ -142,7 +142,6 @@ struct Inner {
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum Shape {
     /// One time in µs, when the limit's backlog clears: a single GCRA
     /// limit (its theoretical arrival time), token-bucket limit (when the

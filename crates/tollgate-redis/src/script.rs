@@ -52,27 +52,25 @@ const TAT_READ_FIRST: &str = concat!(
 /// (see [`Shape::WindowWord`](tollgate_core::Shape::WindowWord)).
 const WINDOW_WORD: &str = concat!(word_carry!(), include_str!("lua/shape/window_word.lua"));
 
-/// The general script of `algorithm`, or `None` for one this version does
-/// not implement.
-fn general(algorithm: Algorithm) -> Option<&'static str> {
-    Some(match algorithm {
+/// The general script of `algorithm`.
+fn general(algorithm: Algorithm) -> &'static str {
+    match algorithm {
         Algorithm::FixedWindow => decision_script!("fixed_window.lua"),
         Algorithm::SlidingLog => decision_script!("sliding_log.lua"),
         Algorithm::SlidingWindow => decision_script!("sliding_window.lua"),
         Algorithm::TokenBucket => decision_script!("token_bucket.lua"),
         Algorithm::LeakyBucket => decision_script!("leaky_bucket.lua"),
         Algorithm::Gcra => decision_script!("gcra.lua"),
-        _ => return None,
-    })
+    }
 }
 
 /// The source of the script that decides for `policy`, as sent (see
 /// `testing::script_source`).
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
-pub(crate) fn source(policy: &Policy) -> Option<&'static str> {
+pub(crate) fn source(policy: &Policy) -> &'static str {
     match Form::of(policy) {
-        Form::Tat => Some(TAT_WRITE_FIRST),
-        Form::WindowWord => Some(WINDOW_WORD),
+        Form::Tat => TAT_WRITE_FIRST,
+        Form::WindowWord => WINDOW_WORD,
         Form::General => general(policy.algorithm()),
     }
 }
@@ -279,7 +277,9 @@ impl DecisionScript {
 /// The scripts, hashed once.
 #[derive(Debug)]
 pub(crate) struct Scripts {
-    general: Vec<(Algorithm, DecisionScript)>,
+    /// Each algorithm's general script, at the algorithm's place in
+    /// [`Algorithm::ALL`] (its declaration order).
+    general: [DecisionScript; 6],
     /// Writing first, then reading first.
     tat: [DecisionScript; 2],
     pub(crate) window_word: DecisionScript,
@@ -292,10 +292,7 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Self {
-            general: Algorithm::ALL
-                .into_iter()
-                .filter_map(|a| Some((a, DecisionScript::new(general(a)?))))
-                .collect(),
+            general: Algorithm::ALL.map(|a| DecisionScript::new(general(a))),
             tat: [
                 DecisionScript::new(TAT_WRITE_FIRST),
                 DecisionScript::new(TAT_READ_FIRST),
@@ -307,13 +304,9 @@ impl Scripts {
         }
     }
 
-    /// The general script of `policy`'s algorithm, or `None` for one this
-    /// store does not know.
-    pub(crate) fn get(&self, policy: &Policy) -> Option<&DecisionScript> {
-        self.general
-            .iter()
-            .find(|(a, _)| *a == policy.algorithm())
-            .map(|(_, s)| s)
+    /// The general script of `policy`'s algorithm.
+    pub(crate) fn get(&self, policy: &Policy) -> &DecisionScript {
+        &self.general[policy.algorithm() as usize]
     }
 
     /// The script of one-time policies, which takes one or more keys,
@@ -323,11 +316,30 @@ impl Scripts {
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &DecisionScript> {
-        self.general.iter().map(|(_, s)| s).chain(&self.tat).chain([
+        self.general.iter().chain(&self.tat).chain([
             &self.window_word,
             &self.block,
             &self.acquire,
             &self.renew,
         ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_algorithm_finds_its_own_general_script() {
+        let scripts = Scripts::new();
+        for (place, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+            assert_eq!(algorithm as usize, place, "ALL is in declaration order");
+            let policy = Policy::new("p", algorithm, "10/s").unwrap();
+            assert_eq!(
+                scripts.get(&policy).source,
+                general(algorithm),
+                "{algorithm}"
+            );
+        }
     }
 }

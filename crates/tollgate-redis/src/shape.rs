@@ -27,7 +27,7 @@ impl Form {
         match policy.shape() {
             Shape::Tat => Form::Tat,
             Shape::WindowWord => Form::WindowWord,
-            _ => Form::General,
+            Shape::Full => Form::General,
         }
     }
 

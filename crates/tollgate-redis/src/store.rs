@@ -159,7 +159,7 @@ impl<C> RedisStore<C> {
             .max_by_key(|s| match s {
                 BreakerState::Closed => 0,
                 BreakerState::HalfOpen => 1,
-                _ => 2,
+                BreakerState::Open => 2,
             })
             .unwrap_or(BreakerState::Closed)
     }

@@ -22,14 +22,14 @@ use tollgate_core::Policy;
 /// use tollgate_redis::testing::script_source;
 ///
 /// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
-/// assert!(script_source(&gcra).unwrap().contains("PXAT"));
+/// assert!(script_source(&gcra).contains("PXAT"));
 /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
-/// assert!(script_source(&window).unwrap().contains("KEEPTTL"));
+/// assert!(script_source(&window).contains("KEEPTTL"));
 /// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
-/// assert!(script_source(&sliding).unwrap().contains("HGETALL"));
+/// assert!(script_source(&sliding).contains("HGETALL"));
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
-pub fn script_source(policy: &Policy) -> Option<&'static str> {
+pub fn script_source(policy: &Policy) -> &'static str {
     crate::script::source(policy)
 }
 

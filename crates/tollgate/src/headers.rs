@@ -86,7 +86,7 @@ impl Decoration {
         }
         let ietf = match style {
             HeaderStyle::Ietf | HeaderStyle::Both => ietf_values(decision, policy).map(Box::new),
-            _ => None,
+            HeaderStyle::GitHub | HeaderStyle::GitHubFull | HeaderStyle::None => None,
         };
         Some(Self {
             limit: decision.limit(),

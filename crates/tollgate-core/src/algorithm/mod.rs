@@ -34,7 +34,6 @@ pub(crate) mod token_bucket;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
-#[non_exhaustive]
 pub enum Algorithm {
     /// Counts per window; windows are aligned to multiples of the period
     /// since the Unix epoch, as GitHub does.

@@ -30,7 +30,7 @@ impl Leasing {
         match policy.algorithm() {
             Algorithm::Gcra | Algorithm::TokenBucket => Leasing::Rate,
             Algorithm::FixedWindow | Algorithm::SlidingWindow => Leasing::Window,
-            _ => Leasing::Never,
+            Algorithm::SlidingLog | Algorithm::LeakyBucket => Leasing::Never,
         }
     }
 

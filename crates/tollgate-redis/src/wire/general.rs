@@ -60,9 +60,7 @@ impl<C: RedisConnection> Wire<C> {
         policy: &Policy,
         requests: Arg<'_>,
     ) -> Result<redis::Value, RedisStoreError> {
-        let script = self.scripts.get(policy).ok_or_else(|| {
-            RedisStoreError::Protocol(format!("no script for algorithm {}", policy.algorithm()))
-        })?;
+        let script = self.scripts.get(policy);
         let (now, min_ttl_ms) = self.test_time();
         // A size hint (arguments, bytes): 16 arguments of 16 bytes or so,
         // besides the key names and the requests, hold most policies.
