@@ -3,7 +3,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -14,7 +13,7 @@ use tollgate::{
     Algorithm, BreakerState, FailureMode, HeaderKey, Key, Policy, RateLimitLayer, Store,
 };
 use tollgate_redis::{RedisStore, RedisStoreError};
-use tollgate_tests::RedisServer;
+use tollgate_tests::{RedisServer, StallMeter};
 use tower::ServiceExt;
 
 const DEADLINE: Duration = Duration::from_millis(50);
@@ -24,43 +23,6 @@ const SLACK: Duration = Duration::from_millis(50);
 /// side by side, five tests with two runtime workers each would share two
 /// cores, and one test's load would become another's stall.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The longest this process's threads were kept waiting by the machine
-/// while a test ran: a plain thread sleeps 2 ms in a loop and records how
-/// late it woke. On a loaded 2-core CI machine a whole process can stall
-/// for a few hundred milliseconds, which no deadline of the store can
-/// prevent, so latency bounds allow for it. A plain thread, not a task: a
-/// runtime worker that the store blocked (a bug) stalls the requests, not
-/// this thread, and is not excused.
-struct StallMeter {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Duration>,
-}
-
-impl StallMeter {
-    fn start() -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::thread::spawn({
-            let stop = stop.clone();
-            move || {
-                let mut worst = Duration::ZERO;
-                while !stop.load(Ordering::Relaxed) {
-                    let asked = Instant::now();
-                    std::thread::sleep(Duration::from_millis(2));
-                    let late = asked.elapsed().saturating_sub(Duration::from_millis(2));
-                    worst = worst.max(late);
-                }
-                worst
-            }
-        });
-        Self { stop, thread }
-    }
-
-    fn stop(self) -> Duration {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the stall meter ran")
-    }
-}
 
 async fn store(server: &RedisServer) -> RedisStore {
     store_with(server, 10_000).await

@@ -20,7 +20,11 @@
 //! keep coming back with Redis's reply, since each one moves the queue
 //! ahead by a batch (see [`wait`]). It gives up at a deadline in which no
 //! call was answered: then Redis is late, and the calls ahead, which have
-//! the store's deadline and answer to the breaker, are failing too.
+//! the store's deadline and answer to the breaker, are failing too. The
+//! queue holds at most [`MAX_QUEUED`] requests; one that finds it full
+//! fails at once with [`RedisStoreError::QueueFull`]. So a queued request
+//! waits at most for the calls ahead of it, each of which ends within the
+//! store's ceiling: `MAX_QUEUED / (batch size × IN_FLIGHT)` calls.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -53,6 +57,10 @@ pub(crate) trait WordCalls: Send + Sync + 'static {
 
 /// Calls of the batch script on their way at once.
 pub(crate) const IN_FLIGHT: usize = 2;
+
+/// The most requests waiting in a batcher's queue: as many as a key's lane
+/// holds (see [`crate::lanes`]).
+pub(crate) const MAX_QUEUED: usize = crate::lanes::MAX_QUEUED;
 
 /// A request waiting for a place in a call.
 pub(crate) struct Queued {
@@ -95,6 +103,8 @@ pub(crate) struct Batcher {
 pub(crate) enum Turn<S: WordCalls> {
     Now(Place<S>),
     Queued(oneshot::Receiver<Result<Word, RedisStoreError>>),
+    /// The queue holds [`MAX_QUEUED`] requests already.
+    Full,
 }
 
 /// A place among the calls on their way; dropping it (when the call has
@@ -152,6 +162,9 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Form, request: Request<'
             inner: Some((inner.clone(), kind)),
         });
     }
+    if queue.waiting.len() >= MAX_QUEUED {
+        return Turn::Full;
+    }
     let (reply, receiver) = oneshot::channel();
     queue.waiting.push(Queued {
         key: request.key.to_owned(),
@@ -165,16 +178,17 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Form, request: Request<'
 }
 
 /// Waits for the word of a request queued in `batcher`. The request gives
-/// up with [`RedisStoreError::Deadline`] only at a deadline (judged as
+/// up with [`RedisStoreError::Deadline`] at a deadline (judged as
 /// [`patience::within`] judges it) in which no call of the batcher was
-/// answered; while calls come back, the queue moves and it waits on. The
-/// wait is bounded: the queue ahead of it is finite and only shrinks, and
-/// each call ahead ends within the store's ceiling.
+/// answered; while calls come back, the queue moves and it waits on. When
+/// it gives up, its caller stops waiting, so it is left out of the next
+/// call, never sent late.
 pub(crate) async fn wait(
     batcher: &Batcher,
     deadline: Duration,
     mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
 ) -> Result<Word, RedisStoreError> {
+    let queued = tokio::time::Instant::now();
     loop {
         let seen = batcher.answered.load(Ordering::Relaxed);
         match patience::within(deadline, &mut reply).await {
@@ -184,11 +198,10 @@ pub(crate) async fn wait(
                     "the batch of this request was dropped".into(),
                 ));
             }
-            Err(missed) => {
-                if batcher.answered.load(Ordering::Relaxed) == seen {
-                    return Err(RedisStoreError::Deadline(missed.waited(deadline)));
-                }
+            Err(_) if batcher.answered.load(Ordering::Relaxed) == seen => {
+                return Err(RedisStoreError::Deadline(queued.elapsed()));
             }
+            Err(_) => {}
         }
     }
 }

@@ -43,10 +43,12 @@ pub enum RedisStoreError {
     /// No pooled connection became free within the pool's checkout timeout.
     #[error("no pooled Redis connection became free within the checkout timeout")]
     PoolTimeout,
-    /// More requests of one key are waiting behind its call than the store
-    /// queues (see the Redis guide, "Bursts"): the failure policy applies,
-    /// but the circuit breaker does not count it, as Redis did not fail.
-    #[error("too many requests of one key are waiting for Redis")]
+    /// More requests are waiting for Redis than the store queues: more of
+    /// one key behind its call than its lane holds, or more single-limit
+    /// requests than the batch queue holds (see the Redis guide,
+    /// "Bursts"). The failure policy applies, but the circuit breaker does
+    /// not count it, as Redis did not fail.
+    #[error("too many requests are waiting for Redis")]
     QueueFull,
     /// The decision took longer than the per-decision deadline.
     #[error("redis did not decide within the deadline of {0:?}")]

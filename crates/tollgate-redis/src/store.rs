@@ -322,6 +322,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &self.inner;
         let request = word_request(form, state_key, policy, cost);
         let (now, word) = match batch::enter(inner, form, request) {
+            Turn::Full => return Err(RedisStoreError::QueueFull),
             Turn::Queued(reply) => match inner.batcher(form) {
                 Some(batcher) => batch::wait(batcher, inner.deadline, reply).await?,
                 None => {
