@@ -274,12 +274,57 @@ impl DecisionScript {
     }
 }
 
+/// Each algorithm's general script, hashed once.
+#[derive(Debug)]
+struct General {
+    fixed_window: DecisionScript,
+    sliding_log: DecisionScript,
+    sliding_window: DecisionScript,
+    token_bucket: DecisionScript,
+    leaky_bucket: DecisionScript,
+    gcra: DecisionScript,
+}
+
+impl General {
+    fn new() -> Self {
+        let script = |algorithm| DecisionScript::new(general(algorithm));
+        Self {
+            fixed_window: script(Algorithm::FixedWindow),
+            sliding_log: script(Algorithm::SlidingLog),
+            sliding_window: script(Algorithm::SlidingWindow),
+            token_bucket: script(Algorithm::TokenBucket),
+            leaky_bucket: script(Algorithm::LeakyBucket),
+            gcra: script(Algorithm::Gcra),
+        }
+    }
+
+    fn of(&self, algorithm: Algorithm) -> &DecisionScript {
+        match algorithm {
+            Algorithm::FixedWindow => &self.fixed_window,
+            Algorithm::SlidingLog => &self.sliding_log,
+            Algorithm::SlidingWindow => &self.sliding_window,
+            Algorithm::TokenBucket => &self.token_bucket,
+            Algorithm::LeakyBucket => &self.leaky_bucket,
+            Algorithm::Gcra => &self.gcra,
+        }
+    }
+
+    fn all(&self) -> [&DecisionScript; 6] {
+        [
+            &self.fixed_window,
+            &self.sliding_log,
+            &self.sliding_window,
+            &self.token_bucket,
+            &self.leaky_bucket,
+            &self.gcra,
+        ]
+    }
+}
+
 /// The scripts, hashed once.
 #[derive(Debug)]
 pub(crate) struct Scripts {
-    /// Each algorithm's general script, at the algorithm's place in
-    /// [`Algorithm::ALL`] (its declaration order).
-    general: [DecisionScript; 6],
+    general: General,
     /// Writing first, then reading first.
     tat: [DecisionScript; 2],
     pub(crate) window_word: DecisionScript,
@@ -292,7 +337,7 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Self {
-            general: Algorithm::ALL.map(|a| DecisionScript::new(general(a))),
+            general: General::new(),
             tat: [
                 DecisionScript::new(TAT_WRITE_FIRST),
                 DecisionScript::new(TAT_READ_FIRST),
@@ -306,7 +351,7 @@ impl Scripts {
 
     /// The general script of `policy`'s algorithm.
     pub(crate) fn get(&self, policy: &Policy) -> &DecisionScript {
-        &self.general[policy.algorithm() as usize]
+        self.general.of(policy.algorithm())
     }
 
     /// The script of one-time policies, which takes one or more keys,
@@ -316,7 +361,7 @@ impl Scripts {
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &DecisionScript> {
-        self.general.iter().chain(&self.tat).chain([
+        self.general.all().into_iter().chain(&self.tat).chain([
             &self.window_word,
             &self.block,
             &self.acquire,
@@ -332,8 +377,7 @@ mod tests {
     #[test]
     fn each_algorithm_finds_its_own_general_script() {
         let scripts = Scripts::new();
-        for (place, algorithm) in Algorithm::ALL.into_iter().enumerate() {
-            assert_eq!(algorithm as usize, place, "ALL is in declaration order");
+        for algorithm in Algorithm::ALL {
             let policy = Policy::new("p", algorithm, "10/s").unwrap();
             assert_eq!(
                 scripts.get(&policy).source,
