@@ -99,6 +99,7 @@ mod inflight;
 mod ip;
 mod layer;
 mod limiter;
+mod numbers;
 mod report;
 mod response;
 mod service;
