@@ -221,11 +221,10 @@ fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
     ])
 }
 
-/// `Retry-After` in whole seconds, rounded up, at least 1.
-pub(crate) fn retry_after_secs(decision: &Decision) -> Option<u64> {
-    let retry = decision.retry_after()?;
-    let secs = retry.as_secs() + u64::from(retry.subsec_nanos() > 0);
-    Some(secs.max(1))
+/// `Retry-After` for `wait`: whole seconds, rounded up, at least 1.
+pub(crate) fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
 }
 
 /// Writes the rate-limit headers of `decision`, made under the policy named
@@ -260,8 +259,8 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
 }
 
 pub(crate) fn write_retry_after(decision: &Decision, headers: &mut HeaderMap) {
-    if let Some(secs) = retry_after_secs(decision) {
-        headers.insert(RETRY_AFTER, number(secs));
+    if let Some(wait) = decision.retry_after() {
+        headers.insert(RETRY_AFTER, number(retry_after_secs(wait)));
     }
 }
 

@@ -9,6 +9,7 @@ use http::{Response, StatusCode};
 use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
 use tower_layer::Layer;
 
+use crate::answer::Protocol;
 use crate::body::{KeepBody, WrapBody};
 use crate::choose::ChosenPolicy;
 use crate::fallback::{FailureMode, FallbackStore};
@@ -232,7 +233,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
     /// failure in closed mode `UNAVAILABLE` with a pushback of a second.
     pub fn grpc(mut self) -> Self {
-        Arc::make_mut(&mut self.config.responder).grpc = true;
+        Arc::make_mut(&mut self.config.responder).protocol = Protocol::Grpc;
         self
     }
 

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http::Response;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use tollgate_core::{Decision, Outcome};
+use http::{Response, StatusCode};
 
 /// The gRPC status codes the layer answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Code {
+pub(super) enum Code {
     InvalidArgument = 3,
     PermissionDenied = 7,
     ResourceExhausted = 8,
@@ -23,6 +22,18 @@ pub(crate) enum Code {
 }
 
 impl Code {
+    /// The code nearest an HTTP `status`: 400 is `INVALID_ARGUMENT`, 401
+    /// `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, any other `INTERNAL`.
+    pub(super) fn of_status(status: StatusCode) -> Self {
+        match status {
+            StatusCode::BAD_REQUEST => Code::InvalidArgument,
+            StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+            StatusCode::FORBIDDEN => Code::PermissionDenied,
+            _ => Code::Internal,
+        }
+    }
+
+    /// The code as `grpc-status` carries it.
     fn header(self) -> HeaderValue {
         HeaderValue::from_static(match self {
             Code::InvalidArgument => "3",
@@ -39,7 +50,7 @@ const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 const DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// A trailers-only gRPC response with `code` and `message`.
-pub(crate) fn response(code: Code, message: &str) -> Response<Bytes> {
+pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
     let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
@@ -51,22 +62,12 @@ pub(crate) fn response(code: Code, message: &str) -> Response<Bytes> {
     response
 }
 
-/// `RESOURCE_EXHAUSTED` for `decision`, with the wait until the request
-/// would be admitted: `grpc-retry-pushback-ms` in whole milliseconds,
-/// rounded up, and the exact wait as `RetryInfo`. A request that can never
-/// be admitted gets a pushback of -1, which tells a gRFC A6 client not to
-/// retry, and no `RetryInfo`.
-pub(crate) fn rejection(decision: &Decision, message: &str) -> Response<Bytes> {
-    let wait = match decision.outcome() {
-        Outcome::CostExceedsCapacity { .. } => None,
-        _ => Some(decision.retry_after().unwrap_or(Duration::ZERO)),
-    };
-    exhausted(message, wait)
-}
-
-/// `RESOURCE_EXHAUSTED`, to be retried after `wait` (never, for `None`),
-/// in the forms of [`rejection`].
-pub(crate) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes> {
+/// `RESOURCE_EXHAUSTED`, to be retried after `wait`: in
+/// `grpc-retry-pushback-ms`, whole milliseconds rounded up, and as a
+/// `RetryInfo` of the exact wait. `None` is a request that can never be
+/// admitted: a pushback of -1, which tells a gRFC A6 client not to retry,
+/// and no `RetryInfo`.
+pub(super) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes> {
     let mut response = response(Code::ResourceExhausted, message);
     let headers = response.headers_mut();
     let Some(wait) = wait else {
@@ -83,7 +84,7 @@ pub(crate) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes
 }
 
 /// `UNAVAILABLE`, to be retried in a second, as `Retry-After: 1` says.
-pub(crate) fn unavailable(message: &str) -> Response<Bytes> {
+pub(super) fn unavailable(message: &str) -> Response<Bytes> {
     let mut response = response(Code::Unavailable, message);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
