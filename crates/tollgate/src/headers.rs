@@ -1,8 +1,9 @@
 //! Rate-limit response headers.
 
-use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 use tollgate_core::Decision;
 
+use crate::answer::write_retry_after;
 use crate::numbers::number;
 
 /// `x-ratelimit-limit`: capacity of the binding limit.
@@ -221,12 +222,6 @@ fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
     ])
 }
 
-/// `Retry-After` for `wait`: whole seconds, rounded up, at least 1.
-pub(crate) fn retry_after_secs(wait: std::time::Duration) -> u64 {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    secs.max(1)
-}
-
 /// Writes the rate-limit headers of `decision`, made under the policy named
 /// `policy`, in `style`, exactly as the layer writes them, and
 /// `Retry-After` when the decision denies: for code that decides outside
@@ -255,12 +250,6 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
     if let Some(decoration) = Decoration::new(style, decision, policy) {
         let name = HeaderValue::from_str(policy).ok();
         decoration.write(style, headers, policy, name.as_ref());
-    }
-}
-
-pub(crate) fn write_retry_after(decision: &Decision, headers: &mut HeaderMap) {
-    if let Some(wait) = decision.retry_after() {
-        headers.insert(RETRY_AFTER, number(retry_after_secs(wait)));
     }
 }
 

@@ -201,7 +201,7 @@ impl Responder {
         };
         let headers = response.headers_mut();
         if !headers.contains_key(RETRY_AFTER) {
-            headers::write_retry_after(decision, headers);
+            answer::write_retry_after(decision, headers);
         }
         if let Some(decoration) = self.decoration(decision) {
             decoration.write(self.headers, headers, &self.policy, self.name.as_ref());

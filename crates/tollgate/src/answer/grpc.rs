@@ -8,6 +8,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+
+use super::wait::retry_after;
+use crate::numbers::number;
 use http::{Response, StatusCode};
 
 /// The gRPC status codes the layer answers with.
@@ -70,11 +73,10 @@ pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
 pub(super) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes> {
     let mut response = response(Code::ResourceExhausted, message);
     let headers = response.headers_mut();
+    headers.insert(PUSHBACK, pushback(wait));
     let Some(wait) = wait else {
-        headers.insert(PUSHBACK, HeaderValue::from_static("-1"));
         return response;
     };
-    headers.insert(PUSHBACK, HeaderValue::from(pushback_ms(wait)));
     let details = status_with_retry_info(Code::ResourceExhausted, message, wait);
     let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details);
     if let Ok(value) = HeaderValue::from_str(&encoded) {
@@ -83,13 +85,23 @@ pub(super) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes
     response
 }
 
-/// `UNAVAILABLE`, to be retried in a second, as `Retry-After: 1` says.
-pub(super) fn unavailable(message: &str) -> Response<Bytes> {
+/// `UNAVAILABLE`, to be retried after `wait`: as `retry-after` (whole
+/// seconds) and as a pushback, without `RetryInfo`.
+pub(super) fn unavailable(message: &str, wait: Duration) -> Response<Bytes> {
     let mut response = response(Code::Unavailable, message);
     let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    headers.insert(PUSHBACK, HeaderValue::from_static("1000"));
+    headers.insert(RETRY_AFTER, retry_after(wait));
+    headers.insert(PUSHBACK, pushback(Some(wait)));
     response
+}
+
+/// `grpc-retry-pushback-ms` for `wait`: whole milliseconds, rounded up; -1
+/// (do not retry) for a request that no wait admits.
+fn pushback(wait: Option<Duration>) -> HeaderValue {
+    match wait {
+        Some(wait) => number(pushback_ms(wait)),
+        None => HeaderValue::from_static("-1"),
+    }
 }
 
 /// `wait` in whole milliseconds, rounded up.
@@ -152,6 +164,9 @@ mod tests {
         assert_eq!(pushback_ms(Duration::from_millis(500)), 500);
         assert_eq!(pushback_ms(Duration::from_micros(66_000_001)), 66_001);
         assert_eq!(pushback_ms(Duration::ZERO), 0);
+        assert_eq!(pushback(Some(Duration::from_secs(1))), "1000");
+        assert_eq!(pushback(Some(Duration::from_micros(66_000_001))), "66001");
+        assert_eq!(pushback(None), "-1");
     }
 
     #[test]

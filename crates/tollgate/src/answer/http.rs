@@ -2,11 +2,14 @@
 //! body (RFC 9457) that says why.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use tollgate_core::InFlightLimit;
+
+use super::wait::retry_after;
 
 /// The problem type of a denial (IANA's registry of HTTP problem types).
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -36,12 +39,12 @@ pub(super) fn problem(status: StatusCode, detail: &str) -> Response<Bytes> {
     problem_response(status, body)
 }
 
-/// 503, saying `detail`, to be retried in a second.
-pub(super) fn unavailable(detail: &str) -> Response<Bytes> {
+/// 503, saying `detail`, to be retried after `wait`.
+pub(super) fn unavailable(detail: &str, wait: Duration) -> Response<Bytes> {
     let mut response = problem(StatusCode::SERVICE_UNAVAILABLE, detail);
     response
         .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        .insert(RETRY_AFTER, retry_after(wait));
     response
 }
 
@@ -99,7 +102,7 @@ mod tests {
 
     #[test]
     fn unavailable_is_the_bytes_it_always_was() {
-        let response = unavailable("the rate limiter is unavailable");
+        let response = unavailable("the rate limiter is unavailable", Duration::from_secs(1));
         let body = r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"the rate limiter is unavailable"}"#;
         assert_eq!(response.body(), body);
         assert_eq!(response.headers()[RETRY_AFTER], "1");

@@ -18,6 +18,9 @@
 
 mod grpc;
 mod http;
+mod wait;
+
+pub(crate) use wait::write_retry_after;
 
 use std::time::Duration;
 
@@ -26,7 +29,7 @@ use ::http::{Response, StatusCode};
 use bytes::Bytes;
 use tollgate_core::{Decision, InFlightLimit, Outcome};
 
-use crate::headers;
+use wait::{RETRY_SOON, retry_after, retry_after_secs};
 
 /// The header that tells a client the in-flight limit it ran into.
 pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
@@ -66,8 +69,8 @@ pub(crate) fn denied(
 /// or gRPC's `UNAVAILABLE`, to be retried in a second.
 pub(crate) fn unavailable(protocol: Protocol) -> Response<Bytes> {
     match protocol {
-        Protocol::Http => http::unavailable(UNAVAILABLE),
-        Protocol::Grpc => grpc::unavailable(UNAVAILABLE),
+        Protocol::Http => http::unavailable(UNAVAILABLE, RETRY_SOON),
+        Protocol::Grpc => grpc::unavailable(UNAVAILABLE, RETRY_SOON),
     }
 }
 
@@ -81,10 +84,10 @@ pub(crate) fn in_flight_full(limit: &InFlightLimit, protocol: Protocol) -> Respo
     );
     let mut response = match protocol {
         Protocol::Http => http::in_flight_full(&detail, limit),
-        Protocol::Grpc => grpc::exhausted(&detail, Some(Duration::from_secs(1))),
+        Protocol::Grpc => grpc::exhausted(&detail, Some(RETRY_SOON)),
     };
     let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, HeaderValue::from(1u32));
+    headers.insert(RETRY_AFTER, retry_after(RETRY_SOON));
     headers.insert(CONCURRENCY_LIMIT, HeaderValue::from(limit.max()));
     response
 }
@@ -127,7 +130,7 @@ impl Refusal {
                 "request cost {cost} exceeds the capacity {capacity} of limit '{policy}'; it can never be admitted"
             ),
             Self::Limited { wait: Some(wait) } => {
-                let secs = headers::retry_after_secs(wait);
+                let secs = retry_after_secs(wait);
                 format!("limit '{policy}' exceeded, retry in {secs} s")
             }
             Self::Limited { wait: None } => format!("limit '{policy}' exceeded"),
