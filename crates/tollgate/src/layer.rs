@@ -9,12 +9,12 @@ use http::{Response, StatusCode};
 use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
 use tower_layer::Layer;
 
-use crate::answer::Protocol;
+use crate::answer::{MissingKey, Protocol};
 use crate::body::{KeepBody, WrapBody};
 use crate::choose::ChosenPolicy;
 use crate::fallback::{FailureMode, FallbackStore};
 use crate::headers::HeaderStyle;
-use crate::response::{MissingKey, Responder, Responders};
+use crate::response::{Responder, Responders};
 use crate::service::{Config, RateLimit, Shared};
 use crate::settle::Settle;
 

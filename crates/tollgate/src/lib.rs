@@ -105,7 +105,7 @@ mod response;
 mod service;
 mod settle;
 
-pub use answer::CONCURRENCY_LIMIT;
+pub use answer::{CONCURRENCY_LIMIT, MissingKey};
 pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
 pub use choose::{Choice, ChosenPolicy};
 pub use clock::TokioClock;
@@ -119,7 +119,7 @@ pub use inflight::{InFlight, InFlightBody, InFlightLayer};
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
-pub use response::{MissingKey, rejection};
+pub use response::rejection;
 pub use service::RateLimit;
 pub use settle::{ActualCost, Settle};
 pub use tollgate_core::telemetry;

@@ -9,32 +9,10 @@ use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key, Policy};
 
-use crate::answer::{self, Protocol};
+use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
 use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
-
-/// What the layer does with a request from which no key can be extracted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer by whose mistake it is, as the key extractor tells
-    /// ([`KeyExtractor::missing`](crate::KeyExtractor::missing)); the
-    /// default. A client that left out what it must send gets 400 with an
-    /// `application/problem+json` body saying what, an unauthenticated
-    /// request 401, and a server wired without what the key needs 500.
-    /// Each is logged (client mistakes at debug level, server ones at
-    /// error level) at most once a second, with the count held back.
-    #[default]
-    ByCause,
-    /// Answer 500 whatever the cause, logged at error level at most once a
-    /// second.
-    Error,
-    /// Answer with this status (for example 401 on routes keyed by user).
-    Reject(StatusCode),
-    /// Let the request through unlimited, without rate-limit headers.
-    Allow,
-}
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
 
@@ -219,18 +197,7 @@ impl Responder {
     /// and `cause`. Logged through the throttle.
     pub(crate) fn missing_key(&self, cause: &MissingCause) -> Response<Bytes> {
         self.telemetry.key_missing(cause);
-        let (status, detail): (StatusCode, &str) = match (self.missing, cause) {
-            (MissingKey::Reject(status), _) => (status, "no rate-limit key for this request"),
-            (MissingKey::ByCause, MissingCause::Client(what)) => (StatusCode::BAD_REQUEST, what),
-            (MissingKey::ByCause, MissingCause::Unauthenticated) => {
-                (StatusCode::UNAUTHORIZED, "authentication required")
-            }
-            _ => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "no rate-limit key for this request",
-            ),
-        };
-        answer::missing_key(status, detail, self.protocol)
+        answer::missing_key(self.missing, cause, self.protocol)
     }
 
     /// The response when the store failed and the failure mode is closed.

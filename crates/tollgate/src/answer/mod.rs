@@ -18,8 +18,10 @@
 
 mod grpc;
 mod http;
+mod missing;
 mod wait;
 
+pub use missing::MissingKey;
 pub(crate) use wait::write_retry_after;
 
 use std::time::Duration;
@@ -29,6 +31,7 @@ use ::http::{Response, StatusCode};
 use bytes::Bytes;
 use tollgate_core::{Decision, InFlightLimit, Outcome};
 
+use crate::extract::MissingCause;
 use wait::{RETRY_SOON, retry_after, retry_after_secs};
 
 /// The header that tells a client the in-flight limit it ran into.
@@ -92,9 +95,14 @@ pub(crate) fn in_flight_full(limit: &InFlightLimit, protocol: Protocol) -> Respo
     response
 }
 
-/// The answer to a request without a key, with `status` and the words
-/// `detail`: a problem+json body, or the gRPC status nearest `status`.
-pub(crate) fn missing_key(status: StatusCode, detail: &str, protocol: Protocol) -> Response<Bytes> {
+/// The answer to a request whose key is missing for `cause`, as `missing`
+/// says: a problem+json body, or the gRPC status nearest its HTTP status.
+pub(crate) fn missing_key(
+    missing: MissingKey,
+    cause: &MissingCause,
+    protocol: Protocol,
+) -> Response<Bytes> {
+    let (status, detail) = missing.answer(cause);
     match protocol {
         Protocol::Http => http::problem(status, detail),
         Protocol::Grpc => grpc::response(grpc::Code::of_status(status), detail),
