@@ -16,11 +16,17 @@ use http::{Response, StatusCode};
 /// The gRPC status codes the layer answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Code {
+    /// A missing key the client must send (HTTP 400).
     InvalidArgument = 3,
+    /// A missing key refused as forbidden (HTTP 403).
     PermissionDenied = 7,
+    /// A rate-limit or in-flight refusal.
     ResourceExhausted = 8,
+    /// A missing key that is the server's doing (HTTP 500).
     Internal = 13,
+    /// A store failure under a closed failure mode.
     Unavailable = 14,
+    /// A missing key of an unauthenticated request (HTTP 401).
     Unauthenticated = 16,
 }
 

@@ -113,9 +113,17 @@ pub(crate) fn missing_key(
 enum Refusal {
     /// Waiting cures it: the same request is admitted after the wait, if
     /// the decision says how long.
-    Limited { wait: Option<Duration> },
+    Limited {
+        /// The decision's wait.
+        wait: Option<Duration>,
+    },
     /// The request costs more than a limit's capacity: no wait cures it.
-    Never { cost: u64, capacity: u64 },
+    Never {
+        /// The request's cost.
+        cost: u64,
+        /// The capacity it exceeds.
+        capacity: u64,
+    },
 }
 
 impl Refusal {
