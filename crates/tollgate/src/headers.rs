@@ -1,8 +1,10 @@
 //! Rate-limit response headers.
 
-use bytes::Bytes;
-use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 use tollgate_core::Decision;
+
+use crate::answer::write_retry_after;
+use crate::numbers::number;
 
 /// `x-ratelimit-limit`: capacity of the binding limit.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -167,66 +169,6 @@ impl Decoration {
     }
 }
 
-/// The decimal digits of 0 to 9,999, back to back, built and checked at
-/// compile time: header values of small numbers point into it instead of
-/// allocating.
-static DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
-    Ok(digits) => digits,
-    // Unreachable (the bytes are ASCII digits); `number` then formats.
-    Err(_) => "",
-};
-static DIGIT_BYTES: [u8; DIGITS_LEN] = digits();
-
-const SMALL: u64 = 10_000;
-const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
-
-const fn digits() -> [u8; DIGITS_LEN] {
-    let mut out = [0u8; DIGITS_LEN];
-    let (mut n, mut at) = (0, 0);
-    while n < SMALL {
-        let width = digits_of(n);
-        let (mut i, mut rest) = (width, n);
-        while i > 0 {
-            i -= 1;
-            out[at + i] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-        }
-        at += width;
-        n += 1;
-    }
-    out
-}
-
-const fn digits_of(n: u64) -> usize {
-    match n {
-        0..10 => 1,
-        10..100 => 2,
-        100..1_000 => 3,
-        _ => 4,
-    }
-}
-
-/// `n` as a header value, without allocating below 10,000 and with one
-/// allocation above (`HeaderValue::from(n)` makes two: a buffer with room
-/// to spare, then a box to share it).
-pub(crate) fn number(n: u64) -> HeaderValue {
-    if n < SMALL {
-        let width = digits_of(n);
-        let start = match width {
-            1 => n,
-            2 => 10 + (n - 10) * 2,
-            3 => 190 + (n - 100) * 3,
-            _ => 2_890 + (n - 1_000) * 4,
-        } as usize;
-        if let Some(text) = DIGITS.get(start..start + width) {
-            return HeaderValue::from_static(text);
-        }
-    }
-    // Copied to a buffer of its exact length, which `Bytes` takes as it is.
-    let digits = Bytes::copy_from_slice(itoa::Buffer::new().format(n).as_bytes());
-    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
-}
-
 /// An epoch-seconds header value, reusing this thread's last one when the
 /// second is the same: responses within a second share one buffer.
 fn epoch_secs(secs: u64) -> HeaderValue {
@@ -280,13 +222,6 @@ fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
     ])
 }
 
-/// `Retry-After` in whole seconds, rounded up, at least 1.
-pub(crate) fn retry_after_secs(decision: &Decision) -> Option<u64> {
-    let retry = decision.retry_after()?;
-    let secs = retry.as_secs() + u64::from(retry.subsec_nanos() > 0);
-    Some(secs.max(1))
-}
-
 /// Writes the rate-limit headers of `decision`, made under the policy named
 /// `policy`, in `style`, exactly as the layer writes them, and
 /// `Retry-After` when the decision denies: for code that decides outside
@@ -318,12 +253,6 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
     }
 }
 
-pub(crate) fn write_retry_after(decision: &Decision, headers: &mut HeaderMap) {
-    if let Some(secs) = retry_after_secs(decision) {
-        headers.insert(RETRY_AFTER, number(secs));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,14 +262,5 @@ mod tests {
         assert_eq!(epoch_secs(1_795_341_660), "1795341660");
         assert_eq!(epoch_secs(1_795_341_660), "1795341660");
         assert_eq!(epoch_secs(1_795_341_661), "1795341661");
-    }
-
-    #[test]
-    fn numbers_are_their_decimal_digits() {
-        // Every small number is a slice of the table, not formatted.
-        assert_eq!(DIGITS.len(), DIGITS_LEN);
-        for n in (0..12_000).chain([u64::MAX, 1_795_341_660]) {
-            assert_eq!(number(n).to_str().ok(), Some(n.to_string().as_str()), "{n}");
-        }
     }
 }

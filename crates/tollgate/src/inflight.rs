@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
@@ -17,14 +17,12 @@ use tollgate_core::{InFlightLimit, Key, MemoryStore, Renewal, SlotStore, Slots};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::answer::{self, Protocol};
 use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
 use crate::fallback::{Answer, FailureMode, FailureReport, shared_fallback};
 use crate::report::Throttle;
-use crate::response::{Responder, problem_response};
-
-/// The header that tells a client the in-flight limit it ran into.
-pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
+use crate::response::Responder;
 
 /// A layer that admits at most [`InFlightLimit::max`] requests of one key
 /// in progress at once, across every app server that shares its store:
@@ -36,7 +34,7 @@ pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
 /// has read the whole response, disconnects, or the handler fails or
 /// panics. A request that finds every slot of its key taken is answered
 /// at once with 429, `application/problem+json`, `Retry-After: 1` and
-/// [`x-concurrency-limit`](CONCURRENCY_LIMIT) carrying the limit.
+/// [`x-concurrency-limit`](crate::CONCURRENCY_LIMIT) carrying the limit.
 ///
 /// On Redis a slot is a lease ([`InFlightLimit::lease`]) renewed every
 /// third of it while the request runs, so the slot of an app server that
@@ -151,7 +149,7 @@ impl<K, St> InFlightLayer<K, St> {
     /// `RetryInfo` of 1 s and `x-concurrency-limit` as metadata; a store
     /// failure under [`FailureMode::Closed`] gets `UNAVAILABLE`.
     pub fn grpc(mut self) -> Self {
-        self.responder.grpc = true;
+        self.responder.protocol = Protocol::Grpc;
         self
     }
 
@@ -292,7 +290,8 @@ where
                         Holds::Store | Holds::Local,
                     )) => {
                         shared.telemetry.rejected();
-                        let response = rejection(&shared.limit, shared.responder.grpc);
+                        let protocol = shared.responder.protocol;
+                        let response = answer::in_flight_full(&shared.limit, protocol);
                         return Ok(response.map(InFlightBody::own));
                     }
                     Answer::LetThrough(_) => None,
@@ -459,31 +458,6 @@ where
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
     }
-}
-
-/// The answer to a request whose key holds every slot: 429 with
-/// problem+json, or gRPC's `RESOURCE_EXHAUSTED`; either way to be retried
-/// in a second, and naming the limit.
-fn rejection(limit: &InFlightLimit, grpc: bool) -> Response<Bytes> {
-    let detail = format!(
-        "at most {} requests of this client may be in progress at once; retry when one is done",
-        limit.max()
-    );
-    let mut response = if grpc {
-        crate::grpc::exhausted(&detail, Some(std::time::Duration::from_secs(1)))
-    } else {
-        // The name holds only characters JSON leaves as they are.
-        let body = format!(
-            r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"{detail}","in-flight-limit":{max},"policy":"{name}"}}"#,
-            max = limit.max(),
-            name = limit.name(),
-        );
-        problem_response(StatusCode::TOO_MANY_REQUESTS, body)
-    };
-    let headers = response.headers_mut();
-    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(1u32));
-    headers.insert(CONCURRENCY_LIMIT, HeaderValue::from(limit.max()));
-    response
 }
 
 /// The layer's metrics (with the `metrics` feature) and throttled logs.

@@ -9,11 +9,12 @@ use http::{Response, StatusCode};
 use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
 use tower_layer::Layer;
 
+use crate::answer::{MissingKey, Protocol};
 use crate::body::{KeepBody, WrapBody};
 use crate::choose::ChosenPolicy;
 use crate::fallback::{FailureMode, FallbackStore};
 use crate::headers::HeaderStyle;
-use crate::response::{MissingKey, Responder, Responders};
+use crate::response::{Responder, Responders};
 use crate::service::{Config, RateLimit, Shared};
 use crate::settle::Settle;
 
@@ -232,7 +233,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
     /// failure in closed mode `UNAVAILABLE` with a pushback of a second.
     pub fn grpc(mut self) -> Self {
-        Arc::make_mut(&mut self.config.responder).grpc = true;
+        Arc::make_mut(&mut self.config.responder).protocol = Protocol::Grpc;
         self
     }
 

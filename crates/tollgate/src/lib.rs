@@ -87,23 +87,25 @@
 //! | `tonic` | no | peer addresses from Tonic's `TcpConnectInfo` |
 //! | `metrics` | no | [counters and gauges](telemetry) through the `metrics` facade |
 
+mod answer;
 mod body;
 mod choose;
 mod clock;
 mod extract;
 mod fallback;
 mod future;
-mod grpc;
 pub mod headers;
 mod inflight;
 mod ip;
 mod layer;
 mod limiter;
+mod numbers;
 mod report;
 mod response;
 mod service;
 mod settle;
 
+pub use answer::{CONCURRENCY_LIMIT, MissingKey};
 pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
 pub use choose::{Choice, ChosenPolicy};
 pub use clock::TokioClock;
@@ -113,11 +115,11 @@ pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause
 pub use fallback::{FailureMode, FallbackStore, shared_fallback};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
-pub use inflight::{CONCURRENCY_LIMIT, InFlight, InFlightBody, InFlightLayer};
+pub use inflight::{InFlight, InFlightBody, InFlightLayer};
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};
-pub use response::{MissingKey, rejection};
+pub use response::rejection;
 pub use service::RateLimit;
 pub use settle::{ActualCost, Settle};
 pub use tollgate_core::telemetry;

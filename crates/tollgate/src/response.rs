@@ -1,39 +1,18 @@
-//! Responses the layer produces itself: rejections and failures.
+//! The settings a layer answers with (`Responder`), shared by its services;
+//! what the answers say is made in `answer/`.
 
 use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use tollgate_core::{Decision, Key, Outcome, Policy};
+use tollgate_core::{Decision, Key, Policy};
 
+use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
-use crate::grpc::{self, Code};
 use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
-
-/// What the layer does with a request from which no key can be extracted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer by whose mistake it is, as the key extractor tells
-    /// ([`KeyExtractor::missing`](crate::KeyExtractor::missing)); the
-    /// default. A client that left out what it must send gets 400 with an
-    /// `application/problem+json` body saying what, an unauthenticated
-    /// request 401, and a server wired without what the key needs 500.
-    /// Each is logged (client mistakes at debug level, server ones at
-    /// error level) at most once a second, with the count held back.
-    #[default]
-    ByCause,
-    /// Answer 500 whatever the cause, logged at error level at most once a
-    /// second.
-    Error,
-    /// Answer with this status (for example 401 on routes keyed by user).
-    Reject(StatusCode),
-    /// Let the request through unlimited, without rate-limit headers.
-    Allow,
-}
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
 
@@ -44,7 +23,8 @@ pub(crate) struct Responder {
     pub(crate) status: StatusCode,
     pub(crate) custom: Option<CustomRejection>,
     pub(crate) missing: MissingKey,
-    pub(crate) grpc: bool,
+    /// Whether answers are HTTP problems or gRPC statuses.
+    pub(crate) protocol: Protocol,
     /// The percentage of keys whose denials are enforced; the others run
     /// in shadow mode.
     pub(crate) enforce_percent: u8,
@@ -62,7 +42,7 @@ impl Responder {
             status: StatusCode::TOO_MANY_REQUESTS,
             custom: None,
             missing: MissingKey::default(),
-            grpc: false,
+            protocol: Protocol::Http,
             enforce_percent: 100,
             telemetry: Arc::new(Telemetry::new(policy)),
             name: shared_header_value(policy),
@@ -159,7 +139,7 @@ impl fmt::Debug for Responder {
             .field("status", &self.status)
             .field("custom", &self.custom.as_ref().map(|_| ".."))
             .field("missing", &self.missing)
-            .field("grpc", &self.grpc)
+            .field("protocol", &self.protocol)
             .field("enforce_percent", &self.enforce_percent)
             .finish()
     }
@@ -173,8 +153,6 @@ fn shared_header_value(text: &str) -> Option<HeaderValue> {
     drop(bytes.clone());
     HeaderValue::from_maybe_shared(bytes).ok()
 }
-
-const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 impl Responder {
     /// What the response to an admitted request will need from `decision`
@@ -201,7 +179,7 @@ impl Responder {
         };
         let headers = response.headers_mut();
         if !headers.contains_key(RETRY_AFTER) {
-            headers::write_retry_after(decision, headers);
+            answer::write_retry_after(decision, headers);
         }
         if let Some(decoration) = self.decoration(decision) {
             decoration.write(self.headers, headers, &self.policy, self.name.as_ref());
@@ -209,12 +187,9 @@ impl Responder {
         response
     }
 
+    /// The layer's own answer to a denied request.
     fn problem(&self, decision: &Decision) -> Response<Bytes> {
-        let name = &*self.policy;
-        if self.grpc {
-            return grpc::rejection(decision, &detail(decision, name));
-        }
-        quota_exceeded(decision, name, self.status)
+        answer::denied(decision, &self.policy, self.status, self.protocol)
     }
 
     /// The response to a request without a key, unless it is let through:
@@ -222,46 +197,12 @@ impl Responder {
     /// and `cause`. Logged through the throttle.
     pub(crate) fn missing_key(&self, cause: &MissingCause) -> Response<Bytes> {
         self.telemetry.key_missing(cause);
-        let (status, detail): (StatusCode, &str) = match (self.missing, cause) {
-            (MissingKey::Reject(status), _) => (status, "no rate-limit key for this request"),
-            (MissingKey::ByCause, MissingCause::Client(what)) => (StatusCode::BAD_REQUEST, what),
-            (MissingKey::ByCause, MissingCause::Unauthenticated) => {
-                (StatusCode::UNAUTHORIZED, "authentication required")
-            }
-            _ => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "no rate-limit key for this request",
-            ),
-        };
-        if self.grpc {
-            let code = match status {
-                StatusCode::BAD_REQUEST => Code::InvalidArgument,
-                StatusCode::UNAUTHORIZED => Code::Unauthenticated,
-                StatusCode::FORBIDDEN => Code::PermissionDenied,
-                _ => Code::Internal,
-            };
-            return grpc::response(code, detail);
-        }
-        let body = format!(
-            r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{}"}}"#,
-            status.canonical_reason().unwrap_or("Error"),
-            status.as_u16(),
-            json_escaped(detail),
-        );
-        problem_response(status, body)
+        answer::missing_key(self.missing, cause, self.protocol)
     }
 
     /// The response when the store failed and the failure mode is closed.
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
-        if self.grpc {
-            return grpc::unavailable("the rate limiter is unavailable");
-        }
-        let body = r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"the rate limiter is unavailable"}"#;
-        let mut response = problem_response(StatusCode::SERVICE_UNAVAILABLE, body.to_owned());
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        response
+        answer::unavailable(self.protocol)
     }
 }
 
@@ -289,74 +230,8 @@ impl Responder {
 /// # }
 /// ```
 pub fn rejection(decision: &Decision, policy: &str, style: HeaderStyle) -> Response<Bytes> {
-    let mut response = quota_exceeded(decision, policy, StatusCode::TOO_MANY_REQUESTS);
+    let status = StatusCode::TOO_MANY_REQUESTS;
+    let mut response = answer::denied(decision, policy, status, Protocol::Http);
     headers::write(style, decision, policy, response.headers_mut());
     response
-}
-
-/// The problem+json answer to a denial under `name`, with `status`.
-fn quota_exceeded(decision: &Decision, name: &str, status: StatusCode) -> Response<Bytes> {
-    let detail = detail(decision, name);
-    let name = json_escaped(name);
-    let body = format!(
-        r#"{{"type":"{QUOTA_EXCEEDED}","title":"{}","status":{},"detail":"{}","violated-policies":["{name}"]}}"#,
-        status.canonical_reason().unwrap_or("Too Many Requests"),
-        status.as_u16(),
-        json_escaped(&detail),
-    );
-    problem_response(status, body)
-}
-
-/// Why a request was denied, in words.
-fn detail(decision: &Decision, name: &str) -> String {
-    match decision.outcome() {
-        Outcome::CostExceedsCapacity { cost, capacity } => format!(
-            "request cost {cost} exceeds the capacity {capacity} of limit '{name}'; it can never be admitted"
-        ),
-        _ => match headers::retry_after_secs(decision) {
-            Some(secs) => format!("limit '{name}' exceeded, retry in {secs} s"),
-            None => format!("limit '{name}' exceeded"),
-        },
-    }
-}
-
-/// `text` with what JSON strings cannot hold as it is escaped.
-fn json_escaped(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
-pub(crate) fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_escaping_keeps_bodies_valid() {
-        assert_eq!(
-            json_escaped("send the x-api-key header"),
-            "send the x-api-key header"
-        );
-        assert_eq!(json_escaped("a\"b\\c\nd"), "a\\\"b\\\\c\\u000ad");
-    }
 }

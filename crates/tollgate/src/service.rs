@@ -10,11 +10,12 @@ use http::{Request, Response};
 use tollgate_core::{Key, Policy, Settlement, Store};
 use tower_service::Service;
 
+use crate::answer::MissingKey;
 use crate::body::{BodyKind, WrapBody};
 use crate::extract::KeyExtractor;
 use crate::fallback::FallbackStore;
 use crate::future::{Check, Inner, ResponseFuture, Waiter};
-use crate::response::{MissingKey, Responder, Responders};
+use crate::response::{Responder, Responders};
 use crate::settle::{Settle, SettleCall};
 
 /// A layer's settings, kept once: cloned into each layer made from it, and
@@ -150,7 +151,7 @@ where
         let Some(key) = config.extractor.extract(&request) else {
             return match config.responder.missing {
                 MissingKey::Allow => ResponseFuture::call(inner, request, responder),
-                _ => {
+                MissingKey::ByCause | MissingKey::Error | MissingKey::Reject(_) => {
                     let cause = config.extractor.missing(&request);
                     let response = config.responder.missing_key(&cause);
                     ResponseFuture::respond(response, responder)

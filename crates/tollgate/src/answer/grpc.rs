@@ -7,22 +7,42 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http::Response;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use tollgate_core::{Decision, Outcome};
+
+use super::wait::retry_after;
+use crate::numbers::number;
+use http::{Response, StatusCode};
 
 /// The gRPC status codes the layer answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Code {
+pub(super) enum Code {
+    /// A missing key the client must send (HTTP 400).
     InvalidArgument = 3,
+    /// A missing key refused as forbidden (HTTP 403).
     PermissionDenied = 7,
+    /// A rate-limit or in-flight refusal.
     ResourceExhausted = 8,
+    /// A missing key that is the server's doing (HTTP 500).
     Internal = 13,
+    /// A store failure under a closed failure mode.
     Unavailable = 14,
+    /// A missing key of an unauthenticated request (HTTP 401).
     Unauthenticated = 16,
 }
 
 impl Code {
+    /// The code nearest an HTTP `status`: 400 is `INVALID_ARGUMENT`, 401
+    /// `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, any other `INTERNAL`.
+    pub(super) fn of_status(status: StatusCode) -> Self {
+        match status {
+            StatusCode::BAD_REQUEST => Code::InvalidArgument,
+            StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+            StatusCode::FORBIDDEN => Code::PermissionDenied,
+            _ => Code::Internal,
+        }
+    }
+
+    /// The code as `grpc-status` carries it.
     fn header(self) -> HeaderValue {
         HeaderValue::from_static(match self {
             Code::InvalidArgument => "3",
@@ -39,7 +59,7 @@ const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 const DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// A trailers-only gRPC response with `code` and `message`.
-pub(crate) fn response(code: Code, message: &str) -> Response<Bytes> {
+pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
     let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
@@ -51,29 +71,18 @@ pub(crate) fn response(code: Code, message: &str) -> Response<Bytes> {
     response
 }
 
-/// `RESOURCE_EXHAUSTED` for `decision`, with the wait until the request
-/// would be admitted: `grpc-retry-pushback-ms` in whole milliseconds,
-/// rounded up, and the exact wait as `RetryInfo`. A request that can never
-/// be admitted gets a pushback of -1, which tells a gRFC A6 client not to
-/// retry, and no `RetryInfo`.
-pub(crate) fn rejection(decision: &Decision, message: &str) -> Response<Bytes> {
-    let wait = match decision.outcome() {
-        Outcome::CostExceedsCapacity { .. } => None,
-        _ => Some(decision.retry_after().unwrap_or(Duration::ZERO)),
-    };
-    exhausted(message, wait)
-}
-
-/// `RESOURCE_EXHAUSTED`, to be retried after `wait` (never, for `None`),
-/// in the forms of [`rejection`].
-pub(crate) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes> {
+/// `RESOURCE_EXHAUSTED`, to be retried after `wait`: in
+/// `grpc-retry-pushback-ms`, whole milliseconds rounded up, and as a
+/// `RetryInfo` of the exact wait. `None` is a request that can never be
+/// admitted: a pushback of -1, which tells a gRFC A6 client not to retry,
+/// and no `RetryInfo`.
+pub(super) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes> {
     let mut response = response(Code::ResourceExhausted, message);
     let headers = response.headers_mut();
+    headers.insert(PUSHBACK, pushback(wait));
     let Some(wait) = wait else {
-        headers.insert(PUSHBACK, HeaderValue::from_static("-1"));
         return response;
     };
-    headers.insert(PUSHBACK, HeaderValue::from(pushback_ms(wait)));
     let details = status_with_retry_info(Code::ResourceExhausted, message, wait);
     let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details);
     if let Ok(value) = HeaderValue::from_str(&encoded) {
@@ -82,13 +91,23 @@ pub(crate) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes
     response
 }
 
-/// `UNAVAILABLE`, to be retried in a second, as `Retry-After: 1` says.
-pub(crate) fn unavailable(message: &str) -> Response<Bytes> {
+/// `UNAVAILABLE`, to be retried after `wait`: as `retry-after` (whole
+/// seconds) and as a pushback, without `RetryInfo`.
+pub(super) fn unavailable(message: &str, wait: Duration) -> Response<Bytes> {
     let mut response = response(Code::Unavailable, message);
     let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    headers.insert(PUSHBACK, HeaderValue::from_static("1000"));
+    headers.insert(RETRY_AFTER, retry_after(wait));
+    headers.insert(PUSHBACK, pushback(Some(wait)));
     response
+}
+
+/// `grpc-retry-pushback-ms` for `wait`: whole milliseconds, rounded up; -1
+/// (do not retry) for a request that no wait admits.
+fn pushback(wait: Option<Duration>) -> HeaderValue {
+    match wait {
+        Some(wait) => number(pushback_ms(wait)),
+        None => HeaderValue::from_static("-1"),
+    }
 }
 
 /// `wait` in whole milliseconds, rounded up.
@@ -151,6 +170,9 @@ mod tests {
         assert_eq!(pushback_ms(Duration::from_millis(500)), 500);
         assert_eq!(pushback_ms(Duration::from_micros(66_000_001)), 66_001);
         assert_eq!(pushback_ms(Duration::ZERO), 0);
+        assert_eq!(pushback(Some(Duration::from_secs(1))), "1000");
+        assert_eq!(pushback(Some(Duration::from_micros(66_000_001))), "66001");
+        assert_eq!(pushback(None), "-1");
     }
 
     #[test]

@@ -1,0 +1,164 @@
+//! What a client is told when the layer refuses it, in one home: every
+//! answer the layer makes by itself is made here, in the protocol the layer
+//! speaks.
+//!
+//! | Refusal | HTTP | gRPC |
+//! |---|---|---|
+//! | rate limit | 429 (or the layer's status), `problem+json` quota-exceeded, `Retry-After` | `RESOURCE_EXHAUSTED`, pushback and `RetryInfo` of the wait, `retry-after` |
+//! | cost exceeds capacity | the same, without `Retry-After` | `RESOURCE_EXHAUSTED`, pushback -1 |
+//! | store unavailable | 503, `Retry-After: 1` | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
+//! | in-flight limit full | 429, `Retry-After: 1`, `x-concurrency-limit` | `RESOURCE_EXHAUSTED`, pushback 1000, `RetryInfo` of 1 s, `retry-after: 1`, `x-concurrency-limit` |
+//! | no key | 400, 401, 500 or the layer's status | `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `PERMISSION_DENIED` or `INTERNAL` |
+//!
+//! This file decides what each refusal says and picks the protocol;
+//! `http.rs` writes `application/problem+json` bodies and `grpc.rs`
+//! trailers-only statuses with their pushback and `RetryInfo`. Neither
+//! imports this file. The rate-limit headers of a denial are added by the
+//! layer's `Responder`, which also swaps in a custom rejection.
+
+mod grpc;
+mod http;
+mod missing;
+mod wait;
+
+pub use missing::MissingKey;
+pub(crate) use wait::write_retry_after;
+
+use std::time::Duration;
+
+use ::http::header::{HeaderValue, RETRY_AFTER};
+use ::http::{Response, StatusCode};
+use bytes::Bytes;
+use tollgate_core::{Decision, InFlightLimit, Outcome};
+
+use crate::extract::MissingCause;
+use wait::{RETRY_SOON, retry_after, retry_after_secs};
+
+/// The header that tells a client the in-flight limit it ran into.
+pub const CONCURRENCY_LIMIT: &str = "x-concurrency-limit";
+
+/// The protocol a layer answers in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// HTTP statuses with `application/problem+json` bodies (the default).
+    #[default]
+    Http,
+    /// gRPC: trailers-only responses with a `grpc-status`.
+    Grpc,
+}
+
+/// The words of a store failure under a closed failure mode.
+const UNAVAILABLE: &str = "the rate limiter is unavailable";
+
+/// The answer to a request `decision` denies under the policy named
+/// `policy`; `status` is the HTTP status of a denial (429 unless the layer
+/// was told otherwise). Without `Retry-After` and rate-limit headers: the
+/// caller adds them, to this answer or to a custom one.
+pub(crate) fn denied(
+    decision: &Decision,
+    policy: &str,
+    status: StatusCode,
+    protocol: Protocol,
+) -> Response<Bytes> {
+    let refusal = Refusal::of(decision);
+    let detail = refusal.detail(policy);
+    match protocol {
+        Protocol::Http => http::quota_exceeded(&detail, policy, status),
+        Protocol::Grpc => grpc::exhausted(&detail, refusal.pushback_wait()),
+    }
+}
+
+/// The answer when the store failed and the failure mode is closed: 503,
+/// or gRPC's `UNAVAILABLE`, to be retried in a second.
+pub(crate) fn unavailable(protocol: Protocol) -> Response<Bytes> {
+    match protocol {
+        Protocol::Http => http::unavailable(UNAVAILABLE, RETRY_SOON),
+        Protocol::Grpc => grpc::unavailable(UNAVAILABLE, RETRY_SOON),
+    }
+}
+
+/// The answer to a request whose key holds every slot of `limit`: 429 with
+/// problem+json, or gRPC's `RESOURCE_EXHAUSTED`; either way to be retried
+/// in a second, and naming the limit.
+pub(crate) fn in_flight_full(limit: &InFlightLimit, protocol: Protocol) -> Response<Bytes> {
+    let detail = format!(
+        "at most {} requests of this client may be in progress at once; retry when one is done",
+        limit.max()
+    );
+    let mut response = match protocol {
+        Protocol::Http => http::in_flight_full(&detail, limit),
+        Protocol::Grpc => grpc::exhausted(&detail, Some(RETRY_SOON)),
+    };
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, retry_after(RETRY_SOON));
+    headers.insert(CONCURRENCY_LIMIT, HeaderValue::from(limit.max()));
+    response
+}
+
+/// The answer to a request whose key is missing for `cause`, as `missing`
+/// says: a problem+json body, or the gRPC status nearest its HTTP status.
+pub(crate) fn missing_key(
+    missing: MissingKey,
+    cause: &MissingCause,
+    protocol: Protocol,
+) -> Response<Bytes> {
+    let (status, detail) = missing.answer(cause);
+    match protocol {
+        Protocol::Http => http::problem(status, detail),
+        Protocol::Grpc => grpc::response(grpc::Code::of_status(status), detail),
+    }
+}
+
+/// Why a decision refuses a request, as its answer tells it.
+enum Refusal {
+    /// Waiting cures it: the same request is admitted after the wait, if
+    /// the decision says how long.
+    Limited {
+        /// The decision's wait.
+        wait: Option<Duration>,
+    },
+    /// The request costs more than a limit's capacity: no wait cures it.
+    Never {
+        /// The request's cost.
+        cost: u64,
+        /// The capacity it exceeds.
+        capacity: u64,
+    },
+}
+
+impl Refusal {
+    /// The refusal `decision` makes. `Outcome` is not exhaustive outside
+    /// its crate, so it is asked for the one outcome that never admits; any
+    /// other is a wait, as long as the decision's own.
+    fn of(decision: &Decision) -> Self {
+        if let Outcome::CostExceedsCapacity { cost, capacity } = decision.outcome() {
+            return Self::Never { cost, capacity };
+        }
+        Self::Limited {
+            wait: decision.retry_after(),
+        }
+    }
+
+    /// The refusal in words, naming the policy `policy`.
+    fn detail(&self, policy: &str) -> String {
+        match *self {
+            Self::Never { cost, capacity } => format!(
+                "request cost {cost} exceeds the capacity {capacity} of limit '{policy}'; it can never be admitted"
+            ),
+            Self::Limited { wait: Some(wait) } => {
+                let secs = retry_after_secs(wait);
+                format!("limit '{policy}' exceeded, retry in {secs} s")
+            }
+            Self::Limited { wait: None } => format!("limit '{policy}' exceeded"),
+        }
+    }
+
+    /// The wait a gRPC client is pushed back by: none for a request that
+    /// can never be admitted, else the decision's (zero if it names none).
+    fn pushback_wait(&self) -> Option<Duration> {
+        match *self {
+            Self::Never { .. } => None,
+            Self::Limited { wait } => Some(wait.unwrap_or(Duration::ZERO)),
+        }
+    }
+}
