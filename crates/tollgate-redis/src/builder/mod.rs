@@ -187,7 +187,7 @@ impl RedisStoreBuilder {
     /// concurrent requests sends each alone at once. Under load this
     /// divides Redis's CPU per decision and the client's work per
     /// round trip by the batch (see `BENCHMARKS.md`). Only on connections
-    /// to one server ([`RedisConnection::is_one_server`]): on a cluster,
+    /// to one server ([`RedisConnection::is_one_server`](crate::RedisConnection::is_one_server)): on a cluster,
     /// keys of different slots cannot share a script call.
     ///
     /// ```
