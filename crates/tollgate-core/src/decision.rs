@@ -11,7 +11,6 @@ use crate::time::Timestamp;
 
 /// Whether a request was admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Outcome {
     /// Admitted; [`Decision::delay`] says how long to hold it first (only
     /// the leaky bucket delays).
@@ -410,7 +409,7 @@ mod tests {
     fn outcome_retry(outcome: Outcome) -> Option<Duration> {
         match outcome {
             Outcome::Limited { retry_after } => Some(retry_after),
-            _ => None,
+            Outcome::Allowed | Outcome::CostExceedsCapacity { .. } => None,
         }
     }
 

@@ -216,7 +216,10 @@ pub fn simulate(
                         seq += 1;
                         resolved = false;
                     }
-                    _ => {
+                    // (`Allowed` was answered above.)
+                    Outcome::Limited { .. }
+                    | Outcome::CostExceedsCapacity { .. }
+                    | Outcome::Allowed => {
                         run.never_admitted += 1;
                         phase_done_us = phase_done_us.max(at);
                     }

@@ -414,8 +414,6 @@ impl<St: Store> RateLimiter<St> {
                     });
                 }
                 Outcome::Limited { retry_after } => retry_after,
-                // A future outcome this code does not know: do not spin.
-                _ => decision.reset(),
             };
             if wait > left {
                 return Err(WaitError::TooLong {
