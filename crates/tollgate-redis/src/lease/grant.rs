@@ -7,13 +7,17 @@ use std::sync::atomic::Ordering;
 use tollgate_core::{Decision, Key, Policy, Store, StoreError};
 
 use super::table::{Entry, Lease, Leasing, identity};
-use super::{LeasedStore, Shared};
+use super::{LIFETIME_INTERVALS, LeasedStore, Shared};
 
 impl<S: Store> Shared<S> {
     /// A lease of `units`, granted by the store's answer `base` to a grant
     /// asked for at local time `sent`.
     fn lease(&self, key: &Key, policy: &Policy, base: Decision, units: u64, sent: u64) -> Lease {
-        let lifetime = Leasing::of(policy).lifetime(policy, &base, self.interval * 2);
+        let lifetime = Leasing::of(policy).lifetime(
+            policy,
+            &base,
+            self.interval.saturating_mul(LIFETIME_INTERVALS),
+        );
         Lease {
             granted: units,
             left: units,

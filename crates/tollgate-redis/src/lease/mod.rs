@@ -129,6 +129,14 @@ impl<S> Clone for LeasedStore<S> {
     }
 }
 
+/// A lease's longest life, in lease intervals: a lease not spent by then
+/// ends and gives back what is left.
+const LIFETIME_INTERVALS: u64 = 2;
+
+/// How long a key may go unseen, in lease intervals, before its entry is
+/// forgotten when room is needed.
+const IDLE_INTERVALS: u64 = 4;
+
 struct Shared<S> {
     store: S,
     clock: Arc<dyn Clock>,
@@ -226,9 +234,10 @@ impl<S: Store> Shared<S> {
         self.clock.now().as_micros()
     }
 
-    /// Keys unseen since this are forgotten when room is needed.
+    /// Keys unseen since this are forgotten when room is needed
+    /// ([`IDLE_INTERVALS`] ago).
     fn idle_before(&self, now: u64) -> u64 {
-        now.saturating_sub(self.interval.saturating_mul(4))
+        now.saturating_sub(self.interval.saturating_mul(IDLE_INTERVALS))
     }
 
     /// The largest lease of `policy`.
