@@ -1,0 +1,199 @@
+//! [`InFlightLayer`]: at most N requests of one key in progress at once.
+
+mod body;
+mod service;
+mod slot;
+mod telemetry;
+
+pub use body::InFlightBody;
+pub use service::InFlight;
+use telemetry::Telemetry;
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use tollgate_core::{InFlightLimit, MemoryStore};
+use tower_layer::Layer;
+
+use crate::answer::Protocol;
+use crate::fallback::{FailureMode, shared_fallback};
+use crate::response::Responder;
+
+/// A layer that admits at most [`InFlightLimit::max`] requests of one key
+/// in progress at once, across every app server that shares its store:
+/// a keyed, distributed concurrency limit, beside the rate limit of
+/// [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// A request takes a slot before the inner service sees it, and gives it
+/// back when its response body is finished or dropped: when the client
+/// has read the whole response, disconnects, or the handler fails or
+/// panics. A request that finds every slot of its key taken is answered
+/// at once with 429, `application/problem+json`, `Retry-After: 1` and
+/// [`x-concurrency-limit`](crate::CONCURRENCY_LIMIT) carrying the limit.
+///
+/// On Redis a slot is a lease ([`InFlightLimit::lease`]) renewed every
+/// third of it while the request runs, so the slot of an app server that
+/// dies frees itself when the lease ends; in memory a slot lives exactly
+/// as long as its request. A renewal that finds its slot gone (Redis
+/// restarted without persistence, was flushed, or failed over to a replica
+/// that missed writes) takes it back, so the limit holds again for new
+/// requests within a third of the lease; a running request that finds
+/// every slot taken meanwhile runs on uncounted and is counted again as
+/// soon as a slot is free (see [`Renewal`](tollgate_core::Renewal)).
+///
+/// When the store fails, the layer follows its [`FailureMode`] as
+/// [`RateLimitLayer`](crate::RateLimitLayer) does: under
+/// [`FailureMode::Local`] (the default) the slots are taken in memory,
+/// with this instance's share of the limit ([`InFlightLayer::local_divisor`]);
+/// [`FailureMode::Open`] lets the request through unlimited;
+/// [`FailureMode::Closed`] answers 503.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::{ExtensionKey, InFlightLayer, InFlightLimit};
+///
+/// # #[derive(Clone)] struct UserId(String);
+/// # impl tollgate::ToKey for UserId { fn to_key(&self) -> tollgate::Key { self.0.to_key() } }
+/// let exports = InFlightLimit::new("exports", 2)?;
+/// let app: Router = Router::new()
+///     .route("/export", get(|| async { "a large file" }))
+///     .route_layer(InFlightLayer::new(exports, ExtensionKey::<UserId>::new()));
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub struct InFlightLayer<K, St = MemoryStore> {
+    limit: InFlightLimit,
+    extractor: Arc<K>,
+    store: St,
+    failure: FailureMode,
+    divisor: NonZeroU64,
+    local: MemoryStore,
+    responder: Responder,
+}
+
+struct Shared<K, St> {
+    limit: InFlightLimit,
+    extractor: Arc<K>,
+    store: St,
+    failure: FailureMode,
+    /// The local fallback's slots, and this instance's share of the limit.
+    local: MemoryStore,
+    local_limit: InFlightLimit,
+    responder: Responder,
+    telemetry: Telemetry,
+}
+
+impl<K> InFlightLayer<K> {
+    /// A layer of `limit` keyed by `extractor`, holding its slots in a
+    /// store of its own in memory (use [`store`](Self::store) to share
+    /// them through Redis).
+    pub fn new(limit: InFlightLimit, extractor: K) -> Self {
+        Self {
+            responder: Responder::new(limit.name()),
+            limit,
+            extractor: Arc::new(extractor),
+            store: MemoryStore::new(),
+            failure: FailureMode::default(),
+            divisor: NonZeroU64::MIN,
+            local: shared_fallback().clone(),
+        }
+    }
+}
+
+impl<K, St> InFlightLayer<K, St> {
+    /// Holds the slots in `store`: a `RedisStore` shared by every app
+    /// server makes the limit global.
+    pub fn store<S2>(self, store: S2) -> InFlightLayer<K, S2> {
+        InFlightLayer {
+            limit: self.limit,
+            extractor: self.extractor,
+            store,
+            failure: self.failure,
+            divisor: self.divisor,
+            local: self.local,
+            responder: self.responder,
+        }
+    }
+
+    /// What to do when the store fails: [`FailureMode::Local`] (the
+    /// default) takes the slot in memory, with this instance's share of
+    /// the limit; [`FailureMode::Open`] lets the request through
+    /// unlimited; [`FailureMode::Closed`] answers 503.
+    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
+        self.failure = mode;
+        self
+    }
+
+    /// How many instances share the limit, for [`FailureMode::Local`]:
+    /// while the store fails, each lets `max / instances` requests of a
+    /// key run at once (at least 1; see [`InFlightLimit::divided`]).
+    /// Default 1.
+    pub fn local_divisor(mut self, instances: NonZeroU64) -> Self {
+        self.divisor = instances;
+        self
+    }
+
+    /// The in-memory store whose slots [`FailureMode::Local`] takes
+    /// (default: [`shared_fallback`](crate::shared_fallback)).
+    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
+        self.local = store;
+        self
+    }
+
+    /// Answers as a gRPC server: a refused request gets a trailers-only
+    /// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms: 1000`, a
+    /// `RetryInfo` of 1 s and `x-concurrency-limit` as metadata; a store
+    /// failure under [`FailureMode::Closed`] gets `UNAVAILABLE`.
+    pub fn grpc(mut self) -> Self {
+        self.responder.protocol = Protocol::Grpc;
+        self
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> &InFlightLimit {
+        &self.limit
+    }
+}
+
+impl<K, St: Clone> Clone for InFlightLayer<K, St> {
+    fn clone(&self) -> Self {
+        Self {
+            limit: self.limit.clone(),
+            extractor: self.extractor.clone(),
+            store: self.store.clone(),
+            failure: self.failure,
+            divisor: self.divisor,
+            local: self.local.clone(),
+            responder: self.responder.clone(),
+        }
+    }
+}
+
+impl<K, St> fmt::Debug for InFlightLayer<K, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightLayer")
+            .field("limit", &self.limit)
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, St: Clone> Layer<S> for InFlightLayer<K, St> {
+    type Service = InFlight<S, K, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlight {
+            inner,
+            shared: Arc::new(Shared {
+                limit: self.limit.clone(),
+                extractor: self.extractor.clone(),
+                store: self.store.clone(),
+                failure: self.failure,
+                local: self.local.clone(),
+                local_limit: self.limit.divided(self.divisor),
+                responder: self.responder.clone(),
+                telemetry: Telemetry::new(self.limit.name()),
+            }),
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The in-flight layer's metrics and throttled logs.
+
+use std::sync::Arc;
+
+use tollgate_core::Renewal;
+
+use crate::fallback::{FailureMode, FailureReport};
+use crate::report::Throttle;
+/// The layer's metrics (with the `metrics` feature) and throttled logs.
+#[derive(Clone)]
+pub(super) struct Telemetry {
+    #[cfg(feature = "metrics")]
+    held: metrics::Gauge,
+    #[cfg(feature = "metrics")]
+    rejected: metrics::Counter,
+    throttle: Arc<Throttle>,
+    gone: Arc<Throttle>,
+}
+
+impl Telemetry {
+    pub(super) fn new(_name: &str) -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            held: metrics::gauge!(
+                tollgate_core::telemetry::INFLIGHT_SLOTS,
+                "policy" => _name.to_owned()
+            ),
+            #[cfg(feature = "metrics")]
+            rejected: metrics::counter!(
+                tollgate_core::telemetry::INFLIGHT_REJECTED,
+                "policy" => _name.to_owned()
+            ),
+            throttle: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
+            gone: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(super) fn held(&self, _change: f64) {
+        #[cfg(feature = "metrics")]
+        self.held.increment(_change);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(super) fn rejected(&self) {
+        #[cfg(feature = "metrics")]
+        self.rejected.increment(1);
+    }
+
+    /// A renewal found its slot gone: the store lost it, or its lease ran
+    /// out before the renewal came.
+    pub(super) fn slot_gone(&self, renewal: Renewal) {
+        if let Some(suppressed) = self.gone.may_log(tokio::time::Instant::now()) {
+            if renewal.holds() {
+                tracing::warn!(
+                    suppressed,
+                    "in-flight limit: a running request's slot was gone; taken back"
+                );
+            } else {
+                tracing::warn!(
+                    suppressed,
+                    "in-flight limit: a running request's slot was gone and every slot is held; it runs uncounted until one is free"
+                );
+            }
+        }
+    }
+}
+
+impl FailureReport for Telemetry {
+    fn store_failed(&self, mode: FailureMode, error: &tollgate_core::StoreError) {
+        if let Some(suppressed) = self.throttle.may_log(tokio::time::Instant::now()) {
+            tracing::warn!(
+                error = error as &dyn std::error::Error,
+                failure_mode = ?mode,
+                suppressed,
+                "in-flight limit: the store failed; applying the failure policy"
+            );
+        }
+    }
+
+    fn decided_locally(&self, _allowed: bool) {}
+
+    fn let_through(&self) {}
+
+    fn refused(&self) {}
+}
