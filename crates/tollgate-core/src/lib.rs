@@ -80,7 +80,9 @@ pub use inflight::{InFlightLimit, Renewal, SlotStore, Slots};
 pub use key::{Key, KeyKind, TypeTag};
 pub use limit::Limit;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use policy::{LimitParams, Policy, Shape};
+pub use policy::Policy;
+#[doc(hidden)] // storage encodings, shared with tollgate-redis: not part of the API
+pub use policy::{LimitParams, Shape};
 pub use settle::Settlement;
 pub use store::Store;
 pub use time::{Clock, FakeClock, SystemClock, Timestamp};

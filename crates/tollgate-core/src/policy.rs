@@ -24,6 +24,7 @@ impl FromStr for Algorithm {
 
 /// The numbers an algorithm works with for one limit, derived once when the
 /// policy is built. Stores use them; see the algorithm docs for meaning.
+#[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LimitParams {
     /// The limit itself.
@@ -141,6 +142,7 @@ struct Inner {
 /// assert_eq!(two.shape(), Shape::Full);
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
+#[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Shape {
     /// One time in µs, when the limit's backlog clears: a single GCRA
@@ -160,10 +162,15 @@ pub enum Shape {
 
 impl Shape {
     fn of(algorithm: Algorithm, params: &[LimitParams]) -> Self {
-        match (algorithm, params) {
-            (Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket, [_]) => Shape::Tat,
-            (Algorithm::FixedWindow, [p]) if p.limit.count() < p.period_us => Shape::WindowWord,
-            _ => Shape::Full,
+        let [p] = params else {
+            return Shape::Full;
+        };
+        match algorithm {
+            Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket => Shape::Tat,
+            Algorithm::FixedWindow if p.limit.count() < p.period_us => Shape::WindowWord,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => {
+                Shape::Full
+            }
         }
     }
 }
@@ -229,6 +236,7 @@ impl Policy {
     }
 
     /// The derived numbers for each limit, in the order of [`Policy::limits`].
+    #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn params(&self) -> &[LimitParams] {
         &self.inner.params
     }
@@ -259,6 +267,7 @@ impl Policy {
     /// );
     /// # Ok::<(), tollgate_core::ConfigError>(())
     /// ```
+    #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn state_descriptor(&self) -> &str {
         &self.inner.descriptor
     }
@@ -277,6 +286,7 @@ impl Policy {
     }
 
     /// How a store may keep the state of a key under this policy.
+    #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn shape(&self) -> Shape {
         self.inner.shape
     }

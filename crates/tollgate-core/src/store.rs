@@ -9,6 +9,8 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::settle::Settlement;
+#[cfg(doc)]
+use crate::state::KeyState;
 
 /// Where rate-limit state lives: decides one request atomically.
 ///
@@ -28,56 +30,60 @@ use crate::settle::Settlement;
 /// a `FakeClock`; the memory store and the Redis store run it in their
 /// tests, and a store of your own should too.
 ///
-/// A complete (if unbounded) store over the reference algorithms:
+/// # A store of your own
+///
+/// A new backend needs no code of its own for the algorithms, and no
+/// change to this crate. It keeps each key's [`KeyState`] in its saved
+/// form, bytes, under the policy's name and the key, and for each
+/// operation loads them, lets the state decide, and keeps the new bytes,
+/// atomically (in a transaction, under a lock, or with a
+/// compare-and-swap). Carry-over to a new configuration, settling, blocks
+/// and their end all come with the state. A complete (if unbounded) store
+/// over a map of bytes, which passes the conformance suite (`tests/contract.rs`
+/// runs it):
 ///
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::Mutex;
 /// use std::time::Duration;
-/// use tollgate_core::state::{PolicyState, blocked};
+/// use tollgate_core::state::KeyState;
 /// use tollgate_core::{
 ///     Algorithm, Clock, Decision, FakeClock, Key, Policy, Settlement, Store, StoreError, Timestamp,
 /// };
 ///
-/// enum Held {
-///     State(PolicyState),
-///     BlockedUntil(Timestamp),
-/// }
-///
 /// #[derive(Default)]
-/// struct MapStore {
+/// struct BytesStore {
 ///     clock: FakeClock,
-///     map: Mutex<HashMap<(String, Key), Held>>,
+///     map: Mutex<HashMap<(String, Key), Vec<u8>>>,
 /// }
 ///
-/// impl MapStore {
-///     fn with_state(&self, key: &Key, policy: &Policy, f: impl FnOnce(&mut PolicyState) -> Decision) -> Decision {
+/// impl BytesStore {
+///     fn with_state(
+///         &self,
+///         key: &Key,
+///         policy: &Policy,
+///         f: impl FnOnce(&mut KeyState, Timestamp) -> Decision,
+///     ) -> Result<Decision, StoreError> {
 ///         let now = self.clock.now();
 ///         let mut map = self.map.lock().unwrap();
-///         let held = map.entry((policy.name().to_owned(), key.clone()));
-///         let held = held.or_insert_with(|| Held::State(PolicyState::new(policy, now)));
-///         if let Held::BlockedUntil(until) = *held {
-///             if until > now {
-///                 return blocked(policy, now, until);
-///             }
-///             *held = Held::State(PolicyState::new(policy, now));
-///         }
-///         match held {
-///             Held::State(state) => f(state),
-///             Held::BlockedUntil(_) => unreachable!(),
-///         }
+///         let slot = (policy.name().to_owned(), key.clone());
+///         let mut state = match map.get(&slot) {
+///             Some(bytes) => KeyState::from_bytes(policy, bytes).map_err(StoreError::backend)?,
+///             None => KeyState::new(policy, now),
+///         };
+///         let decision = f(&mut state, now);
+///         map.insert(slot, state.to_bytes());
+///         Ok(decision)
 ///     }
 /// }
 ///
-/// impl Store for MapStore {
+/// impl Store for BytesStore {
 ///     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-///         let now = self.clock.now();
-///         Ok(self.with_state(key, policy, |state| state.decide(policy, now, cost)))
+///         self.with_state(key, policy, |state, now| state.decide(policy, now, cost))
 ///     }
 ///
 ///     async fn settle(&self, key: &Key, policy: &Policy, settlement: Settlement) -> Result<Decision, StoreError> {
-///         let now = self.clock.now();
-///         Ok(self.with_state(key, policy, |state| state.settle(policy, now, &settlement)))
+///         self.with_state(key, policy, |state, now| state.settle(policy, now, &settlement))
 ///     }
 ///
 ///     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
@@ -86,14 +92,14 @@ use crate::settle::Settlement;
 ///     }
 ///
 ///     async fn block(&self, key: &Key, policy: &Policy, duration: Duration) -> Result<(), StoreError> {
-///         let until = Timestamp::from_micros(self.clock.now().as_micros() + duration.as_micros() as u64);
-///         self.map.lock().unwrap().insert((policy.name().to_owned(), key.clone()), Held::BlockedUntil(until));
+///         let state = KeyState::blocked_for(self.clock.now(), duration);
+///         self.map.lock().unwrap().insert((policy.name().to_owned(), key.clone()), state.to_bytes());
 ///         Ok(())
 ///     }
 /// }
 ///
 /// # futures_lite_block_on(async {
-/// let store = MapStore::default();
+/// let store = BytesStore::default();
 /// let policy = Policy::new("demo", Algorithm::Gcra, "1/s")?;
 /// let key = Key::user("ada");
 /// let reserved = store.check(&key, &policy, 1).await?;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use tollgate_core::state::{PolicyState, decide_window_word};
+use tollgate_core::state::{KeyState, PolicyState, decide_window_word};
 use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Outcome, Policy, Shape, Timestamp};
 
 #[derive(Debug, Clone)]
@@ -309,6 +309,25 @@ proptest! {
             let expected = reference.decide(policy, Timestamp::from_micros(now), cost);
             let stored = store.check_sync(&key, policy, cost).unwrap();
             prop_assert_eq!(&stored, &expected, "arrival {} at {}", i, now);
+        }
+    }
+
+    #[test]
+    fn a_state_kept_as_bytes_decides_exactly_as_the_reference(case in change_case()) {
+        // A store over bytes saves the state after every request and loads
+        // it before the next, whichever configuration serves it.
+        let mut now = case.start;
+        let mut reference = PolicyState::new(&case.configs[0], Timestamp::from_micros(now));
+        let mut saved = KeyState::new(&case.configs[0], Timestamp::from_micros(now)).to_bytes();
+        for (i, &(gap, cost, which)) in case.arrivals.iter().enumerate() {
+            now += gap;
+            let policy = &case.configs[which];
+            let at = Timestamp::from_micros(now);
+            let expected = reference.decide(policy, at, cost);
+            let mut loaded = KeyState::from_bytes(policy, &saved).unwrap();
+            let decided = loaded.decide(policy, at, cost);
+            prop_assert_eq!(&decided, &expected, "arrival {} at {}", i, now);
+            saved = loaded.to_bytes();
         }
     }
 

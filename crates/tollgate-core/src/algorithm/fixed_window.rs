@@ -95,6 +95,17 @@ impl Rule for FixedWindow {
             count: used,
         }
     }
+
+    fn save(&self, out: &mut Vec<u64>) {
+        out.extend([self.start, self.count]);
+    }
+
+    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+        Some(Self {
+            start: *words.next()?,
+            count: *words.next()?,
+        })
+    }
 }
 
 /// When the window of a window word ends, or 0 if it counts nothing (it

@@ -59,6 +59,16 @@ impl Rule for Gcra {
             tat: now + backlog(p, used),
         }
     }
+
+    fn save(&self, out: &mut Vec<u64>) {
+        out.push(self.tat);
+    }
+
+    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+        Some(Self {
+            tat: *words.next()?,
+        })
+    }
 }
 
 /// [`PolicyState::decide`](crate::state::PolicyState::decide) for a policy

@@ -55,4 +55,14 @@ impl Rule for LeakyBucket {
             free_at: now + backlog(p, used),
         }
     }
+
+    fn save(&self, out: &mut Vec<u64>) {
+        out.push(self.free_at);
+    }
+
+    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+        Some(Self {
+            free_at: *words.next()?,
+        })
+    }
 }

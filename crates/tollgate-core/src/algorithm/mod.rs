@@ -67,6 +67,30 @@ impl Algorithm {
         Algorithm::Gcra,
     ];
 
+    /// The algorithm after this one in [`ALL`](Algorithm::ALL). A new
+    /// algorithm must be given its place here, and the check below then
+    /// fails to compile until `ALL` holds it too.
+    const fn next(self) -> Option<Algorithm> {
+        match self {
+            Algorithm::FixedWindow => Some(Algorithm::SlidingLog),
+            Algorithm::SlidingLog => Some(Algorithm::SlidingWindow),
+            Algorithm::SlidingWindow => Some(Algorithm::TokenBucket),
+            Algorithm::TokenBucket => Some(Algorithm::LeakyBucket),
+            Algorithm::LeakyBucket => Some(Algorithm::Gcra),
+            Algorithm::Gcra => None,
+        }
+    }
+
+    /// The algorithm's place in [`ALL`](Algorithm::ALL): its code in a
+    /// saved state, which must never change.
+    pub(crate) const fn code(self) -> u64 {
+        let mut code = 0;
+        while Algorithm::ALL[code] as u8 != self as u8 {
+            code += 1;
+        }
+        code as u64
+    }
+
     /// The configuration name, such as `"sliding_window"`.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -81,12 +105,30 @@ impl Algorithm {
 
     /// Whether a policy with this algorithm accepts a `burst`.
     pub const fn has_burst(self) -> bool {
-        matches!(
-            self,
-            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
-        )
+        match self {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => true,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => false,
+        }
     }
 }
+
+/// `ALL` holds every algorithm, in the order of [`Algorithm::next`].
+const _: () = {
+    let mut at = Some(Algorithm::ALL[0]);
+    let mut i = 0;
+    while let Some(algorithm) = at {
+        assert!(
+            Algorithm::ALL[i] as u8 == algorithm as u8,
+            "Algorithm::ALL is out of order"
+        );
+        i += 1;
+        at = algorithm.next();
+    }
+    assert!(
+        i == Algorithm::ALL.len(),
+        "Algorithm::ALL lists an algorithm twice"
+    );
+};
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -51,6 +51,14 @@ pub(crate) trait Rule: Sized {
     /// another store reported: windows and logs count it at `now`, buckets
     /// as a backlog from then.
     fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self;
+
+    /// Appends the words this state is made of: its saved form (see
+    /// `state::KeyState::to_bytes`).
+    fn save(&self, out: &mut Vec<u64>);
+
+    /// The state [`save`](Rule::save) wrote, read from the front of
+    /// `words`; `None` when they are too few or make no state.
+    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self>;
 }
 
 /// The start of the window of `period` holding `now`.

@@ -102,4 +102,26 @@ impl Rule for SlidingLog {
             used,
         }
     }
+
+    /// The number of entries, then each entry's time and cost.
+    fn save(&self, out: &mut Vec<u64>) {
+        out.push(self.entries.len() as u64);
+        out.extend(self.entries.iter().flat_map(|&(at, cost)| [at, cost]));
+    }
+
+    /// The used total is the entries' sum, not read: it cannot disagree.
+    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+        let len = usize::try_from(*words.next()?).ok()?;
+        if len > words.len() / 2 {
+            return None;
+        }
+        let mut entries = VecDeque::with_capacity(len);
+        let mut used = 0u64;
+        for _ in 0..len {
+            let (at, cost) = (*words.next()?, *words.next()?);
+            used = used.checked_add(cost)?;
+            entries.push_back((at, cost));
+        }
+        Some(Self { entries, used })
+    }
 }

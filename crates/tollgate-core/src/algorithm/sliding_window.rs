@@ -109,6 +109,18 @@ impl Rule for SlidingWindow {
             curr: used,
         }
     }
+
+    fn save(&self, out: &mut Vec<u64>) {
+        out.extend([self.start, self.prev, self.curr]);
+    }
+
+    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+        Some(Self {
+            start: *words.next()?,
+            prev: *words.next()?,
+            curr: *words.next()?,
+        })
+    }
 }
 
 /// `ceil(prev * (P - e) / P)`: the previous window's weighted count,

@@ -100,4 +100,15 @@ impl Rule for TokenBucket {
     fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
         TokenBucket::full_at(now + backlog(p, used), p, now)
     }
+
+    fn save(&self, out: &mut Vec<u64>) {
+        out.extend([self.tokens, self.refilled_at]);
+    }
+
+    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+        Some(Self {
+            tokens: *words.next()?,
+            refilled_at: *words.next()?,
+        })
+    }
 }

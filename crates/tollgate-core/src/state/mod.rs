@@ -1,16 +1,13 @@
 //! For store implementors: the reference decisions every store must match,
-//! and the compact forms a store may keep a key's state in.
+//! and the state a store keeps.
 //!
 //! [`PolicyState`] holds one key's state for one policy and decides
-//! requests against it. The memory store keeps one per key where the
-//! policy's [`Shape`](crate::Shape) is `Full`; other stores (the Redis Lua
-//! scripts) implement the same arithmetic and are tested against it. For a
-//! policy of a compact shape, [`decide_tat`] and [`decide_window_word`]
-//! decide on the one number that is its whole state, and
-//! [`PolicyState::from_tat`] / [`PolicyState::tat`] (and the window-word
-//! pair) convert between the two, so that a key carries over when a
-//! policy's configuration moves it between shapes. All arithmetic is in
-//! integer microseconds since the Unix epoch.
+//! requests against it; [`KeyState`] adds an operator's block, and its
+//! saved form (bytes) is all a new backend keeps: see "A store of your
+//! own" under [`Store`](crate::Store). The memory store keeps states in
+//! memory; the Redis store's Lua scripts implement the same arithmetic and
+//! are tested against it. All arithmetic is in integer microseconds since
+//! the Unix epoch.
 //!
 //! The conformance suite of the `testing` feature runs a store against
 //! these decisions.
@@ -34,21 +31,26 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+#[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
 pub use crate::algorithm::fixed_window::decide_window_word;
+#[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
 pub use crate::algorithm::gcra::decide_tat;
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::leaky_bucket::LeakyBucket;
-use crate::algorithm::rule::Rule;
-use crate::algorithm::sliding_log::SlidingLog;
-use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::decision::{Decision, LimitStatus, Outcome};
-use crate::policy::{LimitParams, Policy};
+use crate::policy::Policy;
 use crate::settle::{Change, Settlement};
 use crate::time::Timestamp;
+
+mod limit;
+mod saved;
+
+use limit::LimitState;
+pub use saved::{KeyState, SavedStateError};
 
 /// The decision on any request of a key that an operator blocked until
 /// `until` (see [`Store::block`](crate::Store::block)), at `now`, before
@@ -78,92 +80,6 @@ pub fn blocked(policy: &Policy, now: Timestamp, until: Timestamp) -> Decision {
         .map(|(i, p)| LimitStatus::new(i, p.limit, p.capacity, 0, rest, Some(rest)));
     let outcome = Outcome::Limited { retry_after: rest };
     Decision::new(policy, outcome, now, Duration::ZERO, statuses)
-}
-
-/// The state of one limit, under its policy's algorithm.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum LimitState {
-    FixedWindow(FixedWindow),
-    SlidingLog(SlidingLog),
-    SlidingWindow(SlidingWindow),
-    TokenBucket(TokenBucket),
-    LeakyBucket(LeakyBucket),
-    Gcra(Gcra),
-}
-
-/// Applies `$body` to the algorithm's state `$s`, whichever it is: the one
-/// match over the algorithms; `$wrap` rebuilds a [`LimitState`] from a
-/// state of the same algorithm where the body returns one.
-macro_rules! each {
-    ($state:expr, $s:ident => $body:expr) => {
-        match $state {
-            LimitState::FixedWindow($s) => $body,
-            LimitState::SlidingLog($s) => $body,
-            LimitState::SlidingWindow($s) => $body,
-            LimitState::TokenBucket($s) => $body,
-            LimitState::LeakyBucket($s) => $body,
-            LimitState::Gcra($s) => $body,
-        }
-    };
-    ($state:expr, $s:ident => wrap $body:expr) => {
-        match $state {
-            LimitState::FixedWindow($s) => LimitState::FixedWindow($body),
-            LimitState::SlidingLog($s) => LimitState::SlidingLog($body),
-            LimitState::SlidingWindow($s) => LimitState::SlidingWindow($body),
-            LimitState::TokenBucket($s) => LimitState::TokenBucket($body),
-            LimitState::LeakyBucket($s) => LimitState::LeakyBucket($body),
-            LimitState::Gcra($s) => LimitState::Gcra($body),
-        }
-    };
-}
-
-impl LimitState {
-    fn fresh(algorithm: Algorithm, p: &LimitParams, now: u64) -> Self {
-        match algorithm {
-            Algorithm::FixedWindow => LimitState::FixedWindow(Rule::fresh(p, now)),
-            Algorithm::SlidingLog => LimitState::SlidingLog(Rule::fresh(p, now)),
-            Algorithm::SlidingWindow => LimitState::SlidingWindow(Rule::fresh(p, now)),
-            Algorithm::TokenBucket => LimitState::TokenBucket(Rule::fresh(p, now)),
-            Algorithm::LeakyBucket => LimitState::LeakyBucket(Rule::fresh(p, now)),
-            Algorithm::Gcra => LimitState::Gcra(Rule::fresh(p, now)),
-        }
-    }
-
-    fn advance(&mut self, p: &LimitParams, now: u64) {
-        each!(self, s => s.advance(p, now));
-    }
-
-    fn status(&self, p: &LimitParams, now: u64, queue_free: u64) -> (u64, u64) {
-        each!(self, s => s.status(p, now, queue_free))
-    }
-
-    fn admits(&self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) -> Result<(), u64> {
-        each!(self, s => s.admits(p, now, cost, queue_free))
-    }
-
-    fn commit(&mut self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) {
-        each!(self, s => s.commit(p, now, cost, queue_free));
-    }
-
-    fn charge(&mut self, p: &LimitParams, now: u64, n: u64, queue_free: u64) {
-        each!(self, s => s.charge(p, now, n, queue_free));
-    }
-
-    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, since: u64) {
-        each!(self, s => s.refund(p, now, n, since));
-    }
-
-    fn expires_at(&self, p: &LimitParams) -> u64 {
-        each!(self, s => s.expires_at(p))
-    }
-
-    fn carried(self, old: &LimitParams, new: &LimitParams, now: u64) -> Self {
-        each!(self, s => wrap s.carried(old, new, now))
-    }
-
-    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
-        each!(self, s => wrap s.seeded(p, used, now))
-    }
 }
 
 /// One key's state for one policy: the state of each limit, and the
@@ -260,6 +176,7 @@ impl PolicyState {
     /// assert_eq!(state.tat(), Some(now.as_micros() + 500_000));
     /// # Ok::<(), tollgate_core::ConfigError>(())
     /// ```
+    #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn from_tat(policy: &Policy, word: u64, now: Timestamp) -> Option<Self> {
         let [p] = policy.params() else {
             return None;
@@ -270,13 +187,16 @@ impl PolicyState {
             Algorithm::TokenBucket => {
                 LimitState::TokenBucket(TokenBucket::full_at(word, p, now.as_micros()))
             }
-            _ => return None,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => {
+                return None;
+            }
         };
         Some(Self::single(policy, limit))
     }
 
     /// The state of a single fixed-window policy whose window word is
     /// `word` (see [`decide_window_word`]); `None` for another policy.
+    #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn from_window_word(policy: &Policy, word: u64) -> Option<Self> {
         match (policy.algorithm(), policy.params()) {
             (Algorithm::FixedWindow, [p]) => Some(Self::single(
@@ -297,6 +217,7 @@ impl PolicyState {
     /// The one-time compact form of this state (see
     /// [`PolicyState::from_tat`]): when a single GCRA, token-bucket or
     /// leaky-bucket limit's backlog clears; `None` for other policies.
+    #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn tat(&self) -> Option<u64> {
         match (&self.limits[..], self.policy.params()) {
             (
@@ -315,6 +236,7 @@ impl PolicyState {
     /// [`PolicyState::from_window_word`]): a single fixed window's start
     /// plus its count, at most the period less 1 µs (which denies as any
     /// count above the limit does); `None` for other policies.
+    #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn window_word(&self) -> Option<u64> {
         match (&self.limits[..], self.policy.params()) {
             ([LimitState::FixedWindow(window)], [p]) => Some(window.word(p)),
@@ -427,7 +349,9 @@ impl PolicyState {
                 state.commit(p, now_us, cost, queue_free);
             }
         }
-        let delay = if policy.algorithm() == Algorithm::LeakyBucket && cost > 0 {
+        // Only a queue (a leaky bucket's) delays a request: for every other
+        // algorithm the queue is free at 0, and the delay is none.
+        let delay = if cost > 0 {
             Duration::from_micros(queue_free.saturating_sub(now_us))
         } else {
             Duration::ZERO
@@ -486,10 +410,7 @@ impl PolicyState {
     fn queue_free(&self) -> u64 {
         self.limits
             .iter()
-            .map(|s| match s {
-                LimitState::LeakyBucket(bucket) => bucket.free_at,
-                _ => 0,
-            })
+            .map(LimitState::queue_free)
             .max()
             .unwrap_or(0)
     }
