@@ -1,0 +1,251 @@
+//! The rate-limit headers: each style, on admitted and rejected requests,
+//! rounding, and the layer whose headers win when layers are stacked.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Response, StatusCode};
+use tollgate::{Algorithm, GlobalKey, HeaderStyle, Policy, RateLimitLayer};
+use tower::ServiceExt;
+
+use super::{app, body_json, clock_and_store, get_root, header};
+
+#[tokio::test]
+async fn exact_headers_on_200_and_429() {
+    let (clock, store) = clock_and_store();
+    clock.advance(Duration::from_millis(12_500)); // 12.5 s into the minute
+    let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
+
+    for remaining in ["2", "1", "0"] {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
+        // `used` is limit - remaining: only `HeaderStyle::GitHubFull` sends it.
+        assert_eq!(header(&res, "x-ratelimit-used"), None);
+        assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
+        assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
+        assert_eq!(header(&res, "retry-after"), None);
+    }
+
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&res, "x-ratelimit-used"), None);
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
+    assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
+    // 47.5 s left, rounded up.
+    assert_eq!(header(&res, "retry-after"), Some("48"));
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(
+        body_json(res).await,
+        serde_json::json!({
+            "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": "limit 'core' exceeded, retry in 48 s",
+            "violated-policies": ["core"],
+        })
+    );
+}
+
+#[tokio::test]
+async fn github_full_adds_used_on_200_and_429() {
+    let (clock, store) = clock_and_store();
+    clock.advance(Duration::from_millis(12_500));
+    let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .headers(HeaderStyle::GitHubFull);
+    let app = app(layer);
+    for (remaining, used) in [("2", "1"), ("1", "2"), ("0", "3")] {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(header(&res, "x-ratelimit-used"), Some(used));
+        assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
+    }
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "x-ratelimit-used"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
+}
+
+#[tokio::test]
+async fn retry_after_rounds_up_and_is_at_least_one() {
+    let (clock, store) = clock_and_store();
+    // GCRA 2 per 3 s: one unit every 1.5 s.
+    let policy = Policy::new("g", Algorithm::Gcra, "2/3s").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
+    for _ in 0..2 {
+        assert_eq!(
+            app.clone().oneshot(get_root()).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("2"),
+        "1.5 s rounds up to 2"
+    );
+    // The reset is 3 s away: epoch seconds rounded up.
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000043"));
+
+    clock.advance(Duration::from_millis(1_499));
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("1"),
+        "1 ms rounds up to 1 s"
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        app.oneshot(get_root()).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn forbidden_mode_and_no_headers_mode() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("gh", Algorithm::FixedWindow, "1/min").unwrap();
+    let app403 = app(RateLimitLayer::new(policy.clone(), GlobalKey)
+        .store(store.clone())
+        .rejection_status(StatusCode::FORBIDDEN));
+    app403.clone().oneshot(get_root()).await.unwrap();
+    let res = app403.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    let body = body_json(res).await;
+    assert_eq!(
+        (body["status"].as_u64(), body["title"].as_str()),
+        (Some(403), Some("Forbidden"))
+    );
+
+    let quiet_policy = Policy::new("quiet", Algorithm::FixedWindow, "1/min").unwrap();
+    let quiet = app(RateLimitLayer::new(quiet_policy, GlobalKey)
+        .store(store)
+        .headers(HeaderStyle::None));
+    let ok = quiet.clone().oneshot(get_root()).await.unwrap();
+    assert!(
+        ok.headers()
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-ratelimit"))
+    );
+    let res = quiet.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        res.headers()
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-ratelimit"))
+    );
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+}
+
+#[tokio::test]
+async fn stacked_layers_report_the_one_with_fewest_requests_left() {
+    let (_, store) = clock_and_store();
+    let layer = |name: &str, limit: &str| {
+        let policy = Policy::new(name, Algorithm::FixedWindow, limit).unwrap();
+        RateLimitLayer::new(policy, GlobalKey)
+            .store(store.clone())
+            .headers(HeaderStyle::GitHubFull)
+    };
+    // The nearer layer (inner) writes first; the outer one replaces its
+    // headers only when it has fewer requests left.
+    let stacked = |inner, outer| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(inner)
+            .layer(outer)
+    };
+    let headers = |res: &Response<Body>| {
+        [
+            "x-ratelimit-resource",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-used",
+        ]
+        .map(|name| header(res, name).unwrap().to_owned())
+    };
+    // Outer tighter: 3/min leaves 2, the inner 5/min leaves 4.
+    let app = stacked(layer("user-5", "5/min"), layer("ip-3", "3/min"));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(headers(&res), ["ip-3", "3", "2", "1"]);
+    assert_eq!(
+        res.headers()
+            .get_all("x-ratelimit-remaining")
+            .iter()
+            .count(),
+        1
+    );
+    // Inner tighter: 2/min leaves 1, the outer 10/min leaves 9.
+    let app = stacked(layer("user-2", "2/min"), layer("ip-10", "10/min"));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(headers(&res), ["user-2", "2", "1", "1"]);
+    // A tie keeps the nearer layer's.
+    let app = stacked(layer("user-4", "4/min"), layer("ip-4", "4/min"));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(headers(&res), ["user-4", "4", "3", "1"]);
+}
+
+#[tokio::test]
+async fn ietf_draft_headers_list_every_limit() {
+    let (clock, store) = clock_and_store();
+    clock.advance(Duration::from_millis(500));
+    let policy = Policy::builder("search")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("2/5s")
+        .limit("300/min")
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy, GlobalKey)
+            .store(store)
+            .headers(HeaderStyle::Both),
+    );
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some(r#""search-0";q=2;w=5, "search-1";q=300;w=60"#)
+    );
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some(r#""search-0";r=1;t=0, "search-1";r=299;t=0"#)
+    );
+    assert_eq!(
+        header(&res, "x-ratelimit-remaining"),
+        Some("1"),
+        "GitHub headers report the binding limit"
+    );
+    app.clone().oneshot(get_root()).await.unwrap();
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 4.5 s until the 5 s window ends: t = 5, as is Retry-After.
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some(r#""search-0";r=0;t=5, "search-1";r=298;t=0"#)
+    );
+    assert_eq!(header(&res, "retry-after"), Some("5"));
+
+    let (_, store) = clock_and_store();
+    let single = Policy::new("one", Algorithm::Gcra, "10/s").unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(single, GlobalKey)
+            .store(store)
+            .headers(HeaderStyle::Ietf),
+    );
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "ratelimit-policy"), Some(r#""one";q=10;w=1"#));
+    assert_eq!(header(&res, "ratelimit"), Some(r#""one";r=9;t=0"#));
+    assert_eq!(header(&res, "x-ratelimit-limit"), None);
+}

@@ -1,0 +1,224 @@
+//! What a request is answered when it is denied or has no key: problem
+//! details, custom rejections, gRPC statuses, and the same answer built
+//! by hand over a `RateLimiter`.
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::routing::get;
+use http::{HeaderName, Request, Response, StatusCode};
+use tollgate::{
+    Algorithm, ExtensionKey, GlobalKey, HeaderKey, HeaderStyle, Key, KeyExtractor, MissingCause,
+    MissingKey, PeerIp, Policy, RateLimitLayer,
+};
+use tower::ServiceExt;
+
+use super::{app, body_json, clock_and_store, get_root, header};
+
+#[tokio::test]
+async fn a_request_without_a_key_is_answered_by_whose_mistake_it_is() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("users", Algorithm::Gcra, "5/min").unwrap();
+    let answer = |extractor| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(policy.clone(), extractor).store(store.clone()))
+    };
+    // No authenticated user: 401.
+    let res = answer(AnyKey::User(ExtensionKey::new()))
+        .oneshot(get_root())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(header(&res, "x-ratelimit-limit"), None);
+    assert_eq!(body_json(res).await["detail"], "authentication required");
+    // No API key header: 400, naming the header.
+    let res = answer(AnyKey::Header(HeaderKey::new(HeaderName::from_static(
+        "x-api-key",
+    ))))
+    .oneshot(get_root())
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(body_json(res).await["detail"], "send the x-api-key header");
+    // No connect info for a peer-IP key: the server's wiring, 500.
+    let res = answer(AnyKey::Peer(PeerIp::new()))
+        .oneshot(get_root())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        body_json(res).await["detail"],
+        "no rate-limit key for this request"
+    );
+    assert_eq!(store.len(), 0, "no shared fallback bucket was used");
+
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_missing_key(MissingKey::Error),
+    );
+    assert_eq!(
+        app.oneshot(get_root()).await.unwrap().status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
+    );
+    assert_eq!(
+        app.oneshot(get_root()).await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(policy, ExtensionKey::<String>::new())
+            .store(store.clone())
+            .on_missing_key(MissingKey::Allow),
+    );
+    for _ in 0..10 {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-limit"), None);
+    }
+    assert_eq!(store.len(), 0);
+}
+
+/// One extractor type for the cases of the missing-key test.
+enum AnyKey {
+    User(ExtensionKey<String>),
+    Header(HeaderKey),
+    Peer(PeerIp),
+}
+
+impl<B> KeyExtractor<B> for AnyKey {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        match self {
+            AnyKey::User(e) => e.extract(request),
+            AnyKey::Header(e) => e.extract(request),
+            AnyKey::Peer(e) => e.extract(request),
+        }
+    }
+
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        match self {
+            AnyKey::User(e) => e.missing(request),
+            AnyKey::Header(e) => e.missing(request),
+            AnyKey::Peer(e) => e.missing(request),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_custom_rejection_keeps_the_headers() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("custom", Algorithm::TokenBucket, "1/s").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .rejection(|d| {
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(format!("slow down, {} left", d.remaining()).into())
+                .unwrap()
+        });
+    let app = app(layer);
+    app.clone().oneshot(get_root()).await.unwrap();
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    let body = to_bytes(Body::new(res.into_body()), 1024).await.unwrap();
+    assert_eq!(&body[..], b"slow down, 0 left");
+}
+
+#[tokio::test]
+async fn a_cost_above_capacity_is_rejected_without_retry_after() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("export", Algorithm::TokenBucket, "5/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store).cost(10));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), None);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("5"));
+    assert_eq!(
+        body_json(res).await["detail"],
+        "request cost 10 exceeds the capacity 5 of limit 'export'; it can never be admitted"
+    );
+}
+
+#[tokio::test]
+async fn grpc_rejections_are_resource_exhausted_with_metadata() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("greeter", Algorithm::FixedWindow, "1/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store).grpc());
+    assert_eq!(
+        app.clone().oneshot(get_root()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "gRPC errors travel in grpc-status"
+    );
+    assert_eq!(header(&res, "content-type"), Some("application/grpc"));
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(
+        header(&res, "grpc-message"),
+        Some("limit 'greeter' exceeded, retry in 60 s")
+    );
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("60000"));
+    assert!(header(&res, "grpc-status-details-bin").is_some());
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+}
+
+#[tokio::test]
+async fn a_grpc_request_that_can_never_fit_is_told_not_to_retry() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("greeter", Algorithm::FixedWindow, "5/min").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .cost(6)
+        .grpc());
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    // gRFC A6: a negative pushback means do not retry.
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("-1"));
+    assert_eq!(header(&res, "grpc-status-details-bin"), None);
+}
+
+#[tokio::test]
+async fn a_middleware_over_rate_limiter_answers_exactly_as_the_layer() {
+    let policy = Policy::builder("export")
+        .algorithm(Algorithm::SlidingWindow)
+        .limit("2/min")
+        .build()
+        .unwrap();
+    for style in [HeaderStyle::GitHub, HeaderStyle::Ietf, HeaderStyle::Both] {
+        let (_, layer_store) = clock_and_store();
+        let app = app(RateLimitLayer::new(policy.clone(), GlobalKey)
+            .store(layer_store)
+            .headers(style));
+        let (_, limiter_store) = clock_and_store();
+        let limiter = tollgate::RateLimiter::with_store(policy.clone(), limiter_store);
+        for _ in 0..2 {
+            app.clone().oneshot(get_root()).await.unwrap();
+            limiter.check(&tollgate::Key::global()).await.unwrap();
+        }
+        let mut from_layer = app.oneshot(get_root()).await.unwrap();
+        // Axum adds the length of the body; the rest is the layer's.
+        from_layer.headers_mut().remove("content-length");
+        let decision = limiter.check(&tollgate::Key::global()).await.unwrap();
+        let by_hand = tollgate::rejection(&decision, policy.name(), style);
+        assert_eq!(from_layer.status(), by_hand.status());
+        assert_eq!(from_layer.headers(), by_hand.headers(), "{style:?}");
+        let body = to_bytes(from_layer.into_body(), 10_000).await.unwrap();
+        assert_eq!(body, by_hand.into_body(), "{style:?}");
+    }
+}

@@ -1,0 +1,104 @@
+//! Requests held until they are admitted: waiting mode, and the leaky
+//! bucket's delays.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use tollgate::{Algorithm, GlobalKey, MemoryStore, Policy, RateLimitLayer, Timestamp, TokioClock};
+use tower::ServiceExt;
+
+use super::{T0, app, get_root};
+
+#[tokio::test(start_paused = true)]
+async fn a_leaky_bucket_holds_requests_for_their_delay() {
+    let clock = TokioClock::starting_at(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let policy = Policy::new("shape", Algorithm::LeakyBucket, "4/s").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
+    let start = tokio::time::Instant::now();
+    let handles: Vec<_> = (0..5)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let res = app.oneshot(get_root()).await.unwrap();
+                (res.status(), start.elapsed())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.unwrap());
+    }
+    results.sort_by_key(|r| (r.1, r.0.as_u16()));
+    let ms = |n| Duration::from_millis(n);
+    assert_eq!(
+        results,
+        vec![
+            (StatusCode::OK, ms(0)),
+            (StatusCode::TOO_MANY_REQUESTS, ms(0)),
+            (StatusCode::OK, ms(250)),
+            (StatusCode::OK, ms(500)),
+            (StatusCode::OK, ms(750)),
+        ]
+    );
+}
+
+async fn six_at_once(max_wait: Duration) -> Vec<(u128, u16)> {
+    let clock = TokioClock::starting_at(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let policy = Policy::new("outbound", Algorithm::SlidingLog, "2/s").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .wait(max_wait));
+    let start = tokio::time::Instant::now();
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let res = app.oneshot(get_root()).await.unwrap();
+                (start.elapsed().as_millis(), res.status().as_u16())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.unwrap());
+    }
+    results.sort_unstable();
+    results
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_mode_holds_requests_until_admitted() {
+    // Two pass at once. The other four could be admitted in 1 s, within
+    // the 1.5 s allowed, so they wait; two of them then win, and the last
+    // two, whose turn would come after 2 s, are rejected at 1 s.
+    assert_eq!(
+        six_at_once(Duration::from_millis(1_500)).await,
+        [
+            (0, 200),
+            (0, 200),
+            (1_000, 200),
+            (1_000, 200),
+            (1_000, 429),
+            (1_000, 429)
+        ]
+    );
+    // With 2.5 s, everyone gets through.
+    assert_eq!(
+        six_at_once(Duration::from_millis(2_500)).await,
+        [
+            (0, 200),
+            (0, 200),
+            (1_000, 200),
+            (1_000, 200),
+            (2_000, 200),
+            (2_000, 200)
+        ]
+    );
+    // With 0.5 s nobody waits in vain: the four are rejected at once.
+    assert_eq!(
+        six_at_once(Duration::from_millis(500)).await,
+        [(0, 200), (0, 200), (0, 429), (0, 429), (0, 429), (0, 429)]
+    );
+}

@@ -1,0 +1,57 @@
+//! The policy file as TOML gives it, before any check.
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub(super) header_style: Option<String>,
+    #[serde(default)]
+    pub(super) failure: Option<String>,
+    #[serde(default)]
+    pub(super) instances: Option<i64>,
+    #[serde(default)]
+    pub(super) trusted_proxies: Vec<String>,
+    #[serde(default)]
+    pub(super) ipv6_prefix: Option<i64>,
+    #[serde(default, rename = "route")]
+    pub(super) routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub(super) method: String,
+    pub(super) path: String,
+    pub(super) name: String,
+    pub(super) key: String,
+    pub(super) algorithm: String,
+    pub(super) limits: Vec<String>,
+    #[serde(default)]
+    pub(super) burst: Option<i64>,
+    #[serde(default)]
+    pub(super) cost: Option<i64>,
+    #[serde(default)]
+    pub(super) enforce_percent: Option<i64>,
+    #[serde(default)]
+    pub(super) settle: Option<String>,
+    #[serde(default)]
+    pub(super) in_flight: Option<i64>,
+    #[serde(default)]
+    pub(super) in_flight_lease_ms: Option<i64>,
+    /// `[route.plans.<plan>]`: what differs for users of that plan.
+    #[serde(default)]
+    pub(super) plans: std::collections::BTreeMap<String, RawPlan>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlan {
+    #[serde(default)]
+    pub(super) limits: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) burst: Option<i64>,
+    #[serde(default)]
+    pub(super) cost: Option<i64>,
+}

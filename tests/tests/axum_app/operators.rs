@@ -1,0 +1,297 @@
+//! The operator routes: `GET /rate_limit`, and an admin's status, reset
+//! and block of a user, over every plan's policy of a route; on memory and
+//! on Redis alike.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum_app::app;
+use http::Request;
+use tollgate::{BoxStore, FakeClock, MemoryStore, Timestamp};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{require_redis, unique_prefix};
+use tower::ServiceExt;
+
+use super::{T0, burst, config, json};
+
+/// `GET /rate_limit` shows what the headers show, only user-keyed limits,
+/// and changes nothing; an operator's reset lets a spent user in again,
+/// with the admin token only.
+async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> {
+    clock.set(Timestamp::from_secs(T0));
+    let admin = axum_app::AdminToken::new("s3cret");
+    let app = axum_app::app_with_admin(&config(), store, admin)
+        .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 9], 5555))));
+    let (_, seen) = burst(&app, "/api/items", "ada", 3).await;
+    assert_eq!(burst(&app, "/api/search", "ada", 1).await.0, 1);
+    let shown = |user: &str| {
+        Request::get("/rate_limit")
+            .header("authorization", format!("Bearer demo-{user}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (status, first) = json(&app, shown("ada")).await;
+    assert_eq!(status, 200);
+    let items = &first["resources"]["items-read"];
+    for field in ["limit", "remaining", "reset"] {
+        let header = seen.get(&format!("x-ratelimit-{field}")).unwrap();
+        assert_eq!(items[field].to_string(), header, "{field}");
+    }
+    // `used` is in the body, and limit - remaining as the headers say.
+    let number = |name: &str| seen.get(name).unwrap().parse::<u64>().unwrap();
+    assert_eq!(
+        items["used"],
+        number("x-ratelimit-limit") - number("x-ratelimit-remaining")
+    );
+    // Every limit of a policy with several: search's 2/s and 100/h, each
+    // after the one search; the binding one (the 2/s) beside them.
+    assert_eq!(
+        first["resources"]["search"],
+        serde_json::json!({
+            "limit": 2,
+            "remaining": 1,
+            "used": 1,
+            "reset": T0 + 1,
+            "limits": [
+                { "rate": "2/s", "limit": 2, "remaining": 1, "used": 1, "reset": T0 + 1 },
+                { "rate": "100/h", "limit": 100, "remaining": 99, "used": 1, "reset": T0 + 3_600 },
+            ],
+        })
+    );
+    // Every user-keyed policy of the free plan, and nothing keyed by IP.
+    let mut names: Vec<&String> = first["resources"].as_object().unwrap().keys().collect();
+    names.sort();
+    let expected = [
+        "completion-tokens",
+        "export",
+        "items-read",
+        "items-write",
+        "search",
+    ];
+    assert_eq!(names, expected);
+    // A pro user sees the pro plan's policies where a route has them.
+    let (_, pro) = json(&app, shown("pro-bob")).await;
+    assert_eq!(pro["resources"]["items-read-pro"]["limit"], 40);
+    assert!(pro["resources"].get("items-read").is_none());
+    for _ in 0..100 {
+        assert_eq!(json(&app, shown("ada")).await, (200, first.clone()));
+    }
+    // Spent: 5 exports of 10 from a bucket of 50.
+    assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
+    let reset = |path: &str, token: Option<&str>| {
+        let mut request = Request::delete(path);
+        if let Some(token) = token {
+            request = request.header("authorization", token);
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let ada = "/admin/rate_limit/export/ada";
+    assert_eq!(json(&app, reset(ada, None)).await.0, 401);
+    assert_eq!(json(&app, reset(ada, Some("Bearer demo-ada"))).await.0, 403);
+    assert_eq!(json(&app, reset(ada, Some("Bearer s3cre"))).await.0, 403);
+    assert_eq!(json(&app, reset(ada, Some("s3cret"))).await.0, 401);
+    let unknown = "/admin/rate_limit/api-ip/ada";
+    assert_eq!(
+        json(&app, reset(unknown, Some("Bearer s3cret"))).await.0,
+        404
+    );
+    // Still spent after every refusal.
+    assert_eq!(burst(&app, "/api/export", "ada", 1).await.0, 0);
+    assert_eq!(json(&app, reset(ada, Some("Bearer s3cret"))).await.0, 204);
+    assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
+    let (_, after) = json(&app, shown("ada")).await;
+
+    // Blocked for 90 s: denied with the rest of the block as Retry-After,
+    // shown spent until it ends; then a fresh bucket.
+    let block = |path: &str, token: &str| {
+        Request::post(path)
+            .header("authorization", token)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let blocking = "/admin/rate_limit/export/ada/block?seconds=90";
+    assert_eq!(json(&app, block(blocking, "Bearer nope")).await.0, 403);
+    assert_eq!(json(&app, block(blocking, "Bearer s3cret")).await.0, 204);
+    let (admitted, denied) = burst(&app, "/api/export", "ada", 1).await;
+    assert_eq!((admitted, denied.get("retry-after")), (0, Some("90")));
+    clock.advance(Duration::from_secs(30));
+    let (_, denied) = burst(&app, "/api/export", "ada", 1).await;
+    assert_eq!(denied.get("retry-after"), Some("60"));
+    let (_, blocked) = json(&app, shown("ada")).await;
+    let export = &blocked["resources"]["export"];
+    assert_eq!(export["remaining"], 0);
+    assert_eq!(export["reset"], T0 + 90);
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(burst(&app, "/api/export", "ada", 6).await.0, 5);
+    vec![first, pro, after, blocked]
+}
+
+/// An operator's block, reset and status of a user on a route cover every
+/// plan's policy of the route (its `PolicyFamily`): blocked as `export/bob`,
+/// bob is blocked on the pro plan too; a plan's policy named directly is
+/// that policy alone.
+async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> {
+    clock.set(Timestamp::from_secs(T0));
+    let admin = axum_app::AdminToken::new("s3cret");
+    let app = axum_app::app_with_admin(&config(), store, admin).layer(MockConnectInfo(
+        SocketAddr::from(([198, 51, 100, 11], 5555)),
+    ));
+    let admin = |method: &str, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", "Bearer s3cret")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let shown = |user: &str| {
+        Request::get("/rate_limit")
+            .header("authorization", format!("Bearer demo-{user}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let remaining =
+        |v: &serde_json::Value, policy: &str| v["resources"][policy]["remaining"].clone();
+    let mut out = Vec::new();
+
+    // Bob spends on both plans: 1 export of 10 on free (40 of 50 left),
+    // 2 of 5 on pro (190 of 200 left). (The responses' headers show the
+    // per-IP limit, the tightest; the admin status shows each policy.)
+    assert_eq!(burst(&app, "/api/export", "bob", 1).await.0, 1);
+    assert_eq!(burst(&app, "/api/export", "pro-bob", 2).await.0, 2);
+    let (status, before) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    assert_eq!(status, 200);
+    let names: Vec<&String> = before["resources"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["export", "export-pro"]);
+    assert_eq!(remaining(&before, "export"), 40);
+    assert_eq!(remaining(&before, "export-pro"), 190);
+    out.push(before);
+
+    // Reset `export/bob`: both plans' state is forgotten.
+    assert_eq!(
+        json(&app, admin("DELETE", "/admin/rate_limit/export/bob"))
+            .await
+            .0,
+        204
+    );
+    let (_, reset) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    assert_eq!(remaining(&reset, "export"), 50);
+    assert_eq!(remaining(&reset, "export-pro"), 200);
+    out.push(reset);
+
+    // Block `export/bob` for 90 s: on the pro plan too, with the rest of
+    // the block as Retry-After.
+    let blocking = "/admin/rate_limit/export/bob/block?seconds=90";
+    assert_eq!(json(&app, admin("POST", blocking)).await.0, 204);
+    let (admitted, denied) = burst(&app, "/api/export", "pro-bob", 1).await;
+    assert_eq!((admitted, denied.status), (0, 429));
+    assert_eq!(denied.get("retry-after"), Some("90"));
+    assert_eq!(denied.get("x-ratelimit-resource"), Some("export-pro"));
+    let (admitted, denied) = burst(&app, "/api/export", "bob", 1).await;
+    assert_eq!((admitted, denied.get("retry-after")), (0, Some("90")));
+    clock.advance(Duration::from_secs(30));
+    let (_, denied) = burst(&app, "/api/export", "pro-bob", 1).await;
+    assert_eq!(denied.get("retry-after"), Some("60"));
+    // `/rate_limit` shows a pro user the pro policy's limits, blocked.
+    let (_, pro) = json(&app, shown("pro-bob")).await;
+    let export = &pro["resources"]["export-pro"];
+    assert_eq!(
+        (&export["limit"], &export["remaining"], &export["reset"]),
+        (&200.into(), &0.into(), &(T0 + 90).into())
+    );
+    assert_eq!(export["limits"][0]["rate"], "200/h");
+    assert!(pro["resources"].get("export").is_none());
+    let (_, blocked) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    for policy in ["export", "export-pro"] {
+        assert_eq!(remaining(&blocked, policy), 0, "{policy}");
+        assert_eq!(blocked["resources"][policy]["reset"], T0 + 90, "{policy}");
+    }
+    out.push(pro);
+    out.push(blocked);
+    // A reset of the route lifts the block on every plan.
+    assert_eq!(
+        json(&app, admin("DELETE", "/admin/rate_limit/export/bob"))
+            .await
+            .0,
+        204
+    );
+    assert_eq!(burst(&app, "/api/export", "pro-bob", 1).await.0, 1);
+    let (_, after) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    assert_eq!(remaining(&after, "export"), 50);
+    assert_eq!(remaining(&after, "export-pro"), 195);
+    assert_eq!(burst(&app, "/api/export", "bob", 6).await.0, 5);
+
+    // A plan's policy named directly is that policy alone, as before.
+    let blocking = "/admin/rate_limit/export-pro/cleo/block?seconds=60";
+    assert_eq!(json(&app, admin("POST", blocking)).await.0, 204);
+    let (_, denied) = burst(&app, "/api/export", "pro-cleo", 1).await;
+    assert_eq!(
+        (denied.status, denied.get("retry-after")),
+        (429, Some("60"))
+    );
+    assert_eq!(burst(&app, "/api/export", "cleo", 1).await.0, 1);
+    let (_, cleo) = json(&app, admin("GET", "/admin/rate_limit/export-pro/cleo")).await;
+    let names: Vec<&String> = cleo["resources"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["export-pro"]);
+    // Status is for operators only, and for user-keyed policies of the file.
+    let unauthenticated = Request::get("/admin/rate_limit/export/bob")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(json(&app, unauthenticated).await.0, 401);
+    assert_eq!(
+        json(&app, admin("GET", "/admin/rate_limit/api-ip/bob"))
+            .await
+            .0,
+        404
+    );
+    out.push(cleo);
+    out
+}
+
+#[tokio::test]
+async fn operators_cover_every_plan_on_memory_and_the_same_on_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = families(BoxStore::with_slots(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app-family"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = families(BoxStore::with_slots(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
+}
+
+#[tokio::test]
+async fn without_an_admin_token_the_admin_routes_do_not_exist() {
+    let app = app(&config(), BoxStore::with_slots(MemoryStore::new()));
+    let request = Request::delete("/admin/rate_limit/export/ada")
+        .header("authorization", "Bearer anything")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.oneshot(request).await.unwrap().status(), 404);
+}
+
+#[tokio::test]
+async fn rate_limit_and_operator_reset_on_memory_and_the_same_on_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = operators(BoxStore::with_slots(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app-ops"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = operators(BoxStore::with_slots(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
+}

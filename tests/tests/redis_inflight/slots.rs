@@ -1,0 +1,212 @@
+//! The slot operations (acquire, renew, release): the same answers on
+//! memory and Redis, scripted and random, and renewals of slots Redis lost.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tollgate::{InFlightLimit, Key, MemoryStore, Renewal, SlotStore, Slots};
+use tollgate_redis::RedisStore;
+use tollgate_tests::{require_redis, unique_prefix};
+
+use super::slot_sets;
+
+/// What a slot operation answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Acquired(Slots),
+    Renewed(Renewal),
+    Released,
+}
+
+/// A slot operation: 0 acquires, 1 renews, anything else releases.
+async fn slot_op(
+    store: &impl SlotStore,
+    key: &Key,
+    limit: &InFlightLimit,
+    op: u8,
+    holder: u64,
+) -> Answer {
+    match op {
+        0 => Answer::Acquired(store.acquire(key, limit, holder).await.unwrap()),
+        1 => Answer::Renewed(store.renew(key, limit, holder).await.unwrap()),
+        _ => {
+            store.release(key, limit, holder).await.unwrap();
+            Answer::Released
+        }
+    }
+}
+
+/// Acquire, renew and release give the same answers on memory and Redis,
+/// a renewal of a slot that is gone included: taken back while there is
+/// room, lost while there is none.
+#[tokio::test]
+async fn memory_and_redis_hold_slots_alike() {
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("inflight-same"))
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let memory = MemoryStore::new();
+    let limit = InFlightLimit::new("same", 3).unwrap();
+    let key = Key::user("ada");
+    // Take 4 (3 fit), renew a holder and one that holds nothing (lost),
+    // release one, renew the one without a slot (taken back), take again.
+    let script = [
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (1, 2),
+        (1, 4),
+        (2, 2),
+        (1, 4),
+        (0, 5),
+        (0, 6),
+        (2, 9),
+    ];
+    let (mut on_memory, mut on_redis) = (Vec::new(), Vec::new());
+    for (op, holder) in script {
+        on_memory.push(slot_op(&memory, &key, &limit, op, holder).await);
+        on_redis.push(slot_op(&redis, &key, &limit, op, holder).await);
+    }
+    assert_eq!(on_memory, on_redis);
+    let slots = |acquired, held| Answer::Acquired(Slots { acquired, held });
+    assert_eq!(
+        on_redis,
+        [
+            slots(true, 1),
+            slots(true, 2),
+            slots(true, 3),
+            slots(false, 3),
+            Answer::Renewed(Renewal::Renewed),
+            Answer::Renewed(Renewal::Lost),
+            Answer::Released,
+            Answer::Renewed(Renewal::Retaken),
+            slots(false, 3),
+            slots(false, 3),
+            Answer::Released,
+        ]
+    );
+}
+
+/// Random sequences of acquire, renew and release on random limits: the
+/// memory store and Redis give the same answers, case by case, renewals
+/// that take a slot back or find it lost included.
+#[test]
+fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
+    use proptest::prelude::*;
+    use std::sync::atomic::AtomicU64;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = runtime.block_on(async {
+        let url = require_redis().await;
+        RedisStore::builder()
+            .prefix(unique_prefix("inflight-prop"))
+            .deadline(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5))
+            .connect(url.as_str())
+            .await
+            .unwrap()
+    });
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let ops = prop::collection::vec((0u8..3, 0u64..6), 1..40);
+    let config = ProptestConfig {
+        cases: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let renewals = std::sync::Mutex::new(std::collections::HashSet::new());
+    proptest!(config, |(max in 1u64..5, ops in ops)| {
+        let limit = InFlightLimit::new("prop", max).unwrap();
+        let key = Key::user(format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
+        let memory = MemoryStore::new();
+        let (on_memory, on_redis) = runtime.block_on(async {
+            let mut answers = (Vec::new(), Vec::new());
+            for &(op, holder) in &ops {
+                answers.0.push(slot_op(&memory, &key, &limit, op, holder).await);
+                answers.1.push(slot_op(&redis, &key, &limit, op, holder).await);
+            }
+            answers
+        });
+        for answer in &on_redis {
+            if let Answer::Renewed(renewal) = answer {
+                renewals.lock().unwrap().insert(*renewal);
+            }
+        }
+        prop_assert_eq!(on_memory, on_redis, "{:?}", ops);
+    });
+    // The cases met every answer of a renewal.
+    let renewals = renewals.into_inner().unwrap();
+    assert_eq!(
+        renewals.len(),
+        3,
+        "renewed, retaken and lost all met: {renewals:?}"
+    );
+}
+
+/// The renewal script: after the slot set is deleted, a renewal re-adds
+/// its holder with a fresh lease; once the set is full of other holders, a
+/// renewal of a holder whose slot is gone adds nothing and says so.
+#[tokio::test]
+async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("inflight-renew");
+    let store = RedisStore::builder()
+        .prefix(prefix.as_str())
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let limit = InFlightLimit::new("renew", 2)
+        .unwrap()
+        .lease(Duration::from_secs(60))
+        .unwrap();
+    let key = Key::user("ada");
+    assert!(store.acquire(&key, &limit, 11).await.unwrap().acquired);
+    let [set] = <[String; 1]>::try_from(slot_sets(&mut con, &prefix, "renew")).unwrap();
+    let _: () = redis::cmd("DEL").arg(&set).query(&mut con).unwrap();
+    assert_eq!(
+        store.renew(&key, &limit, 11).await.unwrap(),
+        Renewal::Retaken
+    );
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&set)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(members, ["11"]);
+    // With a fresh lease, and the set expiring with it.
+    let ttl: i64 = redis::cmd("PTTL").arg(&set).query(&mut con).unwrap();
+    assert!((59_000..=60_000).contains(&ttl), "{ttl}");
+    assert_eq!(
+        store.renew(&key, &limit, 11).await.unwrap(),
+        Renewal::Renewed
+    );
+    // Deleted again, and two other requests take both slots first.
+    let _: () = redis::cmd("DEL").arg(&set).query(&mut con).unwrap();
+    assert!(store.acquire(&key, &limit, 12).await.unwrap().acquired);
+    assert!(store.acquire(&key, &limit, 13).await.unwrap().acquired);
+    assert_eq!(store.renew(&key, &limit, 11).await.unwrap(), Renewal::Lost);
+    let held: u64 = redis::cmd("ZCARD").arg(&set).query(&mut con).unwrap();
+    assert_eq!(held, 2);
+    // Counted again once one is free.
+    store.release(&key, &limit, 12).await.unwrap();
+    assert_eq!(
+        store.renew(&key, &limit, 11).await.unwrap(),
+        Renewal::Retaken
+    );
+    assert!(!store.acquire(&key, &limit, 14).await.unwrap().acquired);
+}
