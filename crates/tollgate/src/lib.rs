@@ -95,7 +95,7 @@ mod extract;
 mod fallback;
 mod future;
 pub mod headers;
-mod inflight;
+mod in_flight;
 mod ip;
 mod layer;
 mod limiter;
@@ -115,7 +115,7 @@ pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause
 pub use fallback::{FailureMode, FallbackStore, shared_fallback};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
-pub use inflight::{InFlight, InFlightBody, InFlightLayer};
+pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use layer::RateLimitLayer;
 pub use limiter::{RateLimiter, WaitError};

@@ -1,13 +1,4 @@
-//! [`InFlightLayer`]: at most N requests of one key in progress at once.
-
-mod body;
-mod service;
-mod slot;
-mod telemetry;
-
-pub use body::InFlightBody;
-pub use service::InFlight;
-use telemetry::Telemetry;
+//! [`InFlightLayer`]: the layer and its settings.
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -19,6 +10,9 @@ use tower_layer::Layer;
 use crate::answer::Protocol;
 use crate::fallback::{FailureMode, shared_fallback};
 use crate::response::Responder;
+
+use super::service::{InFlight, Shared};
+use super::telemetry::Telemetry;
 
 /// A layer that admits at most [`InFlightLimit::max`] requests of one key
 /// in progress at once, across every app server that shares its store:
@@ -69,18 +63,6 @@ pub struct InFlightLayer<K, St = MemoryStore> {
     divisor: NonZeroU64,
     local: MemoryStore,
     responder: Responder,
-}
-
-struct Shared<K, St> {
-    limit: InFlightLimit,
-    extractor: Arc<K>,
-    store: St,
-    failure: FailureMode,
-    /// The local fallback's slots, and this instance's share of the limit.
-    local: MemoryStore,
-    local_limit: InFlightLimit,
-    responder: Responder,
-    telemetry: Telemetry,
 }
 
 impl<K> InFlightLayer<K> {
