@@ -38,7 +38,7 @@ pub enum ForwardedHeader {
 /// the left end changes nothing. A hop that does not parse, or more trusted
 /// hops than that, leaves the request without a key, which the layer
 /// answers 400 ([`MissingCause::Client`]): never the proxy's own bucket.
-/// Grouping and normalisation are as for [`PeerIp`].
+/// Grouping and normalisation are as for [`PeerIp`](crate::PeerIp).
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -67,7 +67,7 @@ pub struct ClientIp {
 
 impl ClientIp {
     /// The client IP with no trusted proxy yet: the peer address, like
-    /// [`PeerIp`], until [`trusted_proxies`](ClientIp::trusted_proxies) is set.
+    /// [`PeerIp`](crate::PeerIp), until [`trusted_proxies`](ClientIp::trusted_proxies) is set.
     pub fn new() -> Self {
         Self {
             trusted: Arc::from([]),

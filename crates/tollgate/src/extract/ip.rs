@@ -83,7 +83,7 @@ pub(crate) fn normalize_ip(ip: IpAddr, prefix: u8) -> IpAddr {
 /// `into_make_service_with_connect_info::<SocketAddr>()`, or the extractor
 /// finds no address and the request counts as having no key.
 ///
-/// Behind a reverse proxy the peer is the proxy: use [`ClientIp`] with the
+/// Behind a reverse proxy the peer is the proxy: use [`ClientIp`](crate::ClientIp) with the
 /// proxy's addresses instead.
 ///
 /// ```
