@@ -4,7 +4,7 @@
 use http::Request;
 use tollgate_core::Key;
 
-use crate::choose::{Choice, ChosenPolicy};
+use crate::rate_limit::{Choice, ChosenPolicy};
 
 use super::{KeyExtractor, MissingCause};
 

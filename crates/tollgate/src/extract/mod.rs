@@ -22,7 +22,7 @@ use std::borrow::Cow;
 use http::Request;
 use tollgate_core::Key;
 
-use crate::choose::Choice;
+use crate::rate_limit::Choice;
 
 /// Picks the [`Key`] a request is limited by, or `None` when the request
 /// carries no usable identity.
