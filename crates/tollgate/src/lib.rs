@@ -92,15 +92,14 @@ mod body;
 mod clock;
 mod extract;
 mod fallback;
-pub mod headers;
 mod in_flight;
 mod limiter;
-mod numbers;
 mod rate_limit;
 mod report;
 mod response;
 
-pub use answer::{CONCURRENCY_LIMIT, MissingKey};
+pub use answer::headers;
+pub use answer::{CONCURRENCY_LIMIT, MissingKey, rejection};
 pub use body::ResponseBody;
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
@@ -115,7 +114,6 @@ pub use rate_limit::{
     ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
     ResponseFuture, Settle, WrapBody,
 };
-pub use response::rejection;
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{

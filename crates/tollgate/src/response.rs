@@ -9,9 +9,9 @@ use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key};
 
+use crate::answer::headers::{Decoration, HeaderStyle};
 use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
-use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
@@ -164,34 +164,4 @@ impl Responder {
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
         answer::unavailable(self.protocol)
     }
-}
-
-/// The layer's rejection of `decision`, made under the policy named
-/// `policy`: 429 with an `application/problem+json` body that says why and
-/// names the policy, `Retry-After`, and the rate-limit headers of `style`.
-/// For code that decides outside the layer, such as a middleware over
-/// [`RateLimiter`](crate::RateLimiter), to answer as the layer does.
-///
-/// ```
-/// use http::StatusCode;
-/// use tollgate::{Algorithm, HeaderStyle, Key, Policy, RateLimiter, rejection};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let limiter = RateLimiter::new(Policy::new("export", Algorithm::FixedWindow, "1/h")?);
-/// let key = Key::user("ada");
-/// limiter.check(&key).await?;
-/// let denied = limiter.check(&key).await?;
-/// let response = rejection(&denied, "export", HeaderStyle::GitHub);
-/// assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-/// assert!(response.headers().contains_key("retry-after"));
-/// assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
-/// # Ok(())
-/// # }
-/// ```
-pub fn rejection(decision: &Decision, policy: &str, style: HeaderStyle) -> Response<Bytes> {
-    let status = StatusCode::TOO_MANY_REQUESTS;
-    let mut response = answer::denied(decision, policy, status, Protocol::Http);
-    headers::write(style, decision, policy, response.headers_mut());
-    response
 }

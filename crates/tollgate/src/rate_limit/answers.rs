@@ -8,9 +8,9 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use tollgate_core::{ConfigError, Decision, MemoryStore};
 
+use crate::answer::headers::HeaderStyle;
 use crate::answer::{MissingKey, Protocol};
 use crate::fallback::FailureMode;
-use crate::headers::HeaderStyle;
 
 use super::layer::RateLimitLayer;
 

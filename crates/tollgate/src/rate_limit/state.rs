@@ -9,8 +9,8 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tollgate_core::Decision;
 
+use crate::answer::headers::Decoration;
 use crate::fallback::Answer;
-use crate::headers::Decoration;
 use crate::report::Verdict;
 use crate::response::Responder;
 
