@@ -94,6 +94,7 @@ mod extract;
 mod fallback;
 mod in_flight;
 mod limiter;
+mod macros;
 mod rate_limit;
 mod report;
 mod response;

@@ -8,23 +8,31 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use tollgate_core::{ConfigError, Decision, MemoryStore};
 
+use crate::answer::MissingKey;
 use crate::answer::headers::HeaderStyle;
-use crate::answer::{MissingKey, Protocol};
 use crate::fallback::FailureMode;
+use crate::macros::{failure_setters, grpc_setter};
+use crate::response::Responder;
 
 use super::layer::RateLimitLayer;
 
 impl<K, St, M> RateLimitLayer<K, St, M> {
+    /// The layer's answer settings, for a setter to change: the layer's
+    /// own copy, shared by the services it made before.
+    fn responder_mut(&mut self) -> &mut Responder {
+        Arc::make_mut(&mut self.config.responder)
+    }
+
     /// Which rate-limit headers to send (default [`HeaderStyle::GitHub`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        Arc::make_mut(&mut self.config.responder).headers = style;
+        self.responder_mut().headers = style;
         self
     }
 
     /// The status of a rejection (default 429). GitHub-compatible clients
     /// may expect 403.
     pub fn rejection_status(mut self, status: StatusCode) -> Self {
-        Arc::make_mut(&mut self.config.responder).status = status;
+        self.responder_mut().status = status;
         self
     }
 
@@ -35,25 +43,23 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.config.responder).custom = Some(Arc::new(f));
+        self.responder_mut().custom = Some(Arc::new(f));
         self
     }
 
-    /// Answers as a gRPC server: rejections become trailers-only responses
-    /// with `grpc-status` 8 (`RESOURCE_EXHAUSTED`) and a `grpc-message`,
-    /// carrying the rate-limit headers and `retry-after` (seconds) as
-    /// metadata, and the wait until the request would be admitted in the
-    /// two forms gRPC clients read: `grpc-retry-pushback-ms` (gRFC A6's
-    /// retry policy; whole milliseconds, rounded up, or -1 for a request
-    /// that can never be admitted, which tells the client not to retry)
-    /// and a `google.rpc.RetryInfo` in `grpc-status-details-bin` (exact,
-    /// read by `tonic-types`' `StatusExt::get_details_retry_info`). A
-    /// missing key becomes `INTERNAL` (or `UNAUTHENTICATED` /
-    /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
-    /// failure in closed mode `UNAVAILABLE` with a pushback of a second.
-    pub fn grpc(mut self) -> Self {
-        Arc::make_mut(&mut self.config.responder).protocol = Protocol::Grpc;
-        self
+    grpc_setter! {
+        /// Answers as a gRPC server: rejections become trailers-only responses
+        /// with `grpc-status` 8 (`RESOURCE_EXHAUSTED`) and a `grpc-message`,
+        /// carrying the rate-limit headers and `retry-after` (seconds) as
+        /// metadata, and the wait until the request would be admitted in the
+        /// two forms gRPC clients read: `grpc-retry-pushback-ms` (gRFC A6's
+        /// retry policy; whole milliseconds, rounded up, or -1 for a request
+        /// that can never be admitted, which tells the client not to retry)
+        /// and a `google.rpc.RetryInfo` in `grpc-status-details-bin` (exact,
+        /// read by `tonic-types`' `StatusExt::get_details_retry_info`). A
+        /// missing key becomes `INTERNAL` (or `UNAUTHENTICATED` /
+        /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
+        /// failure in closed mode `UNAVAILABLE` with a pushback of a second.
     }
 
     /// Shadow mode, a dry run: the policy decides, records and adds its
@@ -84,7 +90,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// # }
     /// ```
     pub fn shadow(mut self) -> Self {
-        Arc::make_mut(&mut self.config.responder).enforce_percent = 0;
+        self.responder_mut().enforce_percent = 0;
         self
     }
 
@@ -115,36 +121,28 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
                 reason: "must be between 0 and 100",
             });
         }
-        Arc::make_mut(&mut self.config.responder).enforce_percent = percent;
+        self.responder_mut().enforce_percent = percent;
         Ok(self)
     }
 
     /// What to do with a request that yields no key (default
     /// [`MissingKey::Error`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        Arc::make_mut(&mut self.config.responder).missing = missing;
+        self.responder_mut().missing = missing;
         self
     }
 
-    /// What to do when the store fails (default [`FailureMode::Local`]).
-    pub fn on_store_error(mut self, failure: FailureMode) -> Self {
-        self.store = self.store.on_store_error(failure);
-        self
-    }
-
-    /// How many instances share the limit, for [`FailureMode::Local`]:
-    /// while the store fails, each instance enforces its share, the
-    /// policy's limits divided by `instances` (see [`Policy::divided`](crate::Policy::divided)).
-    /// Default 1: each instance enforces the whole limit.
-    pub fn local_divisor(mut self, instances: std::num::NonZeroU64) -> Self {
-        self.store = self.store.local_divisor(instances);
-        self
-    }
-
-    /// The in-memory store [`FailureMode::Local`] decides with (default:
-    /// [`shared_fallback`](crate::shared_fallback), one store for every layer of the process).
-    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
-        self.store = self.store.local_fallback(store);
-        self
+    failure_setters! {
+        store;
+        /// What to do when the store fails (default [`FailureMode::Local`]).
+        on_store_error;
+        /// How many instances share the limit, for [`FailureMode::Local`]:
+        /// while the store fails, each instance enforces its share, the
+        /// policy's limits divided by `instances` (see [`Policy::divided`](crate::Policy::divided)).
+        /// Default 1: each instance enforces the whole limit.
+        local_divisor;
+        /// The in-memory store [`FailureMode::Local`] decides with (default:
+        /// [`shared_fallback`](crate::shared_fallback), one store for every layer of the process).
+        local_fallback;
     }
 }
