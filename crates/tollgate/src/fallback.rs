@@ -10,6 +10,8 @@ use tollgate_core::{
     Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement, Store, StoreError,
 };
 
+use crate::macros::failure_setters;
+
 /// What a [`FallbackStore`] (and so a layer or a [`RateLimiter`](crate::RateLimiter))
 /// does when the store it wraps cannot decide.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -142,72 +144,53 @@ impl FailureReport for () {
 /// ```
 pub struct FallbackStore<S> {
     store: Arc<S>,
-    mode: FailureMode,
-    local: MemoryStore,
-    divisor: NonZeroU64,
+    settings: FailureSettings,
+}
+
+/// A failure policy's settings, kept once for [`FallbackStore`] and the
+/// in-flight layer: the mode and, for [`FailureMode::Local`], the store it
+/// decides with and how many instances share a limit.
+#[derive(Clone)]
+pub(crate) struct FailureSettings {
+    pub(crate) mode: FailureMode,
+    pub(crate) local: MemoryStore,
+    pub(crate) divisor: NonZeroU64,
     /// Each policy's local share, made on its first failure.
     shares: Arc<RwLock<Vec<(Policy, Policy)>>>,
 }
 
-impl<S> FallbackStore<S> {
-    /// Wraps `store`, falling back locally on [`crate::shared_fallback`],
-    /// each instance enforcing the whole limit.
-    pub fn new(store: S) -> Self {
-        Self::shared(Arc::new(store))
-    }
-
-    pub(crate) fn shared(store: Arc<S>) -> Self {
+impl Default for FailureSettings {
+    /// [`FailureMode::Local`] on [`shared_fallback`], each instance
+    /// enforcing the whole limit.
+    fn default() -> Self {
         Self {
-            store,
             mode: FailureMode::default(),
             local: shared_fallback().clone(),
             divisor: NonZeroU64::MIN,
             shares: Arc::default(),
         }
     }
+}
 
-    /// This fallback's settings around another store.
-    pub(crate) fn rewrapped<S2>(self, store: S2) -> FallbackStore<S2> {
-        FallbackStore {
-            store: Arc::new(store),
-            mode: self.mode,
-            local: self.local,
-            divisor: self.divisor,
-            shares: self.shares,
-        }
-    }
-
-    /// What to do when the wrapped store fails (default
-    /// [`FailureMode::Local`]).
-    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
+impl FailureSettings {
+    /// These settings with `mode`.
+    pub(crate) fn on_store_error(mut self, mode: FailureMode) -> Self {
         self.mode = mode;
         self
     }
 
-    /// How many instances share the limit, for [`FailureMode::Local`]:
-    /// while the store fails, each enforces the policy's limits divided by
-    /// `instances` (see [`Policy::divided`]). Default 1.
-    pub fn local_divisor(mut self, instances: NonZeroU64) -> Self {
+    /// These settings with `instances` sharing each limit; the shares made
+    /// for the old divisor are dropped.
+    pub(crate) fn local_divisor(mut self, instances: NonZeroU64) -> Self {
         self.divisor = instances;
         self.shares = Arc::default();
         self
     }
 
-    /// The in-memory store [`FailureMode::Local`] decides with (default:
-    /// [`shared_fallback`](crate::shared_fallback)).
-    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
+    /// These settings deciding locally with `store`.
+    pub(crate) fn local_fallback(mut self, store: MemoryStore) -> Self {
         self.local = store;
         self
-    }
-
-    /// The failure mode.
-    pub fn failure_mode(&self) -> FailureMode {
-        self.mode
-    }
-
-    /// The wrapped store.
-    pub fn get_ref(&self) -> &S {
-        &self.store
     }
 
     /// `policy`'s local share.
@@ -235,6 +218,53 @@ impl<S> FallbackStore<S> {
     }
 }
 
+impl<S> FallbackStore<S> {
+    /// Wraps `store`, falling back locally on [`crate::shared_fallback`],
+    /// each instance enforcing the whole limit.
+    pub fn new(store: S) -> Self {
+        Self::shared(Arc::new(store))
+    }
+
+    pub(crate) fn shared(store: Arc<S>) -> Self {
+        Self {
+            store,
+            settings: FailureSettings::default(),
+        }
+    }
+
+    /// This fallback's settings around another store.
+    pub(crate) fn rewrapped<S2>(self, store: S2) -> FallbackStore<S2> {
+        FallbackStore {
+            store: Arc::new(store),
+            settings: self.settings,
+        }
+    }
+
+    failure_setters! {
+        settings;
+        /// What to do when the wrapped store fails (default
+        /// [`FailureMode::Local`]).
+        on_store_error;
+        /// How many instances share the limit, for [`FailureMode::Local`]:
+        /// while the store fails, each enforces the policy's limits divided by
+        /// `instances` (see [`Policy::divided`]). Default 1.
+        local_divisor;
+        /// The in-memory store [`FailureMode::Local`] decides with (default:
+        /// [`shared_fallback`](crate::shared_fallback)).
+        local_fallback;
+    }
+
+    /// The failure mode.
+    pub fn failure_mode(&self) -> FailureMode {
+        self.settings.mode
+    }
+
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.store
+    }
+}
+
 impl<S: Store> FallbackStore<S> {
     /// Applies the failure mode to `result`, the wrapped store's answer:
     /// under [`FailureMode::Local`] a failure is decided locally, seeded
@@ -248,19 +278,19 @@ impl<S: Store> FallbackStore<S> {
         report: &impl FailureReport,
     ) -> Answer<Decision> {
         let local = || {
-            let share = self.share(policy);
+            let share = self.settings.share(policy);
             if let Some(last) = self.store.last_known(key, policy) {
                 let state = PolicyState::seeded(&share, &last);
                 // A full fallback decides below as it would anyway.
-                let _ = self.local.seed(key, &share, state);
+                let _ = self.settings.local.seed(key, &share, state);
             }
-            let local = self.local.check_sync(key, &share, cost);
+            let local = self.settings.local.check_sync(key, &share, cost);
             if let Ok(decision) = &local {
                 report.decided_locally(decision.is_allowed());
             }
             local
         };
-        self.mode.apply(result, local, report)
+        self.settings.mode.apply(result, local, report)
     }
 
     /// Decides as [`Store::check`] does, under the failure policy,
@@ -319,7 +349,10 @@ impl<S: Store> Store for FallbackStore<S> {
     /// returned whatever the failure mode: a reset that did not happen is
     /// not papered over.
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.local.reset(key, &self.share(policy)).await?;
+        self.settings
+            .local
+            .reset(key, &self.settings.share(policy))
+            .await?;
         self.store.reset(key, policy).await
     }
 
@@ -336,10 +369,11 @@ impl<S: Store> Store for FallbackStore<S> {
     ) -> Result<Decision, StoreError> {
         let result = self.store.settle(key, policy, settlement).await;
         let local = || {
-            self.local
-                .settle_sync(key, &self.share(policy), &settlement)
+            self.settings
+                .local
+                .settle_sync(key, &self.settings.share(policy), &settlement)
         };
-        self.mode.apply(result, local, &()).into_result()
+        self.settings.mode.apply(result, local, &()).into_result()
     }
 
     /// Blocks the key in the local fallback and in the wrapped store, so
@@ -352,7 +386,10 @@ impl<S: Store> Store for FallbackStore<S> {
         policy: &Policy,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        self.local.block(key, &self.share(policy), duration).await?;
+        self.settings
+            .local
+            .block(key, &self.settings.share(policy), duration)
+            .await?;
         self.store.block(key, policy, duration).await
     }
 
@@ -365,10 +402,7 @@ impl<S> Clone for FallbackStore<S> {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
-            mode: self.mode,
-            local: self.local.clone(),
-            divisor: self.divisor,
-            shares: self.shares.clone(),
+            settings: self.settings.clone(),
         }
     }
 }
@@ -377,8 +411,8 @@ impl<S: std::fmt::Debug> std::fmt::Debug for FallbackStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FallbackStore")
             .field("store", &self.store)
-            .field("mode", &self.mode)
-            .field("divisor", &self.divisor)
+            .field("mode", &self.settings.mode)
+            .field("divisor", &self.settings.divisor)
             .finish_non_exhaustive()
     }
 }

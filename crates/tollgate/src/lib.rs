@@ -89,39 +89,32 @@
 
 mod answer;
 mod body;
-mod choose;
 mod clock;
 mod extract;
 mod fallback;
-mod future;
-pub mod headers;
-mod inflight;
-mod ip;
-mod layer;
+mod in_flight;
 mod limiter;
-mod numbers;
+mod macros;
+mod rate_limit;
 mod report;
 mod response;
-mod service;
-mod settle;
 
-pub use answer::{CONCURRENCY_LIMIT, MissingKey};
-pub use body::{BodyKind, KeepBody, ResponseBody, WrapBody};
-pub use choose::{Choice, ChosenPolicy};
+pub use answer::headers;
+pub use answer::{CONCURRENCY_LIMIT, MissingKey, rejection};
+pub use body::ResponseBody;
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
 pub use extract::RouteKey;
+pub use extract::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause, ToKey};
 pub use fallback::{FailureMode, FallbackStore, shared_fallback};
-pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
-pub use inflight::{InFlight, InFlightBody, InFlightLayer};
-pub use ip::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
-pub use layer::RateLimitLayer;
+pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use limiter::{RateLimiter, WaitError};
-pub use response::rejection;
-pub use service::RateLimit;
-pub use settle::{ActualCost, Settle};
+pub use rate_limit::{
+    ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
+    ResponseFuture, Settle, WrapBody,
+};
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{

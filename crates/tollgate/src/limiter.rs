@@ -10,6 +10,7 @@ use tollgate_core::{
 };
 
 use crate::fallback::{Answer, FailureMode, FallbackStore, let_through};
+use crate::macros::failure_setters;
 use crate::report::{Telemetry, Verdict};
 
 /// Why [`RateLimiter::until_ready`] gave up.
@@ -97,37 +98,29 @@ impl<St> RateLimiter<St> {
         }
     }
 
-    /// What to do when the store fails (default [`FailureMode::Local`], as
-    /// for the layer): decide with an in-memory store, each instance
-    /// enforcing its share ([`RateLimiter::local_divisor`]);
-    /// [`FailureMode::Closed`] returns the error; [`FailureMode::Open`]
-    /// admits, reporting every limit full.
-    ///
-    /// ```
-    /// use tollgate::{Algorithm, FailureMode, Policy, RateLimiter};
-    ///
-    /// let policy = Policy::new("partner-api", Algorithm::Gcra, "10/s")?;
-    /// let limiter = RateLimiter::new(policy).on_store_error(FailureMode::Closed);
-    /// assert_eq!(limiter.failure_mode(), FailureMode::Closed);
-    /// # Ok::<(), tollgate::ConfigError>(())
-    /// ```
-    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
-        self.store = self.store.on_store_error(mode);
-        self
-    }
-
-    /// How many instances share the limit, for [`FailureMode::Local`] (see
-    /// [`FallbackStore::local_divisor`]). Default 1.
-    pub fn local_divisor(mut self, instances: std::num::NonZeroU64) -> Self {
-        self.store = self.store.local_divisor(instances);
-        self
-    }
-
-    /// The in-memory store [`FailureMode::Local`] decides with (default:
-    /// [`shared_fallback`](crate::shared_fallback)).
-    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
-        self.store = self.store.local_fallback(store);
-        self
+    failure_setters! {
+        store;
+        /// What to do when the store fails (default [`FailureMode::Local`], as
+        /// for the layer): decide with an in-memory store, each instance
+        /// enforcing its share ([`RateLimiter::local_divisor`]);
+        /// [`FailureMode::Closed`] returns the error; [`FailureMode::Open`]
+        /// admits, reporting every limit full.
+        ///
+        /// ```
+        /// use tollgate::{Algorithm, FailureMode, Policy, RateLimiter};
+        ///
+        /// let policy = Policy::new("partner-api", Algorithm::Gcra, "10/s")?;
+        /// let limiter = RateLimiter::new(policy).on_store_error(FailureMode::Closed);
+        /// assert_eq!(limiter.failure_mode(), FailureMode::Closed);
+        /// # Ok::<(), tollgate::ConfigError>(())
+        /// ```
+        on_store_error;
+        /// How many instances share the limit, for [`FailureMode::Local`] (see
+        /// [`FallbackStore::local_divisor`]). Default 1.
+        local_divisor;
+        /// The in-memory store [`FailureMode::Local`] decides with (default:
+        /// [`shared_fallback`](crate::shared_fallback)).
+        local_fallback;
     }
 
     /// The failure mode.

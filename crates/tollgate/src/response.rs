@@ -2,16 +2,16 @@
 //! what the answers say is made in `answer/`.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use tollgate_core::{Decision, Key, Policy};
+use tollgate_core::{Decision, Key};
 
+use crate::answer::headers::{Decoration, HeaderStyle};
 use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
-use crate::headers::{self, Decoration, HeaderStyle};
 use crate::report::Telemetry;
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
@@ -53,7 +53,7 @@ impl Responder {
     /// This responder for requests a chooser put under the policy named
     /// `policy`: headers and problem bodies name it, and it counts in its
     /// own metrics.
-    fn for_policy(&self, policy: &str) -> Self {
+    pub(crate) fn for_policy(&self, policy: &str) -> Self {
         Self {
             telemetry: Arc::new(Telemetry::new(policy)),
             name: shared_header_value(policy),
@@ -69,46 +69,6 @@ impl Responder {
             0 => false,
             percent => ramp_bucket(key) < u64::from(percent),
         }
-    }
-}
-
-/// The responders of the policies a chooser picks, made on first use and
-/// kept by policy name: a fixed set of plans costs no allocation per
-/// request.
-pub(crate) struct Responders {
-    own: Arc<Responder>,
-    chosen: RwLock<Vec<Arc<Responder>>>,
-}
-
-/// The most chosen policies whose responders are kept; beyond them (a
-/// chooser that makes a policy per tenant, say), one is made per request.
-const MAX_CHOSEN: usize = 256;
-
-impl Responders {
-    pub(crate) fn new(own: Arc<Responder>) -> Self {
-        Self {
-            own,
-            chosen: RwLock::default(),
-        }
-    }
-
-    /// The responder of requests under `policy`.
-    pub(crate) fn of(&self, policy: &Policy) -> Arc<Responder> {
-        let name = policy.name();
-        if *self.own.policy == *name {
-            return self.own.clone();
-        }
-        let chosen = self.chosen.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(known) = chosen.iter().find(|r| *r.policy == *name) {
-            return known.clone();
-        }
-        drop(chosen);
-        let made = Arc::new(self.own.for_policy(name));
-        let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
-        if chosen.len() < MAX_CHOSEN {
-            chosen.push(made.clone());
-        }
-        made
     }
 }
 
@@ -204,34 +164,4 @@ impl Responder {
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
         answer::unavailable(self.protocol)
     }
-}
-
-/// The layer's rejection of `decision`, made under the policy named
-/// `policy`: 429 with an `application/problem+json` body that says why and
-/// names the policy, `Retry-After`, and the rate-limit headers of `style`.
-/// For code that decides outside the layer, such as a middleware over
-/// [`RateLimiter`](crate::RateLimiter), to answer as the layer does.
-///
-/// ```
-/// use http::StatusCode;
-/// use tollgate::{Algorithm, HeaderStyle, Key, Policy, RateLimiter, rejection};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let limiter = RateLimiter::new(Policy::new("export", Algorithm::FixedWindow, "1/h")?);
-/// let key = Key::user("ada");
-/// limiter.check(&key).await?;
-/// let denied = limiter.check(&key).await?;
-/// let response = rejection(&denied, "export", HeaderStyle::GitHub);
-/// assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-/// assert!(response.headers().contains_key("retry-after"));
-/// assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
-/// # Ok(())
-/// # }
-/// ```
-pub fn rejection(decision: &Decision, policy: &str, style: HeaderStyle) -> Response<Bytes> {
-    let status = StatusCode::TOO_MANY_REQUESTS;
-    let mut response = answer::denied(decision, policy, status, Protocol::Http);
-    headers::write(style, decision, policy, response.headers_mut());
-    response
 }

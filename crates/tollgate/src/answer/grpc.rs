@@ -9,8 +9,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
+use super::numbers::number;
 use super::wait::retry_after;
-use crate::numbers::number;
 use http::{Response, StatusCode};
 
 /// The gRPC status codes the layer answers with.

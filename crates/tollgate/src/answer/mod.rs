@@ -1,6 +1,7 @@
-//! What a client is told when the layer refuses it, in one home: every
-//! answer the layer makes by itself is made here, in the protocol the layer
-//! speaks.
+//! What a client is told, in one home: the rate-limit headers of every
+//! answer (`headers.rs`, public as `tollgate::headers`, with the numbers of
+//! `numbers.rs`), and every answer the layer makes by itself when it
+//! refuses a request, in the protocol the layer speaks.
 //!
 //! | Refusal | HTTP | gRPC |
 //! |---|---|---|
@@ -12,13 +13,17 @@
 //!
 //! This file decides what each refusal says and picks the protocol;
 //! `http.rs` writes `application/problem+json` bodies and `grpc.rs`
-//! trailers-only statuses with their pushback and `RetryInfo`. Neither
-//! imports this file. The rate-limit headers of a denial are added by the
-//! layer's `Responder`, which also swaps in a custom rejection.
+//! trailers-only statuses with their pushback and `RetryInfo`; `wait.rs`
+//! turns a wait into `Retry-After`. None of them imports this file. The
+//! rate-limit headers of a denial are added by the layer's `Responder`,
+//! which also swaps in a custom rejection; the public [`rejection`] adds
+//! them here, for code that decides outside the layer.
 
 mod grpc;
+pub mod headers;
 mod http;
 mod missing;
+mod numbers;
 mod wait;
 
 pub use missing::MissingKey;
@@ -32,6 +37,7 @@ use bytes::Bytes;
 use tollgate_core::{Decision, InFlightLimit, Outcome};
 
 use crate::extract::MissingCause;
+use headers::HeaderStyle;
 use wait::{RETRY_SOON, retry_after, retry_after_secs};
 
 /// The header that tells a client the in-flight limit it ran into.
@@ -107,6 +113,36 @@ pub(crate) fn missing_key(
         Protocol::Http => http::problem(status, detail),
         Protocol::Grpc => grpc::response(grpc::Code::of_status(status), detail),
     }
+}
+
+/// The layer's rejection of `decision`, made under the policy named
+/// `policy`: 429 with an `application/problem+json` body that says why and
+/// names the policy, `Retry-After`, and the rate-limit headers of `style`.
+/// For code that decides outside the layer, such as a middleware over
+/// [`RateLimiter`](crate::RateLimiter), to answer as the layer does.
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate::{Algorithm, HeaderStyle, Key, Policy, RateLimiter, rejection};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RateLimiter::new(Policy::new("export", Algorithm::FixedWindow, "1/h")?);
+/// let key = Key::user("ada");
+/// limiter.check(&key).await?;
+/// let denied = limiter.check(&key).await?;
+/// let response = rejection(&denied, "export", HeaderStyle::GitHub);
+/// assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert!(response.headers().contains_key("retry-after"));
+/// assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
+/// # Ok(())
+/// # }
+/// ```
+pub fn rejection(decision: &Decision, policy: &str, style: HeaderStyle) -> Response<Bytes> {
+    let status = StatusCode::TOO_MANY_REQUESTS;
+    let mut response = denied(decision, policy, status, Protocol::Http);
+    headers::write(style, decision, policy, response.headers_mut());
+    response
 }
 
 /// Why a decision refuses a request, as its answer tells it.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use tollgate_core::Decision;
 
-use crate::numbers::number;
+use super::numbers::number;
 
 /// "Retry in a second": the wait of a refusal that has none of its own, a
 /// store failure under a closed failure mode or a full in-flight limit.

@@ -11,12 +11,15 @@ use tollgate_core::{Key, Policy, Settlement, Store};
 use tower_service::Service;
 
 use crate::answer::MissingKey;
-use crate::body::{BodyKind, WrapBody};
 use crate::extract::KeyExtractor;
 use crate::fallback::FallbackStore;
-use crate::future::{Check, Inner, ResponseFuture, Waiter};
-use crate::response::{Responder, Responders};
-use crate::settle::{Settle, SettleCall};
+use crate::response::Responder;
+
+use super::body::{BodyKind, WrapBody};
+use super::call::{Check, Inner, Waiter};
+use super::future::ResponseFuture;
+use super::responders::Responders;
+use super::settle::{Settle, SettleCall};
 
 /// A layer's settings, kept once: cloned into each layer made from it, and
 /// shared by every service of one.

@@ -8,16 +8,31 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tollgate_core::{SlotStore, Slots};
+use tollgate_core::{InFlightLimit, MemoryStore, SlotStore, Slots};
 use tower_service::Service;
 
 use crate::answer::{self};
 use crate::extract::KeyExtractor;
-use crate::fallback::Answer;
+use crate::fallback::{Answer, FailureMode};
+use crate::response::Responder;
 
-use super::Shared;
 use super::body::InFlightBody;
 use super::slot::{Holds, Slot};
+use super::telemetry::Telemetry;
+
+/// What an in-flight layer's services and their clones share.
+pub(super) struct Shared<K, St> {
+    pub(super) limit: InFlightLimit,
+    pub(super) extractor: Arc<K>,
+    pub(super) store: St,
+    pub(super) failure: FailureMode,
+    /// The local fallback's slots, and this instance's share of the limit.
+    pub(super) local: MemoryStore,
+    pub(super) local_limit: InFlightLimit,
+    pub(super) responder: Responder,
+    pub(super) telemetry: Telemetry,
+}
+
 /// The service of an [`InFlightLayer`](super::InFlightLayer).
 pub struct InFlight<S, K, St> {
     pub(super) inner: S,

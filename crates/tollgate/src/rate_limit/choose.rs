@@ -51,8 +51,8 @@ impl From<Policy> for Choice {
 }
 
 /// A key extractor that also picks each request's policy (its
-/// [`KeyExtractor`](crate::KeyExtractor) implementation is in `extract.rs`,
-/// with the trait): what
+/// [`KeyExtractor`](crate::KeyExtractor) implementation is in
+/// `extract/combine.rs`, with the other extractors made of others): what
 /// [`RateLimitLayer::choose_policy`](crate::RateLimitLayer::choose_policy)
 /// makes of the layer's extractor and a chooser. The key is the inner
 /// extractor's; the policy is the chooser's, or the layer's own where the

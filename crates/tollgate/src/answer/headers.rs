@@ -3,8 +3,8 @@
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 use tollgate_core::Decision;
 
-use crate::answer::write_retry_after;
-use crate::numbers::number;
+use super::numbers::number;
+use super::wait::write_retry_after;
 
 /// `x-ratelimit-limit`: capacity of the binding limit.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");

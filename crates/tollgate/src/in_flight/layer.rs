@@ -1,24 +1,17 @@
-//! [`InFlightLayer`]: at most N requests of one key in progress at once.
-
-mod body;
-mod service;
-mod slot;
-mod telemetry;
-
-pub use body::InFlightBody;
-pub use service::InFlight;
-use telemetry::Telemetry;
+//! [`InFlightLayer`]: the layer and its settings.
 
 use std::fmt;
-use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use tollgate_core::{InFlightLimit, MemoryStore};
 use tower_layer::Layer;
 
-use crate::answer::Protocol;
-use crate::fallback::{FailureMode, shared_fallback};
+use crate::fallback::{FailureMode, FailureSettings};
+use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
+
+use super::service::{InFlight, Shared};
+use super::telemetry::Telemetry;
 
 /// A layer that admits at most [`InFlightLimit::max`] requests of one key
 /// in progress at once, across every app server that shares its store:
@@ -65,22 +58,8 @@ pub struct InFlightLayer<K, St = MemoryStore> {
     limit: InFlightLimit,
     extractor: Arc<K>,
     store: St,
-    failure: FailureMode,
-    divisor: NonZeroU64,
-    local: MemoryStore,
+    fallback: FailureSettings,
     responder: Responder,
-}
-
-struct Shared<K, St> {
-    limit: InFlightLimit,
-    extractor: Arc<K>,
-    store: St,
-    failure: FailureMode,
-    /// The local fallback's slots, and this instance's share of the limit.
-    local: MemoryStore,
-    local_limit: InFlightLimit,
-    responder: Responder,
-    telemetry: Telemetry,
 }
 
 impl<K> InFlightLayer<K> {
@@ -93,14 +72,17 @@ impl<K> InFlightLayer<K> {
             limit,
             extractor: Arc::new(extractor),
             store: MemoryStore::new(),
-            failure: FailureMode::default(),
-            divisor: NonZeroU64::MIN,
-            local: shared_fallback().clone(),
+            fallback: FailureSettings::default(),
         }
     }
 }
 
 impl<K, St> InFlightLayer<K, St> {
+    /// The layer's answer settings, for a setter to change.
+    fn responder_mut(&mut self) -> &mut Responder {
+        &mut self.responder
+    }
+
     /// Holds the slots in `store`: a `RedisStore` shared by every app
     /// server makes the limit global.
     pub fn store<S2>(self, store: S2) -> InFlightLayer<K, S2> {
@@ -108,45 +90,33 @@ impl<K, St> InFlightLayer<K, St> {
             limit: self.limit,
             extractor: self.extractor,
             store,
-            failure: self.failure,
-            divisor: self.divisor,
-            local: self.local,
+            fallback: self.fallback,
             responder: self.responder,
         }
     }
 
-    /// What to do when the store fails: [`FailureMode::Local`] (the
-    /// default) takes the slot in memory, with this instance's share of
-    /// the limit; [`FailureMode::Open`] lets the request through
-    /// unlimited; [`FailureMode::Closed`] answers 503.
-    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
-        self.failure = mode;
-        self
+    failure_setters! {
+        fallback;
+        /// What to do when the store fails: [`FailureMode::Local`] (the
+        /// default) takes the slot in memory, with this instance's share of
+        /// the limit; [`FailureMode::Open`] lets the request through
+        /// unlimited; [`FailureMode::Closed`] answers 503.
+        on_store_error;
+        /// How many instances share the limit, for [`FailureMode::Local`]:
+        /// while the store fails, each lets `max / instances` requests of a
+        /// key run at once (at least 1; see [`InFlightLimit::divided`]).
+        /// Default 1.
+        local_divisor;
+        /// The in-memory store whose slots [`FailureMode::Local`] takes
+        /// (default: [`shared_fallback`](crate::shared_fallback)).
+        local_fallback;
     }
 
-    /// How many instances share the limit, for [`FailureMode::Local`]:
-    /// while the store fails, each lets `max / instances` requests of a
-    /// key run at once (at least 1; see [`InFlightLimit::divided`]).
-    /// Default 1.
-    pub fn local_divisor(mut self, instances: NonZeroU64) -> Self {
-        self.divisor = instances;
-        self
-    }
-
-    /// The in-memory store whose slots [`FailureMode::Local`] takes
-    /// (default: [`shared_fallback`](crate::shared_fallback)).
-    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
-        self.local = store;
-        self
-    }
-
-    /// Answers as a gRPC server: a refused request gets a trailers-only
-    /// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms: 1000`, a
-    /// `RetryInfo` of 1 s and `x-concurrency-limit` as metadata; a store
-    /// failure under [`FailureMode::Closed`] gets `UNAVAILABLE`.
-    pub fn grpc(mut self) -> Self {
-        self.responder.protocol = Protocol::Grpc;
-        self
+    grpc_setter! {
+        /// Answers as a gRPC server: a refused request gets a trailers-only
+        /// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms: 1000`, a
+        /// `RetryInfo` of 1 s and `x-concurrency-limit` as metadata; a store
+        /// failure under [`FailureMode::Closed`] gets `UNAVAILABLE`.
     }
 
     /// The limit.
@@ -161,9 +131,7 @@ impl<K, St: Clone> Clone for InFlightLayer<K, St> {
             limit: self.limit.clone(),
             extractor: self.extractor.clone(),
             store: self.store.clone(),
-            failure: self.failure,
-            divisor: self.divisor,
-            local: self.local.clone(),
+            fallback: self.fallback.clone(),
             responder: self.responder.clone(),
         }
     }
@@ -173,7 +141,7 @@ impl<K, St> fmt::Debug for InFlightLayer<K, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightLayer")
             .field("limit", &self.limit)
-            .field("failure", &self.failure)
+            .field("failure", &self.fallback.mode)
             .finish_non_exhaustive()
     }
 }
@@ -188,9 +156,9 @@ impl<S, K, St: Clone> Layer<S> for InFlightLayer<K, St> {
                 limit: self.limit.clone(),
                 extractor: self.extractor.clone(),
                 store: self.store.clone(),
-                failure: self.failure,
-                local: self.local.clone(),
-                local_limit: self.limit.divided(self.divisor),
+                failure: self.fallback.mode,
+                local: self.fallback.local.clone(),
+                local_limit: self.limit.divided(self.fallback.divisor),
                 responder: self.responder.clone(),
                 telemetry: Telemetry::new(self.limit.name()),
             }),

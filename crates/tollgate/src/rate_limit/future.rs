@@ -5,7 +5,6 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -13,52 +12,13 @@ use pin_project_lite::pin_project;
 use tollgate_core::Decision;
 use tower_service::Service;
 
-use crate::body::{BodyKind, WrapBody};
 use crate::fallback::Answer;
-use crate::headers::Decoration;
-use crate::report::Verdict;
 use crate::response::Responder;
-use crate::settle::{SettleCall, Settled, Settling};
 
-pub(crate) type Check = Pin<Box<dyn Future<Output = Answer<Decision>> + Send>>;
-
-/// The call of the inner service for a request held for later (while the
-/// store decides, a shaped request's delay passes, or a denied one waits):
-/// the service and the request, boxed, so that the future's type names
-/// neither.
-type Deferred<F> = Box<dyn FnOnce() -> F + Send>;
-
-/// How a layer in waiting mode asks the store again.
-pub(crate) struct Waiter {
-    pub(crate) recheck: Box<dyn Fn() -> Check + Send + Sync>,
-    pub(crate) deadline: tokio::time::Instant,
-}
-
-/// The inner service that `poll_ready` drove to readiness, still in the
-/// service. A request the store answered at once calls it in place, and
-/// nothing is cloned; only a request held for later takes it along,
-/// leaving a clone behind.
-pub(crate) struct Inner<'a, S>(pub(crate) &'a mut S);
-
-impl<S: Clone> Inner<'_, S> {
-    fn call<B>(self, request: Request<B>) -> S::Future
-    where
-        S: Service<Request<B>>,
-    {
-        self.0.call(request)
-    }
-
-    /// The call of `request`, for later.
-    pub(crate) fn defer<B>(self, request: Request<B>) -> Deferred<S::Future>
-    where
-        S: Service<Request<B>> + Send + 'static,
-        B: Send + 'static,
-    {
-        let clone = self.0.clone();
-        let mut ready = std::mem::replace(self.0, clone);
-        Box::new(move || ready.call(request))
-    }
-}
+use super::body::{BodyKind, WrapBody};
+use super::call::{Check, Deferred, Inner, Waiter};
+use super::settle::SettleCall;
+use super::state::{Finish, State, StateProj, next_state};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -76,48 +36,6 @@ pin_project! {
         state: State<F, F::Output>,
         responder: Arc<Responder>,
         body: PhantomData<fn() -> M>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, R> {
-        Checking {
-            check: Check,
-            call: Option<Deferred<F>>,
-            waiter: Option<Waiter>,
-            enforce: bool,
-            settle: Option<SettleCall>,
-        },
-        Waiting {
-            sleep: Pin<Box<tokio::time::Sleep>>,
-            call: Option<Deferred<F>>,
-            waiter: Option<Waiter>,
-            enforce: bool,
-            settle: Option<SettleCall>,
-        },
-        Delaying {
-            sleep: Pin<Box<tokio::time::Sleep>>,
-            call: Option<Deferred<F>>,
-            finish: Finish,
-        },
-        // The state of nearly every request: kept small (the decision's
-        // headers, not the decision), since the future is moved whole.
-        Calling {
-            #[pin]
-            future: F,
-            finish: Finish,
-        },
-        // The response is in; its cost is being settled, after which its
-        // headers show the state.
-        Settling {
-            settled: Settled,
-            response: Option<R>,
-            decoration: Option<Decoration>,
-        },
-        Responding {
-            response: Option<Response<Bytes>>,
-        },
     }
 }
 
@@ -191,127 +109,6 @@ impl<F: Future, M> ResponseFuture<F, M> {
             responder,
             body: PhantomData,
         }
-    }
-}
-
-/// The call a decision leads to: of the service `poll_ready` made ready,
-/// or one deferred while the store decided.
-trait Call<F> {
-    /// Calls now.
-    fn call(self) -> F;
-    /// Keeps the call for later.
-    fn defer(self) -> Deferred<F>;
-}
-
-impl<S, B> Call<S::Future> for (Inner<'_, S>, Request<B>)
-where
-    S: Service<Request<B>> + Clone + Send + 'static,
-    B: Send + 'static,
-{
-    fn call(self) -> S::Future {
-        self.0.call(self.1)
-    }
-
-    fn defer(self) -> Deferred<S::Future> {
-        self.0.defer(self.1)
-    }
-}
-
-impl<F> Call<F> for Deferred<F> {
-    fn call(self) -> F {
-        self()
-    }
-
-    fn defer(self) -> Deferred<F> {
-        self
-    }
-}
-
-/// What an admitted request does once its inner response is in: add the
-/// headers of its decision, or first settle its cost (for a layer that
-/// settles), then add the headers of the state after. Boxed when settling,
-/// so that every other request's future stays as small as it was.
-enum Finish {
-    Headers(Option<Decoration>),
-    Settle(Box<(Option<Decoration>, Settling)>),
-}
-
-impl Finish {
-    fn take(&mut self) -> Self {
-        std::mem::replace(self, Finish::Headers(None))
-    }
-}
-
-/// What follows a store's answer. A denial of a key that is not
-/// `enforce`d (shadow mode) lets the request through with its headers.
-/// An admitted request of a settling layer settles its cost once its
-/// response is in; nothing else does.
-fn next_state<F, R>(
-    result: Answer<Decision>,
-    next: impl Call<F>,
-    responder: &Responder,
-    waiter: Option<Waiter>,
-    enforce: bool,
-    settle: Option<SettleCall>,
-) -> State<F, R> {
-    let telemetry = &responder.telemetry;
-    match result {
-        Answer::Decided(decision) if decision.is_allowed() => {
-            telemetry.decided(&decision, Verdict::Allowed);
-            let decoration = responder.decoration(&decision);
-            let finish = match settle {
-                None => Finish::Headers(decoration),
-                Some(call) => {
-                    Finish::Settle(Box::new((decoration, Settling::new(&decision, call))))
-                }
-            };
-            if decision.delay() > Duration::ZERO {
-                State::Delaying {
-                    sleep: Box::pin(tokio::time::sleep(decision.delay())),
-                    call: Some(next.defer()),
-                    finish,
-                }
-            } else {
-                State::Calling {
-                    future: next.call(),
-                    finish,
-                }
-            }
-        }
-        Answer::Decided(decision) if !enforce => {
-            telemetry.decided(&decision, Verdict::ShadowLimited);
-            State::Calling {
-                future: next.call(),
-                finish: Finish::Headers(responder.decoration(&decision)),
-            }
-        }
-        Answer::Decided(decision) => {
-            if let (Some(waiter), Some(retry)) = (waiter, decision.retry_after()) {
-                let wake = tokio::time::Instant::now() + retry;
-                if wake <= waiter.deadline {
-                    return State::Waiting {
-                        sleep: Box::pin(tokio::time::sleep_until(wake)),
-                        call: Some(next.defer()),
-                        waiter: Some(waiter),
-                        enforce,
-                        settle,
-                    };
-                }
-            }
-            telemetry.decided(&decision, Verdict::Limited);
-            State::Responding {
-                response: Some(responder.reject(&decision)),
-            }
-        }
-        // The failure policy was applied, and reported, where the store
-        // was asked.
-        Answer::LetThrough(_) => State::Calling {
-            future: next.call(),
-            finish: Finish::Headers(None),
-        },
-        Answer::Refused(_) => State::Responding {
-            response: Some(responder.unavailable()),
-        },
     }
 }
 

@@ -4,19 +4,17 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
-use tollgate_core::{ConfigError, Decision, MemoryStore, Policy};
+use tollgate_core::{MemoryStore, Policy};
 use tower_layer::Layer;
 
-use crate::answer::{MissingKey, Protocol};
-use crate::body::{KeepBody, WrapBody};
-use crate::choose::ChosenPolicy;
-use crate::fallback::{FailureMode, FallbackStore};
-use crate::headers::HeaderStyle;
-use crate::response::{Responder, Responders};
-use crate::service::{Config, RateLimit, Shared};
-use crate::settle::Settle;
+use crate::fallback::FallbackStore;
+use crate::response::Responder;
+
+use super::body::{KeepBody, WrapBody};
+use super::choose::ChosenPolicy;
+use super::responders::Responders;
+use super::service::{Config, RateLimit, Shared};
+use super::settle::Settle;
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service.
 ///
@@ -42,8 +40,8 @@ use crate::settle::Settle;
 #[derive(Debug)]
 #[must_use]
 pub struct RateLimitLayer<K, St = MemoryStore, M = WrapBody> {
-    store: FallbackStore<St>,
-    config: Config<K>,
+    pub(super) store: FallbackStore<St>,
+    pub(super) config: Config<K>,
     body: PhantomData<fn() -> M>,
 }
 
@@ -172,30 +170,6 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
         self
     }
 
-    /// Which rate-limit headers to send (default [`HeaderStyle::GitHub`]).
-    pub fn headers(mut self, style: HeaderStyle) -> Self {
-        Arc::make_mut(&mut self.config.responder).headers = style;
-        self
-    }
-
-    /// The status of a rejection (default 429). GitHub-compatible clients
-    /// may expect 403.
-    pub fn rejection_status(mut self, status: StatusCode) -> Self {
-        Arc::make_mut(&mut self.config.responder).status = status;
-        self
-    }
-
-    /// Builds rejections with `f` instead of the problem+json response.
-    /// The layer still adds the rate-limit headers, and `Retry-After` unless
-    /// `f` set one.
-    pub fn rejection<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        Arc::make_mut(&mut self.config.responder).custom = Some(Arc::new(f));
-        self
-    }
-
     /// Waits instead of rejecting: a denied request is held until the exact
     /// time it would be admitted and then checked again, as long as that
     /// is within `max_wait` of its arrival; otherwise it is rejected as
@@ -217,115 +191,6 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// ```
     pub fn wait(mut self, max_wait: Duration) -> Self {
         self.config.wait = Some(max_wait);
-        self
-    }
-
-    /// Answers as a gRPC server: rejections become trailers-only responses
-    /// with `grpc-status` 8 (`RESOURCE_EXHAUSTED`) and a `grpc-message`,
-    /// carrying the rate-limit headers and `retry-after` (seconds) as
-    /// metadata, and the wait until the request would be admitted in the
-    /// two forms gRPC clients read: `grpc-retry-pushback-ms` (gRFC A6's
-    /// retry policy; whole milliseconds, rounded up, or -1 for a request
-    /// that can never be admitted, which tells the client not to retry)
-    /// and a `google.rpc.RetryInfo` in `grpc-status-details-bin` (exact,
-    /// read by `tonic-types`' `StatusExt::get_details_retry_info`). A
-    /// missing key becomes `INTERNAL` (or `UNAUTHENTICATED` /
-    /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
-    /// failure in closed mode `UNAVAILABLE` with a pushback of a second.
-    pub fn grpc(mut self) -> Self {
-        Arc::make_mut(&mut self.config.responder).protocol = Protocol::Grpc;
-        self
-    }
-
-    /// Shadow mode, a dry run: the policy decides, records and adds its
-    /// headers, but never rejects. Requests it would have rejected are
-    /// served and counted as `shadow_limited` in
-    /// [`telemetry::DECISIONS`](crate::telemetry::DECISIONS), with a debug
-    /// event each, so a new policy can be tried on real traffic before it
-    /// is enforced. The same as `enforce_percent(0)`.
-    ///
-    /// ```
-    /// use axum::{Router, body::Body, routing::get};
-    /// use http::{Request, StatusCode};
-    /// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
-    /// use tower::ServiceExt;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let policy = Policy::new("new-limit", Algorithm::FixedWindow, "1/h")?;
-    /// let app = Router::new()
-    ///     .route("/", get(|| async { "ok" }))
-    ///     .layer(RateLimitLayer::new(policy, GlobalKey).shadow());
-    ///
-    /// for _ in 0..3 {
-    ///     let response = app.clone().oneshot(Request::get("/").body(Body::empty())?).await?;
-    ///     assert_eq!(response.status(), StatusCode::OK);
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn shadow(mut self) -> Self {
-        Arc::make_mut(&mut self.config.responder).enforce_percent = 0;
-        self
-    }
-
-    /// Enforces the policy for `percent` of keys and runs it in
-    /// [shadow mode](RateLimitLayer::shadow) for the rest: a ramp for
-    /// rolling a policy out. Which keys are enforced depends only on the
-    /// key (a fixed hash, the same on every machine), and raising the
-    /// percentage keeps every key enforced so far. 100 (the default)
-    /// enforces every key.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::InvalidSetting`] when `percent` is over 100.
-    ///
-    /// ```
-    /// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
-    ///
-    /// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
-    /// let layer = RateLimitLayer::new(policy.clone(), GlobalKey).enforce_percent(10)?;
-    /// # let _ = layer;
-    /// assert!(RateLimitLayer::new(policy, GlobalKey).enforce_percent(101).is_err());
-    /// # Ok::<(), tollgate::ConfigError>(())
-    /// ```
-    pub fn enforce_percent(mut self, percent: u8) -> Result<Self, ConfigError> {
-        if percent > 100 {
-            return Err(ConfigError::InvalidSetting {
-                setting: "enforce_percent",
-                reason: "must be between 0 and 100",
-            });
-        }
-        Arc::make_mut(&mut self.config.responder).enforce_percent = percent;
-        Ok(self)
-    }
-
-    /// What to do with a request that yields no key (default
-    /// [`MissingKey::Error`]).
-    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        Arc::make_mut(&mut self.config.responder).missing = missing;
-        self
-    }
-
-    /// What to do when the store fails (default [`FailureMode::Local`]).
-    pub fn on_store_error(mut self, failure: FailureMode) -> Self {
-        self.store = self.store.on_store_error(failure);
-        self
-    }
-
-    /// How many instances share the limit, for [`FailureMode::Local`]:
-    /// while the store fails, each instance enforces its share, the
-    /// policy's limits divided by `instances` (see [`Policy::divided`]).
-    /// Default 1: each instance enforces the whole limit.
-    pub fn local_divisor(mut self, instances: std::num::NonZeroU64) -> Self {
-        self.store = self.store.local_divisor(instances);
-        self
-    }
-
-    /// The in-memory store [`FailureMode::Local`] decides with (default:
-    /// [`shared_fallback`](crate::shared_fallback), one store for every layer of the process).
-    pub fn local_fallback(mut self, store: MemoryStore) -> Self {
-        self.store = self.store.local_fallback(store);
         self
     }
 

@@ -1,0 +1,47 @@
+//! The responders of the policies a chooser picks.
+
+use std::sync::{Arc, PoisonError, RwLock};
+
+use tollgate_core::Policy;
+
+use crate::response::Responder;
+
+/// The responders of the policies a chooser picks, made on first use and
+/// kept by policy name: a fixed set of plans costs no allocation per
+/// request.
+pub(crate) struct Responders {
+    own: Arc<Responder>,
+    chosen: RwLock<Vec<Arc<Responder>>>,
+}
+
+/// The most chosen policies whose responders are kept; beyond them (a
+/// chooser that makes a policy per tenant, say), one is made per request.
+const MAX_CHOSEN: usize = 256;
+
+impl Responders {
+    pub(crate) fn new(own: Arc<Responder>) -> Self {
+        Self {
+            own,
+            chosen: RwLock::default(),
+        }
+    }
+
+    /// The responder of requests under `policy`.
+    pub(crate) fn of(&self, policy: &Policy) -> Arc<Responder> {
+        let name = policy.name();
+        if *self.own.policy == *name {
+            return self.own.clone();
+        }
+        let chosen = self.chosen.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = chosen.iter().find(|r| *r.policy == *name) {
+            return known.clone();
+        }
+        drop(chosen);
+        let made = Arc::new(self.own.for_policy(name));
+        let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
+        if chosen.len() < MAX_CHOSEN {
+            chosen.push(made.clone());
+        }
+        made
+    }
+}

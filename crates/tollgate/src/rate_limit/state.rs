@@ -1,0 +1,148 @@
+//! The states of the rate-limit response future, and the state that
+//! follows a store's answer.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use pin_project_lite::pin_project;
+use tollgate_core::Decision;
+
+use crate::answer::headers::Decoration;
+use crate::fallback::Answer;
+use crate::report::Verdict;
+use crate::response::Responder;
+
+use super::call::{Call, Check, Deferred, Waiter};
+use super::settle::{SettleCall, Settled, Settling};
+
+pin_project! {
+    #[project = StateProj]
+    pub(super) enum State<F, R> {
+        Checking {
+            check: Check,
+            call: Option<Deferred<F>>,
+            waiter: Option<Waiter>,
+            enforce: bool,
+            settle: Option<SettleCall>,
+        },
+        Waiting {
+            sleep: Pin<Box<tokio::time::Sleep>>,
+            call: Option<Deferred<F>>,
+            waiter: Option<Waiter>,
+            enforce: bool,
+            settle: Option<SettleCall>,
+        },
+        Delaying {
+            sleep: Pin<Box<tokio::time::Sleep>>,
+            call: Option<Deferred<F>>,
+            finish: Finish,
+        },
+        // The state of nearly every request: kept small (the decision's
+        // headers, not the decision), since the future is moved whole.
+        Calling {
+            #[pin]
+            future: F,
+            finish: Finish,
+        },
+        // The response is in; its cost is being settled, after which its
+        // headers show the state.
+        Settling {
+            settled: Settled,
+            response: Option<R>,
+            decoration: Option<Decoration>,
+        },
+        Responding {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+/// What an admitted request does once its inner response is in: add the
+/// headers of its decision, or first settle its cost (for a layer that
+/// settles), then add the headers of the state after. Boxed when settling,
+/// so that every other request's future stays as small as it was.
+pub(super) enum Finish {
+    Headers(Option<Decoration>),
+    Settle(Box<(Option<Decoration>, Settling)>),
+}
+
+impl Finish {
+    pub(super) fn take(&mut self) -> Self {
+        std::mem::replace(self, Finish::Headers(None))
+    }
+}
+
+/// What follows a store's answer. A denial of a key that is not
+/// `enforce`d (shadow mode) lets the request through with its headers.
+/// An admitted request of a settling layer settles its cost once its
+/// response is in; nothing else does.
+pub(super) fn next_state<F, R>(
+    result: Answer<Decision>,
+    next: impl Call<F>,
+    responder: &Responder,
+    waiter: Option<Waiter>,
+    enforce: bool,
+    settle: Option<SettleCall>,
+) -> State<F, R> {
+    let telemetry = &responder.telemetry;
+    match result {
+        Answer::Decided(decision) if decision.is_allowed() => {
+            telemetry.decided(&decision, Verdict::Allowed);
+            let decoration = responder.decoration(&decision);
+            let finish = match settle {
+                None => Finish::Headers(decoration),
+                Some(call) => {
+                    Finish::Settle(Box::new((decoration, Settling::new(&decision, call))))
+                }
+            };
+            if decision.delay() > Duration::ZERO {
+                State::Delaying {
+                    sleep: Box::pin(tokio::time::sleep(decision.delay())),
+                    call: Some(next.defer()),
+                    finish,
+                }
+            } else {
+                State::Calling {
+                    future: next.call(),
+                    finish,
+                }
+            }
+        }
+        Answer::Decided(decision) if !enforce => {
+            telemetry.decided(&decision, Verdict::ShadowLimited);
+            State::Calling {
+                future: next.call(),
+                finish: Finish::Headers(responder.decoration(&decision)),
+            }
+        }
+        Answer::Decided(decision) => {
+            if let (Some(waiter), Some(retry)) = (waiter, decision.retry_after()) {
+                let wake = tokio::time::Instant::now() + retry;
+                if wake <= waiter.deadline {
+                    return State::Waiting {
+                        sleep: Box::pin(tokio::time::sleep_until(wake)),
+                        call: Some(next.defer()),
+                        waiter: Some(waiter),
+                        enforce,
+                        settle,
+                    };
+                }
+            }
+            telemetry.decided(&decision, Verdict::Limited);
+            State::Responding {
+                response: Some(responder.reject(&decision)),
+            }
+        }
+        // The failure policy was applied, and reported, where the store
+        // was asked.
+        Answer::LetThrough(_) => State::Calling {
+            future: next.call(),
+            finish: Finish::Headers(None),
+        },
+        Answer::Refused(_) => State::Responding {
+            response: Some(responder.unavailable()),
+        },
+    }
+}
