@@ -199,6 +199,16 @@ impl StoreError {
         Self::Backend(Box::new(error))
     }
 
+    /// Every [`kind`](StoreError::kind), in a fixed order: the labels a
+    /// metric of store errors can have, to register them all up front.
+    ///
+    /// ```
+    /// use tollgate_core::StoreError;
+    ///
+    /// assert_eq!(StoreError::KINDS, ["full", "circuit_open", "timeout", "backend"]);
+    /// ```
+    pub const KINDS: [&'static str; 4] = ["full", "circuit_open", "timeout", "backend"];
+
     /// A short name of the kind of failure, as used in metrics labels:
     /// `full`, `circuit_open`, `timeout` or `backend`.
     ///
@@ -209,11 +219,16 @@ impl StoreError {
     /// assert_eq!(StoreError::Timeout(Duration::from_millis(50)).kind(), "timeout");
     /// ```
     pub fn kind(&self) -> &'static str {
+        Self::KINDS[self.kind_index()]
+    }
+
+    /// The place of this error's kind in [`KINDS`](StoreError::KINDS).
+    pub fn kind_index(&self) -> usize {
         match self {
-            Self::Full { .. } => "full",
-            Self::CircuitOpen => "circuit_open",
-            Self::Timeout(_) => "timeout",
-            Self::Backend(_) => "backend",
+            Self::Full { .. } => 0,
+            Self::CircuitOpen => 1,
+            Self::Timeout(_) => 2,
+            Self::Backend(_) => 3,
         }
     }
 }

@@ -51,8 +51,8 @@ struct Counters {
     allowed: metrics::Counter,
     limited: metrics::Counter,
     shadow_limited: metrics::Counter,
-    /// By [`error_index`].
-    errors: [metrics::Counter; 4],
+    /// By [`StoreError::kind_index`].
+    errors: [metrics::Counter; StoreError::KINDS.len()],
     open: metrics::Counter,
     closed: metrics::Counter,
     local_allowed: metrics::Counter,
@@ -68,24 +68,12 @@ impl Counters {
             allowed: counter(DECISIONS, "allowed"),
             limited: counter(DECISIONS, "limited"),
             shadow_limited: counter(DECISIONS, "shadow_limited"),
-            errors: ["full", "circuit_open", "timeout", "backend"]
-                .map(|kind| counter(STORE_ERRORS, kind)),
+            errors: StoreError::KINDS.map(|kind| counter(STORE_ERRORS, kind)),
             open: counter(FALLBACKS, "open"),
             closed: counter(FALLBACKS, "closed"),
             local_allowed: counter(FALLBACKS, "local_allowed"),
             local_limited: counter(FALLBACKS, "local_limited"),
         }
-    }
-}
-
-/// The position of an error's kind in [`Counters::errors`].
-#[cfg(feature = "metrics")]
-fn error_index(error: &StoreError) -> usize {
-    match error.kind() {
-        "full" => 0,
-        "circuit_open" => 1,
-        "timeout" => 2,
-        _ => 3,
     }
 }
 
@@ -129,7 +117,7 @@ impl Telemetry {
             None => "returned",
         };
         #[cfg(feature = "metrics")]
-        self.counters.errors[error_index(error)].increment(1);
+        self.counters.errors[error.kind_index()].increment(1);
         if let Some(suppressed) = self.throttle.may_log(Instant::now()) {
             tracing::warn!(
                 error = error as &dyn std::error::Error,
