@@ -81,6 +81,7 @@
 //! script and arguments the store sends.
 
 mod batch;
+mod breaker;
 mod builder;
 mod cluster;
 mod connection;
@@ -104,6 +105,7 @@ pub mod testing;
 mod url;
 mod wire;
 
+pub use breaker::BreakerState;
 pub use builder::RedisStoreBuilder;
 pub use cluster::ClusterConnection;
 pub use connection::{Pool, RedisConnection};

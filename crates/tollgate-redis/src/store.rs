@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{
-    Algorithm, BreakerState, CircuitBreaker, Decision, Key, Policy, Settlement, Store, StoreError,
-};
+use tollgate_core::{Algorithm, Decision, Key, Policy, Settlement, Store, StoreError};
+
+use crate::breaker::{BreakerState, CircuitBreaker};
 
 use crate::batch::{self, Batcher, Queued, Turn, WordCalls};
 use crate::connection::RedisConnection;

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tollgate_core::{CircuitBreaker, ConfigError};
+use tollgate_core::ConfigError;
+
+use crate::breaker::CircuitBreaker;
 
 use super::RedisStoreBuilder;
 use crate::batch::Batcher;

@@ -8,7 +8,9 @@ mod connect;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{CircuitBreaker, Clock, ConfigError};
+use tollgate_core::{Clock, ConfigError};
+
+use crate::breaker::CircuitBreaker;
 
 use crate::error::RedisStoreError;
 use crate::keys::KeyNamer;
