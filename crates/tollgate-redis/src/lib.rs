@@ -83,8 +83,7 @@
 mod batch;
 mod breaker;
 mod builder;
-mod cluster;
-mod connection;
+mod connect;
 mod deny_cache;
 mod error;
 mod identity;
@@ -92,26 +91,22 @@ mod keys;
 mod known;
 mod lanes;
 mod lease;
-mod managed;
 mod operations;
 mod patience;
 mod script;
-mod sentinel;
 mod shape;
 mod slots;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod url;
 mod wire;
 
 pub use breaker::BreakerState;
 pub use builder::RedisStoreBuilder;
-pub use cluster::ClusterConnection;
-pub use connection::{Pool, RedisConnection};
+pub use connect::{
+    ClusterConnection, ManagedConnection, Pool, RedisConnection, SentinelConnection,
+};
 pub use error::RedisStoreError;
 pub use lease::{LeaseCalls, LeasedStore, LeasedStoreBuilder};
-pub use managed::ManagedConnection;
 pub use redis::sentinel::SentinelNodeConnectionInfo;
-pub use sentinel::SentinelConnection;
 pub use store::RedisStore;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, Key, Policy, Settlement, Timestamp};
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::script::settle_args;
 use crate::shape::{Form, WordOp};

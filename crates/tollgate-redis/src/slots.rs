@@ -3,7 +3,7 @@
 
 use tollgate_core::{InFlightLimit, Key, Renewal, SlotStore, Slots, StoreError};
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::store::RedisStore;
 
 /// Slots are leases on Redis's clock, renewed by their holders: a slot of

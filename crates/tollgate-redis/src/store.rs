@@ -9,16 +9,17 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Algorithm, Decision, Key, Policy, Settlement, Store, StoreError};
 
 use crate::breaker::{BreakerState, CircuitBreaker};
+use crate::builder::RedisStoreBuilder;
 
 use crate::batch::{self, Batcher, Queued, Turn, WordCalls};
-use crate::connection::RedisConnection;
+use crate::connect::ManagedConnection;
+use crate::connect::RedisConnection;
 use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
 use crate::identity::{ServerIdentity, run_id};
 use crate::keys::KeyNamer;
 use crate::known::LastKnown;
 use crate::lanes::{self, GeneralCalls, Lanes};
-use crate::managed::ManagedConnection;
 use crate::patience;
 use crate::shape::{Form, WordOp};
 use crate::wire::{Request, Wire, Word};
@@ -137,6 +138,13 @@ impl<C> Inner<C> {
 
     pub(crate) fn local_now(&self) -> u64 {
         self.wire.local_now()
+    }
+}
+
+impl RedisStore {
+    /// Starts configuring a store.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::keys::log_keys;
 use crate::script::{Arg, general_args};

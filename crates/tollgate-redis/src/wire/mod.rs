@@ -9,7 +9,7 @@ use std::time::Instant;
 use redis::{ErrorKind, ServerErrorKind};
 use tollgate_core::{Clock, Policy};
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::script::{DecisionScript, Scripts};
 use crate::shape::Form;

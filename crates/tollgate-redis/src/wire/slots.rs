@@ -2,7 +2,7 @@
 
 use tollgate_core::Renewal;
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::wire::Wire;
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tollgate_core::{Clock, Policy};
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::script::{DecisionScript, SettleArgs};
 use crate::shape::Form;

@@ -1,21 +1,36 @@
-//! The connections a [`RedisStore`](crate::RedisStore) can run on.
+//! The connections a [`RedisStore`](crate::RedisStore) can run on, one
+//! file per mode, each with its connect path: one server (`single.rs`,
+//! on the default [`ManagedConnection`] of `managed.rs`), a bb8 pool
+//! (`pool.rs`), a Redis Cluster (`cluster.rs`), a Sentinel deployment's
+//! master (`sentinel.rs`), or a connection of your own (`own.rs`, where
+//! every mode's store starts).
 
 use std::future::Future;
 
-use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{Cmd, FromRedisValue};
 
 use crate::error::RedisStoreError;
 
-/// A bb8 pool of multiplexed Redis connections (from `bb8-redis`).
-pub type Pool = bb8::Pool<bb8_redis::RedisConnectionManager>;
+mod cluster;
+mod managed;
+mod own;
+mod pool;
+mod sentinel;
+mod single;
+
+pub use cluster::ClusterConnection;
+pub use managed::ManagedConnection;
+pub use pool::Pool;
+pub use sentinel::SentinelConnection;
 
 /// A connection (or pool) that sends commands to Redis.
 ///
 /// Implemented for this crate's [`ManagedConnection`](crate::ManagedConnection)
 /// (the default) and [`ClusterConnection`](crate::ClusterConnection), and
-/// for redis-rs's multiplexed [`ConnectionManager`], [`MultiplexedConnection`],
-/// cluster connection and a bb8 [`Pool`]. Implement it to run the store on
+/// for redis-rs's multiplexed
+/// [`ConnectionManager`](redis::aio::ConnectionManager),
+/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection), cluster
+/// connection and a bb8 [`Pool`]. Implement it to run the store on
 /// anything else.
 pub trait RedisConnection: Send + Sync + 'static {
     /// Sends `cmd` and returns its reply.
@@ -51,44 +66,4 @@ pub trait RedisConnection: Send + Sync + 'static {
     /// default does nothing; cluster connections refresh their slot map by
     /// themselves.
     fn refresh(&self) {}
-}
-
-impl RedisConnection for ConnectionManager {
-    fn is_one_server(&self) -> bool {
-        true
-    }
-
-    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        Ok(cmd.query_async(&mut self.clone()).await?)
-    }
-}
-
-impl RedisConnection for MultiplexedConnection {
-    fn is_one_server(&self) -> bool {
-        true
-    }
-
-    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        Ok(cmd.query_async(&mut self.clone()).await?)
-    }
-}
-
-impl RedisConnection for redis::cluster_async::ClusterConnection {
-    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        Ok(cmd.query_async(&mut self.clone()).await?)
-    }
-}
-
-impl RedisConnection for Pool {
-    fn is_one_server(&self) -> bool {
-        true
-    }
-
-    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        let mut con = self.get().await.map_err(|e| match e {
-            bb8::RunError::User(e) => RedisStoreError::Redis(e),
-            bb8::RunError::TimedOut => RedisStoreError::PoolTimeout,
-        })?;
-        Ok(cmd.query_async(&mut *con).await?)
-    }
 }
