@@ -91,11 +91,9 @@ mod keys;
 mod known;
 mod lanes;
 mod lease;
-mod operations;
+mod op;
 mod patience;
 mod script;
-mod shape;
-mod slots;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
