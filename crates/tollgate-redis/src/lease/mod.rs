@@ -3,6 +3,7 @@
 mod builder;
 mod bus;
 mod grant;
+mod pubsub;
 mod table;
 
 use std::sync::Arc;
@@ -323,7 +324,7 @@ impl<S: Store> LeasedStore<S> {
                 );
                 Ok(())
             }
-            Err(bus::InvalidateError::Redis(error)) => Err(StoreError::backend(error)),
+            Err(bus::InvalidateError::Channel(error)) => Err(StoreError::Backend(error)),
         }
     }
 }
