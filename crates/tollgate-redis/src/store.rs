@@ -20,7 +20,7 @@ use crate::lanes::Lanes;
 use crate::patience;
 use crate::wire::Wire;
 
-/// A [`Store`] in Redis: every app server that points at the same Redis
+/// A [`Store`](tollgate_core::Store) in Redis: every app server that points at the same Redis
 /// shares one exact limit per key.
 ///
 /// - **One round trip.** Each decision is one `EVALSHA` of a Lua script
@@ -32,14 +32,14 @@ use crate::wire::Wire;
 ///   servers' clocks do not matter. (One exception, to the microsecond:
 ///   a single-limit decision of a key that holds a time reports only how
 ///   far ahead that time was, which decides it exactly, and
-///   [`Decision::now`] is then Redis's time as the store's recent replies
+///   [`Decision::now`](tollgate_core::Decision::now) is then Redis's time as the store's recent replies
 ///   showed it, within about half a round trip.)
 /// - **Same decisions as memory.** The scripts implement the reference
 ///   algorithms of [`tollgate_core::state`] in exact integer arithmetic.
 /// - **No leaks.** Every key written gets a TTL in the same script, exactly
 ///   as long as its state matters (rounded up to a millisecond).
 /// - **Bounded waits.** Every decision has a deadline (50 ms by default);
-///   a decision that misses it is a [`StoreError::Timeout`], never retried.
+///   a decision that misses it is a [`StoreError::Timeout`](tollgate_core::StoreError::Timeout), never retried.
 ///   A deadline that fires late because the app's own runtime was too busy
 ///   to poll it is not Redis's failure: the decision waits on for its reply
 ///   (a reply already in is taken), up to 4 × the deadline, and only that

@@ -17,7 +17,7 @@ use crate::op::word::{Request, Word, WordForm, WordOp, decision};
 use crate::store::{Inner, RedisStore};
 
 impl<C: RedisConnection> RedisStore<C> {
-    /// Decides like [`Store::check`], keeping the Redis-specific error.
+    /// Decides like [`Store::check`](tollgate_core::Store::check), keeping the Redis-specific error.
     ///
     /// A cost-1 request to a single-limit policy whose key Redis recently
     /// denied is denied from the local deny cache until that denial
