@@ -116,6 +116,12 @@ impl RedisStoreBuilder {
             .unwrap_or_else(|| crate::patience::backstop(self.deadline))
     }
 
+    /// How long making a connection manager's connection may take in all,
+    /// the first one or a replacement: two connect timeouts.
+    pub(crate) fn connect_budget(&self) -> Duration {
+        self.connect_timeout * 2
+    }
+
     /// The size of a bb8 pool (default 16).
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;

@@ -118,7 +118,7 @@ impl RedisStoreBuilder {
             .into());
         }
         let config = ManagedConnection::config(&self);
-        let budget = self.connect_timeout * 2;
+        let budget = self.connect_budget();
         let connection =
             SentinelConnection::connect(sentinels, service, master, config, budget).await?;
         self.build(connection).await

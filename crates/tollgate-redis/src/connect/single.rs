@@ -51,7 +51,7 @@ impl RedisStoreBuilder {
         self.check()?;
         let client = redis::Client::open(url)?;
         let config = ManagedConnection::config(&self);
-        let connection = ManagedConnection::connect(client, config, self.connect_timeout * 2).await;
+        let connection = ManagedConnection::connect(client, config, self.connect_budget()).await;
         self.build(connection).await
     }
 

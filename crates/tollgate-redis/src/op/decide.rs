@@ -229,7 +229,7 @@ pub(crate) fn for_each_arg<'a>(
         return general_args(policy, Arg::Number(cost), now, min_ttl_ms, arg);
     };
     let (period, step, slack) = form.check_args(policy, cost);
-    // The one-time script takes no period.
+    // A script that takes no period is sent none.
     if form.takes_period() {
         arg(Arg::Number(period));
     }
