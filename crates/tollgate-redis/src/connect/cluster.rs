@@ -13,7 +13,7 @@ use redis::{
 };
 
 use crate::builder::RedisStoreBuilder;
-use crate::connect::RedisConnection;
+use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::keys::hash_slot;
 use crate::store::RedisStore;

@@ -9,7 +9,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue};
 
 use crate::builder::RedisStoreBuilder;
-use crate::connect::RedisConnection;
+use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
 
 /// A multiplexed [`ConnectionManager`] (which reconnects by itself after

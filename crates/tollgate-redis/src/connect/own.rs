@@ -13,7 +13,7 @@ use tollgate_core::ConfigError;
 use crate::batch::Batcher;
 use crate::breaker::CircuitBreaker;
 use crate::builder::RedisStoreBuilder;
-use crate::connect::RedisConnection;
+use crate::connect::connection::RedisConnection;
 use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
 use crate::identity::{ServerIdentity, run_id, too_old};

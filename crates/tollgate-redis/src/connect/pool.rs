@@ -5,7 +5,7 @@ use redis::IntoConnectionInfo;
 use redis::{Cmd, FromRedisValue};
 
 use crate::builder::RedisStoreBuilder;
-use crate::connect::RedisConnection;
+use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::store::RedisStore;
 

@@ -11,7 +11,7 @@ use redis::{Cmd, FromRedisValue, IntoConnectionInfo, RedisError};
 use tollgate_core::ConfigError;
 
 use crate::builder::RedisStoreBuilder;
-use crate::connect::RedisConnection;
+use crate::connect::connection::RedisConnection;
 use crate::connect::managed::{ManagedConnection, Swappable};
 use crate::error::RedisStoreError;
 use crate::store::RedisStore;

@@ -6,7 +6,7 @@ use redis::{ConnectionInfo, IntoConnectionInfo};
 use tollgate_core::ConfigError;
 
 use crate::builder::RedisStoreBuilder;
-use crate::connect::ManagedConnection;
+use crate::connect::managed::ManagedConnection;
 use crate::error::RedisStoreError;
 use crate::store::RedisStore;
 
