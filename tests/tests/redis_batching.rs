@@ -317,7 +317,7 @@ async fn a_queue_longer_than_the_deadline_is_served_while_calls_come_back() {
     let calls = command_calls(&mut con, "evalsha");
     println!("4,000 queued decisions in {calls} calls, {took:?}");
     assert!(calls >= 2_000, "{calls} calls of at most 2 requests");
-    assert_eq!(store.breaker_state(), tollgate_core::BreakerState::Closed);
+    assert_eq!(store.breaker_state(), tollgate_redis::BreakerState::Closed);
 }
 
 /// The queue's bound: it holds at most 4,096 requests, and one that finds
@@ -360,7 +360,7 @@ async fn the_queue_holds_at_most_4096_requests() {
         }
     }
     assert_eq!(full, 5_000 - 2 - 4_096);
-    assert_eq!(store.breaker_state(), tollgate_core::BreakerState::Closed);
+    assert_eq!(store.breaker_state(), tollgate_redis::BreakerState::Closed);
     // The queue has room again: 300 requests at once are all decided.
     let again: Vec<Key> = (0..300).map(|i| Key::user(format!("again{i}"))).collect();
     let decisions = at_once(&store, &policy, &again, 1).await;

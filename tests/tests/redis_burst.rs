@@ -92,7 +92,7 @@ async fn a_burst_of_2000_from_one_user_admits_exactly_the_limit_and_fails_nobody
         );
         assert_eq!(
             store.breaker_state(),
-            tollgate::BreakerState::Closed,
+            tollgate_redis::BreakerState::Closed,
             "{failure:?}"
         );
     }

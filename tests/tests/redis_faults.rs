@@ -9,10 +9,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::Request;
-use tollgate::{
-    Algorithm, BreakerState, FailureMode, HeaderKey, Key, Policy, RateLimitLayer, Store,
-};
-use tollgate_redis::{RedisStore, RedisStoreError};
+use tollgate::{Algorithm, FailureMode, HeaderKey, Key, Policy, RateLimitLayer, Store};
+use tollgate_redis::{BreakerState, RedisStore, RedisStoreError};
 use tollgate_tests::{RedisServer, StallMeter};
 use tower::ServiceExt;
 

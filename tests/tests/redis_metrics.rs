@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::telemetry::{CIRCUITS_OPEN, DENY_CACHE_HITS};
-use tollgate::{Algorithm, BreakerState, FakeClock, Key, Policy, Store, Timestamp};
-use tollgate_redis::RedisStore;
+use tollgate::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
+use tollgate_redis::{BreakerState, RedisStore};
 use tollgate_tests::{RedisServer, command_calls};
 
 fn block_on<F: Future>(recorder: &DebuggingRecorder, test: impl FnOnce() -> F) -> F::Output {

@@ -11,8 +11,8 @@ use metrics::{SharedString, Unit};
 use metrics_util::CompositeKey;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tollgate::telemetry::{FALLBACKS, STORE_ERRORS, STORE_LATENCY};
-use tollgate::{Algorithm, BreakerState, FailureMode, Key, Policy, RateLimiter};
-use tollgate_redis::RedisStore;
+use tollgate::{Algorithm, FailureMode, Key, Policy, RateLimiter};
+use tollgate_redis::{BreakerState, RedisStore};
 use tollgate_tests::{RedisServer, unique_prefix};
 
 /// The store's deadline: its default.

@@ -39,7 +39,7 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `serde` | yes | `Serialize`/`Deserialize` for [`Limit`], [`Policy`] and [`Algorithm`] |
-//! | `metrics` | no | the [memory-store and circuit-breaker gauges](telemetry) through the `metrics` facade |
+//! | `metrics` | no | the [memory-store gauge](telemetry) through the `metrics` facade |
 //! | `testing` | no | `testing`: the conformance suite for stores |
 //!
 //! # Time
@@ -51,7 +51,6 @@
 
 mod algorithm;
 mod boxed;
-mod breaker;
 mod builder;
 mod decision;
 mod error;
@@ -71,7 +70,6 @@ mod time;
 
 pub use algorithm::Algorithm;
 pub use boxed::BoxStore;
-pub use breaker::{BreakerState, CircuitBreaker, Permit};
 pub use builder::{IntoLimit, PolicyBuilder};
 pub use decision::{Decision, LimitStatus, Outcome};
 pub use error::{ConfigError, StoreError};

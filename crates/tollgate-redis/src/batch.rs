@@ -36,21 +36,20 @@ use tokio::sync::oneshot;
 use tollgate_core::Policy;
 
 use crate::error::RedisStoreError;
+use crate::op::word::{Request, Word, WordForm};
 use crate::patience;
-use crate::shape::Form;
-use crate::wire::{Request, Word};
 
 /// What the queue needs of whoever owns it (the store): the batcher of a
 /// form, and a call of queued requests under the store's deadline and
 /// breaker.
 pub(crate) trait WordCalls: Send + Sync + 'static {
     /// The batcher of `form`'s requests, if the store batches them.
-    fn batcher(&self, form: Form) -> Option<&Batcher>;
+    fn batcher(&self, form: &dyn WordForm) -> Option<&Batcher>;
 
     /// Decides `batch` in one call, in order: each request's word.
     fn call_queued(
         &self,
-        form: Form,
+        form: &dyn WordForm,
         batch: &[Queued],
     ) -> impl Future<Output = Result<Vec<Word>, RedisStoreError>> + Send;
 }
@@ -61,6 +60,9 @@ pub(crate) const IN_FLIGHT: usize = 2;
 /// The most requests waiting in a batcher's queue: as many as a key's lane
 /// holds (see [`crate::lanes`]).
 pub(crate) const MAX_QUEUED: usize = crate::lanes::MAX_QUEUED;
+
+/// The word form of a batcher's requests.
+type Kind = &'static dyn WordForm;
 
 /// A request waiting for a place in a call.
 pub(crate) struct Queued {
@@ -110,7 +112,7 @@ pub(crate) enum Turn<S: WordCalls> {
 /// A place among the calls on their way; dropping it (when the call has
 /// returned, or its caller stopped waiting) hands it to the queue.
 pub(crate) struct Place<S: WordCalls> {
-    inner: Option<(Arc<S>, Form)>,
+    inner: Option<(Arc<S>, Kind)>,
 }
 
 impl<S: WordCalls> Place<S> {
@@ -149,7 +151,7 @@ impl Batcher {
 }
 
 /// Takes a place for `request`, or queues it.
-pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Form, request: Request<'_>) -> Turn<S> {
+pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'_>) -> Turn<S> {
     let Some(batcher) = inner.batcher(kind) else {
         return Turn::Now(Place { inner: None });
     };
@@ -207,7 +209,7 @@ pub(crate) async fn wait(
 }
 
 /// Gives a place back, or hands it to a task that sends the queue.
-fn release<S: WordCalls>(inner: &Arc<S>, kind: Form) {
+fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
     let Some(batcher) = inner.batcher(kind) else {
         return;
     };
@@ -242,7 +244,7 @@ fn take(batcher: &Batcher) -> Vec<Queued> {
 }
 
 /// Sends batches until the queue is empty, then gives the place back.
-async fn drive<S: WordCalls>(inner: Arc<S>, kind: Form, mut batch: Vec<Queued>) {
+async fn drive<S: WordCalls>(inner: Arc<S>, kind: Kind, mut batch: Vec<Queued>) {
     // Gives the place back if the task is dropped mid-call (the runtime
     // shutting down); disarmed when the loop gives it back itself.
     struct Slot<'a>(Option<&'a Batcher>);

@@ -74,7 +74,14 @@ impl RedisStoreError {
                 e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
             }
             Self::NotConnected { .. } => true,
-            _ => false,
+            Self::Config(_)
+            | Self::Unavailable { .. }
+            | Self::CircuitOpen
+            | Self::PoolTimeout
+            | Self::QueueFull
+            | Self::Deadline(_)
+            | Self::UnsupportedVersion { .. }
+            | Self::Protocol(_) => false,
         }
     }
 
@@ -107,7 +114,14 @@ impl From<RedisStoreError> for StoreError {
         match error {
             RedisStoreError::Deadline(d) => StoreError::Timeout(d),
             RedisStoreError::CircuitOpen => StoreError::CircuitOpen,
-            other => StoreError::backend(other),
+            other @ (RedisStoreError::Config(_)
+            | RedisStoreError::Unavailable { .. }
+            | RedisStoreError::Redis(_)
+            | RedisStoreError::NotConnected { .. }
+            | RedisStoreError::PoolTimeout
+            | RedisStoreError::QueueFull
+            | RedisStoreError::UnsupportedVersion { .. }
+            | RedisStoreError::Protocol(_)) => StoreError::backend(other),
         }
     }
 }

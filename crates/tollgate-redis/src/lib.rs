@@ -81,9 +81,9 @@
 //! script and arguments the store sends.
 
 mod batch;
+mod breaker;
 mod builder;
-mod cluster;
-mod connection;
+mod connect;
 mod deny_cache;
 mod error;
 mod identity;
@@ -91,25 +91,20 @@ mod keys;
 mod known;
 mod lanes;
 mod lease;
-mod managed;
-mod operations;
+mod op;
 mod patience;
 mod script;
-mod sentinel;
-mod shape;
-mod slots;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod url;
 mod wire;
 
+pub use breaker::BreakerState;
 pub use builder::RedisStoreBuilder;
-pub use cluster::ClusterConnection;
-pub use connection::{Pool, RedisConnection};
+pub use connect::{
+    ClusterConnection, ManagedConnection, Pool, RedisConnection, SentinelConnection,
+};
 pub use error::RedisStoreError;
 pub use lease::{LeaseCalls, LeasedStore, LeasedStoreBuilder};
-pub use managed::ManagedConnection;
 pub use redis::sentinel::SentinelNodeConnectionInfo;
-pub use sentinel::SentinelConnection;
 pub use store::RedisStore;

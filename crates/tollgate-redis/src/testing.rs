@@ -30,7 +30,7 @@ use tollgate_core::Policy;
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
 pub fn script_source(policy: &Policy) -> &'static str {
-    crate::script::source(policy)
+    crate::op::decide::source(policy)
 }
 
 /// The `ARGV` of one decision of `cost` under `policy`, on Redis's clock,
@@ -64,6 +64,6 @@ pub fn script_source(policy: &Policy) -> &'static str {
 /// ```
 pub fn script_args(policy: &Policy, cost: u64) -> Vec<String> {
     let mut args = Vec::new();
-    crate::script::for_each_arg(policy, cost, 0, 0, |arg| args.push(arg.to_string()));
+    crate::op::decide::for_each_arg(policy, cost, 0, 0, |arg| args.push(arg.to_string()));
     args
 }

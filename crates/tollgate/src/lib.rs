@@ -118,9 +118,9 @@ pub use rate_limit::{
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{
-    Algorithm, BoxStore, BreakerState, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key,
-    KeyKind, Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, PolicyFamily,
-    Renewal, Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp, TypeTag,
+    Algorithm, BoxStore, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key, KeyKind,
+    Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, PolicyFamily, Renewal,
+    Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp, TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.

@@ -142,7 +142,7 @@ pub(crate) async fn recovery(cell: &Cell, store: &impl Store) -> Duration {
         Policy::new("probe", Algorithm::Gcra, "1000/s").unwrap(),
     );
     while cell.redis.health_check().await.is_err()
-        || cell.redis.breaker_state() != tollgate::BreakerState::Closed
+        || cell.redis.breaker_state() != tollgate_redis::BreakerState::Closed
     {
         assert!(
             started.elapsed() < RECOVERY,

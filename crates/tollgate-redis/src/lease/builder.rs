@@ -1,5 +1,6 @@
-//! [`LeasedStoreBuilder`]: the settings of a [`LeasedStore`], and the
-//! task that gives back ended leases.
+//! [`LeasedStoreBuilder`]: the settings of a [`LeasedStore`], its start
+//! on any invalidation channel, and the task that gives back ended
+//! leases.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
@@ -7,10 +8,9 @@ use std::time::Duration;
 
 use tollgate_core::{Clock, Store, SystemClock};
 
-use super::bus::Bus;
+use super::bus::{Bus, Channel};
 use super::table::Table;
 use super::{Calls, LeasedStore, Shared};
-use crate::error::RedisStoreError;
 
 /// Settings of a [`LeasedStore`]; see [`LeasedStore::builder`].
 #[derive(Debug, Clone)]
@@ -84,21 +84,14 @@ impl LeasedStoreBuilder {
         self
     }
 
-    /// Wraps `store`, subscribing to invalidations through the Redis at
-    /// `url` (the store's; any node of a cluster), and starts the task
-    /// that gives back the unused part of ended leases.
-    ///
-    /// # Errors
-    ///
-    /// [`RedisStoreError::Redis`] for a malformed URL. A Redis that cannot
-    /// be reached yet is not an error: no lease is taken until the
-    /// subscription is made.
-    pub async fn connect<S: Store>(
-        self,
-        store: S,
-        url: &str,
-    ) -> Result<LeasedStore<S>, RedisStoreError> {
-        let client = redis::Client::open(url)?;
+    /// The name of the channel invalidations go through.
+    pub(super) fn channel_name(&self) -> &str {
+        &self.channel
+    }
+
+    /// Wraps `store`, subscribing to invalidations on `channel`, and
+    /// starts the task that gives back the unused part of ended leases.
+    pub(super) async fn start<S: Store>(self, store: S, channel: impl Channel) -> LeasedStore<S> {
         let interval = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
         let shared = Arc::new(Shared {
             store,
@@ -107,14 +100,14 @@ impl LeasedStoreBuilder {
             share: self.share,
             ack_timeout: self.ack_timeout,
             table: Table::new(self.max_keys),
-            bus: Bus::new(client, self.channel),
+            bus: Bus::new(channel),
             calls: Calls::default(),
             ahead: AtomicU64::new(0),
             ahead_done: tokio::sync::Notify::new(),
         });
         Bus::listen(Arc::downgrade(&shared)).await;
         sweep_every(Arc::downgrade(&shared), self.interval);
-        Ok(LeasedStore { shared })
+        LeasedStore { shared }
     }
 }
 

@@ -9,6 +9,9 @@
 //! store forgets what the lease consumed. An instance that is not
 //! subscribed (Redis is down, or the subscription was lost) holds no
 //! lease and takes none: it might miss an invalidation.
+//!
+//! The channel itself is a [`Channel`]: Redis pub/sub (`redis.rs`), or
+//! anything that delivers every message to every subscriber.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,14 +19,27 @@ use std::sync::{Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use redis::AsyncCommands;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use tokio::sync::watch;
+
+/// Why a channel could not subscribe or publish.
+pub(crate) type ChannelError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A publish/subscribe channel that every instance of one limit shares.
+pub(crate) trait Channel: Send + Sync + 'static {
+    /// The channel's name, for logs.
+    fn name(&self) -> &str;
+    /// Subscribes: the payloads of the messages published from then on,
+    /// until the subscription is lost.
+    fn subscribe(&self) -> BoxFuture<'_, Result<BoxStream<'static, Vec<u8>>, ChannelError>>;
+    /// Publishes `message`: how many subscribers received it.
+    fn publish<'a>(&'a self, message: &'a str) -> BoxFuture<'a, Result<u64, ChannelError>>;
+}
 
 /// The invalidation channel of one instance.
 pub(crate) struct Bus {
-    pub(crate) channel: String,
-    client: redis::Client,
-    publisher: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    channel: Box<dyn Channel>,
     /// Invalidations this instance waits on: acknowledgements so far.
     pending: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Subscribed: leases may be taken.
@@ -46,11 +62,9 @@ pub(crate) trait Listener: Send + Sync + 'static {
 }
 
 impl Bus {
-    pub(crate) fn new(client: redis::Client, channel: String) -> Self {
+    pub(crate) fn new(channel: impl Channel) -> Self {
         Self {
-            channel,
-            client,
-            publisher: tokio::sync::Mutex::new(None),
+            channel: Box::new(channel),
             pending: Mutex::new(HashMap::new()),
             listening: AtomicBool::new(false),
             generation: AtomicU64::new(0),
@@ -78,13 +92,9 @@ impl Bus {
                 let Some(strong) = listener.upgrade() else {
                     return;
                 };
-                let subscribed = async {
-                    let mut pubsub = strong.bus().client.get_async_pubsub().await?;
-                    pubsub.subscribe(&strong.bus().channel).await?;
-                    redis::RedisResult::Ok(pubsub)
-                };
+                let subscribed = strong.bus().channel.subscribe();
                 let subscribed = tokio::time::timeout(Duration::from_secs(2), subscribed).await;
-                let Ok(Ok(pubsub)) = subscribed else {
+                let Ok(Ok(mut messages)) = subscribed else {
                     drop(strong);
                     if let Some(ready) = ready.take() {
                         let _ = ready.send(());
@@ -99,12 +109,10 @@ impl Bus {
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(());
                 }
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = messages.next().await {
+                while let Some(payload) = messages.next().await {
                     let Some(strong) = listener.upgrade() else {
                         return;
                     };
-                    let payload: Vec<u8> = message.get_payload().unwrap_or_default();
                     strong.bus().receive(&*strong, &payload).await;
                 }
                 let Some(strong) = listener.upgrade() else {
@@ -114,7 +122,7 @@ impl Bus {
                 strong.bus().generation.fetch_add(1, Ordering::AcqRel);
                 strong.drop_all();
                 tracing::warn!(
-                    channel = %strong.bus().channel,
+                    channel = %strong.bus().channel.name(),
                     "lease invalidations: subscription lost; leases dropped until it is back"
                 );
             }
@@ -144,17 +152,8 @@ impl Bus {
         }
     }
 
-    async fn publish(&self, message: &str) -> redis::RedisResult<u64> {
-        let mut publisher = self.publisher.lock().await;
-        let connection = match &mut *publisher {
-            Some(connection) => connection,
-            empty @ None => empty.insert(self.client.get_multiplexed_async_connection().await?),
-        };
-        let sent = connection.publish(&self.channel, message).await;
-        if sent.is_err() {
-            *publisher = None;
-        }
-        sent
+    async fn publish(&self, message: &str) -> Result<u64, ChannelError> {
+        self.channel.publish(message).await
     }
 
     /// Ends every instance's leases of `identity`, waiting up to `timeout`
@@ -179,7 +178,7 @@ impl Bus {
             let receivers = self
                 .publish(&message)
                 .await
-                .map_err(InvalidateError::Redis)?;
+                .map_err(InvalidateError::Channel)?;
             seen.wait_for(|n| *n >= receivers)
                 .await
                 .map(|_| ())
@@ -197,14 +196,14 @@ impl Bus {
 /// Why an invalidation did not reach every instance.
 #[derive(Debug)]
 pub(crate) enum InvalidateError {
-    Redis(redis::RedisError),
+    Channel(ChannelError),
     Timeout,
 }
 
 impl std::fmt::Display for InvalidateError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            InvalidateError::Redis(e) => write!(f, "publishing failed: {e}"),
+            InvalidateError::Channel(e) => write!(f, "publishing failed: {e}"),
             InvalidateError::Timeout => f.write_str("not every instance acknowledged in time"),
         }
     }

@@ -3,17 +3,19 @@
 mod builder;
 mod bus;
 mod grant;
+mod pubsub;
+mod spend;
 mod table;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_core::{Clock, Decision, Key, Policy, Settlement, Store, StoreError};
+use tollgate_core::{Clock, Decision, Key, Policy, Store, StoreError};
 
 pub use builder::LeasedStoreBuilder;
 use bus::{Bus, Listener};
-use table::{Lease, Leasing, Table, identity};
+use table::{Lease, Table};
 
 /// A store that lends each instance slices of a hot key's allowance, so
 /// that most of the key's requests are decided locally, without a round
@@ -25,7 +27,7 @@ use table::{Lease, Leasing, Table, identity};
 /// from then on, so every request admitted from a lease has consumed a
 /// unit in the store, and all instances together never admit more than
 /// the limit. The instance spends the lease locally, and gives back what
-/// it did not spend (a [`Settlement`] refund) when the lease ends, or
+/// it did not spend (a [`Settlement`](tollgate_core::Settlement) refund) when the lease ends, or
 /// when the key goes quiet. Until then those units are unavailable to
 /// other instances: under-admission is bounded by the units outstanding in
 /// leases ([`LeasedStore::outstanding`]).
@@ -282,17 +284,6 @@ impl<S: Store> Shared<S> {
     }
 }
 
-/// What a request finds in the table.
-enum Plan {
-    /// Asks the store; `low` when the store last found the key low.
-    Direct {
-        low: bool,
-    },
-    Grant(u64),
-    /// Waits for the grant on its way, then spends from it.
-    Wait(Arc<tokio::sync::Notify>),
-}
-
 impl<S: Store> Listener for Shared<S> {
     fn drop_identity(&self, identity: &[u8; 16]) {
         drop(self.table.sweep(0, |lease| lease.identity == *identity));
@@ -304,177 +295,5 @@ impl<S: Store> Listener for Shared<S> {
 
     fn bus(&self) -> &Bus {
         &self.bus
-    }
-}
-
-impl<S: Store> LeasedStore<S> {
-    /// Ends every instance's lease of `key` under `policy`'s name.
-    async fn invalidate(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        let shared = &self.shared;
-        let id = identity(key, policy);
-        shared.bus.generation.fetch_add(1, Ordering::AcqRel);
-        shared.drop_identity(&id);
-        match shared.bus.invalidate(&id, shared.ack_timeout).await {
-            Ok(()) => Ok(()),
-            Err(bus::InvalidateError::Timeout) => {
-                tracing::warn!(
-                    policy = policy.name(),
-                    "lease invalidation: not every instance acknowledged; their leases end with their lifetime"
-                );
-                Ok(())
-            }
-            Err(bus::InvalidateError::Redis(error)) => Err(StoreError::backend(error)),
-        }
-    }
-}
-
-impl<S: Store> Store for LeasedStore<S> {
-    fn try_check_now(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        if Leasing::of(policy) == Leasing::Never || cost == 0 {
-            return self.shared.store.try_check_now(key, policy, cost);
-        }
-        let shared = &self.shared;
-        let now = shared.now();
-        let hash = shared.table.hash(key, policy);
-        let mut shard = shared.table.shard(hash);
-        let entry = shard
-            .get_mut(&hash)
-            .filter(|e| e.fingerprint == policy.fingerprint())?;
-        let decision = entry.spend(cost, now)?;
-        entry.last_seen = now;
-        self.ahead(entry, key, policy, hash, now);
-        Some(Ok(decision))
-    }
-
-    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        let shared = &self.shared;
-        if Leasing::of(policy) == Leasing::Never || cost == 0 {
-            return shared.direct(key, policy, cost).await;
-        }
-        let now = shared.now();
-        let hash = shared.table.hash(key, policy);
-        let mut ended = Vec::new();
-        let plan = {
-            let mut shard = shared.table.shard(hash);
-            let idle_before = shared.idle_before(now);
-            let entry = shared.table.entry(
-                &mut shard,
-                hash,
-                policy.fingerprint(),
-                now,
-                idle_before,
-                &mut ended,
-            );
-            match entry {
-                None => Plan::Direct { low: false },
-                Some(entry) => {
-                    if let Some(decision) = entry.spend(cost, now) {
-                        self.ahead(entry, key, policy, hash, now);
-                        return Ok(decision);
-                    }
-                    let cap = shared.cap(policy);
-                    // Neither lease can serve the request: they end.
-                    if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
-                        ended.extend(entry.next.take());
-                    }
-                    match entry.lease.take() {
-                        Some(lease) => {
-                            entry.resize(&lease, now, shared.interval, cap);
-                            ended.push(lease);
-                        }
-                        None => entry.observe(cost, now, shared.interval, cap),
-                    }
-                    if let Some(waiting) = &entry.refilling {
-                        Plan::Wait(Arc::clone(waiting))
-                    } else if !shared.bus.listening() || !entry.worth_a_lease(cost, now) {
-                        Plan::Direct {
-                            low: entry.is_low(now),
-                        }
-                    } else {
-                        entry.refilling = Some(Arc::default());
-                        Plan::Grant(entry.size)
-                    }
-                }
-            }
-        };
-        // The rare paths are boxed, so that the common one, a request the
-        // store decides, carries a future no larger than the store's.
-        let deciding = async {
-            match plan {
-                Plan::Direct { low } => {
-                    let decided = shared.direct(key, policy, cost).await;
-                    if let Ok(decision) = &decided {
-                        // Only a key that is or becomes low pays for the
-                        // lock: the store's answer says when to lease again.
-                        if low || table::is_low(decision) || !decision.is_allowed() {
-                            shared.store_answered(policy, hash, decision);
-                        }
-                    }
-                    decided
-                }
-                Plan::Grant(size) => {
-                    Box::pin(async {
-                        match shared.grant(key, policy, hash, size, cost, now).await? {
-                            Some(decision) => Ok(decision),
-                            None => shared.direct(key, policy, cost).await,
-                        }
-                    })
-                    .await
-                }
-                Plan::Wait(grant) => {
-                    Box::pin(shared.after_grant(key, policy, hash, cost, grant)).await
-                }
-            }
-        };
-        if ended.is_empty() {
-            return deciding.await;
-        }
-        let ((), decision) = tokio::join!(Box::pin(shared.give_back(ended)), deciding);
-        decision
-    }
-
-    fn status(
-        &self,
-        key: &Key,
-        policy: &Policy,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.shared.store.status(key, policy)
-    }
-
-    fn settle(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        settlement: Settlement,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.shared.store.settle(key, policy, settlement)
-    }
-
-    /// Resets the key in the store, then ends every instance's lease of
-    /// it (see [`LeasedStore`]'s fence).
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.shared.store.reset(key, policy).await?;
-        self.invalidate(key, policy).await
-    }
-
-    /// Blocks the key in the store, then ends every instance's lease of
-    /// it (see [`LeasedStore`]'s fence).
-    async fn block(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.shared.store.block(key, policy, duration).await?;
-        self.invalidate(key, policy).await
-    }
-
-    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
-        self.shared.store.last_known(key, policy)
     }
 }

@@ -1,46 +1,22 @@
-//! The wire: script calls by `EVALSHA` (with the `NOSCRIPT` retry), and
-//! each form's arguments and replies (`words.rs` for the word scripts,
-//! `general.rs` for the others). It knows nothing of deadlines, breakers
-//! or caches: the store's decision path wraps every call in those.
+//! The wire: script calls by `EVALSHA` (with the `NOSCRIPT` retry), the
+//! time sent to them under a test clock, and the estimates the word
+//! scripts' calls keep. Each operation's arguments and replies are in
+//! its own file of `op/`. It knows nothing of deadlines, breakers or
+//! caches: the store wraps every call in those.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use redis::{ErrorKind, ServerErrorKind};
-use tollgate_core::{Clock, Policy};
+use tollgate_core::Clock;
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::script::{DecisionScript, Scripts};
-use crate::shape::Form;
 
-mod general;
-mod slots;
-mod words;
+mod estimates;
 
-pub(crate) use words::{RedisClock, WriteOrder};
-
-/// What the script says of one request: Redis's `now` and the key's time
-/// before the request (0 for an expired key), both in µs.
-/// Redis's time and a request's old word (see the word scripts), both in
-/// µs; the word flagged [`BLOCKED`] for a key blocked until then.
-pub(crate) type Word = (u64, u64);
-
-pub(crate) use crate::shape::BLOCKED;
-
-/// One request to a word script: its state key and numbers (see
-/// `script::tat_args` and `script::window_word_args`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Request<'a> {
-    pub(crate) key: &'a str,
-    /// The window's period in µs (window words; 0 for one-time requests).
-    pub(crate) period: u64,
-    pub(crate) step: u64,
-    pub(crate) slack: u64,
-    /// The request's policy, whose descriptor the script writes the state
-    /// under.
-    pub(crate) policy: &'a Policy,
-}
+pub(crate) use estimates::{RedisClock, WriteOrder};
 
 /// Sends script calls on one connection.
 pub(crate) struct Wire<C> {
@@ -68,28 +44,12 @@ impl<C> Wire<C> {
 }
 
 impl<C: RedisConnection> Wire<C> {
-    /// Decides `requests` of a word form in one call of its script, in
-    /// order, and returns each request's word.
-    pub(crate) async fn send(
-        &self,
-        form: Form,
-        requests: &[Request<'_>],
-    ) -> Result<Vec<Word>, RedisStoreError> {
-        match form {
-            Form::Tat => self.send_tats(requests).await,
-            Form::WindowWord => self.send_window_words(requests).await,
-            Form::General => Err(RedisStoreError::Protocol(
-                "a general policy has no word script".into(),
-            )),
-        }
-    }
-
     /// Now in µs and the shortest TTL in ms to send to a script: both 0 on
     /// Redis's clock. Under a test clock, keys live at least
     /// TEST_CLOCK_MIN_TTL of real time: fake time does not pass with
     /// Redis's, and state that is still live in fake time must not expire
     /// in real time.
-    fn test_time(&self) -> (u64, u64) {
+    pub(crate) fn test_time(&self) -> (u64, u64) {
         match &self.clock {
             Some(clock) => (clock.now().as_micros(), TEST_CLOCK_MIN_TTL_MS),
             None => (0, 0),
@@ -101,7 +61,7 @@ impl<C: RedisConnection> Wire<C> {
     /// (Redis restarted, failed over or flushed its scripts), sends the
     /// source once, which runs the script and caches it in a single step
     /// that no flush can race.
-    async fn eval(
+    pub(crate) async fn eval(
         &self,
         key: &str,
         script: &DecisionScript,
@@ -138,7 +98,15 @@ impl<C: RedisConnection> Wire<C> {
 fn reclassify(error: RedisStoreError) -> RedisStoreError {
     match error {
         RedisStoreError::Redis(e) => crate::error::classify(e),
-        other => other,
+        other @ (RedisStoreError::Config(_)
+        | RedisStoreError::Unavailable { .. }
+        | RedisStoreError::CircuitOpen
+        | RedisStoreError::NotConnected { .. }
+        | RedisStoreError::PoolTimeout
+        | RedisStoreError::QueueFull
+        | RedisStoreError::Deadline(_)
+        | RedisStoreError::UnsupportedVersion { .. }
+        | RedisStoreError::Protocol(_)) => other,
     }
 }
 

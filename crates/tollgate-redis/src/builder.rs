@@ -1,64 +1,37 @@
-//! Configuring a [`RedisStore`] and connecting it: a single server, a
-//! bb8 pool, a cluster, a Sentinel deployment's master, or a connection
-//! of your own.
-
-mod build;
-mod connect;
+//! Configuring a [`RedisStore`](crate::RedisStore): the settings and their checks. Each
+//! connection mode connects in its own file of `connect/`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{CircuitBreaker, Clock, ConfigError};
+use tollgate_core::{Clock, ConfigError};
 
-use crate::error::RedisStoreError;
+use crate::breaker::CircuitBreaker;
+
 use crate::keys::KeyNamer;
-use crate::managed::ManagedConnection;
-use crate::store::RedisStore;
 
-impl RedisStore<ManagedConnection> {
-    /// Connects to `url` with the default settings and a multiplexed
-    /// [`ManagedConnection`].
-    ///
-    /// # Errors
-    ///
-    /// As [`RedisStoreBuilder::parse_url`] for a URL that cannot be used,
-    /// and as [`RedisStoreBuilder::connect`] (a Redis that cannot be
-    /// reached is not an error: the store connects when it answers).
-    pub async fn connect(url: &str) -> Result<Self, RedisStoreError> {
-        let info = RedisStoreBuilder::parse_url(url)?;
-        Self::builder().connect(info).await
-    }
-}
-
-impl RedisStore {
-    /// Starts configuring a store.
-    pub fn builder() -> RedisStoreBuilder {
-        RedisStoreBuilder::default()
-    }
-}
-
-/// Configures a [`RedisStore`].
+/// Configures a [`RedisStore`](crate::RedisStore).
 ///
 /// The defaults suit a request path: a decision waits at most 50 ms, a
 /// response 50 ms, a new connection 100 ms and a pool checkout 25 ms.
 #[derive(Debug)]
 #[must_use = "call .connect(url) to get the store"]
 pub struct RedisStoreBuilder {
-    prefix: String,
-    secret: Option<Vec<u8>>,
-    deadline: Duration,
-    connect_timeout: Duration,
+    pub(crate) prefix: String,
+    pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) deadline: Duration,
+    pub(crate) connect_timeout: Duration,
     /// `None`: one deadline past the deadline's hard ceiling.
-    response_timeout: Option<Duration>,
-    pool_size: u32,
-    checkout_timeout: Duration,
-    clock: Option<Arc<dyn Clock>>,
-    breaker_threshold: u32,
-    breaker_cooldown: Duration,
-    breaker_ranges: usize,
-    deny_cache: usize,
-    batch_size: usize,
-    write_first: Option<bool>,
+    pub(crate) response_timeout: Option<Duration>,
+    pub(crate) pool_size: u32,
+    pub(crate) checkout_timeout: Duration,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) breaker_threshold: u32,
+    pub(crate) breaker_cooldown: Duration,
+    pub(crate) breaker_ranges: usize,
+    pub(crate) deny_cache: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) write_first: Option<bool>,
 }
 
 impl Default for RedisStoreBuilder {
@@ -138,9 +111,15 @@ impl RedisStoreBuilder {
 
     /// The connection's response timeout: as set, or one deadline past
     /// the deadline's hard ceiling.
-    fn response_timeout_or_default(&self) -> Duration {
+    pub(crate) fn response_timeout_or_default(&self) -> Duration {
         self.response_timeout
             .unwrap_or_else(|| crate::patience::backstop(self.deadline))
+    }
+
+    /// How long making a connection manager's connection may take in all,
+    /// the first one or a replacement: two connect timeouts.
+    pub(crate) fn connect_budget(&self) -> Duration {
+        self.connect_timeout * 2
     }
 
     /// The size of a bb8 pool (default 16).
@@ -159,7 +138,7 @@ impl RedisStoreBuilder {
     /// The circuit breaker: open after `threshold` consecutive failures or
     /// missed deadlines (default 5), for `cooldown` (default 1 s) before one
     /// probe goes through. While open, decisions fail at once with
-    /// [`RedisStoreError::CircuitOpen`], adding no latency, and the
+    /// [`RedisStoreError::CircuitOpen`](crate::RedisStoreError::CircuitOpen), adding no latency, and the
     /// caller's failure policy applies.
     pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
         self.breaker_threshold = threshold;
@@ -229,7 +208,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    fn check(&self) -> Result<KeyNamer, ConfigError> {
+    /// Checks the settings: the key namer they make, or why they cannot.
+    pub(crate) fn check(&self) -> Result<KeyNamer, ConfigError> {
         CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown)?;
         let positive = [
             ("deadline", self.deadline),
@@ -267,7 +247,7 @@ mod tests {
 
     #[test]
     fn bad_settings_are_typed_errors() {
-        let err = RedisStore::builder()
+        let err = RedisStoreBuilder::default()
             .deadline(Duration::ZERO)
             .check()
             .unwrap_err();
@@ -275,12 +255,18 @@ mod tests {
             err.to_string(),
             "invalid setting deadline: must be greater than zero"
         );
-        let err = RedisStore::builder().pool_size(0).check().unwrap_err();
+        let err = RedisStoreBuilder::default()
+            .pool_size(0)
+            .check()
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid setting pool_size: must be at least 1"
         );
-        let err = RedisStore::builder().prefix("a{b").check().unwrap_err();
+        let err = RedisStoreBuilder::default()
+            .prefix("a{b")
+            .check()
+            .unwrap_err();
         assert!(
             err.to_string().starts_with("invalid setting prefix"),
             "{err}"

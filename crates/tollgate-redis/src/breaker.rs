@@ -1,12 +1,13 @@
-//! A circuit breaker for stores that can fail.
+//! The circuit breaker of the Redis store's calls, and its gauge.
 
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::error::ConfigError;
+use tollgate_core::ConfigError;
 
-/// The state of a [`CircuitBreaker`].
+/// The state of the Redis store's circuit breaker (see
+/// [`RedisStore::breaker_state`](crate::RedisStore::breaker_state)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
     /// Calls go through.
@@ -25,21 +26,7 @@ pub enum BreakerState {
 /// at a time probes it (half-open); a success closes the breaker, a failure
 /// opens it for another `cooldown`. Time is the monotonic system clock: a
 /// breaker's timing is local to the process, not limiter time.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate_core::{BreakerState, CircuitBreaker};
-///
-/// let breaker = CircuitBreaker::new(2, Duration::from_secs(1))?;
-/// for _ in 0..2 {
-///     let permit = breaker.try_acquire().expect("closed");
-///     permit.failure();
-/// }
-/// assert_eq!(breaker.state(), BreakerState::Open);
-/// assert!(breaker.try_acquire().is_none());
-/// # Ok::<(), tollgate_core::ConfigError>(())
-/// ```
-pub struct CircuitBreaker {
+pub(crate) struct CircuitBreaker {
     threshold: u32,
     cooldown: Duration,
     state: Mutex<Inner>,
@@ -59,7 +46,7 @@ impl CircuitBreaker {
     /// # Errors
     ///
     /// [`ConfigError::InvalidSetting`] when `threshold` or `cooldown` is zero.
-    pub fn new(threshold: u32, cooldown: Duration) -> Result<Self, ConfigError> {
+    pub(crate) fn new(threshold: u32, cooldown: Duration) -> Result<Self, ConfigError> {
         if threshold == 0 {
             return Err(ConfigError::InvalidSetting {
                 setting: "breaker_threshold",
@@ -80,7 +67,7 @@ impl CircuitBreaker {
     }
 
     /// The current state.
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         self.state_at(Instant::now())
     }
 
@@ -96,7 +83,7 @@ impl CircuitBreaker {
     /// Asks to call the backend: a [`Permit`] to report the outcome on, or
     /// `None` when the breaker is open (or another caller is probing).
     /// A permit dropped without a report counts as a failure.
-    pub fn try_acquire(&self) -> Option<Permit<'_>> {
+    pub(crate) fn try_acquire(&self) -> Option<Permit<'_>> {
         self.try_acquire_at(Instant::now())
     }
 
@@ -125,11 +112,13 @@ impl CircuitBreaker {
         let mut state = self.lock();
         let was_closed = matches!(*state, Inner::Closed { .. });
         *state = match (*state, ok) {
-            (_, true) => Inner::Closed { failures: 0 },
+            (Inner::Closed { .. } | Inner::Open { .. } | Inner::HalfOpen, true) => {
+                Inner::Closed { failures: 0 }
+            }
             (Inner::Closed { failures }, false) if failures + 1 < self.threshold => Inner::Closed {
                 failures: failures + 1,
             },
-            (_, false) => Inner::Open {
+            (Inner::Closed { .. } | Inner::Open { .. } | Inner::HalfOpen, false) => Inner::Open {
                 until: now + self.cooldown,
             },
         };
@@ -143,11 +132,11 @@ impl CircuitBreaker {
     }
 }
 
-/// Moves the [`CIRCUITS_OPEN`](crate::telemetry::CIRCUITS_OPEN) gauge by
-/// `delta`, with the `metrics` feature.
+/// Moves the [`CIRCUITS_OPEN`](tollgate_core::telemetry::CIRCUITS_OPEN)
+/// gauge by `delta`, with the `metrics` feature.
 fn open_gauge(_delta: f64) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!(crate::telemetry::CIRCUITS_OPEN).increment(_delta);
+    metrics::gauge!(tollgate_core::telemetry::CIRCUITS_OPEN).increment(_delta);
 }
 
 impl Drop for CircuitBreaker {
@@ -171,20 +160,20 @@ impl fmt::Debug for CircuitBreaker {
 /// Leave to call the backend once; report how it went.
 #[derive(Debug)]
 #[must_use = "report the outcome with success() or failure()"]
-pub struct Permit<'a> {
+pub(crate) struct Permit<'a> {
     breaker: &'a CircuitBreaker,
     reported: bool,
 }
 
 impl Permit<'_> {
     /// The call succeeded.
-    pub fn success(mut self) {
+    pub(crate) fn success(mut self) {
         self.reported = true;
         self.breaker.report(true);
     }
 
     /// The call failed or missed its deadline.
-    pub fn failure(mut self) {
+    pub(crate) fn failure(mut self) {
         self.reported = true;
         self.breaker.report(false);
     }
@@ -236,6 +225,18 @@ mod tests {
         let again = later + Duration::from_millis(20);
         b.try_acquire_at(again).unwrap().success();
         assert_eq!(b.state_at(again), BreakerState::Closed);
+    }
+
+    /// The example the breaker's documentation gave while it was public.
+    #[test]
+    fn two_failures_open_a_breaker_of_threshold_two() {
+        let breaker = CircuitBreaker::new(2, Duration::from_secs(1)).unwrap();
+        for _ in 0..2 {
+            let permit = breaker.try_acquire().expect("closed");
+            permit.failure();
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        assert!(breaker.try_acquire().is_none());
     }
 
     #[test]

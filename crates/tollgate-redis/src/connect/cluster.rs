@@ -1,4 +1,5 @@
-//! A Redis Cluster connection that isolates failures per node.
+//! A Redis Cluster connection that isolates failures per node, and
+//! [`RedisStoreBuilder::connect_cluster`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,11 +7,16 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, ServerErrorKind,
+    Value,
+};
 
-use crate::connection::RedisConnection;
+use crate::builder::RedisStoreBuilder;
+use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::keys::hash_slot;
+use crate::store::RedisStore;
 
 const SLOTS: usize = 16_384;
 
@@ -212,6 +218,43 @@ impl ClusterConnection {
         } else {
             cmd.query_async(&mut con).await
         }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Connects to a Redis Cluster through any of `nodes` (URLs such as
+    /// `redis://10.0.0.1:6379`), with a [`ClusterConnection`]: each decision
+    /// goes to its slot's master, a failed master affects only its slots,
+    /// and the circuit breaker is kept per range of 128 slots.
+    ///
+    /// Keep the response timeout at most the deadline, as by default (on
+    /// a cluster it defaults to the deadline, not to its ceiling: a
+    /// cluster connection's own timeout then fails a call that our busy
+    /// runtime kept waiting past the deadline).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect_cluster<I: IntoConnectionInfo>(
+        self,
+        nodes: impl IntoIterator<Item = I>,
+    ) -> Result<RedisStore<ClusterConnection>, RedisStoreError> {
+        self.check()?;
+        let mut seeds = Vec::new();
+        for node in nodes {
+            let info = node.into_connection_info()?;
+            seeds.push(info.addr().to_string());
+        }
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout.unwrap_or(self.deadline)));
+        let connection = ClusterConnection::connect(seeds, config, self.connect_timeout).await?;
+        Self {
+            breaker_ranges: 128,
+            ..self
+        }
+        .build(connection)
+        .await
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue};
 
-use crate::connection::RedisConnection;
+use crate::builder::RedisStoreBuilder;
+use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
 
 /// A multiplexed [`ConnectionManager`] (which reconnects by itself after
@@ -33,6 +34,16 @@ impl std::fmt::Debug for ManagedConnection {
 }
 
 impl ManagedConnection {
+    /// The settings of a connection manager to one server, from the
+    /// builder's (also those of a Sentinel deployment's master).
+    pub(crate) fn config(settings: &RedisStoreBuilder) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(settings.connect_timeout))
+            .set_response_timeout(Some(settings.response_timeout_or_default()))
+            .set_number_of_retries(1)
+            .set_max_delay(settings.connect_timeout)
+    }
+
     /// Connects, or, when Redis cannot be reached, starts without a
     /// connection and makes one when a call needs it (see
     /// [`Swappable::connect`]).

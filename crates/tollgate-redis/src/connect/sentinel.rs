@@ -1,49 +1,75 @@
-//! Connecting a store: one server, a pool, a cluster, or a Sentinel
-//! deployment's master.
+//! [`SentinelConnection`]: the master of a Redis Sentinel deployment,
+//! followed through failovers, and [`RedisStoreBuilder::connect_sentinel`]
+//! with its URL form.
 
-use redis::IntoConnectionInfo;
-use redis::aio::ConnectionManagerConfig;
-use redis::sentinel::SentinelNodeConnectionInfo;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo, RedisError};
 use tollgate_core::ConfigError;
 
-use super::RedisStoreBuilder;
-use crate::cluster::ClusterConnection;
-use crate::connection::Pool;
+use crate::builder::RedisStoreBuilder;
+use crate::connect::connection::RedisConnection;
+use crate::connect::managed::{ManagedConnection, Swappable};
 use crate::error::RedisStoreError;
-use crate::managed::ManagedConnection;
-use crate::sentinel::SentinelConnection;
 use crate::store::RedisStore;
 
-impl RedisStoreBuilder {
-    /// Connects with a [`ManagedConnection`]: redis-rs's multiplexed
-    /// `ConnectionManager`, which reconnects by itself, replaced by a fresh
-    /// one after `READONLY`-like replies. This is the default connection: it
-    /// was the faster in our measurements (see `BENCHMARKS.md`).
-    ///
-    /// Redis need not be up: a store built while it cannot be reached
-    /// starts without a connection, answers every call with
-    /// [`RedisStoreError::NotConnected`] (so the caller's failure policy
-    /// applies) and connects when a call finds Redis up; its version is
-    /// checked, and its scripts loaded, only when Redis is reachable at
-    /// build time. [`RedisStore::health_check`] tells an orchestrator
-    /// whether it is ready.
-    ///
-    /// # Errors
-    ///
-    /// On invalid settings, when the Redis it reaches is older than 7.0
-    /// ([`RedisStoreError::UnsupportedVersion`]), or when the scripts
-    /// cannot be loaded.
-    pub async fn connect(
-        self,
-        url: impl IntoConnectionInfo,
-    ) -> Result<RedisStore<ManagedConnection>, RedisStoreError> {
-        self.check()?;
-        let client = redis::Client::open(url)?;
-        let config = self.manager_config();
-        let connection = ManagedConnection::connect(client, config, self.connect_timeout * 2).await;
-        self.build(connection).await
-    }
+/// A connection to the master that Redis Sentinel names for a service,
+/// which follows the master when Sentinel promotes a replica.
+///
+/// Made by [`RedisStoreBuilder::connect_sentinel`](crate::RedisStoreBuilder::connect_sentinel).
+/// It holds a multiplexed `ConnectionManager` to the master it was last
+/// told of. When a call finds that master gone (the connection lost or
+/// refused) or demoted (`READONLY`), it fails, as any call to a failed
+/// server does (the store's failure policy answers it), and the
+/// connection asks the sentinels for the master again, in the background,
+/// one question at a time: once Sentinel has promoted a replica, the next
+/// calls go to it.
+#[derive(Clone)]
+pub struct SentinelConnection {
+    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+    config: ConnectionManagerConfig,
+    swap: Swappable,
+}
 
+impl std::fmt::Debug for SentinelConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelConnection")
+            .field("refreshing", &self.swap.refreshing())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentinelConnection {
+    /// Asks `sentinels` for the master of `service` and connects to it.
+    pub(crate) async fn connect<I: IntoConnectionInfo>(
+        sentinels: Vec<I>,
+        service: &str,
+        master: SentinelNodeConnectionInfo,
+        config: ConnectionManagerConfig,
+        connect_budget: Duration,
+    ) -> Result<Self, RedisStoreError> {
+        let sentinel = SentinelClient::build(
+            sentinels,
+            service.to_owned(),
+            Some(master),
+            SentinelServerType::Master,
+        )?;
+        let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
+        // While no sentinel answers, or none knows a master, the store
+        // starts without one and asks again when a call needs it.
+        let swap = Swappable::connect(master_of(&sentinel, &config), connect_budget).await;
+        Ok(Self {
+            sentinel,
+            config,
+            swap,
+        })
+    }
+}
+
+impl RedisStoreBuilder {
     /// Connects to the master that Redis Sentinel names `service`, asking
     /// any of `sentinels` (URLs such as `redis://10.0.0.1:26379`, with the
     /// sentinels' own credentials if they need any), with a
@@ -91,8 +117,8 @@ impl RedisStoreBuilder {
             }
             .into());
         }
-        let config = self.manager_config();
-        let budget = self.connect_timeout * 2;
+        let config = ManagedConnection::config(&self);
+        let budget = self.connect_budget();
         let connection =
             SentinelConnection::connect(sentinels, service, master, config, budget).await?;
         self.build(connection).await
@@ -125,28 +151,6 @@ impl RedisStoreBuilder {
         let (service, sentinels, master) = Self::parse_sentinel_url(url)?;
         self.connect_sentinel_with(&service, sentinels, master)
             .await
-    }
-
-    /// The connection settings of a `redis://`, `rediss://`,
-    /// `redis+unix://` or `unix://` URL (and the `valkey` forms), to pass
-    /// to [`connect`](Self::connect) or [`connect_pool`](Self::connect_pool).
-    /// Unlike a URL passed to them as text, a URL refused here says why.
-    ///
-    /// ```
-    /// use tollgate_redis::RedisStoreBuilder;
-    ///
-    /// assert!(RedisStoreBuilder::parse_url("redis://127.0.0.1:6379/2").is_ok());
-    /// let err = RedisStoreBuilder::parse_url("foo://x").unwrap_err();
-    /// assert!(err.to_string().contains("unknown URL scheme"), "{err}");
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::InvalidValue`] for an unknown scheme (naming it),
-    /// [`ConfigError::InvalidSetting`] for a text that is not a URL, and
-    /// [`RedisStoreError::Redis`] for a URL the redis crate refuses.
-    pub fn parse_url(url: &str) -> Result<redis::ConnectionInfo, RedisStoreError> {
-        crate::url::connection_info(url)
     }
 
     /// The service, the sentinels' URLs and the master's settings of a
@@ -198,67 +202,52 @@ impl RedisStoreBuilder {
             .set_redis_connection_info(info.redis_settings().clone());
         Ok((service.to_owned(), sentinels, master))
     }
+}
 
-    /// The settings of a connection manager to one server.
-    fn manager_config(&self) -> ConnectionManagerConfig {
-        ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout_or_default()))
-            .set_number_of_retries(1)
-            .set_max_delay(self.connect_timeout)
+/// A connection to the master the sentinels name now.
+async fn master_of(
+    sentinel: &tokio::sync::Mutex<SentinelClient>,
+    config: &ConnectionManagerConfig,
+) -> Result<ConnectionManager, RedisError> {
+    let client = sentinel.lock().await.async_get_client().await?;
+    ConnectionManager::new_with_config(client, config.clone()).await
+}
+
+/// Whether `error` says the master is gone or no longer the master.
+fn master_lost(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
+impl RedisConnection for SentinelConnection {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        let Some(mut connection) = self.swap.current() else {
+            self.refresh();
+            return Err(self.swap.not_connected());
+        };
+        match cmd.query_async(&mut connection).await {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                if master_lost(&error) {
+                    self.refresh();
+                }
+                Err(error.into())
+            }
+        }
     }
 
-    /// Connects through a bb8 pool of multiplexed connections.
-    ///
-    /// # Errors
-    ///
-    /// As [`RedisStoreBuilder::connect`].
-    pub async fn connect_pool(
-        self,
-        url: impl IntoConnectionInfo,
-    ) -> Result<RedisStore<Pool>, RedisStoreError> {
-        self.check()?;
-        let manager = bb8_redis::RedisConnectionManager::new(url)?;
-        let pool = bb8::Pool::builder()
-            .max_size(self.pool_size)
-            .connection_timeout(self.checkout_timeout)
-            .build(manager)
-            .await?;
-        self.build(pool).await
+    fn is_one_server(&self) -> bool {
+        true
     }
 
-    /// Connects to a Redis Cluster through any of `nodes` (URLs such as
-    /// `redis://10.0.0.1:6379`), with a [`ClusterConnection`]: each decision
-    /// goes to its slot's master, a failed master affects only its slots,
-    /// and the circuit breaker is kept per range of 128 slots.
-    ///
-    /// Keep the response timeout at most the deadline, as by default (on
-    /// a cluster it defaults to the deadline, not to its ceiling: a
-    /// cluster connection's own timeout then fails a call that our busy
-    /// runtime kept waiting past the deadline).
-    ///
-    /// # Errors
-    ///
-    /// As [`RedisStoreBuilder::connect`].
-    pub async fn connect_cluster<I: IntoConnectionInfo>(
-        self,
-        nodes: impl IntoIterator<Item = I>,
-    ) -> Result<RedisStore<ClusterConnection>, RedisStoreError> {
-        self.check()?;
-        let mut seeds = Vec::new();
-        for node in nodes {
-            let info = node.into_connection_info()?;
-            seeds.push(info.addr().to_string());
-        }
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout.unwrap_or(self.deadline)));
-        let connection = ClusterConnection::connect(seeds, config, self.connect_timeout).await?;
-        Self {
-            breaker_ranges: 128,
-            ..self
-        }
-        .build(connection)
-        .await
+    /// Asks the sentinels for the master again, in the background, unless
+    /// a question is already on its way.
+    fn refresh(&self) {
+        let (sentinel, config) = (self.sentinel.clone(), self.config.clone());
+        self.swap
+            .refresh(async move { master_of(&sentinel, &config).await });
     }
 }

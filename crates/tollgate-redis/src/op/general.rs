@@ -1,15 +1,61 @@
-//! The general scripts on the wire: one per algorithm, deciding in turn
-//! the requests of one key, with a reply per request.
+//! The general form: one script per algorithm (`lua/algorithm/`),
+//! deciding in turn the requests of one key, with a reply per request;
+//! its arguments, its call and the reading of its reply.
 
 use std::time::Duration;
 
-use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
+use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Settlement, Timestamp};
 
-use crate::connection::RedisConnection;
+use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::keys::log_keys;
-use crate::script::{Arg, general_args};
 use crate::wire::Wire;
+
+/// One argument of a script call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Number(u64),
+    Text(&'a str),
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Arg::Number(n) => n.write_redis_args(out),
+            Arg::Text(t) => t.write_redis_args(out),
+        }
+    }
+}
+
+impl std::fmt::Display for Arg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arg::Number(n) => n.fmt(f),
+            Arg::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// Feeds the `ARGV` of a general script's call to `arg`: `costs` is one
+/// cost, or the costs of several requests of one key separated by spaces.
+pub(crate) fn general_args<'a>(
+    policy: &'a Policy,
+    costs: Arg<'a>,
+    now: u64,
+    min_ttl_ms: u64,
+    mut arg: impl FnMut(Arg<'a>),
+) {
+    arg(Arg::Number(now));
+    arg(costs);
+    arg(Arg::Text(policy.state_descriptor()));
+    arg(Arg::Number(min_ttl_ms));
+    arg(Arg::Number(policy.params().len() as u64));
+    for p in policy.params() {
+        for n in [p.limit.count(), p.period_us, p.interval_us, p.capacity] {
+            arg(Arg::Number(n));
+        }
+    }
+}
 
 impl<C: RedisConnection> Wire<C> {
     /// Decides requests of `costs` for `state_key` under `policy`, a
@@ -39,7 +85,7 @@ impl<C: RedisConnection> Wire<C> {
 
     /// Settles a request of `state_key` under `policy`, a general-script
     /// policy: `request` is the script's request for it (see
-    /// `script::settle_args`).
+    /// [`settle_request`]).
     pub(crate) async fn settle_general(
         &self,
         state_key: &str,
@@ -77,6 +123,20 @@ impl<C: RedisConnection> Wire<C> {
             });
         })
         .await
+    }
+}
+
+/// The request a settlement sends a general script: a charge, a refund
+/// of a request reserved at a time, or nothing.
+pub(crate) fn settle_request(settlement: &Settlement) -> String {
+    let (charge, refund) = (settlement.charge(), settlement.refund());
+    let since = settlement.reserved_at().as_micros();
+    if charge > 0 {
+        format!("+{charge}")
+    } else if refund > 0 {
+        format!("-{refund}@{since}")
+    } else {
+        "0".into()
     }
 }
 

@@ -1,14 +1,19 @@
-//! Building a store on a connection: the server's version, the scripts,
-//! and a start without Redis when it cannot be reached.
+//! A connection of your own: [`RedisStoreBuilder::build`], where the
+//! store of every connection mode starts (the server's version, the
+//! scripts, and a start without Redis when it cannot be reached), and
+//! redis-rs's own connections.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use tollgate_core::{CircuitBreaker, ConfigError};
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::{Cmd, FromRedisValue};
+use tollgate_core::ConfigError;
 
-use super::RedisStoreBuilder;
 use crate::batch::Batcher;
-use crate::connection::RedisConnection;
+use crate::breaker::CircuitBreaker;
+use crate::builder::RedisStoreBuilder;
+use crate::connect::connection::RedisConnection;
 use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
 use crate::identity::{ServerIdentity, run_id, too_old};
@@ -128,4 +133,30 @@ fn unreachable(error: &RedisStoreError) -> bool {
             RedisStoreError::Deadline(_) | RedisStoreError::NotConnected { .. }
         )
         || matches!(error, RedisStoreError::Redis(e) if e.is_timeout())
+}
+
+impl RedisConnection for ConnectionManager {
+    fn is_one_server(&self) -> bool {
+        true
+    }
+
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        Ok(cmd.query_async(&mut self.clone()).await?)
+    }
+}
+
+impl RedisConnection for MultiplexedConnection {
+    fn is_one_server(&self) -> bool {
+        true
+    }
+
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        Ok(cmd.query_async(&mut self.clone()).await?)
+    }
+}
+
+impl RedisConnection for redis::cluster_async::ClusterConnection {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
+        Ok(cmd.query_async(&mut self.clone()).await?)
+    }
 }

@@ -1,0 +1,72 @@
+//! Blocking a key: one call of `lua/block.lua`, which deletes its state
+//! and writes the block, expiring when it ends.
+
+use std::time::Duration;
+
+use tollgate_core::{Key, Policy, Timestamp};
+
+use crate::connect::RedisConnection;
+use crate::error::RedisStoreError;
+use crate::keys::log_keys;
+use crate::op::word_reply::decimal;
+use crate::store::RedisStore;
+use crate::wire::Wire;
+
+/// The longest block, 2^50 µs, as the memory store's.
+const MAX_BLOCK: Duration = Duration::from_micros(1 << 50);
+
+impl<C: RedisConnection> RedisStore<C> {
+    /// Blocks `key` under `policy`'s name for `duration`, as
+    /// [`Store::block`](tollgate_core::Store::block) does, keeping the Redis-specific error: one script
+    /// call (`lua/block.lua`) deletes its state and writes the block,
+    /// expiring when it ends; every app server's next decision of the key
+    /// finds it. Returns when the block ends, on Redis's clock.
+    ///
+    /// # Errors
+    ///
+    /// A [`RedisStoreError`] when Redis fails, the deadline passes or the
+    /// circuit breaker is open.
+    pub async fn block_key(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<Timestamp, RedisStoreError> {
+        let inner = &*self.inner;
+        let state_key = inner.names.state_key(policy, key);
+        let mut keys = vec![state_key.clone()];
+        keys.extend(log_keys(&state_key, policy));
+        let ends = inner
+            .guarded(&state_key, inner.wire.block(&keys, duration))
+            .await?;
+        inner.deny_cache.remove(&state_key);
+        inner.last_known.remove(&state_key);
+        Ok(Timestamp::from_micros(ends))
+    }
+}
+
+impl<C: RedisConnection> Wire<C> {
+    /// Blocks the key of `keys` (its state key, then a sliding log's sets)
+    /// for `duration`, at most [`MAX_BLOCK`]: when the block ends, in µs on
+    /// Redis's clock.
+    async fn block(&self, keys: &[String], duration: Duration) -> Result<u64, RedisStoreError> {
+        let Some(first) = keys.first() else {
+            return Ok(0);
+        };
+        let duration_us = u64::try_from(duration.min(MAX_BLOCK).as_micros()).unwrap_or(u64::MAX);
+        let (now, min_ttl_ms) = self.test_time();
+        let reply = self
+            .eval(first, &self.scripts.block, (8, 64 * keys.len()), |cmd| {
+                cmd.arg(keys.len()).arg(keys).arg(duration_us);
+                if now > 0 {
+                    cmd.arg(now).arg(min_ttl_ms);
+                }
+            })
+            .await?;
+        match &reply {
+            redis::Value::BulkString(text) => decimal(text),
+            _ => None,
+        }
+        .ok_or_else(|| RedisStoreError::Protocol(format!("{reply:?}")))
+    }
+}

@@ -1,0 +1,211 @@
+//! The word scripts, one-time (`tat.rs`) and window-word
+//! (`window_word.rs`): what every word form provides ([`WordForm`]), a
+//! request to one, and their calls on the wire. A word script replies,
+//! per request, the key's word before it: a time or a window's count.
+
+use tollgate_core::{Decision, Policy, Settlement, Timestamp, state::blocked};
+
+use crate::connect::RedisConnection;
+use crate::error::RedisStoreError;
+use crate::script::{DecisionScript, Scripts};
+use crate::wire::{RedisClock, Wire, WriteOrder};
+
+/// The flag of a word script's word that is the end of an operator's
+/// block rather than a key's state (see `lua/lib/block.lua`).
+pub(crate) const BLOCKED: u64 = 1 << 63;
+
+/// Redis's time and a request's old word (see the word scripts), both in
+/// µs; the word flagged [`BLOCKED`] for a key blocked until then.
+pub(crate) type Word = (u64, u64);
+
+/// One request to a word script: its state key and numbers (see each
+/// form's [`WordForm::check_args`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request<'a> {
+    pub(crate) key: &'a str,
+    /// The window's period in µs (window words; 0 for one-time requests).
+    pub(crate) period: u64,
+    pub(crate) step: u64,
+    pub(crate) slack: u64,
+    /// The request's policy, whose descriptor the script writes the state
+    /// under.
+    pub(crate) policy: &'a Policy,
+}
+
+/// The arguments of a settlement: to a word script, its period (0 for
+/// the one-time script, which takes none), step and slack; to a general
+/// script, its request (the step).
+pub(crate) struct SettleArgs {
+    pub(crate) period: u64,
+    pub(crate) step: String,
+    pub(crate) slack: String,
+}
+
+impl SettleArgs {
+    /// A settlement of nothing.
+    pub(crate) fn none() -> Self {
+        SettleArgs {
+            period: 0,
+            step: "0".into(),
+            slack: "0".into(),
+        }
+    }
+}
+
+/// What a reply is read with: the `now` sent (0 on Redis's clock) and the
+/// store's estimates.
+pub(crate) struct Reading<'a> {
+    pub(crate) sent_now: u64,
+    pub(crate) order: &'a WriteOrder,
+    pub(crate) redis_clock: &'a RedisClock,
+    /// The store's local time in µs, read only when needed.
+    pub(crate) local_now: &'a dyn Fn() -> u64,
+}
+
+/// A compact form whose script replies words: everything that differs
+/// between the one-time and the window-word form, so that the operations
+/// never ask which form they hold.
+pub(crate) trait WordForm: Send + Sync {
+    /// Which of the store's two batchers queues this form's decisions.
+    fn batcher(&self) -> usize;
+    /// The script's source, as `testing::script_source` gives it.
+    fn source(&self) -> &'static str;
+    /// The script a decision runs, as the store's write order says.
+    fn script<'s>(&self, scripts: &'s Scripts, order: &WriteOrder) -> &'s DecisionScript;
+    /// The script a settlement runs, alone.
+    fn settle_script<'s>(&self, scripts: &'s Scripts) -> &'s DecisionScript;
+    /// Whether the script takes a period per request.
+    fn takes_period(&self) -> bool;
+    /// The period (0 where the script takes none), step and slack of a
+    /// decision of `cost` under `policy`.
+    fn check_args(&self, policy: &Policy, cost: u64) -> (u64, u64, u64);
+    /// What a settlement sends, for `policy`'s first limit of
+    /// `interval_us` and `period_us`.
+    fn settle_args(&self, interval_us: u64, period_us: u64, settlement: &Settlement) -> SettleArgs;
+    /// The words of a reply to `n` requests of a batch.
+    fn words(
+        &self,
+        reply: &redis::Value,
+        n: usize,
+        reading: &Reading<'_>,
+    ) -> Result<Vec<Word>, RedisStoreError>;
+    /// The decision of a request of `cost` on its key's `word` at `now`.
+    fn decide(&self, policy: &Policy, word: u64, now: Timestamp, cost: u64) -> Decision;
+    /// The decision of a settlement on its key's `word` at `now`, if the
+    /// word holds a state of `policy`.
+    fn settled(
+        &self,
+        policy: &Policy,
+        word: u64,
+        now: Timestamp,
+        settlement: &Settlement,
+    ) -> Option<Decision>;
+}
+
+/// What a word script did to a key's word.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WordOp<'a> {
+    /// Decided a request of this cost.
+    Check(u64),
+    /// Settled a request's cost.
+    Settle(&'a Settlement),
+}
+
+/// The decision of `op` on `word`, a word script's reply for a key at
+/// Redis's `now` (the script did the same to the key's word): the
+/// block's, for a blocked key.
+pub(crate) fn decision(
+    form: &dyn WordForm,
+    policy: &Policy,
+    now: u64,
+    word: u64,
+    op: WordOp<'_>,
+) -> Option<Decision> {
+    let now = Timestamp::from_micros(now);
+    if word & BLOCKED != 0 {
+        let until = Timestamp::from_micros(word & !BLOCKED);
+        return Some(blocked(policy, now, until));
+    }
+    match op {
+        WordOp::Check(cost) => Some(form.decide(policy, word, now, cost)),
+        WordOp::Settle(settlement) => form.settled(policy, word, now, settlement),
+    }
+}
+
+impl<C> Wire<C> {
+    /// Reads a reply to a call that sent `sent_now` with `read`.
+    pub(crate) fn read<T>(&self, sent_now: u64, read: impl FnOnce(&Reading<'_>) -> T) -> T {
+        let local_now = || self.local_now();
+        read(&Reading {
+            sent_now,
+            order: &self.order,
+            redis_clock: &self.redis_clock,
+            local_now: &local_now,
+        })
+    }
+}
+
+impl<C: RedisConnection> Wire<C> {
+    /// Decides `requests` of `form` in one call of its script, in order,
+    /// and returns each request's word.
+    pub(crate) async fn send(
+        &self,
+        form: &dyn WordForm,
+        requests: &[Request<'_>],
+    ) -> Result<Vec<Word>, RedisStoreError> {
+        let script = form.script(&self.scripts, &self.order);
+        // Per request: the period (if the script takes one), the step and
+        // the slack.
+        let takes_period = form.takes_period();
+        let numbers = 2 + usize::from(takes_period);
+        let (reply, now) = self
+            .call_words(script, requests, numbers, |cmd, r| {
+                if takes_period {
+                    cmd.arg(r.period);
+                }
+                cmd.arg(r.step).arg(r.slack);
+            })
+            .await?;
+        self.read(now, |reading| form.words(&reply, requests.len(), reading))
+    }
+
+    /// Calls a word script on `requests`: the key count, the keys, then
+    /// per request the `numbers` arguments `numbers_of` adds and its
+    /// descriptor, then (test clock) now and the shortest TTL. Returns the
+    /// reply and the `now` sent (0: Redis's clock).
+    async fn call_words(
+        &self,
+        script: &DecisionScript,
+        requests: &[Request<'_>],
+        numbers: usize,
+        numbers_of: impl Fn(&mut redis::Cmd, &Request<'_>),
+    ) -> Result<(redis::Value, u64), RedisStoreError> {
+        let Some(first) = requests.first() else {
+            return Ok((redis::Value::Int(0), 0));
+        };
+        let (now, min_ttl_ms) = self.test_time();
+        // Numbers of up to 20 digits each.
+        let count = 3 + (2 + numbers) * requests.len();
+        let bytes = 60
+            + requests
+                .iter()
+                .map(|r| r.key.len() + 20 * numbers + r.policy.state_descriptor().len())
+                .sum::<usize>();
+        let reply = self
+            .eval(first.key, script, (count, bytes), |cmd| {
+                cmd.arg(requests.len());
+                for r in requests {
+                    cmd.arg(r.key);
+                }
+                for r in requests {
+                    numbers_of(cmd, r);
+                    cmd.arg(r.policy.state_descriptor());
+                }
+                if now > 0 {
+                    cmd.arg(now).arg(min_ttl_ms);
+                }
+            })
+            .await?;
+        Ok((reply, now))
+    }
+}

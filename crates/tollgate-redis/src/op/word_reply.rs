@@ -1,0 +1,160 @@
+//! Reading a word script's reply: the words of its requests, or the gap
+//! of one request whose key's time was ahead.
+
+use crate::error::RedisStoreError;
+use crate::op::word::{BLOCKED, Reading, Word};
+
+/// The words of a reply to `n` requests: a gap is read against the `now`
+/// sent or, on Redis's clock, against Redis's clock as estimated; a reply
+/// that carries Redis's time updates the estimate.
+pub(crate) fn words_at(
+    reply: &redis::Value,
+    n: usize,
+    reading: &Reading<'_>,
+) -> Result<Vec<Word>, RedisStoreError> {
+    let now = reading.sent_now;
+    Ok(match words(reply, n)? {
+        Reply::Words(words) => {
+            if let (0, Some(&(redis_now, _))) = (now, words.first()) {
+                reading.redis_clock.saw(redis_now, (reading.local_now)());
+            }
+            words
+        }
+        Reply::Ahead(gap) => {
+            // Under a test clock the script decided at the `now` sent.
+            let now = match now {
+                0 => reading.redis_clock.at((reading.local_now)()),
+                sent => sent,
+            };
+            let old = now.checked_add(gap).ok_or_else(|| {
+                RedisStoreError::Protocol(format!("a time {gap} µs ahead of {now}"))
+            })?;
+            vec![(now, old)]
+        }
+    })
+}
+
+/// A reply of the one-time script, read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// Each request's word, at Redis's `now`, which the reply carried.
+    Words(Vec<Word>),
+    /// One request, whose key's time was this many µs ahead of Redis's
+    /// `now`, which the reply did not carry.
+    Ahead(u64),
+}
+
+/// Reads a reply of the one-time script for `n` requests: `now` alone, as
+/// a positive integer (no key's time was ahead of now); for one request
+/// whose key's time was ahead, now minus that time, a negative integer; or
+/// else the string `"<seconds> <microseconds> <old_1> ... <old_n>"`, now as
+/// Redis `TIME` gave it.
+pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreError> {
+    use redis::Value;
+    let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
+    match reply {
+        Value::Int(now) if *now >= 0 => Ok(Reply::Words(vec![(now.unsigned_abs(), 0); n])),
+        Value::Int(gap) if n == 1 => Ok(Reply::Ahead(gap.unsigned_abs())),
+        Value::BulkString(text) => {
+            let mut fields = text.split(|&b| b == b' ');
+            let now = match (
+                fields.next().and_then(decimal),
+                fields.next().and_then(decimal),
+            ) {
+                (Some(sec), Some(usec)) if usec < 1_000_000 => sec
+                    .checked_mul(1_000_000)
+                    .and_then(|s| s.checked_add(usec))
+                    .ok_or_else(bad)?,
+                _ => return Err(bad()),
+            };
+            let words = fields
+                .map(|old| old_word(old).map(|old| (now, old)))
+                .collect::<Option<Vec<Word>>>()
+                .ok_or_else(bad)?;
+            if words.len() == n {
+                Ok(Reply::Words(words))
+            } else {
+                Err(bad())
+            }
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// A request's old word in a reply: a decimal, or "b<until>" for a key
+/// blocked until then, flagged [`BLOCKED`].
+fn old_word(field: &[u8]) -> Option<u64> {
+    match field.split_first() {
+        Some((b'b', until)) => decimal(until).filter(|&u| u < BLOCKED).map(|u| u | BLOCKED),
+        _ => decimal(field),
+    }
+}
+
+/// A non-empty run of ASCII digits as a `u64`, or `None`.
+pub(crate) fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        if d.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    #[test]
+    fn replies_are_read_per_request() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let read = |reply: Value, n| match words(&reply, n) {
+            Ok(Reply::Words(words)) => words,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(read(Value::Int(7), 3), vec![(7, 0); 3]);
+        assert_eq!(
+            read(text("2 5 0 3000009"), 2),
+            vec![(2_000_005, 0), (2_000_005, 3_000_009)]
+        );
+        assert_eq!(
+            read(text("1795000000 999999 1795000001000000"), 1),
+            vec![(1_795_000_000_999_999, 1_795_000_001_000_000)]
+        );
+        assert_eq!(
+            read(text("2 5 0 b3000009"), 2),
+            vec![(2_000_005, 0), (2_000_005, 3_000_009 | BLOCKED)]
+        );
+        assert_eq!(words(&Value::Int(-9), 1).unwrap(), Reply::Ahead(9));
+        assert_eq!(
+            words(&Value::Int(i64::MIN), 1).unwrap(),
+            Reply::Ahead(1 << 63)
+        );
+        for bad in [
+            words(&text("2 5 0 9"), 3),
+            words(&text("2 5 0 9"), 1),
+            words(&text("2 5"), 1),
+            words(&text("2"), 0),
+            words(&text("2 1000000 9"), 1),
+            words(&text("2 5 -9"), 1),
+            words(&text("2 5 9 "), 1),
+            words(&text("2  5 9"), 1),
+            words(&text("2 5 1e9"), 1),
+            words(&text("2 5 b"), 1),
+            words(&text("2 5 bb9"), 1),
+            words(&text("2 5 b9223372036854775808"), 1),
+            words(&text("2 5 18446744073709551616"), 1),
+            words(&text("18446744073710 5 9"), 1),
+            // A gap is for one request alone.
+            words(&Value::Int(-1), 2),
+            words(&Value::Array(vec![Value::Int(7), Value::Int(9)]), 1),
+            words(&Value::Nil, 1),
+        ] {
+            assert!(matches!(bad, Err(RedisStoreError::Protocol(_))), "{bad:?}");
+        }
+    }
+}
