@@ -94,7 +94,7 @@ pub(crate) fn log_keys<'a>(
     state_key: &'a str,
     policy: &'a Policy,
 ) -> impl Iterator<Item = String> + 'a {
-    let logs = if policy.algorithm() == tollgate_core::Algorithm::SlidingLog {
+    let logs = if crate::algorithm::unit(policy.algorithm()).logs {
         policy.params()
     } else {
         &[]

@@ -80,6 +80,7 @@
 //! `testing::script_source` and `testing::script_args` give the exact
 //! script and arguments the store sends.
 
+mod algorithm;
 mod batch;
 mod breaker;
 mod builder;

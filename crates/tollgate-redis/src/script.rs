@@ -4,18 +4,7 @@
 
 use tollgate_core::{Algorithm, Policy};
 
-macro_rules! decision_script {
-    ($file:literal) => {
-        concat!(
-            include_str!("lua/lib/arith.lua"),
-            include_str!("lua/lib/carry.lua"),
-            include_str!("lua/lib/block.lua"),
-            include_str!("lua/lib/prelude.lua"),
-            include_str!(concat!("lua/algorithm/", $file)),
-            include_str!("lua/lib/epilogue.lua"),
-        )
-    };
-}
+use crate::algorithm::unit;
 
 /// `carried_word`, the carry-over library of the word scripts, as one
 /// function (see `lua/lib/word_carry_begin.lua`).
@@ -54,14 +43,7 @@ pub(crate) const WINDOW_WORD: &str =
 
 /// The general script of `algorithm`.
 pub(crate) fn general(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::FixedWindow => decision_script!("fixed_window.lua"),
-        Algorithm::SlidingLog => decision_script!("sliding_log.lua"),
-        Algorithm::SlidingWindow => decision_script!("sliding_window.lua"),
-        Algorithm::TokenBucket => decision_script!("token_bucket.lua"),
-        Algorithm::LeakyBucket => decision_script!("leaky_bucket.lua"),
-        Algorithm::Gcra => decision_script!("gcra.lua"),
-    }
+    unit(algorithm).script
 }
 
 /// The script that blocks a key (see `lua/block.lua`).

@@ -1,12 +1,16 @@
 //! The algorithms: their names here, and one file each with the state it
-//! keeps per limit and how it decides.
+//! keeps per limit and how it decides, settles, carries over to a new
+//! configuration and is saved (the [`Rule`](rule::Rule) trait).
 //!
-//! Each file is one-to-one with a script in `tollgate-redis/src/lua/algorithm/`, which
-//! does the same integer arithmetic in Redis. A file implements [`Rule`]
-//! (`rule.rs`) for its state; `state.rs` dispatches over the six. The
-//! compact forms a store may keep instead of the full state live next to
-//! the algorithm they speed up: the one-time form in `gcra.rs` (shared by
-//! the token and leaky buckets) and the window word in `fixed_window.rs`.
+//! An algorithm is one unit, and the compiler finds each of its places:
+//! a variant here (with its place in [`Algorithm::next`], which `ALL` is
+//! checked against at compile time), its rule in `<name>.rs`, its arm in
+//! `state/limit.rs`'s one match over the states, and in tollgate-redis
+//! its entry in `algorithm.rs` (its script `lua/algorithm/<name>.lua`, its
+//! leasing, its keys). The compact forms a store may keep instead of the
+//! full state live next to the algorithm they speed up: the one-time form
+//! in `gcra.rs` (shared by the token and leaky buckets) and the window
+//! word in `fixed_window.rs`.
 
 use std::fmt;
 

@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 
 use tollgate_core::{Decision, Key, Policy, Store, StoreError};
 
-use super::table::{Entry, Lease, Leasing, identity};
+use super::table::{Entry, Lease, identity};
 use super::{LIFETIME_INTERVALS, LeasedStore, Shared};
+use crate::algorithm::Leasing;
 
 impl<S: Store> Shared<S> {
     /// A lease of `units`, granted by the store's answer `base` to a grant

@@ -10,7 +10,8 @@ use tollgate_core::{Decision, Key, Policy, Settlement, Store, StoreError};
 
 use super::LeasedStore;
 use super::bus::{self, Listener};
-use super::table::{self, Leasing, identity};
+use super::table::{self, identity};
+use crate::algorithm::Leasing;
 
 /// What a request finds in the table.
 enum Plan {

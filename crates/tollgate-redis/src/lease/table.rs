@@ -5,54 +5,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Decision, Key, LimitStatus, Outcome, Policy, Timestamp};
-
-/// How a policy's algorithm lends itself to leases: the one place that
-/// knows which algorithms take them, and when a lease must end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Leasing {
-    /// Every request is decided by the store. A sliding log remembers when
-    /// each request came, and a lease would date its units to the grant,
-    /// letting them age out of the log before the requests that used them;
-    /// a leaky bucket delays each request by when it comes.
-    Never,
-    /// GCRA and the token bucket: units reserved early and spent later
-    /// only leave the key's traffic more conformant than the store saw it,
-    /// so a lease may live as long as its lifetime.
-    Rate,
-    /// Fixed and sliding windows: units count in the window of the grant,
-    /// so a lease also ends with that window.
-    Window,
-}
-
-impl Leasing {
-    pub(crate) fn of(policy: &Policy) -> Self {
-        match policy.algorithm() {
-            Algorithm::Gcra | Algorithm::TokenBucket => Leasing::Rate,
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => Leasing::Window,
-            Algorithm::SlidingLog | Algorithm::LeakyBucket => Leasing::Never,
-        }
-    }
-
-    /// How long after `sent` (the local time the grant was asked for) a
-    /// lease granted by `base` may be spent, given `lifetime`. Measured
-    /// from the sending, which precedes the store's decision, so a window
-    /// lease ends no later than its window in the store.
-    pub(crate) fn lifetime(self, policy: &Policy, base: &Decision, lifetime: u64) -> u64 {
-        match self {
-            Leasing::Never => 0,
-            Leasing::Rate => lifetime,
-            Leasing::Window => {
-                let now = base.now().as_micros();
-                policy
-                    .params()
-                    .iter()
-                    .map(|p| p.period_us - now % p.period_us.max(1))
-                    .fold(lifetime, u64::min)
-            }
-        }
-    }
-}
+use tollgate_core::{Decision, Key, LimitStatus, Outcome, Policy, Timestamp};
 
 /// Units of a key's allowance that the store has counted as used and this
 /// instance spends locally.
