@@ -98,15 +98,11 @@ impl General {
         }
     }
 
-    fn all(&self) -> [&DecisionScript; 6] {
-        [
-            &self.fixed_window,
-            &self.sliding_log,
-            &self.sliding_window,
-            &self.token_bucket,
-            &self.leaky_bucket,
-            &self.gcra,
-        ]
+    /// Every algorithm's script, complete by construction: a new
+    /// algorithm's script is loaded with the others as soon as `of` finds
+    /// it.
+    fn all(&self) -> [&DecisionScript; Algorithm::ALL.len()] {
+        Algorithm::ALL.map(|algorithm| self.of(algorithm))
     }
 }
 
