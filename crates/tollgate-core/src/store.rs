@@ -37,8 +37,13 @@ use crate::state::KeyState;
 /// form, bytes, under the policy's name and the key, and for each
 /// operation loads them, lets the state decide, and keeps the new bytes,
 /// atomically (in a transaction, under a lock, or with a
-/// compare-and-swap). Carry-over to a new configuration, settling, blocks
-/// and their end all come with the state. A complete (if unbounded) store
+/// compare-and-swap). Atomic includes a key's first request: two
+/// instances that both find no state must not both write a fresh one (a
+/// row lock on a row that does not exist yet locks nothing; insert the
+/// first state only if none is there, and decide again if one is). A
+/// state whose [`expires_at`](KeyState::expires_at) has passed decides as
+/// a fresh one and may be deleted. Carry-over to a new configuration,
+/// settling, blocks and their end all come with the state. A complete (if unbounded) store
 /// over a map of bytes, which passes the conformance suite (`tests/contract.rs`
 /// runs it):
 ///
@@ -72,7 +77,12 @@ use crate::state::KeyState;
 ///             None => KeyState::new(policy, now),
 ///         };
 ///         let decision = f(&mut state, now);
-///         map.insert(slot, state.to_bytes());
+///         // A state that has expired is forgotten: a peek creates nothing.
+///         if state.expires_at(policy) > now {
+///             map.insert(slot, state.to_bytes());
+///         } else {
+///             map.remove(&slot);
+///         }
 ///         Ok(decision)
 ///     }
 /// }

@@ -156,7 +156,10 @@ impl KeyState {
     /// # Errors
     ///
     /// [`SavedStateError`] when the bytes are not a saved state of this
-    /// version, or hold a configuration no policy can have.
+    /// version, or hold a configuration no policy can have. A store
+    /// reports it as [`StoreError::backend`](crate::StoreError::backend),
+    /// and its failure policy answers; the key's bytes stay as they are
+    /// until a [`reset`](crate::Store::reset) or a block replaces them.
     pub fn from_bytes(policy: &Policy, bytes: &[u8]) -> Result<Self, SavedStateError> {
         let corrupt = |reason| SavedStateError { reason };
         if !bytes.len().is_multiple_of(8) {
