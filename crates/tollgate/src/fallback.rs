@@ -1,7 +1,9 @@
 //! Failure handling as a store: [`FallbackStore`] applies a
 //! [`FailureMode`] to the failures of the store it wraps.
 
+use std::fmt;
 use std::num::NonZeroU64;
+use std::str::FromStr;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -10,12 +12,24 @@ use tollgate_core::{
     Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement, Store, StoreError,
 };
 
+use crate::answer::StoreRefusal;
 use crate::macros::failure_setters;
 
 /// What a [`FallbackStore`] (and so a layer or a [`RateLimiter`](crate::RateLimiter))
 /// does when the store it wraps cannot decide.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
+///
+/// A mode is named in configuration by [`as_str`](FailureMode::as_str),
+/// and parsed back with [`str::parse`]:
+///
+/// ```
+/// use tollgate::FailureMode;
+///
+/// for mode in FailureMode::ALL {
+///     assert_eq!(mode.as_str().parse::<FailureMode>(), Ok(mode));
+/// }
+/// assert!("sometimes".parse::<FailureMode>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum FailureMode {
     /// Let the request through, and log a warning: a layer sends no
     /// rate-limit headers, and a [`RateLimiter`](crate::RateLimiter)
@@ -32,6 +46,59 @@ pub enum FailureMode {
     Local,
 }
 
+impl FailureMode {
+    /// Every mode, in a fixed order.
+    pub const ALL: [FailureMode; 3] = [FailureMode::Open, FailureMode::Closed, FailureMode::Local];
+
+    /// The mode's name in configuration and in logs: `open`, `closed` or
+    /// `local`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::Local => "local",
+        }
+    }
+}
+
+impl fmt::Display for FailureMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FailureMode {
+    type Err = UnknownFailureMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FailureMode::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == s)
+            .ok_or_else(|| UnknownFailureMode(s.to_owned()))
+    }
+}
+
+/// A name that is not a [`FailureMode`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownFailureMode(String);
+
+impl fmt::Display for UnknownFailureMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown failure mode {:?}: expected ", self.0)?;
+        for (i, mode) in FailureMode::ALL.iter().enumerate() {
+            let sep = match i {
+                0 => "",
+                i if i + 1 == FailureMode::ALL.len() => " or ",
+                _ => ", ",
+            };
+            write!(f, "{sep}{mode}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UnknownFailureMode {}
+
 /// What a store's caller does under the failure policy: the rate-limit
 /// layer, [`RateLimiter`](crate::RateLimiter) and the in-flight layer
 /// each match on it, with no arm for "anything else", so that a new mode
@@ -44,8 +111,38 @@ pub(crate) enum Answer<T> {
     /// [`FailureMode::Open`]: the request goes on, unlimited.
     LetThrough(StoreError),
     /// [`FailureMode::Closed`], or a local fallback that failed too: the
-    /// request is refused.
-    Refused(StoreError),
+    /// request is refused, as the refusal says.
+    Refused(StoreRefusal),
+}
+
+/// What became of a request whose store failed: the outcome label of
+/// [`FALLBACKS`](tollgate_core::telemetry::FALLBACKS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handled {
+    /// Let through unlimited ([`FailureMode::Open`]).
+    LetThrough,
+    /// Refused ([`FailureMode::Closed`], or a local fallback that failed).
+    Refused,
+    /// Decided by the local fallback: admitted.
+    LocalAllowed,
+    /// Decided by the local fallback: limited.
+    LocalLimited,
+}
+
+impl Handled {
+    /// Every outcome's label, by [`index`](Handled::index).
+    pub(crate) const LABELS: [&'static str; 4] =
+        ["open", "closed", "local_allowed", "local_limited"];
+
+    /// The outcome's place in [`LABELS`](Handled::LABELS).
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Handled::LetThrough => 0,
+            Handled::Refused => 1,
+            Handled::LocalAllowed => 2,
+            Handled::LocalLimited => 3,
+        }
+    }
 }
 
 impl<T> Answer<T> {
@@ -54,7 +151,8 @@ impl<T> Answer<T> {
     pub(crate) fn into_result(self) -> Result<T, StoreError> {
         match self {
             Answer::Decided(value) => Ok(value),
-            Answer::LetThrough(error) | Answer::Refused(error) => Err(error),
+            Answer::LetThrough(error) => Err(error),
+            Answer::Refused(refusal) => refusal.into_result(),
         }
     }
 }
@@ -77,18 +175,18 @@ impl FailureMode {
         report.store_failed(self, &error);
         match self {
             FailureMode::Open => {
-                report.let_through();
+                report.handled(Handled::LetThrough);
                 Answer::LetThrough(error)
             }
             FailureMode::Closed => {
-                report.refused();
-                Answer::Refused(error)
+                report.handled(Handled::Refused);
+                Answer::Refused(StoreRefusal { error })
             }
             FailureMode::Local => match local() {
                 Ok(value) => Answer::Decided(value),
                 Err(error) => {
-                    report.refused();
-                    Answer::Refused(error)
+                    report.handled(Handled::Refused);
+                    Answer::Refused(StoreRefusal { error })
                 }
             },
         }
@@ -100,19 +198,13 @@ impl FailureMode {
 pub(crate) trait FailureReport {
     /// The store failed, and `mode` handles it.
     fn store_failed(&self, mode: FailureMode, error: &StoreError);
-    /// The local fallback decided.
-    fn decided_locally(&self, allowed: bool);
-    /// A request went on without a decision.
-    fn let_through(&self);
-    /// A request was refused without a decision.
-    fn refused(&self);
+    /// What became of the request.
+    fn handled(&self, outcome: Handled);
 }
 
 impl FailureReport for () {
     fn store_failed(&self, _mode: FailureMode, _error: &StoreError) {}
-    fn decided_locally(&self, _allowed: bool) {}
-    fn let_through(&self) {}
-    fn refused(&self) {}
+    fn handled(&self, _outcome: Handled) {}
 }
 
 /// A store that applies a [`FailureMode`] to the failures of another, in
@@ -286,7 +378,10 @@ impl<S: Store> FallbackStore<S> {
             }
             let local = self.settings.local.check_sync(key, &share, cost);
             if let Ok(decision) = &local {
-                report.decided_locally(decision.is_allowed());
+                report.handled(match decision.is_allowed() {
+                    true => Handled::LocalAllowed,
+                    false => Handled::LocalLimited,
+                });
             }
             local
         };

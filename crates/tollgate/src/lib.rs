@@ -107,7 +107,7 @@ pub use clock::TokioClock;
 pub use extract::RouteKey;
 pub use extract::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause, ToKey};
-pub use fallback::{FailureMode, FallbackStore, shared_fallback};
+pub use fallback::{FailureMode, FallbackStore, UnknownFailureMode, shared_fallback};
 pub use headers::HeaderStyle;
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use limiter::{RateLimiter, WaitError};

@@ -227,7 +227,7 @@ impl<St: Store> RateLimiter<St> {
                 Ok(decision)
             }
             Answer::LetThrough(_) => Ok(let_through(&self.policy)),
-            Answer::Refused(error) => Err(error),
+            Answer::Refused(refusal) => refusal.into_result(),
         }
     }
 

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tollgate_core::{Decision, StoreError};
 
 use crate::extract::MissingCause;
-use crate::fallback::{FailureMode, FailureReport};
+use crate::fallback::{FailureMode, FailureReport, Handled};
 
 /// What became of a decided request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,10 +53,8 @@ struct Counters {
     shadow_limited: metrics::Counter,
     /// By [`StoreError::kind_index`].
     errors: [metrics::Counter; StoreError::KINDS.len()],
-    open: metrics::Counter,
-    closed: metrics::Counter,
-    local_allowed: metrics::Counter,
-    local_limited: metrics::Counter,
+    /// By [`Handled::index`].
+    fallbacks: [metrics::Counter; Handled::LABELS.len()],
 }
 
 #[cfg(feature = "metrics")]
@@ -69,10 +67,7 @@ impl Counters {
             limited: counter(DECISIONS, "limited"),
             shadow_limited: counter(DECISIONS, "shadow_limited"),
             errors: StoreError::KINDS.map(|kind| counter(STORE_ERRORS, kind)),
-            open: counter(FALLBACKS, "open"),
-            closed: counter(FALLBACKS, "closed"),
-            local_allowed: counter(FALLBACKS, "local_allowed"),
-            local_limited: counter(FALLBACKS, "local_limited"),
+            fallbacks: Handled::LABELS.map(|outcome| counter(FALLBACKS, outcome)),
         }
     }
 }
@@ -110,12 +105,7 @@ impl Telemetry {
     /// caller), and logs a warning at most once a second.
     pub(crate) fn store_failed(&self, mode: Option<FailureMode>, error: &StoreError) {
         let policy = &*self.policy;
-        let mode = match mode {
-            Some(FailureMode::Open) => "open",
-            Some(FailureMode::Closed) => "closed",
-            Some(FailureMode::Local) => "local",
-            None => "returned",
-        };
+        let mode = mode.map_or("returned", FailureMode::as_str);
         #[cfg(feature = "metrics")]
         self.counters.errors[error.kind_index()].increment(1);
         if let Some(suppressed) = self.throttle.may_log(Instant::now()) {
@@ -157,28 +147,10 @@ impl Telemetry {
         }
     }
 
-    /// Records a request let through without a decision, because the
-    /// store failed.
-    pub(crate) fn let_through(&self) {
+    /// Records what became of a request whose store failed.
+    pub(crate) fn handled(&self, _outcome: Handled) {
         #[cfg(feature = "metrics")]
-        self.counters.open.increment(1);
-    }
-
-    /// Records a request refused without a decision, because the store
-    /// failed.
-    pub(crate) fn refused(&self) {
-        #[cfg(feature = "metrics")]
-        self.counters.closed.increment(1);
-    }
-
-    /// Records a decision of the local fallback store.
-    pub(crate) fn decided_locally(&self, _allowed: bool) {
-        #[cfg(feature = "metrics")]
-        if _allowed {
-            self.counters.local_allowed.increment(1);
-        } else {
-            self.counters.local_limited.increment(1);
-        }
+        self.counters.fallbacks[_outcome.index()].increment(1);
     }
 }
 
@@ -232,16 +204,8 @@ impl FailureReport for Telemetry {
         Telemetry::store_failed(self, Some(mode), error);
     }
 
-    fn decided_locally(&self, allowed: bool) {
-        Telemetry::decided_locally(self, allowed);
-    }
-
-    fn let_through(&self) {
-        Telemetry::let_through(self);
-    }
-
-    fn refused(&self) {
-        Telemetry::refused(self);
+    fn handled(&self, outcome: Handled) {
+        Telemetry::handled(self, outcome);
     }
 }
 

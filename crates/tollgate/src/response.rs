@@ -9,6 +9,7 @@ use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key};
 
+use crate::answer::StoreRefusal;
 use crate::answer::headers::{Decoration, HeaderStyle};
 use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
@@ -160,8 +161,8 @@ impl Responder {
         answer::missing_key(self.missing, cause, self.protocol)
     }
 
-    /// The response when the store failed and the failure mode is closed.
-    pub(crate) fn unavailable(&self) -> Response<Bytes> {
-        answer::unavailable(self.protocol)
+    /// The response to a request refused because the store failed.
+    pub(crate) fn refused(&self, refusal: &StoreRefusal) -> Response<Bytes> {
+        answer::refused(refusal, self.protocol)
     }
 }

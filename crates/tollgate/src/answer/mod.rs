@@ -34,7 +34,7 @@ use std::time::Duration;
 use ::http::header::{HeaderValue, RETRY_AFTER};
 use ::http::{Response, StatusCode};
 use bytes::Bytes;
-use tollgate_core::{Decision, InFlightLimit, Outcome};
+use tollgate_core::{Decision, InFlightLimit, Outcome, StoreError};
 
 use crate::extract::MissingCause;
 use headers::HeaderStyle;
@@ -74,9 +74,34 @@ pub(crate) fn denied(
     }
 }
 
+/// A request refused without a decision because the store failed. How
+/// its client is told is [`refused`]'s; what a caller that needs a
+/// result gets is [`StoreRefusal::into_result`]'s.
+#[derive(Debug)]
+pub(crate) struct StoreRefusal {
+    pub(crate) error: StoreError,
+}
+
+impl StoreRefusal {
+    /// What a caller that returns a result (not a response) gets: the
+    /// store's error.
+    pub(crate) fn into_result<T>(self) -> Result<T, StoreError> {
+        Err(self.error)
+    }
+}
+
+/// The answer to a request refused because the store failed (see
+/// [`FailureMode`](crate::FailureMode)).
+pub(crate) fn refused(refusal: &StoreRefusal, protocol: Protocol) -> Response<Bytes> {
+    // Named field by field: a refusal that learns something new (how its
+    // client should be told) is a compile error here until it is told so.
+    let StoreRefusal { error: _ } = refusal;
+    unavailable(protocol)
+}
+
 /// The answer when the store failed and the failure mode is closed: 503,
 /// or gRPC's `UNAVAILABLE`, to be retried in a second.
-pub(crate) fn unavailable(protocol: Protocol) -> Response<Bytes> {
+fn unavailable(protocol: Protocol) -> Response<Bytes> {
     match protocol {
         Protocol::Http => http::unavailable(UNAVAILABLE, RETRY_SOON),
         Protocol::Grpc => grpc::unavailable(UNAVAILABLE, RETRY_SOON),
@@ -163,15 +188,15 @@ enum Refusal {
 }
 
 impl Refusal {
-    /// The refusal `decision` makes. `Outcome` is not exhaustive outside
-    /// its crate, so it is asked for the one outcome that never admits; any
-    /// other is a wait, as long as the decision's own.
+    /// The refusal `decision` makes: a cost beyond capacity can never be
+    /// admitted; any other refusal is a wait, as long as the decision's
+    /// own (an admitting decision refused by a custom rule has none).
     fn of(decision: &Decision) -> Self {
-        if let Outcome::CostExceedsCapacity { cost, capacity } = decision.outcome() {
-            return Self::Never { cost, capacity };
-        }
-        Self::Limited {
-            wait: decision.retry_after(),
+        match decision.outcome() {
+            Outcome::CostExceedsCapacity { cost, capacity } => Self::Never { cost, capacity },
+            Outcome::Limited { .. } | Outcome::Allowed => Self::Limited {
+                wait: decision.retry_after(),
+            },
         }
     }
 

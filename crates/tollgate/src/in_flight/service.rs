@@ -126,8 +126,9 @@ where
                         return Ok(response.map(InFlightBody::own));
                     }
                     Answer::LetThrough(_) => None,
-                    Answer::Refused(_) => {
-                        return Ok(shared.responder.unavailable().map(InFlightBody::own));
+                    Answer::Refused(refusal) => {
+                        let response = shared.responder.refused(&refusal);
+                        return Ok(response.map(InFlightBody::own));
                     }
                 };
             // Held across the call: dropped (and given back) if the call

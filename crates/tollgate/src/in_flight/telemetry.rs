@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tollgate_core::Renewal;
 
-use crate::fallback::{FailureMode, FailureReport};
+use crate::fallback::{FailureMode, FailureReport, Handled};
 use crate::report::Throttle;
 /// The layer's metrics (with the `metrics` feature) and throttled logs.
 #[derive(Clone)]
@@ -78,9 +78,5 @@ impl FailureReport for Telemetry {
         }
     }
 
-    fn decided_locally(&self, _allowed: bool) {}
-
-    fn let_through(&self) {}
-
-    fn refused(&self) {}
+    fn handled(&self, _outcome: Handled) {}
 }

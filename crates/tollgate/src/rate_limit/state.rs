@@ -141,8 +141,8 @@ pub(super) fn next_state<F, R>(
             future: next.call(),
             finish: Finish::Headers(None),
         },
-        Answer::Refused(_) => State::Responding {
-            response: Some(responder.unavailable()),
+        Answer::Refused(refusal) => State::Responding {
+            response: Some(responder.refused(&refusal)),
         },
     }
 }

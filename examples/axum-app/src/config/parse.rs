@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 
-use tollgate::{ClientIp, FailureMode, HeaderStyle};
+use tollgate::{ClientIp, FailureMode, HeaderStyle, UnknownFailureMode};
 
 use super::raw::RawConfig;
 use super::route::route;
@@ -33,10 +33,15 @@ impl AppConfig {
             }
         };
         let failure = match raw.failure.as_deref() {
-            Some("open") => FailureMode::Open,
-            Some("closed") => FailureMode::Closed,
-            None | Some("local") => FailureMode::Local,
-            Some(other) => return Err(bad("failure", other, "expected open, closed or local")),
+            None => FailureMode::default(),
+            Some(name) => name.parse().map_err(|_: UnknownFailureMode| {
+                let names = FailureMode::ALL.map(FailureMode::as_str);
+                bad(
+                    "failure",
+                    name,
+                    &format!("expected one of {}", names.join(", ")),
+                )
+            })?,
         };
         let instances = match raw.instances {
             None => NonZeroU64::MIN,
