@@ -219,16 +219,11 @@ impl StoreError {
     /// assert_eq!(StoreError::Timeout(Duration::from_millis(50)).kind(), "timeout");
     /// ```
     pub fn kind(&self) -> &'static str {
-        Self::KINDS[self.kind_index()]
-    }
-
-    /// The place of this error's kind in [`KINDS`](StoreError::KINDS).
-    pub fn kind_index(&self) -> usize {
         match self {
-            Self::Full { .. } => 0,
-            Self::CircuitOpen => 1,
-            Self::Timeout(_) => 2,
-            Self::Backend(_) => 3,
+            Self::Full { .. } => "full",
+            Self::CircuitOpen => "circuit_open",
+            Self::Timeout(_) => "timeout",
+            Self::Backend(_) => "backend",
         }
     }
 }
@@ -244,5 +239,37 @@ mod tests {
         assert_eq!(error.to_string(), "store backend failed: refused");
         let source = std::error::Error::source(&error).map(ToString::to_string);
         assert_eq!(source.as_deref(), Some("refused"));
+    }
+}
+
+#[cfg(test)]
+mod kinds {
+    use super::StoreError;
+    use std::time::Duration;
+
+    /// One error of each kind: a new kind fails to compile here until it
+    /// is listed, and then fails the test until `KINDS` names it.
+    fn one_of_each() -> Vec<StoreError> {
+        let all = vec![
+            StoreError::Full { max_keys: 1 },
+            StoreError::CircuitOpen,
+            StoreError::Timeout(Duration::ZERO),
+            StoreError::backend(std::fmt::Error),
+        ];
+        for error in &all {
+            match error {
+                StoreError::Full { .. }
+                | StoreError::CircuitOpen
+                | StoreError::Timeout(_)
+                | StoreError::Backend(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn kinds_lists_every_kind_once_in_order() {
+        let kinds: Vec<_> = one_of_each().iter().map(StoreError::kind).collect();
+        assert_eq!(kinds, StoreError::KINDS);
     }
 }

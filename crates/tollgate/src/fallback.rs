@@ -50,6 +50,17 @@ impl FailureMode {
     /// Every mode, in a fixed order.
     pub const ALL: [FailureMode; 3] = [FailureMode::Open, FailureMode::Closed, FailureMode::Local];
 
+    /// The mode after this one in [`ALL`](FailureMode::ALL). A new mode
+    /// must be given its place here, and the check below then fails to
+    /// compile until `ALL` holds it too.
+    const fn next(self) -> Option<FailureMode> {
+        match self {
+            FailureMode::Open => Some(FailureMode::Closed),
+            FailureMode::Closed => Some(FailureMode::Local),
+            FailureMode::Local => None,
+        }
+    }
+
     /// The mode's name in configuration and in logs: `open`, `closed` or
     /// `local`.
     pub const fn as_str(self) -> &'static str {
@@ -60,6 +71,24 @@ impl FailureMode {
         }
     }
 }
+
+/// `ALL` holds every mode, in the order of [`FailureMode::next`].
+const _: () = {
+    let mut at = Some(FailureMode::ALL[0]);
+    let mut i = 0;
+    while let Some(mode) = at {
+        assert!(
+            FailureMode::ALL[i] as u8 == mode as u8,
+            "FailureMode::ALL is out of order"
+        );
+        i += 1;
+        at = mode.next();
+    }
+    assert!(
+        i == FailureMode::ALL.len(),
+        "FailureMode::ALL lists a mode twice"
+    );
+};
 
 impl fmt::Display for FailureMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -118,6 +147,7 @@ pub(crate) enum Answer<T> {
 /// What became of a request whose store failed: the outcome label of
 /// [`FALLBACKS`](tollgate_core::telemetry::FALLBACKS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(enum_map::Enum))]
 pub(crate) enum Handled {
     /// Let through unlimited ([`FailureMode::Open`]).
     LetThrough,
@@ -130,17 +160,14 @@ pub(crate) enum Handled {
 }
 
 impl Handled {
-    /// Every outcome's label, by [`index`](Handled::index).
-    pub(crate) const LABELS: [&'static str; 4] =
-        ["open", "closed", "local_allowed", "local_limited"];
-
-    /// The outcome's place in [`LABELS`](Handled::LABELS).
-    pub(crate) const fn index(self) -> usize {
+    /// The outcome's label.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) const fn label(self) -> &'static str {
         match self {
-            Handled::LetThrough => 0,
-            Handled::Refused => 1,
-            Handled::LocalAllowed => 2,
-            Handled::LocalLimited => 3,
+            Handled::LetThrough => "open",
+            Handled::Refused => "closed",
+            Handled::LocalAllowed => "local_allowed",
+            Handled::LocalLimited => "local_limited",
         }
     }
 }

@@ -51,10 +51,9 @@ struct Counters {
     allowed: metrics::Counter,
     limited: metrics::Counter,
     shadow_limited: metrics::Counter,
-    /// By [`StoreError::kind_index`].
+    /// By [`StoreError::KINDS`].
     errors: [metrics::Counter; StoreError::KINDS.len()],
-    /// By [`Handled::index`].
-    fallbacks: [metrics::Counter; Handled::LABELS.len()],
+    fallbacks: enum_map::EnumMap<Handled, metrics::Counter>,
 }
 
 #[cfg(feature = "metrics")]
@@ -67,7 +66,9 @@ impl Counters {
             limited: counter(DECISIONS, "limited"),
             shadow_limited: counter(DECISIONS, "shadow_limited"),
             errors: StoreError::KINDS.map(|kind| counter(STORE_ERRORS, kind)),
-            fallbacks: Handled::LABELS.map(|outcome| counter(FALLBACKS, outcome)),
+            fallbacks: enum_map::EnumMap::from_fn(|outcome: Handled| {
+                counter(FALLBACKS, outcome.label())
+            }),
         }
     }
 }
@@ -107,7 +108,11 @@ impl Telemetry {
         let policy = &*self.policy;
         let mode = mode.map_or("returned", FailureMode::as_str);
         #[cfg(feature = "metrics")]
-        self.counters.errors[error.kind_index()].increment(1);
+        let kind = StoreError::KINDS.iter().position(|k| *k == error.kind());
+        #[cfg(feature = "metrics")]
+        if let Some(counter) = kind.and_then(|i| self.counters.errors.get(i)) {
+            counter.increment(1);
+        }
         if let Some(suppressed) = self.throttle.may_log(Instant::now()) {
             tracing::warn!(
                 error = error as &dyn std::error::Error,
@@ -150,7 +155,7 @@ impl Telemetry {
     /// Records what became of a request whose store failed.
     pub(crate) fn handled(&self, _outcome: Handled) {
         #[cfg(feature = "metrics")]
-        self.counters.fallbacks[_outcome.index()].increment(1);
+        self.counters.fallbacks[_outcome].increment(1);
     }
 }
 
