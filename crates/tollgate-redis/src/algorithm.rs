@@ -9,6 +9,8 @@
 //! epilogue, and `lua/lib/carry.lua` carries its state over to a new
 //! configuration by the algorithm's name.
 
+use std::time::Duration;
+
 use tollgate_core::{Algorithm, Decision, Policy};
 
 /// The general decision script of an algorithm, from its file under
@@ -101,17 +103,17 @@ impl Leasing {
     /// lease granted by `base` may be spent, given `lifetime`. Measured
     /// from the sending, which precedes the store's decision, so a window
     /// lease ends no later than its window in the store.
-    pub(crate) fn lifetime(self, policy: &Policy, base: &Decision, lifetime: u64) -> u64 {
+    pub(crate) fn lifetime(self, policy: &Policy, base: &Decision, lifetime: Duration) -> Duration {
         match self {
-            Leasing::Never => 0,
+            Leasing::Never => Duration::ZERO,
             Leasing::Rate => lifetime,
             Leasing::Window => {
                 let now = base.now().as_micros();
                 policy
                     .params()
                     .iter()
-                    .map(|p| p.period_us - now % p.period_us.max(1))
-                    .fold(lifetime, u64::min)
+                    .map(|p| Duration::from_micros(p.period_us - now % p.period_us.max(1)))
+                    .fold(lifetime, Duration::min)
             }
         }
     }

@@ -92,11 +92,10 @@ impl LeasedStoreBuilder {
     /// Wraps `store`, subscribing to invalidations on `channel`, and
     /// starts the task that gives back the unused part of ended leases.
     pub(super) async fn start<S: Store>(self, store: S, channel: impl Channel) -> LeasedStore<S> {
-        let interval = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
         let shared = Arc::new(Shared {
             store,
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
-            interval,
+            interval: self.interval,
             share: self.share,
             ack_timeout: self.ack_timeout,
             table: Table::new(self.max_keys),

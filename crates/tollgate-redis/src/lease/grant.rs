@@ -23,7 +23,7 @@ impl<S: Store> Shared<S> {
             granted: units,
             left: units,
             sent,
-            expires: sent + lifetime,
+            expires: sent.saturating_add(u64::try_from(lifetime.as_micros()).unwrap_or(u64::MAX)),
             base,
             identity: identity(key, policy),
             key: key.clone(),

@@ -133,17 +133,17 @@ impl<S> Clone for LeasedStore<S> {
 
 /// A lease's longest life, in lease intervals: a lease not spent by then
 /// ends and gives back what is left.
-const LIFETIME_INTERVALS: u64 = 2;
+const LIFETIME_INTERVALS: u32 = 2;
 
 /// How long a key may go unseen, in lease intervals, before its entry is
 /// forgotten when room is needed.
-const IDLE_INTERVALS: u64 = 4;
+const IDLE_INTERVALS: u32 = 4;
 
 struct Shared<S> {
     store: S,
     clock: Arc<dyn Clock>,
-    /// One lease interval, µs.
-    interval: u64,
+    /// One lease interval.
+    interval: Duration,
     /// The divisor of a limit's capacity that bounds a lease.
     share: u64,
     ack_timeout: Duration,
@@ -239,7 +239,8 @@ impl<S: Store> Shared<S> {
     /// Keys unseen since this are forgotten when room is needed
     /// ([`IDLE_INTERVALS`] ago).
     fn idle_before(&self, now: u64) -> u64 {
-        now.saturating_sub(self.interval.saturating_mul(IDLE_INTERVALS))
+        let idle = self.interval.saturating_mul(IDLE_INTERVALS);
+        now.saturating_sub(u64::try_from(idle.as_micros()).unwrap_or(u64::MAX))
     }
 
     /// The largest lease of `policy`.

@@ -53,10 +53,10 @@ impl Lease {
     /// The size of the lease after this one at `now`: the units this one
     /// saw spent since it was asked for, scaled to one `interval`, at most
     /// twice its size and at most `cap`.
-    pub(crate) fn next_size(&self, now: u64, interval: u64, cap: u64) -> u64 {
+    pub(crate) fn next_size(&self, now: u64, interval: Duration, cap: u64) -> u64 {
         let used = self.granted - self.left;
         let elapsed = now.saturating_sub(self.sent).max(1);
-        let per_interval = u128::from(used) * u128::from(interval) / u128::from(elapsed);
+        let per_interval = u128::from(used) * interval.as_micros() / u128::from(elapsed);
         u64::try_from(per_interval)
             .unwrap_or(u64::MAX)
             .min(self.granted.saturating_mul(2))
@@ -143,12 +143,12 @@ impl Entry {
     /// once it is a lease's worth ([`LEASE_MIN_SPARE`] beyond one request),
     /// so that a key busy from its start does not wait a whole interval.
     /// Two close requests of a cold key are no rate.
-    pub(crate) fn observe(&mut self, cost: u64, now: u64, interval: u64, cap: u64) {
+    pub(crate) fn observe(&mut self, cost: u64, now: u64, interval: Duration, cap: u64) {
         self.span_cost = self.span_cost.saturating_add(cost);
         let elapsed = now.saturating_sub(self.span_start);
-        if elapsed >= interval {
+        if u128::from(elapsed) >= interval.as_micros() {
             let per_interval =
-                u128::from(self.span_cost) * u128::from(interval) / u128::from(elapsed.max(1));
+                u128::from(self.span_cost) * interval.as_micros() / u128::from(elapsed.max(1));
             self.size = u64::try_from(per_interval).unwrap_or(u64::MAX).min(cap);
             self.span_start = now;
             self.span_cost = 0;
@@ -178,7 +178,12 @@ impl Entry {
     /// current one has spent half its units and none is on its way: what
     /// the current one saw spent, scaled to one `interval`, at most twice
     /// its size.
-    pub(crate) fn ahead(&self, now: u64, interval: u64, cap: impl FnOnce() -> u64) -> Option<u64> {
+    pub(crate) fn ahead(
+        &self,
+        now: u64,
+        interval: Duration,
+        cap: impl FnOnce() -> u64,
+    ) -> Option<u64> {
         let lease = self.lease.as_ref()?;
         if self.next.is_some()
             || self.refilling.is_some()
@@ -200,7 +205,7 @@ impl Entry {
 
     /// Sizes the next lease after `lease` ends at `now` (see
     /// [`Lease::next_size`]), and starts measuring the rate afresh.
-    pub(crate) fn resize(&mut self, lease: &Lease, now: u64, interval: u64, cap: u64) {
+    pub(crate) fn resize(&mut self, lease: &Lease, now: u64, interval: Duration, cap: u64) {
         self.size = lease.next_size(now, interval, cap);
         self.span_start = now;
         self.span_cost = 0;

@@ -10,7 +10,8 @@ use crate::fallback::{FailureMode, FailureSettings};
 use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
 
-use super::service::{InFlight, Shared};
+use super::future::Shared;
+use super::service::InFlight;
 use super::telemetry::Telemetry;
 
 /// A layer that admits at most [`InFlightLimit::max`] requests of one key

@@ -1,6 +1,7 @@
 //! [`InFlightLayer`]: at most N requests of one key in progress at once.
 
 mod body;
+mod future;
 mod layer;
 mod service;
 mod slot;

@@ -1,0 +1,98 @@
+//! The future of an [`InFlight`](super::InFlight) request with a key:
+//! take a slot (or let the failure policy answer), call the inner service,
+//! and hand the slot to the response's body; and what the layer's
+//! services share to do it.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, Slots};
+use tower_service::Service;
+
+use crate::answer;
+use crate::fallback::{Answer, FailureMode};
+use crate::response::Responder;
+
+use super::body::InFlightBody;
+use super::slot::{Holds, Slot};
+use super::telemetry::Telemetry;
+
+/// What an in-flight layer's services and their clones share.
+pub(super) struct Shared<K, St> {
+    pub(super) limit: InFlightLimit,
+    pub(super) extractor: Arc<K>,
+    pub(super) store: St,
+    pub(super) failure: FailureMode,
+    /// The local fallback's slots, and this instance's share of the limit.
+    pub(super) local: MemoryStore,
+    pub(super) local_limit: InFlightLimit,
+    pub(super) responder: Responder,
+    pub(super) telemetry: Telemetry,
+}
+
+/// The response future of an [`InFlight`](super::InFlight) service.
+pub(super) type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<InFlightBody<B>>, E>> + Send>>;
+
+/// Takes a slot of `key` for `request` and calls `inner` while holding it.
+pub(super) async fn respond<S, K, St, ReqBody, ResBody>(
+    mut inner: S,
+    shared: Arc<Shared<K, St>>,
+    key: Key,
+    request: Request<ReqBody>,
+) -> Result<Response<InFlightBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: SlotStore + Clone,
+{
+    let holder = shared.store.new_holder();
+    let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
+    let taken = acquired.map(|slots| (slots, Holds::Store));
+    let local = || {
+        let slots = shared
+            .local
+            .acquire_slot_sync(&key, &shared.local_limit, holder);
+        Ok((slots, Holds::Local))
+    };
+    let slot: Option<Box<dyn Any + Send + Sync>> =
+        match shared.failure.apply(taken, local, &shared.telemetry) {
+            Answer::Decided((Slots { acquired: true, .. }, Holds::Store)) => {
+                let store = shared.store.clone();
+                Some(Slot::boxed(
+                    store,
+                    key,
+                    &shared.limit,
+                    holder,
+                    &shared.telemetry,
+                ))
+            }
+            Answer::Decided((Slots { acquired: true, .. }, Holds::Local)) => {
+                let store = shared.local.clone();
+                let limit = &shared.local_limit;
+                Some(Slot::boxed(store, key, limit, holder, &shared.telemetry))
+            }
+            Answer::Decided((
+                Slots {
+                    acquired: false, ..
+                },
+                Holds::Store | Holds::Local,
+            )) => {
+                shared.telemetry.rejected();
+                let protocol = shared.responder.protocol;
+                let response = answer::in_flight_full(&shared.limit, protocol);
+                return Ok(response.map(InFlightBody::own));
+            }
+            Answer::LetThrough(_) => None,
+            Answer::Refused(refusal) => {
+                let response = shared.responder.refused(&refusal);
+                return Ok(response.map(InFlightBody::own));
+            }
+        };
+    // Held across the call: dropped (and given back) if the call
+    // fails, panics or is dropped, else handed to the body.
+    let response = inner.call(request).await?;
+    Ok(response.map(|body| InFlightBody::inner(body, slot)))
+}
