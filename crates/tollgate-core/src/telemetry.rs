@@ -13,7 +13,7 @@
 //! | [`FALLBACKS`] | counter | `policy`, `outcome` | requests the failure policy handled: `open` (let through), `closed` (503), `local_allowed`, `local_limited` |
 //! | [`DENY_CACHE_HITS`] | counter | `policy` | denials the Redis store answered from its deny cache, without a round trip |
 //! | [`MEMORY_STORE_KEYS`] | gauge | none | keys held by the process's memory stores |
-//! | [`CIRCUITS_OPEN`] | gauge | none | circuit breakers open or probing (0 when every store is healthy) |
+//! | [`CIRCUITS_OPEN`] | gauge | none | the Redis store's circuit breakers open or probing (0 when every store is healthy); with tollgate-redis's `metrics` feature |
 //! | [`INFLIGHT_SLOTS`] | gauge | `policy` | slots of an in-flight limit held by this process's requests |
 //! | [`INFLIGHT_REJECTED`] | counter | `policy` | requests an in-flight limit turned away |
 //! | [`STORE_LATENCY`] | histogram | none | seconds from sending a Redis call to its reply, as the app observed it, one sample per call |

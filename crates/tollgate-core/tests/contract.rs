@@ -125,3 +125,122 @@ fn bytes_that_are_not_a_saved_state_are_an_error_not_a_panic() {
     }
     assert_eq!(KeyState::from_bytes(&policy, &saved).unwrap(), state);
 }
+
+fn words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn the_saved_form_is_stable() {
+    // Bytes kept by one version are read by the next: the layout and the
+    // algorithms' codes never change. Little-endian words: a version tag,
+    // the algorithm's code, its burst plus 1 (0: none), the number of
+    // limits, each limit's count and period in µs, then each limit's state.
+    const LIMITS_V1: u64 = 0x7467_0000_0000_0001;
+    let now = Timestamp::from_secs(1_700_000_000);
+    let t = now.as_micros();
+
+    let gcra = Policy::new("api", tollgate_core::Algorithm::Gcra, "2/s").unwrap();
+    let mut state = KeyState::new(&gcra, now);
+    state.decide(&gcra, now, 1);
+    assert_eq!(
+        words(&state.to_bytes()),
+        [LIMITS_V1, 5, 0, 1, 2, 1_000_000, t + 500_000]
+    );
+
+    let window = Policy::builder("api")
+        .algorithm(tollgate_core::Algorithm::FixedWindow)
+        .limit("10/min")
+        .build()
+        .unwrap();
+    let mut state = KeyState::new(&window, now);
+    state.decide(&window, now, 3);
+    let start = t - t % 60_000_000;
+    assert_eq!(
+        words(&state.to_bytes()),
+        [LIMITS_V1, 0, 0, 1, 10, 60_000_000, start, 3]
+    );
+
+    let log = Policy::builder("api")
+        .algorithm(tollgate_core::Algorithm::TokenBucket)
+        .limit("4/s")
+        .burst(8)
+        .build()
+        .unwrap();
+    let state = KeyState::new(&log, now);
+    assert_eq!(
+        &words(&state.to_bytes())[..6],
+        [LIMITS_V1, 3, 9, 1, 4, 1_000_000]
+    );
+
+    let blocked = KeyState::BlockedUntil(Timestamp::from_micros(t + 60_000_000));
+    assert_eq!(
+        words(&blocked.to_bytes()),
+        [0x7467_0000_0000_0002, t + 60_000_000]
+    );
+}
+
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+    use tollgate_core::Algorithm;
+
+    /// State words a broken or hostile backend might hand back: the
+    /// extremes, the bounds and anything at all.
+    fn word() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(u64::MAX),
+            Just(1 << 62),
+            Just((1 << 62) + 1),
+            Just(1 << 52),
+            Just((1 << 52) + 1),
+            1_600_000_000_000_000u64..1_800_000_000_000_000,
+            0u64..1_000,
+            any::<u64>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #[test]
+        fn whatever_loads_decides_settles_and_saves_without_panicking(
+            algorithm in prop::sample::select(Algorithm::ALL.to_vec()),
+            state_words in prop::collection::vec(word(), 0..12),
+            gap in 0u64..200_000_000,
+            cost in prop_oneof![Just(0u64), Just(1), Just(7), Just(u64::MAX)],
+        ) {
+            let policy = Policy::builder("api")
+                .algorithm(algorithm)
+                .limit("5/s")
+                .limit("100/h")
+                .build()
+                .unwrap();
+            let now = Timestamp::from_secs(1_700_000_000);
+            // A real header, then state words from anywhere.
+            let header: Vec<u64> = words(&KeyState::new(&policy, now).to_bytes())[..8].to_vec();
+            let bytes: Vec<u8> = header
+                .iter()
+                .chain(&state_words)
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            let other = Policy::new("api", algorithm, "7/s").unwrap();
+            let at = Timestamp::from_micros(now.as_micros() + gap);
+            for policy in [&policy, &other] {
+                let Ok(mut state) = KeyState::from_bytes(policy, &bytes) else {
+                    continue;
+                };
+                let decision = state.decide(policy, at, cost);
+                state.expires_at(policy);
+                state.settle(policy, at, &Settlement::of(&decision, 1, u64::MAX));
+                state.settle(policy, at, &Settlement::of(&decision, 5, 0));
+                state.decide(policy, at, 1);
+                let again = KeyState::from_bytes(policy, &state.to_bytes());
+                prop_assert!(again.is_ok(), "{:?}", again);
+            }
+        }
+    }
+}

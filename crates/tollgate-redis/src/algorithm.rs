@@ -99,6 +99,14 @@ impl Leasing {
         unit(policy.algorithm()).leasing
     }
 
+    /// Whether a lease may hold units of such a policy at all.
+    pub(crate) const fn leases(self) -> bool {
+        match self {
+            Leasing::Never => false,
+            Leasing::Rate | Leasing::Window => true,
+        }
+    }
+
     /// How long after `sent` (the local time the grant was asked for) a
     /// lease granted by `base` may be spent, given `lifetime`. Measured
     /// from the sending, which precedes the store's decision, so a window

@@ -36,7 +36,7 @@ use tokio::sync::oneshot;
 use tollgate_core::Policy;
 
 use crate::error::RedisStoreError;
-use crate::op::word::{Request, Word, WordForm};
+use crate::op::word::{BatchOf, Request, Word, WordForm};
 use crate::patience;
 
 /// What the queue needs of whoever owns it (the store): the batcher of a
@@ -90,6 +90,30 @@ impl Queued {
 struct Queue {
     waiting: Vec<Queued>,
     in_flight: usize,
+}
+
+/// The store's batchers, one per word form.
+pub(crate) struct Batchers {
+    tat: Batcher,
+    window_word: Batcher,
+}
+
+impl Batchers {
+    /// Batchers of at most `max_keys` requests per call.
+    pub(crate) fn new(max_keys: usize) -> Self {
+        Self {
+            tat: Batcher::new(max_keys),
+            window_word: Batcher::new(max_keys),
+        }
+    }
+
+    /// The batcher of `of`.
+    pub(crate) fn of(&self, of: BatchOf) -> &Batcher {
+        match of {
+            BatchOf::Tat => &self.tat,
+            BatchOf::WindowWord => &self.window_word,
+        }
+    }
 }
 
 /// The queue of one store.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tollgate_core::{Key, Policy};
 
-use crate::batch::Batcher;
+use crate::batch::Batchers;
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::builder::RedisStoreBuilder;
 use crate::connect::{ManagedConnection, RedisConnection};
@@ -74,7 +74,7 @@ pub(crate) struct Inner<C> {
     /// Share script calls among concurrent one-time decisions, and among
     /// concurrent window-word decisions; `None` when batching is off or
     /// the connection reaches several servers.
-    pub(crate) batchers: Option<[Batcher; 2]>,
+    pub(crate) batchers: Option<Batchers>,
     /// One breaker, or one per range of 128 hash slots on a cluster, so
     /// that a failed master does not stop calls to the healthy ones.
     pub(crate) breakers: Vec<CircuitBreaker>,

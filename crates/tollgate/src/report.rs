@@ -110,6 +110,8 @@ impl Telemetry {
         #[cfg(feature = "metrics")]
         let kind = StoreError::KINDS.iter().position(|k| *k == error.kind());
         #[cfg(feature = "metrics")]
+        debug_assert!(kind.is_some(), "StoreError::KINDS lacks {}", error.kind());
+        #[cfg(feature = "metrics")]
         if let Some(counter) = kind.and_then(|i| self.counters.errors.get(i)) {
             counter.increment(1);
         }

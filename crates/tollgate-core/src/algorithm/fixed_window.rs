@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::rule::{Rule, window_start};
+use crate::algorithm::rule::{Rule, saved_count, saved_time, window_start};
 use crate::decision::{Decision, LimitStatus, Outcome};
 use crate::policy::{LimitParams, MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
@@ -100,10 +100,10 @@ impl Rule for FixedWindow {
         out.extend([self.start, self.count]);
     }
 
-    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+    fn load(_p: &LimitParams, words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
         Some(Self {
-            start: *words.next()?,
-            count: *words.next()?,
+            start: saved_time(words)?,
+            count: saved_count(words)?,
         })
     }
 }

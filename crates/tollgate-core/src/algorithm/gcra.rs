@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::rule::{
-    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled,
+    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled, saved_time,
 };
 use crate::decision::{Decision, LimitStatus, Outcome};
 use crate::policy::{LimitParams, Policy};
@@ -64,9 +64,9 @@ impl Rule for Gcra {
         out.push(self.tat);
     }
 
-    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+    fn load(_p: &LimitParams, words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
         Some(Self {
-            tat: *words.next()?,
+            tat: saved_time(words)?,
         })
     }
 }
@@ -124,7 +124,13 @@ pub fn decide_tat(policy: &Policy, word: &mut u64, now: Timestamp, cost: u64) ->
     }
     let mut delay = Duration::ZERO;
     if cost > 0 {
-        if policy.algorithm() == Algorithm::LeakyBucket {
+        // Of the one-time forms, only a queue delays a request.
+        let queues = match policy.algorithm() {
+            Algorithm::LeakyBucket => true,
+            Algorithm::Gcra | Algorithm::TokenBucket => false,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => false,
+        };
+        if queues {
             delay = Duration::from_micros((*word).saturating_sub(now_us));
         }
         *word = base + cost * t;

@@ -3,7 +3,7 @@
 //! is kept in the one-time form of `gcra.rs`.
 
 use crate::algorithm::rule::{
-    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled,
+    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled, saved_time,
 };
 use crate::policy::LimitParams;
 
@@ -60,9 +60,9 @@ impl Rule for LeakyBucket {
         out.push(self.free_at);
     }
 
-    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+    fn load(_p: &LimitParams, words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
         Some(Self {
-            free_at: *words.next()?,
+            free_at: saved_time(words)?,
         })
     }
 }

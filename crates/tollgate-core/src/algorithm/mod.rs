@@ -85,14 +85,18 @@ impl Algorithm {
         }
     }
 
-    /// The algorithm's place in [`ALL`](Algorithm::ALL): its code in a
-    /// saved state, which must never change.
+    /// The algorithm's code in a saved state (see `state::KeyState`):
+    /// fixed forever, whatever the order of [`ALL`](Algorithm::ALL); a
+    /// new algorithm takes a code never used before.
     pub(crate) const fn code(self) -> u64 {
-        let mut code = 0;
-        while Algorithm::ALL[code] as u8 != self as u8 {
-            code += 1;
+        match self {
+            Algorithm::FixedWindow => 0,
+            Algorithm::SlidingLog => 1,
+            Algorithm::SlidingWindow => 2,
+            Algorithm::TokenBucket => 3,
+            Algorithm::LeakyBucket => 4,
+            Algorithm::Gcra => 5,
         }
-        code as u64
     }
 
     /// The configuration name, such as `"sliding_window"`.

@@ -56,12 +56,36 @@ pub(crate) trait Rule: Sized {
     /// `state::KeyState::to_bytes`).
     fn save(&self, out: &mut Vec<u64>);
 
-    /// The state [`save`](Rule::save) wrote, read from the front of
-    /// `words`; `None` when they are too few or make no state.
-    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self>;
+    /// The state [`save`](Rule::save) wrote for a limit of `p`, read from
+    /// the front of `words`; `None` when they are too few, or make no
+    /// state the arithmetic can take (see [`saved_time`] and
+    /// [`saved_count`]).
+    fn load(p: &LimitParams, words: &mut std::slice::Iter<'_, u64>) -> Option<Self>;
 }
 
 /// The start of the window of `period` holding `now`.
+/// The latest time a loaded state may hold: far beyond any clock (2^62
+/// µs is about 146,000 years), and far enough below `u64::MAX` that a
+/// time plus any span of the arithmetic (at most 2^50 µs) cannot overflow.
+pub(crate) const MAX_SAVED_TIME: u64 = 1 << 62;
+
+/// The largest count a loaded state may hold: above any the arithmetic
+/// makes (a charge stops at 2^50, and one request adds at most a limit's
+/// capacity), and far below `u64::MAX`.
+pub(crate) const MAX_SAVED_COUNT: u64 = 1 << 52;
+
+/// The next word of a saved state, as a time: `None` beyond
+/// [`MAX_SAVED_TIME`].
+pub(crate) fn saved_time(words: &mut std::slice::Iter<'_, u64>) -> Option<u64> {
+    words.next().copied().filter(|t| *t <= MAX_SAVED_TIME)
+}
+
+/// The next word of a saved state, as a count: `None` beyond
+/// [`MAX_SAVED_COUNT`].
+pub(crate) fn saved_count(words: &mut std::slice::Iter<'_, u64>) -> Option<u64> {
+    words.next().copied().filter(|c| *c <= MAX_SAVED_COUNT)
+}
+
 pub(crate) fn window_start(now: u64, period: u64) -> u64 {
     now - now % period
 }

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use crate::algorithm::rule::Rule;
+use crate::algorithm::rule::{MAX_SAVED_COUNT, Rule, saved_count, saved_time};
 use crate::policy::{LimitParams, MAX_SPAN_US};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,16 +110,22 @@ impl Rule for SlidingLog {
     }
 
     /// The used total is the entries' sum, not read: it cannot disagree.
-    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+    /// The entries are oldest first, as the log keeps them.
+    fn load(_p: &LimitParams, words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
         let len = usize::try_from(*words.next()?).ok()?;
         if len > words.len() / 2 {
             return None;
         }
         let mut entries = VecDeque::with_capacity(len);
         let mut used = 0u64;
+        let mut last = 0;
         for _ in 0..len {
-            let (at, cost) = (*words.next()?, *words.next()?);
-            used = used.checked_add(cost)?;
+            let (at, cost) = (saved_time(words)?, saved_count(words)?);
+            used = used.checked_add(cost).filter(|u| *u <= MAX_SAVED_COUNT)?;
+            if at < last {
+                return None;
+            }
+            last = at;
             entries.push_back((at, cost));
         }
         Some(Self { entries, used })

@@ -2,7 +2,7 @@
 //! previous window's, weighted by how much of it the sliding period still
 //! overlaps. Lua: `sliding_window.lua`.
 
-use crate::algorithm::rule::{Rule, window_start};
+use crate::algorithm::rule::{Rule, saved_count, saved_time, window_start};
 use crate::policy::{LimitParams, MAX_SPAN_US};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,11 +114,11 @@ impl Rule for SlidingWindow {
         out.extend([self.start, self.prev, self.curr]);
     }
 
-    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+    fn load(_p: &LimitParams, words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
         Some(Self {
-            start: *words.next()?,
-            prev: *words.next()?,
-            curr: *words.next()?,
+            start: saved_time(words)?,
+            prev: saved_count(words)?,
+            curr: saved_count(words)?,
         })
     }
 }

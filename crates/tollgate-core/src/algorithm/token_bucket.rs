@@ -2,7 +2,7 @@
 //! Lua: `token_bucket.lua`; a single limit is kept in the one-time form of
 //! `gcra.rs`, the time the bucket is full again.
 
-use crate::algorithm::rule::{Rule, backlog, charged, refunded, rescaled};
+use crate::algorithm::rule::{Rule, backlog, charged, refunded, rescaled, saved_count, saved_time};
 use crate::policy::LimitParams;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,10 +105,11 @@ impl Rule for TokenBucket {
         out.extend([self.tokens, self.refilled_at]);
     }
 
-    fn load(words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
+    /// A bucket holds at most its capacity.
+    fn load(p: &LimitParams, words: &mut std::slice::Iter<'_, u64>) -> Option<Self> {
         Some(Self {
-            tokens: *words.next()?,
-            refilled_at: *words.next()?,
+            tokens: saved_count(words).filter(|t| *t <= p.capacity)?,
+            refilled_at: saved_time(words)?,
         })
     }
 }

@@ -106,18 +106,20 @@ impl LimitState {
         each!(self, s => s.save(out));
     }
 
-    /// The state of `algorithm` saved at the front of `words`.
+    /// The state of a limit of `p` under `algorithm`, saved at the front
+    /// of `words`.
     pub(crate) fn load(
         algorithm: Algorithm,
+        p: &LimitParams,
         words: &mut std::slice::Iter<'_, u64>,
     ) -> Option<Self> {
         Some(match algorithm {
-            Algorithm::FixedWindow => LimitState::FixedWindow(Rule::load(words)?),
-            Algorithm::SlidingLog => LimitState::SlidingLog(Rule::load(words)?),
-            Algorithm::SlidingWindow => LimitState::SlidingWindow(Rule::load(words)?),
-            Algorithm::TokenBucket => LimitState::TokenBucket(Rule::load(words)?),
-            Algorithm::LeakyBucket => LimitState::LeakyBucket(Rule::load(words)?),
-            Algorithm::Gcra => LimitState::Gcra(Rule::load(words)?),
+            Algorithm::FixedWindow => LimitState::FixedWindow(Rule::load(p, words)?),
+            Algorithm::SlidingLog => LimitState::SlidingLog(Rule::load(p, words)?),
+            Algorithm::SlidingWindow => LimitState::SlidingWindow(Rule::load(p, words)?),
+            Algorithm::TokenBucket => LimitState::TokenBucket(Rule::load(p, words)?),
+            Algorithm::LeakyBucket => LimitState::LeakyBucket(Rule::load(p, words)?),
+            Algorithm::Gcra => LimitState::Gcra(Rule::load(p, words)?),
         })
     }
 

@@ -156,10 +156,13 @@ impl KeyState {
     /// # Errors
     ///
     /// [`SavedStateError`] when the bytes are not a saved state of this
-    /// version, or hold a configuration no policy can have. A store
-    /// reports it as [`StoreError::backend`](crate::StoreError::backend),
-    /// and its failure policy answers; the key's bytes stay as they are
-    /// until a [`reset`](crate::Store::reset) or a block replaces them.
+    /// version, hold a configuration no policy can have, or a state no
+    /// store could have written (a time beyond 2^62 µs, a count beyond
+    /// 2^52, a token bucket above its capacity, a log out of order). A
+    /// store reports it as [`StoreError::backend`](crate::StoreError::backend),
+    /// and its failure policy answers. Keep bytes with an expiry (the
+    /// state's [`expires_at`](KeyState::expires_at), or a block's end), so
+    /// that bytes no version can read do not fail their key for ever.
     pub fn from_bytes(policy: &Policy, bytes: &[u8]) -> Result<Self, SavedStateError> {
         let corrupt = |reason| SavedStateError { reason };
         if !bytes.len().is_multiple_of(8) {
@@ -226,10 +229,12 @@ fn load_limits(
             .build()
             .map_err(|_| corrupt("its configuration is not a valid policy"))?
     };
-    let states = (0..count)
-        .map(|_| LimitState::load(algorithm, words))
+    let states = saved_under
+        .params()
+        .iter()
+        .map(|p| LimitState::load(algorithm, p, words))
         .collect::<Option<_>>()
-        .ok_or(corrupt("a limit's state ends too soon"))?;
+        .ok_or(corrupt("a limit's state ends too soon or is out of range"))?;
     Ok(PolicyState {
         policy: saved_under,
         limits: states,

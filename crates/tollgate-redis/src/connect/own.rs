@@ -10,7 +10,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{Cmd, FromRedisValue};
 use tollgate_core::ConfigError;
 
-use crate::batch::Batcher;
+use crate::batch::Batchers;
 use crate::breaker::CircuitBreaker;
 use crate::builder::RedisStoreBuilder;
 use crate::connect::connection::RedisConnection;
@@ -101,7 +101,7 @@ impl RedisStoreBuilder {
                 names,
                 deadline: self.deadline,
                 batchers: (self.batch_size > 1 && connection_is_one_server)
-                    .then(|| [Batcher::new(self.batch_size), Batcher::new(self.batch_size)]),
+                    .then(|| Batchers::new(self.batch_size)),
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
                 last_known: LastKnown::new(self.deny_cache),

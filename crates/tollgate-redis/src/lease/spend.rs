@@ -52,7 +52,7 @@ impl<S: Store> Store for LeasedStore<S> {
         policy: &Policy,
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
-        if Leasing::of(policy) == Leasing::Never || cost == 0 {
+        if !Leasing::of(policy).leases() || cost == 0 {
             return self.shared.store.try_check_now(key, policy, cost);
         }
         let shared = &self.shared;
@@ -70,7 +70,7 @@ impl<S: Store> Store for LeasedStore<S> {
 
     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         let shared = &self.shared;
-        if Leasing::of(policy) == Leasing::Never || cost == 0 {
+        if !Leasing::of(policy).leases() || cost == 0 {
             return shared.direct(key, policy, cost).await;
         }
         let now = shared.now();

@@ -175,7 +175,7 @@ pub(crate) fn decided(
 
 impl<C: RedisConnection> WordCalls for Inner<C> {
     fn batcher(&self, form: &dyn WordForm) -> Option<&Batcher> {
-        self.batchers.as_ref()?.get(form.batcher())
+        Some(self.batchers.as_ref()?.of(form.batcher()))
     }
 
     async fn call_queued(

@@ -6,7 +6,7 @@ use tollgate_core::state::{PolicyState, decide_tat};
 use tollgate_core::{Decision, Policy, Settlement, Timestamp};
 
 use crate::error::RedisStoreError;
-use crate::op::word::{Reading, SettleArgs, Word, WordForm};
+use crate::op::word::{BatchOf, Reading, SettleArgs, Word, WordForm};
 use crate::op::word_reply::words_at;
 use crate::script::{DecisionScript, Scripts, TAT_WRITE_FIRST};
 use crate::wire::WriteOrder;
@@ -18,8 +18,8 @@ const MAX_SPAN: u64 = 1 << 50;
 pub(crate) struct Tat;
 
 impl WordForm for Tat {
-    fn batcher(&self) -> usize {
-        0
+    fn batcher(&self) -> BatchOf {
+        BatchOf::Tat
     }
 
     fn source(&self) -> &'static str {

@@ -6,7 +6,7 @@ use tollgate_core::state::{PolicyState, decide_window_word};
 use tollgate_core::{Decision, Policy, Settlement, Timestamp};
 
 use crate::error::RedisStoreError;
-use crate::op::word::{Reading, SettleArgs, Word, WordForm};
+use crate::op::word::{BatchOf, Reading, SettleArgs, Word, WordForm};
 use crate::op::word_reply::{Reply, words};
 use crate::script::{DecisionScript, Scripts, WINDOW_WORD};
 use crate::wire::WriteOrder;
@@ -15,8 +15,8 @@ use crate::wire::WriteOrder;
 pub(crate) struct WindowWord;
 
 impl WordForm for WindowWord {
-    fn batcher(&self) -> usize {
-        1
+    fn batcher(&self) -> BatchOf {
+        BatchOf::WindowWord
     }
 
     fn source(&self) -> &'static str {

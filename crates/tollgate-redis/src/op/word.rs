@@ -62,12 +62,22 @@ pub(crate) struct Reading<'a> {
     pub(crate) local_now: &'a dyn Fn() -> u64,
 }
 
+/// The batcher that queues a word form's decisions: one per form, so
+/// that a batch runs one script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchOf {
+    /// The one-time form's.
+    Tat,
+    /// The window word's.
+    WindowWord,
+}
+
 /// A compact form whose script replies words: everything that differs
 /// between the one-time and the window-word form, so that the operations
 /// never ask which form they hold.
 pub(crate) trait WordForm: Send + Sync {
-    /// Which of the store's two batchers queues this form's decisions.
-    fn batcher(&self) -> usize;
+    /// Which of the store's batchers queues this form's decisions.
+    fn batcher(&self) -> BatchOf;
     /// The script's source, as `testing::script_source` gives it.
     fn source(&self) -> &'static str;
     /// The script a decision runs, as the store's write order says.
