@@ -238,7 +238,7 @@ async fn requests_whose_deadline_passed_in_the_queue_are_dropped_not_sent_late()
         .query(&mut con)
         .unwrap();
     let started = Instant::now();
-    let keys: Vec<Key> = (0..300).map(|i| Key::user(format!("p{i}"))).collect();
+    let keys: Vec<Key> = (0..1_000).map(|i| Key::user(format!("p{i}"))).collect();
     let stalls = StallMeter::start();
     let results = timed_at_once(&store, &policy, &keys, 1).await;
     let stall = stalls.stop();
@@ -254,19 +254,26 @@ async fn requests_whose_deadline_passed_in_the_queue_are_dropped_not_sent_late()
     }
     assert!(started.elapsed() < Duration::from_millis(1_000));
     // Once Redis runs again, the calls that were on their way run: the
-    // first two requests, sent alone, and up to two batches (of at most 64)
-    // sent when they gave up. Every request queued behind those had missed
-    // its deadline by the time a place was free, and was dropped, not sent
-    // late (without that, all 300 would be decided after the pause).
+    // first two requests, sent alone, then a batch (of at most 64) on each
+    // of the two places whenever the call holding it gave up. A call gives
+    // up after one deadline, or (when our own runtime was late: see
+    // `patience`) after at most four, and a queued request gives up on the
+    // same terms; so a place frees at most once a deadline while a queued
+    // request still waits, four times and (at the ceiling's edge) a fifth.
+    // Every request queued behind those had given up by the time a place
+    // was free, and was dropped, not sent late (without that, all 1,000
+    // would be decided after the pause). On an idle machine it is 4 calls
+    // and about 130 keys; on a loaded one, up to 10 calls have been seen.
     tokio::time::sleep(Duration::from_millis(1_200).saturating_sub(started.elapsed())).await;
     let written: u64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
     let calls = command_calls(&mut con, "evalsha");
     println!("after the pause: {calls} calls, {written} keys");
+    const CEILING: u64 = 4;
     assert!(
-        calls <= 4 && written <= 2 + 2 * 64,
+        calls <= 2 + 2 * (CEILING + 1) && written <= 2 + (calls.saturating_sub(2)) * 64,
         "{calls} calls ran and {written} keys were written after the pause"
     );
-    // The store has its places back: 300 checks at once are all decided.
+    // The store has its places back: 1,000 checks at once are all decided.
     let decisions = at_once(&store, &policy, &keys, 1).await;
     assert!(decisions.iter().all(Decision::is_allowed));
 }

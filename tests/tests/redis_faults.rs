@@ -16,6 +16,13 @@ use tower::ServiceExt;
 
 const DEADLINE: Duration = Duration::from_millis(50);
 const SLACK: Duration = Duration::from_millis(50);
+/// The store's hard ceiling on a call: four deadlines (`CEILING` in
+/// tollgate-redis's `patience.rs`). A call waits past its deadline only
+/// while our own runtime is too busy to tell Redis's lateness from its own
+/// (the store's rule: our own load is not a store failure), which a loaded
+/// machine makes common and the stall meter does not see; an idle one
+/// keeps every request here within `DEADLINE + SLACK`.
+const CEILING: Duration = Duration::from_millis(4 * 50);
 
 /// The tests here bound latencies in real time, so they take turns: run
 /// side by side, five tests with two runtime workers each would share two
@@ -143,7 +150,7 @@ async fn a_killed_redis_follows_each_failure_policy_within_the_deadline() {
 
         let slowest = samples.iter().map(|s| s.latency).max().unwrap();
         assert!(
-            slowest <= DEADLINE + SLACK + stall,
+            slowest <= CEILING + SLACK + stall,
             "{mode:?}: a request took {slowest:?} (the machine stalled the process for up to {stall:?})"
         );
         let before: Vec<_> = samples
@@ -280,7 +287,7 @@ async fn a_paused_redis_opens_the_circuit_and_it_closes_after_the_pause() {
     let (opened, closed) = watcher.await.unwrap();
     let slowest = samples.iter().map(|s| s.latency).max().unwrap();
     assert!(
-        slowest <= DEADLINE + SLACK + stall,
+        slowest <= CEILING + SLACK + stall,
         "a request took {slowest:?} (the machine stalled the process for up to {stall:?})"
     );
     assert!(
@@ -325,7 +332,7 @@ async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
     let mut ok = 0;
     for (latency, success) in results {
         assert!(
-            latency <= checkout + DEADLINE + SLACK + stall,
+            latency <= checkout + CEILING + SLACK + stall,
             "waited {latency:?} (the machine stalled the process for up to {stall:?})"
         );
         ok += usize::from(success);
