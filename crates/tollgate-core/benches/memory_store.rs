@@ -32,9 +32,11 @@ const KEYS: u64 = 100_000;
 fn policy(algorithm: Algorithm) -> Policy {
     let builder = Policy::builder("bench").algorithm(algorithm);
     match algorithm {
-        _ if algorithm.has_burst() => builder.limit("10/s").burst(BURST),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+            builder.limit("10/s").burst(BURST)
+        }
         Algorithm::SlidingLog => builder.limit("1000000000/s"),
-        _ => builder.limit("3000000000/h"),
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => builder.limit("3000000000/h"),
     }
     .build()
     .unwrap()

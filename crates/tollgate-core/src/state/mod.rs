@@ -198,12 +198,19 @@ impl PolicyState {
     /// `word` (see [`decide_window_word`]); `None` for another policy.
     #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn from_window_word(policy: &Policy, word: u64) -> Option<Self> {
-        match (policy.algorithm(), policy.params()) {
-            (Algorithm::FixedWindow, [p]) => Some(Self::single(
+        let [p] = policy.params() else {
+            return None;
+        };
+        match policy.algorithm() {
+            Algorithm::FixedWindow => Some(Self::single(
                 policy,
                 LimitState::FixedWindow(FixedWindow::from_word(word, p)),
             )),
-            _ => None,
+            Algorithm::SlidingLog
+            | Algorithm::SlidingWindow
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => None,
         }
     }
 
