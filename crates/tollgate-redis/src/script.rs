@@ -41,11 +41,6 @@ const TAT_READ_FIRST: &str = concat!(
 pub(crate) const WINDOW_WORD: &str =
     concat!(word_carry!(), include_str!("lua/shape/window_word.lua"));
 
-/// The general script of `algorithm`.
-pub(crate) fn general(algorithm: Algorithm) -> &'static str {
-    unit(algorithm).script
-}
-
 /// The script that blocks a key (see `lua/block.lua`).
 const BLOCK: &str = include_str!("lua/block.lua");
 
@@ -76,7 +71,7 @@ struct General {
 
 impl General {
     fn new() -> Self {
-        let script = |algorithm| DecisionScript::new(general(algorithm));
+        let script = |algorithm| DecisionScript::new(unit(algorithm).script);
         Self {
             fixed_window: script(Algorithm::FixedWindow),
             sliding_log: script(Algorithm::SlidingLog),
@@ -166,7 +161,7 @@ mod tests {
             let policy = Policy::new("p", algorithm, "10/s").unwrap();
             assert_eq!(
                 scripts.get(&policy).source,
-                general(algorithm),
+                unit(algorithm).script,
                 "{algorithm}"
             );
         }

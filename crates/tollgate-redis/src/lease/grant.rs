@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use tollgate_core::{Decision, Key, Policy, Store, StoreError};
 
-use super::table::{Entry, Lease, identity};
+use super::table::{Entry, Lease, identity, micros};
 use super::{LIFETIME_INTERVALS, LeasedStore, Shared};
 use crate::algorithm::Leasing;
 
@@ -23,7 +23,7 @@ impl<S: Store> Shared<S> {
             granted: units,
             left: units,
             sent,
-            expires: sent.saturating_add(u64::try_from(lifetime.as_micros()).unwrap_or(u64::MAX)),
+            expires: sent.saturating_add(micros(lifetime)),
             base,
             identity: identity(key, policy),
             key: key.clone(),

@@ -239,8 +239,7 @@ impl<S: Store> Shared<S> {
     /// Keys unseen since this are forgotten when room is needed
     /// ([`IDLE_INTERVALS`] ago).
     fn idle_before(&self, now: u64) -> u64 {
-        let idle = self.interval.saturating_mul(IDLE_INTERVALS);
-        now.saturating_sub(u64::try_from(idle.as_micros()).unwrap_or(u64::MAX))
+        now.saturating_sub(table::micros(self.interval.saturating_mul(IDLE_INTERVALS)))
     }
 
     /// The largest lease of `policy`.

@@ -133,7 +133,7 @@ impl Entry {
             0
         } else {
             let wait = decision.retry_after().unwrap_or_else(|| decision.reset());
-            now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX))
+            now.saturating_add(micros(wait))
         };
     }
 
@@ -210,6 +210,12 @@ impl Entry {
         self.span_start = now;
         self.span_cost = 0;
     }
+}
+
+/// `span` in whole µs, the unit of the table's times; an absurdly long
+/// span is forever.
+pub(crate) fn micros(span: Duration) -> u64 {
+    u64::try_from(span.as_micros()).unwrap_or(u64::MAX)
 }
 
 type Map = HashMap<u64, Entry, foldhash::fast::FixedState>;

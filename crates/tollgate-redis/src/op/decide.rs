@@ -211,7 +211,7 @@ impl<C: RedisConnection> GeneralCalls for Inner<C> {
 pub(crate) fn source(policy: &Policy) -> &'static str {
     match Form::word_of(policy) {
         Some(form) => form.source(),
-        None => crate::script::general(policy.algorithm()),
+        None => crate::algorithm::unit(policy.algorithm()).script,
     }
 }
 

@@ -9,6 +9,7 @@ use tollgate_core::{InFlightLimit, Key, Renewal, SlotStore, Slots, StoreError};
 
 use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
+use crate::script::DecisionScript;
 use crate::store::RedisStore;
 use crate::wire::Wire;
 
@@ -74,17 +75,8 @@ impl<C: RedisConnection> Wire<C> {
         max: u64,
         lease: Duration,
     ) -> Result<(bool, u64), RedisStoreError> {
-        let reply = self
-            .eval(key, &self.scripts.acquire, (7, 96 + key.len()), |cmd| {
-                cmd.arg(1)
-                    .arg(key)
-                    .arg(holder)
-                    .arg(max)
-                    .arg(lease_ms(lease));
-            })
-            .await?;
-        let (acquired, held): (u64, u64) = redis::FromRedisValue::from_redis_value(reply)
-            .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
+        let script = &self.scripts.acquire;
+        let (acquired, held): (u64, u64) = self.slot_call(script, key, holder, max, lease).await?;
         Ok((acquired == 1, held))
     }
 
@@ -97,17 +89,8 @@ impl<C: RedisConnection> Wire<C> {
         max: u64,
         lease: Duration,
     ) -> Result<Renewal, RedisStoreError> {
-        let reply = self
-            .eval(key, &self.scripts.renew, (7, 96 + key.len()), |cmd| {
-                cmd.arg(1)
-                    .arg(key)
-                    .arg(holder)
-                    .arg(max)
-                    .arg(lease_ms(lease));
-            })
-            .await?;
-        let renewed: u64 = redis::FromRedisValue::from_redis_value(reply)
-            .map_err(|e| RedisStoreError::Protocol(e.to_string()))?;
+        let script = &self.scripts.renew;
+        let renewed: u64 = self.slot_call(script, key, holder, max, lease).await?;
         match renewed {
             1 => Ok(Renewal::Renewed),
             2 => Ok(Renewal::Retaken),
@@ -116,6 +99,28 @@ impl<C: RedisConnection> Wire<C> {
                 "a renewal replied {other}"
             ))),
         }
+    }
+
+    /// Runs a slot script (taking or renewing `holder`'s slot of `key`,
+    /// at most `max` held, for `lease`) and reads its reply as `T`.
+    async fn slot_call<T: redis::FromRedisValue>(
+        &self,
+        script: &DecisionScript,
+        key: &str,
+        holder: u64,
+        max: u64,
+        lease: Duration,
+    ) -> Result<T, RedisStoreError> {
+        let reply = self
+            .eval(key, script, (7, 96 + key.len()), |cmd| {
+                cmd.arg(1)
+                    .arg(key)
+                    .arg(holder)
+                    .arg(max)
+                    .arg(lease_ms(lease));
+            })
+            .await?;
+        T::from_redis_value(reply).map_err(|e| RedisStoreError::Protocol(e.to_string()))
     }
 
     /// Gives `holder`'s slot back.
