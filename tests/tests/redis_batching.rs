@@ -247,9 +247,9 @@ async fn requests_whose_deadline_passed_in_the_queue_are_dropped_not_sent_late()
             matches!(result, Err(RedisStoreError::Deadline(_))),
             "{result:?}"
         );
-        // The ceiling (four deadlines) and scheduling, plus how long the
-        // machine stalled the process.
-        let bound = Duration::from_millis(250) + stall;
+        // The ceiling (four deadlines) and scheduling 1,000 requests on two
+        // workers, plus how long the machine stalled the process.
+        let bound = Duration::from_millis(300) + stall;
         assert!(took < bound, "a request took {took:?}, bound {bound:?}");
     }
     assert!(started.elapsed() < Duration::from_millis(1_000));
