@@ -2,17 +2,60 @@
 //! to take over from while Redis fails (`Store::last_known`).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 
+use parking_lot::Mutex;
 use tollgate_core::{Decision, Policy};
 
+/// Shards of the map: every decision is recorded, from every worker
+/// thread, so one lock for all of them would be contended.
+const SHARDS: usize = 16;
+
 /// A bounded map from state key to the last decision Redis made for it.
-/// When full, decisions whose every limit has reset since are forgotten to
-/// make room; a key that finds no room is not remembered (its fallback
-/// starts afresh, within the local share of the limit).
+/// When a shard is full, decisions whose every limit has reset since are
+/// forgotten to make room; a key that finds no room is not remembered (its
+/// fallback starts afresh, within the local share of the limit).
 pub(crate) struct LastKnown {
-    max_entries: usize,
-    entries: Mutex<HashMap<String, Known>>,
+    /// Entries per shard.
+    per_shard: usize,
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard>]>,
+}
+
+/// A decision whose every limit is back within this (µs) carries nothing
+/// worth seeding a fallback with: it is not added to the map (an entry
+/// already there is still updated).
+const WORTH_KEEPING_US: u64 = 1_000;
+
+/// Entries are keyed by the state key's 64-bit hash (keyed by
+/// [`RandomState`], so a client cannot aim collisions), which needs no
+/// hashing again.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<u64, Known, BuildHasherDefault<Prehashed>>,
+    /// While full: the local time (µs) before which no entry goes stale,
+    /// so that a full shard of fresh entries is not scanned again for
+    /// every key that finds no room.
+    full_until: u64,
 }
 
 struct Known {
@@ -25,19 +68,24 @@ struct Known {
 impl LastKnown {
     pub(crate) fn new(max_entries: usize) -> Self {
         Self {
-            max_entries,
-            entries: Mutex::new(HashMap::new()),
+            per_shard: max_entries.div_ceil(SHARDS),
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The shard of `state_key`, and the key's hash within it.
+    fn shard(&self, state_key: &str) -> (parking_lot::MutexGuard<'_, Shard>, u64) {
+        let hash = self.hasher.hash_one(state_key);
+        // The top bits choose the shard; the map uses the low ones.
+        let at = (hash >> 60) as usize % SHARDS;
+        (self.shards[at].lock(), hash)
     }
 
     /// Remembers `decision`, made for `state_key` under `policy` at local
     /// time `now` (µs).
-    pub(crate) fn record(&self, state_key: String, policy: &Policy, decision: &Decision, now: u64) {
-        if self.max_entries == 0 {
+    pub(crate) fn record(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
+        if self.per_shard == 0 {
             return;
         }
         let reset = decision
@@ -46,32 +94,126 @@ impl LastKnown {
             .map(|s| u64::try_from(s.reset().as_micros()).unwrap_or(u64::MAX / 4))
             .max()
             .unwrap_or(0);
-        let known = Known {
-            fingerprint: policy.fingerprint(),
-            decision: decision.clone(),
-            stale_at: now.saturating_add(reset),
-        };
-        let mut entries = self.entries();
-        if entries.len() >= self.max_entries && !entries.contains_key(&state_key) {
-            entries.retain(|_, k| k.stale_at > now);
-            if entries.len() >= self.max_entries {
+        let stale_at = now.saturating_add(reset);
+        let (mut shard, hash) = self.shard(state_key);
+        if let Some(known) = shard.entries.get_mut(&hash) {
+            // The common case: a key seen before, updated in place.
+            known.fingerprint = policy.fingerprint();
+            known.decision.clone_from(decision);
+            known.stale_at = stale_at;
+            return;
+        }
+        if reset < WORTH_KEEPING_US {
+            return;
+        }
+        if shard.entries.len() >= self.per_shard {
+            if now < shard.full_until {
+                return;
+            }
+            shard.entries.retain(|_, k| k.stale_at > now);
+            if shard.entries.len() >= self.per_shard {
+                let next = shard.entries.values().map(|k| k.stale_at).min();
+                shard.full_until = next.unwrap_or(now);
                 return;
             }
         }
-        entries.insert(state_key, known);
+        let known = Known {
+            fingerprint: policy.fingerprint(),
+            decision: decision.clone(),
+            stale_at,
+        };
+        shard.entries.insert(hash, known);
     }
 
     /// The last decision for `state_key` under `policy`, unless every limit
     /// has reset since local time `now` (µs).
     pub(crate) fn get(&self, state_key: &str, policy: &Policy, now: u64) -> Option<Decision> {
-        let entries = self.entries();
-        let known = entries.get(state_key)?;
+        let (shard, hash) = self.shard(state_key);
+        let known = shard.entries.get(&hash)?;
         (known.fingerprint == policy.fingerprint() && known.stale_at > now)
             .then(|| known.decision.clone())
     }
 
     /// Forgets the decision of `state_key`, whose state was reset.
     pub(crate) fn remove(&self, state_key: &str) {
-        self.entries().remove(state_key);
+        let (mut shard, hash) = self.shard(state_key);
+        shard.entries.remove(&hash);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{Algorithm, Key, MemoryStore, Store};
+
+    /// A decision of `policy` whose limits are all back `reset_us` after
+    /// it (a fresh GCRA key after one request: one emission interval).
+    fn decision(policy: &Policy) -> Decision {
+        MemoryStore::new()
+            .try_check_now(&Key::user("k"), policy, 1)
+            .and_then(Result::ok)
+            .unwrap_or_else(|| unreachable!("the memory store decides at once"))
+    }
+
+    fn held(known: &LastKnown) -> usize {
+        known.shards.iter().map(|s| s.lock().entries.len()).sum()
+    }
+
+    #[test]
+    fn the_map_holds_at_most_its_bound_and_makes_room_once_entries_go_stale() {
+        // 1 per second: a decision's limit is back a second after it.
+        let policy = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
+        let decided = decision(&policy);
+        let known = LastKnown::new(160);
+        for i in 0..5_000 {
+            known.record(&format!("key-{i}"), &policy, &decided, 0);
+        }
+        // 10 per shard, each shard filled by far more keys than it holds.
+        assert_eq!(held(&known), 160);
+        // Every entry is still in force: what filled a shard stays.
+        let kept = (0..5_000)
+            .filter(|i| known.get(&format!("key-{i}"), &policy, 1).is_some())
+            .count();
+        assert_eq!(kept, 160);
+        // Two seconds on, every entry is stale: new keys find room.
+        for i in 5_000..10_000 {
+            known.record(&format!("key-{i}"), &policy, &decided, 2_000_000);
+        }
+        assert_eq!(held(&known), 160);
+        let older = (0..5_000)
+            .filter(|i| known.get(&format!("key-{i}"), &policy, 2_000_000).is_some())
+            .count();
+        assert_eq!(older, 0);
+        let newer = (5_000..10_000)
+            .filter(|i| known.get(&format!("key-{i}"), &policy, 2_000_000).is_some())
+            .count();
+        assert_eq!(newer, 160);
+    }
+
+    #[test]
+    fn a_decision_back_within_a_millisecond_is_not_added_but_updates_its_entry() {
+        let slow = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
+        // A million a second: one request is back within a microsecond.
+        let fast =
+            Policy::new("p", Algorithm::Gcra, "1000000/s").unwrap_or_else(|_| unreachable!());
+        let known = LastKnown::new(160);
+        known.record("k", &fast, &decision(&fast), 0);
+        assert_eq!(held(&known), 0);
+        known.record("k", &slow, &decision(&slow), 0);
+        assert!(known.get("k", &slow, 1).is_some());
+        // The entry follows the key's latest decision, whatever it is.
+        known.record("k", &fast, &decision(&fast), 2);
+        assert!(known.get("k", &slow, 3).is_none());
+        assert!(known.get("k", &fast, 2).is_some());
+        assert_eq!(held(&known), 1);
+    }
+
+    #[test]
+    fn no_entries_are_kept_when_the_bound_is_zero() {
+        let policy = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
+        let known = LastKnown::new(0);
+        known.record("k", &policy, &decision(&policy), 0);
+        assert_eq!(held(&known), 0);
+        assert!(known.get("k", &policy, 0).is_none());
     }
 }

@@ -58,7 +58,7 @@ impl<C: RedisConnection> RedisStore<C> {
                     .insert(&state_key, policy, cost, sent_at, &decision);
                 inner
                     .last_known
-                    .record(state_key, policy, &decision, sent_at);
+                    .record(&state_key, policy, &decision, sent_at);
                 Ok(decision)
             }
             // A key Redis cut off stays cut off while Redis cannot answer.

@@ -53,7 +53,7 @@ impl<C: RedisConnection> RedisStore<C> {
         inner.deny_cache.remove(&state_key);
         inner
             .last_known
-            .record(state_key, policy, &decision, sent_at);
+            .record(&state_key, policy, &decision, sent_at);
         Ok(decision)
     }
 }
