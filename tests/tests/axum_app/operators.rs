@@ -35,11 +35,11 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     let (status, first) = json(&app, shown("ada")).await;
     assert_eq!(status, 200);
     let items = &first["resources"]["items-read"];
-    for field in ["limit", "remaining", "reset"] {
+    for field in ["limit", "remaining", "used", "reset"] {
         let header = seen.get(&format!("x-ratelimit-{field}")).unwrap();
         assert_eq!(items[field].to_string(), header, "{field}");
     }
-    // `used` is in the body, and limit - remaining as the headers say.
+    // `used` is limit - remaining, in the body as in the headers.
     let number = |name: &str| seen.get(name).unwrap().parse::<u64>().unwrap();
     assert_eq!(
         items["used"],

@@ -33,7 +33,7 @@ async fn scenario(store: BoxStore, clock: &FakeClock) -> Vec<Seen> {
         assert_eq!(s.status, 401);
         assert_eq!(s.get("x-ratelimit-limit"), Some("5"));
         assert_eq!(s.get("x-ratelimit-remaining").unwrap(), (4 - i).to_string());
-        assert_eq!(s.get("x-ratelimit-used"), None, "not sent by default");
+        assert_eq!(s.get("x-ratelimit-used").unwrap(), (i + 1).to_string());
         assert_eq!(s.get("x-ratelimit-reset"), Some("1700000100"));
         assert_eq!(s.get("x-ratelimit-resource"), Some("login-failures"));
         seen.push(s);

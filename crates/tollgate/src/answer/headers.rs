@@ -27,21 +27,16 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeaderStyle {
-    /// GitHub's `x-ratelimit-*` headers that clients read (the default),
-    /// for the binding limit: `x-ratelimit-limit`, `-remaining`, `-reset`
-    /// and `-resource`. GitHub also sends `x-ratelimit-used`, which is
-    /// always `limit - remaining`; [`HeaderStyle::GitHubFull`] adds it.
-    /// When several layers limit one route (per IP, then per user), the
-    /// headers describe the one with the fewest requests remaining.
-    ///
-    /// Four, not five, because of what a response costs: with a body's
-    /// `content-type` and `content-length`, a fifth rate-limit header is
-    /// the seventh header of the response, and makes `http`'s `HeaderMap`
-    /// grow from room for six to room for twelve (see `BENCHMARKS.md`).
+    /// GitHub's five `x-ratelimit-*` headers (the default), as GitHub sends
+    /// them, for the binding limit: `x-ratelimit-limit`, `-remaining`,
+    /// `-used` (`limit - remaining`), `-reset` and `-resource`. When several
+    /// layers limit one route (per IP, then per user), the headers describe
+    /// the one with the fewest requests remaining.
     #[default]
     GitHub,
-    /// All five of GitHub's `x-ratelimit-*` headers, as GitHub sends them:
-    /// those of [`HeaderStyle::GitHub`] and `x-ratelimit-used`.
+    /// The same as [`HeaderStyle::GitHub`], which sends all five of
+    /// GitHub's headers again.
+    #[deprecated(note = "the same as `HeaderStyle::GitHub`, which sends all five headers")]
     GitHubFull,
     /// The IETF draft's (draft-ietf-httpapi-ratelimit-headers-10)
     /// `RateLimit-Policy` and `RateLimit` structured fields, with one item
@@ -83,12 +78,11 @@ impl Decoration {
     /// The headers of `style` for `decision` under the policy `policy`, or
     /// `None` for a style that sends none.
     pub(crate) fn new(style: HeaderStyle, decision: &Decision, policy: &str) -> Option<Self> {
-        if style == HeaderStyle::None {
-            return None;
-        }
+        #[allow(deprecated)] // `GitHubFull`, kept for its users, is `GitHub`
         let ietf = match style {
             HeaderStyle::Ietf | HeaderStyle::Both => ietf_values(decision, policy).map(Box::new),
-            HeaderStyle::GitHub | HeaderStyle::GitHubFull | HeaderStyle::None => None,
+            HeaderStyle::GitHub | HeaderStyle::GitHubFull => None,
+            HeaderStyle::None => return None,
         };
         Some(Self {
             limit: decision.limit(),
@@ -119,16 +113,19 @@ impl Decoration {
             headers.append(RATELIMIT_POLICY, policy);
             headers.append(RATELIMIT, state);
         }
-        let with_used = match style {
-            HeaderStyle::GitHub | HeaderStyle::Both => false,
-            HeaderStyle::GitHubFull => true,
+        #[allow(deprecated)] // `GitHubFull`, kept for its users, is `GitHub`
+        match style {
+            HeaderStyle::GitHub | HeaderStyle::GitHubFull | HeaderStyle::Both => {}
             HeaderStyle::Ietf | HeaderStyle::None => return,
-        };
-        // Room for the headers and one more: axum adds `content-length`
+        }
+        // Room for the five headers and one more: axum adds `content-length`
         // after the layer. A map that must grow then grows now, once, while
         // it holds a header or two, rather than later, when every entry it
-        // holds would be moved and re-indexed.
-        headers.reserve(5 + usize::from(with_used));
+        // holds would be moved and re-indexed. (A response with a body
+        // holds seven headers then, one more than `http`'s first allocation
+        // of a map has room for: the growth is the price of GitHub's fifth
+        // header.)
+        headers.reserve(6);
         // Stacked layers (per IP, then per user) all decorate one response:
         // the GitHub headers describe the tightest of them. One lookup both
         // reads a nearer layer's figure and writes this one's (every lookup
@@ -152,9 +149,7 @@ impl Decoration {
             }
         }
         headers.insert(X_RATELIMIT_LIMIT, number(self.limit));
-        if with_used {
-            headers.insert(X_RATELIMIT_USED, number(self.used));
-        }
+        headers.insert(X_RATELIMIT_USED, number(self.used));
         headers.insert(X_RATELIMIT_RESET, epoch_secs(self.reset_secs));
         match name {
             Some(name) if name.as_bytes() == policy.as_bytes() => {
@@ -239,6 +234,7 @@ fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
 /// let mut response_headers = HeaderMap::new();
 /// headers::write(HeaderStyle::GitHub, &decision, "api", &mut response_headers);
 /// assert_eq!(response_headers["x-ratelimit-remaining"], "9");
+/// assert_eq!(response_headers["x-ratelimit-used"], "1");
 /// assert_eq!(response_headers["x-ratelimit-resource"], "api");
 /// # Ok(())
 /// # }

@@ -19,23 +19,25 @@ async fn exact_headers_on_200_and_429() {
     let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
     let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
 
-    for remaining in ["2", "1", "0"] {
+    for (remaining, used) in [("2", "1"), ("1", "2"), ("0", "3")] {
         let res = app.clone().oneshot(get_root()).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
         assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
-        // `used` is limit - remaining: only `HeaderStyle::GitHubFull` sends it.
-        assert_eq!(header(&res, "x-ratelimit-used"), None);
+        assert_eq!(header(&res, "x-ratelimit-used"), Some(used));
         assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
         assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
         assert_eq!(header(&res, "retry-after"), None);
+        // GitHub's five, and no other.
+        assert_eq!(rate_limit_headers(&res), FIVE);
     }
 
     let res = app.clone().oneshot(get_root()).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
-    assert_eq!(header(&res, "x-ratelimit-used"), None);
+    assert_eq!(header(&res, "x-ratelimit-used"), Some("3"));
+    assert_eq!(rate_limit_headers(&res), FIVE);
     assert_eq!(header(&res, "x-ratelimit-reset"), Some("1700000100"));
     assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
     // 47.5 s left, rounded up.
@@ -56,26 +58,67 @@ async fn exact_headers_on_200_and_429() {
     );
 }
 
+/// GitHub's five rate-limit headers, in the order GitHub sends them.
+const FIVE: [&str; 5] = [
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-used",
+    "x-ratelimit-reset",
+    "x-ratelimit-resource",
+];
+
+/// The `x-ratelimit-*` headers of `res`, sorted as in [`FIVE`].
+fn rate_limit_headers(res: &Response<Body>) -> Vec<&str> {
+    let mut names: Vec<&str> = res
+        .headers()
+        .keys()
+        .map(|name| name.as_str())
+        .filter(|name| name.starts_with("x-ratelimit-"))
+        .collect();
+    names.sort_by_key(|name| FIVE.iter().position(|five| five == name));
+    names
+}
+
 #[tokio::test]
-async fn github_full_adds_used_on_200_and_429() {
+#[allow(deprecated)] // what the deprecated style still does
+async fn github_full_is_github() {
     let (clock, store) = clock_and_store();
     clock.advance(Duration::from_millis(12_500));
-    let policy = Policy::new("core", Algorithm::FixedWindow, "3/min").unwrap();
-    let layer = RateLimitLayer::new(policy, GlobalKey)
-        .store(store)
-        .headers(HeaderStyle::GitHubFull);
-    let app = app(layer);
-    for (remaining, used) in [("2", "1"), ("1", "2"), ("0", "3")] {
-        let res = app.clone().oneshot(get_root()).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
-        assert_eq!(header(&res, "x-ratelimit-used"), Some(used));
-        assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
+    let policy = |name| Policy::new(name, Algorithm::FixedWindow, "3/min").unwrap();
+    let full = app(RateLimitLayer::new(policy("core"), GlobalKey)
+        .store(store.clone())
+        .headers(HeaderStyle::GitHubFull));
+    let github = app(RateLimitLayer::new(policy("core-2"), GlobalKey).store(store));
+    for _ in 0..4 {
+        let full = full.clone().oneshot(get_root()).await.unwrap();
+        let github = github.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(full.status(), github.status());
+        assert_eq!(rate_limit_headers(&full), FIVE);
+        for name in &FIVE[..4] {
+            assert_eq!(header(&full, name), header(&github, name), "{name}");
+        }
     }
-    let res = app.clone().oneshot(get_root()).await.unwrap();
-    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&res, "x-ratelimit-used"), Some("3"));
-    assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
+}
+
+#[tokio::test]
+async fn six_and_seven_digit_figures() {
+    // A million a second with a burst of a million: `x-ratelimit-limit`
+    // is the policy's own value, `remaining` is written per response.
+    let (_, store) = clock_and_store();
+    let policy = Policy::builder("big")
+        .algorithm(Algorithm::Gcra)
+        .limit("1000000/s")
+        .burst(1_000_000)
+        .build()
+        .unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store));
+    for used in 1..=3_000u64 {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        let (remaining, used) = ((1_000_000 - used).to_string(), used.to_string());
+        assert_eq!(header(&res, "x-ratelimit-limit"), Some("1000000"));
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(&*remaining));
+        assert_eq!(header(&res, "x-ratelimit-used"), Some(&*used));
+    }
 }
 
 #[tokio::test]
@@ -156,9 +199,7 @@ async fn stacked_layers_report_the_one_with_fewest_requests_left() {
     let (_, store) = clock_and_store();
     let layer = |name: &str, limit: &str| {
         let policy = Policy::new(name, Algorithm::FixedWindow, limit).unwrap();
-        RateLimitLayer::new(policy, GlobalKey)
-            .store(store.clone())
-            .headers(HeaderStyle::GitHubFull)
+        RateLimitLayer::new(policy, GlobalKey).store(store.clone())
     };
     // The nearer layer (inner) writes first; the outer one replaces its
     // headers only when it has fewer requests left.
@@ -227,6 +268,9 @@ async fn ietf_draft_headers_list_every_limit() {
         Some("1"),
         "GitHub headers report the binding limit"
     );
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("2"));
+    assert_eq!(header(&res, "x-ratelimit-used"), Some("1"));
+    assert_eq!(rate_limit_headers(&res), FIVE);
     app.clone().oneshot(get_root()).await.unwrap();
     let res = app.oneshot(get_root()).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);

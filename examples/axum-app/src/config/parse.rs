@@ -19,8 +19,9 @@ impl AppConfig {
     pub fn parse(text: &str) -> Result<Self, ConfigFileError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigFileError(e.to_string()))?;
         let header_style = match raw.header_style.as_deref() {
-            None | Some("github") => HeaderStyle::GitHub,
-            Some("github_full") => HeaderStyle::GitHubFull,
+            // `github_full` named the five headers when the default sent
+            // four; it is kept for the files that say it.
+            None | Some("github" | "github_full") => HeaderStyle::GitHub,
             Some("ietf") => HeaderStyle::Ietf,
             Some("both") => HeaderStyle::Both,
             Some("none") => HeaderStyle::None,
@@ -28,7 +29,7 @@ impl AppConfig {
                 return Err(bad(
                     "header_style",
                     other,
-                    "expected github, github_full, ietf, both or none",
+                    "expected github, ietf, both or none",
                 ));
             }
         };
