@@ -256,6 +256,20 @@ fn main() {
             .collect(),
         Err(_) => variants,
     };
+    // `TOLLGATE_BENCH_PROFILE=<variant>=<file>` records this process with
+    // `perf` (call graphs by frame pointer) while wrk loads that variant,
+    // and runs only it beside the bare routes (see `scripts/profile-http`).
+    let profile = std::env::var("TOLLGATE_BENCH_PROFILE").ok().and_then(|p| {
+        let (variant, file) = p.rsplit_once('=')?;
+        Some((variant.to_owned(), file.to_owned()))
+    });
+    let variants: Vec<_> = match &profile {
+        Some((wanted, _)) => variants
+            .into_iter()
+            .filter(|(name, _, _)| name.starts_with("bare, ") || name == wanted)
+            .collect(),
+        None => variants,
+    };
     let rounds = tollgate_tests::bench_rounds(ROUNDS);
     let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
     for round in 1..=rounds {
@@ -264,7 +278,27 @@ fn main() {
         for k in 0..variants.len() {
             let i = (k + round - 1) % variants.len();
             let (name, addr, script) = &variants[i];
+            let perf = profile
+                .as_ref()
+                .filter(|(wanted, _)| wanted == name)
+                .map(|(_, file)| {
+                    std::process::Command::new("perf")
+                        .args(["record", "--call-graph", "fp", "-F", "2999", "-o", file])
+                        .args(["-p", &std::process::id().to_string()])
+                        .args([
+                            "--",
+                            "sleep",
+                            &seconds().saturating_sub(1).max(1).to_string(),
+                        ])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .spawn()
+                        .expect("perf is installed (apt-get install linux-perf)")
+                });
             let run = wrk(*addr, script, &redis);
+            if let Some(mut perf) = perf {
+                perf.wait().expect("perf record ran");
+            }
             // A leased store gives back what it holds now, rather than
             // over the next two seconds, in the next variant's run.
             for (_, store) in leased_stores.iter().filter(|(n, _)| n == name) {
