@@ -1,7 +1,8 @@
 //! Rate-limit response headers.
 
+use bytes::Bytes;
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
-use tollgate_core::Decision;
+use tollgate_core::{Decision, Policy};
 
 use super::numbers::number;
 use super::wait::write_retry_after;
@@ -97,15 +98,9 @@ impl Decoration {
     /// already wrote GitHub headers, they are replaced only if this
     /// decision leaves fewer requests.
     ///
-    /// `policy` is the deciding policy's name; `name`, the same as a header
-    /// value made once per layer, saves an allocation per response.
-    pub(crate) fn write(
-        self,
-        style: HeaderStyle,
-        headers: &mut HeaderMap,
-        policy: &str,
-        name: Option<&HeaderValue>,
-    ) {
+    /// `values` are the deciding policy's own, made once: its name and its
+    /// limits.
+    pub(crate) fn write(self, style: HeaderStyle, headers: &mut HeaderMap, values: &PolicyValues) {
         if let Some(values) = self.ietf {
             // Appended: stacked layers each add their items, and field
             // lines of a structured list combine into one list.
@@ -148,20 +143,69 @@ impl Decoration {
                 slot.insert(remaining);
             }
         }
-        headers.insert(X_RATELIMIT_LIMIT, number(self.limit));
+        headers.insert(X_RATELIMIT_LIMIT, values.limit(self.limit));
         headers.insert(X_RATELIMIT_USED, number(self.used));
         headers.insert(X_RATELIMIT_RESET, epoch_secs(self.reset_secs));
-        match name {
-            Some(name) if name.as_bytes() == policy.as_bytes() => {
-                headers.insert(X_RATELIMIT_RESOURCE, name.clone());
-            }
-            _ => {
-                if let Ok(name) = HeaderValue::from_str(policy) {
-                    headers.insert(X_RATELIMIT_RESOURCE, name);
-                }
-            }
+        if let Some(name) = &values.name {
+            headers.insert(X_RATELIMIT_RESOURCE, name.clone());
         }
     }
+}
+
+/// The header values a policy's responses repeat, made once per layer (and
+/// per policy a chooser picks), whose clones share their bytes: the name
+/// (`x-ratelimit-resource`) and the capacity of each limit
+/// (`x-ratelimit-limit`).
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyValues {
+    name: Option<HeaderValue>,
+    limits: Box<[(u64, HeaderValue)]>,
+}
+
+impl PolicyValues {
+    /// The values of a policy of that name, with no limit made ahead
+    /// (each is then written when it is needed, as any other number).
+    pub(crate) fn named(name: &str) -> Self {
+        Self {
+            name: shared_value(name.as_bytes()),
+            limits: Box::default(),
+        }
+    }
+
+    /// The values of `policy`.
+    pub(crate) fn of(policy: &Policy) -> Self {
+        let mut limits: Vec<(u64, HeaderValue)> = Vec::new();
+        for capacity in policy.params().iter().map(|params| params.capacity) {
+            if limits.iter().all(|(known, _)| *known != capacity) {
+                let value = shared_value(itoa::Buffer::new().format(capacity).as_bytes());
+                limits.extend(value.map(|value| (capacity, value)));
+            }
+        }
+        Self {
+            limits: limits.into_boxed_slice(),
+            ..Self::named(policy.name())
+        }
+    }
+
+    /// `x-ratelimit-limit` for a limit of `capacity`: the policy's own
+    /// value, or one written now for any other (the share of a limit that
+    /// the local fallback decides by, say).
+    fn limit(&self, capacity: u64) -> HeaderValue {
+        match self.limits.iter().find(|(known, _)| *known == capacity) {
+            Some((_, value)) => value.clone(),
+            None => number(capacity),
+        }
+    }
+}
+
+/// `text` as a header value whose clones share one buffer, or `None` if
+/// it cannot be one.
+fn shared_value(text: &[u8]) -> Option<HeaderValue> {
+    let bytes = Bytes::copy_from_slice(text);
+    // The first clone of a `Bytes` made from a vector moves it into a
+    // shared, reference-counted buffer; do it now rather than per response.
+    drop(bytes.clone());
+    HeaderValue::from_maybe_shared(bytes).ok()
 }
 
 /// An epoch-seconds header value, reusing this thread's last one when the
@@ -244,8 +288,7 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
         write_retry_after(decision, headers);
     }
     if let Some(decoration) = Decoration::new(style, decision, policy) {
-        let name = HeaderValue::from_str(policy).ok();
-        decoration.write(style, headers, policy, name.as_ref());
+        decoration.write(style, headers, &PolicyValues::named(policy));
     }
 }
 
