@@ -66,7 +66,8 @@ fn client_keys() -> Vec<&'static str> {
 /// 1,000, so that both `x-ratelimit-remaining` (999,000 and down) and,
 /// after a key's tenth request, `x-ratelimit-used` (10,000 and up) have
 /// five to seven digits: written into the thread's arena, not taken from
-/// the table of small numbers.
+/// the table of small numbers nor from the numbers made once just below
+/// the limit (a key that has used less than 256 of it).
 fn gcra_layer() -> RateLimitLayer<HeaderKey, MemoryStore> {
     RateLimitLayer::new(
         million("alloc"),

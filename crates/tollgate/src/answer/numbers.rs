@@ -16,7 +16,8 @@ static DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
 };
 static DIGIT_BYTES: [u8; DIGITS_LEN] = digits();
 
-const SMALL: u64 = 10_000;
+/// The numbers below this are slices of [`DIGITS`].
+pub(crate) const SMALL: u64 = 10_000;
 const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
 
 const fn digits() -> [u8; DIGITS_LEN] {
