@@ -5,12 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, RETRY_AFTER};
+use http::header::RETRY_AFTER;
 use http::{Response, StatusCode};
-use tollgate_core::{Decision, Key};
+use tollgate_core::{Decision, Key, Policy};
 
 use crate::answer::StoreRefusal;
-use crate::answer::headers::{Decoration, HeaderStyle};
+use crate::answer::headers::{Decoration, HeaderStyle, PolicyValues};
 use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
 use crate::report::Telemetry;
@@ -31,13 +31,15 @@ pub(crate) struct Responder {
     pub(crate) enforce_percent: u8,
     /// Shared by every service of one layer, so throttling holds across them.
     pub(crate) telemetry: Arc<Telemetry>,
-    /// The policy name as a header value, made once.
-    pub(crate) name: Option<HeaderValue>,
+    /// The policy's header values, made once.
+    pub(crate) values: PolicyValues,
     pub(crate) policy: Arc<str>,
 }
 
 impl Responder {
-    pub(crate) fn new(policy: &str) -> Self {
+    /// The responder of the policy named `policy`, whose header values are
+    /// `values`.
+    pub(crate) fn new(policy: &str, values: PolicyValues) -> Self {
         Self {
             headers: HeaderStyle::default(),
             status: StatusCode::TOO_MANY_REQUESTS,
@@ -46,19 +48,18 @@ impl Responder {
             protocol: Protocol::Http,
             enforce_percent: 100,
             telemetry: Arc::new(Telemetry::new(policy)),
-            name: shared_header_value(policy),
+            values,
             policy: Arc::from(policy),
         }
     }
 
-    /// This responder for requests a chooser put under the policy named
-    /// `policy`: headers and problem bodies name it, and it counts in its
-    /// own metrics.
-    pub(crate) fn for_policy(&self, policy: &str) -> Self {
+    /// This responder for requests a chooser put under `policy`: headers
+    /// and problem bodies name it, and it counts in its own metrics.
+    pub(crate) fn for_policy(&self, policy: &Policy) -> Self {
         Self {
-            telemetry: Arc::new(Telemetry::new(policy)),
-            name: shared_header_value(policy),
-            policy: Arc::from(policy),
+            telemetry: Arc::new(Telemetry::new(policy.name())),
+            values: PolicyValues::of(policy),
+            policy: Arc::from(policy.name()),
             ..self.clone()
         }
     }
@@ -106,15 +107,6 @@ impl fmt::Debug for Responder {
     }
 }
 
-/// `text` as a header value whose clones share one buffer.
-fn shared_header_value(text: &str) -> Option<HeaderValue> {
-    let bytes = Bytes::copy_from_slice(text.as_bytes());
-    // The first clone of a `Bytes` made from a vector moves it into a
-    // shared, reference-counted buffer; do it now rather than per response.
-    drop(bytes.clone());
-    HeaderValue::from_maybe_shared(bytes).ok()
-}
-
 impl Responder {
     /// What the response to an admitted request will need from `decision`
     /// for its headers (`None` when the layer sends none).
@@ -124,12 +116,7 @@ impl Responder {
 
     /// Adds the rate-limit headers of an admitted request.
     pub(crate) fn decorate<B>(&self, decoration: Decoration, response: &mut Response<B>) {
-        decoration.write(
-            self.headers,
-            response.headers_mut(),
-            &self.policy,
-            self.name.as_ref(),
-        );
+        decoration.write(self.headers, response.headers_mut(), &self.values);
     }
 
     /// The response to a denied request.
@@ -143,7 +130,7 @@ impl Responder {
             answer::write_retry_after(decision, headers);
         }
         if let Some(decoration) = self.decoration(decision) {
-            decoration.write(self.headers, headers, &self.policy, self.name.as_ref());
+            decoration.write(self.headers, headers, &self.values);
         }
         response
     }

@@ -1,9 +1,11 @@
 //! Rate-limit response headers.
 
-use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
-use tollgate_core::Decision;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_core::{Decision, Policy};
 
-use super::numbers::number;
+use super::numbers::{SMALL, number};
+use super::prebuilt::{self, Window};
 use super::wait::write_retry_after;
 
 /// `x-ratelimit-limit`: capacity of the binding limit.
@@ -97,15 +99,9 @@ impl Decoration {
     /// already wrote GitHub headers, they are replaced only if this
     /// decision leaves fewer requests.
     ///
-    /// `policy` is the deciding policy's name; `name`, the same as a header
-    /// value made once per layer, saves an allocation per response.
-    pub(crate) fn write(
-        self,
-        style: HeaderStyle,
-        headers: &mut HeaderMap,
-        policy: &str,
-        name: Option<&HeaderValue>,
-    ) {
+    /// `values` are the deciding policy's own, made once: its name and its
+    /// limits.
+    pub(crate) fn write(self, style: HeaderStyle, headers: &mut HeaderMap, values: &PolicyValues) {
         if let Some(values) = self.ietf {
             // Appended: stacked layers each add their items, and field
             // lines of a structured list combine into one list.
@@ -127,41 +123,126 @@ impl Decoration {
         // header.)
         headers.reserve(6);
         // Stacked layers (per IP, then per user) all decorate one response:
-        // the GitHub headers describe the tightest of them. One lookup both
-        // reads a nearer layer's figure and writes this one's (every lookup
-        // hashes the header's name byte by byte).
-        let remaining = number(self.remaining);
-        match headers.entry(X_RATELIMIT_REMAINING) {
-            Entry::Occupied(mut nearer) => {
-                let tighter = nearer
-                    .get()
-                    .to_str()
-                    .ok()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .is_none_or(|existing| self.remaining < existing);
-                if !tighter {
-                    return;
-                }
-                nearer.insert(remaining);
-            }
-            Entry::Vacant(slot) => {
-                slot.insert(remaining);
-            }
+        // the GitHub headers describe the tightest of them. A nearer
+        // layer's figure is looked for by comparing names, not by a lookup,
+        // which hashes the name byte by byte: a response holds few headers,
+        // and most names differ from this one in length.
+        // A nearer layer's figure that cannot be read is replaced.
+        let nearer = headers
+            .iter()
+            .find(|(name, _)| **name == X_RATELIMIT_REMAINING)
+            .and_then(|(_, value)| value.to_str().ok()?.parse::<u64>().ok());
+        if nearer.is_some_and(|nearer| nearer <= self.remaining) {
+            return;
         }
-        headers.insert(X_RATELIMIT_LIMIT, number(self.limit));
+        // In GitHub's order.
+        headers.insert(X_RATELIMIT_LIMIT, values.limit(self.limit));
+        headers.insert(X_RATELIMIT_REMAINING, values.remaining(self.remaining));
         headers.insert(X_RATELIMIT_USED, number(self.used));
         headers.insert(X_RATELIMIT_RESET, epoch_secs(self.reset_secs));
-        match name {
-            Some(name) if name.as_bytes() == policy.as_bytes() => {
-                headers.insert(X_RATELIMIT_RESOURCE, name.clone());
-            }
-            _ => {
-                if let Ok(name) = HeaderValue::from_str(policy) {
-                    headers.insert(X_RATELIMIT_RESOURCE, name);
-                }
-            }
+        if let Some(name) = &values.name {
+            headers.insert(X_RATELIMIT_RESOURCE, name.clone());
         }
     }
+}
+
+/// The header values a policy's responses repeat, made once per layer (and
+/// per policy a chooser picks): the name (`x-ratelimit-resource`), the
+/// capacity of each limit (`x-ratelimit-limit`), and the numbers just
+/// below each large capacity (the `x-ratelimit-remaining` of a key that
+/// has used little of it), over static bytes where the budget of
+/// `prebuilt` allows.
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyValues {
+    name: Option<HeaderValue>,
+    limits: Box<[LimitValues]>,
+}
+
+/// The values of one limit's capacity.
+#[derive(Debug, Clone)]
+struct LimitValues {
+    capacity: u64,
+    value: HeaderValue,
+    /// The numbers just below it, for a capacity of [`SMALL`] and more
+    /// (smaller numbers are static anyway).
+    below: Option<Window>,
+}
+
+impl PolicyValues {
+    /// The values of a policy of that name, made now, with no limit made
+    /// ahead: for headers written outside a layer.
+    pub(crate) fn named(name: &str) -> Self {
+        Self {
+            name: shared_value(name.as_bytes()),
+            limits: Box::default(),
+        }
+    }
+
+    /// The values of `policy`, made once for good within the budget.
+    pub(crate) fn of(policy: &Policy) -> Self {
+        let mut limits: Vec<LimitValues> = Vec::new();
+        for capacity in policy.params().iter().map(|params| params.capacity) {
+            if limits.iter().any(|known| known.capacity == capacity) {
+                continue;
+            }
+            let below = (capacity >= SMALL)
+                .then(|| Window::below(capacity))
+                .flatten();
+            let value = match below.and_then(|below| below.get(capacity)) {
+                Some(value) => value,
+                None if capacity < SMALL => number(capacity),
+                None => match shared_value(itoa::Buffer::new().format(capacity).as_bytes()) {
+                    Some(value) => value,
+                    None => continue,
+                },
+            };
+            limits.push(LimitValues {
+                capacity,
+                value,
+                below,
+            });
+        }
+        let name = policy.name();
+        Self {
+            name: prebuilt::value(name).or_else(|| shared_value(name.as_bytes())),
+            limits: limits.into_boxed_slice(),
+        }
+    }
+
+    /// `x-ratelimit-limit` for a limit of `capacity`: the policy's own
+    /// value, or one written now for any other (the share of a limit that
+    /// the local fallback decides by, say).
+    fn limit(&self, capacity: u64) -> HeaderValue {
+        match self.limits.iter().find(|known| known.capacity == capacity) {
+            Some(known) => known.value.clone(),
+            None => number(capacity),
+        }
+    }
+
+    /// `x-ratelimit-remaining`: prebuilt when it is just below one of the
+    /// policy's capacities, written now otherwise.
+    fn remaining(&self, remaining: u64) -> HeaderValue {
+        if remaining >= SMALL {
+            let prebuilt = self
+                .limits
+                .iter()
+                .find_map(|known| known.below?.get(remaining));
+            if let Some(value) = prebuilt {
+                return value;
+            }
+        }
+        number(remaining)
+    }
+}
+
+/// `text` as a header value whose clones share one buffer, or `None` if
+/// it cannot be one.
+fn shared_value(text: &[u8]) -> Option<HeaderValue> {
+    let bytes = Bytes::copy_from_slice(text);
+    // The first clone of a `Bytes` made from a vector moves it into a
+    // shared, reference-counted buffer; do it now rather than per response.
+    drop(bytes.clone());
+    HeaderValue::from_maybe_shared(bytes).ok()
 }
 
 /// An epoch-seconds header value, reusing this thread's last one when the
@@ -244,8 +325,7 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
         write_retry_after(decision, headers);
     }
     if let Some(decoration) = Decoration::new(style, decision, policy) {
-        let name = HeaderValue::from_str(policy).ok();
-        decoration.write(style, headers, policy, name.as_ref());
+        decoration.write(style, headers, &PolicyValues::named(policy));
     }
 }
 

@@ -1,6 +1,6 @@
 //! What a client is told, in one home: the rate-limit headers of every
 //! answer (`headers.rs`, public as `tollgate::headers`, with the numbers of
-//! `numbers.rs`), and every answer the layer makes by itself when it
+//! `numbers.rs` and the values made once for good of `prebuilt.rs`), and every answer the layer makes by itself when it
 //! refuses a request, in the protocol the layer speaks.
 //!
 //! | Refusal | HTTP | gRPC |
@@ -24,6 +24,7 @@ pub mod headers;
 mod http;
 mod missing;
 mod numbers;
+mod prebuilt;
 mod wait;
 
 pub use missing::MissingKey;

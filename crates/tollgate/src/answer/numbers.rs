@@ -1,7 +1,9 @@
-//! Header values of numbers, made without formatting: what the
+//! Header values of numbers, made without allocating: what the
 //! rate-limit headers and `Retry-After` carry.
 
-use bytes::Bytes;
+use std::cell::RefCell;
+
+use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 
 /// The decimal digits of 0 to 9,999, back to back, built and checked at
@@ -14,7 +16,8 @@ static DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
 };
 static DIGIT_BYTES: [u8; DIGITS_LEN] = digits();
 
-const SMALL: u64 = 10_000;
+/// The numbers below this are slices of [`DIGITS`].
+pub(crate) const SMALL: u64 = 10_000;
 const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
 
 const fn digits() -> [u8; DIGITS_LEN] {
@@ -43,9 +46,9 @@ const fn digits_of(n: u64) -> usize {
     }
 }
 
-/// `n` as a header value, without allocating below 10,000 and with one
-/// allocation above (`HeaderValue::from(n)` makes two: a buffer with room
-/// to spare, then a box to share it).
+/// `n` as a header value, without allocating: a number below 10,000 is a
+/// slice of the static table, a larger one is written into this thread's
+/// [arena](in_arena).
 pub(crate) fn number(n: u64) -> HeaderValue {
     if n < SMALL {
         let width = digits_of(n);
@@ -59,9 +62,39 @@ pub(crate) fn number(n: u64) -> HeaderValue {
             return HeaderValue::from_static(text);
         }
     }
-    // Copied to a buffer of its exact length, which `Bytes` takes as it is.
-    let digits = Bytes::copy_from_slice(itoa::Buffer::new().format(n).as_bytes());
-    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(n).as_bytes();
+    let bytes = in_arena(digits).unwrap_or_else(|| Bytes::copy_from_slice(digits));
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
+/// The size of a thread's arena: about a thousand responses' numbers.
+const ARENA_SIZE: usize = 16 * 1024;
+
+thread_local! {
+    /// The free end of this thread's arena.
+    static ARENA: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// `text` copied into this thread's arena, a buffer the header values of
+/// many responses share: each value is a slice of it that holds a
+/// reference to the buffer, so making one costs a reference count, not an
+/// allocation. When the arena is full, it is taken back if no value points
+/// into it any more, and replaced otherwise (the values still in use keep
+/// the old one alive until they are dropped). `None` while the thread is
+/// being torn down.
+fn in_arena(text: &[u8]) -> Option<Bytes> {
+    ARENA
+        .try_with(|arena| {
+            let mut arena = arena.try_borrow_mut().ok()?;
+            if arena.capacity() < text.len() {
+                arena.reserve(ARENA_SIZE);
+            }
+            arena.extend_from_slice(text);
+            Some(arena.split().freeze())
+        })
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]
@@ -74,6 +107,21 @@ mod tests {
         assert_eq!(DIGITS.len(), DIGITS_LEN);
         for n in (0..12_000).chain([u64::MAX, 1_795_341_660]) {
             assert_eq!(number(n).to_str().ok(), Some(n.to_string().as_str()), "{n}");
+        }
+    }
+
+    #[test]
+    fn values_in_the_arena_stay_whole_when_it_is_taken_back_or_replaced() {
+        // Seven digits each: 20,000 of them fill the arena several times.
+        let n = |i: u64| 1_000_000 + i * 7;
+        // Dropped at once: a full arena is taken back.
+        for i in 0..20_000 {
+            assert_eq!(number(n(i)).to_str().ok(), Some(n(i).to_string().as_str()));
+        }
+        // Kept: a full arena is replaced, and the values stay whole.
+        let kept: Vec<HeaderValue> = (0..20_000).map(|i| number(n(i))).collect();
+        for (i, value) in (0..).zip(&kept) {
+            assert_eq!(value.to_str().ok(), Some(n(i).to_string().as_str()));
         }
     }
 }

@@ -37,7 +37,7 @@ impl Responders {
             return known.clone();
         }
         drop(chosen);
-        let made = Arc::new(self.own.for_policy(name));
+        let made = Arc::new(self.own.for_policy(policy));
         let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
         if chosen.len() < MAX_CHOSEN {
             chosen.push(made.clone());
