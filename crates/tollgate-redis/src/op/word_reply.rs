@@ -44,49 +44,37 @@ pub(crate) enum Reply {
     Ahead(u64),
 }
 
-/// Reads a reply of the one-time script for `n` requests: `now` alone, as
-/// a positive integer (no key's time was ahead of now); for one request
-/// whose key's time was ahead, now minus that time, a negative integer; or
-/// else the string `"<seconds> <microseconds> <old_1> ... <old_n>"`, now as
-/// Redis `TIME` gave it.
+/// Reads a reply of a word script for `n` requests: `now` alone, as a
+/// positive integer (no key's word counted); for one request whose key's
+/// time was ahead, now minus that time, a negative integer (the one-time
+/// script only); or else an array of integers, now and each request's
+/// word, minus the end of the block for a blocked key (flagged
+/// [`BLOCKED`]).
 pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreError> {
     use redis::Value;
     let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
     match reply {
         Value::Int(now) if *now >= 0 => Ok(Reply::Words(vec![(now.unsigned_abs(), 0); n])),
         Value::Int(gap) if n == 1 => Ok(Reply::Ahead(gap.unsigned_abs())),
-        Value::BulkString(text) => {
-            let mut fields = text.split(|&b| b == b' ');
-            let now = match (
-                fields.next().and_then(decimal),
-                fields.next().and_then(decimal),
-            ) {
-                (Some(sec), Some(usec)) if usec < 1_000_000 => sec
-                    .checked_mul(1_000_000)
-                    .and_then(|s| s.checked_add(usec))
-                    .ok_or_else(bad)?,
+        Value::Array(items) if items.len() == n + 1 => {
+            let now = match items[0] {
+                Value::Int(now) if now >= 0 => now.unsigned_abs(),
                 _ => return Err(bad()),
             };
-            let words = fields
-                .map(|old| old_word(old).map(|old| (now, old)))
+            items[1..]
+                .iter()
+                .map(|item| match *item {
+                    Value::Int(old) if old >= 0 => Some((now, old.unsigned_abs())),
+                    Value::Int(until) if until.unsigned_abs() < BLOCKED => {
+                        Some((now, until.unsigned_abs() | BLOCKED))
+                    }
+                    _ => None,
+                })
                 .collect::<Option<Vec<Word>>>()
-                .ok_or_else(bad)?;
-            if words.len() == n {
-                Ok(Reply::Words(words))
-            } else {
-                Err(bad())
-            }
+                .map(Reply::Words)
+                .ok_or_else(bad)
         }
         _ => Err(bad()),
-    }
-}
-
-/// A request's old word in a reply: a decimal, or "b<until>" for a key
-/// blocked until then, flagged [`BLOCKED`].
-fn old_word(field: &[u8]) -> Option<u64> {
-    match field.split_first() {
-        Some((b'b', until)) => decimal(until).filter(|&u| u < BLOCKED).map(|u| u | BLOCKED),
-        _ => decimal(field),
     }
 }
 
@@ -111,22 +99,22 @@ mod tests {
 
     #[test]
     fn replies_are_read_per_request() {
-        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let ints = |v: &[i64]| Value::Array(v.iter().map(|&i| Value::Int(i)).collect());
         let read = |reply: Value, n| match words(&reply, n) {
             Ok(Reply::Words(words)) => words,
             other => panic!("{other:?}"),
         };
         assert_eq!(read(Value::Int(7), 3), vec![(7, 0); 3]);
         assert_eq!(
-            read(text("2 5 0 3000009"), 2),
+            read(ints(&[2_000_005, 0, 3_000_009]), 2),
             vec![(2_000_005, 0), (2_000_005, 3_000_009)]
         );
         assert_eq!(
-            read(text("1795000000 999999 1795000001000000"), 1),
+            read(ints(&[1_795_000_000_999_999, 1_795_000_001_000_000]), 1),
             vec![(1_795_000_000_999_999, 1_795_000_001_000_000)]
         );
         assert_eq!(
-            read(text("2 5 0 b3000009"), 2),
+            read(ints(&[2_000_005, 0, -3_000_009]), 2),
             vec![(2_000_005, 0), (2_000_005, 3_000_009 | BLOCKED)]
         );
         assert_eq!(words(&Value::Int(-9), 1).unwrap(), Reply::Ahead(9));
@@ -135,23 +123,19 @@ mod tests {
             Reply::Ahead(1 << 63)
         );
         for bad in [
-            words(&text("2 5 0 9"), 3),
-            words(&text("2 5 0 9"), 1),
-            words(&text("2 5"), 1),
-            words(&text("2"), 0),
-            words(&text("2 1000000 9"), 1),
-            words(&text("2 5 -9"), 1),
-            words(&text("2 5 9 "), 1),
-            words(&text("2  5 9"), 1),
-            words(&text("2 5 1e9"), 1),
-            words(&text("2 5 b"), 1),
-            words(&text("2 5 bb9"), 1),
-            words(&text("2 5 b9223372036854775808"), 1),
-            words(&text("2 5 18446744073709551616"), 1),
-            words(&text("18446744073710 5 9"), 1),
+            words(&ints(&[2, 0, 9]), 3),
+            words(&ints(&[2, 0, 9]), 1),
+            words(&ints(&[2]), 1),
+            words(&ints(&[]), 0),
+            words(&ints(&[-2, 9]), 1),
+            words(&ints(&[2, i64::MIN]), 1),
+            words(
+                &Value::Array(vec![Value::Int(2), Value::BulkString(b"9".to_vec())]),
+                1,
+            ),
+            words(&Value::BulkString(b"2 5 0 9".to_vec()), 2),
             // A gap is for one request alone.
             words(&Value::Int(-1), 2),
-            words(&Value::Array(vec![Value::Int(7), Value::Int(9)]), 1),
             words(&Value::Nil, 1),
         ] {
             assert!(matches!(bad, Err(RedisStoreError::Protocol(_))), "{bad:?}");
