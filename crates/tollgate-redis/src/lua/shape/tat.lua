@@ -72,8 +72,9 @@
 -- integer (it probes it for seven special fields before reading it as an
 -- array), but far less than formatting each of its numbers in Lua.
 
-local call = redis.call
--- Locals: a global library's function costs two table lookups per use.
+local call, try = redis.call, redis.pcall
+-- Locals: a global costs a table lookup per use, a library's function two.
+local KEYS, ARGV, type = KEYS, ARGV, type
 local sub, byte, find, format = string.sub, string.byte, string.find, string.format
 local ceil = math.ceil
 local n = #KEYS
@@ -103,7 +104,7 @@ local function put(key, at, descriptor, nx)
     unit, expiry = 'PX', math.max(ceil((at - now) / 1000), min_ttl)
   end
   if nx then
-    return redis.pcall('SET', key, value, unit, expiry, 'NX', 'GET')
+    return try('SET', key, value, unit, expiry, 'NX', 'GET')
   end
   return call('SET', key, value, unit, expiry)
 end
@@ -124,7 +125,7 @@ for i = 1, n do
     raw = put(key, now + step, descriptor, true)
     fresh = not raw
   else
-    raw = redis.pcall('GET', key)
+    raw = try('GET', key)
   end
   -- The time (word) the key held, carried over if it was written under
   -- another descriptor.

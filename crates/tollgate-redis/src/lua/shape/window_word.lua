@@ -50,8 +50,9 @@
 -- the rounded quotient of a < 2^53 by b >= 1 never reaches the next
 -- integer.
 
-local call = redis.call
--- Locals: a global library's function costs two table lookups per use.
+local call, try = redis.call, redis.pcall
+-- Locals: a global costs a table lookup per use, a library's function two.
+local KEYS, ARGV, type = KEYS, ARGV, type
 local sub, byte, find, format = string.sub, string.byte, string.find, string.format
 local ceil = math.ceil
 local n = #KEYS
@@ -91,7 +92,7 @@ for i = 1, n do
   if mark == 45 then step = -step end
   local descriptor = sub(request, 44)
   local start = now - now % period
-  local raw = redis.pcall('GET', key)
+  local raw = try('GET', key)
   -- The time (word) the key held, carried over if it was written under
   -- another descriptor.
   local old, carried, blocked = nil, false, nil
