@@ -25,20 +25,20 @@ async fn a_word_value_is_its_time_in_hexadecimal_then_its_descriptor() {
     let key = Key::user("golden");
     for (algorithm, expected) in [
         // Now plus one interval of 100 ms.
-        (Algorithm::Gcra, "0x060a24bf0462a0|gcra 1000000/100000/10"),
+        (Algorithm::Gcra, "0x0060a24bf0462a0|gcra 1000000/100000/10"),
         (
             Algorithm::LeakyBucket,
-            "0x060a24bf0462a0|leaky_bucket 1000000/100000/10",
+            "0x0060a24bf0462a0|leaky_bucket 1000000/100000/10",
         ),
         // Full again one interval from now.
         (
             Algorithm::TokenBucket,
-            "0x060a24bf0462a0|token_bucket 1000000/100000/10",
+            "0x0060a24bf0462a0|token_bucket 1000000/100000/10",
         ),
         // The window's start plus a count of 1.
         (
             Algorithm::FixedWindow,
-            "0x060a24bf02dc01|fixed_window 1000000/100000/10",
+            "0x0060a24bf02dc01|fixed_window 1000000/100000/10",
         ),
     ] {
         let policy = Policy::new(format!("layout-{algorithm}"), algorithm, "10/s").unwrap();

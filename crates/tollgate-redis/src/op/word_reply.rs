@@ -47,9 +47,11 @@ pub(crate) enum Reply {
 /// Reads a reply of a word script for `n` requests: `now` alone, as a
 /// positive integer (no key's word counted); for one request whose key's
 /// time was ahead, now minus that time, a negative integer (the one-time
-/// script only); or else an array of integers, now and each request's
-/// word, minus the end of the block for a blocked key (flagged
-/// [`BLOCKED`]).
+/// script only); an array of integers, now and each request's word, minus
+/// the end of the block for a blocked key (flagged [`BLOCKED`]); or the
+/// string `"<seconds> <microseconds> <word_1> ... <word_n>"`, now as Redis
+/// `TIME` gave it and each word in decimal or as `0x` and hexadecimal (the
+/// window-word script's reply to one request).
 pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreError> {
     use redis::Value;
     let bad = || RedisStoreError::Protocol(format!("{reply:?}"));
@@ -74,8 +76,42 @@ pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreE
                 .map(Reply::Words)
                 .ok_or_else(bad)
         }
+        Value::BulkString(text) => {
+            let mut fields = text.split(|&b| b == b' ');
+            let now = match (
+                fields.next().and_then(decimal),
+                fields.next().and_then(decimal),
+            ) {
+                (Some(sec), Some(usec)) if usec < 1_000_000 => sec
+                    .checked_mul(1_000_000)
+                    .and_then(|s| s.checked_add(usec))
+                    .ok_or_else(bad)?,
+                _ => return Err(bad()),
+            };
+            let words = fields
+                .map(|old| number(old).map(|old| (now, old)))
+                .collect::<Option<Vec<Word>>>()
+                .ok_or_else(bad)?;
+            if words.len() == n {
+                Ok(Reply::Words(words))
+            } else {
+                Err(bad())
+            }
+        }
         _ => Err(bad()),
     }
+}
+
+/// A word in a string reply: decimal, or `0x` and hexadecimal, below 2^63.
+fn number(field: &[u8]) -> Option<u64> {
+    let n = match field.strip_prefix(b"0x") {
+        Some(hex) if !hex.is_empty() && hex.iter().all(u8::is_ascii_hexdigit) => {
+            u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?
+        }
+        Some(_) => return None,
+        None => decimal(field)?,
+    };
+    (n < BLOCKED).then_some(n)
 }
 
 /// A non-empty run of ASCII digits as a `u64`, or `None`.
@@ -117,6 +153,15 @@ mod tests {
             read(ints(&[2_000_005, 0, -3_000_009]), 2),
             vec![(2_000_005, 0), (2_000_005, 3_000_009 | BLOCKED)]
         );
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            read(text("2 5 0x0000000002dc6c9"), 1),
+            vec![(2_000_005, 3_000_009)]
+        );
+        assert_eq!(
+            read(text("2 5 0 3000009"), 2),
+            vec![(2_000_005, 0), (2_000_005, 3_000_009)]
+        );
         assert_eq!(words(&Value::Int(-9), 1).unwrap(), Reply::Ahead(9));
         assert_eq!(
             words(&Value::Int(i64::MIN), 1).unwrap(),
@@ -133,7 +178,15 @@ mod tests {
                 &Value::Array(vec![Value::Int(2), Value::BulkString(b"9".to_vec())]),
                 1,
             ),
-            words(&Value::BulkString(b"2 5 0 9".to_vec()), 2),
+            words(&text("2 5 0 9"), 3),
+            words(&text("2 5"), 1),
+            words(&text("2 1000000 9"), 1),
+            words(&text("2 5 -9"), 1),
+            words(&text("2 5 9 "), 1),
+            words(&text("2 5 0x"), 1),
+            words(&text("2 5 0xg"), 1),
+            words(&text("2 5 0x8000000000000000"), 1),
+            words(&text("2 5 b9"), 1),
             // A gap is for one request alone.
             words(&Value::Int(-1), 2),
             words(&Value::Nil, 1),

@@ -2,7 +2,7 @@
 -- token-bucket or leaky-bucket limit (after arith.lua and carry.lua). The
 -- whole state of a key is one time in microseconds (the theoretical
 -- arrival time, when the bucket is full again, or when the queue is next
--- free), stored as "0x<time>|<descriptor>" (see carry.lua), the time in 14
+-- free), stored as "0x<time>|<descriptor>" (see carry.lua), the time in 15
 -- hexadecimal digits, in a string that expires exactly then. Smaller than
 -- the general script: no hash and no reply table.
 --
@@ -91,23 +91,12 @@ else
   min_ttl = tonumber(ARGV[n + 2])
 end
 
--- Writes time `at` under `descriptor`, expiring exactly then; with `nx`,
--- only if the key is absent, replying what it held (an error reply, not
--- raised, if that is a hash). (Under a test clock, whose time does not
--- pass with Redis's, the TTL is relative and at least min_ttl.)
-local function put(key, at, descriptor, nx)
-  local value = format('0x%014x|', at) .. descriptor
-  local unit, expiry = 'PXAT', nil
-  if real then
-    expiry = format('%d', ceil(at / 1000))
-  else
-    unit, expiry = 'PX', math.max(ceil((at - now) / 1000), min_ttl)
-  end
-  if nx then
-    return try('SET', key, value, unit, expiry, 'NX', 'GET')
-  end
-  return call('SET', key, value, unit, expiry)
-end
+-- A write is spelled out where it happens, rather than in a function: a
+-- closure over the locals above costs Redis an upvalue for each of them on
+-- every call. Time `at` is written under the descriptor, expiring exactly
+-- then: at the millisecond rounded up, in the VM rather than by a call.
+-- (Under a test clock, whose time does not pass with Redis's, the TTL is
+-- relative and at least min_ttl.)
 
 -- Each request's time before it, for the reply's array; created only when
 -- a key's time is ahead of now or a key is blocked (for one request whose
@@ -121,20 +110,30 @@ for i = 1, n do
   local descriptor = sub(request, 30)
   local raw, fresh
   if write_first and step ~= 0 then
-    -- Write now + step if the key is absent, and read it if it is not.
-    raw = put(key, now + step, descriptor, true)
+    -- Write now + step if the key is absent, and read it if it is not (an
+    -- error reply, not raised, if it is a hash).
+    local at = now + step
+    local value = format('0x%015x|', at) .. descriptor
+    if real then
+      raw = try('SET', key, value, 'PXAT', format('%d', (at + 999 - (at + 999) % 1000) / 1000), 'NX', 'GET')
+    else
+      raw = try('SET', key, value, 'PX', math.max(ceil(step / 1000), min_ttl), 'NX', 'GET')
+    end
     fresh = not raw
   else
     raw = try('GET', key)
   end
   -- The time (word) the key held, carried over if it was written under
   -- another descriptor.
-  local old, carried, blocked = nil, false, nil
+  -- The time to write, if any.
+  local old, carried, blocked, write = nil, false, nil, nil
   if raw then
-    -- This version's layout: "0x", 14 digits, the bar, the descriptor.
-    if type(raw) == 'string' and byte(raw, 2) == 120 and #raw - 17 == #descriptor
-        and find(raw, descriptor, 18, true) then
-      old = tonumber(sub(raw, 1, 16), 16)
+    -- This version's layout: "0x", 15 digits, the bar at 18, the
+    -- descriptor. (An error reply is a table, whose length is 0; an
+    -- earlier version's decimal time below 2^53 has at most 16 digits,
+    -- so its bar is never at 18.)
+    if #raw - 18 == #descriptor and find(raw, descriptor, 19, true) then
+      old = tonumber(sub(raw, 1, 17), 16)
     else
       if type(raw) == 'table' then
         -- A hash (the key was kept by the general script), or a failure
@@ -181,20 +180,27 @@ for i = 1, n do
       -- test never holds: capping here costs an admitted request one
       -- comparison, where marking a charge apart (a flag argument, a
       -- prefix to parse) would cost every request more.
-      local at = old + step
-      if at - now > MAX_SPAN then at = now + MAX_SPAN end
-      put(key, at, descriptor)
+      write = old + step
+      if write - now > MAX_SPAN then write = now + MAX_SPAN end
     elseif carried then
-      put(key, old, descriptor)
+      write = old
     end
   else
     -- Expired, or its time has passed: as fresh. Admit and write now +
     -- step, expiring exactly then.
     if olds then olds[i + 1] = 0 end
     if step ~= 0 and not fresh then
-      put(key, now + step, descriptor)
+      write = now + step
     elseif carried then
       call('DEL', key)
+    end
+  end
+  if write then
+    local value = format('0x%015x|', write) .. descriptor
+    if real then
+      call('SET', key, value, 'PXAT', format('%d', (write + 999 - (write + 999) % 1000) / 1000))
+    else
+      call('SET', key, value, 'PX', math.max(ceil((write - now) / 1000), min_ttl))
     end
   end
 end

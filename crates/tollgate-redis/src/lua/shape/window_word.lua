@@ -3,7 +3,7 @@
 -- (Shape::WindowWord), after arith.lua and carry.lua. The whole
 -- state of a key is one integer, the window word: the window's start in
 -- µs plus the cost counted in it, stored as "0x<word>|<descriptor>" (see
--- carry.lua), the word in 14 hexadecimal digits, in a string that expires
+-- carry.lua), the word in 15 hexadecimal digits, in a string that expires
 -- when the window ends. As the count never reaches the period, the word's
 -- window is the word rounded down to a multiple of the period, and its
 -- count is the rest. Smaller than the general script: no hash and no
@@ -37,9 +37,13 @@
 -- Replies now, as an integer, when no key held a count of its current
 -- window (absent, or left over from an earlier window in the millisecond
 -- it expires) and none was blocked: each request was decided as on a new
--- key. Otherwise it replies an array of integers: now, then each request's
--- word before it (0 where the key held no count of the current window,
--- minus the end of the block for a key blocked until then). The client
+-- key. For one request whose key held a count, it replies the string
+-- "<seconds> <microseconds> <word>", now as Redis TIME gave it and the word
+-- as the key held it ("0x" and hexadecimal, or decimal): a table costs more
+-- than a string made of strings at hand. Otherwise it replies an array of
+-- integers: now, then each request's word before it (0 where the key held
+-- no count of the current window, minus the end of the block for a key
+-- blocked until then). The client
 -- repeats the reference arithmetic (tollgate_core::state::decide_window_word)
 -- on each word.
 --
@@ -57,32 +61,27 @@ local sub, byte, find, format = string.sub, string.byte, string.find, string.for
 local ceil = math.ceil
 local n = #KEYS
 local real = ARGV[n + 1] == nil
-local now, min_ttl
+local sec, usec, now, min_ttl
 if real then
   local t = call('TIME')
-  now = t[1] * 1000000 + t[2]
+  sec, usec = t[1], t[2]
+  now = sec * 1000000 + usec
 else
   now = tonumber(ARGV[n + 1])
   min_ttl = tonumber(ARGV[n + 2])
 end
 
--- Writes `word` under `descriptor`, expiring when its window ends at
--- `ends`, or (ends = nil) keeping the key's expiry. (Under a test clock,
--- whose time does not pass with Redis's, the TTL is relative and at least
--- min_ttl.)
-local function put(key, word, descriptor, ends)
-  local value = format('0x%014x|', word) .. descriptor
-  if not ends then
-    return call('SET', key, value, 'KEEPTTL')
-  elseif real then
-    return call('SET', key, value, 'PXAT', format('%d', ceil(ends / 1000)))
-  end
-  return call('SET', key, value, 'PX', math.max(ceil((ends - now) / 1000), min_ttl))
-end
+-- A write is spelled out where it happens, rather than in a function: a
+-- closure over the locals above costs Redis an upvalue for each of them on
+-- every call. A word is written under the descriptor, expiring when its
+-- window ends at `ends` (at the millisecond rounded up, in the VM rather
+-- than by a call), or (ends = nil) keeping the key's expiry. (Under a test
+-- clock, whose time does not pass with Redis's, the TTL is relative and at
+-- least min_ttl.)
 
 -- Each request's word before it, for the reply's array; created only when
 -- a key holds a count of its current window or is blocked.
-local olds
+local olds, only
 for i = 1, n do
   local key = KEYS[i]
   local request = ARGV[i]
@@ -95,12 +94,17 @@ for i = 1, n do
   local raw = try('GET', key)
   -- The time (word) the key held, carried over if it was written under
   -- another descriptor.
-  local old, carried, blocked = nil, false, nil
+  -- The word to write, if any, and when its window ends (nil: keep the
+  -- key's expiry).
+  local old, carried, blocked, hex, write, ends = nil, false, nil, nil, nil, nil
   if raw then
-    -- This version's layout: "0x", 14 digits, the bar, the descriptor.
-    if type(raw) == 'string' and byte(raw, 2) == 120 and #raw - 17 == #descriptor
-        and find(raw, descriptor, 18, true) then
-      old = tonumber(sub(raw, 1, 16), 16)
+    -- This version's layout: "0x", 15 digits, the bar at 18, the
+    -- descriptor. (An error reply is a table, whose length is 0; an
+    -- earlier version's decimal time below 2^53 has at most 16 digits,
+    -- so its bar is never at 18.)
+    if #raw - 18 == #descriptor and find(raw, descriptor, 19, true) then
+      hex = sub(raw, 1, 17)
+      old = tonumber(hex, 16)
     else
       if type(raw) == 'table' then
         -- A hash (the key was kept by the general script), or a failure
@@ -135,33 +139,52 @@ for i = 1, n do
       for j = 1, i - 1 do olds[j + 1] = 0 end
     end
     olds[i + 1] = old
-    local ends = nil
+    only = hex
     if carried then ends = old - old % period + period end
     local slack = tonumber(sub(request, 30, 43), 16)
     if mark == 45 then slack = -slack end
     if step ~= 0 and old % period <= slack then
-      put(key, old + step, descriptor, ends)
+      write = old + step
     elseif mark == 43 then
       -- A charge past what the word holds: the window is full.
-      put(key, start + period - 1, descriptor, ends)
+      write = start + period - 1
     elseif mark == 45 and -1 - slack == start then
       -- A refund of a request reserved in this window.
-      put(key, math.max(old + step, start), descriptor, ends)
+      write = math.max(old + step, start)
     elseif carried then
-      put(key, old, descriptor, ends)
+      write = old
     end
   else
     -- A new window: admit and write its start plus the step, expiring in
     -- the millisecond the window ends.
     if olds then olds[i + 1] = 0 end
     if step ~= 0 then
-      put(key, start + step, descriptor, start + period)
+      write, ends = start + step, start + period
     elseif carried then
       call('DEL', key)
     end
   end
+  if write then
+    local value = format('0x%015x|', write) .. descriptor
+    if not ends then
+      call('SET', key, value, 'KEEPTTL')
+    elseif real then
+      call('SET', key, value, 'PXAT', format('%d', (ends + 999 - (ends + 999) % 1000) / 1000))
+    else
+      call('SET', key, value, 'PX', math.max(ceil((ends - now) / 1000), min_ttl))
+    end
+  end
 end
 
+if n == 1 and olds and olds[2] >= 0 then
+  -- One request's word: a string costs Redis less than a table, and the
+  -- word is in hexadecimal as the key held it.
+  if not real then
+    sec = format('%d', (now - now % 1000000) / 1000000)
+    usec = format('%d', now % 1000000)
+  end
+  return sec .. ' ' .. usec .. ' ' .. (only or format('%d', olds[2]))
+end
 if olds then
   return olds
 end
