@@ -52,10 +52,10 @@ pub fn script_source(policy: &Policy) -> &'static str {
 ///     ["0000000000186a0000000000dbba0gcra 1000000/100000/10"]
 /// );
 /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
-/// // The period, the step and the slack: 9 more may be counted already.
+/// // The step, the period and the slack: 9 more may be counted already.
 /// assert_eq!(
 ///     script_args(&window, 1),
-///     ["0000000000f42400000000000000100000000000009fixed_window 1000000/100000/10"]
+///     ["000000000000001000000000f424000000000000009fixed_window 1000000/100000/10"]
 /// );
 /// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
 /// // Now (0: Redis TIME), cost, descriptor, minimum TTL, one limit:

@@ -182,11 +182,12 @@ pub(crate) trait WordForm: Send + Sync {
         )
     }
     /// The argument of a request of `mark` with these numbers under
-    /// `policy`: the period only where the script takes one.
+    /// `policy`: the period only where the script takes one, after the
+    /// step, which the script reads with the mark.
     fn arg(&self, mark: u8, period: u64, step: u64, slack: u64, policy: &Policy) -> RequestArg {
         let descriptor = policy.state_descriptor();
         if self.takes_period() {
-            RequestArg::new(mark, &[period, step, slack], descriptor)
+            RequestArg::new(mark, &[step, period, slack], descriptor)
         } else {
             RequestArg::new(mark, &[step, slack], descriptor)
         }

@@ -14,8 +14,9 @@
 --
 -- KEYS[i]      the state key of request i, 1 <= i <= n
 -- ARGV[i]      its request, "<sign><step><slack><descriptor>": the sign
---              '0', or '-' for a negative step; the step and the slack in
---              14 hexadecimal digits each; then its policy's descriptor
+--              '0' (or '+', alike), or '-' for a negative step; the step
+--              and the slack in 14 hexadecimal digits each; then its
+--              policy's descriptor
 --   step       cost x interval in µs, how far an admitted request moves
 --              the time; 0 when nothing can be committed (a cost of 0 or
 --              one above capacity)
@@ -105,8 +106,10 @@ local olds, gap
 for i = 1, n do
   local key = KEYS[i]
   local request = ARGV[i]
-  local step = tonumber(sub(request, 2, 15), 16)
-  if byte(request) == 45 then step = -step end
+  -- The sign read with the digits: strtoul takes '0' as a digit and a
+  -- leading '-' as a negation modulo 2^64, far above any step.
+  local step = tonumber(sub(request, 1, 15), 16)
+  if step >= 9223372036854775808 then step = -tonumber(sub(request, 2, 15), 16) end
   local descriptor = sub(request, 30)
   local raw, fresh
   if write_first and step ~= 0 then

@@ -16,9 +16,9 @@
 -- carries its own argument, so requests of different policies mix.
 --
 -- KEYS[i]      the state key of request i, 1 <= i <= n
--- ARGV[i]      its request, "<mark><period><step><slack><descriptor>":
+-- ARGV[i]      its request, "<mark><step><period><slack><descriptor>":
 --              the mark '0', or '+' for a charge, or '-' for a refund, whose
---              step and slack are negative; the period, the step and the
+--              step and slack are negative; the step, the period and the
 --              slack in 14 hexadecimal digits each; then its policy's
 --              descriptor (one argument per request, and numbers read
 --              without converting a decimal: see tat.lua)
@@ -85,10 +85,14 @@ local olds, only
 for i = 1, n do
   local key = KEYS[i]
   local request = ARGV[i]
-  local mark = byte(request)
-  local period = tonumber(sub(request, 2, 15), 16)
-  local step = tonumber(sub(request, 16, 29), 16)
-  if mark == 45 then step = -step end
+  -- The mark read with the step's digits: strtoul takes '0' as a digit,
+  -- a leading '+' as nothing and a leading '-' as a negation modulo 2^64,
+  -- far above any step; a charge is told from a decision only where it
+  -- matters.
+  local step = tonumber(sub(request, 1, 15), 16)
+  local refund = step >= 9223372036854775808
+  if refund then step = -tonumber(sub(request, 2, 15), 16) end
+  local period = tonumber(sub(request, 16, 29), 16)
   local descriptor = sub(request, 44)
   local start = now - now % period
   local raw = try('GET', key)
@@ -142,13 +146,13 @@ for i = 1, n do
     only = hex
     if carried then ends = old - old % period + period end
     local slack = tonumber(sub(request, 30, 43), 16)
-    if mark == 45 then slack = -slack end
+    if refund then slack = -slack end
     if step ~= 0 and old % period <= slack then
       write = old + step
-    elseif mark == 43 then
+    elseif byte(request) == 43 then
       -- A charge past what the word holds: the window is full.
       write = start + period - 1
-    elseif mark == 45 and -1 - slack == start then
+    elseif refund and -1 - slack == start then
       -- A refund of a request reserved in this window.
       write = math.max(old + step, start)
     elseif carried then
