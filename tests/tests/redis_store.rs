@@ -6,6 +6,8 @@
 mod expiry;
 #[path = "redis_store/keys_and_time.rs"]
 mod keys_and_time;
+#[path = "redis_store/layout.rs"]
+mod layout;
 #[path = "redis_store/scripts.rs"]
 mod scripts;
 
@@ -75,15 +77,25 @@ async fn time_and_expiry(
     con: &mut redis::aio::MultiplexedConnection,
     state_key: &str,
 ) -> (u64, u64) {
-    // "<time>|<descriptor>"
     let value: String = con.get(state_key).await.unwrap();
-    let time = value.split('|').next().unwrap().parse().unwrap();
+    let time = stored_time(&value);
     let expiry: u64 = redis::cmd("PEXPIRETIME")
         .arg(state_key)
         .query_async(con)
         .await
         .unwrap();
     (time, expiry)
+}
+
+/// The time (or window word) of a word script's value, "0x<time in
+/// hexadecimal>|<descriptor>", or "<time in decimal>|<descriptor>" as
+/// earlier versions wrote it.
+fn stored_time(value: &str) -> u64 {
+    let time = value.split('|').next().unwrap();
+    match time.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
+        None => time.parse().unwrap(),
+    }
 }
 
 /// Redis `TIME` in µs.

@@ -60,7 +60,8 @@
 //! side by side, hands nobody a fresh quota.
 //!
 //! A policy of one GCRA, token-bucket or leaky-bucket limit keeps its state
-//! in one string, a time in microseconds and the descriptor, that expires
+//! in one string, a time in microseconds (in hexadecimal, which Lua reads
+//! cheaply) and the descriptor, that expires
 //! exactly when it stops mattering. An idle key is decided with `TIME` and
 //! one `SET ... PXAT ... NX GET`; a busy key with `TIME`, a `GET` and a
 //! `SET`; a denial with `TIME` and a `GET`, writing nothing. (The script

@@ -43,15 +43,19 @@ pub fn script_source(policy: &Policy) -> &'static str {
 /// use tollgate_redis::testing::script_args;
 ///
 /// let gcra = Policy::new("api", Algorithm::Gcra, "10/s")?;
-/// // The step and the slack: 100 ms per request, and a burst of 10 leaves
-/// // room for 9 more intervals ahead of now; then the descriptor the
+/// // One argument: the mark of a decision, the step and the slack in 14
+/// // hexadecimal digits each (100 ms per request, and a burst of 10 leaves
+/// // room for 9 more intervals ahead of now), then the descriptor the
 /// // state is written under.
-/// assert_eq!(script_args(&gcra, 1), ["100000", "900000", "gcra 1000000/100000/10"]);
+/// assert_eq!(
+///     script_args(&gcra, 1),
+///     ["0000000000186a0000000000dbba0gcra 1000000/100000/10"]
+/// );
 /// let window = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
-/// // The period, the step and the slack: 9 more may be counted already.
+/// // The step, the period and the slack: 9 more may be counted already.
 /// assert_eq!(
 ///     script_args(&window, 1),
-///     ["1000000", "1", "9", "fixed_window 1000000/100000/10"]
+///     ["000000000000001000000000f424000000000000009fixed_window 1000000/100000/10"]
 /// );
 /// let sliding = Policy::new("api", Algorithm::SlidingWindow, "10/s")?;
 /// // Now (0: Redis TIME), cost, descriptor, minimum TTL, one limit:

@@ -5,7 +5,7 @@ use redis::AsyncCommands;
 use tollgate_core::{Algorithm, Clock, FakeClock, Key, Policy, Store, SystemClock};
 use tollgate_tests::{require_redis, unique_prefix};
 
-use super::{redis_time, script_store, store};
+use super::{redis_time, script_store, store, stored_time};
 
 #[tokio::test]
 async fn hostile_keys_are_distinct_fixed_length_and_never_raw() {
@@ -107,7 +107,7 @@ async fn a_busy_key_is_decided_exactly_by_redis_time_and_stamped_by_its_estimate
             let d = store.check(&key, &policy, 1).await.unwrap();
             let after = redis_time(&mut con).await;
             let stored: String = con.get(&state_key).await.unwrap();
-            let stored: u64 = stored.split('|').next().unwrap().parse().unwrap();
+            let stored = stored_time(&stored);
             // What Redis's clock read when it decided.
             let decided_at = match n {
                 1 => d.now().as_micros(),

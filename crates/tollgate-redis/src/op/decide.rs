@@ -218,24 +218,19 @@ pub(crate) fn source(policy: &Policy) -> &'static str {
 /// Feeds the `ARGV` of one decision to `arg`: `now` in µs, or 0 for Redis
 /// TIME, and the shortest TTL in ms.
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
-pub(crate) fn for_each_arg<'a>(
-    policy: &'a Policy,
+pub(crate) fn for_each_arg(
+    policy: &Policy,
     cost: u64,
     now: u64,
     min_ttl_ms: u64,
-    mut arg: impl FnMut(Arg<'a>),
+    mut arg: impl FnMut(Arg<'_>),
 ) {
     let Some(form) = Form::word_of(policy) else {
         return general_args(policy, Arg::Number(cost), now, min_ttl_ms, arg);
     };
-    let (period, step, slack) = form.check_args(policy, cost);
-    // A script that takes no period is sent none.
-    if form.takes_period() {
-        arg(Arg::Number(period));
-    }
-    arg(Arg::Number(step));
-    arg(Arg::Number(slack));
-    arg(Arg::Text(policy.state_descriptor()));
+    // The request's one argument.
+    let request = form.check_arg(&word_request(form, "", policy, cost));
+    arg(Arg::Text(&request.to_text()));
     // On Redis's clock, the script needs nothing more.
     if now > 0 {
         arg(Arg::Number(now));

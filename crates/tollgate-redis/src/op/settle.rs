@@ -44,7 +44,7 @@ impl<C: RedisConnection> RedisStore<C> {
             None => {
                 let request = match policy.params().first() {
                     Some(_) => settle_request(settlement),
-                    None => SettleArgs::none().step,
+                    None => "0".to_owned(),
                 };
                 let call = wire.settle_general(&state_key, policy, &request);
                 inner.guarded(&state_key, call).await?
@@ -79,16 +79,11 @@ impl<C: RedisConnection> Wire<C> {
     ) -> Result<Word, RedisStoreError> {
         let script = form.settle_script(&self.scripts);
         let (now, min_ttl_ms) = self.test_time();
+        let request = form.arg(args.mark, args.period, args.step, args.slack, policy);
         let bytes = 128 + key.len() + policy.state_descriptor().len();
         let reply = self
-            .eval(key, script, (9, bytes), |cmd| {
-                cmd.arg(1).arg(key);
-                if form.takes_period() {
-                    cmd.arg(args.period);
-                }
-                cmd.arg(&args.step)
-                    .arg(&args.slack)
-                    .arg(policy.state_descriptor());
+            .eval(key, script, (6, bytes), |cmd| {
+                cmd.arg(1).arg(key).arg(&request);
                 if now > 0 {
                     cmd.arg(now).arg(min_ttl_ms);
                 }

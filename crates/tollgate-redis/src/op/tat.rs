@@ -6,7 +6,7 @@ use tollgate_core::state::{PolicyState, decide_tat};
 use tollgate_core::{Decision, Policy, Settlement, Timestamp};
 
 use crate::error::RedisStoreError;
-use crate::op::word::{BatchOf, Reading, SettleArgs, Word, WordForm};
+use crate::op::word::{BatchOf, CHARGE, CHECK, REFUND, Reading, SettleArgs, Word, WordForm};
 use crate::op::word_reply::words_at;
 use crate::script::{DecisionScript, Scripts, TAT_WRITE_FIRST};
 use crate::wire::WriteOrder;
@@ -68,17 +68,18 @@ impl WordForm for Tat {
     ) -> SettleArgs {
         let (charge, refund) = (settlement.charge(), settlement.refund());
         let span = |n: u64| n.saturating_mul(interval_us).min(MAX_SPAN);
-        let (step, slack) = if charge > 0 {
-            (span(charge).to_string(), MAX_SPAN)
+        let (mark, step, slack) = if charge > 0 {
+            (CHARGE, span(charge), MAX_SPAN)
         } else if refund > 0 {
-            (format!("-{}", span(refund)), MAX_SPAN)
+            (REFUND, span(refund), MAX_SPAN)
         } else {
-            ("0".into(), 0)
+            (CHECK, 0, 0)
         };
         SettleArgs {
+            mark,
             period: 0,
             step,
-            slack: slack.to_string(),
+            slack,
         }
     }
 

@@ -6,7 +6,7 @@ use tollgate_core::state::{PolicyState, decide_window_word};
 use tollgate_core::{Decision, Policy, Settlement, Timestamp};
 
 use crate::error::RedisStoreError;
-use crate::op::word::{BatchOf, Reading, SettleArgs, Word, WordForm};
+use crate::op::word::{BatchOf, CHARGE, CHECK, REFUND, Reading, SettleArgs, Word, WordForm};
 use crate::op::word_reply::{Reply, words};
 use crate::script::{DecisionScript, Scripts, WINDOW_WORD};
 use crate::wire::WriteOrder;
@@ -61,24 +61,28 @@ impl WordForm for WindowWord {
         if charge > 0 {
             let n = charge.min(period - 1);
             SettleArgs {
+                mark: CHARGE,
                 period,
-                step: format!("+{n}"),
-                slack: (period - 1 - n).to_string(),
+                step: n,
+                slack: period - 1 - n,
             }
         } else if refund > 0 {
-            // The slack says which window the request was reserved in.
+            // The slack, negated by the script, says which window the
+            // request was reserved in.
             let since = settlement.reserved_at().as_micros();
             let reserved_in = since - since % period;
             SettleArgs {
+                mark: REFUND,
                 period,
-                step: format!("-{refund}"),
-                slack: format!("-{}", reserved_in + 1),
+                step: refund,
+                slack: reserved_in + 1,
             }
         } else {
             SettleArgs {
+                mark: CHECK,
                 period,
-                step: "0".into(),
-                slack: "0".into(),
+                step: 0,
+                slack: 0,
             }
         }
     }

@@ -32,23 +32,102 @@ pub(crate) struct Request<'a> {
     pub(crate) policy: &'a Policy,
 }
 
-/// The arguments of a settlement: to a word script, its period (0 for
-/// the one-time script, which takes none), step and slack; to a general
-/// script, its request (the step).
+/// The arguments of a settlement: its mark (see [`RequestArg`]), the
+/// period (0 for the one-time script, which takes none), the step and the
+/// slack; to a general script, its request (see `general::settle_request`).
 pub(crate) struct SettleArgs {
+    pub(crate) mark: u8,
     pub(crate) period: u64,
-    pub(crate) step: String,
-    pub(crate) slack: String,
+    pub(crate) step: u64,
+    pub(crate) slack: u64,
 }
 
 impl SettleArgs {
     /// A settlement of nothing.
     pub(crate) fn none() -> Self {
         SettleArgs {
+            mark: CHECK,
             period: 0,
-            step: "0".into(),
-            slack: "0".into(),
+            step: 0,
+            slack: 0,
         }
+    }
+}
+
+/// The mark of a request that is no settlement (see [`RequestArg`]).
+pub(crate) const CHECK: u8 = b'0';
+/// The mark of a charge.
+pub(crate) const CHARGE: u8 = b'+';
+/// The mark of a refund, whose step (and, in the window-word script,
+/// slack) the script negates.
+pub(crate) const REFUND: u8 = b'-';
+
+/// Hexadecimal digits per number of a [`RequestArg`]: enough for every
+/// integer a Lua double holds exactly (below 2^53).
+const DIGITS: usize = 14;
+/// Room for the longest single-limit descriptor after three numbers.
+const INLINE: usize = 160;
+
+/// The argument of one request to a word script, `ARGV[i]` of request `i`
+/// (see `lua/shape/tat.lua`): a mark, each number in [`DIGITS`]
+/// hexadecimal digits, then the policy's descriptor. One argument per
+/// request, and numbers Lua reads with `strtoul`, cost Redis less than an
+/// argument per number in decimal. Built on the stack: a request costs no
+/// allocation of its own.
+pub(crate) struct RequestArg {
+    inline: [u8; INLINE],
+    len: usize,
+    /// A descriptor too long for `inline` (none of a single limit is).
+    heap: Vec<u8>,
+}
+
+impl RequestArg {
+    pub(crate) fn new(mark: u8, numbers: &[u64], descriptor: &str) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let len = 1 + DIGITS * numbers.len() + descriptor.len();
+        let mut arg = RequestArg {
+            inline: [0; INLINE],
+            len,
+            heap: Vec::new(),
+        };
+        let bytes: &mut [u8] = if len <= INLINE {
+            &mut arg.inline[..len]
+        } else {
+            arg.heap.resize(len, 0);
+            &mut arg.heap
+        };
+        bytes[0] = mark;
+        for (field, &n) in bytes[1..].chunks_exact_mut(DIGITS).zip(numbers) {
+            // Beyond 2^56 no Lua double holds the number exactly anyway.
+            let n = n.min((1 << (4 * DIGITS)) - 1);
+            for (i, digit) in field.iter_mut().enumerate() {
+                *digit = HEX[((n >> (4 * (DIGITS - 1 - i))) & 0xf) as usize];
+            }
+        }
+        bytes[1 + DIGITS * numbers.len()..].copy_from_slice(descriptor.as_bytes());
+        arg
+    }
+
+    /// The argument's bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        if self.len <= INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+
+    /// The argument as text (it is ASCII but for the descriptor, which is
+    /// text).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn to_text(&self) -> String {
+        String::from_utf8_lossy(self.as_bytes()).into_owned()
+    }
+}
+
+impl redis::ToRedisArgs for RequestArg {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        out.write_arg(self.as_bytes());
     }
 }
 
@@ -92,6 +171,27 @@ pub(crate) trait WordForm: Send + Sync {
     /// What a settlement sends, for `policy`'s first limit of
     /// `interval_us` and `period_us`.
     fn settle_args(&self, interval_us: u64, period_us: u64, settlement: &Settlement) -> SettleArgs;
+    /// The argument of `request`, a decision.
+    fn check_arg(&self, request: &Request<'_>) -> RequestArg {
+        self.arg(
+            CHECK,
+            request.period,
+            request.step,
+            request.slack,
+            request.policy,
+        )
+    }
+    /// The argument of a request of `mark` with these numbers under
+    /// `policy`: the period only where the script takes one, after the
+    /// step, which the script reads with the mark.
+    fn arg(&self, mark: u8, period: u64, step: u64, slack: u64, policy: &Policy) -> RequestArg {
+        let descriptor = policy.state_descriptor();
+        if self.takes_period() {
+            RequestArg::new(mark, &[step, period, slack], descriptor)
+        } else {
+            RequestArg::new(mark, &[step, slack], descriptor)
+        }
+    }
     /// The words of a reply to `n` requests of a batch.
     fn words(
         &self,
@@ -164,42 +264,33 @@ impl<C: RedisConnection> Wire<C> {
         requests: &[Request<'_>],
     ) -> Result<Vec<Word>, RedisStoreError> {
         let script = form.script(&self.scripts, &self.order);
-        // Per request: the period (if the script takes one), the step and
-        // the slack.
-        let takes_period = form.takes_period();
-        let numbers = 2 + usize::from(takes_period);
         let (reply, now) = self
-            .call_words(script, requests, numbers, |cmd, r| {
-                if takes_period {
-                    cmd.arg(r.period);
-                }
-                cmd.arg(r.step).arg(r.slack);
-            })
+            .call_words(script, requests, |r| form.check_arg(r))
             .await?;
         self.read(now, |reading| form.words(&reply, requests.len(), reading))
     }
 
     /// Calls a word script on `requests`: the key count, the keys, then
-    /// per request the `numbers` arguments `numbers_of` adds and its
-    /// descriptor, then (test clock) now and the shortest TTL. Returns the
-    /// reply and the `now` sent (0: Redis's clock).
+    /// each request's argument, `arg_of`, then (test clock) now and the
+    /// shortest TTL. Returns the reply and the `now` sent (0: Redis's
+    /// clock).
     async fn call_words(
         &self,
         script: &DecisionScript,
         requests: &[Request<'_>],
-        numbers: usize,
-        numbers_of: impl Fn(&mut redis::Cmd, &Request<'_>),
+        arg_of: impl Fn(&Request<'_>) -> RequestArg,
     ) -> Result<(redis::Value, u64), RedisStoreError> {
         let Some(first) = requests.first() else {
             return Ok((redis::Value::Int(0), 0));
         };
         let (now, min_ttl_ms) = self.test_time();
-        // Numbers of up to 20 digits each.
-        let count = 3 + (2 + numbers) * requests.len();
+        let count = 3 + 2 * requests.len();
+        // The numbers of a request's argument, and two numbers of up to 20
+        // digits under a test clock.
         let bytes = 60
             + requests
                 .iter()
-                .map(|r| r.key.len() + 20 * numbers + r.policy.state_descriptor().len())
+                .map(|r| r.key.len() + 1 + 3 * DIGITS + r.policy.state_descriptor().len())
                 .sum::<usize>();
         let reply = self
             .eval(first.key, script, (count, bytes), |cmd| {
@@ -208,8 +299,7 @@ impl<C: RedisConnection> Wire<C> {
                     cmd.arg(r.key);
                 }
                 for r in requests {
-                    numbers_of(cmd, r);
-                    cmd.arg(r.policy.state_descriptor());
+                    cmd.arg(arg_of(r));
                 }
                 if now > 0 {
                     cmd.arg(now).arg(min_ttl_ms);
