@@ -86,6 +86,7 @@ impl Telemetry {
     }
 
     /// Records a decision and what became of the request.
+    #[inline]
     pub(crate) fn decided(&self, decision: &Decision, verdict: Verdict) {
         #[cfg(feature = "metrics")]
         match verdict {

@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use tollgate_core::{Decision, Key, Policy};
 
 use crate::answer::StoreRefusal;
-use crate::answer::headers::{Decoration, HeaderStyle, PolicyValues};
+use crate::answer::headers::{Decoration, HeaderStyle, Values};
 use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
 use crate::report::Telemetry;
@@ -32,14 +32,14 @@ pub(crate) struct Responder {
     /// Shared by every service of one layer, so throttling holds across them.
     pub(crate) telemetry: Arc<Telemetry>,
     /// The policy's header values, made once.
-    pub(crate) values: PolicyValues,
+    pub(crate) values: Values,
     pub(crate) policy: Arc<str>,
 }
 
 impl Responder {
     /// The responder of the policy named `policy`, whose header values are
     /// `values`.
-    pub(crate) fn new(policy: &str, values: PolicyValues) -> Self {
+    pub(crate) fn new(policy: &str, values: Values) -> Self {
         Self {
             headers: HeaderStyle::default(),
             status: StatusCode::TOO_MANY_REQUESTS,
@@ -58,13 +58,14 @@ impl Responder {
     pub(crate) fn for_policy(&self, policy: &Policy) -> Self {
         Self {
             telemetry: Arc::new(Telemetry::new(policy.name())),
-            values: PolicyValues::of(policy),
+            values: Values::of(policy),
             policy: Arc::from(policy.name()),
             ..self.clone()
         }
     }
 
     /// Whether denials of `key` are enforced rather than shadowed.
+    #[inline]
     pub(crate) fn enforces(&self, key: &Key) -> bool {
         match self.enforce_percent {
             100.. => true,
@@ -77,6 +78,7 @@ impl Responder {
 /// A key's place on the enforcement ramp, 0 to 99: the same on every
 /// machine and in every version, so a key enforced at 10% stays enforced
 /// at 20%.
+#[inline(never)]
 fn ramp_bucket(key: &Key) -> u64 {
     // FNV-1a over the kind and the bytes, then a SplitMix64 finaliser to
     // spread FNV's weak low bits.
@@ -108,15 +110,11 @@ impl fmt::Debug for Responder {
 }
 
 impl Responder {
-    /// What the response to an admitted request will need from `decision`
-    /// for its headers (`None` when the layer sends none).
+    /// What the response to an admitted request will need for its headers
+    /// (`None` when the layer sends none); `Decoration::write` adds them.
+    #[inline]
     pub(crate) fn decoration(&self, decision: &Decision) -> Option<Decoration> {
-        Decoration::new(self.headers, decision, &self.policy)
-    }
-
-    /// Adds the rate-limit headers of an admitted request.
-    pub(crate) fn decorate<B>(&self, decoration: Decoration, response: &mut Response<B>) {
-        decoration.write(self.headers, response.headers_mut(), &self.values);
+        Decoration::new(self.headers, decision, &self.policy, &self.values)
     }
 
     /// The response to a denied request.
@@ -130,7 +128,7 @@ impl Responder {
             answer::write_retry_after(decision, headers);
         }
         if let Some(decoration) = self.decoration(decision) {
-            decoration.write(self.headers, headers, &self.values);
+            decoration.write(headers);
         }
         response
     }

@@ -1,5 +1,7 @@
 //! Rate-limit response headers.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_core::{Decision, Policy};
@@ -60,26 +62,34 @@ pub enum HeaderStyle {
     None,
 }
 
-/// What a response's rate-limit headers need from its decision, taken when
-/// the decision is made. An admitted request's response future carries this
-/// (40 bytes) until the inner service answers, rather than the whole
-/// decision (120): the future is moved several times on its way to being
-/// polled, and every move copies it.
+/// What a response's rate-limit headers need, taken when the decision is
+/// made: the figures of the decision, and the style and the policy's values
+/// to write them with. An admitted request's response future carries this
+/// (56 bytes) until the inner service answers, rather than the whole
+/// decision (120) and the layer's settings: the future is moved several
+/// times on its way to being polled, and every move copies it, and holding
+/// the settings would cost a reference count per request.
 #[derive(Debug)]
 pub(crate) struct Decoration {
     limit: u64,
     remaining: u64,
-    used: u64,
     reset_secs: u64,
+    style: HeaderStyle,
+    values: Values,
     /// `RateLimit-Policy` and `RateLimit`, when the style sends them: made
     /// at once, since they are formatted (and allocate) anyway.
     ietf: Option<Box<[HeaderValue; 2]>>,
 }
 
 impl Decoration {
-    /// The headers of `style` for `decision` under the policy `policy`, or
-    /// `None` for a style that sends none.
-    pub(crate) fn new(style: HeaderStyle, decision: &Decision, policy: &str) -> Option<Self> {
+    /// The headers of `style` for `decision` under the policy `policy`,
+    /// whose values are `values`, or `None` for a style that sends none.
+    pub(crate) fn new(
+        style: HeaderStyle,
+        decision: &Decision,
+        policy: &str,
+        values: &Values,
+    ) -> Option<Self> {
         #[allow(deprecated)] // `GitHubFull`, kept for its users, is `GitHub`
         let ietf = match style {
             HeaderStyle::Ietf | HeaderStyle::Both => ietf_values(decision, policy).map(Box::new),
@@ -89,19 +99,18 @@ impl Decoration {
         Some(Self {
             limit: decision.limit(),
             remaining: decision.remaining(),
-            used: decision.used(),
             reset_secs: decision.reset_at().as_secs_ceil(),
+            style,
+            values: values.clone(),
             ietf,
         })
     }
 
-    /// Writes the headers of `style` into `headers`. When a nearer layer
-    /// already wrote GitHub headers, they are replaced only if this
-    /// decision leaves fewer requests.
-    ///
-    /// `values` are the deciding policy's own, made once: its name and its
-    /// limits.
-    pub(crate) fn write(self, style: HeaderStyle, headers: &mut HeaderMap, values: &PolicyValues) {
+    /// Writes the headers into `headers`. When a nearer layer already wrote
+    /// GitHub headers, they are replaced only if this decision leaves fewer
+    /// requests.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        let values = &*self.values;
         if let Some(values) = self.ietf {
             // Appended: stacked layers each add their items, and field
             // lines of a structured list combine into one list.
@@ -110,7 +119,7 @@ impl Decoration {
             headers.append(RATELIMIT, state);
         }
         #[allow(deprecated)] // `GitHubFull`, kept for its users, is `GitHub`
-        match style {
+        match self.style {
             HeaderStyle::GitHub | HeaderStyle::GitHubFull | HeaderStyle::Both => {}
             HeaderStyle::Ietf | HeaderStyle::None => return,
         }
@@ -138,10 +147,54 @@ impl Decoration {
         // In GitHub's order.
         headers.insert(X_RATELIMIT_LIMIT, values.limit(self.limit));
         headers.insert(X_RATELIMIT_REMAINING, values.remaining(self.remaining));
-        headers.insert(X_RATELIMIT_USED, number(self.used));
+        // `used` is the binding limit's capacity less what remains.
+        headers.insert(
+            X_RATELIMIT_USED,
+            number(self.limit.saturating_sub(self.remaining)),
+        );
         headers.insert(X_RATELIMIT_RESET, epoch_secs(self.reset_secs));
         if let Some(name) = &values.name {
             headers.insert(X_RATELIMIT_RESOURCE, name.clone());
+        }
+    }
+}
+
+/// A policy's [`PolicyValues`]: kept for good (copied without a reference
+/// count) where the budget of `prebuilt` allows, made otherwise.
+#[derive(Debug, Clone)]
+pub(crate) enum Values {
+    Kept(&'static PolicyValues),
+    Made(Arc<PolicyValues>),
+}
+
+impl Values {
+    /// The values of `policy`, kept for good where the budget allows.
+    pub(crate) fn of(policy: &Policy) -> Self {
+        let name = policy.name();
+        let capacities: Vec<u64> = policy.params().iter().map(|p| p.capacity).collect();
+        // Everything the values are made of, each field set apart.
+        let key = format!("policy values\0{name}\0{capacities:?}");
+        let held = name.len() + capacities.len() * std::mem::size_of::<LimitValues>();
+        match prebuilt::keep(&key, held, || PolicyValues::of(policy)) {
+            Some(kept) => Values::Kept(kept),
+            None => Values::Made(Arc::new(PolicyValues::of(policy))),
+        }
+    }
+
+    /// The values of a policy of that name, made now, with no limit made
+    /// ahead: for headers written outside a layer.
+    pub(crate) fn named(name: &str) -> Self {
+        Values::Made(Arc::new(PolicyValues::named(name)))
+    }
+}
+
+impl std::ops::Deref for Values {
+    type Target = PolicyValues;
+
+    fn deref(&self) -> &PolicyValues {
+        match self {
+            Values::Kept(values) => values,
+            Values::Made(values) => values,
         }
     }
 }
@@ -152,14 +205,14 @@ impl Decoration {
 /// below each large capacity (the `x-ratelimit-remaining` of a key that
 /// has used little of it), over static bytes where the budget of
 /// `prebuilt` allows.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct PolicyValues {
     name: Option<HeaderValue>,
     limits: Box<[LimitValues]>,
 }
 
 /// The values of one limit's capacity.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct LimitValues {
     capacity: u64,
     value: HeaderValue,
@@ -169,17 +222,16 @@ struct LimitValues {
 }
 
 impl PolicyValues {
-    /// The values of a policy of that name, made now, with no limit made
-    /// ahead: for headers written outside a layer.
-    pub(crate) fn named(name: &str) -> Self {
+    /// The values of a policy of that name, with no limit made ahead.
+    fn named(name: &str) -> Self {
         Self {
             name: shared_value(name.as_bytes()),
             limits: Box::default(),
         }
     }
 
-    /// The values of `policy`, made once for good within the budget.
-    pub(crate) fn of(policy: &Policy) -> Self {
+    /// The values of `policy`, over static bytes within the budget.
+    fn of(policy: &Policy) -> Self {
         let mut limits: Vec<LimitValues> = Vec::new();
         for capacity in policy.params().iter().map(|params| params.capacity) {
             if limits.iter().any(|known| known.capacity == capacity) {
@@ -324,8 +376,8 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
     if !decision.is_allowed() {
         write_retry_after(decision, headers);
     }
-    if let Some(decoration) = Decoration::new(style, decision, policy) {
-        decoration.write(style, headers, &PolicyValues::named(policy));
+    if let Some(decoration) = Decoration::new(style, decision, policy, &Values::named(policy)) {
+        decoration.write(headers);
     }
 }
 

@@ -5,6 +5,7 @@
 //! value over shared bytes does twice per response, with an atomic
 //! instruction each time.
 
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -23,16 +24,19 @@ const BUDGET: usize = 1 << 20;
 /// (what a rate-based algorithm shows for a key well within its rate).
 const WINDOW: u64 = 256;
 
-/// The texts and windows kept so far, each once, and their bytes.
+/// The texts, windows and other values kept so far, each once, and their
+/// bytes.
 struct Kept {
     texts: BTreeSet<&'static str>,
     windows: BTreeMap<u64, &'static [HeaderValue]>,
+    values: BTreeMap<Box<str>, &'static (dyn Any + Send + Sync)>,
     bytes: usize,
 }
 
 static KEPT: Mutex<Kept> = Mutex::new(Kept {
     texts: BTreeSet::new(),
     windows: BTreeMap::new(),
+    values: BTreeMap::new(),
     bytes: 0,
 });
 
@@ -57,6 +61,29 @@ impl Kept {
 
 fn kept() -> MutexGuard<'static, Kept> {
     KEPT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The value `make` makes, kept for good as the value of `key`: the same
+/// one for the same key, or `None` once the budget is spent. `held` is
+/// what the value holds beyond its own size.
+pub(crate) fn keep<T: Send + Sync + 'static>(
+    key: &str,
+    held: usize,
+    make: impl FnOnce() -> T,
+) -> Option<&'static T> {
+    if let Some(known) = kept().values.get(key) {
+        return known.downcast_ref();
+    }
+    // Made without the lock: making it may keep texts and windows.
+    let value = make();
+    let mut kept = kept();
+    if let Some(known) = kept.values.get(key) {
+        return known.downcast_ref();
+    }
+    kept.spend(std::mem::size_of::<T>() + held + key.len())?;
+    let value: &'static T = Box::leak(Box::new(value));
+    kept.values.insert(Box::from(key), value);
+    Some(value)
 }
 
 /// `text` as a header value over static bytes, when it is a valid one and
@@ -150,6 +177,16 @@ mod tests {
         // Made once.
         let again = Window::below(1_000_000).expect("within the budget");
         assert!(std::ptr::eq(window.values, again.values));
+    }
+
+    #[test]
+    fn values_are_kept_once_per_key() {
+        let first = keep("test:a", 0, || 1_u32).expect("within the budget");
+        let second = keep("test:a", 0, || 2_u32).expect("within the budget");
+        assert!(std::ptr::eq(first, second));
+        assert_eq!(*second, 1);
+        // Another type under the same key is not mistaken for it.
+        assert_eq!(keep("test:a", 0, || 3_u64), None);
     }
 
     #[test]

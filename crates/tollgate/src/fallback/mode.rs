@@ -183,16 +183,29 @@ impl FailureMode {
     /// store's; on its failure, `local` decides under
     /// [`FailureMode::Local`]. Every failure is reported to `report`, with
     /// what became of the request.
+    #[inline]
     pub(crate) fn apply<T>(
         self,
         result: Result<T, StoreError>,
         local: impl FnOnce() -> Result<T, StoreError>,
         report: &impl FailureReport,
     ) -> Answer<T> {
-        let error = match result {
-            Ok(value) => return Answer::Decided(value),
-            Err(error) => error,
-        };
+        match result {
+            Ok(value) => Answer::Decided(value),
+            Err(error) => self.failed(error, local, report),
+        }
+    }
+
+    /// What [`apply`](Self::apply) makes of a failure: kept out of the
+    /// path of every decided request, whose code stays small.
+    #[cold]
+    #[inline(never)]
+    fn failed<T>(
+        self,
+        error: StoreError,
+        local: impl FnOnce() -> Result<T, StoreError>,
+        report: &impl FailureReport,
+    ) -> Answer<T> {
         report.store_failed(self, &error);
         match self {
             FailureMode::Open => {

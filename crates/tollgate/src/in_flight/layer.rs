@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tollgate_core::{InFlightLimit, MemoryStore};
 use tower_layer::Layer;
 
-use crate::answer::headers::PolicyValues;
+use crate::answer::headers::Values;
 use crate::fallback::{FailureMode, FailureSettings};
 use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
@@ -70,7 +70,7 @@ impl<K> InFlightLayer<K> {
     /// them through Redis).
     pub fn new(limit: InFlightLimit, extractor: K) -> Self {
         Self {
-            responder: Responder::new(limit.name(), PolicyValues::named(limit.name())),
+            responder: Responder::new(limit.name(), Values::named(limit.name())),
             limit,
             extractor: Arc::new(extractor),
             store: MemoryStore::new(),

@@ -18,7 +18,7 @@ use crate::response::Responder;
 use super::body::{BodyKind, WrapBody};
 use super::call::{Check, Deferred, Inner, Waiter};
 use super::settle::SettleCall;
-use super::state::{Finish, State, StateProj, next_state};
+use super::state::{Finish, Settle, State, StateProj, next_state};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -34,17 +34,12 @@ pin_project! {
     {
         #[pin]
         state: State<F, F::Output>,
-        responder: Arc<Responder>,
         body: PhantomData<fn() -> M>,
     }
 }
 
 impl<F: Future, M> ResponseFuture<F, M> {
-    pub(crate) fn call<S, B>(
-        inner: Inner<'_, S>,
-        request: Request<B>,
-        responder: Arc<Responder>,
-    ) -> Self
+    pub(crate) fn call<S, B>(inner: Inner<'_, S>, request: Request<B>) -> Self
     where
         S: Service<Request<B>, Future = F> + Clone,
     {
@@ -53,17 +48,15 @@ impl<F: Future, M> ResponseFuture<F, M> {
                 future: inner.call(request),
                 finish: Finish::Headers(None),
             },
-            responder,
             body: PhantomData,
         }
     }
 
-    pub(crate) fn respond(response: Response<Bytes>, responder: Arc<Responder>) -> Self {
+    pub(crate) fn respond(response: Response<Bytes>) -> Self {
         Self {
             state: State::Responding {
                 response: Some(response),
             },
-            responder,
             body: PhantomData,
         }
     }
@@ -83,8 +76,8 @@ impl<F: Future, M> ResponseFuture<F, M> {
                 waiter,
                 enforce,
                 settle,
+                responder,
             },
-            responder,
             body: PhantomData,
         }
     }
@@ -93,7 +86,7 @@ impl<F: Future, M> ResponseFuture<F, M> {
         result: Answer<Decision>,
         inner: Inner<'_, S>,
         request: Request<B>,
-        responder: Arc<Responder>,
+        responder: &Arc<Responder>,
         waiter: Option<Waiter>,
         enforce: bool,
         settle: Option<SettleCall>,
@@ -103,10 +96,9 @@ impl<F: Future, M> ResponseFuture<F, M> {
         B: Send + 'static,
     {
         let next = (inner, request);
-        let state = next_state(result, next, &responder, waiter, enforce, settle);
+        let state = next_state(result, next, responder, waiter, enforce, settle);
         Self {
             state,
-            responder,
             body: PhantomData,
         }
     }
@@ -121,124 +113,160 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StateProj::Checking {
-                    check,
-                    call,
-                    waiter,
-                    enforce,
-                    settle,
-                } => {
-                    let result = ready!(check.as_mut().poll(cx));
-                    let next = match call.take() {
-                        Some(call) => next_state(
-                            result,
-                            call,
-                            this.responder,
-                            waiter.take(),
-                            *enforce,
-                            settle.take(),
-                        ),
-                        None => State::Responding { response: None },
-                    };
-                    this.state.set(next);
-                }
-                StateProj::Waiting {
-                    sleep,
-                    call,
-                    waiter,
-                    enforce,
-                    settle,
-                } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    let next = match (waiter.take(), call.take()) {
-                        (Some(waiter), Some(call)) => State::Checking {
-                            check: (waiter.recheck)(),
-                            call: Some(call),
-                            waiter: Some(waiter),
-                            enforce: *enforce,
-                            settle: settle.take(),
-                        },
-                        _ => State::Responding { response: None },
-                    };
-                    this.state.set(next);
-                }
-                StateProj::Delaying {
-                    sleep,
-                    call,
-                    finish,
-                } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    let next = match call.take() {
-                        Some(call) => State::Calling {
-                            future: call(),
-                            finish: finish.take(),
-                        },
-                        None => State::Responding { response: None },
-                    };
-                    this.state.set(next);
-                }
-                StateProj::Calling { future, finish } => {
-                    let result = ready!(future.poll(cx));
-                    let decoration = match (finish.take(), &result) {
-                        (Finish::Headers(decoration), _) => decoration,
-                        (Finish::Settle(settle), Ok(response)) => {
-                            let (decoration, settling) = *settle;
-                            match settling.start(response.status(), response.extensions()) {
-                                None => decoration,
-                                Some(settled) => {
-                                    this.state.set(State::Settling {
-                                        settled,
-                                        response: Some(result),
-                                        decoration,
-                                    });
-                                    continue;
-                                }
+        // Nearly every request: the inner service's call, whose response
+        // gets its headers. Every other state is polled by a function of
+        // its own, so that the code most requests run stays small.
+        if let StateProj::Calling { future, finish } = this.state.as_mut().project()
+            && let Finish::Headers(_) = finish
+        {
+            let result = ready!(future.poll(cx));
+            let mut response = result?.map(M::inner);
+            if let Finish::Headers(Some(decoration)) = finish.take() {
+                decoration.write(response.headers_mut());
+            }
+            return Poll::Ready(Ok(response));
+        }
+        poll_states::<F, M, ResBody, E>(this.state, cx)
+    }
+}
+
+/// Polls the response future in any state: asking the store, waiting,
+/// calling the inner service, settling, answering.
+#[inline(never)]
+fn poll_states<F, M, ResBody, E>(
+    mut state: Pin<&mut State<F, F::Output>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<M::Body>, E>>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+    M: BodyKind<ResBody>,
+{
+    loop {
+        match state.as_mut().project() {
+            StateProj::Checking {
+                check,
+                call,
+                waiter,
+                enforce,
+                settle,
+                responder,
+            } => {
+                let result = ready!(check.as_mut().poll(cx));
+                let next = match call.take() {
+                    Some(call) => next_state(
+                        result,
+                        call,
+                        responder,
+                        waiter.take(),
+                        *enforce,
+                        settle.take(),
+                    ),
+                    None => State::Responding { response: None },
+                };
+                state.set(next);
+            }
+            StateProj::Waiting {
+                sleep,
+                call,
+                waiter,
+                enforce,
+                settle,
+                responder,
+            } => {
+                ready!(sleep.as_mut().poll(cx));
+                let next = match (waiter.take(), call.take()) {
+                    (Some(waiter), Some(call)) => State::Checking {
+                        check: (waiter.recheck)(),
+                        call: Some(call),
+                        waiter: Some(waiter),
+                        enforce: *enforce,
+                        settle: settle.take(),
+                        responder: responder.clone(),
+                    },
+                    _ => State::Responding { response: None },
+                };
+                state.set(next);
+            }
+            StateProj::Delaying {
+                sleep,
+                call,
+                finish,
+            } => {
+                ready!(sleep.as_mut().poll(cx));
+                let next = match call.take() {
+                    Some(call) => State::Calling {
+                        future: call(),
+                        finish: finish.take(),
+                    },
+                    None => State::Responding { response: None },
+                };
+                state.set(next);
+            }
+            StateProj::Calling { future, finish } => {
+                let result = ready!(future.poll(cx));
+                let decoration = match (finish.take(), &result) {
+                    (Finish::Headers(decoration), _) => decoration,
+                    (Finish::Settle(settle), Ok(response)) => {
+                        let Settle {
+                            decoration,
+                            settling,
+                            responder,
+                        } = *settle;
+                        match settling.start(response.status(), response.extensions()) {
+                            None => decoration,
+                            Some(settled) => {
+                                state.set(State::Settling {
+                                    settled,
+                                    response: Some(result),
+                                    decoration,
+                                    responder,
+                                });
+                                continue;
                             }
                         }
-                        (Finish::Settle(settle), Err(_)) => settle.0,
-                    };
-                    let mut response = result?.map(M::inner);
-                    if let Some(decoration) = decoration {
-                        this.responder.decorate(decoration, &mut response);
                     }
-                    return Poll::Ready(Ok(response));
+                    (Finish::Settle(settle), Err(_)) => settle.decoration,
+                };
+                let mut response = result?.map(M::inner);
+                if let Some(decoration) = decoration {
+                    decoration.write(response.headers_mut());
                 }
-                StateProj::Settling {
-                    settled,
-                    response,
-                    decoration,
-                } => {
-                    let settled = ready!(settled.as_mut().poll(cx));
-                    // After a failed settlement the headers show the
-                    // reservation's state.
-                    let decoration = match settled {
-                        Ok(decision) => this.responder.decoration(&decision),
-                        Err(error) => {
-                            this.responder.telemetry.store_failed(None, &error);
-                            decoration.take()
-                        }
-                    };
-                    let Some(result) = response.take() else {
-                        this.state.set(State::Responding { response: None });
-                        continue;
-                    };
-                    let mut response = result?.map(M::inner);
-                    if let Some(decoration) = decoration {
-                        this.responder.decorate(decoration, &mut response);
+                return Poll::Ready(Ok(response));
+            }
+            StateProj::Settling {
+                settled,
+                response,
+                decoration,
+                responder,
+            } => {
+                let settled = ready!(settled.as_mut().poll(cx));
+                // After a failed settlement the headers show the
+                // reservation's state.
+                let decoration = match settled {
+                    Ok(decision) => responder.decoration(&decision),
+                    Err(error) => {
+                        responder.telemetry.store_failed(None, &error);
+                        decoration.take()
                     }
-                    return Poll::Ready(Ok(response));
+                };
+                let Some(result) = response.take() else {
+                    state.set(State::Responding { response: None });
+                    continue;
+                };
+                let mut response = result?.map(M::inner);
+                if let Some(decoration) = decoration {
+                    decoration.write(response.headers_mut());
                 }
-                StateProj::Responding { response } => {
-                    // `None` only if polled again after completion.
-                    let response = response.take().unwrap_or_else(|| {
-                        let mut r = Response::new(Bytes::new());
-                        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                        r
-                    });
-                    return Poll::Ready(Ok(response.map(M::own)));
-                }
+                return Poll::Ready(Ok(response));
+            }
+            StateProj::Responding { response } => {
+                // `None` only if polled again after completion.
+                let response = response.take().unwrap_or_else(|| {
+                    let mut r = Response::new(Bytes::new());
+                    *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    r
+                });
+                return Poll::Ready(Ok(response.map(M::own)));
             }
         }
     }
@@ -262,12 +290,13 @@ mod tests {
 
     #[test]
     fn the_future_adds_little_to_the_inner_one() {
-        // The inner future, the decision's headers (40 bytes, with a tag)
-        // and the responder: what an admitted request's future holds while
-        // the inner service works. It is moved whole a few times before it
-        // is polled (into axum's boxed future, say), so every byte is copied
-        // more than once; holding the whole decision (120 bytes) and the
-        // waiting mode's fields here made it 112 bytes larger.
+        // The inner future and the decision's headers (56 bytes: its
+        // figures, and the style and the values to write them with): what
+        // an admitted request's future holds while the inner service works.
+        // It is moved whole a few times before it is polled (into axum's
+        // boxed future, say), so every byte is copied more than once;
+        // holding the whole decision (120 bytes) and the waiting mode's
+        // fields here made it 112 bytes larger.
         let outer = std::mem::size_of::<ResponseFuture<Large, WrapBody>>();
         let inner = std::mem::size_of::<Large>();
         assert!(outer - inner <= 56, "{outer} - {inner}");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tollgate_core::{MemoryStore, Policy};
 use tower_layer::Layer;
 
-use crate::answer::headers::PolicyValues;
+use crate::answer::headers::Values;
 use crate::fallback::FallbackStore;
 use crate::response::Responder;
 
@@ -64,7 +64,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             store: FallbackStore::new(MemoryStore::new()),
             config: Config {
                 settle: None,
-                responder: Arc::new(Responder::new(policy.name(), PolicyValues::of(&policy))),
+                responder: Arc::new(Responder::new(policy.name(), Values::of(&policy))),
                 policy,
                 extractor: Arc::new(extractor),
                 cost: 1,

@@ -149,39 +149,27 @@ where
         // store decides at once calls it in place; a request that waits for
         // the store takes it along and leaves a clone here.
         let inner = Inner(&mut self.inner);
-        let responder = config.responder.clone();
 
         let Some(key) = config.extractor.extract(&request) else {
-            return match config.responder.missing {
-                MissingKey::Allow => ResponseFuture::call(inner, request, responder),
-                MissingKey::ByCause | MissingKey::Error | MissingKey::Reject(_) => {
-                    let cause = config.extractor.missing(&request);
-                    let response = config.responder.missing_key(&cause);
-                    ResponseFuture::respond(response, responder)
-                }
-            };
+            return missing_key(config, inner, request);
         };
 
         // The chooser's policy, if it picked one, and the responder that
-        // names it; otherwise the layer's own.
+        // names it; otherwise the layer's own. A request the store decides
+        // at once takes no reference to the responder along.
         let chosen = config.extractor.choose(&request);
+        let chosen_responder;
         let (policy, cost, responder) = match &chosen {
-            None => (&config.policy, config.cost, responder),
-            Some(choice) => (
-                &choice.policy,
-                choice.cost.unwrap_or(config.cost),
-                shared.responders.of(&choice.policy),
-            ),
+            None => (&config.policy, config.cost, &config.responder),
+            Some(choice) => {
+                chosen_responder = shared.responders.of(&choice.policy);
+                let cost = choice.cost.unwrap_or(config.cost);
+                (&choice.policy, cost, &chosen_responder)
+            }
         };
         let enforce = responder.enforces(&key);
-        let waiter = config.wait.map(|max_wait| Waiter {
-            recheck: {
-                let (shared, key) = (shared.clone(), key.clone());
-                let (policy, responder) = (policy.clone(), responder.clone());
-                Box::new(move || check(shared.clone(), key.clone(), &policy, cost, &responder))
-            },
-            deadline: tokio::time::Instant::now() + max_wait,
-        });
+        let waiter =
+            (config.wait).map(|max_wait| waiter(shared, &key, policy, cost, responder, max_wait));
         let settle =
             (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
         match shared.store.get_ref().try_check_now(&key, policy, cost) {
@@ -191,11 +179,61 @@ where
                 ResponseFuture::decided(result, inner, request, responder, waiter, enforce, settle)
             }
             None => {
-                let check = check(shared.clone(), key, policy, cost, &responder);
+                let check = check(shared.clone(), key, policy, cost, responder);
                 let call = inner.defer(request);
+                let responder = responder.clone();
                 ResponseFuture::check(check, call, responder, waiter, enforce, settle)
             }
         }
+    }
+}
+
+/// The answer to a request without a key: called through, or refused.
+/// (Here and below, what most requests do not need is kept out of `call`,
+/// whose code then stays small.)
+#[cold]
+#[inline(never)]
+fn missing_key<K, S, F, M, B>(
+    config: &Config<K>,
+    inner: Inner<'_, S>,
+    request: Request<B>,
+) -> ResponseFuture<F, M>
+where
+    K: KeyExtractor<B>,
+    S: Service<Request<B>, Future = F> + Clone,
+    F: std::future::Future,
+{
+    match config.responder.missing {
+        MissingKey::Allow => ResponseFuture::call(inner, request),
+        MissingKey::ByCause | MissingKey::Error | MissingKey::Reject(_) => {
+            let cause = config.extractor.missing(&request);
+            let response = config.responder.missing_key(&cause);
+            ResponseFuture::respond(response)
+        }
+    }
+}
+
+/// How a layer in waiting mode asks the store about `key` again, until
+/// `max_wait` from now.
+#[cold]
+#[inline(never)]
+fn waiter<K, St>(
+    shared: &Arc<Shared<K, St>>,
+    key: &Key,
+    policy: &Policy,
+    cost: u64,
+    responder: &Arc<Responder>,
+    max_wait: Duration,
+) -> Waiter
+where
+    K: Send + Sync + 'static,
+    St: Store,
+{
+    let (shared, key) = (shared.clone(), key.clone());
+    let (policy, responder) = (policy.clone(), responder.clone());
+    Waiter {
+        recheck: Box::new(move || check(shared.clone(), key.clone(), &policy, cost, &responder)),
+        deadline: tokio::time::Instant::now() + max_wait,
     }
 }
 
@@ -223,6 +261,7 @@ where
 
 /// The settle call of a request of `key` that reserved `reserved` under
 /// `policy`, in a layer that settles by `rule`.
+#[inline(never)]
 pub(crate) fn settle_call<K, St>(
     shared: &Arc<Shared<K, St>>,
     rule: &Settle,

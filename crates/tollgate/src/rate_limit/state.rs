@@ -2,6 +2,7 @@
 //! follows a store's answer.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,6 +27,7 @@ pin_project! {
             waiter: Option<Waiter>,
             enforce: bool,
             settle: Option<SettleCall>,
+            responder: Arc<Responder>,
         },
         Waiting {
             sleep: Pin<Box<tokio::time::Sleep>>,
@@ -33,6 +35,7 @@ pin_project! {
             waiter: Option<Waiter>,
             enforce: bool,
             settle: Option<SettleCall>,
+            responder: Arc<Responder>,
         },
         Delaying {
             sleep: Pin<Box<tokio::time::Sleep>>,
@@ -40,7 +43,9 @@ pin_project! {
             finish: Finish,
         },
         // The state of nearly every request: kept small (the decision's
-        // headers, not the decision), since the future is moved whole.
+        // headers, not the decision), since the future is moved whole, and
+        // without the layer's settings (their reference count would be
+        // touched twice per request).
         Calling {
             #[pin]
             future: F,
@@ -52,6 +57,7 @@ pin_project! {
             settled: Settled,
             response: Option<R>,
             decoration: Option<Decoration>,
+            responder: Arc<Responder>,
         },
         Responding {
             response: Option<Response<Bytes>>,
@@ -65,7 +71,16 @@ pin_project! {
 /// so that every other request's future stays as small as it was.
 pub(super) enum Finish {
     Headers(Option<Decoration>),
-    Settle(Box<(Option<Decoration>, Settling)>),
+    Settle(Box<Settle>),
+}
+
+/// What a request of a settling layer keeps until its response is in: the
+/// headers of its reservation, its settlement, and the settings to answer
+/// with once settled.
+pub(super) struct Settle {
+    pub(super) decoration: Option<Decoration>,
+    pub(super) settling: Settling,
+    pub(super) responder: Arc<Responder>,
 }
 
 impl Finish {
@@ -81,7 +96,35 @@ impl Finish {
 pub(super) fn next_state<F, R>(
     result: Answer<Decision>,
     next: impl Call<F>,
-    responder: &Responder,
+    responder: &Arc<Responder>,
+    waiter: Option<Waiter>,
+    enforce: bool,
+    settle: Option<SettleCall>,
+) -> State<F, R> {
+    match result {
+        // Nearly every request: admitted at once, with its headers to add.
+        // The other answers are in a function of their own, so that the
+        // code every request runs is small.
+        Answer::Decided(decision)
+            if decision.is_allowed() && settle.is_none() && decision.delay() == Duration::ZERO =>
+        {
+            responder.telemetry.decided(&decision, Verdict::Allowed);
+            State::Calling {
+                future: next.call(),
+                finish: Finish::Headers(responder.decoration(&decision)),
+            }
+        }
+        result => any_state(result, next, responder, waiter, enforce, settle),
+    }
+}
+
+/// [`next_state`] for every answer.
+#[cold]
+#[inline(never)]
+fn any_state<F, R>(
+    result: Answer<Decision>,
+    next: impl Call<F>,
+    responder: &Arc<Responder>,
     waiter: Option<Waiter>,
     enforce: bool,
     settle: Option<SettleCall>,
@@ -93,9 +136,11 @@ pub(super) fn next_state<F, R>(
             let decoration = responder.decoration(&decision);
             let finish = match settle {
                 None => Finish::Headers(decoration),
-                Some(call) => {
-                    Finish::Settle(Box::new((decoration, Settling::new(&decision, call))))
-                }
+                Some(call) => Finish::Settle(Box::new(Settle {
+                    decoration,
+                    settling: Settling::new(&decision, call),
+                    responder: responder.clone(),
+                })),
             };
             if decision.delay() > Duration::ZERO {
                 State::Delaying {
@@ -127,6 +172,7 @@ pub(super) fn next_state<F, R>(
                         waiter: Some(waiter),
                         enforce,
                         settle,
+                        responder: responder.clone(),
                     };
                 }
             }
