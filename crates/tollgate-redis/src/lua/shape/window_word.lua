@@ -82,19 +82,25 @@ end
 -- Each request's word before it, for the reply's array; created only when
 -- a key holds a count of its current window or is blocked.
 local olds, only
+-- The request read last, and its numbers (see tat.lua): a request equal to
+-- the one before is not read again. The slack is read only when needed.
+local last, step, refund, period, start, slack, descriptor
 for i = 1, n do
   local key = KEYS[i]
   local request = ARGV[i]
-  -- The mark read with the step's digits: strtoul takes '0' as a digit,
-  -- a leading '+' as nothing and a leading '-' as a negation modulo 2^64,
-  -- far above any step; a charge is told from a decision only where it
-  -- matters.
-  local step = tonumber(sub(request, 1, 15), 16)
-  local refund = step >= 9223372036854775808
-  if refund then step = -tonumber(sub(request, 2, 15), 16) end
-  local period = tonumber(sub(request, 16, 29), 16)
-  local descriptor = sub(request, 44)
-  local start = now - now % period
+  if request ~= last then
+    last, slack = request, nil
+    -- The mark read with the step's digits: strtoul takes '0' as a digit,
+    -- a leading '+' as nothing and a leading '-' as a negation modulo
+    -- 2^64, far above any step; a charge is told from a decision only
+    -- where it matters.
+    step = tonumber(sub(request, 1, 15), 16)
+    refund = step >= 9223372036854775808
+    if refund then step = -tonumber(sub(request, 2, 15), 16) end
+    period = tonumber(sub(request, 16, 29), 16)
+    descriptor = sub(request, 44)
+    start = now - now % period
+  end
   local raw = try('GET', key)
   -- The time (word) the key held, carried over if it was written under
   -- another descriptor.
@@ -145,8 +151,10 @@ for i = 1, n do
     olds[i + 1] = old
     only = hex
     if carried then ends = old - old % period + period end
-    local slack = tonumber(sub(request, 30, 43), 16)
-    if refund then slack = -slack end
+    if not slack then
+      slack = tonumber(sub(request, 30, 43), 16)
+      if refund then slack = -slack end
+    end
     if step ~= 0 and old % period <= slack then
       write = old + step
     elseif byte(request) == 43 then
