@@ -385,13 +385,17 @@ async fn hammer_across_a_fence(
             }));
         }
     }
-    while before.load(Ordering::Relaxed) < 2_000 {
+    // The operation lands while leases are out: after 2,000 admissions,
+    // and at a moment some instance holds one (on a busy machine every
+    // lease may be spent, with its refill on its way, just then).
+    let waited = std::time::Instant::now();
+    while before.load(Ordering::Relaxed) < 2_000 || !stores.iter().any(|s| s.outstanding().0 > 0) {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(20),
+            "leases are out when the operator acts"
+        );
         tokio::task::yield_now().await;
     }
-    assert!(
-        stores.iter().any(|s| s.outstanding().0 > 0),
-        "leases are out when the operator acts"
-    );
     operate.await;
     fenced.store(true, Ordering::Release);
     for task in tasks {
