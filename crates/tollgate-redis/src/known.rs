@@ -2,7 +2,7 @@
 //! to take over from while Redis fails (`Store::last_known`).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::BuildHasher;
 
 use parking_lot::Mutex;
 use tollgate_core::{Decision, Policy};
@@ -18,7 +18,7 @@ const SHARDS: usize = 16;
 pub(crate) struct LastKnown {
     /// Entries per shard.
     per_shard: usize,
-    hasher: RandomState,
+    hasher: foldhash::quality::RandomState,
     shards: Box<[Mutex<Shard>]>,
 }
 
@@ -27,31 +27,11 @@ pub(crate) struct LastKnown {
 /// already there is still updated).
 const WORTH_KEEPING_US: u64 = 1_000;
 
-/// Entries are keyed by the state key's 64-bit hash (keyed by
-/// [`RandomState`], so a client cannot aim collisions), which needs no
-/// hashing again.
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<u64, Known, BuildHasherDefault<Prehashed>>,
+    /// Keyed by the state key's 64-bit hash (seeded per process, so a
+    /// client cannot aim collisions), as the lease table is.
+    entries: HashMap<u64, Known, foldhash::fast::FixedState>,
     /// While full: the local time (µs) before which no entry goes stale,
     /// so that a full shard of fresh entries is not scanned again for
     /// every key that finds no room.
@@ -69,7 +49,7 @@ impl LastKnown {
     pub(crate) fn new(max_entries: usize) -> Self {
         Self {
             per_shard: max_entries.div_ceil(SHARDS),
-            hasher: RandomState::new(),
+            hasher: foldhash::quality::RandomState::default(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
