@@ -49,6 +49,7 @@
 //! uses integer arithmetic only, so that a Lua script in Redis can compute
 //! exactly the same decisions.
 
+pub mod adaptive;
 mod algorithm;
 mod boxed;
 mod builder;
@@ -68,6 +69,10 @@ pub mod telemetry;
 pub mod testing;
 mod time;
 
+pub use adaptive::{
+    AdaptiveLimit, AdaptiveLimitBuilder, Completion, Concurrency, ConcurrencySnapshot,
+    LimitAlgorithm, Permit, Priority,
+};
 pub use algorithm::Algorithm;
 pub use boxed::BoxStore;
 pub use builder::{IntoLimit, PolicyBuilder};

@@ -1,0 +1,277 @@
+//! [`Concurrency`]: one instance's requests in flight under an adaptive
+//! limit, who may be admitted, and what each finished request teaches the
+//! limit.
+
+use super::config::{AdaptiveLimit, Priority};
+use super::estimate::{Estimator, Sample};
+use crate::time::Timestamp;
+
+/// The right of one admitted request to run, to be handed back to
+/// [`Concurrency::release`] when it is done.
+#[derive(Debug)]
+#[must_use = "a permit holds a slot until it is released"]
+pub struct Permit {
+    class: Priority,
+    admitted: Timestamp,
+    in_flight: u32,
+}
+
+impl Permit {
+    /// The class the request was admitted as.
+    pub fn class(&self) -> Priority {
+        self.class
+    }
+
+    /// When it was admitted.
+    pub fn admitted(&self) -> Timestamp {
+        self.admitted
+    }
+}
+
+/// How an admitted request ended, as the limit learns from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// It was served: its latency is a sample.
+    Served,
+    /// It failed for want of capacity (the service said it was
+    /// overloaded, or it timed out): the limit shrinks.
+    Dropped,
+    /// It ended in a way that says nothing about capacity (an error
+    /// unrelated to load, or the client went away): not a sample.
+    Ignored,
+}
+
+/// What a [`Concurrency`] holds at a moment, for metrics and dashboards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencySnapshot {
+    /// The limit in force.
+    pub limit: u32,
+    /// The requests in flight.
+    pub in_flight: u32,
+    /// The requests in flight per class, in [`Priority::ALL`]'s order.
+    pub in_flight_by_class: [u32; 3],
+    /// The requests refused since the start, per class, in
+    /// [`Priority::ALL`]'s order.
+    pub refused_by_class: [u64; 3],
+    /// The requests admitted since the start.
+    pub admitted: u64,
+}
+
+/// The requests one instance has in flight under an [`AdaptiveLimit`],
+/// and the limit it has found so far.
+///
+/// Time is given by the caller on every call, so that the same state runs
+/// on the wall clock and in a simulation. It is not shared: wrap it in a
+/// mutex to use it from several threads.
+#[derive(Debug, Clone)]
+pub struct Concurrency {
+    config: AdaptiveLimit,
+    estimator: Estimator,
+    started: Timestamp,
+    in_flight: [u32; 3],
+    refused: [u64; 3],
+    admitted: u64,
+}
+
+impl Concurrency {
+    /// The state of a new instance under `config`, started at `now` (its
+    /// warm-up counts from `now`).
+    pub fn new(config: &AdaptiveLimit, now: Timestamp) -> Self {
+        Self {
+            estimator: Estimator::new(config.algorithm, config.initial),
+            config: config.clone(),
+            started: now,
+            in_flight: [0; 3],
+            refused: [0; 3],
+            admitted: 0,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AdaptiveLimit {
+        &self.config
+    }
+
+    /// The ceiling of the limit at `now`: the maximum, or less while the
+    /// instance warms up.
+    fn ceiling(&self, now: Timestamp) -> u32 {
+        let Some(warm_up) = self.config.warm_up else {
+            return self.config.max;
+        };
+        let elapsed = now.saturating_duration_since(self.started);
+        if elapsed >= warm_up.over {
+            return self.config.max;
+        }
+        let span = f64::from(self.config.max - warm_up.from);
+        let ramp = span * elapsed.as_secs_f64() / warm_up.over.as_secs_f64();
+        // Between `from` and the maximum, both u32.
+        warm_up.from + ramp as u32
+    }
+
+    /// The limit in force at `now`.
+    pub fn limit(&self, now: Timestamp) -> u32 {
+        self.estimator.limit().min(self.ceiling(now))
+    }
+
+    /// The requests in flight.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.iter().sum()
+    }
+
+    /// How many requests of `class` may be in flight in all, at `now`:
+    /// the limit less the capacity kept for the classes above it (each
+    /// class's share of the limit, rounded up).
+    pub fn ceiling_of(&self, class: Priority, now: Timestamp) -> u32 {
+        let limit = self.limit(now);
+        let kept: u32 = class
+            .above()
+            .iter()
+            .map(|above| reserved_slots(limit, self.config.reserved[above.index()]))
+            .sum();
+        limit.saturating_sub(kept)
+    }
+
+    /// Whether a request of `class` would be admitted at `now`.
+    pub fn would_admit(&self, class: Priority, now: Timestamp) -> bool {
+        self.in_flight() < self.ceiling_of(class, now)
+    }
+
+    /// Admits a request of `class` at `now`, or refuses it (counted) when
+    /// the requests in flight already fill what its class may use.
+    pub fn try_acquire(&mut self, class: Priority, now: Timestamp) -> Option<Permit> {
+        if !self.would_admit(class, now) {
+            self.refused[class.index()] += 1;
+            return None;
+        }
+        Some(self.admit(class, now))
+    }
+
+    /// Counts a request of `class` refused without asking (it waited for
+    /// a slot and its deadline passed).
+    pub fn count_refused(&mut self, class: Priority) {
+        self.refused[class.index()] += 1;
+    }
+
+    fn admit(&mut self, class: Priority, now: Timestamp) -> Permit {
+        self.in_flight[class.index()] += 1;
+        self.admitted += 1;
+        Permit {
+            class,
+            admitted: now,
+            in_flight: self.in_flight(),
+        }
+    }
+
+    /// Hands back the slot of `permit`, done at `now` as `completion`
+    /// says, and learns from its latency.
+    pub fn release(&mut self, permit: Permit, now: Timestamp, completion: Completion) {
+        let count = &mut self.in_flight[permit.class.index()];
+        *count = count.saturating_sub(1);
+        let dropped = match completion {
+            Completion::Served => false,
+            Completion::Dropped => true,
+            Completion::Ignored => return,
+        };
+        let rtt = now.as_micros().saturating_sub(permit.admitted.as_micros());
+        let sample = Sample {
+            rtt: rtt.max(1),
+            in_flight: permit.in_flight,
+            dropped,
+        };
+        let ceiling = self.ceiling(now).max(self.config.min);
+        self.estimator.update(sample, self.config.min, ceiling);
+    }
+
+    /// What the state holds at `now`.
+    pub fn snapshot(&self, now: Timestamp) -> ConcurrencySnapshot {
+        ConcurrencySnapshot {
+            limit: self.limit(now),
+            in_flight: self.in_flight(),
+            in_flight_by_class: self.in_flight,
+            refused_by_class: self.refused,
+            admitted: self.admitted,
+        }
+    }
+}
+
+/// `share` of `limit` in whole requests, rounded up.
+fn reserved_slots(limit: u32, share: f64) -> u32 {
+    // A share is below 1, so the result is at most `limit`.
+    (f64::from(limit) * share).ceil() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn fixed(limit: u32) -> AdaptiveLimit {
+        AdaptiveLimit::builder("test")
+            .fixed(limit)
+            .reserve(Priority::Critical, 0.2)
+            .reserve(Priority::Default, 0.1)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"))
+    }
+
+    const T0: Timestamp = Timestamp::from_secs(1_000);
+
+    #[test]
+    fn each_class_stops_at_the_limit_less_what_is_kept_above_it() {
+        let mut state = Concurrency::new(&fixed(10), T0);
+        let count = |state: &mut Concurrency, class| {
+            let mut held = Vec::new();
+            while let Some(permit) = state.try_acquire(class, T0) {
+                held.push(permit);
+            }
+            held
+        };
+        let sheddable = count(&mut state, Priority::Sheddable);
+        assert_eq!(sheddable.len(), 7);
+        let default = count(&mut state, Priority::Default);
+        assert_eq!(default.len(), 1);
+        let critical = count(&mut state, Priority::Critical);
+        assert_eq!(critical.len(), 2);
+        assert_eq!(state.snapshot(T0).in_flight_by_class, [2, 1, 7]);
+        assert_eq!(state.snapshot(T0).refused_by_class, [1, 1, 1]);
+    }
+
+    #[test]
+    fn warm_up_raises_the_ceiling_linearly() {
+        let config = AdaptiveLimit::builder("test")
+            .bounds(1, 100)
+            .initial(100)
+            .warm_up(10, Duration::from_secs(10))
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"));
+        let state = Concurrency::new(&config, T0);
+        assert_eq!(state.limit(T0), 10);
+        assert_eq!(state.limit(T0 + Duration::from_secs(5)), 55);
+        assert_eq!(state.limit(T0 + Duration::from_secs(10)), 100);
+    }
+
+    #[test]
+    fn an_ignored_completion_frees_its_slot_and_teaches_nothing() {
+        let config = AdaptiveLimit::builder("test")
+            .algorithm(super::super::LimitAlgorithm::Aimd {
+                latency_ceiling: Duration::from_millis(10),
+            })
+            .bounds(1, 100)
+            .initial(10)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"));
+        let mut state = Concurrency::new(&config, T0);
+        let permit = state.try_acquire(Priority::Default, T0);
+        let later = T0 + Duration::from_secs(1);
+        if let Some(permit) = permit {
+            state.release(permit, later, Completion::Ignored);
+        }
+        assert_eq!((state.in_flight(), state.limit(later)), (0, 10));
+        let permit = state.try_acquire(Priority::Default, T0);
+        if let Some(permit) = permit {
+            state.release(permit, later, Completion::Served);
+        }
+        assert_eq!(state.limit(later), 9);
+    }
+}

@@ -1,0 +1,365 @@
+//! [`AdaptiveLimit`]: the settings of an adaptive concurrency limit, its
+//! [`LimitAlgorithm`] and the [`Priority`] classes it sheds by.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::builder::validate_name;
+use crate::error::ConfigError;
+
+/// A request's class when the service is over its capacity: the lowest
+/// class is refused first.
+///
+/// Ordered from the most important: `Critical > Default > Sheddable`.
+///
+/// ```
+/// use tollgate_core::Priority;
+///
+/// assert!(Priority::Critical > Priority::Sheddable);
+/// assert_eq!("sheddable".parse::<Priority>()?, Priority::Sheddable);
+/// assert_eq!(Priority::default(), Priority::Default);
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Priority {
+    /// Requests the service exists for (a checkout, a login): refused last.
+    Critical,
+    /// Everything not marked otherwise.
+    #[default]
+    Default,
+    /// Requests that can wait or be lost (prefetches, analytics, retries
+    /// of background jobs): refused first.
+    Sheddable,
+}
+
+impl Priority {
+    /// Every class, from the most important to the least.
+    pub const ALL: [Priority; 3] = [Self::Critical, Self::Default, Self::Sheddable];
+
+    /// The class's position in [`ALL`](Self::ALL).
+    pub const fn index(self) -> usize {
+        match self {
+            Self::Critical => 0,
+            Self::Default => 1,
+            Self::Sheddable => 2,
+        }
+    }
+
+    /// The class's name, as it parses.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Critical => "critical",
+            Self::Default => "default",
+            Self::Sheddable => "sheddable",
+        }
+    }
+
+    /// The classes more important than this one.
+    pub fn above(self) -> &'static [Priority] {
+        &Self::ALL[..self.index()]
+    }
+}
+
+impl PartialOrd for Priority {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Priority {
+    /// The more important class is the greater.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.index().cmp(&self.index())
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Priority {
+    type Err = ConfigError;
+
+    /// `critical`, `default` or `sheddable`, in any case.
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        Self::ALL
+            .into_iter()
+            .find(|class| class.as_str().eq_ignore_ascii_case(text))
+            .ok_or_else(|| ConfigError::InvalidValue {
+                setting: "priority",
+                value: text.to_owned(),
+                reason: "expected critical, default or sheddable",
+            })
+    }
+}
+
+/// How an [`AdaptiveLimit`] finds its limit from the latency of the
+/// requests it lets through.
+///
+/// The three are the ones of Netflix's concurrency-limits, compared on
+/// the same overload scenarios by `tollgate-sim overload` (figures in
+/// `BENCHMARKS.md`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LimitAlgorithm {
+    /// TCP Vegas, applied to requests (the default): the queue in front of
+    /// the service is estimated as `limit × (1 − rtt_min / rtt)`; the limit
+    /// grows while it is short and shrinks once it is longer than about 6
+    /// log₁₀(limit). It keeps latency near its minimum.
+    Vegas,
+    /// Gradient2: the limit follows the ratio of a long-term average
+    /// latency to the latest one, tolerating 1.5 times the average. Under a
+    /// standing queue the average drifts up with it.
+    Gradient2,
+    /// Additive increase, multiplicative decrease: the limit grows by one
+    /// per sample while it is used, and is cut by 10 % when a request
+    /// takes longer than `latency_ceiling` or is dropped. Blind to latency
+    /// below the ceiling.
+    Aimd {
+        /// The latency taken as a sign of overload.
+        latency_ceiling: Duration,
+    },
+}
+
+impl LimitAlgorithm {
+    /// The algorithm's name, for reports and metrics.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::Vegas => "vegas",
+            Self::Gradient2 => "gradient2",
+            Self::Aimd { .. } => "aimd",
+        }
+    }
+}
+
+/// A ramp of the limit's ceiling after the instance starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct WarmUp {
+    /// The ceiling at the start.
+    pub(super) from: u32,
+    /// How long the ceiling takes to rise linearly to the maximum.
+    pub(super) over: Duration,
+}
+
+/// The settings of an adaptive concurrency limit: how many requests one
+/// instance lets run at once, found from their latency between a minimum
+/// and a maximum, with capacity reserved for the more important
+/// [`Priority`] classes and an optional warm-up.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{AdaptiveLimit, LimitAlgorithm, Priority};
+///
+/// let api = AdaptiveLimit::builder("api")
+///     .algorithm(LimitAlgorithm::Vegas)
+///     .bounds(4, 400)
+///     .initial(20)
+///     .reserve(Priority::Critical, 0.2) // sheddable and default never take the last 20 %
+///     .reserve(Priority::Default, 0.1)  // sheddable never takes the 10 % below that
+///     .warm_up(8, Duration::from_secs(30))
+///     .build()?;
+/// assert_eq!((api.min(), api.max(), api.initial()), (4, 400, 20));
+///
+/// let error = AdaptiveLimit::builder("api").reserve(Priority::Sheddable, 0.1).build();
+/// assert!(error.is_err()); // nothing is below sheddable to keep capacity from
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveLimit {
+    pub(super) name: Arc<str>,
+    pub(super) algorithm: LimitAlgorithm,
+    pub(super) min: u32,
+    pub(super) max: u32,
+    pub(super) initial: u32,
+    pub(super) reserved: [f64; 3],
+    pub(super) warm_up: Option<WarmUp>,
+}
+
+impl AdaptiveLimit {
+    /// The largest maximum accepted.
+    pub const MAX: u32 = 1_000_000;
+
+    /// The settings of a limit named `name` (the name its metrics and
+    /// answers carry), to be built.
+    pub fn builder(name: impl Into<String>) -> AdaptiveLimitBuilder {
+        AdaptiveLimitBuilder {
+            name: name.into(),
+            algorithm: LimitAlgorithm::Vegas,
+            min: 4,
+            max: 1_000,
+            initial: 20,
+            fixed: None,
+            reserved: [0.0; 3],
+            warm_up: None,
+        }
+    }
+
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the limit is found.
+    pub fn algorithm(&self) -> LimitAlgorithm {
+        self.algorithm
+    }
+
+    /// The lowest the limit goes.
+    pub fn min(&self) -> u32 {
+        self.min
+    }
+
+    /// The highest the limit goes.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// The limit before any latency was observed.
+    pub fn initial(&self) -> u32 {
+        self.initial
+    }
+
+    /// The share of the limit kept for `class` and the classes above it.
+    pub fn reserved(&self, class: Priority) -> f64 {
+        self.reserved[class.index()]
+    }
+}
+
+/// Builds an [`AdaptiveLimit`]; see [`AdaptiveLimit::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct AdaptiveLimitBuilder {
+    name: String,
+    algorithm: LimitAlgorithm,
+    min: u32,
+    max: u32,
+    initial: u32,
+    fixed: Option<u32>,
+    reserved: [f64; 3],
+    warm_up: Option<WarmUp>,
+}
+
+impl AdaptiveLimitBuilder {
+    /// How the limit is found (default [`LimitAlgorithm::Vegas`]).
+    pub fn algorithm(mut self, algorithm: LimitAlgorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The lowest and the highest the limit goes (default 4 and 1,000).
+    pub fn bounds(mut self, min: u32, max: u32) -> Self {
+        self.min = min;
+        self.max = max;
+        self
+    }
+
+    /// The limit before any latency is observed (default 20, or the
+    /// minimum if that is higher).
+    pub fn initial(mut self, initial: u32) -> Self {
+        self.initial = initial;
+        self
+    }
+
+    /// A limit that does not adapt: always `limit` (the minimum, maximum
+    /// and initial limit all at once). For tests, and for a service whose
+    /// capacity is known.
+    pub fn fixed(mut self, limit: u32) -> Self {
+        self.fixed = Some(limit);
+        self
+    }
+
+    /// Keeps `share` of the limit (rounded up to whole requests) for
+    /// `class` and the classes above it: the classes below never take it.
+    /// With `Critical` at 0.2 and `Default` at 0.1, sheddable requests
+    /// stop at 70 % of the limit, default ones at 80 %, and critical ones
+    /// may use all of it.
+    pub fn reserve(mut self, class: Priority, share: f64) -> Self {
+        self.reserved[class.index()] = share;
+        self
+    }
+
+    /// Starts the limit's ceiling at `from` and raises it linearly to the
+    /// maximum over `over`, from the moment the limit's state is made: a
+    /// new instance does not take a full share of traffic before its
+    /// caches and connections are warm.
+    pub fn warm_up(mut self, from: u32, over: Duration) -> Self {
+        self.warm_up = Some(WarmUp { from, over });
+        self
+    }
+
+    /// The settings, checked.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidName`] for a name a policy could not have, and
+    /// [`ConfigError::InvalidSetting`] naming the setting when: the
+    /// minimum is 0 or above the maximum; the maximum is above
+    /// [`AdaptiveLimit::MAX`]; the initial limit is outside the bounds; a
+    /// reservation is not a share from 0 up to 1, is made for
+    /// [`Priority::Sheddable`] (no class is below it), or the reservations
+    /// add up to 1 or more; a warm-up starts outside the bounds or lasts
+    /// 0 or more than an hour.
+    pub fn build(self) -> Result<AdaptiveLimit, ConfigError> {
+        validate_name(&self.name)?;
+        let (min, max, initial) = match self.fixed {
+            Some(limit) => (limit, limit, limit),
+            None => (self.min, self.max, self.initial.max(self.min)),
+        };
+        let invalid = |setting, reason| Err(ConfigError::InvalidSetting { setting, reason });
+        if min == 0 {
+            return invalid("adaptive limit minimum", "must be at least 1");
+        }
+        if max > AdaptiveLimit::MAX {
+            return invalid("adaptive limit maximum", "must be at most 1,000,000");
+        }
+        if min > max {
+            return invalid("adaptive limit bounds", "the minimum is above the maximum");
+        }
+        if initial > max {
+            return invalid("adaptive limit initial", "must be within the bounds");
+        }
+        if self
+            .reserved
+            .iter()
+            .any(|share| !(0.0..1.0).contains(share))
+        {
+            return invalid("reserve", "a share must be from 0 up to (not including) 1");
+        }
+        if self.reserved[Priority::Sheddable.index()] > 0.0 {
+            return invalid(
+                "reserve",
+                "sheddable is the lowest class: there is no class to keep capacity from",
+            );
+        }
+        if self.reserved.iter().sum::<f64>() >= 1.0 {
+            return invalid("reserve", "the reserved shares must add up to less than 1");
+        }
+        if let Some(warm_up) = self.warm_up {
+            if warm_up.from < min || warm_up.from > max {
+                return invalid("warm_up", "must start within the bounds");
+            }
+            if warm_up.over.is_zero() || warm_up.over > Duration::from_secs(3_600) {
+                return invalid("warm_up", "must last from 1 µs to an hour");
+            }
+        }
+        if let LimitAlgorithm::Aimd { latency_ceiling } = self.algorithm
+            && latency_ceiling.is_zero()
+        {
+            return invalid("aimd latency_ceiling", "must be above zero");
+        }
+        Ok(AdaptiveLimit {
+            name: self.name.into(),
+            algorithm: self.algorithm,
+            min,
+            max,
+            initial,
+            reserved: self.reserved,
+            warm_up: self.warm_up,
+        })
+    }
+}

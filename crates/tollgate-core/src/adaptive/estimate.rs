@@ -1,0 +1,263 @@
+//! The limit estimators: each turns the latency samples of finished
+//! requests into a new limit, as Netflix's concurrency-limits does.
+
+use std::time::Duration;
+
+use super::config::LimitAlgorithm;
+
+/// What a finished request tells the estimator.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sample {
+    /// From admission to completion, in microseconds (at least 1).
+    pub(super) rtt: u64,
+    /// The requests in flight when it was admitted, itself included.
+    pub(super) in_flight: u32,
+    /// It was dropped: it failed for want of capacity, or timed out.
+    pub(super) dropped: bool,
+}
+
+/// An estimator's state, with the limit it has found so far.
+#[derive(Debug, Clone)]
+pub(super) struct Estimator {
+    limit: f64,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Vegas(Vegas),
+    Gradient2(Gradient2),
+    Aimd { latency_ceiling: u64 },
+}
+
+impl Estimator {
+    pub(super) fn new(algorithm: LimitAlgorithm, initial: u32) -> Self {
+        let kind = match algorithm {
+            LimitAlgorithm::Vegas => Kind::Vegas(Vegas::new()),
+            LimitAlgorithm::Gradient2 => Kind::Gradient2(Gradient2::new()),
+            LimitAlgorithm::Aimd { latency_ceiling } => Kind::Aimd {
+                latency_ceiling: micros(latency_ceiling),
+            },
+        };
+        Self {
+            limit: f64::from(initial),
+            kind,
+        }
+    }
+
+    /// The limit found so far, in whole requests.
+    pub(super) fn limit(&self) -> u32 {
+        // Never negative or above the maximum: every update clamps it.
+        self.limit as u32
+    }
+
+    /// Takes in `sample`, keeping the limit within `min..=max`.
+    pub(super) fn update(&mut self, sample: Sample, min: u32, max: u32) {
+        let limit = self.limit;
+        let next = match &mut self.kind {
+            Kind::Vegas(vegas) => vegas.update(limit, sample),
+            Kind::Gradient2(gradient) => gradient.update(limit, sample),
+            Kind::Aimd { latency_ceiling } => aimd(limit, sample, *latency_ceiling),
+        };
+        if let Some(next) = next {
+            self.limit = next.clamp(f64::from(min), f64::from(max));
+        }
+    }
+}
+
+/// Whole microseconds of `duration`, saturating.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// log₁₀ of `limit`, at least 1: Vegas's unit of change.
+fn log10_step(limit: f64) -> f64 {
+    limit.log10().floor().max(1.0)
+}
+
+/// Vegas: the queue is `limit × (1 − rtt_noload / rtt)`; grow while it
+/// is short, shrink when it is long, and probe for a new no-load latency
+/// now and then (its old minimum may no longer be reachable).
+#[derive(Debug, Clone)]
+struct Vegas {
+    rtt_noload: u64,
+    probe_count: u64,
+    probe_jitter: f64,
+    random: u64,
+}
+
+impl Vegas {
+    /// Samples per limit between probes, times a jitter from 0.5 to 1.
+    const PROBE_MULTIPLIER: f64 = 30.0;
+
+    fn new() -> Self {
+        let mut vegas = Self {
+            rtt_noload: 0,
+            probe_count: 0,
+            probe_jitter: 1.0,
+            random: 0x9E37_79B9_7F4A_7C15,
+        };
+        vegas.new_jitter();
+        vegas
+    }
+
+    /// A jitter from 0.5 to 1, from a xorshift: the same run of samples
+    /// always gives the same limits.
+    fn new_jitter(&mut self) {
+        let mut x = self.random;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.random = x;
+        self.probe_jitter = 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
+    }
+
+    fn update(&mut self, limit: f64, sample: Sample) -> Option<f64> {
+        self.probe_count += 1;
+        if self.probe_jitter * Self::PROBE_MULTIPLIER * limit <= self.probe_count as f64 {
+            self.new_jitter();
+            self.probe_count = 0;
+            self.rtt_noload = sample.rtt;
+            return None;
+        }
+        if self.rtt_noload == 0 || sample.rtt < self.rtt_noload {
+            self.rtt_noload = sample.rtt;
+            return None;
+        }
+        let step = log10_step(limit);
+        if sample.dropped {
+            return Some(limit - step);
+        }
+        if f64::from(sample.in_flight) * 2.0 < limit {
+            // Far from the limit: latency says nothing about it.
+            return None;
+        }
+        let queue = (limit * (1.0 - self.rtt_noload as f64 / sample.rtt as f64)).ceil();
+        let (threshold, alpha, beta) = (step, 3.0 * step, 6.0 * step);
+        if queue <= threshold {
+            Some(limit + beta)
+        } else if queue < alpha {
+            Some(limit + step)
+        } else if queue > beta {
+            Some(limit - step)
+        } else {
+            None
+        }
+    }
+}
+
+/// Gradient2: the limit times the ratio of a long-term average latency to
+/// the latest, plus a little headroom, smoothed.
+#[derive(Debug, Clone)]
+struct Gradient2 {
+    long_rtt: f64,
+    samples: u32,
+}
+
+impl Gradient2 {
+    const TOLERANCE: f64 = 1.5;
+    const SMOOTHING: f64 = 0.2;
+    const QUEUE: f64 = 4.0;
+    /// The long-term average's window, in samples, and the samples
+    /// averaged plainly before it becomes exponential.
+    const WINDOW: f64 = 600.0;
+    const WARM_UP: u32 = 10;
+
+    fn new() -> Self {
+        Self {
+            long_rtt: 0.0,
+            samples: 0,
+        }
+    }
+
+    fn update(&mut self, limit: f64, sample: Sample) -> Option<f64> {
+        let short = sample.rtt as f64;
+        if self.samples < Self::WARM_UP {
+            self.samples += 1;
+            self.long_rtt += (short - self.long_rtt) / f64::from(self.samples);
+        } else {
+            let factor = 2.0 / (Self::WINDOW + 1.0);
+            self.long_rtt = self.long_rtt * (1.0 - factor) + short * factor;
+        }
+        if self.long_rtt / short > 2.0 {
+            // Latency fell a long way: let the average follow faster.
+            self.long_rtt *= 0.95;
+        }
+        if f64::from(sample.in_flight) < limit / 2.0 {
+            return None;
+        }
+        let gradient = (Self::TOLERANCE * self.long_rtt / short).clamp(0.5, 1.0);
+        let next = limit * gradient + Self::QUEUE;
+        Some(limit * (1.0 - Self::SMOOTHING) + next * Self::SMOOTHING)
+    }
+}
+
+/// AIMD: one more per sample while the limit is in use, 10 % less on a
+/// drop or a latency above the ceiling.
+fn aimd(limit: f64, sample: Sample, latency_ceiling: u64) -> Option<f64> {
+    if sample.dropped || sample.rtt > latency_ceiling {
+        Some((limit * 0.9).floor())
+    } else if f64::from(sample.in_flight) * 2.0 >= limit {
+        Some(limit + 1.0)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(rtt: u64, in_flight: u32) -> Sample {
+        Sample {
+            rtt,
+            in_flight,
+            dropped: false,
+        }
+    }
+
+    #[test]
+    fn vegas_grows_without_a_queue_and_shrinks_with_one() {
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        vegas.update(sample(10_000, 20), 1, 1_000); // learns the no-load latency
+        assert_eq!(vegas.limit(), 20);
+        vegas.update(sample(10_000, 20), 1, 1_000); // no queue: + 6 log10(20)
+        assert_eq!(vegas.limit(), 26);
+        // Twice the no-load latency: a queue of half the limit, 13 > 6.
+        vegas.update(sample(20_000, 26), 1, 1_000);
+        assert_eq!(vegas.limit(), 25);
+        // Within the bounds whatever the samples say.
+        for _ in 0..100 {
+            vegas.update(sample(100_000, 25), 22, 1_000);
+        }
+        assert_eq!(vegas.limit(), 22);
+    }
+
+    #[test]
+    fn aimd_backs_off_by_a_tenth_above_its_ceiling() {
+        let mut aimd = Estimator::new(
+            LimitAlgorithm::Aimd {
+                latency_ceiling: Duration::from_millis(50),
+            },
+            20,
+        );
+        aimd.update(sample(10_000, 10), 1, 100);
+        assert_eq!(aimd.limit(), 21);
+        aimd.update(sample(10_000, 5), 1, 100); // barely used: unchanged
+        assert_eq!(aimd.limit(), 21);
+        aimd.update(sample(60_000, 21), 1, 100);
+        assert_eq!(aimd.limit(), 18);
+    }
+
+    #[test]
+    fn gradient2_shrinks_when_latency_passes_its_tolerance() {
+        let mut gradient = Estimator::new(LimitAlgorithm::Gradient2, 100);
+        for _ in 0..20 {
+            gradient.update(sample(10_000, 100), 1, 1_000);
+        }
+        let before = gradient.limit();
+        assert!(before >= 100, "{before}");
+        gradient.update(sample(40_000, 100), 1, 1_000);
+        assert!(gradient.limit() < before, "{}", gradient.limit());
+    }
+}
