@@ -16,6 +16,10 @@
 //! | [`CIRCUITS_OPEN`] | gauge | none | the Redis store's circuit breakers open or probing (0 when every store is healthy); with tollgate-redis's `metrics` feature |
 //! | [`INFLIGHT_SLOTS`] | gauge | `policy` | slots of an in-flight limit held by this process's requests |
 //! | [`INFLIGHT_REJECTED`] | counter | `policy` | requests an in-flight limit turned away |
+//! | [`ADAPTIVE_LIMIT`] | gauge | `policy` | the concurrency limit an adaptive layer has found |
+//! | [`ADAPTIVE_IN_FLIGHT`] | gauge | `policy` | requests an adaptive layer lets run now |
+//! | [`ADAPTIVE_QUEUED`] | gauge | `policy` | requests waiting for a slot of an adaptive layer |
+//! | [`ADAPTIVE_SHED`] | counter | `policy`, `priority` | requests an adaptive layer shed, by class (`critical`, `default`, `sheddable`) |
 //! | [`STORE_LATENCY`] | histogram | none | seconds from sending a Redis call to its reply, as the app observed it, one sample per call |
 //!
 //! Handles are registered when a layer, limiter or store is built: install
@@ -51,6 +55,21 @@ pub const INFLIGHT_SLOTS: &str = "tollgate_inflight_slots";
 /// Counter: requests an in-flight limit turned away, every slot of their
 /// key being taken (label `policy`).
 pub const INFLIGHT_REJECTED: &str = "tollgate_inflight_rejected_total";
+
+/// Gauge: the concurrency limit an adaptive layer has found (label
+/// `policy`, the limit's name).
+pub const ADAPTIVE_LIMIT: &str = "tollgate_adaptive_limit";
+
+/// Gauge: the requests an adaptive layer lets run now (label `policy`).
+pub const ADAPTIVE_IN_FLIGHT: &str = "tollgate_adaptive_in_flight";
+
+/// Gauge: the requests waiting for a slot of an adaptive layer (label
+/// `policy`).
+pub const ADAPTIVE_QUEUED: &str = "tollgate_adaptive_queued";
+
+/// Counter: requests an adaptive layer shed, labelled `policy` and
+/// `priority` (`critical`, `default`, `sheddable`).
+pub const ADAPTIVE_SHED: &str = "tollgate_adaptive_shed_total";
 
 /// Histogram of the Redis store's latency in seconds: from sending a call
 /// (a script call, which may carry a batch of decisions) to its reply, one

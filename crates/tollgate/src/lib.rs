@@ -87,6 +87,7 @@
 //! | `tonic` | no | peer addresses from Tonic's `TcpConnectInfo` |
 //! | `metrics` | no | [counters and gauges](telemetry) through the `metrics` facade |
 
+mod adaptive;
 mod answer;
 mod body;
 mod clock;
@@ -99,6 +100,9 @@ mod rate_limit;
 mod report;
 mod response;
 
+pub use adaptive::{
+    AdaptiveConcurrency, AdaptiveConcurrencyLayer, AdaptiveHandle, Classify, SameClass,
+};
 pub use answer::headers;
 pub use answer::{CONCURRENCY_LIMIT, MissingKey, rejection};
 pub use body::ResponseBody;
@@ -117,6 +121,10 @@ pub use rate_limit::{
 };
 pub use tollgate_core::telemetry;
 
+pub use tollgate_core::{
+    AdaptiveLimit, AdaptiveLimitBuilder, Completion, ConcurrencySnapshot, LimitAlgorithm,
+    Priority,
+};
 pub use tollgate_core::{
     Algorithm, BoxStore, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key, KeyKind,
     Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, PolicyFamily, Renewal,

@@ -69,8 +69,51 @@ pub struct Concurrency {
     estimator: Estimator,
     started: Timestamp,
     in_flight: [u32; 3],
+    peaks: Peaks,
     refused: [u64; 3],
     admitted: u64,
+}
+
+/// The most requests of each class in flight at once, recently: in the
+/// current span of [`Peaks::SPAN`] and the one before it.
+#[derive(Debug, Clone)]
+struct Peaks {
+    since: Timestamp,
+    current: [u32; 3],
+    previous: [u32; 3],
+}
+
+impl Peaks {
+    /// How long a peak is remembered: one to two spans.
+    const SPAN: u64 = 1_000_000;
+
+    /// Moves the spans on to `now`.
+    fn roll(&mut self, now: Timestamp) {
+        let elapsed = now.as_micros().saturating_sub(self.since.as_micros());
+        if elapsed < Self::SPAN {
+            return;
+        }
+        self.previous = if elapsed < 2 * Self::SPAN {
+            self.current
+        } else {
+            [0; 3]
+        };
+        self.current = [0; 3];
+        self.since = Timestamp::from_micros(now.as_micros() - elapsed % Self::SPAN);
+    }
+
+    /// The peak of `class` as [`roll`](Self::roll)ed to `now` would leave it.
+    fn recent(&self, class: Priority, now: Timestamp) -> u32 {
+        let elapsed = now.as_micros().saturating_sub(self.since.as_micros());
+        let (current, previous) = (self.current[class.index()], self.previous[class.index()]);
+        if elapsed < Self::SPAN {
+            current.max(previous)
+        } else if elapsed < 2 * Self::SPAN {
+            current
+        } else {
+            0
+        }
+    }
 }
 
 impl Concurrency {
@@ -82,6 +125,11 @@ impl Concurrency {
             config: config.clone(),
             started: now,
             in_flight: [0; 3],
+            peaks: Peaks {
+                since: now,
+                current: [0; 3],
+                previous: [0; 3],
+            },
             refused: [0; 3],
             admitted: 0,
         }
@@ -119,14 +167,23 @@ impl Concurrency {
     }
 
     /// How many requests of `class` may be in flight in all, at `now`:
-    /// the limit less the capacity kept for the classes above it (each
-    /// class's share of the limit, rounded up).
+    /// the limit less the capacity kept for each class above it. A class
+    /// keeps its share of the limit (rounded up), or, if more, what it
+    /// used at its recent peak and does not use now: a class below never
+    /// takes the slots a class above was using a moment ago.
     pub fn ceiling_of(&self, class: Priority, now: Timestamp) -> u32 {
         let limit = self.limit(now);
         let kept: u32 = class
             .above()
             .iter()
-            .map(|above| reserved_slots(limit, self.config.reserved[above.index()]))
+            .map(|&above| {
+                let share = reserved_slots(limit, self.config.reserved[above.index()]);
+                let unused_peak = self
+                    .peaks
+                    .recent(above, now)
+                    .saturating_sub(self.in_flight[above.index()]);
+                share.max(unused_peak)
+            })
             .sum();
         limit.saturating_sub(kept)
     }
@@ -139,6 +196,7 @@ impl Concurrency {
     /// Admits a request of `class` at `now`, or refuses it (counted) when
     /// the requests in flight already fill what its class may use.
     pub fn try_acquire(&mut self, class: Priority, now: Timestamp) -> Option<Permit> {
+        self.peaks.roll(now);
         if !self.would_admit(class, now) {
             self.refused[class.index()] += 1;
             return None;
@@ -154,6 +212,8 @@ impl Concurrency {
 
     fn admit(&mut self, class: Priority, now: Timestamp) -> Permit {
         self.in_flight[class.index()] += 1;
+        let peak = &mut self.peaks.current[class.index()];
+        *peak = (*peak).max(self.in_flight[class.index()]);
         self.admitted += 1;
         Permit {
             class,
@@ -165,6 +225,7 @@ impl Concurrency {
     /// Hands back the slot of `permit`, done at `now` as `completion`
     /// says, and learns from its latency.
     pub fn release(&mut self, permit: Permit, now: Timestamp, completion: Completion) {
+        self.peaks.roll(now);
         let count = &mut self.in_flight[permit.class.index()];
         *count = count.saturating_sub(1);
         let dropped = match completion {

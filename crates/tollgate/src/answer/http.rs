@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use tollgate_core::InFlightLimit;
+use tollgate_core::{InFlightLimit, Priority};
 
 use super::wait::retry_after;
 
@@ -57,6 +57,25 @@ pub(super) fn in_flight_full(detail: &str, limit: &InFlightLimit) -> Response<By
         name = limit.name(),
     );
     problem_response(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// 503 for a request of `class` shed at the adaptive limit named `limit`,
+/// saying `detail`, to be retried after `wait`.
+pub(super) fn over_capacity(
+    detail: &str,
+    limit: &str,
+    class: Priority,
+    wait: Duration,
+) -> Response<Bytes> {
+    // The name holds only characters JSON leaves as they are.
+    let body = format!(
+        r#"{{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"{detail}","policy":"{limit}","priority":"{class}"}}"#,
+    );
+    let mut response = problem_response(StatusCode::SERVICE_UNAVAILABLE, body);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, retry_after(wait));
+    response
 }
 
 /// `text` with what JSON strings cannot hold as it is escaped.

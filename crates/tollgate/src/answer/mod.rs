@@ -10,6 +10,7 @@
 //! | store unavailable | 503, `Retry-After: 1` | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
 //! | in-flight limit full | 429, `Retry-After: 1`, `x-concurrency-limit` | `RESOURCE_EXHAUSTED`, pushback 1000, `RetryInfo` of 1 s, `retry-after: 1`, `x-concurrency-limit` |
 //! | no key | 400, 401, 500 or the layer's status | `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `PERMISSION_DENIED` or `INTERNAL` |
+//! | over capacity (adaptive limit) | 503, `Retry-After: 1`, problem+json naming the limit and the request's class | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
 //!
 //! This file decides what each refusal says and picks the protocol;
 //! `http.rs` writes `application/problem+json` bodies and `grpc.rs`
@@ -35,7 +36,7 @@ use std::time::Duration;
 use ::http::header::{HeaderValue, RETRY_AFTER};
 use ::http::{Response, StatusCode};
 use bytes::Bytes;
-use tollgate_core::{Decision, InFlightLimit, Outcome, StoreError};
+use tollgate_core::{Decision, InFlightLimit, Outcome, Priority, StoreError};
 
 use crate::extract::MissingCause;
 use headers::HeaderStyle;
@@ -125,6 +126,19 @@ pub(crate) fn in_flight_full(limit: &InFlightLimit, protocol: Protocol) -> Respo
     headers.insert(RETRY_AFTER, retry_after(RETRY_SOON));
     headers.insert(CONCURRENCY_LIMIT, HeaderValue::from(limit.max()));
     response
+}
+
+/// The answer to a request of `class` shed because the service is at the
+/// adaptive limit named `limit`: 503 with problem+json, or gRPC's
+/// `UNAVAILABLE`; either way to be retried in a second.
+pub(crate) fn over_capacity(limit: &str, class: Priority, protocol: Protocol) -> Response<Bytes> {
+    let detail = format!(
+        "the service is over its capacity and sheds {class} requests first; retry in 1 s"
+    );
+    match protocol {
+        Protocol::Http => http::over_capacity(&detail, limit, class, RETRY_SOON),
+        Protocol::Grpc => grpc::unavailable(&detail, RETRY_SOON),
+    }
 }
 
 /// The answer to a request whose key is missing for `cause`, as `missing`

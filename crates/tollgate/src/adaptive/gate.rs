@@ -1,0 +1,219 @@
+//! The gate every request of an adaptive layer passes: its
+//! [`Concurrency`] and the requests waiting for a slot, behind one lock.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tollgate_core::{
+    AdaptiveLimit, Clock, Completion, Concurrency, ConcurrencySnapshot, Permit, Priority,
+};
+
+use super::telemetry::Telemetry;
+
+/// How long and how many requests may wait for a slot.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Queue {
+    /// The most requests waiting at once, of every class.
+    pub(super) max_waiting: usize,
+    /// The longest a request waits before it is shed.
+    pub(super) max_wait: Duration,
+}
+
+/// What a request is told at the gate.
+pub(super) enum Entry {
+    /// It may run.
+    Admitted(Permit),
+    /// It waits for a slot, which arrives on this channel.
+    Wait(Waiting),
+    /// It is shed.
+    Shed,
+}
+
+struct Inner {
+    concurrency: Concurrency,
+    /// The requests waiting, per class in [`Priority::ALL`]'s order, oldest
+    /// first.
+    waiting: [VecDeque<oneshot::Sender<Permit>>; 3],
+}
+
+/// One layer's gate, shared by its services and its handles.
+pub(super) struct Gate {
+    inner: Mutex<Inner>,
+    clock: Arc<dyn Clock>,
+    pub(super) queue: Option<Queue>,
+    pub(super) telemetry: Telemetry,
+}
+
+impl Gate {
+    pub(super) fn new(config: &AdaptiveLimit, clock: Arc<dyn Clock>, queue: Option<Queue>) -> Self {
+        let telemetry = Telemetry::new(config.name());
+        let concurrency = Concurrency::new(config, clock.now());
+        telemetry.observe(concurrency.limit(clock.now()), 0, 0);
+        Self {
+            inner: Mutex::new(Inner {
+                concurrency,
+                waiting: Default::default(),
+            }),
+            clock,
+            queue,
+            telemetry,
+        }
+    }
+
+    /// Admits a request of `class`, queues it, or sheds it.
+    pub(super) fn enter(self: &Arc<Self>, class: Priority) -> Entry {
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        // A request never passes one of its class or above that waits.
+        let ahead = inner.waiting[..=class.index()]
+            .iter_mut()
+            .any(|queue| {
+                queue.retain(|waiter| !waiter.is_closed());
+                !queue.is_empty()
+            });
+        if !ahead && inner.concurrency.would_admit(class, now) {
+            if let Some(permit) = inner.concurrency.try_acquire(class, now) {
+                let in_flight = inner.concurrency.in_flight();
+                drop(inner);
+                self.telemetry.in_flight(in_flight);
+                return Entry::Admitted(permit);
+            }
+        }
+        let Some(queue) = self.queue else {
+            inner.concurrency.count_refused(class);
+            drop(inner);
+            self.telemetry.shed(class);
+            return Entry::Shed;
+        };
+        if waiting(&inner) >= queue.max_waiting {
+            inner.concurrency.count_refused(class);
+            drop(inner);
+            self.telemetry.shed(class);
+            return Entry::Shed;
+        }
+        let (sender, receiver) = oneshot::channel();
+        inner.waiting[class.index()].push_back(sender);
+        let queued = waiting(&inner);
+        drop(inner);
+        self.telemetry.queued(queued);
+        Entry::Wait(Waiting {
+            gate: self.clone(),
+            class,
+            receiver: Some(receiver),
+        })
+    }
+
+    /// Hands back `permit`, done as `completion` says, and passes the free
+    /// slots to the requests waiting, the most important first.
+    pub(super) fn release(&self, permit: Permit, completion: Completion) {
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        inner.concurrency.release(permit, now, completion);
+        'classes: for class in Priority::ALL {
+            loop {
+                let Inner {
+                    concurrency,
+                    waiting,
+                } = &mut *inner;
+                let Some(waiter) = waiting[class.index()].front() else {
+                    break;
+                };
+                if waiter.is_closed() {
+                    waiting[class.index()].pop_front();
+                    continue;
+                }
+                // The classes below may use no more than this one.
+                if !concurrency.would_admit(class, now) {
+                    break 'classes;
+                }
+                let Some(permit) = concurrency.try_acquire(class, now) else {
+                    break 'classes;
+                };
+                let Some(waiter) = waiting[class.index()].pop_front() else {
+                    break;
+                };
+                if let Err(permit) = waiter.send(permit) {
+                    // It gave up just now: the slot is free again.
+                    concurrency.release(permit, now, Completion::Ignored);
+                }
+            }
+        }
+        let limit = inner.concurrency.limit(now);
+        let in_flight = inner.concurrency.in_flight();
+        let queued = waiting(&inner);
+        drop(inner);
+        self.telemetry.observe(limit, in_flight, queued);
+    }
+
+    /// What the gate holds now, and how many requests wait.
+    pub(super) fn snapshot(&self) -> (ConcurrencySnapshot, usize) {
+        let now = self.clock.now();
+        let inner = self.inner.lock();
+        (inner.concurrency.snapshot(now), waiting(&inner))
+    }
+
+    /// Counts a request of `class` that waited in vain.
+    fn gave_up(&self, class: Priority) {
+        self.inner.lock().concurrency.count_refused(class);
+        self.telemetry.shed(class);
+    }
+}
+
+/// The requests waiting, not counting those that gave up.
+fn waiting(inner: &Inner) -> usize {
+    inner
+        .waiting
+        .iter()
+        .flat_map(|queue| queue.iter())
+        .filter(|waiter| !waiter.is_closed())
+        .count()
+}
+
+/// A request waiting for a slot. Dropped before its slot came (its
+/// deadline passed, or its client went away), it leaves the queue; a slot
+/// that came meanwhile goes back.
+pub(super) struct Waiting {
+    gate: Arc<Gate>,
+    class: Priority,
+    receiver: Option<oneshot::Receiver<Permit>>,
+}
+
+impl Waiting {
+    /// Waits at most `max_wait` for a slot: `None` if none came.
+    pub(super) async fn slot(mut self, max_wait: Duration) -> Option<Permit> {
+        let receiver = self.receiver.as_mut()?;
+        match tokio::time::timeout(max_wait, receiver).await {
+            Ok(Ok(permit)) => {
+                self.receiver = None;
+                Some(permit)
+            }
+            Ok(Err(_)) | Err(_) => {
+                // The gate never drops a waiter it has not served, but if
+                // it did, the request is shed as if its wait had passed.
+                let late = self.take_late();
+                if late.is_none() {
+                    self.gate.gave_up(self.class);
+                }
+                late
+            }
+        }
+    }
+
+    /// Closes the channel and takes a slot sent just before it closed.
+    fn take_late(&mut self) -> Option<Permit> {
+        let mut receiver = self.receiver.take()?;
+        receiver.close();
+        receiver.try_recv().ok()
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(permit) = self.take_late() {
+            self.gate.release(permit, Completion::Ignored);
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! [`AdaptiveConcurrency`], the service: admits, queues or sheds.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::response::Responder;
+
+use super::classify::Classify;
+use super::future::{respond, shed};
+use super::gate::{Entry, Gate};
+
+/// The service of an [`AdaptiveConcurrencyLayer`](super::AdaptiveConcurrencyLayer).
+pub struct AdaptiveConcurrency<S, C> {
+    pub(super) inner: S,
+    pub(super) classify: Arc<C>,
+    pub(super) gate: Arc<Gate>,
+    pub(super) responder: Arc<Responder>,
+}
+
+impl<S: Clone, C> Clone for AdaptiveConcurrency<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            classify: self.classify.clone(),
+            gate: self.gate.clone(),
+            responder: self.responder.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for AdaptiveConcurrency<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveConcurrency")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The response future of an [`AdaptiveConcurrency`] service.
+type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+
+impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for AdaptiveConcurrency<S, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    C: Classify<ReqBody>,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BoxedResponse<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service `poll_ready` made ready goes with the request.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let class = self.classify.classify(&request);
+        match self.gate.enter(class) {
+            Entry::Admitted(permit) => {
+                Box::pin(respond(inner, self.gate.clone(), permit, request))
+            }
+            Entry::Wait(waiting) => {
+                let gate = self.gate.clone();
+                let responder = self.responder.clone();
+                Box::pin(async move {
+                    let max_wait = gate.queue.map(|queue| queue.max_wait).unwrap_or_default();
+                    match waiting.slot(max_wait).await {
+                        Some(permit) => respond(inner, gate, permit, request).await,
+                        None => Ok(shed(&responder, class)),
+                    }
+                })
+            }
+            Entry::Shed => {
+                let response = shed(&self.responder, class);
+                Box::pin(async move { Ok(response) })
+            }
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! The adaptive concurrency layer through axum, on Tokio's paused clock:
+//! each class is shed at exactly its reserved ceiling, a freed slot goes
+//! to the most important waiter, waits end at their deadline, dropped
+//! requests free their slots, warm-up ramps the limit, and the limit
+//! follows a scripted backend whose capacity halves and comes back.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
+use tollgate::{AdaptiveConcurrencyLayer, AdaptiveLimit, Priority};
+use tower::ServiceExt;
+
+/// The class a request claims in `x-priority` (tests only: a real app
+/// takes it from what it authenticated).
+fn by_header(request: &Request<Body>) -> Priority {
+    request
+        .headers()
+        .get("x-priority")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_default()
+}
+
+fn request(class: Priority) -> Request<Body> {
+    Request::get("/work")
+        .header("x-priority", class.as_str())
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// A route whose requests run until the test lets them go, recording the
+/// order in which they started.
+#[derive(Clone)]
+struct Held {
+    go: Arc<Semaphore>,
+    started: Arc<Mutex<Vec<Priority>>>,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Self {
+            go: Arc::new(Semaphore::new(0)),
+            started: Arc::default(),
+        }
+    }
+}
+
+impl Held {
+    fn app(&self, layer: AdaptiveConcurrencyLayer<fn(&Request<Body>) -> Priority>) -> Router {
+        let held = self.clone();
+        Router::new()
+            .route(
+                "/work",
+                get(move |request: Request<Body>| {
+                    let held = held.clone();
+                    async move {
+                        held.started.lock().unwrap().push(by_header(&request));
+                        held.go.acquire().await.unwrap().forget();
+                        "done"
+                    }
+                }),
+            )
+            .layer(layer)
+    }
+
+    fn started(&self) -> usize {
+        self.started.lock().unwrap().len()
+    }
+}
+
+fn fixed(limit: u32) -> AdaptiveLimit {
+    AdaptiveLimit::builder("api")
+        .fixed(limit)
+        .reserve(Priority::Critical, 0.2)
+        .reserve(Priority::Default, 0.1)
+        .build()
+        .unwrap()
+}
+
+fn layer(limit: AdaptiveLimit) -> AdaptiveConcurrencyLayer<fn(&Request<Body>) -> Priority> {
+    AdaptiveConcurrencyLayer::new(limit).classify(by_header as fn(&Request<Body>) -> Priority)
+}
+
+/// Sends `count` requests of `class` and lets every task run: returns the
+/// running ones' handles and how many were shed at once.
+async fn send(
+    app: &Router,
+    class: Priority,
+    count: usize,
+) -> (Vec<tokio::task::JoinHandle<StatusCode>>, usize) {
+    let mut running = Vec::new();
+    for _ in 0..count {
+        let app = app.clone();
+        running.push(tokio::spawn(async move {
+            app.oneshot(request(class)).await.unwrap().status()
+        }));
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let mut shed = 0;
+    let mut still = Vec::new();
+    for task in running {
+        if task.is_finished() {
+            assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+            shed += 1;
+        } else {
+            still.push(task);
+        }
+    }
+    (still, shed)
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_class_is_shed_at_the_limit_less_what_is_kept_for_the_classes_above() {
+    let held = Held::default();
+    let layer = layer(fixed(10));
+    let state = layer.handle();
+    let app = held.app(layer);
+
+    // Critical keeps 2 of 10, default 1 more: sheddable stops at 7.
+    let (sheddable, shed) = send(&app, Priority::Sheddable, 10).await;
+    assert_eq!((sheddable.len(), shed), (7, 3));
+    let (default, shed) = send(&app, Priority::Default, 5).await;
+    assert_eq!((default.len(), shed), (1, 4));
+    let (critical, shed) = send(&app, Priority::Critical, 5).await;
+    assert_eq!((critical.len(), shed), (2, 3));
+    assert_eq!(held.started(), 10);
+
+    let snapshot = state.snapshot();
+    assert_eq!(snapshot.in_flight_by_class, [2, 1, 7]);
+    assert_eq!(snapshot.refused_by_class, [3, 4, 3]);
+
+    // Two sheddable requests finish (the route lets them go in the order
+    // they started): 8 in flight, still above sheddable's 7 and at
+    // default's 8.
+    let mut sheddable = sheddable.into_iter();
+    held.go.add_permits(2);
+    for task in sheddable.by_ref().take(2) {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(send(&app, Priority::Sheddable, 1).await.1, 1);
+    assert_eq!(send(&app, Priority::Default, 1).await.1, 1);
+    // One more: 7 in flight, a default request may run, a sheddable not.
+    held.go.add_permits(1);
+    for task in sheddable.by_ref().take(1) {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(send(&app, Priority::Sheddable, 1).await.1, 1);
+    let (last, shed) = send(&app, Priority::Default, 1).await;
+    assert_eq!((last.len(), shed), (1, 0));
+    held.go.add_permits(8);
+    for task in sheddable.chain(default).chain(critical).chain(last) {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(state.snapshot().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shed_request_is_told_503_when_to_come_back_and_why() {
+    let held = Held::default();
+    let app = held.app(layer(fixed(1)));
+    let (running, _) = send(&app, Priority::Critical, 1).await;
+    let response = app.clone().oneshot(request(Priority::Sheddable)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["status"], 503);
+    assert_eq!(body["policy"], "api");
+    assert_eq!(body["priority"], "sheddable");
+    held.go.add_permits(1);
+    for task in running {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_service_sheds_with_unavailable_and_a_pushback() {
+    let held = Held::default();
+    let app = held.app(layer(fixed(1)).grpc());
+    let (running, _) = send(&app, Priority::Critical, 1).await;
+    let response = app.clone().oneshot(request(Priority::Default)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1000");
+    assert_eq!(response.headers()["retry-after"], "1");
+    held.go.add_permits(1);
+    for task in running {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_freed_slot_goes_to_the_most_important_waiter_first() {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
+    let layer = layer(limit).queue(10, Duration::from_secs(60)).unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    let (first, _) = send(&app, Priority::Default, 1).await;
+    let mut waiting = Vec::new();
+    for class in [
+        Priority::Sheddable,
+        Priority::Default,
+        Priority::Sheddable,
+        Priority::Critical,
+    ] {
+        let (tasks, shed) = send(&app, class, 1).await;
+        assert_eq!((tasks.len(), shed), (1, 0));
+        waiting.extend(tasks);
+    }
+    assert_eq!(state.queued(), 4);
+    // One at a time; after the critical request the slot stays kept for
+    // critical ones while their recent peak lasts (up to 2 s).
+    for _ in 0..5 {
+        held.go.add_permits(1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    for task in first.into_iter().chain(waiting) {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    let order = held.started.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        [
+            Priority::Default,
+            Priority::Critical,
+            Priority::Default,
+            Priority::Sheddable,
+            Priority::Sheddable,
+        ]
+    );
+    assert_eq!((state.queued(), state.snapshot().in_flight), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_ends_at_its_deadline_and_a_full_queue_sheds_at_once() {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
+    let layer = layer(limit)
+        .queue(1, Duration::from_millis(100))
+        .unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    let (first, _) = send(&app, Priority::Default, 1).await;
+    let (waiter, shed) = send(&app, Priority::Critical, 1).await;
+    assert_eq!((waiter.len(), shed), (1, 0));
+    // The queue holds one: the next is shed without waiting.
+    let (_, shed) = send(&app, Priority::Critical, 1).await;
+    assert_eq!(shed, 1);
+    let start = tokio::time::Instant::now();
+    for task in waiter {
+        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    assert_eq!(state.snapshot().refused_by_class, [2, 0, 0]);
+    assert_eq!((state.queued(), state.snapshot().in_flight), (0, 1));
+    held.go.add_permits(1);
+    for task in first {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_waiting_or_running_frees_its_slot() {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
+    let layer = layer(limit).queue(10, Duration::from_secs(5)).unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    let (running, _) = send(&app, Priority::Default, 1).await;
+    let (waiting, _) = send(&app, Priority::Default, 1).await;
+    assert_eq!((state.snapshot().in_flight, state.queued()), (1, 1));
+    for task in waiting {
+        task.abort();
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(state.queued(), 0);
+    for task in running {
+        task.abort();
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(state.snapshot().in_flight, 0);
+    // The freed slot is there for the next request.
+    let (next, shed) = send(&app, Priority::Sheddable, 1).await;
+    assert_eq!((next.len(), shed), (1, 0));
+    held.go.add_permits(1);
+    for task in next {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn warm_up_ramps_the_limit_from_its_start_to_the_maximum() {
+    let limit = AdaptiveLimit::builder("api")
+        .bounds(4, 104)
+        .initial(104)
+        .warm_up(4, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let layer = layer(limit);
+    let state = layer.handle();
+    assert_eq!(state.snapshot().limit, 4);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(state.snapshot().limit, 54);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(state.snapshot().limit, 104);
+}
+
+/// A backend of `workers` that each serve one request in `service`; the
+/// others queue for a worker, so latency grows with concurrency.
+#[derive(Clone)]
+struct Backend {
+    workers: Arc<Semaphore>,
+    service: Duration,
+    served: Arc<AtomicUsize>,
+}
+
+impl Backend {
+    fn app(&self, layer: AdaptiveConcurrencyLayer<fn(&Request<Body>) -> Priority>) -> Router {
+        let backend = self.clone();
+        Router::new()
+            .route(
+                "/work",
+                get(move || {
+                    let backend = backend.clone();
+                    async move {
+                        let _worker = backend.workers.acquire().await.unwrap();
+                        tokio::time::sleep(backend.service).await;
+                        backend.served.fetch_add(1, Ordering::SeqCst);
+                        "done"
+                    }
+                }),
+            )
+            .layer(layer)
+    }
+}
+
+/// Offers `rate` requests per second for `span`, a fifth of them critical
+/// and the rest sheddable; returns how many of each class were admitted
+/// and shed, and whether a critical one was shed at an instant a
+/// sheddable one was admitted.
+async fn offer(app: &Router, rate: u64, span: Duration) -> ([usize; 3], [usize; 3], bool) {
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let end = tokio::time::Instant::now() + span;
+    let mut tasks = Vec::new();
+    let mut sent = 0u64;
+    while tokio::time::Instant::now() < end {
+        tick.tick().await;
+        let class = if sent % 5 == 0 {
+            Priority::Critical
+        } else {
+            Priority::Sheddable
+        };
+        sent += 1;
+        let app = app.clone();
+        let outcomes = outcomes.clone();
+        tasks.push(tokio::spawn(async move {
+            let at = tokio::time::Instant::now();
+            let future = app.oneshot(request(class));
+            tokio::pin!(future);
+            // Whether the layer answered at once (shed) or let it run.
+            let status = match futures_poll_once(&mut future).await {
+                Some(response) => response.unwrap().status(),
+                None => {
+                    outcomes.lock().unwrap().push((at, class, true));
+                    return future.await.unwrap().status();
+                }
+            };
+            outcomes.lock().unwrap().push((at, class, false));
+            status
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let outcomes = outcomes.lock().unwrap();
+    let (mut admitted, mut shed) = ([0; 3], [0; 3]);
+    for &(_, class, ran) in outcomes.iter() {
+        if ran {
+            admitted[class.index()] += 1;
+        } else {
+            shed[class.index()] += 1;
+        }
+    }
+    let crossed = outcomes.iter().any(|&(at, class, ran)| {
+        class == Priority::Critical
+            && !ran
+            && outcomes
+                .iter()
+                .any(|&(other, class, ran)| other == at && class == Priority::Sheddable && ran)
+    });
+    (admitted, shed, crossed)
+}
+
+/// Polls `future` once: its output if it is ready at once.
+async fn futures_poll_once<F: std::future::Future + Unpin>(future: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut *future).poll(cx) {
+            std::task::Poll::Ready(output) => Some(output),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_limit_follows_a_backend_whose_capacity_halves_and_comes_back() {
+    let backend = Backend {
+        workers: Arc::new(Semaphore::new(20)),
+        service: Duration::from_millis(10),
+        served: Arc::default(),
+    };
+    let limit = AdaptiveLimit::builder("api")
+        .bounds(2, 400)
+        .reserve(Priority::Critical, 0.2)
+        .build()
+        .unwrap();
+    let layer = layer(limit);
+    let state = layer.handle();
+    let app = backend.app(layer);
+    // Capacity 2,000/s; offered 3x that.
+    let (admitted, _, crossed) = offer(&app, 6_000, Duration::from_secs(5)).await;
+    assert!(!crossed, "a critical request was shed while a sheddable one was admitted");
+    let served = backend.served.swap(0, Ordering::SeqCst);
+    assert!(served >= 9_000, "served {served} of a capacity of 10,000 in 5 s");
+    assert_eq!(admitted.iter().sum::<usize>(), served);
+    let full = state.snapshot().limit;
+    eprintln!("DBG full {full} served {served} admitted {admitted:?}");
+    assert!((20..=40).contains(&full), "limit {full} for 20 workers");
+
+    // Half the workers go away: the limit comes down within 5 s.
+    backend.workers.acquire_many(10).await.unwrap().forget();
+    offer(&app, 6_000, Duration::from_secs(5)).await;
+    let halved = state.snapshot().limit;
+    eprintln!("DBG halved {halved}");
+    assert!((10..=25).contains(&halved), "limit {halved} for 10 workers");
+    backend.served.swap(0, Ordering::SeqCst);
+
+    // They come back: the limit recovers within 10 s.
+    backend.workers.add_permits(10);
+    offer(&app, 6_000, Duration::from_secs(10)).await;
+    let back = state.snapshot().limit;
+    eprintln!("DBG back {back}");
+    assert!((20..=40).contains(&back), "limit {back} for 20 workers again");
+    let served = backend.served.load(Ordering::SeqCst);
+    assert!(served >= 18_000, "served {served} of a capacity of 20,000 in 10 s");
+}
