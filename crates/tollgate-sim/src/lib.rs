@@ -31,6 +31,7 @@
 //! ```
 
 pub mod chart;
+pub mod overload;
 pub mod report;
 mod sim;
 mod spec;
