@@ -118,6 +118,13 @@ struct OverloadArgs {
     /// AIMD's latency ceiling, in ms (default twice the service time).
     #[arg(long)]
     aimd_ceiling_ms: Option<f64>,
+    /// The fewest latency samples the limit takes in at once (its sample
+    /// window; default the core's).
+    #[arg(long)]
+    window_samples: Option<u32>,
+    /// The shortest a sample window lasts, in ms (default the core's).
+    #[arg(long)]
+    window_ms: Option<u64>,
     /// The share of the limit kept for critical requests.
     #[arg(long, default_value_t = 0.2)]
     reserve_critical: f64,
@@ -261,16 +268,20 @@ fn run_overload(args: &OverloadArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut protections = Vec::new();
     for algorithm in algorithms {
-        protections.push(match algorithm {
-            None => Protection::None,
-            Some(algorithm) => Protection::Adaptive(
-                AdaptiveLimit::builder("backend")
-                    .algorithm(algorithm)
-                    .reserve(Priority::Critical, args.reserve_critical)
-                    .reserve(Priority::Default, args.reserve_default)
-                    .build()?,
-            ),
-        });
+        let Some(algorithm) = algorithm else {
+            protections.push(Protection::None);
+            continue;
+        };
+        let mut builder = AdaptiveLimit::builder("backend")
+            .algorithm(algorithm)
+            .reserve(Priority::Critical, args.reserve_critical)
+            .reserve(Priority::Default, args.reserve_default);
+        let (min_time, min_samples) = builder.clone().build()?.sample_window();
+        builder = builder.sample_window(
+            args.window_ms.map_or(min_time, Duration::from_millis),
+            args.window_samples.unwrap_or(min_samples),
+        );
+        protections.push(Protection::Adaptive(builder.build()?));
     }
 
     let started = Instant::now();

@@ -19,6 +19,11 @@ pub const SETTLE_TAIL_US: u64 = 10_000_000;
 /// How far from that median a settled limit may stray: ±20 %.
 pub const SETTLE_BAND: f64 = 0.2;
 
+/// A settled limit is judged by its median over this much time before
+/// each sample, in µs: brief excursions (a Vegas probe halves the limit
+/// for a few tens of ms) do not count, a level that moved does.
+pub const SETTLE_SMOOTHING_US: u64 = 1_000_000;
+
 /// The critical p99 of the backend unprotected at half its capacity, per
 /// backend a plan uses: what "unloaded" means in [`PhaseSummary`].
 #[derive(Debug, Clone, PartialEq)]
@@ -97,9 +102,9 @@ pub struct PhaseSummary {
     /// [`SETTLE_TAIL_US`]); none without protection.
     pub limit_median: Option<f64>,
     /// How long after the phase started the limit entered, for good,
-    /// the band of ±20 % around that median (sampled every 10 ms); none
-    /// if it was still outside at the phase's last sample, or without
-    /// protection.
+    /// the band of ±20 % around that median, judged every 10 ms by its
+    /// median over the second before (see [`SETTLE_SMOOTHING_US`]); none
+    /// if it was still outside at the phase's end, or without protection.
     pub settle_us: Option<u64>,
 }
 
@@ -212,35 +217,58 @@ fn sum_by_class(windows: &[Window], field: impl Fn(&Window) -> [u64; 3]) -> [u64
     })
 }
 
-/// The limit's median over the phase's tail, and when it settled.
+/// The limit's median over the phase's tail, and when it settled: the
+/// first time in the phase from which the limit's median over the second
+/// before each sample stays within the band around the tail's median.
 fn settle(run: &OverloadRun, phase: &PlanPhase) -> (Option<f64>, Option<u64>) {
     let limits: Vec<(u64, f64)> = run
         .ticks
         .iter()
-        .filter(|t| (phase.start_us..phase.end_us).contains(&t.at_us))
         .filter_map(|t| t.limit.map(|l| (t.at_us, f64::from(l))))
         .collect();
     let length = phase.end_us.saturating_sub(phase.start_us);
     let tail_from = phase.end_us - SETTLE_TAIL_US.min(length / 2);
+    let in_phase = |at: u64, from: u64| (from..phase.end_us).contains(&at);
     let mut tail: Vec<f64> = limits
         .iter()
-        .filter(|&&(at, _)| at >= tail_from)
+        .filter(|&&(at, _)| in_phase(at, tail_from))
         .map(|&(_, l)| l)
         .collect();
     if tail.is_empty() {
         return (None, None);
     }
     tail.sort_by(f64::total_cmp);
-    let median = tail.get(tail.len() / 2).copied().unwrap_or(0.0);
+    let median = middle(&tail);
     let (low, high) = (median * (1.0 - SETTLE_BAND), median * (1.0 + SETTLE_BAND));
-    let outside = limits.iter().rposition(|&(_, l)| l < low || l > high);
-    let settled = match outside {
-        None => Some(0),
-        Some(i) => limits
-            .get(i + 1)
-            .map(|&(at, _)| at.saturating_sub(phase.start_us)),
-    };
+    let mut settled = None;
+    let mut window: Vec<f64> = Vec::new();
+    for (i, &(at, _)) in limits.iter().enumerate() {
+        if !in_phase(at, phase.start_us) {
+            continue;
+        }
+        let from = at.saturating_sub(SETTLE_SMOOTHING_US);
+        window.clear();
+        window.extend(
+            limits[..=i]
+                .iter()
+                .rev()
+                .take_while(|&&(t, _)| t >= from)
+                .map(|&(_, l)| l),
+        );
+        window.sort_by(f64::total_cmp);
+        let smoothed = middle(&window);
+        if (low..=high).contains(&smoothed) {
+            settled.get_or_insert(at.saturating_sub(phase.start_us));
+        } else {
+            settled = None;
+        }
+    }
     (Some(median), settled)
+}
+
+/// The median of sorted `values` (the upper one of an even count).
+fn middle(values: &[f64]) -> f64 {
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The `p` quantile of `sorted` by nearest rank.

@@ -28,5 +28,7 @@ mod plan;
 pub mod report;
 
 pub use engine::{OverloadRun, Protection, Response, TICK_US, Tick, WINDOW_US, Window, simulate};
-pub use measure::{Baselines, PhaseSummary, SETTLE_BAND, SETTLE_TAIL_US, Summary, summarize};
+pub use measure::{
+    Baselines, PhaseSummary, SETTLE_BAND, SETTLE_SMOOTHING_US, SETTLE_TAIL_US, Summary, summarize,
+};
 pub use plan::{Jitter, OverloadError, OverloadOptions, Plan, PlanPhase, Scenario};

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::engine::{OverloadRun, WINDOW_US};
-use super::measure::{PhaseSummary, SETTLE_BAND, SETTLE_TAIL_US, Summary};
+use super::measure::{PhaseSummary, SETTLE_BAND, SETTLE_SMOOTHING_US, SETTLE_TAIL_US, Summary};
 use super::plan::{Jitter, Plan, Scenario};
 
 /// The goodput a protection keeps at overload, as a share of capacity.
@@ -91,8 +91,10 @@ pub fn text(plan: &Plan, summaries: &[Summary]) -> String {
         "\noffered and goodput as multiples of the phase's capacity; ×unld: critical p99 over the \
          unloaded one (the same backend at 0.5× without protection); order: 100 ms windows with \
          a critical request shed and a sheddable one admitted; limit: median over the phase's \
-         last {} s; settle: when the limit entered ±{:.0} % of that median for good",
+         last {} s; settle: when the limit's median over the {} ms before entered ±{:.0} % of \
+         that for good",
         SETTLE_TAIL_US / 1_000_000,
+        SETTLE_SMOOTHING_US / 1_000,
         SETTLE_BAND * 100.0
     );
     out.push('\n');
