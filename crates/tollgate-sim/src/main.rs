@@ -307,8 +307,9 @@ fn run_overload(args: &OverloadArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("\ntime series: {}", path.display());
     }
     if let Some(path) = &args.chart {
-        let title = format!("tollgate-sim overload: {}", overload::report::setup(&plan));
-        let svg = overload::chart::svg(&runs, &summaries, &title);
+        let title = format!("tollgate-sim overload --scenario {}", plan.scenario);
+        let setup = overload::report::setup(&plan);
+        let svg = overload::chart::svg(&runs, &summaries, &title, &setup);
         let (svg_path, png_path) = (with_extension(path, "svg"), with_extension(path, "png"));
         std::fs::write(&svg_path, &svg)
             .map_err(|e| format!("cannot write {}: {e}", svg_path.display()))?;

@@ -12,7 +12,7 @@ use crate::chart::{escape, human, nice_step};
 const WIDTH: f64 = 1_000.0;
 const LEFT: f64 = 230.0;
 const RIGHT: f64 = 44.0;
-const TOP: f64 = 56.0;
+const TOP: f64 = 74.0;
 const LANE: f64 = 200.0;
 const BOTTOM: f64 = 44.0;
 /// The upper panel of a lane (counts), and the lower one (rates).
@@ -27,12 +27,13 @@ const OFFERED: &str = "#9e9e9e";
 const PHASE: &str = "#1565c0";
 
 /// Draws `runs` (with their `summaries`, in the same order) as an SVG
-/// document: one lane per protection, time across. Its upper panel shows
-/// the limit (mean per 100 ms, with its range as a band), the requests in
-/// flight and the backend's workers, on one scale for every lane (what
-/// is above it is drawn at its top); its lower panel the goodput and the
-/// offered load per 100 ms, as multiples of the nominal capacity. A dashed
-/// line marks each phase's start.
+/// document: `title`, then `subtitle`, then one lane per protection, time
+/// across. A lane's upper panel shows the limit (its mean per bucket of
+/// at least 100 ms, with its range as a band), the requests in flight and
+/// the backend's workers, on one scale for every lane (what is above it
+/// is drawn at its top); its lower panel the goodput and the offered load
+/// per bucket, as multiples of the nominal capacity. A dashed line marks
+/// each phase's start.
 ///
 /// ```
 /// use tollgate_sim::overload::{Baselines, OverloadOptions, Plan, Protection, Scenario, chart, simulate, summarize};
@@ -40,11 +41,11 @@ const PHASE: &str = "#1565c0";
 /// let plan = Plan::new(Scenario::Halving, &OverloadOptions::default())?;
 /// let run = simulate(&plan, &Protection::None);
 /// let summary = summarize(&run, &Baselines::new(&plan));
-/// let svg = chart::svg(&[run], &[summary], "halving");
+/// let svg = chart::svg(&[run], &[summary], "halving", "no protection");
 /// assert!(svg.starts_with("<svg"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn svg(runs: &[OverloadRun], summaries: &[Summary], title: &str) -> String {
+pub fn svg(runs: &[OverloadRun], summaries: &[Summary], title: &str, subtitle: &str) -> String {
     let end_us = runs
         .iter()
         .map(|r| r.plan.end_us())
@@ -52,6 +53,8 @@ pub fn svg(runs: &[OverloadRun], summaries: &[Summary], title: &str) -> String {
         .unwrap_or(0)
         .max(1_000_000);
     let tick_us = nice_step(end_us / 8);
+    // About one bucket per 2.5 pixels, whole windows.
+    let bucket_us = nice_step(end_us / 300).max(WINDOW_US);
     let plot_width = WIDTH - LEFT - RIGHT;
     let x = |us: u64| LEFT + us as f64 / end_us as f64 * plot_width;
     let height = TOP + LANE * runs.len() as f64 + BOTTOM;
@@ -80,10 +83,13 @@ pub fn svg(runs: &[OverloadRun], summaries: &[Summary], title: &str) -> String {
         out,
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="DejaVu Sans, Verdana, sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="#ffffff"/>
-<text x="10" y="22" font-size="13" font-weight="bold">{}</text>
-<text x="10" y="40" fill="#555555">per 100 ms: <tspan fill="{LIMIT}">limit (band: range)</tspan>, <tspan fill="{IN_FLIGHT}">in flight</tspan>, <tspan fill="{WORKERS}">workers</tspan> (0 to {count_max}); <tspan fill="{GOODPUT}">goodput</tspan> and <tspan fill="{OFFERED}">offered load</tspan> (0 to {rate_max}× capacity); dashed: phase start</text>
+<text x="10" y="22" font-size="15" font-weight="bold">{}</text>
+<text x="10" y="40" fill="#555555">{}</text>
+<text x="10" y="58" fill="#555555">per {}: <tspan fill="{LIMIT}">limit (band: its range)</tspan>, <tspan fill="{IN_FLIGHT}">in flight</tspan>, <tspan fill="{WORKERS}">workers</tspan> (0 to {count_max}); <tspan fill="{GOODPUT}">goodput</tspan>, <tspan fill="{OFFERED}">offered load</tspan> (0 to {rate_max}× capacity); dashed: phase start</text>
 "##,
         escape(title),
+        escape(subtitle),
+        human(bucket_us),
     );
 
     for (lane, run) in runs.iter().enumerate() {
@@ -120,9 +126,9 @@ pub fn svg(runs: &[OverloadRun], summaries: &[Summary], title: &str) -> String {
             );
         }
 
-        // Per 100 ms: the limit's mean and range, the mean in flight, the
+        // Per bucket: the limit's mean and range, the mean in flight, the
         // workers.
-        let per = (WINDOW_US / TICK_US) as usize;
+        let per = (bucket_us / TICK_US).max(1) as usize;
         let mut band_top = Vec::new();
         let mut band_bottom = Vec::new();
         let mut limit_line = Vec::new();
@@ -163,21 +169,24 @@ pub fn svg(runs: &[OverloadRun], summaries: &[Summary], title: &str) -> String {
         polyline(&mut out, &flight_line, IN_FLIGHT, 1.0, None);
         polyline(&mut out, &limit_line, LIMIT, 1.4, None);
 
-        // Per 100 ms: goodput and offered load, over the nominal capacity.
-        let per_window = run.plan.capacity() * WINDOW_US as f64 / 1e6;
+        // Per bucket: goodput and offered load, over the nominal capacity.
+        let windows_per = (bucket_us / WINDOW_US).max(1) as usize;
+        let per_bucket = run.plan.capacity() * bucket_us as f64 / 1e6;
         let mut good_line = Vec::new();
         let mut offered_line = Vec::new();
-        for (i, w) in run.windows.iter().enumerate() {
-            let mid = i as u64 * WINDOW_US + WINDOW_US / 2;
+        for (i, chunk) in run.windows.chunks(windows_per).enumerate() {
+            let mid = i as u64 * bucket_us + bucket_us / 2;
+            let good: u64 = chunk.iter().map(|w| w.good).sum();
+            let offered: u64 = chunk.iter().flat_map(|w| w.offered).sum();
             good_line.push(format!(
                 "{:.1},{:.1}",
                 x(mid),
-                rate_y(w.good as f64 / per_window)
+                rate_y(good as f64 / per_bucket)
             ));
             offered_line.push(format!(
                 "{:.1},{:.1}",
                 x(mid),
-                rate_y(w.offered.iter().sum::<u64>() as f64 / per_window)
+                rate_y(offered as f64 / per_bucket)
             ));
         }
         polyline(&mut out, &offered_line, OFFERED, 1.0, None);
@@ -231,7 +240,7 @@ fn lane_text(run: &OverloadRun, summary: Option<&Summary>) -> Vec<(String, &'sta
     for p in &summary.phases {
         let p99 = p.p99_ratio().map_or("-".to_owned(), |r| format!("{r:.1}×"));
         lines.push((
-            format!("{}: goodput {:.2}, crit p99 {p99}", p.name, p.goodput),
+            format!("{}: goodput {:.2}, p99 {p99}", p.name, p.goodput),
             "normal",
         ));
     }
@@ -240,7 +249,7 @@ fn lane_text(run: &OverloadRun, summary: Option<&Summary>) -> Vec<(String, &'sta
     match run.plan.scenario {
         Scenario::Ramp => {
             if let Some(limit) = summary.phases.last().and_then(|p| p.limit_median) {
-                lines.push((format!("limit at the end {limit:.0}"), "normal"));
+                lines.push((format!("limit at the end: {limit:.0}"), "normal"));
             }
         }
         Scenario::Halving | Scenario::Slowdown => {
@@ -258,9 +267,14 @@ fn lane_text(run: &OverloadRun, summary: Option<&Summary>) -> Vec<(String, &'sta
             }
         }
     }
+    if run.ticks.iter().all(|t| t.limit.is_none()) {
+        return lines;
+    }
+    lines.push(("critical shed beside sheddable".to_owned(), "normal"));
     lines.push((
         format!(
-            "crit shed, shd admitted: {} × 100 ms",
+            "admitted: {} at once, {} in 100 ms",
+            summary.inverted(),
             summary.order_windows()
         ),
         "normal",

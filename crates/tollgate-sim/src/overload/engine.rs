@@ -49,6 +49,9 @@ pub struct Window {
     pub completed: u64,
     /// Responses finished in the window within their client's deadline.
     pub good: u64,
+    /// Critical requests refused at a moment when a sheddable one would
+    /// have been admitted (none, if the limit sheds in order).
+    pub inverted: u64,
 }
 
 /// The state sampled every 10 ms.
@@ -289,16 +292,22 @@ impl Sim {
         let index = class.index();
         let permit = match &mut self.state {
             None => None,
-            Some(state) => match state.try_acquire(class, ORIGIN + from_micros(now)) {
-                Some(permit) => Some(permit),
-                None => {
-                    if let Some(window) = self.window(now) {
-                        window.offered[index] += 1;
-                        window.shed[index] += 1;
+            Some(state) => {
+                let at = ORIGIN + from_micros(now);
+                match state.try_acquire(class, at) {
+                    Some(permit) => Some(permit),
+                    None => {
+                        let inverted = class == Priority::Critical
+                            && state.would_admit(Priority::Sheddable, at);
+                        if let Some(window) = self.window(now) {
+                            window.offered[index] += 1;
+                            window.shed[index] += 1;
+                            window.inverted += u64::from(inverted);
+                        }
+                        return;
                     }
-                    return;
                 }
-            },
+            }
         };
         if let Some(window) = self.window(now) {
             window.offered[index] += 1;

@@ -98,6 +98,9 @@ pub struct PhaseSummary {
     /// The 100 ms windows in which a critical request was refused while a
     /// sheddable one was admitted.
     pub order_windows: u64,
+    /// The critical requests refused at a moment when a sheddable one
+    /// would have been admitted.
+    pub inverted: u64,
     /// The median limit over the last part of the phase (see
     /// [`SETTLE_TAIL_US`]); none without protection.
     pub limit_median: Option<f64>,
@@ -137,6 +140,12 @@ impl Summary {
     /// refused while a sheddable one was admitted.
     pub fn order_windows(&self) -> u64 {
         self.phases.iter().map(|p| p.order_windows).sum()
+    }
+
+    /// The critical requests of the whole run refused at a moment when a
+    /// sheddable one would have been admitted.
+    pub fn inverted(&self) -> u64 {
+        self.phases.iter().map(|p| p.inverted).sum()
     }
 }
 
@@ -203,6 +212,7 @@ fn summarize_phase(run: &OverloadRun, phase: &PlanPhase, baselines: &Baselines) 
         unloaded_p99_us: baselines.p99_of(phase),
         shed,
         order_windows,
+        inverted: windows.iter().map(|w| w.inverted).sum(),
         limit_median,
         settle_us,
     }
