@@ -6,7 +6,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::window::SampleWindow;
 use crate::builder::validate_name;
 use crate::error::ConfigError;
 
@@ -147,6 +146,16 @@ pub(super) struct WarmUp {
     pub(super) from: u32,
     /// How long the ceiling takes to rise linearly to the maximum.
     pub(super) over: Duration,
+}
+
+/// When a window of latency samples stops admitting requests into it (see
+/// [`AdaptiveLimitBuilder::sample_window`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct SampleWindow {
+    /// The fewest requests it admits.
+    pub(super) min_samples: u32,
+    /// The shortest it admits for.
+    pub(super) min_time: Duration,
 }
 
 /// The settings of an adaptive concurrency limit: how many requests one

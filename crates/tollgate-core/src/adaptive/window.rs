@@ -1,18 +1,8 @@
 //! Windows of latency samples: the requests admitted over a span, taken
 //! in as one sample once every one of them has come back.
 
-use std::time::Duration;
-
+use super::config::SampleWindow;
 use super::estimate::Sample;
-
-/// When a window stops admitting requests into it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct SampleWindow {
-    /// The fewest requests it admits.
-    pub(super) min_samples: u32,
-    /// The shortest it admits for.
-    pub(super) min_time: Duration,
-}
 
 /// The window being gathered.
 ///
@@ -188,6 +178,8 @@ impl Windows {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn sample(rtt: u64, in_flight: u32) -> Option<Sample> {
