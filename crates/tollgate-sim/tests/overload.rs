@@ -108,3 +108,43 @@ fn a_run_is_the_same_every_time() {
     assert_eq!(a.ticks, b.ticks);
     assert_eq!(a.responses, b.responses);
 }
+
+/// The committed charts are these runs: regenerate them with
+/// `cargo run --release -p tollgate-sim -- overload --scenario SCENARIO
+/// --chart docs/overload-SCENARIO`.
+#[test]
+fn the_committed_charts_are_these_runs() {
+    use std::time::Duration;
+    use tollgate_sim::overload::{chart, report};
+
+    for scenario in [Scenario::Ramp, Scenario::Halving, Scenario::Slowdown] {
+        let plan = Plan::new(scenario, &OverloadOptions::default()).unwrap();
+        let aimd = LimitAlgorithm::Aimd {
+            latency_ceiling: Duration::from_millis(40),
+        };
+        let mut protections = Vec::new();
+        for algorithm in [LimitAlgorithm::Vegas, LimitAlgorithm::Gradient2, aimd] {
+            let config = AdaptiveLimit::builder("backend")
+                .algorithm(algorithm)
+                .reserve(Priority::Critical, 0.2)
+                .reserve(Priority::Default, 0.1)
+                .build()
+                .unwrap();
+            protections.push(Protection::Adaptive(config));
+        }
+        protections.push(Protection::None);
+        let baselines = Baselines::new(&plan);
+        let runs: Vec<_> = protections.iter().map(|p| simulate(&plan, p)).collect();
+        let summaries: Vec<_> = runs.iter().map(|r| summarize(r, &baselines)).collect();
+        let title = format!("tollgate-sim overload --scenario {scenario}");
+        let svg = chart::svg(&runs, &summaries, &title, &report::setup(&plan));
+        let path = format!(
+            "{}/../../docs/overload-{scenario}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let committed = std::fs::read_to_string(format!("{path}.svg")).unwrap();
+        assert!(committed == svg, "{path}.svg is stale: regenerate it");
+        let png = std::fs::read(format!("{path}.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+}
