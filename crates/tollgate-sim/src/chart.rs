@@ -228,7 +228,7 @@ pub fn png(svg: &str) -> Result<Vec<u8>, ChartError> {
 }
 
 /// The smallest of 1, 2, 5 x 10^n µs (and minutes, hours) at least `us`.
-fn nice_step(us: u64) -> u64 {
+pub(crate) fn nice_step(us: u64) -> u64 {
     const STEPS: [u64; 20] = [
         1_000,
         2_000,
@@ -259,7 +259,7 @@ fn nice_step(us: u64) -> u64 {
 }
 
 /// A round duration in the largest unit that keeps it whole.
-fn human(us: u64) -> String {
+pub(crate) fn human(us: u64) -> String {
     match us {
         0 => "0 s".to_owned(),
         _ if us.is_multiple_of(3_600_000_000) && us >= 7_200_000_000 => {
@@ -276,7 +276,7 @@ pub(crate) fn human_exact(us: u64) -> String {
     format!("{}.{:03} s", us / 1_000_000, us % 1_000_000 / 1_000)
 }
 
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

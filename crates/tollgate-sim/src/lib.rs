@@ -16,6 +16,13 @@
 //! tollgate-sim --log traffic.csv --policy "api=gcra:100/min" --top 20
 //! ```
 //!
+//! It also simulates a backend at overload behind an adaptive concurrency
+//! limit ([`overload`]), to compare the limit's algorithms:
+//!
+//! ```text
+//! tollgate-sim overload --scenario halving --algorithm all --chart docs/overload-halving
+//! ```
+//!
 //! As a library:
 //!
 //! ```
@@ -31,6 +38,7 @@
 //! ```
 
 pub mod chart;
+pub mod overload;
 pub mod report;
 mod sim;
 mod spec;

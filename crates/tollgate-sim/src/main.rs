@@ -1,5 +1,7 @@
 //! `tollgate-sim`: replay a traffic log or a synthetic pattern through
-//! rate-limit policies; report and chart what each would do.
+//! rate-limit policies; report and chart what each would do. Or, with
+//! `tollgate-sim overload`, simulate a backend at overload behind an
+//! adaptive concurrency limit.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -7,9 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use tollgate_core::{Limit, Policy};
+use tollgate_core::{AdaptiveLimit, Limit, LimitAlgorithm, Policy, Priority};
+use tollgate_sim::overload::{self, Jitter, OverloadOptions, Plan, Protection, Scenario};
 use tollgate_sim::{
     EpochUnit, Log, Pattern, PatternOptions, SimOptions, Workload, chart, parse_policy, report,
     simulate,
@@ -19,8 +22,11 @@ use tollgate_sim::{
 /// on a fake clock, and reports what each policy allows, denies and delays.
 #[derive(Debug, Parser)]
 #[command(version, about)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["log", "pattern"]))]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// A CSV traffic log of `timestamp,key[,cost]` lines; timestamps in
     /// RFC 3339 or epoch seconds or milliseconds.
     #[arg(long, value_name = "FILE")]
@@ -65,6 +71,74 @@ struct Args {
     duration: Duration,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Simulates a backend of fixed capacity at overload, behind an
+    /// adaptive concurrency limit or nothing, and compares the algorithms.
+    Overload(OverloadArgs),
+}
+
+/// What `--algorithm` may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Choice {
+    Vegas,
+    Gradient2,
+    Aimd,
+    None,
+    All,
+}
+
+#[derive(Debug, clap::Args)]
+struct OverloadArgs {
+    /// ramp (to --load × capacity), halving (workers halve mid-run) or
+    /// slowdown (service time doubles mid-run).
+    #[arg(long, default_value = "ramp")]
+    scenario: Scenario,
+    /// The protections to compare; repeat, or `all`.
+    #[arg(long = "algorithm", value_enum, default_value = "all")]
+    algorithms: Vec<Choice>,
+    /// The backend's workers.
+    #[arg(long, default_value_t = 20)]
+    workers: u32,
+    /// The backend's mean service time, in ms.
+    #[arg(long, default_value_t = 20.0)]
+    service_ms: f64,
+    /// How service times vary: uniform (±20 %) or exponential.
+    #[arg(long, default_value = "uniform")]
+    jitter: Jitter,
+    /// The peak offered load, as a multiple of the capacity.
+    #[arg(long, default_value_t = 3.0)]
+    load: f64,
+    /// The clients' deadline, in ms: a later response is not goodput.
+    #[arg(long, default_value_t = 1_000)]
+    deadline_ms: u64,
+    /// The seed of arrivals, classes and service times.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// AIMD's latency ceiling, in ms (default twice the service time).
+    #[arg(long)]
+    aimd_ceiling_ms: Option<f64>,
+    /// The fewest latency samples the limit takes in at once (its sample
+    /// window; default the core's).
+    #[arg(long)]
+    window_samples: Option<u32>,
+    /// The shortest a sample window lasts, in ms (default the core's).
+    #[arg(long)]
+    window_ms: Option<u64>,
+    /// The share of the limit kept for critical requests.
+    #[arg(long, default_value_t = 0.2)]
+    reserve_critical: f64,
+    /// The share kept for default and critical requests below that.
+    #[arg(long, default_value_t = 0.1)]
+    reserve_default: f64,
+    /// Write the chart to PATH.svg and PATH.png.
+    #[arg(long, value_name = "PATH")]
+    chart: Option<PathBuf>,
+    /// Write every run's state every 10 ms to a CSV file.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+}
+
 fn parse_rate(text: &str) -> Result<(u64, Duration), String> {
     let limit: Limit = text.parse().map_err(|e| format!("{e}"))?;
     Ok((limit.count(), limit.period()))
@@ -88,6 +162,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(Command::Overload(overload)) = &args.command {
+        return run_overload(overload);
+    }
     let started = Instant::now();
     let (workload, source) = match (&args.log, args.pattern) {
         (Some(path), _) => (read_log(path, &args)?, path.display().to_string()),
@@ -143,6 +220,96 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     if let Some(path) = &args.chart {
         let svg = chart::svg(&runs, &format!("tollgate-sim: {source}"));
+        let (svg_path, png_path) = (with_extension(path, "svg"), with_extension(path, "png"));
+        std::fs::write(&svg_path, &svg)
+            .map_err(|e| format!("cannot write {}: {e}", svg_path.display()))?;
+        std::fs::write(&png_path, chart::png(&svg)?)
+            .map_err(|e| format!("cannot write {}: {e}", png_path.display()))?;
+        println!("\nchart: {} and {}", svg_path.display(), png_path.display());
+    }
+    Ok(())
+}
+
+fn run_overload(args: &OverloadArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let service = Duration::try_from_secs_f64(args.service_ms / 1e3)
+        .map_err(|e| format!("invalid --service-ms {}: {e}", args.service_ms))?;
+    let options = OverloadOptions {
+        workers: args.workers,
+        service,
+        jitter: args.jitter,
+        load: args.load,
+        deadline: Duration::from_millis(args.deadline_ms),
+        seed: args.seed,
+        ..OverloadOptions::default()
+    };
+    let plan = Plan::new(args.scenario, &options)?;
+    let ceiling_ms = args.aimd_ceiling_ms.unwrap_or(2.0 * args.service_ms);
+    let latency_ceiling = Duration::try_from_secs_f64(ceiling_ms / 1e3)
+        .map_err(|e| format!("invalid --aimd-ceiling-ms {ceiling_ms}: {e}"))?;
+    let mut algorithms = Vec::new();
+    for choice in &args.algorithms {
+        let named: &[Option<LimitAlgorithm>] = match choice {
+            Choice::Vegas => &[Some(LimitAlgorithm::Vegas)],
+            Choice::Gradient2 => &[Some(LimitAlgorithm::Gradient2)],
+            Choice::Aimd => &[Some(LimitAlgorithm::Aimd { latency_ceiling })],
+            Choice::None => &[None],
+            Choice::All => &[
+                Some(LimitAlgorithm::Vegas),
+                Some(LimitAlgorithm::Gradient2),
+                Some(LimitAlgorithm::Aimd { latency_ceiling }),
+                None,
+            ],
+        };
+        for algorithm in named {
+            if !algorithms.contains(algorithm) {
+                algorithms.push(*algorithm);
+            }
+        }
+    }
+    let mut protections = Vec::new();
+    for algorithm in algorithms {
+        let Some(algorithm) = algorithm else {
+            protections.push(Protection::None);
+            continue;
+        };
+        let mut builder = AdaptiveLimit::builder("backend")
+            .algorithm(algorithm)
+            .reserve(Priority::Critical, args.reserve_critical)
+            .reserve(Priority::Default, args.reserve_default);
+        let (min_time, min_samples) = builder.clone().build()?.sample_window();
+        builder = builder.sample_window(
+            args.window_ms.map_or(min_time, Duration::from_millis),
+            args.window_samples.unwrap_or(min_samples),
+        );
+        protections.push(Protection::Adaptive(builder.build()?));
+    }
+
+    let started = Instant::now();
+    let baselines = overload::Baselines::new(&plan);
+    let runs: Vec<overload::OverloadRun> = protections
+        .iter()
+        .map(|protection| overload::simulate(&plan, protection))
+        .collect();
+    let summaries: Vec<overload::Summary> = runs
+        .iter()
+        .map(|run| overload::summarize(run, &baselines))
+        .collect();
+    println!(
+        "{} protections simulated in {:.2?}; AIMD's latency ceiling {ceiling_ms} ms\n",
+        runs.len(),
+        started.elapsed()
+    );
+    print!("{}", overload::report::text(&plan, &summaries));
+
+    if let Some(path) = &args.csv {
+        std::fs::write(path, overload::report::csv(&runs))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("\ntime series: {}", path.display());
+    }
+    if let Some(path) = &args.chart {
+        let title = format!("tollgate-sim overload --scenario {}", plan.scenario);
+        let setup = overload::report::setup(&plan);
+        let svg = overload::chart::svg(&runs, &summaries, &title, &setup);
         let (svg_path, png_path) = (with_extension(path, "svg"), with_extension(path, "png"));
         std::fs::write(&svg_path, &svg)
             .map_err(|e| format!("cannot write {}: {e}", svg_path.display()))?;

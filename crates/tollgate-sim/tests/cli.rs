@@ -150,3 +150,50 @@ fn the_boundary_pattern_shows_the_fixed_window_admitting_twice_its_limit() {
             > 1_000
     );
 }
+
+#[test]
+fn overload_compares_protections_in_a_table_with_a_chart() {
+    let chart = std::env::temp_dir().join(format!("tollgate-sim-{}-halving", std::process::id()));
+    let (out, stdout, stderr) = sim(&[
+        "overload",
+        "--scenario",
+        "halving",
+        "--algorithm",
+        "vegas",
+        "--algorithm",
+        "none",
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{stderr}");
+    for row in ["full      vegas", "halved    none", "restored  vegas"] {
+        assert!(stdout.contains(row), "no {row:?} in {stdout}");
+    }
+    let settle = stdout
+        .lines()
+        .find(|l| l.starts_with("limit settles ≤ 5 s (halved)"))
+        .unwrap_or_else(|| panic!("no settle row in {stdout}"));
+    assert!(
+        settle.trim_end().ends_with('-'),
+        "none has no limit: {settle}"
+    );
+    let svg = std::fs::read_to_string(chart.with_extension("svg")).unwrap();
+    assert!(svg.contains("vegas") && svg.contains("none"));
+    assert_eq!(
+        &std::fs::read(chart.with_extension("png")).unwrap()[..4],
+        b"\x89PNG"
+    );
+}
+
+#[test]
+fn overload_refuses_what_it_cannot_simulate() {
+    let (out, _, stderr) = sim(&["overload", "--workers", "0"]);
+    assert!(!out.status.success());
+    assert!(stderr.contains("invalid workers"), "{stderr}");
+    let (out, _, stderr) = sim(&["overload", "--scenario", "spike"]);
+    assert!(!out.status.success());
+    assert!(stderr.contains("unknown scenario \"spike\""), "{stderr}");
+    // The replay's options are not the subcommand's.
+    let (out, _, _) = sim(&["overload", "--policy", "gcra:1/s"]);
+    assert!(!out.status.success());
+}

@@ -4,6 +4,7 @@
 
 use super::config::{AdaptiveLimit, Priority};
 use super::estimate::{Estimator, Sample};
+use super::window::Windows;
 use crate::time::Timestamp;
 
 /// The right of one admitted request to run, to be handed back to
@@ -14,6 +15,8 @@ pub struct Permit {
     class: Priority,
     admitted: Timestamp,
     in_flight: u32,
+    /// The window of samples it counts in, if any.
+    window: Option<u64>,
 }
 
 impl Permit {
@@ -67,6 +70,7 @@ pub struct ConcurrencySnapshot {
 pub struct Concurrency {
     config: AdaptiveLimit,
     estimator: Estimator,
+    windows: Windows,
     started: Timestamp,
     in_flight: [u32; 3],
     peaks: Peaks,
@@ -122,6 +126,7 @@ impl Concurrency {
     pub fn new(config: &AdaptiveLimit, now: Timestamp) -> Self {
         Self {
             estimator: Estimator::new(config.algorithm, config.initial),
+            windows: Windows::new(config.window),
             config: config.clone(),
             started: now,
             in_flight: [0; 3],
@@ -219,6 +224,7 @@ impl Concurrency {
             class,
             admitted: now,
             in_flight: self.in_flight(),
+            window: self.windows.admit(now.as_micros()),
         }
     }
 
@@ -229,18 +235,24 @@ impl Concurrency {
         let count = &mut self.in_flight[permit.class.index()];
         *count = count.saturating_sub(1);
         let dropped = match completion {
-            Completion::Served => false,
-            Completion::Dropped => true,
-            Completion::Ignored => return,
+            Completion::Served => Some(false),
+            Completion::Dropped => Some(true),
+            Completion::Ignored => None,
         };
         let rtt = now.as_micros().saturating_sub(permit.admitted.as_micros());
-        let sample = Sample {
+        let sample = dropped.map(|dropped| Sample {
             rtt: rtt.max(1),
             in_flight: permit.in_flight,
             dropped,
-        };
-        let ceiling = self.ceiling(now).max(self.config.min);
-        self.estimator.update(sample, self.config.min, ceiling);
+        });
+        let taken = self.windows.release(permit.window, sample, now.as_micros());
+        if let Some(window) = taken {
+            let ceiling = self.ceiling(now).max(self.config.min);
+            self.estimator.update(window, self.config.min, ceiling);
+            if self.estimator.probing() {
+                self.windows.probe_next();
+            }
+        }
     }
 
     /// What the state holds at `now`.
@@ -320,6 +332,9 @@ mod tests {
             })
             .bounds(1, 100)
             .initial(10)
+            // One sample is taken in at once, so that the one served
+            // request below moves the limit by itself.
+            .sample_window(Duration::ZERO, 1)
             .build()
             .unwrap_or_else(|error| unreachable!("{error}"));
         let mut state = Concurrency::new(&config, T0);

@@ -108,9 +108,11 @@ impl FromStr for Priority {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LimitAlgorithm {
     /// TCP Vegas, applied to requests (the default): the queue in front of
-    /// the service is estimated as `limit × (1 − rtt_min / rtt)`; the limit
-    /// grows while it is short and shrinks once it is longer than about 6
-    /// log₁₀(limit). It keeps latency near its minimum.
+    /// the service is estimated as `limit × (1 − rtt_noload / rtt)`; the
+    /// limit grows while it is short and shrinks once it is longer than
+    /// about 6 log₁₀(limit). It keeps latency near its minimum. The no-load
+    /// latency is measured by halving the limit for one window of samples,
+    /// now and then and whenever the limit moved by half since.
     Vegas,
     /// Gradient2: the limit follows the ratio of a long-term average
     /// latency to the latest one, tolerating 1.5 times the average. Under a
@@ -146,6 +148,16 @@ pub(super) struct WarmUp {
     pub(super) over: Duration,
 }
 
+/// When a window of latency samples stops admitting requests into it (see
+/// [`AdaptiveLimitBuilder::sample_window`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct SampleWindow {
+    /// The fewest requests it admits.
+    pub(super) min_samples: u32,
+    /// The shortest it admits for.
+    pub(super) min_time: Duration,
+}
+
 /// The settings of an adaptive concurrency limit: how many requests one
 /// instance lets run at once, found from their latency between a minimum
 /// and a maximum, with capacity reserved for the more important
@@ -178,6 +190,7 @@ pub struct AdaptiveLimit {
     pub(super) initial: u32,
     pub(super) reserved: [f64; 3],
     pub(super) warm_up: Option<WarmUp>,
+    pub(super) window: SampleWindow,
 }
 
 impl AdaptiveLimit {
@@ -196,6 +209,7 @@ impl AdaptiveLimit {
             fixed: None,
             reserved: [0.0; 3],
             warm_up: None,
+            window: AdaptiveLimitBuilder::DEFAULT_WINDOW,
         }
     }
 
@@ -228,6 +242,12 @@ impl AdaptiveLimit {
     pub fn reserved(&self, class: Priority) -> f64 {
         self.reserved[class.index()]
     }
+
+    /// The shortest a window of latency samples lasts, and the fewest
+    /// samples it holds (see [`AdaptiveLimitBuilder::sample_window`]).
+    pub fn sample_window(&self) -> (Duration, u32) {
+        (self.window.min_time, self.window.min_samples)
+    }
 }
 
 /// Builds an [`AdaptiveLimit`]; see [`AdaptiveLimit::builder`].
@@ -242,9 +262,15 @@ pub struct AdaptiveLimitBuilder {
     fixed: Option<u32>,
     reserved: [f64; 3],
     warm_up: Option<WarmUp>,
+    window: SampleWindow,
 }
 
 impl AdaptiveLimitBuilder {
+    const DEFAULT_WINDOW: SampleWindow = SampleWindow {
+        min_samples: 10,
+        min_time: Duration::ZERO,
+    };
+
     /// How the limit is found (default [`LimitAlgorithm::Vegas`]).
     pub fn algorithm(mut self, algorithm: LimitAlgorithm) -> Self {
         self.algorithm = algorithm;
@@ -292,6 +318,25 @@ impl AdaptiveLimitBuilder {
         self
     }
 
+    /// Takes in the latency of finished requests a window at a time, as
+    /// one sample: their average latency, the most requests that were in
+    /// flight, and whether any was dropped. A window admits requests until
+    /// it holds `min_samples` of them and `min_time` has passed since its
+    /// first, and is taken in once they have all come back (default 10
+    /// samples and no minimum time: a window then lasts about the time 10
+    /// requests take to arrive plus the slowest one's latency). So every
+    /// request of a window was admitted under the limit in force, and the
+    /// slow ones count as much as the fast. With
+    /// `sample_window(Duration::ZERO, 1)` every request is a window of its
+    /// own, and the limit follows the noise of single requests.
+    pub fn sample_window(mut self, min_time: Duration, min_samples: u32) -> Self {
+        self.window = SampleWindow {
+            min_samples,
+            min_time,
+        };
+        self
+    }
+
     /// The settings, checked.
     ///
     /// # Errors
@@ -303,7 +348,8 @@ impl AdaptiveLimitBuilder {
     /// reservation is not a share from 0 up to 1, is made for
     /// [`Priority::Sheddable`] (no class is below it), or the reservations
     /// add up to 1 or more; a warm-up starts outside the bounds or lasts
-    /// 0 or more than an hour.
+    /// 0 or more than an hour; a sample window holds no sample or lasts
+    /// more than an hour.
     pub fn build(self) -> Result<AdaptiveLimit, ConfigError> {
         validate_name(&self.name)?;
         let (min, max, initial) = match self.fixed {
@@ -347,6 +393,12 @@ impl AdaptiveLimitBuilder {
                 return invalid("warm_up", "must last from 1 µs to an hour");
             }
         }
+        if self.window.min_samples == 0 {
+            return invalid("sample_window", "must hold at least 1 sample");
+        }
+        if self.window.min_time > Duration::from_secs(3_600) {
+            return invalid("sample_window", "must last at most an hour");
+        }
         if let LimitAlgorithm::Aimd { latency_ceiling } = self.algorithm
             && latency_ceiling.is_zero()
         {
@@ -360,6 +412,7 @@ impl AdaptiveLimitBuilder {
             initial,
             reserved: self.reserved,
             warm_up: self.warm_up,
+            window: self.window,
         })
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::config::LimitAlgorithm;
 
-/// What a finished request tells the estimator.
+/// What a finished request, or a window of them, tells the estimator.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Sample {
     /// From admission to completion, in microseconds (at least 1).
@@ -51,6 +51,15 @@ impl Estimator {
         self.limit as u32
     }
 
+    /// Whether the limit was lowered to measure the no-load latency: the
+    /// next sample is the measurement.
+    pub(super) fn probing(&self) -> bool {
+        match &self.kind {
+            Kind::Vegas(vegas) => vegas.probing.is_some(),
+            Kind::Gradient2(_) | Kind::Aimd { .. } => false,
+        }
+    }
+
     /// Takes in `sample`, keeping the limit within `min..=max`.
     pub(super) fn update(&mut self, sample: Sample, min: u32, max: u32) {
         let limit = self.limit;
@@ -77,18 +86,46 @@ fn log10_step(limit: f64) -> f64 {
 
 /// Vegas: the queue is `limit × (1 − rtt_noload / rtt)`; grow while it
 /// is short, shrink when it is long, and probe for a new no-load latency
-/// now and then (its old minimum may no longer be reachable).
+/// now and then (its old value may no longer be right).
+///
+/// Two departures from Netflix's Vegas, both for the same reason: Vegas
+/// keeps a queue of `alpha` to `beta` requests on purpose, and latency is
+/// noisy.
+///
+/// - A probe halves the limit for one window and takes that window's
+///   latency as the no-load latency, then puts the limit back. Netflix's
+///   Vegas takes the latest sample instead, inflated by the queue Vegas
+///   keeps: every probe let a longer queue in, and the limit ratcheted
+///   up. At half the limit the queue is gone (unless the limit was more
+///   than twice the backend's concurrency; then each probe halves the
+///   excess).
+/// - Between probes the no-load latency is not lowered to the least
+///   latency seen: that least of many noisy windows is biased low, by
+///   more the noisier the latency and the more windows were seen, and
+///   every bit of that bias reads as a queue of `limit × bias` requests.
+///   A probe is made at once instead when the limit has fallen or risen
+///   by half again since the last one: the capacity changed, or the
+///   no-load latency did (then every window reads as a long queue, or as
+///   none).
 #[derive(Debug, Clone)]
 struct Vegas {
     rtt_noload: u64,
     probe_count: u64,
     probe_jitter: f64,
     random: u64,
+    /// While probing: the limit to put back.
+    probing: Option<f64>,
+    /// The limit just after the last probe (or when the no-load latency
+    /// was first learnt).
+    probed_limit: f64,
 }
 
 impl Vegas {
-    /// Samples per limit between probes, times a jitter from 0.5 to 1.
+    /// Updates per limit between probes, times a jitter from 0.5 to 1.
     const PROBE_MULTIPLIER: f64 = 30.0;
+    /// A limit that moved by this factor since the last probe, either
+    /// way, probes at once.
+    const PROBE_ON_CHANGE: f64 = 1.5;
 
     fn new() -> Self {
         let mut vegas = Self {
@@ -96,6 +133,8 @@ impl Vegas {
             probe_count: 0,
             probe_jitter: 1.0,
             random: 0x9E37_79B9_7F4A_7C15,
+            probing: None,
+            probed_limit: 0.0,
         };
         vegas.new_jitter();
         vegas
@@ -113,16 +152,25 @@ impl Vegas {
     }
 
     fn update(&mut self, limit: f64, sample: Sample) -> Option<f64> {
-        self.probe_count += 1;
-        if self.probe_jitter * Self::PROBE_MULTIPLIER * limit <= self.probe_count as f64 {
-            self.new_jitter();
-            self.probe_count = 0;
+        if let Some(restore) = self.probing.take() {
+            // Admitted under half the limit: no queue in front of it.
             self.rtt_noload = sample.rtt;
+            self.probed_limit = restore;
+            return Some(restore);
+        }
+        if self.rtt_noload == 0 {
+            self.rtt_noload = sample.rtt;
+            self.probed_limit = limit;
             return None;
         }
-        if self.rtt_noload == 0 || sample.rtt < self.rtt_noload {
-            self.rtt_noload = sample.rtt;
-            return None;
+        self.probe_count += 1;
+        let moved = limit <= self.probed_limit / Self::PROBE_ON_CHANGE
+            || limit >= self.probed_limit * Self::PROBE_ON_CHANGE;
+        if moved || self.probe_jitter * Self::PROBE_MULTIPLIER * limit <= self.probe_count as f64 {
+            self.new_jitter();
+            self.probe_count = 0;
+            self.probing = Some(limit);
+            return Some((limit / 2.0).floor().max(1.0));
         }
         let step = log10_step(limit);
         if sample.dropped {
@@ -231,6 +279,38 @@ mod tests {
             vegas.update(sample(100_000, 25), 22, 1_000);
         }
         assert_eq!(vegas.limit(), 22);
+    }
+
+    #[test]
+    fn a_vegas_limit_that_fell_by_a_third_probes_at_half_and_learns_the_latency_there() {
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        vegas.update(sample(10_000, 20), 1, 1_000); // no-load latency 10 ms
+        // Ten times that: a long queue, one less per sample, down to 13,
+        // below 20 / 1.5.
+        for _ in 0..7 {
+            vegas.update(sample(100_000, 20), 1, 1_000);
+        }
+        assert_eq!(vegas.limit(), 13);
+        vegas.update(sample(100_000, 13), 1, 1_000);
+        assert!(vegas.probing());
+        assert_eq!(vegas.limit(), 6); // half, for one sample
+        vegas.update(sample(40_000, 6), 1, 1_000);
+        assert!(!vegas.probing());
+        assert_eq!(vegas.limit(), 13); // put back
+        // 40 ms is the no-load latency now: no queue, + 6 log10(13).
+        vegas.update(sample(40_000, 13), 1, 1_000);
+        assert_eq!(vegas.limit(), 19);
+    }
+
+    #[test]
+    fn a_vegas_sample_below_the_no_load_latency_does_not_lower_it() {
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        vegas.update(sample(10_000, 20), 1, 1_000);
+        vegas.update(sample(5_000, 20), 1, 1_000); // no queue: + 6
+        assert_eq!(vegas.limit(), 26);
+        // Still no queue against 10 ms (against 5 ms it would read as 13).
+        vegas.update(sample(10_000, 26), 1, 1_000);
+        assert_eq!(vegas.limit(), 32);
     }
 
     #[test]

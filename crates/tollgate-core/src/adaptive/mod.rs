@@ -40,6 +40,7 @@
 mod admit;
 mod config;
 mod estimate;
+mod window;
 
 pub use admit::{Completion, Concurrency, ConcurrencySnapshot, Permit};
 pub use config::{AdaptiveLimit, AdaptiveLimitBuilder, LimitAlgorithm, Priority};

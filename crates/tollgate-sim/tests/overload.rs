@@ -1,0 +1,150 @@
+//! The overload scenarios of issue 33, asserted: the default algorithm
+//! keeps goodput at three times the capacity where no protection
+//! collapses, sheds in order, and follows a capacity that halves. The
+//! simulation is seeded, so the figures are the same on every run; the
+//! bounds leave a little room below them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use tollgate_core::{AdaptiveLimit, LimitAlgorithm, Priority};
+use tollgate_sim::overload::{
+    Baselines, OverloadOptions, Plan, Protection, Scenario, Summary, simulate, summarize,
+};
+
+/// The limit under test: the default algorithm, with 20 % of the limit
+/// kept for critical requests and 10 % more for default ones (the
+/// command line's defaults).
+fn default_limit(critical: f64, default: f64) -> Protection {
+    let config = AdaptiveLimit::builder("backend")
+        .reserve(Priority::Critical, critical)
+        .reserve(Priority::Default, default)
+        .build()
+        .unwrap();
+    assert_eq!(config.algorithm(), LimitAlgorithm::Vegas);
+    Protection::Adaptive(config)
+}
+
+fn run(scenario: Scenario, protection: &Protection) -> Summary {
+    let plan = Plan::new(scenario, &OverloadOptions::default()).unwrap();
+    summarize(&simulate(&plan, protection), &Baselines::new(&plan))
+}
+
+#[test]
+fn at_three_times_capacity_the_default_keeps_goodput_and_no_protection_collapses() {
+    let vegas = run(Scenario::Ramp, &default_limit(0.2, 0.1));
+    let none = run(Scenario::Ramp, &Protection::None);
+    let (vegas, none) = (vegas.phase("hold").unwrap(), none.phase("hold").unwrap());
+    assert!((2.9..3.1).contains(&vegas.offered), "{vegas:?}");
+    assert!(vegas.goodput >= 0.95, "{vegas:?}");
+    let ratio = vegas.p99_ratio().unwrap();
+    assert!(ratio <= 1.6, "critical p99 {ratio}× the unloaded one");
+    // Without protection every response at 3× comes after its deadline.
+    assert!(none.goodput < 0.01, "{none:?}");
+    assert!(none.p99_ratio().unwrap() > 100.0, "{none:?}");
+}
+
+#[test]
+fn the_default_sheds_the_lowest_class_first() {
+    for scenario in [Scenario::Ramp, Scenario::Halving, Scenario::Slowdown] {
+        let summary = run(scenario, &default_limit(0.2, 0.1));
+        // Never a critical request refused when a sheddable one would
+        // have been admitted.
+        assert_eq!(summary.inverted(), 0, "{scenario}");
+        for phase in &summary.phases {
+            let [critical, default, sheddable] = phase.shed;
+            assert!(
+                critical <= default && default <= sheddable,
+                "{scenario} {}: {:?}",
+                phase.name,
+                phase.shed
+            );
+        }
+        let hold = summary.phases.last().unwrap();
+        assert!(hold.shed[0] < 0.01, "{scenario}: {hold:?}");
+        assert!(hold.shed[2] > 0.98, "{scenario}: {hold:?}");
+    }
+}
+
+/// Over 100 ms, a limit close to the workers' count lets the requests in
+/// flight dip below where sheddable requests stop, and touch where
+/// critical ones do: with the default reservations that happens in a few
+/// windows; with 30 % kept for critical and 20 % more for default, in none
+/// of the ramp's.
+#[test]
+fn with_wider_reservations_no_window_sheds_critical_and_admits_sheddable() {
+    let narrow = run(Scenario::Ramp, &default_limit(0.2, 0.1));
+    let wide = run(Scenario::Ramp, &default_limit(0.3, 0.2));
+    assert!(narrow.order_windows() > 0);
+    assert_eq!(wide.order_windows(), 0);
+    let hold = wide.phase("hold").unwrap();
+    assert!(hold.goodput >= 0.95, "{hold:?}");
+}
+
+#[test]
+fn when_capacity_halves_the_limit_settles_within_5_s_and_recovers_within_10_s() {
+    for scenario in [Scenario::Halving, Scenario::Slowdown] {
+        let summary = run(scenario, &default_limit(0.2, 0.1));
+        let changed = &summary.phases[1];
+        let restored = summary.phase("restored").unwrap();
+        assert!(changed.settle_us.unwrap() <= 5_000_000, "{changed:?}");
+        assert!(restored.settle_us.unwrap() <= 10_000_000, "{restored:?}");
+        for phase in &summary.phases {
+            assert!(phase.goodput >= 0.95, "{scenario}: {phase:?}");
+            assert!(phase.p99_ratio().unwrap() <= 2.0, "{scenario}: {phase:?}");
+        }
+    }
+    // Half the workers: the limit follows them down and back up.
+    let summary = run(Scenario::Halving, &default_limit(0.2, 0.1));
+    let full = summary.phase("full").unwrap().limit_median.unwrap();
+    let halved = summary.phase("halved").unwrap().limit_median.unwrap();
+    assert!(halved < full * 0.7, "{halved} against {full}");
+}
+
+#[test]
+fn a_run_is_the_same_every_time() {
+    let plan = Plan::new(Scenario::Halving, &OverloadOptions::default()).unwrap();
+    let protection = default_limit(0.2, 0.1);
+    let (a, b) = (simulate(&plan, &protection), simulate(&plan, &protection));
+    assert_eq!(a.windows, b.windows);
+    assert_eq!(a.ticks, b.ticks);
+    assert_eq!(a.responses, b.responses);
+}
+
+/// The committed charts are these runs: regenerate them with
+/// `cargo run --release -p tollgate-sim -- overload --scenario SCENARIO
+/// --chart docs/overload-SCENARIO`.
+#[test]
+fn the_committed_charts_are_these_runs() {
+    use std::time::Duration;
+    use tollgate_sim::overload::{chart, report};
+
+    for scenario in [Scenario::Ramp, Scenario::Halving, Scenario::Slowdown] {
+        let plan = Plan::new(scenario, &OverloadOptions::default()).unwrap();
+        let aimd = LimitAlgorithm::Aimd {
+            latency_ceiling: Duration::from_millis(40),
+        };
+        let mut protections = Vec::new();
+        for algorithm in [LimitAlgorithm::Vegas, LimitAlgorithm::Gradient2, aimd] {
+            let config = AdaptiveLimit::builder("backend")
+                .algorithm(algorithm)
+                .reserve(Priority::Critical, 0.2)
+                .reserve(Priority::Default, 0.1)
+                .build()
+                .unwrap();
+            protections.push(Protection::Adaptive(config));
+        }
+        protections.push(Protection::None);
+        let baselines = Baselines::new(&plan);
+        let runs: Vec<_> = protections.iter().map(|p| simulate(&plan, p)).collect();
+        let summaries: Vec<_> = runs.iter().map(|r| summarize(r, &baselines)).collect();
+        let title = format!("tollgate-sim overload --scenario {scenario}");
+        let svg = chart::svg(&runs, &summaries, &title, &report::setup(&plan));
+        let path = format!(
+            "{}/../../docs/overload-{scenario}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let committed = std::fs::read_to_string(format!("{path}.svg")).unwrap();
+        assert!(committed == svg, "{path}.svg is stale: regenerate it");
+        let png = std::fs::read(format!("{path}.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+}
