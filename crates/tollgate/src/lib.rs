@@ -122,8 +122,7 @@ pub use rate_limit::{
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{
-    AdaptiveLimit, AdaptiveLimitBuilder, Completion, ConcurrencySnapshot, LimitAlgorithm,
-    Priority,
+    AdaptiveLimit, AdaptiveLimitBuilder, Completion, ConcurrencySnapshot, LimitAlgorithm, Priority,
 };
 pub use tollgate_core::{
     Algorithm, BoxStore, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key, KeyKind,

@@ -89,7 +89,7 @@ struct Peaks {
 
 impl Peaks {
     /// How long a peak is remembered: one to two spans.
-    const SPAN: u64 = 1_000_000;
+    const SPAN: u64 = 500000;
 
     /// Moves the spans on to `now`.
     fn roll(&mut self, now: Timestamp) {

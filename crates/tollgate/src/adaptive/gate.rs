@@ -68,12 +68,10 @@ impl Gate {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
         // A request never passes one of its class or above that waits.
-        let ahead = inner.waiting[..=class.index()]
-            .iter_mut()
-            .any(|queue| {
-                queue.retain(|waiter| !waiter.is_closed());
-                !queue.is_empty()
-            });
+        let ahead = inner.waiting[..=class.index()].iter_mut().any(|queue| {
+            queue.retain(|waiter| !waiter.is_closed());
+            !queue.is_empty()
+        });
         if !ahead && inner.concurrency.would_admit(class, now) {
             if let Some(permit) = inner.concurrency.try_acquire(class, now) {
                 let in_flight = inner.concurrency.in_flight();

@@ -69,9 +69,7 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let class = self.classify.classify(&request);
         match self.gate.enter(class) {
-            Entry::Admitted(permit) => {
-                Box::pin(respond(inner, self.gate.clone(), permit, request))
-            }
+            Entry::Admitted(permit) => Box::pin(respond(inner, self.gate.clone(), permit, request)),
             Entry::Wait(waiting) => {
                 let gate = self.gate.clone();
                 let responder = self.responder.clone();

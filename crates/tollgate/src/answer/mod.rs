@@ -132,9 +132,8 @@ pub(crate) fn in_flight_full(limit: &InFlightLimit, protocol: Protocol) -> Respo
 /// adaptive limit named `limit`: 503 with problem+json, or gRPC's
 /// `UNAVAILABLE`; either way to be retried in a second.
 pub(crate) fn over_capacity(limit: &str, class: Priority, protocol: Protocol) -> Response<Bytes> {
-    let detail = format!(
-        "the service is over its capacity and sheds {class} requests first; retry in 1 s"
-    );
+    let detail =
+        format!("the service is over its capacity and sheds {class} requests first; retry in 1 s");
     match protocol {
         Protocol::Http => http::over_capacity(&detail, limit, class, RETRY_SOON),
         Protocol::Grpc => grpc::unavailable(&detail, RETRY_SOON),
