@@ -28,8 +28,10 @@ async fn check_and_check_n() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn until_ready_without_jitter_waits_exactly_until_admission() {
-    let limiter = limiter(Policy::new("api", Algorithm::Gcra, "5/s").unwrap()).jitter(Jitter::NONE);
+async fn until_ready_on_gcra_waits_exactly_until_admission() {
+    // GCRA frees one unit at a time: the default jitter adds nothing.
+    let limiter = limiter(Policy::new("api", Algorithm::Gcra, "5/s").unwrap());
+    assert_eq!(limiter.wait_jitter(), Jitter::BULK);
     let key = Key::custom("partner");
     let start = Instant::now();
     let mut admitted_at = Vec::new();
@@ -43,19 +45,18 @@ async fn until_ready_without_jitter_waits_exactly_until_admission() {
     assert_eq!(admitted_at, [0, 0, 0, 0, 0, 200, 400, 600]);
 }
 
-/// With the default jitter each wait after a denial is its exact retry
-/// time plus less than one emission interval (200 ms at 5/s): admissions
-/// stay at least 200 ms apart, and each comes within 200 ms of its
-/// exact time (the timer wakes on the millisecond at or after it).
+/// With jitter of one interval each wait after a denial is its exact
+/// retry time plus less than one emission interval (200 ms at 5/s):
+/// admissions stay at least 200 ms apart, and each comes within 200 ms
+/// of its exact time (the timer wakes on the millisecond at or after it).
 #[tokio::test(start_paused = true)]
 async fn until_ready_with_jitter_wakes_within_one_interval_of_the_retry_time() {
-    let limiter = limiter(
-        Policy::builder("api")
-            .limit("5/s")
-            .burst(1)
-            .build()
-            .unwrap(),
-    );
+    let policy = Policy::builder("api")
+        .limit("5/s")
+        .burst(1)
+        .build()
+        .unwrap();
+    let limiter = limiter(policy).jitter(Jitter::ONE_INTERVAL);
     assert_eq!(limiter.wait_jitter(), Jitter::ONE_INTERVAL);
     let key = Key::custom("partner");
     let interval = Duration::from_millis(200);

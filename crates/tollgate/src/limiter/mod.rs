@@ -83,7 +83,7 @@ impl<St> RateLimiter<St> {
     }
 
     /// How [`until_ready`](RateLimiter::until_ready) spreads the wake-ups
-    /// of callers waiting on one key (default [`Jitter::ONE_INTERVAL`]);
+    /// of callers waiting on one key (default [`Jitter::BULK`]);
     /// [`Jitter::NONE`] wakes them at the exact retry time.
     ///
     /// ```

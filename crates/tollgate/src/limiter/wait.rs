@@ -53,12 +53,15 @@ impl<St: Store> RateLimiter<St> {
     /// the returned future also waits out the shaping delay.
     ///
     /// After each denial it sleeps until the denial's exact `retry_after`,
-    /// plus the limiter's [`Jitter`](crate::Jitter) (by default a random
-    /// part of the refusing limit's emission interval, so that workers
-    /// refused together do not all wake together), and checks again: it
-    /// competes fairly with other workers sharing the limit. The jitter
-    /// never takes the wait past `max_wait`. It gives up at once, without
-    /// sleeping, when admission cannot come within `max_wait`.
+    /// plus the limiter's [`Jitter`](crate::Jitter), and checks again: it
+    /// competes fairly with other workers sharing the limit. By default
+    /// the jitter is a random part of the refusing limit's emission
+    /// interval where that limit frees units in bulk (a fixed window, a
+    /// sliding log), so that workers refused together are not admitted
+    /// together, and none where it frees one unit at a time (GCRA, the
+    /// buckets, the sliding window). It never takes the wait past
+    /// `max_wait`. It gives up at once, without sleeping, when admission
+    /// cannot come within `max_wait`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -66,24 +69,26 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// // A partner's own figure, 10 calls a second, spaced (a burst of 1).
-    /// let policy = Policy::builder("partner").limit("10/s").burst(1).build()?;
+    /// // A partner's own figure, 10 calls a second, in a sliding log.
+    /// let policy = Policy::new("partner", Algorithm::SlidingLog, "10/s")?;
     /// let store = MemoryStore::builder().clock(TokioClock::new()).build()?;
     /// let limiter = RateLimiter::with_store(policy, store);
     /// let partner = Key::custom("partner");
     /// let start = tokio::time::Instant::now();
-    /// limiter.until_ready(&partner, Duration::from_secs(1)).await?;
-    /// limiter.until_ready(&partner, Duration::from_secs(1)).await?;
-    /// // The second waited its 100 ms, and at most one interval of jitter.
+    /// limiter.check_n(&partner, 10).await?;
+    /// limiter.until_ready(&partner, Duration::from_secs(2)).await?;
+    /// // The wait for the log's entries to leave, 1 s, and at most one
+    /// // interval of jitter, 100 ms (the timer wakes on the millisecond).
     /// let waited = start.elapsed();
-    /// assert!(waited >= Duration::from_millis(100) && waited < Duration::from_millis(200));
+    /// assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_millis(1_100));
     ///
     /// // Without jitter, exactly the retry time.
-    /// let exact = limiter.clone().jitter(Jitter::NONE);
+    /// let exact = limiter.jitter(Jitter::NONE);
+    /// let other = Key::custom("other-partner");
     /// let start = tokio::time::Instant::now();
-    /// exact.until_ready(&partner, Duration::from_secs(1)).await?;
-    /// exact.until_ready(&partner, Duration::from_secs(1)).await?;
-    /// assert_eq!(start.elapsed(), Duration::from_millis(200));
+    /// exact.check_n(&other, 10).await?;
+    /// exact.until_ready(&other, Duration::from_secs(2)).await?;
+    /// assert_eq!(start.elapsed(), Duration::from_secs(1));
     /// # Ok(())
     /// # }
     /// ```
@@ -131,7 +136,10 @@ impl<St: Store> RateLimiter<St> {
                 });
             }
             let refusing = decision.binding().limit();
-            let jitter = self.draws.draw(self.jitter, refusing, left - wait);
+            let algorithm = self.policy.algorithm();
+            let jitter = self
+                .draws
+                .draw(self.jitter, algorithm, refusing, left - wait);
             tokio::time::sleep(wait + jitter).await;
         }
     }
@@ -189,11 +197,11 @@ mod tests {
         let exact = admissions(seeded(policy(), Jitter::NONE)).await;
         assert_eq!(exact, [Duration::from_secs(1); 2]);
 
-        let spread = admissions(seeded(policy(), Jitter::ONE_INTERVAL)).await;
+        let spread = admissions(seeded(policy(), Jitter::default())).await;
         let draws = Draws::seeded(SEED);
         let room = max_wait - Duration::from_secs(1);
-        let expected = [(); 2]
-            .map(|()| Duration::from_secs(1) + draws.draw(Jitter::ONE_INTERVAL, limit, room));
+        let draw = || draws.draw(Jitter::BULK, Algorithm::SlidingLog, limit, room);
+        let expected = [(); 2].map(|()| Duration::from_secs(1) + draw());
         assert_ne!(expected[0], expected[1], "the seed draws two jitters");
         for (at, expected) in spread.iter().zip(expected) {
             // The timer wakes on the millisecond at or after the deadline.
