@@ -96,7 +96,11 @@ impl Counters {
     /// limit it ran into.
     fn arrive(&mut self, now: u64) -> Option<&'static str> {
         let period = u64::try_from(self.quota.period.as_micros()).unwrap_or(u64::MAX);
-        while self.recent.front().is_some_and(|&t| now - t >= period) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|&t| now.saturating_sub(t) >= period)
+        {
             self.recent.pop_front();
         }
         if now / DAY_US != self.day {
@@ -156,8 +160,11 @@ impl Partner {
     /// Counts a call arriving now: `None` if accepted, else the limit it
     /// ran into.
     pub fn arrive(&self) -> Option<&'static str> {
+        let mut counters = self.lock();
+        // Read under the lock: arrivals are counted in the order of their
+        // times.
         let now = self.clock.now().as_micros();
-        self.lock().arrive(now)
+        counters.arrive(now)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
