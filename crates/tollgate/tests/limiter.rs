@@ -157,6 +157,29 @@ async fn a_changed_instance_count_changes_the_fallback_share() {
     assert_eq!(instances.get(), NonZeroU64::MIN);
 }
 
+/// A refused reservation says how much it needed, beside what was left,
+/// in its decision and in the answer the limiter makes of it.
+#[tokio::test]
+async fn a_refused_reservation_says_how_much_it_needed() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let policy = Policy::new("llm-tokens", Algorithm::TokenBucket, "1000/min").unwrap();
+    let tokens = RateLimiter::with_store(policy, store);
+    let tenant = Key::user("acme");
+    let reserved = tokens.check_n(&tenant, 900).await.unwrap();
+    assert_eq!((reserved.cost(), reserved.remaining()), (900, 100));
+    let refused = tokens.check_n(&tenant, 300).await.unwrap();
+    assert_eq!((refused.cost(), refused.remaining()), (300, 100));
+    // 200 tokens more, at 1000 a minute.
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(12)));
+    let response = tokens.rejection(&refused, tollgate::HeaderStyle::GitHub);
+    let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+    assert_eq!(
+        body["detail"],
+        "limit 'llm-tokens' exceeded: the request needs 300, 100 remain; retry in 12 s"
+    );
+}
+
 #[test]
 fn a_store_failure_says_why() {
     let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");

@@ -276,7 +276,7 @@ impl<St: Store> RateLimiter<St> {
                 self.telemetry.decided(&decision, verdict);
                 Ok(decision)
             }
-            Answer::LetThrough(_) => Ok(let_through(&self.policy)),
+            Answer::LetThrough(_) => Ok(let_through(&self.policy).with_cost(cost)),
             Answer::Refused(refusal) => refusal.into_result(),
         }
     }
