@@ -6,9 +6,10 @@
 /// setters by value: a [`FallbackStore`](crate::FallbackStore) (the
 /// rate-limit layer's and the limiter's) or the
 /// [`FailureSettings`](crate::fallback::FailureSettings) themselves (the
-/// store's own and the in-flight layer's). `FailureMode` and `MemoryStore`
-/// are the caller's, whose documentation links to them anyway. The
-/// documentation of each setter goes before its name, in this order:
+/// store's own and the in-flight layer's). `FailureMode`, `InstanceCount`
+/// and `MemoryStore` are the caller's, whose documentation links to them
+/// anyway. The documentation of each setter goes before its name, in this
+/// order:
 ///
 /// ```text
 /// failure_setters! {
@@ -48,7 +49,7 @@ macro_rules! failure_setters {
         }
 
         $(#[$local_instances])*
-        pub fn local_instances(mut self, instances: $crate::InstanceCount) -> Self {
+        pub fn local_instances(mut self, instances: InstanceCount) -> Self {
             self.$field = self.$field.local_instances(instances);
             self
         }

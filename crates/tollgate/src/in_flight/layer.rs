@@ -7,7 +7,7 @@ use tollgate_core::{InFlightLimit, MemoryStore};
 use tower_layer::Layer;
 
 use crate::answer::headers::Values;
-use crate::fallback::{FailureMode, FailureSettings};
+use crate::fallback::{FailureMode, FailureSettings, InstanceCount};
 use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
 

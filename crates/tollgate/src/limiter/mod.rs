@@ -16,7 +16,7 @@ use tollgate_core::{
 };
 
 use crate::answer::headers::HeaderStyle;
-use crate::fallback::{Answer, FailureMode, FallbackStore, let_through};
+use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, let_through};
 use crate::macros::failure_setters;
 use crate::report::{Telemetry, Verdict};
 use jitter::Draws;

@@ -10,7 +10,7 @@ use tollgate_core::{ConfigError, Decision, MemoryStore};
 
 use crate::answer::MissingKey;
 use crate::answer::headers::HeaderStyle;
-use crate::fallback::FailureMode;
+use crate::fallback::{FailureMode, InstanceCount};
 use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
 
