@@ -49,9 +49,10 @@ async fn instance(url: &str, prefix: &str) -> LeasedStore<RedisStore> {
         .share(SHARE)
         .ack_timeout(Duration::from_millis(500))
         .channel(format!("{prefix}:leases"))
-        .connect(redis, url)
+        // Subscribed through the store's own Redis, the URL not given
+        // again (the other lease tests give it to `connect`).
+        .wrap(redis)
         .await
-        .unwrap()
 }
 
 /// One child instance: hammers the key until told `stop <T>` on stdin,

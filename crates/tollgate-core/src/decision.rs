@@ -184,8 +184,9 @@ pub struct Decision {
     delay_us: u64,
     /// The retry time in µs (`Limited`), or the cost (`CostExceedsCapacity`).
     arg: u64,
-    /// The capacity exceeded (`CostExceedsCapacity`).
-    exceeded: u32,
+    /// The capacity exceeded (`CostExceedsCapacity`), else the request's
+    /// cost (within capacity, so within 32 bits).
+    aux: u32,
     binding: u16,
     kind: Kind,
     limits: SmallVec<[LimitStatus; 2]>,
@@ -237,24 +238,25 @@ impl Decision {
                 .position(|s| s.capacity() == capacity)
                 .unwrap_or(0),
         };
-        let mut decision = Self::single(outcome, now, delay, LimitStatus::EMPTY);
+        let mut decision = Self::single(outcome, now, delay, LimitStatus::EMPTY, 0);
         decision.limits = limits;
         decision.binding = u16::try_from(binding).unwrap_or(0);
         decision
     }
 
-    /// A decision of a one-limit policy: [`Decision::new`] without the
-    /// search for the binding limit.
+    /// A decision of a one-limit policy for a request of `cost`:
+    /// [`Decision::new`] without the search for the binding limit.
     #[inline(always)]
     pub(crate) fn single(
         outcome: Outcome,
         now: Timestamp,
         delay: Duration,
         status: LimitStatus,
+        cost: u64,
     ) -> Self {
-        let (kind, arg, exceeded) = match outcome {
-            Outcome::Allowed => (Kind::Allowed, 0, 0),
-            Outcome::Limited { retry_after } => (Kind::Limited, micros(retry_after), 0),
+        let (kind, arg, aux) = match outcome {
+            Outcome::Allowed => (Kind::Allowed, 0, narrow(cost)),
+            Outcome::Limited { retry_after } => (Kind::Limited, micros(retry_after), narrow(cost)),
             Outcome::CostExceedsCapacity { cost, capacity } => {
                 (Kind::CostExceedsCapacity, cost, narrow(capacity))
             }
@@ -263,7 +265,7 @@ impl Decision {
             now,
             delay_us: micros(delay),
             arg,
-            exceeded,
+            aux,
             binding: 0,
             kind,
             limits: SmallVec::from_buf_and_len([status, LimitStatus::EMPTY], 1),
@@ -279,9 +281,49 @@ impl Decision {
             },
             Kind::CostExceedsCapacity => Outcome::CostExceedsCapacity {
                 cost: self.arg,
-                capacity: u64::from(self.exceeded),
+                capacity: u64::from(self.aux),
             },
         }
+    }
+
+    /// The cost the request asked for: what a refused request (a refused
+    /// reservation, say) needed, beside what
+    /// [`remaining`](Decision::remaining) says was left. Every store of
+    /// this workspace reports it; a decision made with [`Decision::new`]
+    /// says 0 until [`with_cost`](Decision::with_cost) sets it. A cost
+    /// beyond what 32 bits hold can only exceed a capacity, and is
+    /// reported whole by [`Outcome::CostExceedsCapacity`].
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Key, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new("llm-tokens", Algorithm::TokenBucket, "1000/min")?;
+    /// let key = Key::user("acme");
+    /// store.check_sync(&key, &policy, 900)?;
+    /// let refused = store.check_sync(&key, &policy, 300)?;
+    /// assert!(!refused.is_allowed());
+    /// assert_eq!((refused.cost(), refused.remaining()), (300, 100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cost(&self) -> u64 {
+        match self.kind {
+            Kind::Allowed | Kind::Limited => u64::from(self.aux),
+            Kind::CostExceedsCapacity => self.arg,
+        }
+    }
+
+    /// This decision as the answer to a request of `cost`: for a store
+    /// that builds its decisions with [`Decision::new`], so that
+    /// [`Decision::cost`] says what the request asked for. (A decision of
+    /// [`Outcome::CostExceedsCapacity`] carries its cost already.)
+    #[must_use]
+    pub fn with_cost(mut self, cost: u64) -> Self {
+        match self.kind {
+            Kind::Allowed | Kind::Limited => self.aux = narrow(cost),
+            Kind::CostExceedsCapacity => {}
+        }
+        self
     }
 
     /// `true` when the request was admitted.
@@ -400,6 +442,13 @@ mod tests {
             );
             assert_eq!(d.outcome(), outcome);
             assert_eq!(d.retry_after(), retry);
+            let costed = d.clone().with_cost(7);
+            assert_eq!(costed.outcome(), outcome);
+            let cost = match outcome {
+                Outcome::CostExceedsCapacity { cost, .. } => cost,
+                Outcome::Allowed | Outcome::Limited { .. } => 7,
+            };
+            assert_eq!(costed.cost(), cost);
             assert_eq!(d.is_allowed(), outcome == Outcome::Allowed);
             assert_eq!((d.limit(), d.remaining(), d.used()), (10, 3, 7));
             assert_eq!(d.binding().limit(), p.limit);

@@ -253,15 +253,17 @@ async fn run<S: Store>(
             reference = None;
             report.blocks += 1;
         }
-        // The reference's decision at `now` of `decide`, or the block's.
-        let mut expect = |decide: &dyn Fn(&mut PolicyState) -> crate::decision::Decision| {
+        // The reference's decision at `now` of a request of `cost` (which
+        // every decision reports), or the block's.
+        let mut expect = |cost: u64| {
             if let Some(until) = blocked_until.filter(|&until| until > now) {
-                return blocked(policy, now, until);
+                return blocked(policy, now, until).with_cost(cost);
             }
-            decide(reference.get_or_insert_with(|| PolicyState::new(policy, now)))
+            let state = reference.get_or_insert_with(|| PolicyState::new(policy, now));
+            state.decide(policy, now, cost)
         };
         if request % 40 == 39 {
-            let expected = expect(&|state| state.decide(policy, now, 0));
+            let expected = expect(0);
             let status = store.status(&key, policy).await.map_err(failed)?;
             if status != expected {
                 let (status, expected) = (format!("{status:?} (status)"), format!("{expected:?}"));
@@ -269,7 +271,7 @@ async fn run<S: Store>(
             }
             report.statuses += 1;
         }
-        let expected = expect(&|state| state.decide(policy, now, cost));
+        let expected = expect(cost);
         let decided = store.check(&key, policy, cost).await.map_err(failed)?;
         if decided != expected {
             let (decided, expected) = (format!("{decided:?}"), format!("{expected:?}"));

@@ -111,10 +111,12 @@ pub use clock::TokioClock;
 pub use extract::RouteKey;
 pub use extract::{ClientIp, ForwardedHeader, PeerIp, peer_addr};
 pub use extract::{ExtensionKey, GlobalKey, HeaderKey, KeyExtractor, MissingCause, ToKey};
-pub use fallback::{FailureMode, FallbackStore, UnknownFailureMode, shared_fallback};
+pub use fallback::{
+    FailureMode, FallbackStore, InstanceCount, UnknownFailureMode, shared_fallback,
+};
 pub use headers::HeaderStyle;
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
-pub use limiter::{RateLimiter, WaitError};
+pub use limiter::{Jitter, RateLimiter, WaitError};
 pub use rate_limit::{
     ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
     ResponseFuture, Settle, WrapBody,

@@ -1,14 +1,15 @@
 //! Builder setters written once for the types that share them. Each type
 //! still documents each setter in its own words.
 
-/// The failure policy's setters, `on_store_error`, `local_divisor` and
-/// `local_fallback`, for a builder whose field `$field` has the same
+/// The failure policy's setters, `on_store_error`, `local_divisor`,
+/// `local_instances` and `local_fallback`, for a builder whose field `$field` has the same
 /// setters by value: a [`FallbackStore`](crate::FallbackStore) (the
 /// rate-limit layer's and the limiter's) or the
 /// [`FailureSettings`](crate::fallback::FailureSettings) themselves (the
-/// store's own and the in-flight layer's). `FailureMode` and `MemoryStore`
-/// are the caller's, whose documentation links to them anyway. The
-/// documentation of each setter goes before its name, in this order:
+/// store's own and the in-flight layer's). `FailureMode`, `InstanceCount`
+/// and `MemoryStore` are the caller's, whose documentation links to them
+/// anyway. The documentation of each setter goes before its name, in this
+/// order:
 ///
 /// ```text
 /// failure_setters! {
@@ -17,6 +18,8 @@
 ///     on_store_error;
 ///     /// How many instances share the limit.
 ///     local_divisor;
+///     /// The same, as a count that may change at runtime.
+///     local_instances;
 ///     /// The in-memory store `FailureMode::Local` decides with.
 ///     local_fallback;
 /// }
@@ -28,6 +31,8 @@ macro_rules! failure_setters {
         on_store_error;
         $(#[$local_divisor:meta])*
         local_divisor;
+        $(#[$local_instances:meta])*
+        local_instances;
         $(#[$local_fallback:meta])*
         local_fallback;
     ) => {
@@ -40,6 +45,12 @@ macro_rules! failure_setters {
         $(#[$local_divisor])*
         pub fn local_divisor(mut self, instances: ::std::num::NonZeroU64) -> Self {
             self.$field = self.$field.local_divisor(instances);
+            self
+        }
+
+        $(#[$local_instances])*
+        pub fn local_instances(mut self, instances: InstanceCount) -> Self {
+            self.$field = self.$field.local_instances(instances);
             self
         }
 

@@ -1,11 +1,13 @@
 //! The direct `RateLimiter` API, on tokio's paused clock.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate::{
-    Algorithm, Key, MemoryStore, Policy, RateLimiter, Timestamp, TokioClock, WaitError,
+    Algorithm, FakeClock, InstanceCount, Jitter, Key, MemoryStore, Policy, RateLimiter, Timestamp,
+    TokioClock, WaitError,
 };
 
 fn limiter(policy: Policy) -> RateLimiter {
@@ -26,8 +28,10 @@ async fn check_and_check_n() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn until_ready_waits_exactly_until_admission() {
+async fn until_ready_on_gcra_waits_exactly_until_admission() {
+    // GCRA frees one unit at a time: the default jitter adds nothing.
     let limiter = limiter(Policy::new("api", Algorithm::Gcra, "5/s").unwrap());
+    assert_eq!(limiter.wait_jitter(), Jitter::BULK);
     let key = Key::custom("partner");
     let start = Instant::now();
     let mut admitted_at = Vec::new();
@@ -39,6 +43,40 @@ async fn until_ready_waits_exactly_until_admission() {
         admitted_at.push(start.elapsed().as_millis());
     }
     assert_eq!(admitted_at, [0, 0, 0, 0, 0, 200, 400, 600]);
+}
+
+/// With jitter of one interval each wait after a denial is its exact
+/// retry time plus less than one emission interval (200 ms at 5/s):
+/// admissions stay at least 200 ms apart, and each comes within 200 ms
+/// of its exact time (the timer wakes on the millisecond at or after it).
+#[tokio::test(start_paused = true)]
+async fn until_ready_with_jitter_wakes_within_one_interval_of_the_retry_time() {
+    let policy = Policy::builder("api")
+        .limit("5/s")
+        .burst(1)
+        .build()
+        .unwrap();
+    let limiter = limiter(policy).jitter(Jitter::ONE_INTERVAL);
+    assert_eq!(limiter.wait_jitter(), Jitter::ONE_INTERVAL);
+    let key = Key::custom("partner");
+    let interval = Duration::from_millis(200);
+    let mut last = Instant::now();
+    limiter
+        .until_ready(&key, Duration::from_secs(1))
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        limiter
+            .until_ready(&key, Duration::from_secs(1))
+            .await
+            .unwrap();
+        let since = last.elapsed();
+        assert!(
+            since >= interval && since <= 2 * interval,
+            "{since:?} since the last admission"
+        );
+        last = Instant::now();
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -81,6 +119,65 @@ async fn until_ready_includes_the_shaping_delay() {
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(500));
+}
+
+/// The fallback's share follows the instance count while the limiter
+/// runs: a store with room for one key fails every other, and each new
+/// key is decided locally with the limit divided by the count of now.
+#[tokio::test]
+async fn a_changed_instance_count_changes_the_fallback_share() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+    let full = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let local = MemoryStore::builder().clock(clock).build().unwrap();
+    let instances = InstanceCount::new(NonZeroU64::new(4).unwrap());
+    let policy = Policy::new("partner", Algorithm::FixedWindow, "100/min").unwrap();
+    let limiter = RateLimiter::with_store(policy, full)
+        .local_fallback(local)
+        .local_instances(instances.clone());
+    limiter.check(&Key::custom("occupant")).await.unwrap();
+    let admitted = async |key: &str| {
+        let key = Key::custom(key);
+        let mut admitted = 0;
+        while limiter.check(&key).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+        admitted
+    };
+    assert_eq!(admitted("a").await, 25, "100 shared by 4");
+    instances.set(NonZeroU64::new(10).unwrap());
+    assert_eq!(admitted("b").await, 10, "100 shared by 10");
+    instances.set(NonZeroU64::new(3).unwrap());
+    assert_eq!(admitted("c").await, 33, "100 shared by 3, rounded down");
+    instances.set(NonZeroU64::MIN);
+    assert_eq!(admitted("d").await, 100, "alone, the whole limit");
+    assert_eq!(instances.get(), NonZeroU64::MIN);
+}
+
+/// A refused reservation says how much it needed, beside what was left,
+/// in its decision and in the answer the limiter makes of it.
+#[tokio::test]
+async fn a_refused_reservation_says_how_much_it_needed() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_040));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let policy = Policy::new("llm-tokens", Algorithm::TokenBucket, "1000/min").unwrap();
+    let tokens = RateLimiter::with_store(policy, store);
+    let tenant = Key::user("acme");
+    let reserved = tokens.check_n(&tenant, 900).await.unwrap();
+    assert_eq!((reserved.cost(), reserved.remaining()), (900, 100));
+    let refused = tokens.check_n(&tenant, 300).await.unwrap();
+    assert_eq!((refused.cost(), refused.remaining()), (300, 100));
+    // 200 tokens more, at 1000 a minute.
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(12)));
+    let response = tokens.rejection(&refused, tollgate::HeaderStyle::GitHub);
+    let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+    assert_eq!(
+        body["detail"],
+        "limit 'llm-tokens' exceeded: the request needs 300, 100 remain; retry in 12 s"
+    );
 }
 
 #[test]

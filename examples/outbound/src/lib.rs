@@ -1,229 +1,89 @@
-//! Tollgate's outbound demo: many workers call one third-party API whose
-//! quota is 25 calls per 5 s and 300 per minute. A [`RateLimitLayer`] in
-//! waiting mode wraps each worker's HTTP client, and the workers share the
-//! limit through one store (Redis across processes and machines), so the
-//! API never answers 429.
+//! Tollgate's outbound demo: workers in several processes call one
+//! partner API whose limits are a peak (10 calls per second) and a daily
+//! quota (500 per day). The workers share the partner's limits, at the
+//! partner's own figures, through Redis, and the partner never answers
+//! 429.
 //!
-//! Run with: `cargo run -p outbound -- [--workers N] [--calls M] [--redis-url URL]`
+//! - `partner.rs`: the stand-in partner, with its own exact counters.
+//! - `pacing.rs`: the partner's limits as Tollgate limiters, and how a
+//!   worker is let through.
+//! - `worker.rs`: workers calling the partner, and an instance of them.
+//!
+//! Run with: `cargo run -p outbound -- [--seconds 60] [--processes 2] [--workers 4] [--redis-url URL]`
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+mod pacing;
+mod partner;
+mod worker;
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::post;
-use tollgate::{
-    Algorithm, Clock, ConfigError, GlobalKey, Limit, MemoryStore, Policy, RateLimitLayer, Store,
-};
-use tower::{Service, ServiceExt};
+pub use pacing::{Pacing, PartnerLimits, Stop};
+pub use partner::{LIMIT_HEADER, Partner, PartnerLog, PartnerQuota};
+pub use worker::{Answer, CallPartner, Calls, PartnerClient, instance, work};
 
-/// The API's quota: 25 calls per 5 s and 300 per minute.
-pub const QUOTA: [(u64, Duration); 2] =
-    [(25, Duration::from_secs(5)), (300, Duration::from_secs(60))];
-
-/// The resource name the API reports in its rate-limit headers.
-pub const API_RESOURCE: &str = "third-party-api";
-/// The resource name of the client-side limit.
-pub const CLIENT_RESOURCE: &str = "partner-quota";
-
-/// A quota: counts per period, all of which hold.
-pub type Quota = [(u64, Duration)];
-
-/// The client-side policy: `quota`, each period lengthened by `margin` to
-/// absorb the delay between the limiter's decision and the call's arrival
-/// (zero when client and API share a clock and nothing is in flight).
-///
-/// # Errors
-///
-/// When the quota is not a valid policy.
-pub fn client_policy(quota: &Quota, margin: Duration) -> Result<Policy, ConfigError> {
-    let mut builder = Policy::builder(CLIENT_RESOURCE).algorithm(Algorithm::SlidingLog);
-    for &(count, period) in quota {
-        builder = builder.limit(Limit::new(count, period + margin));
-    }
-    builder.build()
-}
-
-/// What the API saw.
-#[derive(Debug, Default)]
-pub struct ApiLog {
-    /// When each accepted call arrived, in µs by the API's clock.
-    pub accepted: Vec<u64>,
-    /// How many calls it answered with 429.
-    pub rejected: u64,
-}
-
-/// A stand-in for a third-party API: `POST /call` answers 200 while the
-/// callers are within `quota` (enforced exactly, by the API's own clock),
-/// and 429 otherwise, logging every call.
-///
-/// # Errors
-///
-/// When the quota is not a valid policy.
-pub fn third_party_api(
-    clock: impl Clock,
-    quota: &Quota,
-) -> Result<(Router, Arc<Mutex<ApiLog>>), ConfigError> {
-    let mut builder = Policy::builder(API_RESOURCE).algorithm(Algorithm::SlidingLog);
-    for &(count, period) in quota {
-        builder = builder.limit(Limit::new(count, period));
-    }
-    let policy = builder.build()?;
-    let store = MemoryStore::builder()
-        .clock(ClockRef(Arc::new(clock)))
-        .build()?;
-    let log = Arc::new(Mutex::new(ApiLog::default()));
-    let state = (store, policy, log.clone());
-    let router = Router::new().route("/call", post(call)).with_state(state);
-    Ok((router, log))
-}
-
+/// What a run measured: the partner's log against its allowance.
 #[derive(Debug, Clone)]
-struct ClockRef(Arc<dyn Clock>);
-
-impl Clock for ClockRef {
-    fn now(&self) -> tollgate::Timestamp {
-        self.0.now()
-    }
+pub struct Report {
+    /// The partner's limits.
+    pub quota: PartnerQuota,
+    /// How long the workers ran.
+    pub run: std::time::Duration,
+    /// What the partner saw.
+    pub log: PartnerLog,
+    /// What the workers counted.
+    pub calls: Calls,
 }
 
-type ApiState = (MemoryStore, Policy, Arc<Mutex<ApiLog>>);
+impl Report {
+    /// The calls the partner accepted, per thousand of its allowance for
+    /// the run ([`PartnerQuota::allowance`]).
+    pub fn used_permille(&self) -> u64 {
+        let allowance = self.quota.allowance(self.run).max(1);
+        self.log.accepted.len() as u64 * 1_000 / allowance
+    }
 
-async fn call(
-    State((store, policy, log)): State<ApiState>,
-) -> (StatusCode, [(&'static str, String); 2]) {
-    let decision = store.check_sync(&tollgate::Key::global(), &policy, 1);
-    let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
-    match decision {
-        Ok(d) if d.is_allowed() => {
-            log.accepted.push(d.now().as_micros());
-            let remaining = d.remaining().to_string();
-            (
-                StatusCode::OK,
-                [
-                    ("x-ratelimit-resource", API_RESOURCE.to_owned()),
-                    ("x-ratelimit-remaining", remaining),
-                ],
-            )
-        }
-        // Like a real API, the rejection says nothing is left. The client's
-        // layer then keeps these headers (a limit with fewer remaining
-        // wins), so the caller can tell the API's 429 from its own.
-        _ => {
-            log.rejected += 1;
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                [
-                    ("x-ratelimit-resource", API_RESOURCE.to_owned()),
-                    ("x-ratelimit-remaining", "0".to_owned()),
-                ],
-            )
+    /// The time from the first accepted call to the last, by the
+    /// partner's clock.
+    pub fn span(&self) -> std::time::Duration {
+        let first = self.log.accepted.iter().min();
+        let last = self.log.accepted.iter().max();
+        match (first, last) {
+            (Some(first), Some(last)) => std::time::Duration::from_micros(last - first),
+            _ => std::time::Duration::ZERO,
         }
     }
-}
 
-/// The most calls found in any window of each period of `quota`, from the
-/// API's arrival times: `(limit, period, most)`.
-pub fn busiest_windows(accepted: &[u64], quota: &Quota) -> Vec<(u64, Duration, usize)> {
-    let mut times = accepted.to_vec();
-    times.sort_unstable();
-    quota
-        .iter()
-        .map(|&(count, period)| {
-            let span = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
-            let mut start = 0;
-            let mut most = 0;
-            for end in 0..times.len() {
-                while times[end] - times[start] >= span {
-                    start += 1;
-                }
-                most = most.max(end - start + 1);
-            }
-            (count, period, most)
-        })
-        .collect()
-}
-
-/// How the calls of a run ended.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// Calls the API answered 200.
-    pub ok: usize,
-    /// Calls the API answered 429.
-    pub api_rejected: usize,
-    /// Calls the client-side limiter gave up on (the wait would exceed the maximum).
-    pub gave_up: usize,
-    /// Calls that failed otherwise.
-    pub failed: usize,
-}
-
-/// Runs `workers` tasks making `calls` calls each through the services
-/// `client(worker)` makes, and counts the outcomes.
-pub async fn run_workers<S, B>(workers: usize, calls: usize, client: impl Fn(usize) -> S) -> Outcome
-where
-    S: Service<http::Request<Body>, Response = http::Response<B>> + Send + 'static,
-    S::Future: Send,
-    S::Error: std::fmt::Debug + Send,
-{
-    let tasks: Vec<_> = (0..workers)
-        .map(|w| {
-            let mut service = client(w);
-            tokio::spawn(async move {
-                let mut outcome = Outcome::default();
-                for _ in 0..calls {
-                    let request = http::Request::post("/call").body(Body::empty());
-                    let Ok(request) = request else {
-                        outcome.failed += 1;
-                        continue;
-                    };
-                    let result = match service.ready().await {
-                        Ok(ready) => ready.call(request).await,
-                        Err(e) => Err(e),
-                    };
-                    match result {
-                        Ok(res) if res.status().is_success() => outcome.ok += 1,
-                        Ok(res) if res.status() == StatusCode::TOO_MANY_REQUESTS => {
-                            let from_api = res
-                                .headers()
-                                .get("x-ratelimit-resource")
-                                .is_some_and(|v| v == API_RESOURCE);
-                            if from_api {
-                                outcome.api_rejected += 1;
-                            } else {
-                                outcome.gave_up += 1;
-                            }
-                        }
-                        _ => outcome.failed += 1,
-                    }
-                }
-                outcome
-            })
-        })
-        .collect();
-    let mut total = Outcome::default();
-    for task in tasks {
-        let o = task.await.unwrap_or(Outcome {
-            failed: calls,
-            ..Outcome::default()
-        });
-        total.ok += o.ok;
-        total.api_rejected += o.api_rejected;
-        total.gave_up += o.gave_up;
-        total.failed += o.failed;
+    /// The acceptance: no 429, and at least 95 % of the allowance used.
+    pub fn passed(&self) -> bool {
+        self.log.rejected() == 0 && self.used_permille() >= 950
     }
-    total
 }
 
-/// The client layer: the quota, shared through `store`, waiting up to
-/// `max_wait` per call instead of failing.
-pub fn client_layer<St: Store>(
-    policy: Policy,
-    store: St,
-    max_wait: Duration,
-) -> RateLimitLayer<GlobalKey, St> {
-    RateLimitLayer::new(policy, GlobalKey)
-        .store(store)
-        .wait(max_wait)
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let allowance = self.quota.allowance(self.run);
+        let used = self.used_permille();
+        writeln!(
+            f,
+            "{:.1} s: the partner accepted {} calls of its allowance of {allowance} ({}.{} %), answered {} with 429 ({} over the peak, {} over the day)",
+            self.run.as_secs_f64(),
+            self.log.accepted.len(),
+            used / 10,
+            used % 10,
+            self.log.rejected(),
+            self.log.over_peak,
+            self.log.over_daily,
+        )?;
+        writeln!(
+            f,
+            "busiest {:?} window: {} calls (peak {}); the accepted calls spanned {:.1} s",
+            self.quota.period,
+            self.log.busiest(self.quota.period),
+            self.quota.peak,
+            self.span().as_secs_f64(),
+        )?;
+        write!(
+            f,
+            "workers: {} ok, {} answered 429, {} failed, {} stopped for the day",
+            self.calls.ok, self.calls.rejected, self.calls.failed, self.calls.day_over
+        )
+    }
 }

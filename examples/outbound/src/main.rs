@@ -1,106 +1,205 @@
-//! Run with: `cargo run -p outbound -- [--workers N] [--calls M] [--redis-url URL]`
+//! Run with: `cargo run -p outbound -- [--seconds 60] [--processes 2] [--workers 4] [--redis-url URL]`
+//!
+//! Starts the stand-in partner (10 calls per second, 500 per day), then
+//! `--processes` copies of itself that call it from `--workers` workers
+//! each, sharing the partner's limits through Redis, and reports what the
+//! partner saw. Exits with failure unless the partner answered no 429 and
+//! at least 95 % of its allowance was used.
 
-use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
 
-use axum::body::Body;
 use clap::Parser;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use outbound::{QUOTA, busiest_windows, client_layer, client_policy, run_workers, third_party_api};
-use tollgate::{MemoryStore, SystemClock};
+use outbound::{Calls, Pacing, Partner, PartnerClient, PartnerLimits, PartnerQuota, Report};
+use tokio::io::AsyncReadExt;
+use tollgate::{Clock, Jitter, Key, SystemClock};
 use tollgate_redis::RedisStore;
-use tower::ServiceBuilder;
 
-/// Several workers share one third-party API quota (25 per 5 s, 300 per
-/// minute) through a rate limiter that waits instead of failing.
+/// Workers in several processes share a partner's limits through Redis.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// Worker tasks, each with its own HTTP client (and Redis connection).
+    /// How long the workers run, in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Worker processes, each with its own Redis connection.
+    #[arg(long, default_value_t = 2)]
+    processes: usize,
+    /// Workers (tasks) per process.
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// Calls per worker.
-    #[arg(long, default_value_t = 20)]
-    calls: usize,
-    /// Redis to share the quota through; one in-memory store when absent.
-    #[arg(long, env = "REDIS_URL")]
-    redis_url: Option<String>,
-    /// Added to each period on the client side to absorb network delay, in ms.
-    #[arg(long, default_value_t = 50)]
-    margin_ms: u64,
+    /// How the workers pace their calls.
+    #[arg(long, value_enum, default_value_t = Pacing::Gcra)]
+    pacing: Pacing,
+    /// The jitter of waiting workers' wake-ups: `bulk` (Tollgate's
+    /// default: one emission interval where a limit frees units in bulk),
+    /// `none`, or a percent of one interval after every refusal.
+    #[arg(long, default_value = "bulk", value_parser = jitter)]
+    jitter: Jitter,
+    /// The partner's peak per second.
+    #[arg(long, default_value_t = PartnerQuota::DEMO.peak)]
+    peak: u64,
+    /// The partner's daily quota.
+    #[arg(long, default_value_t = PartnerQuota::DEMO.daily)]
+    daily: u64,
+    /// The Redis the processes share.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Run as a worker process of the partner at this URL (the
+    /// coordinator starts these).
+    #[arg(long, hide = true, requires = "account")]
+    worker_of: Option<String>,
+    /// The partner account the worker processes share.
+    #[arg(long, hide = true)]
+    account: Option<String>,
+}
+
+impl Args {
+    fn quota(&self) -> PartnerQuota {
+        PartnerQuota {
+            peak: self.peak,
+            daily: self.daily,
+            ..PartnerQuota::DEMO
+        }
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run(Args::parse()).await {
+    let args = Args::parse();
+    let result = match (&args.worker_of, &args.account) {
+        (Some(partner), Some(account)) => worker_process(&args, partner, account).await,
+        _ => coordinate(&args).await,
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
+        Err(error) => {
+            eprint!("error: {error}");
+            let mut source = error.source();
+            while let Some(cause) = source {
+                eprint!(": {cause}");
+                source = cause.source();
+            }
+            eprintln!();
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
-    let (api, log) = third_party_api(SystemClock, &QUOTA)?;
+type Error = Box<dyn std::error::Error>;
+
+/// One worker process: its workers, on one Redis connection, report their
+/// calls on standard output.
+async fn worker_process(args: &Args, partner: &str, account: &str) -> Result<bool, Error> {
+    let store = RedisStore::connect(&args.redis_url).await?;
+    let limits = PartnerLimits::new(args.quota(), args.pacing, args.jitter, store)?;
+    let client = PartnerClient::new(partner)?;
+    let run = Duration::from_secs(args.seconds);
+    let calls = outbound::instance(limits, Key::custom(account), client, args.workers, run).await;
+    println!("{}", calls.to_line());
+    Ok(true)
+}
+
+/// The partner, the worker processes, and the report.
+async fn coordinate(args: &Args) -> Result<bool, Error> {
+    let quota = args.quota();
+    let partner = Partner::new(quota, SystemClock);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move { axum::serve(listener, api).await });
-    let policy = client_policy(&QUOTA, Duration::from_millis(args.margin_ms))?;
-    let max_wait = Duration::from_secs(120);
-    println!("API at {base}: 25 calls per 5 s and 300 per minute");
-    println!("client limit: {policy}, shared by {} workers", args.workers);
-
-    let mut redis_stores = Vec::new();
-    if let Some(url) = &args.redis_url {
-        for _ in 0..args.workers {
-            redis_stores.push(RedisStore::connect(url.as_str()).await?);
-        }
-        println!("store: Redis, one connection per worker");
-    } else {
-        println!("store: one in-memory store for all workers");
-    }
-    let memory = MemoryStore::new();
-    let started = Instant::now();
-    let client = |worker: usize| {
-        let http = Client::builder(TokioExecutor::new()).build_http::<Body>();
-        let base = base.clone();
-        let http = ServiceBuilder::new()
-            .map_request(move |mut req: http::Request<Body>| {
-                if let Ok(uri) = format!("{base}{}", req.uri()).parse() {
-                    *req.uri_mut() = uri;
-                }
-                req
-            })
-            .service(http);
-        match redis_stores.get(worker) {
-            Some(store) => tower::util::Either::Left(
-                ServiceBuilder::new()
-                    .layer(client_layer(policy.clone(), store.clone(), max_wait))
-                    .service(http),
-            ),
-            None => tower::util::Either::Right(
-                ServiceBuilder::new()
-                    .layer(client_layer(policy.clone(), memory.clone(), max_wait))
-                    .service(http),
-            ),
-        }
-    };
-    let outcome = run_workers(args.workers, args.calls, client).await;
-    let log = log.lock().map_err(|_| "API log poisoned")?;
-    println!(
-        "{} calls in {:.1} s: {} ok, {} rejected by the API, {} given up, {} failed",
-        args.workers * args.calls,
-        started.elapsed().as_secs_f64(),
-        outcome.ok,
-        outcome.api_rejected,
-        outcome.gave_up,
-        outcome.failed
+    let router = partner.router();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    // A fresh account per run, as the stand-in partner is fresh: the
+    // limits' state in Redis is the account's.
+    let account = format!(
+        "partner-{}-{}",
+        std::process::id(),
+        SystemClock.now().as_micros()
     );
-    for (count, period, most) in busiest_windows(&log.accepted, &QUOTA) {
-        println!("busiest {period:?} window at the API: {most} calls (limit {count})");
+    println!(
+        "partner at {base}: {} calls per {:?}, {} per day",
+        quota.peak, quota.period, quota.daily
+    );
+    println!(
+        "{} processes x {} workers for {} s, pacing {}, jitter {}, Redis at {}",
+        args.processes,
+        args.workers,
+        args.seconds,
+        pacing_name(args.pacing),
+        jitter_name(args.jitter),
+        args.redis_url
+    );
+    let me = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for _ in 0..args.processes {
+        let child = tokio::process::Command::new(&me)
+            .args(["--worker-of", &base, "--account", &account])
+            .args(["--seconds", &args.seconds.to_string()])
+            .args(["--workers", &args.workers.to_string()])
+            .args(["--jitter", &jitter_name(args.jitter)])
+            .args(["--peak", &args.peak.to_string()])
+            .args(["--daily", &args.daily.to_string()])
+            .args(["--redis-url", &args.redis_url])
+            .arg("--pacing")
+            .arg(pacing_name(args.pacing))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        children.push(child);
     }
-    Ok(outcome.api_rejected == 0 && outcome.ok == args.workers * args.calls)
+    let mut calls = Calls::default();
+    let mut reported = true;
+    for mut child in children {
+        let mut out = String::new();
+        if let Some(stdout) = child.stdout.as_mut() {
+            stdout.read_to_string(&mut out).await?;
+        }
+        let status = child.wait().await?;
+        match out.lines().find_map(Calls::from_line) {
+            Some(theirs) if status.success() => calls += theirs,
+            _ => reported = false,
+        }
+    }
+    let report = Report {
+        quota,
+        run: Duration::from_secs(args.seconds),
+        log: partner.log(),
+        calls,
+    };
+    println!("{report}");
+    if !reported {
+        println!("a worker process failed");
+    }
+    Ok(reported && report.passed())
+}
+
+/// The name clap knows a pacing by.
+fn pacing_name(pacing: Pacing) -> &'static str {
+    match pacing {
+        Pacing::Gcra => "gcra",
+        Pacing::SlidingLog => "sliding-log",
+    }
+}
+
+/// A jitter as the command line gives it: `bulk`, `none` or a percent.
+fn jitter(text: &str) -> Result<Jitter, String> {
+    match text {
+        "bulk" => Ok(Jitter::BULK),
+        "none" => Ok(Jitter::NONE),
+        percent => {
+            let percent = percent.parse().map_err(|_| "bulk, none or 0 to 100")?;
+            Jitter::percent_of_interval(percent).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// The command line's name of `jitter`.
+fn jitter_name(jitter: Jitter) -> String {
+    if jitter == Jitter::BULK {
+        "bulk".to_owned()
+    } else if jitter == Jitter::NONE {
+        "none".to_owned()
+    } else {
+        jitter.percent().to_string()
+    }
 }

@@ -168,17 +168,29 @@ pub fn decide_window_word(policy: &Policy, word: &mut u64, now: Timestamp, cost:
             cost,
             capacity: p.capacity,
         };
-        return Decision::single(outcome, now, Duration::ZERO, status(count, None));
+        return Decision::single(outcome, now, Duration::ZERO, status(count, None), cost);
     }
     if cost > 0 && count + cost > n {
         let outcome = Outcome::Limited {
             retry_after: Duration::from_micros(reset),
         };
-        return Decision::single(outcome, now, Duration::ZERO, status(count, Some(reset)));
+        return Decision::single(
+            outcome,
+            now,
+            Duration::ZERO,
+            status(count, Some(reset)),
+            cost,
+        );
     }
     if cost > 0 {
         count += cost;
         *word = start + count;
     }
-    Decision::single(Outcome::Allowed, now, Duration::ZERO, status(count, None))
+    Decision::single(
+        Outcome::Allowed,
+        now,
+        Duration::ZERO,
+        status(count, None),
+        cost,
+    )
 }

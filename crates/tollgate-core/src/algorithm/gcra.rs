@@ -112,7 +112,7 @@ pub fn decide_tat(policy: &Policy, word: &mut u64, now: Timestamp, cost: u64) ->
             cost,
             capacity: cap,
         };
-        return Decision::single(outcome, now, Duration::ZERO, status(*word, None));
+        return Decision::single(outcome, now, Duration::ZERO, status(*word, None), cost);
     }
     let base = (*word).max(now_us);
     if cost > 0 && base + cost * t - now_us > cap * t {
@@ -120,7 +120,13 @@ pub fn decide_tat(policy: &Policy, word: &mut u64, now: Timestamp, cost: u64) ->
         let outcome = Outcome::Limited {
             retry_after: Duration::from_micros(retry),
         };
-        return Decision::single(outcome, now, Duration::ZERO, status(*word, Some(retry)));
+        return Decision::single(
+            outcome,
+            now,
+            Duration::ZERO,
+            status(*word, Some(retry)),
+            cost,
+        );
     }
     let mut delay = Duration::ZERO;
     if cost > 0 {
@@ -135,5 +141,5 @@ pub fn decide_tat(policy: &Policy, word: &mut u64, now: Timestamp, cost: u64) ->
         }
         *word = base + cost * t;
     }
-    Decision::single(Outcome::Allowed, now, delay, status(*word, None))
+    Decision::single(Outcome::Allowed, now, delay, status(*word, None), cost)
 }

@@ -118,6 +118,29 @@ impl Algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => false,
         }
     }
+
+    /// Whether a full limit can free several units at one instant: a fixed
+    /// window all of them at its end, a sliding log the entries admitted
+    /// together when they leave it. Then callers refused together and told
+    /// the same retry time would be admitted together, as a burst. The
+    /// others free one unit per emission interval (the sliding window's
+    /// weighted count falls steadily).
+    ///
+    /// ```
+    /// use tollgate_core::Algorithm;
+    ///
+    /// assert!(Algorithm::SlidingLog.frees_in_bulk());
+    /// assert!(!Algorithm::Gcra.frees_in_bulk());
+    /// ```
+    pub const fn frees_in_bulk(self) -> bool {
+        match self {
+            Algorithm::FixedWindow | Algorithm::SlidingLog => true,
+            Algorithm::SlidingWindow
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => false,
+        }
+    }
 }
 
 /// `ALL` holds every algorithm, in the order of [`Algorithm::next`].

@@ -146,7 +146,8 @@ impl MemoryStore {
         policy: &Policy,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        self.shared.check(key, policy, cost)
+        let decision = self.shared.check(key, policy, cost)?;
+        Ok(decision.with_cost(cost))
     }
 
     /// Takes an in-flight slot synchronously; what

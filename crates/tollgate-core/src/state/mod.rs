@@ -312,6 +312,11 @@ impl PolicyState {
     /// A state built under another configuration of the policy is first
     /// [carried over](PolicyState::carry_to).
     pub fn decide(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+        self.decided(policy, now, cost).with_cost(cost)
+    }
+
+    /// [`PolicyState::decide`], but for the cost in the decision.
+    fn decided(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
         self.carry_to(policy, now);
         let params = policy.params();
         let now_us = now.as_micros();

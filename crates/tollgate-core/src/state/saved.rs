@@ -102,7 +102,7 @@ impl KeyState {
     pub fn decide(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
         match self.limits(policy, now) {
             Ok(state) => state.decide(policy, now, cost),
-            Err(until) => blocked(policy, now, until),
+            Err(until) => blocked(policy, now, until).with_cost(cost),
         }
     }
 

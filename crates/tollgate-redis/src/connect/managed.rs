@@ -64,6 +64,14 @@ impl ManagedConnection {
     }
 }
 
+impl ManagedConnection {
+    /// The client every connection is made with: the server's address and
+    /// the settings of its URL.
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
+    }
+}
+
 impl RedisConnection for ManagedConnection {
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
         let Some(mut connection) = self.swap.current() else {

@@ -106,7 +106,8 @@ use table::{Lease, Table};
 ///     .prefix(format!("tollgate-doc-lease-{}", std::process::id()))
 ///     .connect(url.as_str())
 ///     .await?;
-/// let store = LeasedStore::builder().connect(redis, url.as_str()).await?;
+/// // Subscribes through the store's own Redis: the URL is not given again.
+/// let store = LeasedStore::builder().wrap(redis).await;
 /// let policy = Policy::new("api", Algorithm::Gcra, "1000/s")?;
 /// let key = Key::user("ada");
 /// // The first requests go to Redis, which measures the key's rate...

@@ -1,6 +1,7 @@
 //! What ties leases to Redis: invalidations on a Redis pub/sub channel
-//! ([`RedisChannel`]), and [`LeasedStoreBuilder::connect`], which makes
-//! one from a URL.
+//! ([`RedisChannel`]), made by [`LeasedStoreBuilder::wrap`] from the
+//! store's own connection settings or by [`LeasedStoreBuilder::connect`]
+//! from a URL.
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -11,9 +12,44 @@ use tollgate_core::Store;
 use super::LeasedStore;
 use super::builder::LeasedStoreBuilder;
 use super::bus::{Channel, ChannelError};
+use crate::connect::ManagedConnection;
 use crate::error::RedisStoreError;
+use crate::store::RedisStore;
 
 impl LeasedStoreBuilder {
+    /// Wraps `store`, subscribing to invalidations through the Redis it
+    /// connects to (the same URL and settings: it is not given twice), and
+    /// starts the task that gives back the unused part of ended leases.
+    /// For a store on another connection (a pool, a cluster, Sentinel),
+    /// [`connect`](LeasedStoreBuilder::connect) takes the URL to
+    /// subscribe through.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Key, Policy, Store};
+    /// use tollgate_redis::{LeasedStore, RedisStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    /// let redis = RedisStore::builder()
+    ///     .prefix(format!("tollgate-doc-wrap-{}", std::process::id()))
+    ///     .connect(url.as_str())
+    ///     .await?;
+    /// let store = LeasedStore::builder().wrap(redis).await;
+    /// let policy = Policy::new("api", Algorithm::Gcra, "1000/s")?;
+    /// assert!(store.check(&Key::user("ada"), &policy, 1).await?.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn wrap(
+        self,
+        store: RedisStore<ManagedConnection>,
+    ) -> LeasedStore<RedisStore<ManagedConnection>> {
+        let client = store.connection().client().clone();
+        let channel = RedisChannel::new(self.channel_name(), client);
+        self.start(store, channel).await
+    }
+
     /// Wraps `store`, subscribing to invalidations through the Redis at
     /// `url` (the store's; any node of a cluster), and starts the task
     /// that gives back the unused part of ended leases.
@@ -29,11 +65,7 @@ impl LeasedStoreBuilder {
         url: &str,
     ) -> Result<LeasedStore<S>, RedisStoreError> {
         let client = redis::Client::open(url)?;
-        let channel = RedisChannel {
-            name: self.channel_name().to_owned(),
-            client,
-            publisher: tokio::sync::Mutex::new(None),
-        };
+        let channel = RedisChannel::new(self.channel_name(), client);
         Ok(self.start(store, channel).await)
     }
 }
@@ -45,6 +77,17 @@ struct RedisChannel {
     name: String,
     client: redis::Client,
     publisher: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+}
+
+impl RedisChannel {
+    /// The channel `name` on the Redis of `client`.
+    fn new(name: &str, client: redis::Client) -> Self {
+        Self {
+            name: name.to_owned(),
+            client,
+            publisher: tokio::sync::Mutex::new(None),
+        }
+    }
 }
 
 impl Channel for RedisChannel {

@@ -48,6 +48,7 @@ impl Lease {
             Duration::ZERO,
             statuses,
         )
+        .with_cost(cost)
     }
 
     /// The size of the lease after this one at `now`: the units this one

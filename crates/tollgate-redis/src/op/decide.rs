@@ -38,6 +38,17 @@ impl<C: RedisConnection> RedisStore<C> {
         policy: &Policy,
         cost: u64,
     ) -> Result<Decision, RedisStoreError> {
+        let decision = self.decided(key, policy, cost).await?;
+        Ok(decision.with_cost(cost))
+    }
+
+    /// [`RedisStore::decide`], but for the cost in the decision.
+    async fn decided(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, RedisStoreError> {
         let inner = &*self.inner;
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();

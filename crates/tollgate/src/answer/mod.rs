@@ -31,6 +31,7 @@ mod wait;
 pub use missing::MissingKey;
 pub(crate) use wait::write_retry_after;
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use ::http::header::{HeaderValue, RETRY_AFTER};
@@ -191,6 +192,9 @@ enum Refusal {
     Limited {
         /// The decision's wait.
         wait: Option<Duration>,
+        /// For a request of more than one unit that the limit refused,
+        /// what it needed and what was left: `(cost, remaining)`.
+        short: Option<(u64, u64)>,
     },
     /// The request costs more than a limit's capacity: no wait cures it.
     Never {
@@ -208,8 +212,13 @@ impl Refusal {
     fn of(decision: &Decision) -> Self {
         match decision.outcome() {
             Outcome::CostExceedsCapacity { cost, capacity } => Self::Never { cost, capacity },
-            Outcome::Limited { .. } | Outcome::Allowed => Self::Limited {
-                wait: decision.retry_after(),
+            Outcome::Limited { retry_after } => Self::Limited {
+                wait: Some(retry_after),
+                short: (decision.cost() > 1).then(|| (decision.cost(), decision.remaining())),
+            },
+            Outcome::Allowed => Self::Limited {
+                wait: None,
+                short: None,
             },
         }
     }
@@ -220,11 +229,22 @@ impl Refusal {
             Self::Never { cost, capacity } => format!(
                 "request cost {cost} exceeds the capacity {capacity} of limit '{policy}'; it can never be admitted"
             ),
-            Self::Limited { wait: Some(wait) } => {
-                let secs = retry_after_secs(wait);
-                format!("limit '{policy}' exceeded, retry in {secs} s")
+            Self::Limited { wait, short } => {
+                let mut detail = format!("limit '{policy}' exceeded");
+                if let Some((cost, remaining)) = short {
+                    let _ = write!(detail, ": the request needs {cost}, {remaining} remain");
+                }
+                match (wait, short) {
+                    (Some(wait), None) => {
+                        let _ = write!(detail, ", retry in {} s", retry_after_secs(wait));
+                    }
+                    (Some(wait), Some(_)) => {
+                        let _ = write!(detail, "; retry in {} s", retry_after_secs(wait));
+                    }
+                    (None, _) => {}
+                }
+                detail
             }
-            Self::Limited { wait: None } => format!("limit '{policy}' exceeded"),
         }
     }
 
@@ -233,7 +253,7 @@ impl Refusal {
     fn pushback_wait(&self) -> Option<Duration> {
         match *self {
             Self::Never { .. } => None,
-            Self::Limited { wait } => Some(wait.unwrap_or(Duration::ZERO)),
+            Self::Limited { wait, .. } => Some(wait.unwrap_or(Duration::ZERO)),
         }
     }
 }

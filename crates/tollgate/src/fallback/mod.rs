@@ -12,8 +12,10 @@ use tollgate_core::{
 
 use crate::macros::failure_setters;
 
+mod instances;
 mod mode;
 
+pub use instances::InstanceCount;
 pub(crate) use mode::{Answer, FailureReport, Handled};
 pub use mode::{FailureMode, UnknownFailureMode};
 
@@ -56,9 +58,17 @@ pub struct FallbackStore<S> {
 pub(crate) struct FailureSettings {
     pub(crate) mode: FailureMode,
     pub(crate) local: MemoryStore,
-    pub(crate) divisor: NonZeroU64,
-    /// Each policy's local share, made on its first failure.
-    shares: Arc<RwLock<Vec<(Policy, Policy)>>>,
+    pub(crate) instances: InstanceCount,
+    /// Each policy's local share for an instance count, made on the
+    /// policy's first failure under that count.
+    shares: Arc<RwLock<Vec<Share>>>,
+}
+
+/// A policy's local share when `instances` share it.
+struct Share {
+    policy: Policy,
+    instances: NonZeroU64,
+    share: Policy,
 }
 
 impl Default for FailureSettings {
@@ -68,7 +78,7 @@ impl Default for FailureSettings {
         Self {
             mode: FailureMode::default(),
             local: shared_fallback().clone(),
-            divisor: NonZeroU64::MIN,
+            instances: InstanceCount::default(),
             shares: Arc::default(),
         }
     }
@@ -81,10 +91,16 @@ impl FailureSettings {
         self
     }
 
-    /// These settings with `instances` sharing each limit; the shares made
-    /// for the old divisor are dropped.
-    pub(crate) fn local_divisor(mut self, instances: NonZeroU64) -> Self {
-        self.divisor = instances;
+    /// These settings with `instances` sharing each limit, for good.
+    pub(crate) fn local_divisor(self, instances: NonZeroU64) -> Self {
+        self.local_instances(InstanceCount::new(instances))
+    }
+
+    /// These settings with the instance count `instances`, which may
+    /// change while they are in use; the shares made for the old count
+    /// are dropped.
+    pub(crate) fn local_instances(mut self, instances: InstanceCount) -> Self {
+        self.instances = instances;
         self.shares = Arc::default();
         self
     }
@@ -95,27 +111,34 @@ impl FailureSettings {
         self
     }
 
-    /// `policy`'s local share.
+    /// `policy`'s local share under the instance count of now.
     fn share(&self, policy: &Policy) -> Policy {
-        if self.divisor == NonZeroU64::MIN {
+        let instances = self.instances.get();
+        if instances == NonZeroU64::MIN {
             return policy.clone();
         }
-        let same = |(p, _): &&(Policy, Policy)| Policy::ptr_eq(p, policy) || p == policy;
+        let same = |s: &Share| Policy::ptr_eq(&s.policy, policy) || s.policy == *policy;
         let shares = self.shares.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, share)) = shares.iter().find(same) {
-            return share.clone();
+        if let Some(found) = shares.iter().find(|s| same(s) && s.instances == instances) {
+            return found.share.clone();
         }
         drop(shares);
         // `divided` fails only for zero, which NonZeroU64 rules out.
         let share = policy
-            .divided(self.divisor.get())
+            .divided(instances.get())
             .unwrap_or_else(|_| policy.clone());
         let mut shares = self.shares.write().unwrap_or_else(PoisonError::into_inner);
-        // A handful of policies per store; a bound all the same.
+        // The share of an older count goes. A handful of policies per
+        // store; a bound all the same.
+        shares.retain(|s| !same(s));
         if shares.len() >= 64 {
             shares.clear();
         }
-        shares.push((policy.clone(), share.clone()));
+        shares.push(Share {
+            policy: policy.clone(),
+            instances,
+            share: share.clone(),
+        });
         share
     }
 }
@@ -151,6 +174,10 @@ impl<S> FallbackStore<S> {
         /// while the store fails, each enforces the policy's limits divided by
         /// `instances` (see [`Policy::divided`]). Default 1.
         local_divisor;
+        /// The instance count as a handle that may change at runtime (see
+        /// [`InstanceCount`]), in place of a fixed
+        /// [`local_divisor`](FallbackStore::local_divisor).
+        local_instances;
         /// The in-memory store [`FailureMode::Local`] decides with (default:
         /// [`shared_fallback`](crate::shared_fallback)).
         local_fallback;
@@ -317,7 +344,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for FallbackStore<S> {
         f.debug_struct("FallbackStore")
             .field("store", &self.store)
             .field("mode", &self.settings.mode)
-            .field("divisor", &self.settings.divisor)
+            .field("instances", &self.settings.instances)
             .finish_non_exhaustive()
     }
 }

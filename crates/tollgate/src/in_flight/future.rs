@@ -13,7 +13,7 @@ use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, Slots};
 use tower_service::Service;
 
 use crate::answer;
-use crate::fallback::{Answer, FailureMode};
+use crate::fallback::{Answer, FailureMode, InstanceCount};
 use crate::response::Responder;
 
 use super::body::InFlightBody;
@@ -26,9 +26,10 @@ pub(super) struct Shared<K, St> {
     pub(super) extractor: Arc<K>,
     pub(super) store: St,
     pub(super) failure: FailureMode,
-    /// The local fallback's slots, and this instance's share of the limit.
+    /// The local fallback's slots, and how many instances share the
+    /// limit.
     pub(super) local: MemoryStore,
-    pub(super) local_limit: InFlightLimit,
+    pub(super) instances: InstanceCount,
     pub(super) responder: Responder,
     pub(super) telemetry: Telemetry,
 }
@@ -51,10 +52,10 @@ where
     let holder = shared.store.new_holder();
     let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
     let taken = acquired.map(|slots| (slots, Holds::Store));
+    // This instance's share of the limit, under the count of now.
+    let local_limit = || shared.limit.divided(shared.instances.get());
     let local = || {
-        let slots = shared
-            .local
-            .acquire_slot_sync(&key, &shared.local_limit, holder);
+        let slots = shared.local.acquire_slot_sync(&key, &local_limit(), holder);
         Ok((slots, Holds::Local))
     };
     let slot: Option<Box<dyn Any + Send + Sync>> =
@@ -71,7 +72,7 @@ where
             }
             Answer::Decided((Slots { acquired: true, .. }, Holds::Local)) => {
                 let store = shared.local.clone();
-                let limit = &shared.local_limit;
+                let limit = &local_limit();
                 Some(Slot::boxed(store, key, limit, holder, &shared.telemetry))
             }
             Answer::Decided((

@@ -7,7 +7,7 @@ use tollgate_core::{InFlightLimit, MemoryStore};
 use tower_layer::Layer;
 
 use crate::answer::headers::Values;
-use crate::fallback::{FailureMode, FailureSettings};
+use crate::fallback::{FailureMode, FailureSettings, InstanceCount};
 use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
 
@@ -109,6 +109,10 @@ impl<K, St> InFlightLayer<K, St> {
         /// key run at once (at least 1; see [`InFlightLimit::divided`]).
         /// Default 1.
         local_divisor;
+        /// The instance count as a handle that may change at runtime, for
+        /// fleets that autoscale (see [`InstanceCount`](crate::InstanceCount)),
+        /// in place of a fixed `local_divisor`.
+        local_instances;
         /// The in-memory store whose slots [`FailureMode::Local`] takes
         /// (default: [`shared_fallback`](crate::shared_fallback)).
         local_fallback;
@@ -160,7 +164,7 @@ impl<S, K, St: Clone> Layer<S> for InFlightLayer<K, St> {
                 store: self.store.clone(),
                 failure: self.fallback.mode,
                 local: self.fallback.local.clone(),
-                local_limit: self.limit.divided(self.fallback.divisor),
+                instances: self.fallback.instances.clone(),
                 responder: self.responder.clone(),
                 telemetry: Telemetry::new(self.limit.name()),
             }),

@@ -10,7 +10,7 @@ use tollgate_core::{ConfigError, Decision, MemoryStore};
 
 use crate::answer::MissingKey;
 use crate::answer::headers::HeaderStyle;
-use crate::fallback::FailureMode;
+use crate::fallback::{FailureMode, InstanceCount};
 use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
 
@@ -141,6 +141,10 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
         /// policy's limits divided by `instances` (see [`Policy::divided`](crate::Policy::divided)).
         /// Default 1: each instance enforces the whole limit.
         local_divisor;
+        /// The instance count as a handle that may change at runtime, for
+        /// fleets that autoscale (see [`InstanceCount`](crate::InstanceCount)),
+        /// in place of a fixed `local_divisor`.
+        local_instances;
         /// The in-memory store [`FailureMode::Local`] decides with (default:
         /// [`shared_fallback`](crate::shared_fallback), one store for every layer of the process).
         local_fallback;

@@ -1,48 +1,27 @@
-//! Rate limiting outside HTTP: jobs, workers, outbound API calls.
+//! Rate limiting outside HTTP: jobs, workers, outbound API calls. The
+//! limiter and its answers here; waiting for admission in `wait.rs`, its
+//! jitter in `jitter.rs`.
+
+mod jitter;
+mod wait;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
 use tollgate_core::{
-    ConfigError, Decision, Key, MemoryStore, Outcome, Policy, PolicyFamily, Settlement, Store,
-    StoreError,
+    ConfigError, Decision, Key, MemoryStore, Policy, PolicyFamily, Settlement, Store, StoreError,
 };
 
-use crate::fallback::{Answer, FailureMode, FallbackStore, let_through};
+use crate::answer::headers::HeaderStyle;
+use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, let_through};
 use crate::macros::failure_setters;
 use crate::report::{Telemetry, Verdict};
-
-/// Why [`RateLimiter::until_ready`] gave up.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WaitError {
-    /// The cost is larger than a limit's capacity: waiting cannot help.
-    #[error(
-        "cost {cost} exceeds the capacity {capacity} of policy {policy}; it can never be admitted"
-    )]
-    CostExceedsCapacity {
-        /// The policy's name.
-        policy: String,
-        /// The requested cost.
-        cost: u64,
-        /// The capacity it exceeds.
-        capacity: u64,
-    },
-    /// Admission would come later than the maximum wait allows. Nothing was
-    /// consumed, except for a leaky bucket, whose admission comes with a
-    /// delay: a queued request's place is kept even when the wait is refused.
-    #[error("admission in {needed:?} would exceed the maximum wait of {max_wait:?}")]
-    TooLong {
-        /// How long from the last check admission would take.
-        needed: Duration,
-        /// The maximum wait that was given.
-        max_wait: Duration,
-    },
-    /// The store failed; the message says how.
-    #[error("rate-limit store failed: {0}")]
-    Store(#[from] StoreError),
-}
+use jitter::Draws;
+pub use jitter::Jitter;
+pub use wait::WaitError;
 
 /// A rate limiter for code that is not an HTTP handler: background jobs,
 /// queue workers, and calls to third-party APIs with quotas. Put it in a
@@ -78,6 +57,9 @@ pub struct RateLimiter<St = MemoryStore> {
     family: PolicyFamily,
     store: FallbackStore<St>,
     telemetry: Arc<Telemetry>,
+    jitter: Jitter,
+    /// The jitter's random draws, shared by clones.
+    draws: Arc<Draws>,
 }
 
 impl RateLimiter<MemoryStore> {
@@ -95,7 +77,31 @@ impl<St> RateLimiter<St> {
             family: PolicyFamily::from(policy.clone()),
             policy,
             store: FallbackStore::new(store),
+            jitter: Jitter::default(),
+            draws: Arc::new(Draws::new()),
         }
+    }
+
+    /// How [`until_ready`](RateLimiter::until_ready) spreads the wake-ups
+    /// of callers waiting on one key (default [`Jitter::BULK`]);
+    /// [`Jitter::NONE`] wakes them at the exact retry time.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Jitter, Policy, RateLimiter};
+    ///
+    /// let policy = Policy::new("partner-api", Algorithm::Gcra, "10/s")?;
+    /// let limiter = RateLimiter::new(policy).jitter(Jitter::NONE);
+    /// assert_eq!(limiter.wait_jitter(), Jitter::NONE);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The jitter of [`until_ready`](RateLimiter::until_ready)'s waits.
+    pub fn wait_jitter(&self) -> Jitter {
+        self.jitter
     }
 
     failure_setters! {
@@ -118,6 +124,22 @@ impl<St> RateLimiter<St> {
         /// How many instances share the limit, for [`FailureMode::Local`] (see
         /// [`FallbackStore::local_divisor`]). Default 1.
         local_divisor;
+        /// The instance count as a handle that may change at runtime, for
+        /// fleets that autoscale (see [`InstanceCount`](crate::InstanceCount)), in place of a
+        /// fixed `local_divisor`.
+        ///
+        /// ```
+        /// use std::num::NonZeroU64;
+        /// use tollgate::{Algorithm, InstanceCount, Policy, RateLimiter};
+        ///
+        /// let instances = InstanceCount::new(NonZeroU64::new(3).unwrap());
+        /// let policy = Policy::new("partner-api", Algorithm::Gcra, "30/s")?;
+        /// let limiter = RateLimiter::new(policy).local_instances(instances.clone());
+        /// instances.set(NonZeroU64::new(5).unwrap()); // the fleet grew
+        /// # let _ = limiter;
+        /// # Ok::<(), tollgate::ConfigError>(())
+        /// ```
+        local_instances;
         /// The in-memory store [`FailureMode::Local`] decides with (default:
         /// [`shared_fallback`](crate::shared_fallback)).
         local_fallback;
@@ -190,6 +212,34 @@ impl<St> RateLimiter<St> {
     pub fn store(&self) -> &St {
         self.store.get_ref()
     }
+
+    /// The answer to a request that `decision`, one of this limiter's,
+    /// refused, as the layer gives it: 429 with an
+    /// `application/problem+json` body naming the limiter's policy,
+    /// `Retry-After`, and the rate-limit headers of `style`. For a
+    /// middleware or handler that decides with a limiter (the same as
+    /// [`rejection`](crate::rejection) with the policy's name).
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::{Algorithm, HeaderStyle, Key, Policy, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(Policy::new("export", Algorithm::FixedWindow, "1/h")?);
+    /// let key = Key::user("ada");
+    /// limiter.check(&key).await?;
+    /// let denied = limiter.check(&key).await?;
+    /// let response = limiter.rejection(&denied, HeaderStyle::GitHub);
+    /// assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(response.headers()["x-ratelimit-resource"], "export");
+    /// assert!(response.headers().contains_key("retry-after"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn rejection(&self, decision: &Decision, style: HeaderStyle) -> Response<Bytes> {
+        crate::answer::rejection(decision, self.policy.name(), style)
+    }
 }
 
 impl<St: Store> RateLimiter<St> {
@@ -226,7 +276,7 @@ impl<St: Store> RateLimiter<St> {
                 self.telemetry.decided(&decision, verdict);
                 Ok(decision)
             }
-            Answer::LetThrough(_) => Ok(let_through(&self.policy)),
+            Answer::LetThrough(_) => Ok(let_through(&self.policy).with_cost(cost)),
             Answer::Refused(refusal) => refusal.into_result(),
         }
     }
@@ -353,70 +403,6 @@ impl<St: Store> RateLimiter<St> {
     pub async fn block(&self, key: &Key, duration: Duration) -> Result<(), StoreError> {
         self.family.block(&self.store, key, duration).await
     }
-
-    /// Waits until one unit for `key` is admitted, for at most `max_wait`.
-    ///
-    /// # Errors
-    ///
-    /// As [`RateLimiter::until_n_ready`].
-    pub async fn until_ready(&self, key: &Key, max_wait: Duration) -> Result<Decision, WaitError> {
-        self.until_n_ready(key, 1, max_wait).await
-    }
-
-    /// Waits until `cost` units for `key` are admitted, for at most
-    /// `max_wait`, then returns the admitting decision. For a leaky bucket
-    /// the returned future also waits out the shaping delay.
-    ///
-    /// It sleeps until the exact `retry_after` of each denial and checks
-    /// again, so it competes fairly with other workers sharing the limit.
-    /// It gives up at once, without sleeping, when admission cannot come
-    /// within `max_wait`.
-    ///
-    /// # Errors
-    ///
-    /// [`WaitError::TooLong`] when admission would come after `max_wait`,
-    /// [`WaitError::CostExceedsCapacity`] when it can never come, and
-    /// [`WaitError::Store`] when the store fails.
-    pub async fn until_n_ready(
-        &self,
-        key: &Key,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Decision, WaitError> {
-        let deadline = tokio::time::Instant::now() + max_wait;
-        loop {
-            let decision = self.check_n(key, cost).await?;
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let wait = match decision.outcome() {
-                Outcome::Allowed => {
-                    let delay = decision.delay();
-                    if delay > left {
-                        return Err(WaitError::TooLong {
-                            needed: delay,
-                            max_wait,
-                        });
-                    }
-                    tokio::time::sleep(delay).await;
-                    return Ok(decision);
-                }
-                Outcome::CostExceedsCapacity { cost, capacity } => {
-                    return Err(WaitError::CostExceedsCapacity {
-                        policy: self.policy.name().to_owned(),
-                        cost,
-                        capacity,
-                    });
-                }
-                Outcome::Limited { retry_after } => retry_after,
-            };
-            if wait > left {
-                return Err(WaitError::TooLong {
-                    needed: wait,
-                    max_wait,
-                });
-            }
-            tokio::time::sleep(wait).await;
-        }
-    }
 }
 
 impl<St> Clone for RateLimiter<St> {
@@ -426,6 +412,8 @@ impl<St> Clone for RateLimiter<St> {
             family: self.family.clone(),
             store: self.store.clone(),
             telemetry: self.telemetry.clone(),
+            jitter: self.jitter,
+            draws: self.draws.clone(),
         }
     }
 }
@@ -436,6 +424,7 @@ impl<St: fmt::Debug> fmt::Debug for RateLimiter<St> {
             .field("policy", &self.policy)
             .field("family", &self.family)
             .field("store", &self.store)
+            .field("jitter", &self.jitter)
             .finish()
     }
 }

@@ -1,0 +1,240 @@
+//! Waiting for admission: [`RateLimiter::until_ready`] and why it gives
+//! up ([`WaitError`]).
+
+use std::time::Duration;
+
+use tollgate_core::{Decision, Key, Outcome, Store, StoreError};
+
+use super::RateLimiter;
+
+/// Why [`RateLimiter::until_ready`] gave up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The cost is larger than a limit's capacity: waiting cannot help.
+    #[error(
+        "cost {cost} exceeds the capacity {capacity} of policy {policy}; it can never be admitted"
+    )]
+    CostExceedsCapacity {
+        /// The policy's name.
+        policy: String,
+        /// The requested cost.
+        cost: u64,
+        /// The capacity it exceeds.
+        capacity: u64,
+    },
+    /// Admission would come later than the maximum wait allows. Nothing was
+    /// consumed, except for a leaky bucket, whose admission comes with a
+    /// delay: a queued request's place is kept even when the wait is refused.
+    #[error("admission in {needed:?} would exceed the maximum wait of {max_wait:?}")]
+    TooLong {
+        /// How long from the last check admission would take.
+        needed: Duration,
+        /// The maximum wait that was given.
+        max_wait: Duration,
+    },
+    /// The store failed; the message says how.
+    #[error("rate-limit store failed: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl<St: Store> RateLimiter<St> {
+    /// Waits until one unit for `key` is admitted, for at most `max_wait`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::until_n_ready`].
+    pub async fn until_ready(&self, key: &Key, max_wait: Duration) -> Result<Decision, WaitError> {
+        self.until_n_ready(key, 1, max_wait).await
+    }
+
+    /// Waits until `cost` units for `key` are admitted, for at most
+    /// `max_wait`, then returns the admitting decision. For a leaky bucket
+    /// the returned future also waits out the shaping delay.
+    ///
+    /// After each denial it sleeps until the denial's exact `retry_after`,
+    /// plus the limiter's [`Jitter`](crate::Jitter), and checks again: it
+    /// competes fairly with other workers sharing the limit. By default
+    /// the jitter is a random part of the refusing limit's emission
+    /// interval where that limit frees units in bulk (a fixed window, a
+    /// sliding log), so that workers refused together are not admitted
+    /// together, and none where it frees one unit at a time (GCRA, the
+    /// buckets, the sliding window). It never takes the wait past
+    /// `max_wait`. It gives up at once, without sleeping, when admission
+    /// cannot come within `max_wait`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, Jitter, Key, MemoryStore, Policy, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A partner's own figure, 10 calls a second, in a sliding log.
+    /// let policy = Policy::new("partner", Algorithm::SlidingLog, "10/s")?;
+    /// let store = MemoryStore::builder().clock(TokioClock::new()).build()?;
+    /// let limiter = RateLimiter::with_store(policy, store);
+    /// let partner = Key::custom("partner");
+    /// let start = tokio::time::Instant::now();
+    /// limiter.check_n(&partner, 10).await?;
+    /// limiter.until_ready(&partner, Duration::from_secs(2)).await?;
+    /// // The wait for the log's entries to leave, 1 s, and at most one
+    /// // interval of jitter, 100 ms (the timer wakes on the millisecond).
+    /// let waited = start.elapsed();
+    /// assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_millis(1_100));
+    ///
+    /// // Without jitter, exactly the retry time.
+    /// let exact = limiter.jitter(Jitter::NONE);
+    /// let other = Key::custom("other-partner");
+    /// let start = tokio::time::Instant::now();
+    /// exact.check_n(&other, 10).await?;
+    /// exact.until_ready(&other, Duration::from_secs(2)).await?;
+    /// assert_eq!(start.elapsed(), Duration::from_secs(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::TooLong`] when admission would come after `max_wait`,
+    /// [`WaitError::CostExceedsCapacity`] when it can never come, and
+    /// [`WaitError::Store`] when the store fails.
+    pub async fn until_n_ready(
+        &self,
+        key: &Key,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, WaitError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            let decision = self.check_n(key, cost).await?;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait = match decision.outcome() {
+                Outcome::Allowed => {
+                    let delay = decision.delay();
+                    if delay > left {
+                        return Err(WaitError::TooLong {
+                            needed: delay,
+                            max_wait,
+                        });
+                    }
+                    tokio::time::sleep(delay).await;
+                    return Ok(decision);
+                }
+                Outcome::CostExceedsCapacity { cost, capacity } => {
+                    return Err(WaitError::CostExceedsCapacity {
+                        policy: self.policy.name().to_owned(),
+                        cost,
+                        capacity,
+                    });
+                }
+                Outcome::Limited { retry_after } => retry_after,
+            };
+            if wait > left {
+                return Err(WaitError::TooLong {
+                    needed: wait,
+                    max_wait,
+                });
+            }
+            let refusing = decision.binding().limit();
+            let algorithm = self.policy.algorithm();
+            let jitter = self
+                .draws
+                .draw(self.jitter, algorithm, refusing, left - wait);
+            tokio::time::sleep(wait + jitter).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+    use tollgate_core::{Algorithm, Key, Limit, MemoryStore, Policy, Timestamp};
+
+    use super::super::jitter::Draws;
+    use crate::{Jitter, RateLimiter, TokioClock};
+
+    const SEED: u64 = 0x5eed;
+
+    /// A limiter of `policy` on tokio's paused clock, its jitter drawn
+    /// from `SEED`.
+    fn seeded(policy: Policy, jitter: Jitter) -> RateLimiter {
+        let clock = TokioClock::starting_at(Timestamp::from_secs(1_700_000_000));
+        let store = MemoryStore::builder().clock(clock).build().unwrap();
+        let mut limiter = RateLimiter::with_store(policy, store).jitter(jitter);
+        limiter.draws = Arc::new(Draws::seeded(SEED));
+        limiter
+    }
+
+    /// Two workers refused together by a full sliding log: without
+    /// jitter both wake at the instant its entries leave and are
+    /// admitted together; with it each wakes at the retry time plus its
+    /// own draw, the draws of the seed in the workers' order, to the
+    /// timer's millisecond.
+    #[tokio::test(start_paused = true)]
+    async fn workers_refused_together_wake_apart() {
+        let limit = Limit::new(2, Duration::from_secs(1)).unwrap();
+        let policy = || Policy::new("partner", Algorithm::SlidingLog, limit).unwrap();
+        let key = Key::custom("partner");
+        let max_wait = Duration::from_secs(5);
+        let admissions = |limiter: RateLimiter| {
+            let key = key.clone();
+            async move {
+                limiter.check_n(&key, 2).await.unwrap();
+                let start = Instant::now();
+                let wait = |limiter: RateLimiter, key: Key| async move {
+                    limiter.until_ready(&key, max_wait).await.unwrap();
+                    start.elapsed()
+                };
+                let first = tokio::spawn(wait(limiter.clone(), key.clone()));
+                let second = tokio::spawn(wait(limiter, key));
+                [first.await.unwrap(), second.await.unwrap()]
+            }
+        };
+
+        let exact = admissions(seeded(policy(), Jitter::NONE)).await;
+        assert_eq!(exact, [Duration::from_secs(1); 2]);
+
+        let spread = admissions(seeded(policy(), Jitter::default())).await;
+        let draws = Draws::seeded(SEED);
+        let room = max_wait - Duration::from_secs(1);
+        let draw = || draws.draw(Jitter::BULK, Algorithm::SlidingLog, limit, room);
+        let expected = [(); 2].map(|()| Duration::from_secs(1) + draw());
+        assert_ne!(expected[0], expected[1], "the seed draws two jitters");
+        for (at, expected) in spread.iter().zip(expected) {
+            // The timer wakes on the millisecond at or after the deadline.
+            assert!(
+                *at >= expected && *at < expected + Duration::from_millis(1),
+                "{spread:?}, expected {expected:?}"
+            );
+            assert!(*at < Duration::from_millis(1_500), "within one interval");
+        }
+    }
+
+    /// The jitter never takes a wait past the caller's maximum: a refusal
+    /// 100 ms from admission with 103 ms to wait wakes within 100 to 103 ms,
+    /// whatever the draw.
+    #[tokio::test(start_paused = true)]
+    async fn the_jitter_stays_within_the_maximum_wait() {
+        let policy = Policy::builder("partner")
+            .limit("10/s")
+            .burst(1)
+            .build()
+            .unwrap();
+        let limiter = seeded(policy, Jitter::ONE_INTERVAL);
+        let max_wait = Duration::from_millis(103);
+        for n in 0..50 {
+            let key = Key::custom(format!("partner-{n}"));
+            limiter.check(&key).await.unwrap();
+            let start = Instant::now();
+            limiter.until_ready(&key, max_wait).await.unwrap();
+            let waited = start.elapsed();
+            assert!(
+                waited >= Duration::from_millis(100) && waited <= max_wait,
+                "{waited:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! The demo's own command, at a sixth of the acceptance run: two worker
+//! processes for 10 s, sharing the limits through the Redis at
+//! `REDIS_URL` (or 127.0.0.1:6379), against a partner whose day is a
+//! sixth of the demo's (83 calls). It must exit with success: no 429,
+//! and at least 95 % of the allowance used.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::process::Command;
+
+#[test]
+fn two_worker_processes_pass_the_acceptance_at_a_sixth_of_its_length() {
+    let output = Command::new(env!("CARGO_BIN_EXE_outbound"))
+        .args(["--seconds", "10", "--daily", "83", "--processes", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the run failed (is Redis up?):\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(
+            "the partner accepted 83 calls of its allowance of 83 (100.0 %), answered 0 with 429"
+        ),
+        "{stdout}"
+    );
+}
