@@ -71,6 +71,9 @@
 //!   policy per request, cost settled after the response
 //!   ([`RateLimitLayer::settle`], [`ActualCost`]), inspecting, resetting
 //!   and blocking keys, and requests in flight ([`InFlightLayer`]).
+//! - [Protecting the service itself](guides::protecting_the_service): an
+//!   adaptive concurrency limit that sheds the least important requests
+//!   first ([`AdaptiveConcurrencyLayer`]).
 //!
 //! # Outside HTTP
 //!
@@ -160,4 +163,7 @@ pub mod guides {
 
     #[doc = include_str!("../guides/tonic.md")]
     pub mod tonic {}
+
+    #[doc = include_str!("../guides/protecting-the-service.md")]
+    pub mod protecting_the_service {}
 }

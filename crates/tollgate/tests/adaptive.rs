@@ -375,10 +375,11 @@ async fn offer(
     let every = rate / 20;
     while tokio::time::Instant::now() < end {
         tick.tick().await;
-        if sent % every == 0 && end - tokio::time::Instant::now() <= Duration::from_secs(1) {
+        if sent.is_multiple_of(every) && end - tokio::time::Instant::now() <= Duration::from_secs(1)
+        {
             limits.push(state.snapshot().limit);
         }
-        let class = if sent % 5 == 0 {
+        let class = if sent.is_multiple_of(5) {
             Priority::Critical
         } else {
             Priority::Sheddable

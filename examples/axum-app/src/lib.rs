@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod operators;
+pub mod overload;
 
 use std::fmt;
 
@@ -29,6 +30,7 @@ use tollgate::{
 };
 
 pub use operators::AdminToken;
+pub use overload::{Overload, OverloadConfig};
 
 pub use config::{
     AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteConfig, SettleSpec,

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use tower::util::Oneshot;
 
 use axum_app::{
-    AdminToken, AppConfig, app_with_admin, install_metrics, metrics_route, policy_table,
+    AdminToken, AppConfig, Overload, app_with_admin, install_metrics, metrics_route, policy_table,
 };
 use clap::Parser;
 use tollgate::{BoxStore, MemoryStore};
@@ -145,11 +145,14 @@ struct Parts {
     store: BoxStore,
     metrics: PrometheusHandle,
     admin: Option<AdminToken>,
+    /// `GET /work` and its protection, made once: a reload keeps them.
+    overload: Overload,
 }
 
 /// The whole app of `config`: its routes and the metrics route.
 fn build(config: &AppConfig, parts: &Parts) -> Router {
     app_with_admin(config, parts.store.clone(), parts.admin.clone())
+        .merge(parts.overload.routes(parts.admin.clone()))
         .merge(metrics_route(parts.metrics.clone()))
 }
 
@@ -246,10 +249,23 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             token
         }
     };
+    let overload =
+        Overload::new(&config.overload).map_err(|e| format!("[overload]: {}", chain(&e)))?;
+    say!(
+        "overload: GET /work on {} workers × {:?}, {}",
+        config.overload.workers,
+        config.overload.service,
+        if config.overload.protect {
+            "behind an adaptive concurrency limit (x-priority: critical | default | sheddable)"
+        } else {
+            "unprotected"
+        }
+    );
     let parts = Parts {
         store,
         metrics,
         admin,
+        overload,
     };
     let current = Reloadable(Arc::new(RwLock::new(build(&config, &parts))));
     reload_on_sighup(args.config.clone(), current.clone(), parts);

@@ -151,6 +151,29 @@ impl AdminToken {
         (!token.is_empty()).then(|| Self(token.into()))
     }
 
+    /// 401 for `request` without a bearer token, 403 with a wrong one;
+    /// `None` for the right one.
+    pub(crate) fn refuses(&self, request: &Request) -> Option<Response> {
+        let given = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        match given {
+            None => Some(
+                (
+                    StatusCode::UNAUTHORIZED,
+                    [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                    "operators only: Authorization: Bearer <admin token>\n",
+                )
+                    .into_response(),
+            ),
+            Some(given) if !self.admits(given) => {
+                Some((StatusCode::FORBIDDEN, "wrong admin token\n").into_response())
+            }
+            Some(_) => None,
+        }
+    }
+
     fn admits(&self, given: &[u8]) -> bool {
         let expected = self.0.as_bytes();
         let differ = expected
@@ -186,24 +209,7 @@ struct Admin {
 impl Admin {
     /// 401 without a bearer token, 403 with a wrong one.
     fn refused(&self, request: &Request) -> Option<Response> {
-        let given = request
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-        match given {
-            None => Some(
-                (
-                    StatusCode::UNAUTHORIZED,
-                    [(http::header::WWW_AUTHENTICATE, "Bearer")],
-                    "operators only: Authorization: Bearer <admin token>\n",
-                )
-                    .into_response(),
-            ),
-            Some(given) if !self.token.admits(given) => {
-                Some((StatusCode::FORBIDDEN, "wrong admin token\n").into_response())
-            }
-            Some(_) => None,
-        }
+        self.token.refuses(request)
     }
 
     /// What `{policy}` stands for: a route's policy name, the route's

@@ -72,13 +72,14 @@ impl Gate {
             queue.retain(|waiter| !waiter.is_closed());
             !queue.is_empty()
         });
-        if !ahead && inner.concurrency.would_admit(class, now) {
-            if let Some(permit) = inner.concurrency.try_acquire(class, now) {
-                let in_flight = inner.concurrency.in_flight();
-                drop(inner);
-                self.telemetry.in_flight(in_flight);
-                return Entry::Admitted(permit);
-            }
+        if !ahead
+            && inner.concurrency.would_admit(class, now)
+            && let Some(permit) = inner.concurrency.try_acquire(class, now)
+        {
+            let in_flight = inner.concurrency.in_flight();
+            drop(inner);
+            self.telemetry.in_flight(in_flight);
+            return Entry::Admitted(permit);
         }
         let Some(queue) = self.queue else {
             inner.concurrency.count_refused(class);

@@ -1,5 +1,6 @@
 //! The policy file.
 
+mod overload;
 mod parse;
 mod raw;
 mod route;
@@ -150,6 +151,8 @@ pub struct AppConfig {
     pub ipv6_prefix: u8,
     /// The route entries.
     pub routes: Vec<RouteConfig>,
+    /// `GET /work`'s stand-in backend and its protection (`[overload]`).
+    pub overload: crate::overload::OverloadConfig,
 }
 
 fn method_matches(pattern: &str, method: &str) -> bool {

@@ -6,6 +6,7 @@ use std::num::NonZeroU64;
 
 use tollgate::{ClientIp, FailureMode, HeaderStyle, UnknownFailureMode};
 
+use super::overload::overload;
 use super::raw::RawConfig;
 use super::route::route;
 use super::{AppConfig, ConfigFileError, RouteConfig};
@@ -80,7 +81,9 @@ impl AppConfig {
             .map(|(i, r)| route(i + 1, r))
             .collect::<Result<Vec<RouteConfig>, _>>()?;
         refuse_shared_names(&routes)?;
+        let overload = overload(raw.overload.unwrap_or_default())?;
         Ok(Self {
+            overload,
             header_style,
             failure,
             instances,

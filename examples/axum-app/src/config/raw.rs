@@ -17,6 +17,27 @@ pub(super) struct RawConfig {
     pub(super) ipv6_prefix: Option<i64>,
     #[serde(default, rename = "route")]
     pub(super) routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub(super) overload: Option<RawOverload>,
+}
+
+/// `[overload]`: the stand-in backend of `GET /work` and its protection.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOverload {
+    pub(super) protect: Option<bool>,
+    pub(super) workers: Option<i64>,
+    pub(super) service_ms: Option<f64>,
+    pub(super) algorithm: Option<String>,
+    pub(super) min: Option<i64>,
+    pub(super) max: Option<i64>,
+    pub(super) initial: Option<i64>,
+    pub(super) reserve_critical: Option<f64>,
+    pub(super) reserve_default: Option<f64>,
+    pub(super) queue: Option<i64>,
+    pub(super) queue_wait_ms: Option<i64>,
+    pub(super) warm_up_from: Option<i64>,
+    pub(super) warm_up_secs: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
