@@ -486,3 +486,45 @@ async fn the_limit_follows_a_backend_whose_capacity_halves_and_comes_back() {
         "served {served} of a capacity of 20,000 in 10 s"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn beside_a_per_key_limit_a_request_refused_for_its_key_never_takes_a_slot() {
+    use tollgate::{Algorithm, HeaderKey, Policy, RateLimitLayer};
+
+    let protect = layer(fixed(10));
+    let state = protect.handle();
+    let per_user = RateLimitLayer::new(
+        Policy::new("per-user", Algorithm::FixedWindow, "2/min").unwrap(),
+        HeaderKey::new(http::HeaderName::from_static("x-user")),
+    );
+    let app = Router::new()
+        .route("/work", get(|| async { "done" }))
+        .layer(protect)
+        .layer(per_user);
+    let send = |user: &'static str| {
+        let request = Request::get("/work")
+            .header("x-user", user)
+            .header("x-priority", "sheddable")
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    let statuses = [
+        send("ada").await.unwrap().status(),
+        send("ada").await.unwrap().status(),
+        send("ada").await.unwrap().status(),
+        send("bob").await.unwrap().status(),
+    ];
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::OK
+        ]
+    );
+    let snapshot = state.snapshot();
+    assert_eq!((snapshot.admitted, snapshot.in_flight), (3, 0));
+    assert_eq!(snapshot.refused_by_class, [0, 0, 0]);
+}

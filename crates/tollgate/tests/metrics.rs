@@ -332,3 +332,71 @@ fn the_in_flight_limit_counts_slots_held_and_rejections() {
     // since the first, every slot given back.
     assert_eq!(after.get(INFLIGHT_SLOTS, &labels), -3.0);
 }
+
+#[test]
+fn an_adaptive_layer_reports_its_limit_in_flight_queue_and_sheds_by_class() {
+    use tollgate::telemetry::{
+        ADAPTIVE_IN_FLIGHT, ADAPTIVE_LIMIT, ADAPTIVE_QUEUED, ADAPTIVE_SHED,
+    };
+    use tollgate::{AdaptiveConcurrencyLayer, AdaptiveLimit, Priority};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    with_recorder(&recorder, || async {
+        let limit = AdaptiveLimit::builder("work").fixed(2).build().unwrap();
+        let layer = AdaptiveConcurrencyLayer::new(limit)
+            .classify(|request: &Request<Body>| {
+                if request.uri().path() == "/low" {
+                    Priority::Sheddable
+                } else {
+                    Priority::Critical
+                }
+            })
+            .queue(1, Duration::from_secs(60))
+            .unwrap();
+        let go = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let held = {
+            let go = go.clone();
+            move || {
+                let go = go.clone();
+                async move {
+                    go.acquire().await.unwrap().forget();
+                    "done"
+                }
+            }
+        };
+        let app = Router::new()
+            .route("/high", get(held.clone()))
+            .route("/low", get(held))
+            .layer(layer);
+        let send = |path: &'static str| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let request = Request::get(path).body(Body::empty()).unwrap();
+                app.oneshot(request).await.unwrap().status()
+            })
+        };
+        // Two run, one waits, and the next of each class is shed.
+        let running = [send("/high"), send("/high")];
+        let waiting = send("/high");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(send("/low").await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(send("/high").await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        let values = Values::take(&snapshotter);
+        let work = [("policy", "work")];
+        assert_eq!(values.get(ADAPTIVE_LIMIT, &work), 2.0);
+        assert_eq!(values.get(ADAPTIVE_IN_FLIGHT, &work), 2.0);
+        assert_eq!(values.get(ADAPTIVE_QUEUED, &work), 1.0);
+        let shed = |class| values.get(ADAPTIVE_SHED, &[("policy", "work"), ("priority", class)]);
+        assert_eq!((shed("critical"), shed("default"), shed("sheddable")), (1.0, 0.0, 1.0));
+        go.add_permits(3);
+        for task in running.into_iter().chain([waiting]) {
+            assert_eq!(task.await.unwrap(), StatusCode::OK);
+        }
+        let values = Values::take(&snapshotter);
+        assert_eq!(values.get(ADAPTIVE_IN_FLIGHT, &work), 0.0);
+        assert_eq!(values.get(ADAPTIVE_QUEUED, &work), 0.0);
+    });
+}
