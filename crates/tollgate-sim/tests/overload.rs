@@ -98,10 +98,16 @@ fn while_critical_requests_are_shed_the_classes_below_are_closed() {
         windows.iter().map(|w| field(w)[class]).sum()
     };
     let (critical_shed, critical_sent) = (sum(0, |w| w.shed), sum(0, |w| w.offered));
-    assert!(critical_shed * 10 > critical_sent, "{critical_shed} of {critical_sent}");
+    assert!(
+        critical_shed * 10 > critical_sent,
+        "{critical_shed} of {critical_sent}"
+    );
     assert_eq!(sum(2, |w| w.admitted), 0);
     let (default_in, default_sent) = (sum(1, |w| w.admitted), sum(1, |w| w.offered));
-    assert!(default_in * 100 < default_sent, "{default_in} of {default_sent}");
+    assert!(
+        default_in * 100 < default_sent,
+        "{default_in} of {default_sent}"
+    );
 }
 
 #[test]
