@@ -98,7 +98,7 @@ struct OverloadArgs {
     #[arg(long = "algorithm", value_enum, default_value = "all")]
     algorithms: Vec<Choice>,
     /// The backend's workers.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 40)]
     workers: u32,
     /// The backend's mean service time, in ms.
     #[arg(long, default_value_t = 20.0)]

@@ -73,51 +73,12 @@ pub struct Concurrency {
     windows: Windows,
     started: Timestamp,
     in_flight: [u32; 3],
-    peaks: Peaks,
     refused: [u64; 3],
+    /// When each class was last refused.
+    refused_at: [Option<Timestamp>; 3],
+    /// The latest time the state was given.
+    seen: Timestamp,
     admitted: u64,
-}
-
-/// The most requests of each class in flight at once, recently: in the
-/// current span of [`Peaks::SPAN`] and the one before it.
-#[derive(Debug, Clone)]
-struct Peaks {
-    since: Timestamp,
-    current: [u32; 3],
-    previous: [u32; 3],
-}
-
-impl Peaks {
-    /// How long a peak is remembered: one to two spans.
-    const SPAN: u64 = 500000;
-
-    /// Moves the spans on to `now`.
-    fn roll(&mut self, now: Timestamp) {
-        let elapsed = now.as_micros().saturating_sub(self.since.as_micros());
-        if elapsed < Self::SPAN {
-            return;
-        }
-        self.previous = if elapsed < 2 * Self::SPAN {
-            self.current
-        } else {
-            [0; 3]
-        };
-        self.current = [0; 3];
-        self.since = Timestamp::from_micros(now.as_micros() - elapsed % Self::SPAN);
-    }
-
-    /// The peak of `class` as [`roll`](Self::roll)ed to `now` would leave it.
-    fn recent(&self, class: Priority, now: Timestamp) -> u32 {
-        let elapsed = now.as_micros().saturating_sub(self.since.as_micros());
-        let (current, previous) = (self.current[class.index()], self.previous[class.index()]);
-        if elapsed < Self::SPAN {
-            current.max(previous)
-        } else if elapsed < 2 * Self::SPAN {
-            current
-        } else {
-            0
-        }
-    }
 }
 
 impl Concurrency {
@@ -130,12 +91,9 @@ impl Concurrency {
             config: config.clone(),
             started: now,
             in_flight: [0; 3],
-            peaks: Peaks {
-                since: now,
-                current: [0; 3],
-                previous: [0; 3],
-            },
             refused: [0; 3],
+            refused_at: [None; 3],
+            seen: now,
             admitted: 0,
         }
     }
@@ -171,26 +129,34 @@ impl Concurrency {
         self.in_flight.iter().sum()
     }
 
+    /// How long a refusal closes the classes below the refused one.
+    const CLOSED_FOR: u64 = 100_000;
+
     /// How many requests of `class` may be in flight in all, at `now`:
-    /// the limit less the capacity kept for each class above it. A class
-    /// keeps its share of the limit (rounded up), or, if more, what it
-    /// used at its recent peak and does not use now: a class below never
-    /// takes the slots a class above was using a moment ago.
+    /// the limit less the share of it reserved for each class above, or
+    /// none while a class above is being refused (one was refused less
+    /// than 100 ms ago): a class below never takes the slots a class above
+    /// is waiting for.
     pub fn ceiling_of(&self, class: Priority, now: Timestamp) -> u32 {
+        if self.closed(class, now) {
+            return 0;
+        }
         let limit = self.limit(now);
         let kept: u32 = class
             .above()
             .iter()
-            .map(|&above| {
-                let share = reserved_slots(limit, self.config.reserved[above.index()]);
-                let unused_peak = self
-                    .peaks
-                    .recent(above, now)
-                    .saturating_sub(self.in_flight[above.index()]);
-                share.max(unused_peak)
-            })
+            .map(|&above| reserved_slots(limit, self.config.reserved[above.index()]))
             .sum();
         limit.saturating_sub(kept)
+    }
+
+    /// Whether a class above `class` was refused less than
+    /// [`CLOSED_FOR`](Self::CLOSED_FOR) before `now`.
+    fn closed(&self, class: Priority, now: Timestamp) -> bool {
+        class.above().iter().any(|&above| {
+            self.refused_at[above.index()]
+                .is_some_and(|at| now.as_micros().saturating_sub(at.as_micros()) < Self::CLOSED_FOR)
+        })
     }
 
     /// Whether a request of `class` would be admitted at `now`.
@@ -199,26 +165,39 @@ impl Concurrency {
     }
 
     /// Admits a request of `class` at `now`, or refuses it (counted) when
-    /// the requests in flight already fill what its class may use.
+    /// the requests in flight already fill what its class may use, or a
+    /// class above it is being refused. A refusal closes the classes below
+    /// `class` for 100 ms.
     pub fn try_acquire(&mut self, class: Priority, now: Timestamp) -> Option<Permit> {
-        self.peaks.roll(now);
+        self.see(now);
         if !self.would_admit(class, now) {
-            self.refused[class.index()] += 1;
+            self.refuse(class);
             return None;
         }
         Some(self.admit(class, now))
     }
 
-    /// Counts a request of `class` refused without asking (it waited for
-    /// a slot and its deadline passed).
+    /// Counts a request of `class` refused without asking (
+    /// [`would_admit`](Self::would_admit) said no, or it waited for a slot
+    /// and its deadline passed). Like a refusal by
+    /// [`try_acquire`](Self::try_acquire), it closes the classes below
+    /// `class` for 100 ms, from the latest time the state was given.
     pub fn count_refused(&mut self, class: Priority) {
+        self.refuse(class);
+    }
+
+    /// Moves the state's clock on to `now`, if later.
+    fn see(&mut self, now: Timestamp) {
+        self.seen = self.seen.max(now);
+    }
+
+    fn refuse(&mut self, class: Priority) {
         self.refused[class.index()] += 1;
+        self.refused_at[class.index()] = Some(self.seen);
     }
 
     fn admit(&mut self, class: Priority, now: Timestamp) -> Permit {
         self.in_flight[class.index()] += 1;
-        let peak = &mut self.peaks.current[class.index()];
-        *peak = (*peak).max(self.in_flight[class.index()]);
         self.admitted += 1;
         Permit {
             class,
@@ -231,7 +210,7 @@ impl Concurrency {
     /// Hands back the slot of `permit`, done at `now` as `completion`
     /// says, and learns from its latency.
     pub fn release(&mut self, permit: Permit, now: Timestamp, completion: Completion) {
-        self.peaks.roll(now);
+        self.see(now);
         let count = &mut self.in_flight[permit.class.index()];
         *count = count.saturating_sub(1);
         let dropped = match completion {
@@ -308,6 +287,41 @@ mod tests {
         assert_eq!(critical.len(), 2);
         assert_eq!(state.snapshot(T0).in_flight_by_class, [2, 1, 7]);
         assert_eq!(state.snapshot(T0).refused_by_class, [1, 1, 1]);
+    }
+
+    #[test]
+    fn a_refused_class_closes_the_classes_below_it_for_100_ms() {
+        let mut state = Concurrency::new(&fixed(10), T0);
+        let mut held: Vec<Permit> = (0..10)
+            .filter_map(|_| state.try_acquire(Priority::Critical, T0))
+            .collect();
+        assert_eq!(held.len(), 10);
+        assert!(state.try_acquire(Priority::Critical, T0).is_none());
+        // Two slots free again: critical requests may take them, the
+        // classes below may not, until 100 ms after the refusal.
+        let later = T0 + Duration::from_millis(99);
+        for permit in held.drain(..2) {
+            state.release(permit, later, Completion::Ignored);
+        }
+        assert!(state.try_acquire(Priority::Sheddable, later).is_none());
+        assert!(state.try_acquire(Priority::Default, later).is_none());
+        assert_eq!(state.ceiling_of(Priority::Default, later), 0);
+        let critical = state.try_acquire(Priority::Critical, later);
+        assert!(critical.is_some());
+        // Default requests open at 100 ms, but 9 are in flight where they
+        // stop at 8: this one is refused, and closes sheddable ones until
+        // 200 ms.
+        let open = T0 + Duration::from_millis(100);
+        assert!(state.try_acquire(Priority::Default, open).is_none());
+        let done = T0 + Duration::from_millis(150);
+        for permit in held.drain(..4) {
+            state.release(permit, done, Completion::Ignored);
+        }
+        assert!(state.try_acquire(Priority::Default, done).is_some());
+        assert!(state.try_acquire(Priority::Sheddable, done).is_none());
+        let reopened = T0 + Duration::from_millis(250);
+        assert!(state.try_acquire(Priority::Sheddable, reopened).is_some());
+        assert_eq!(state.snapshot(reopened).refused_by_class, [1, 2, 2]);
     }
 
     #[test]

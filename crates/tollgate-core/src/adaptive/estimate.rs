@@ -88,7 +88,7 @@ fn log10_step(limit: f64) -> f64 {
 /// is short, shrink when it is long, and probe for a new no-load latency
 /// now and then (its old value may no longer be right).
 ///
-/// Two departures from Netflix's Vegas, both for the same reason: Vegas
+/// Three departures from Netflix's Vegas, all for the same reason: Vegas
 /// keeps a queue of `alpha` to `beta` requests on purpose, and latency is
 /// noisy.
 ///
@@ -99,6 +99,14 @@ fn log10_step(limit: f64) -> f64 {
 ///   up. At half the limit the queue is gone (unless the limit was more
 ///   than twice the backend's concurrency; then each probe halves the
 ///   excess).
+/// - The limit grows by `beta` at once (no queue at all) only after a
+///   window whose requests filled it; otherwise by one step, as for a
+///   short queue. A window that did not fill the limit says little about
+///   it: when the demand is about the capacity (a class shed while the
+///   classes below are closed, or the requests that remain after a
+///   reservation) the requests in flight dip below the limit now and
+///   then, the queue is empty in those dips, and the limit, grown by
+///   `beta` at each, drifted up by several steps.
 /// - Between probes the no-load latency is not lowered to the least
 ///   latency seen: that least of many noisy windows is biased low, by
 ///   more the noisier the latency and the more windows were seen, and
@@ -182,7 +190,9 @@ impl Vegas {
         }
         let queue = (limit * (1.0 - self.rtt_noload as f64 / sample.rtt as f64)).ceil();
         let (threshold, alpha, beta) = (step, 3.0 * step, 6.0 * step);
-        if queue <= threshold {
+        // The limit held requests back, and no queue formed: it is too low.
+        let held_back = f64::from(sample.in_flight) >= limit;
+        if queue <= threshold && held_back {
             Some(limit + beta)
         } else if queue < alpha {
             Some(limit + step)
@@ -311,6 +321,17 @@ mod tests {
         // Still no queue against 10 ms (against 5 ms it would read as 13).
         vegas.update(sample(10_000, 26), 1, 1_000);
         assert_eq!(vegas.limit(), 32);
+    }
+
+    #[test]
+    fn vegas_grows_by_one_step_after_a_window_that_did_not_fill_the_limit() {
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        vegas.update(sample(10_000, 20), 1, 1_000);
+        // No queue, but at most 15 of 20 in flight: one step, not six.
+        vegas.update(sample(10_000, 15), 1, 1_000);
+        assert_eq!(vegas.limit(), 21);
+        vegas.update(sample(10_000, 21), 1, 1_000);
+        assert_eq!(vegas.limit(), 27);
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! are fewer than the limit minus the capacity reserved for the classes
 //! above `p`. So when the limit is reached the lowest class is refused
 //! first, and a class above it is refused only once no request of a lower
-//! class can be admitted.
+//! class can be admitted. And while a class is being refused (one of its
+//! requests was refused in the last 100 ms) no class below it is
+//! admitted: the slots that free up go to the class that wants them.
 //!
 //! ```
 //! use std::time::Duration;

@@ -93,7 +93,8 @@ fn name_of<T: PartialEq>(all: &[(&'static str, T)], value: &T) -> &'static str {
 /// The backend, the clients and the seed of an overload simulation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OverloadOptions {
-    /// Workers serving requests at once (default 20).
+    /// Workers serving requests at once (default 40, the stand-in backend
+    /// of the demo's acceptance run).
     pub workers: u32,
     /// A request's mean service time (default 20 ms). The capacity is
     /// `workers / service` requests per second.
@@ -116,7 +117,7 @@ pub struct OverloadOptions {
 impl Default for OverloadOptions {
     fn default() -> Self {
         Self {
-            workers: 20,
+            workers: 40,
             service: Duration::from_millis(20),
             jitter: Jitter::Uniform,
             load: 3.0,
@@ -193,8 +194,8 @@ impl Plan {
     ///
     /// let plan = Plan::new(Scenario::Halving, &OverloadOptions::default())?;
     /// let workers: Vec<u32> = plan.phases.iter().map(|p| p.workers).collect();
-    /// assert_eq!(workers, [20, 10, 20]);
-    /// assert_eq!(plan.capacity(), 1_000.0);
+    /// assert_eq!(workers, [40, 20, 40]);
+    /// assert_eq!(plan.capacity(), 2_000.0);
     /// # Ok::<(), tollgate_sim::overload::OverloadError>(())
     /// ```
     ///
