@@ -335,9 +335,7 @@ fn the_in_flight_limit_counts_slots_held_and_rejections() {
 
 #[test]
 fn an_adaptive_layer_reports_its_limit_in_flight_queue_and_sheds_by_class() {
-    use tollgate::telemetry::{
-        ADAPTIVE_IN_FLIGHT, ADAPTIVE_LIMIT, ADAPTIVE_QUEUED, ADAPTIVE_SHED,
-    };
+    use tollgate::telemetry::{ADAPTIVE_IN_FLIGHT, ADAPTIVE_LIMIT, ADAPTIVE_QUEUED, ADAPTIVE_SHED};
     use tollgate::{AdaptiveConcurrencyLayer, AdaptiveLimit, Priority};
 
     let recorder = DebuggingRecorder::new();
@@ -383,14 +381,20 @@ fn an_adaptive_layer_reports_its_limit_in_flight_queue_and_sheds_by_class() {
             tokio::task::yield_now().await;
         }
         assert_eq!(send("/low").await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(send("/high").await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            send("/high").await.unwrap(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         let values = Values::take(&snapshotter);
         let work = [("policy", "work")];
         assert_eq!(values.get(ADAPTIVE_LIMIT, &work), 2.0);
         assert_eq!(values.get(ADAPTIVE_IN_FLIGHT, &work), 2.0);
         assert_eq!(values.get(ADAPTIVE_QUEUED, &work), 1.0);
         let shed = |class| values.get(ADAPTIVE_SHED, &[("policy", "work"), ("priority", class)]);
-        assert_eq!((shed("critical"), shed("default"), shed("sheddable")), (1.0, 0.0, 1.0));
+        assert_eq!(
+            (shed("critical"), shed("default"), shed("sheddable")),
+            (1.0, 0.0, 1.0)
+        );
         go.add_permits(3);
         for task in running.into_iter().chain([waiting]) {
             assert_eq!(task.await.unwrap(), StatusCode::OK);
