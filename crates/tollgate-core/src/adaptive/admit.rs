@@ -194,6 +194,7 @@ impl Concurrency {
     fn refuse(&mut self, class: Priority) {
         self.refused[class.index()] += 1;
         self.refused_at[class.index()] = Some(self.seen);
+        self.windows.refused();
     }
 
     fn admit(&mut self, class: Priority, now: Timestamp) -> Permit {
@@ -223,6 +224,7 @@ impl Concurrency {
             rtt: rtt.max(1),
             in_flight: permit.in_flight,
             dropped,
+            held_back: false,
         });
         let taken = self.windows.release(permit.window, sample, now.as_micros());
         if let Some(window) = taken {

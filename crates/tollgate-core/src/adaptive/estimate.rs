@@ -14,6 +14,9 @@ pub(super) struct Sample {
     pub(super) in_flight: u32,
     /// It was dropped: it failed for want of capacity, or timed out.
     pub(super) dropped: bool,
+    /// Requests were turned away while it ran (a window's: from its
+    /// first admission until it was taken in).
+    pub(super) held_back: bool,
 }
 
 /// An estimator's state, with the limit it has found so far.
@@ -84,6 +87,14 @@ fn log10_step(limit: f64) -> f64 {
     limit.log10().floor().max(1.0)
 }
 
+/// Whether `sample` ran while the limit turned requests away: some were
+/// refused meanwhile, or the requests in flight filled it. (With capacity
+/// reserved for the classes above, the lower classes are refused below
+/// the limit: the limit is rarely filled though it holds them back.)
+fn held_back(limit: f64, sample: Sample) -> bool {
+    sample.held_back || f64::from(sample.in_flight) >= limit
+}
+
 /// Vegas: the queue is `limit × (1 − rtt_noload / rtt)`; grow while it
 /// is short, shrink when it is long, and probe for a new no-load latency
 /// now and then (its old value may no longer be right).
@@ -93,7 +104,11 @@ fn log10_step(limit: f64) -> f64 {
 /// noisy.
 ///
 /// - A probe halves the limit for one window and takes that window's
-///   latency as the no-load latency, then puts the limit back. Netflix's
+///   latency as the no-load latency, then puts the limit back. It is made
+///   only while the limit holds requests back (they are turned away in
+///   part anyway); a window that ran at half the limit or less is a probe
+///   by itself; in between, the probe waits, so that a service below its
+///   limit never has requests turned away for a measurement. Netflix's
 ///   Vegas takes the latest sample instead, inflated by the queue Vegas
 ///   keeps: every probe let a longer queue in, and the limit ratcheted
 ///   up. At half the limit the queue is gone (unless the limit was more
@@ -174,11 +189,27 @@ impl Vegas {
         self.probe_count += 1;
         let moved = limit <= self.probed_limit / Self::PROBE_ON_CHANGE
             || limit >= self.probed_limit * Self::PROBE_ON_CHANGE;
-        if moved || self.probe_jitter * Self::PROBE_MULTIPLIER * limit <= self.probe_count as f64 {
-            self.new_jitter();
-            self.probe_count = 0;
-            self.probing = Some(limit);
-            return Some((limit / 2.0).floor().max(1.0));
+        let due = self.probe_jitter * Self::PROBE_MULTIPLIER * limit <= self.probe_count as f64;
+        if moved || due {
+            if f64::from(sample.in_flight) * 2.0 <= limit {
+                // This window ran at half the limit or less: it is the
+                // probe, and nothing had to be turned away for it.
+                self.new_jitter();
+                self.probe_count = 0;
+                self.rtt_noload = sample.rtt;
+                self.probed_limit = limit;
+                return None;
+            }
+            if held_back(limit, sample) {
+                // The limit holds requests back: halving it turns away
+                // what would be turned away in part anyway. Below the
+                // limit, a probe would shed requests the limit admits;
+                // it waits for either.
+                self.new_jitter();
+                self.probe_count = 0;
+                self.probing = Some(limit);
+                return Some((limit / 2.0).floor().max(1.0));
+            }
         }
         let step = log10_step(limit);
         if sample.dropped {
@@ -190,9 +221,12 @@ impl Vegas {
         }
         let queue = (limit * (1.0 - self.rtt_noload as f64 / sample.rtt as f64)).ceil();
         let (threshold, alpha, beta) = (step, 3.0 * step, 6.0 * step);
-        // The limit held requests back, and no queue formed: it is too low.
-        let held_back = f64::from(sample.in_flight) >= limit;
-        if queue <= threshold && held_back {
+        // The requests filled the limit, and no queue formed: it is too
+        // low. (Refusals alone do not say so: with capacity reserved for
+        // the classes above, the classes below are refused under the
+        // limit, and each dip of the demand would add `beta`.)
+        let filled = f64::from(sample.in_flight) >= limit;
+        if queue <= threshold && filled {
             Some(limit + beta)
         } else if queue < alpha {
             Some(limit + step)
@@ -271,6 +305,7 @@ mod tests {
             rtt,
             in_flight,
             dropped: false,
+            held_back: false,
         }
     }
 
@@ -310,6 +345,42 @@ mod tests {
         // 40 ms is the no-load latency now: no queue, + 6 log10(13).
         vegas.update(sample(40_000, 13), 1, 1_000);
         assert_eq!(vegas.limit(), 19);
+    }
+
+    #[test]
+    fn a_vegas_probe_waits_until_the_limit_holds_requests_back() {
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        vegas.update(sample(10_000, 20), 1, 1_000);
+        for _ in 0..7 {
+            vegas.update(sample(100_000, 20), 1, 1_000);
+        }
+        assert_eq!(vegas.limit(), 13);
+        // A probe is due, but 10 of 13 in flight and none refused: halving
+        // would turn away what the limit admits. It waits (the long queue
+        // takes one off meanwhile).
+        vegas.update(sample(100_000, 10), 1, 1_000);
+        assert!(!vegas.probing());
+        assert_eq!(vegas.limit(), 12);
+        // Requests were refused in this window: now it probes.
+        let refused = Sample {
+            held_back: true,
+            ..sample(100_000, 10)
+        };
+        vegas.update(refused, 1, 1_000);
+        assert!(vegas.probing());
+        assert_eq!(vegas.limit(), 6);
+        // A window at half the limit or less is a probe by itself.
+        let mut quiet = Estimator::new(LimitAlgorithm::Vegas, 20);
+        quiet.update(sample(10_000, 20), 1, 1_000);
+        for _ in 0..7 {
+            quiet.update(sample(100_000, 20), 1, 1_000);
+        }
+        quiet.update(sample(30_000, 6), 1, 1_000);
+        assert!(!quiet.probing());
+        assert_eq!(quiet.limit(), 13);
+        // 30 ms is the no-load latency now: at 31 ms, no queue to speak of.
+        quiet.update(sample(31_000, 13), 1, 1_000);
+        assert_eq!(quiet.limit(), 19);
     }
 
     #[test]

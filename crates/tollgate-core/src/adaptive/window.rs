@@ -37,6 +37,8 @@ pub(super) struct Windows {
     rtt_squares: u128,
     max_in_flight: u32,
     dropped: bool,
+    /// A request was refused since the window opened.
+    refused: bool,
 }
 
 impl Windows {
@@ -72,6 +74,7 @@ impl Windows {
             rtt_squares: 0,
             max_in_flight: 0,
             dropped: false,
+            refused: false,
         }
     }
 
@@ -90,6 +93,14 @@ impl Windows {
         // Between 0 and `most`, a u32.
         let needed = needed.clamp(0.0, f64::from(most)) as u32;
         self.config.min_samples.max(needed)
+    }
+
+    /// A request was refused: the window ran while the limit held
+    /// requests back.
+    pub(super) fn refused(&mut self) {
+        if self.admitted > 0 {
+            self.refused = true;
+        }
     }
 
     /// A request admitted at `now` (µs): the number of the window it
@@ -144,6 +155,7 @@ impl Windows {
             rtt,
             in_flight: self.max_in_flight,
             dropped: self.dropped,
+            held_back: self.refused,
         });
         let spread = self.window_spread().map_or(self.spread, |spread| {
             if self.spread == 0.0 {
@@ -187,6 +199,7 @@ mod tests {
             rtt,
             in_flight,
             dropped: false,
+            held_back: false,
         })
     }
 
