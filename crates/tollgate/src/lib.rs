@@ -99,6 +99,7 @@ mod fallback;
 mod in_flight;
 mod limiter;
 mod macros;
+mod plans;
 mod rate_limit;
 mod report;
 mod response;
@@ -107,7 +108,7 @@ pub use adaptive::{
     AdaptiveConcurrency, AdaptiveConcurrencyLayer, AdaptiveHandle, Classify, SameClass,
 };
 pub use answer::headers;
-pub use answer::{CONCURRENCY_LIMIT, MissingKey, rejection};
+pub use answer::{CONCURRENCY_LIMIT, MissingKey, RateLimitReport, rejection};
 pub use body::ResponseBody;
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
@@ -120,6 +121,9 @@ pub use fallback::{
 pub use headers::HeaderStyle;
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use limiter::{Jitter, RateLimiter, WaitError};
+#[cfg(feature = "axum")]
+pub use plans::RateLimitStatus;
+pub use plans::{PlanExtension, PlanMap, PlanMapBuilder, PlanSource};
 pub use rate_limit::{
     ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
     ResponseFuture, Settle, WrapBody,
