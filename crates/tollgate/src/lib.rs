@@ -68,7 +68,8 @@
 //! - [Observing and rolling out policies](guides::observability): metrics,
 //!   shadow mode, enforcement ramps and the `tollgate-sim` replay tool.
 //! - [Plans, costs and operators](guides::plans_costs_and_operators): a
-//!   policy per request, cost settled after the response
+//!   policy per plan ([`PlanMap`]), a caller's `GET /rate_limit`, cost
+//!   settled after the response
 //!   ([`RateLimitLayer::settle`], [`ActualCost`]), inspecting, resetting
 //!   and blocking keys, and requests in flight ([`InFlightLayer`]).
 //! - [Protecting the service itself](guides::protecting_the_service): an
@@ -86,7 +87,7 @@
 //!
 //! | feature | default | enables |
 //! |---|---|---|
-//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, and `RouteKey` |
+//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, `RouteKey`, and the `GET /rate_limit` handler `RateLimitStatus` |
 //! | `tonic` | no | peer addresses from Tonic's `TcpConnectInfo` |
 //! | `metrics` | no | [counters and gauges](telemetry) through the `metrics` facade |
 
