@@ -2,6 +2,7 @@
 //! the ready-made `GET /rate_limit`; an operator's block, reset and status
 //! over every plan of a route.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+#![cfg(feature = "axum")] // RateLimitStatus
 
 use std::time::Duration;
 
