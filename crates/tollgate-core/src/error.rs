@@ -140,6 +140,26 @@ pub enum ConfigError {
         /// The policy's name.
         policy: String,
     },
+    /// A plan map names one plan twice: which of the two policies a
+    /// request of that plan is limited by would be a guess.
+    #[error("plan {plan:?} is given twice: each plan needs a name of its own")]
+    DuplicatePlan {
+        /// The plan named twice.
+        plan: String,
+    },
+    /// A plan of a plan map has the policy (by name) of the map's default
+    /// or of an earlier plan. Stores keep a key's state by the policy's
+    /// name, so the two plans would share it.
+    #[error(
+        "plan {plan:?} has policy {policy:?}, which the default or an earlier plan has already: \
+         a policy's name identifies its state, so give each plan a policy of its own"
+    )]
+    SharedPlanPolicy {
+        /// The plan whose policy is taken.
+        plan: String,
+        /// The policy's name.
+        policy: String,
+    },
     /// A store or layer setting is out of range.
     #[error("invalid setting {setting}: {reason}")]
     InvalidSetting {

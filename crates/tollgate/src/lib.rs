@@ -68,7 +68,8 @@
 //! - [Observing and rolling out policies](guides::observability): metrics,
 //!   shadow mode, enforcement ramps and the `tollgate-sim` replay tool.
 //! - [Plans, costs and operators](guides::plans_costs_and_operators): a
-//!   policy per request, cost settled after the response
+//!   policy per plan ([`PlanMap`]), a caller's `GET /rate_limit`, cost
+//!   settled after the response
 //!   ([`RateLimitLayer::settle`], [`ActualCost`]), inspecting, resetting
 //!   and blocking keys, and requests in flight ([`InFlightLayer`]).
 //! - [Protecting the service itself](guides::protecting_the_service): an
@@ -86,7 +87,7 @@
 //!
 //! | feature | default | enables |
 //! |---|---|---|
-//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, and `RouteKey` |
+//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, `RouteKey`, and the `GET /rate_limit` handler `RateLimitStatus` |
 //! | `tonic` | no | peer addresses from Tonic's `TcpConnectInfo` |
 //! | `metrics` | no | [counters and gauges](telemetry) through the `metrics` facade |
 
@@ -99,6 +100,7 @@ mod fallback;
 mod in_flight;
 mod limiter;
 mod macros;
+mod plans;
 mod rate_limit;
 mod report;
 mod response;
@@ -107,7 +109,7 @@ pub use adaptive::{
     AdaptiveConcurrency, AdaptiveConcurrencyLayer, AdaptiveHandle, Classify, SameClass,
 };
 pub use answer::headers;
-pub use answer::{CONCURRENCY_LIMIT, MissingKey, rejection};
+pub use answer::{CONCURRENCY_LIMIT, MissingKey, RateLimitReport, rejection};
 pub use body::ResponseBody;
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
@@ -120,6 +122,9 @@ pub use fallback::{
 pub use headers::HeaderStyle;
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use limiter::{Jitter, RateLimiter, WaitError};
+#[cfg(feature = "axum")]
+pub use plans::RateLimitStatus;
+pub use plans::{PlanExtension, PlanMap, PlanMapBuilder, PlanSource};
 pub use rate_limit::{
     ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
     ResponseFuture, Settle, WrapBody,

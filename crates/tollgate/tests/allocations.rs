@@ -12,7 +12,9 @@ use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
 use http::{HeaderName, Request};
-use tollgate::{Algorithm, FakeClock, HeaderKey, HeaderStyle, MemoryStore, Policy, RateLimitLayer};
+use tollgate::{
+    Algorithm, FakeClock, HeaderKey, HeaderStyle, MemoryStore, PlanMap, Policy, RateLimitLayer,
+};
 use tower::Service;
 
 /// Polls a future that never waits (the memory store answers at once).
@@ -294,5 +296,33 @@ fn choosing_among_fixed_plans_allocates_nothing_more() {
     assert!(
         two_plans.abs_diff(one_plan) <= ARENA,
         "{two_plans} allocations with two plans, {one_plan} with one"
+    );
+}
+
+/// A plan map costs no allocation either: half the clients on the pro
+/// plan, the other half on a plan the map does not know (the default).
+#[test]
+fn a_plan_map_allocates_nothing_more() {
+    let keys = client_keys();
+    let layer = gcra_layer();
+    let one_plan = allocations(route().layer(layer.clone()), &keys, REQUESTS);
+    let pro = Policy::builder("alloc-pro")
+        .algorithm(Algorithm::Gcra)
+        .limit("2000000/s")
+        .burst(2_000_000)
+        .build()
+        .unwrap();
+    let plans = PlanMap::builder(layer.policy().clone())
+        .plan("pro", pro)
+        .plan_from(|req: &Request<Body>| {
+            let client = req.headers().get("x-client")?.as_bytes();
+            let even = client.last().copied().unwrap_or(0) % 2 == 0;
+            Some(if even { "pro" } else { "team" })
+        })
+        .unwrap();
+    let two_plans = allocations(route().layer(layer.plans(plans)), &keys, REQUESTS);
+    assert!(
+        two_plans.abs_diff(one_plan) <= ARENA,
+        "{two_plans} allocations with a plan map, {one_plan} without"
     );
 }

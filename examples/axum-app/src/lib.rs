@@ -25,8 +25,9 @@ use axum::{Json, http};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::{
-    ActualCost, BoxStore, Choice, ChosenPolicy, ClientIp, ExtensionKey, GlobalKey, HeaderKey,
-    InFlightLayer, KeepBody, Key, KeyExtractor, MissingCause, RateLimitLayer, Settle, ToKey,
+    ActualCost, BoxStore, ChosenPolicy, ClientIp, ExtensionKey, GlobalKey, HeaderKey,
+    InFlightLayer, KeepBody, Key, KeyExtractor, MissingCause, PlanExtension, PlanMap,
+    RateLimitLayer, Settle, ToKey,
 };
 
 pub use operators::AdminToken;
@@ -41,8 +42,14 @@ pub use config::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan(pub &'static str);
 
-/// Picks a request's policy and cost by its user's plan.
-pub(crate) type PlanChooser = Box<dyn Fn(&Request) -> Option<Choice> + Send + Sync>;
+impl AsRef<str> for Plan {
+    fn as_ref(&self) -> &str {
+        self.0
+    }
+}
+
+/// Each plan's policy and cost on a route, by the [`Plan`] in the request.
+pub type AppPlans = PlanMap<PlanExtension<Plan>>;
 
 /// The id of a user authenticated by the demo auth middleware.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,7 +151,7 @@ fn layer(
     config: &AppConfig,
     entry: &RouteConfig,
     store: &BoxStore,
-) -> RateLimitLayer<ChosenPolicy<AppKey, PlanChooser>, BoxStore, KeepBody> {
+) -> RateLimitLayer<ChosenPolicy<AppKey, AppPlans>, BoxStore, KeepBody> {
     let layer = RateLimitLayer::new(entry.policy.clone(), app_key(config, entry))
         .store(store.clone())
         .cost(entry.cost)
@@ -153,7 +160,7 @@ fn layer(
         .local_divisor(config.instances)
         // Axum's own body type: axum need not box each response again.
         .keep_body_type()
-        .choose_policy(plan_chooser(entry.plans.clone()));
+        .plans(entry.plan_map.clone());
     let layer = match entry.settle {
         SettleSpec::Reserved => layer,
         SettleSpec::Actual => layer.settle(Settle::actual_cost()),
@@ -174,16 +181,6 @@ pub(crate) fn app_key(config: &AppConfig, entry: &RouteConfig) -> AppKey {
         KeySpec::Header(name) => AppKey::Header(HeaderKey::new(name.clone())),
         KeySpec::Global => AppKey::Global(GlobalKey),
     }
-}
-
-/// The policy and cost of a request by its user's plan, where the entry
-/// has that plan; the entry's own otherwise.
-pub(crate) fn plan_chooser(plans: Vec<PlanConfig>) -> PlanChooser {
-    Box::new(move |request: &Request| {
-        let Plan(plan) = request.extensions().get::<Plan>()?;
-        let chosen = plans.iter().find(|p| p.plan == *plan)?;
-        Some(Choice::new(chosen.policy.clone()).cost(chosen.cost))
-    })
 }
 
 /// Installs the Prometheus recorder as the process's `metrics` recorder.

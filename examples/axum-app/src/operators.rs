@@ -1,7 +1,8 @@
-//! What the demo shows its users and its operators: `GET /rate_limit`,
-//! every user-keyed policy of the caller as GitHub's endpoint of that name
-//! shows it (the binding limit), with each of the policy's limits under
-//! `limits` (`search` has 2/s and 100/h), consuming nothing; and, with an admin token configured,
+//! What the demo shows its users and its operators: `GET /rate_limit`
+//! (tollgate's [`RateLimitStatus`]), the policy of the caller's plan on
+//! every user-keyed route as GitHub's endpoint of that name shows it (the
+//! binding limit), with each of the policy's limits under `limits`
+//! (`search` has 2/s and 100/h), consuming nothing; and, with an admin token configured,
 //! `DELETE /admin/rate_limit/{policy}/{user}`, which lets a spent user in
 //! again, `POST /admin/rate_limit/{policy}/{user}/block?seconds=N`, which
 //! shuts one out, and `GET /admin/rate_limit/{policy}/{user}`, which shows
@@ -14,36 +15,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Path, Query, Request};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
-use tollgate::{BoxStore, Decision, KeyExtractor, Policy, PolicyFamily, Store, ToKey};
+use tollgate::{BoxStore, PolicyFamily, RateLimitReport, RateLimitStatus, ToKey};
 
-use crate::{
-    AppConfig, AppKey, KeySpec, PlanChooser, RouteConfig, UserId, app_key, demo_auth, plan_chooser,
-};
+use crate::{AppConfig, KeySpec, RouteConfig, UserId, app_key, demo_auth};
 
-/// Every route entry, with its key extractor and its plans' chooser.
-type Entries = Arc<[(RouteConfig, AppKey, PlanChooser)]>;
+/// Every user-keyed route entry.
+type Entries = Arc<[RouteConfig]>;
 
 /// `GET /rate_limit` (authenticated) and, with an admin token, `DELETE`
 /// and `GET /admin/rate_limit/{policy}/{user}` and `POST
 /// /admin/rate_limit/{policy}/{user}/block?seconds=N`.
 pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminToken>) -> Router {
-    let entries: Entries = config
-        .routes
-        .iter()
-        .filter(|r| r.key == KeySpec::User)
-        .map(|r| (r.clone(), app_key(config, r), plan_chooser(r.plans.clone())))
-        .collect();
-    let shown = {
-        let (entries, store) = (entries.clone(), store.clone());
-        move |request: Request| rate_limit(entries.clone(), store.clone(), request)
-    };
+    let user_keyed = config.routes.iter().filter(|r| r.key == KeySpec::User);
+    let entries: Entries = user_keyed.clone().cloned().collect();
+    let shown = user_keyed.fold(RateLimitStatus::new(store.clone()), |shown, r| {
+        shown.route(app_key(config, r), r.plan_map.clone())
+    });
     let router = Router::new().route(
         "/rate_limit",
         get(shown).layer(middleware::from_fn(demo_auth)),
@@ -81,54 +74,6 @@ pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminTo
             delete(reset).get(status),
         )
         .route("/admin/rate_limit/{policy}/{user}/block", post(block))
-}
-
-/// The policy `entry` limits `request` by: its plan's, if it has one.
-fn policy_for(entry: &RouteConfig, plans: &PlanChooser, request: &Request) -> Policy {
-    plans(request).map_or_else(|| entry.policy.clone(), |choice| choice.policy().clone())
-}
-
-async fn rate_limit(entries: Entries, store: BoxStore, request: Request) -> Response {
-    let mut resources = serde_json::Map::new();
-    for (entry, key, plans) in entries.iter() {
-        let Some(key) = KeyExtractor::<Body>::extract(key, &request) else {
-            continue;
-        };
-        let policy = policy_for(entry, plans, &request);
-        match store.status(&key, &policy).await {
-            Ok(d) => {
-                resources.insert(policy.name().to_owned(), shown(&d));
-            }
-            Err(_) => return unavailable(),
-        }
-    }
-    axum::Json(serde_json::json!({ "resources": resources })).into_response()
-}
-
-/// A decision as `/rate_limit` shows it: every limit of the policy, in the
-/// file's order; the fields beside them are the binding one's, as the
-/// headers show it.
-fn shown(d: &Decision) -> serde_json::Value {
-    let limits: Vec<serde_json::Value> = d
-        .limits()
-        .iter()
-        .map(|l| {
-            serde_json::json!({
-                "rate": l.limit().to_string(),
-                "limit": l.capacity(),
-                "remaining": l.remaining(),
-                "used": l.used(),
-                "reset": (d.now() + l.reset()).as_secs_ceil(),
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "limit": d.limit(),
-        "remaining": d.remaining(),
-        "used": d.used(),
-        "reset": d.reset_at().as_secs_ceil(),
-        "limits": limits,
-    })
 }
 
 fn unavailable() -> Response {
@@ -216,9 +161,9 @@ impl Admin {
     /// family (its policy and every plan's); a plan's policy name, that
     /// policy alone.
     fn family(&self, policy: &str) -> Option<PolicyFamily> {
-        let entries = || self.entries.iter().map(|(e, _, _)| e);
+        let entries = || self.entries.iter();
         if let Some(route) = entries().find(|e| e.policy.name() == policy) {
-            return Some(route.family.clone());
+            return Some(route.plan_map.family().clone());
         }
         entries()
             .flat_map(|e| e.plans.iter())
@@ -274,13 +219,7 @@ impl Admin {
         };
         let key = UserId(user).to_key();
         match family.status(&self.store, &key).await {
-            Ok(states) => {
-                let resources: serde_json::Map<String, serde_json::Value> = states
-                    .iter()
-                    .map(|(policy, d)| (policy.name().to_owned(), shown(d)))
-                    .collect();
-                axum::Json(serde_json::json!({ "resources": resources })).into_response()
-            }
+            Ok(states) => RateLimitReport::new(states).into_response(),
             Err(_) => unavailable(),
         }
     }

@@ -46,7 +46,8 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
         number("x-ratelimit-limit") - number("x-ratelimit-remaining")
     );
     // Every limit of a policy with several: search's 2/s and 100/h, each
-    // after the one search; the binding one (the 2/s) beside them.
+    // after the one search; the binding one (the 2/s) beside them, with
+    // the policy's name as GitHub's `resource`.
     assert_eq!(
         first["resources"]["search"],
         serde_json::json!({
@@ -54,6 +55,7 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
             "remaining": 1,
             "used": 1,
             "reset": T0 + 1,
+            "resource": "search",
             "limits": [
                 { "rate": "2/s", "limit": 2, "remaining": 1, "used": 1, "reset": T0 + 1 },
                 { "rate": "100/h", "limit": 100, "remaining": 99, "used": 1, "reset": T0 + 3_600 },
@@ -71,6 +73,9 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
         "search",
     ];
     assert_eq!(names, expected);
+    // GitHub's `rate` repeats the first resource: the file's first
+    // user-keyed route.
+    assert_eq!(first["rate"], first["resources"]["items-read"]);
     // A pro user sees the pro plan's policies where a route has them.
     let (_, pro) = json(&app, shown("pro-bob")).await;
     assert_eq!(pro["resources"]["items-read-pro"]["limit"], 40);

@@ -79,7 +79,7 @@ pub(super) fn over_capacity(
 }
 
 /// `text` with what JSON strings cannot hold as it is escaped.
-fn json_escaped(text: &str) -> Cow<'_, str> {
+pub(super) fn json_escaped(text: &str) -> Cow<'_, str> {
     if !text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
         return Cow::Borrowed(text);
     }

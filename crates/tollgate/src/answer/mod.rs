@@ -26,9 +26,11 @@ mod http;
 mod missing;
 mod numbers;
 mod prebuilt;
+mod status;
 mod wait;
 
 pub use missing::MissingKey;
+pub use status::RateLimitReport;
 pub(crate) use wait::write_retry_after;
 
 use std::fmt::Write as _;
@@ -109,6 +111,13 @@ fn unavailable(protocol: Protocol) -> Response<Bytes> {
         Protocol::Http => http::unavailable(UNAVAILABLE, RETRY_SOON),
         Protocol::Grpc => grpc::unavailable(UNAVAILABLE, RETRY_SOON),
     }
+}
+
+/// The answer of a status endpoint whose store failed: 503, to be
+/// retried in a second, as a request refused under a closed failure mode.
+#[cfg(feature = "axum")]
+pub(crate) fn status_unavailable() -> Response<Bytes> {
+    unavailable(Protocol::Http)
 }
 
 /// The answer to a request whose key holds every slot of `limit`: 429 with

@@ -1,9 +1,11 @@
 //! Extractors made of others: tuples, whose key is the composite of their
-//! parts' keys, and [`ChosenPolicy`], which also picks the policy.
+//! parts' keys, and [`ChosenPolicy`], which also picks the policy: by a
+//! closure, or by a [`PlanMap`].
 
 use http::Request;
 use tollgate_core::Key;
 
+use crate::plans::{PlanMap, PlanSource};
 use crate::rate_limit::{Choice, ChosenPolicy};
 
 use super::{KeyExtractor, MissingCause};
@@ -89,5 +91,27 @@ where
 
     fn choose(&self, request: &Request<B>) -> Option<Choice> {
         (self.choose)(request).map(Into::into)
+    }
+}
+
+/// The policy of the request's plan, by the map: the default's for a
+/// request without a known plan, so never the layer's own unless it is the
+/// default (as [`RateLimitLayer::plans`](crate::RateLimitLayer::plans)
+/// makes it).
+impl<B, K, P> KeyExtractor<B> for ChosenPolicy<K, PlanMap<P>>
+where
+    K: KeyExtractor<B>,
+    P: PlanSource<B>,
+{
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        self.key.extract(request)
+    }
+
+    fn missing(&self, request: &Request<B>) -> MissingCause {
+        self.key.missing(request)
+    }
+
+    fn choose(&self, request: &Request<B>) -> Option<Choice> {
+        Some(self.choose.choose(request).clone())
     }
 }

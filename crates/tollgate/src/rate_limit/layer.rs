@@ -11,6 +11,8 @@ use crate::answer::headers::Values;
 use crate::fallback::FallbackStore;
 use crate::response::Responder;
 
+use crate::plans::PlanMap;
+
 use super::body::{KeepBody, WrapBody};
 use super::choose::ChosenPolicy;
 use super::responders::Responders;
@@ -250,6 +252,70 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
             },
             body: PhantomData,
         }
+    }
+
+    /// Limits each request by the policy of its plan in `plans` (see
+    /// [`PlanMap`]): the plan's policy and cost, or the map's default for
+    /// a request without a plan or of a plan the map does not name. The
+    /// layer's own policy becomes the map's default (what a request
+    /// without a key is answered under); its cost stays the cost of a
+    /// choice without one. The same as
+    /// [`choose_policy`](Self::choose_policy)`(plans)` but for that.
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use axum::{Router, routing::get};
+    /// use http::Request;
+    /// use tollgate::{Algorithm, Choice, ExtensionKey, FakeClock, MemoryStore, PlanMap, Policy, RateLimitLayer};
+    /// use tower::ServiceExt;
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan(&'static str);
+    /// impl AsRef<str> for Plan {
+    ///     fn as_ref(&self) -> &str { self.0 }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let free = Policy::new("export", Algorithm::TokenBucket, "50/h")?;
+    /// let pro = Policy::new("export-pro", Algorithm::TokenBucket, "200/h")?;
+    /// let plans = PlanMap::builder(free.clone())
+    ///     .plan("pro", Choice::new(pro).cost(5))
+    ///     .from_extension::<Plan>()?;
+    /// let app = Router::new().route("/export", get(|| async { "..." })).layer(
+    ///     RateLimitLayer::new(free, ExtensionKey::<String>::new())
+    ///         .store(MemoryStore::builder().clock(FakeClock::default()).build()?)
+    ///         .cost(10)
+    ///         .plans(plans),
+    /// );
+    /// let export = |plan: Option<&'static str>| {
+    ///     let mut req = Request::get("/export").body(Body::empty()).unwrap();
+    ///     req.extensions_mut().insert("ada".to_string());
+    ///     if let Some(plan) = plan {
+    ///         req.extensions_mut().insert(Plan(plan));
+    ///     }
+    ///     req
+    /// };
+    /// let pro = app.clone().oneshot(export(Some("pro"))).await?;
+    /// assert_eq!(pro.headers()["x-ratelimit-resource"], "export-pro");
+    /// assert_eq!(pro.headers()["x-ratelimit-remaining"], "195");
+    /// // A plan the map does not know is limited by the default.
+    /// let team = app.oneshot(export(Some("team"))).await?;
+    /// assert_eq!(team.headers()["x-ratelimit-resource"], "export");
+    /// assert_eq!(team.headers()["x-ratelimit-remaining"], "40");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn plans<P>(
+        mut self,
+        plans: PlanMap<P>,
+    ) -> RateLimitLayer<ChosenPolicy<K, PlanMap<P>>, St, M> {
+        let default = plans.default_choice().policy();
+        if default.name() != self.config.policy.name() {
+            self.config.responder = Arc::new(self.config.responder.for_policy(default));
+        }
+        self.config.policy = default.clone();
+        self.choose_policy(plans)
     }
 
     /// The policy.

@@ -10,7 +10,9 @@ mod tests;
 use std::fmt;
 use std::num::NonZeroU64;
 
-use tollgate::{ClientIp, FailureMode, HeaderStyle, InFlightLimit, Policy, PolicyFamily};
+use tollgate::{ClientIp, FailureMode, HeaderStyle, InFlightLimit, Policy};
+
+use crate::AppPlans;
 
 /// The routes of the app, fixed in code.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -114,10 +116,11 @@ pub struct RouteConfig {
     pub enforce_percent: u8,
     /// The plans whose users the entry limits otherwise.
     pub plans: Vec<PlanConfig>,
-    /// The route's policy and each plan's, named after the route: what an
-    /// operator's block, reset and status of a user on the route cover,
-    /// whichever plan the user is on.
-    pub family: PolicyFamily,
+    /// The route's policy and each plan's, by the plan the demo's auth
+    /// puts into the request (the route's own for `free`). Its family,
+    /// named after the route, is what an operator's block, reset and
+    /// status of a user on the route cover, whichever plan the user is on.
+    pub plan_map: AppPlans,
     /// How each request's cost is settled after its response.
     pub settle: SettleSpec,
     /// At most this many requests of one key in progress at once, under

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use tollgate::{Algorithm, ConfigError, InFlightLimit, Policy, PolicyFamily};
+use tollgate::{Algorithm, Choice, ConfigError, InFlightLimit, PlanMap, Policy};
+
+use crate::Plan;
 
 use super::raw::RawRoute;
 use super::{
@@ -91,14 +93,19 @@ pub(super) fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileErro
             })
         })
         .collect::<Result<Vec<_>, ConfigFileError>>()?;
-    let members = std::iter::once(policy.clone()).chain(plans.iter().map(|p| p.policy.clone()));
-    let family = PolicyFamily::new(&r.name, members).map_err(|e| {
-        at(
-            "plans",
-            &r.plans.keys().cloned().collect::<Vec<_>>().join(", "),
-            &e.to_string(),
-        )
-    })?;
+    let plan_map = plans
+        .iter()
+        .fold(PlanMap::builder(policy.clone()), |map, p| {
+            map.plan(p.plan.clone(), Choice::new(p.policy.clone()).cost(p.cost))
+        })
+        .from_extension::<Plan>()
+        .map_err(|e| {
+            at(
+                "plans",
+                &r.plans.keys().cloned().collect::<Vec<_>>().join(", "),
+                &e.to_string(),
+            )
+        })?;
     let enforce_percent = match r.enforce_percent {
         None => 100,
         Some(p) => u8::try_from(p)
@@ -145,7 +152,7 @@ pub(super) fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileErro
         cost,
         enforce_percent,
         plans,
-        family,
+        plan_map,
         settle,
         in_flight,
     })
