@@ -68,10 +68,10 @@ impl Gate {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
         // A request never passes one of its class or above that waits.
-        let ahead = inner.waiting[..=class.index()].iter_mut().any(|queue| {
-            queue.retain(|waiter| !waiter.is_closed());
-            !queue.is_empty()
-        });
+        purge(&mut inner);
+        let ahead = inner.waiting[..=class.index()]
+            .iter()
+            .any(|queue| !queue.is_empty());
         if !ahead
             && inner.concurrency.would_admit(class, now)
             && let Some(permit) = inner.concurrency.try_acquire(class, now)
@@ -150,7 +150,8 @@ impl Gate {
     /// What the gate holds now, and how many requests wait.
     pub(super) fn snapshot(&self) -> (ConcurrencySnapshot, usize) {
         let now = self.clock.now();
-        let inner = self.inner.lock();
+        let mut inner = self.inner.lock();
+        purge(&mut inner);
         (inner.concurrency.snapshot(now), waiting(&inner))
     }
 
@@ -161,14 +162,21 @@ impl Gate {
     }
 }
 
-/// The requests waiting, not counting those that gave up.
+/// Lets the requests that gave up leave from the front of each queue: the
+/// oldest give up first, as every wait has the same deadline.
+fn purge(inner: &mut Inner) {
+    for queue in &mut inner.waiting {
+        while queue.front().is_some_and(oneshot::Sender::is_closed) {
+            queue.pop_front();
+        }
+    }
+}
+
+/// The requests waiting, counting those that gave up behind one that
+/// still waits (they leave when they reach the front): in constant time,
+/// since it is asked on every entry and release.
 fn waiting(inner: &Inner) -> usize {
-    inner
-        .waiting
-        .iter()
-        .flat_map(|queue| queue.iter())
-        .filter(|waiter| !waiter.is_closed())
-        .count()
+    inner.waiting.iter().map(VecDeque::len).sum()
 }
 
 /// A request waiting for a slot. Dropped before its slot came (its
