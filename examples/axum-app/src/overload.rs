@@ -131,17 +131,21 @@ impl Overload {
                 "/admin/backend",
                 post({
                     let backend = self.backend.clone();
-                    move |Query(resize): Query<Resize>, request: Request| {
+                    move |request: Request| {
                         let backend = backend.clone();
                         async move {
                             if let Some(refused) = token2.refuses(&request) {
                                 return refused;
                             }
-                            if resize.workers == 0 || resize.workers > 10_000 {
-                                let text = "workers must be from 1 to 10000\n";
+                            let workers = Query::<Resize>::try_from_uri(request.uri())
+                                .ok()
+                                .map(|Query(resize)| resize.workers)
+                                .filter(|n| (1..=1_000_000).contains(n));
+                            let Some(workers) = workers else {
+                                let text = "workers must be from 1 to 1000000\n";
                                 return (StatusCode::BAD_REQUEST, text).into_response();
-                            }
-                            backend.resize(resize.workers).await;
+                            };
+                            backend.resize(workers).await;
                             StatusCode::NO_CONTENT.into_response()
                         }
                     }

@@ -97,6 +97,10 @@ async fn work_is_shed_by_priority_and_the_admin_routes_show_and_resize_it() {
     assert_eq!(state["shed"]["default"], 1);
     assert_eq!(state["shed"]["critical"], 1);
 
+    // The token is checked before the query: no token, no hint.
+    let anonymous = Request::post("/admin/backend").body(Body::empty()).unwrap();
+    let anonymous = app.clone().oneshot(anonymous).await.unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
     let wrong = app
         .clone()
         .oneshot(admin("POST", "/admin/backend?workers=5", "guess"))

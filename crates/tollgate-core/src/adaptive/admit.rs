@@ -177,12 +177,13 @@ impl Concurrency {
         Some(self.admit(class, now))
     }
 
-    /// Counts a request of `class` refused without asking (
-    /// [`would_admit`](Self::would_admit) said no, or it waited for a slot
-    /// and its deadline passed). Like a refusal by
+    /// Counts a request of `class` refused at `now` without asking
+    /// ([`would_admit`](Self::would_admit) said no, or it waited for a
+    /// slot and its deadline passed). Like a refusal by
     /// [`try_acquire`](Self::try_acquire), it closes the classes below
-    /// `class` for 100 ms, from the latest time the state was given.
-    pub fn count_refused(&mut self, class: Priority) {
+    /// `class` for 100 ms.
+    pub fn count_refused(&mut self, class: Priority, now: Timestamp) {
+        self.see(now);
         self.refuse(class);
     }
 

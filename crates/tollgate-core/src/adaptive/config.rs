@@ -112,7 +112,9 @@ pub enum LimitAlgorithm {
     /// limit grows while it is short and shrinks once it is longer than
     /// about 6 log₁₀(limit). It keeps latency near its minimum. The no-load
     /// latency is measured by halving the limit for one window of samples,
-    /// now and then and whenever the limit moved by half since.
+    /// now and then and whenever the limit rose by half or fell by a third
+    /// since the last time, but only while the limit holds requests back;
+    /// a window that ran at half the limit or less measures it by itself.
     Vegas,
     /// Gradient2: the limit follows the ratio of a long-term average
     /// latency to the latest one, tolerating 1.5 times the average. Under a
@@ -301,6 +303,9 @@ impl AdaptiveLimitBuilder {
 
     /// Keeps `share` of the limit (rounded up to whole requests) for
     /// `class` and the classes above it: the classes below never take it.
+    /// Each share is rounded up on its own, so at a limit of one or two
+    /// the classes below may get no slot at all: set the minimum so that
+    /// they keep one.
     /// With `Critical` at 0.2 and `Default` at 0.1, sheddable requests
     /// stop at 70 % of the limit, default ones at 80 %, and critical ones
     /// may use all of it.
@@ -390,7 +395,7 @@ impl AdaptiveLimitBuilder {
                 return invalid("warm_up", "must start within the bounds");
             }
             if warm_up.over.is_zero() || warm_up.over > Duration::from_secs(3_600) {
-                return invalid("warm_up", "must last from 1 µs to an hour");
+                return invalid("warm_up", "must last more than zero and at most an hour");
             }
         }
         if self.window.min_samples == 0 {

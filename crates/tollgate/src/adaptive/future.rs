@@ -14,14 +14,23 @@ use crate::response::Responder;
 
 use super::gate::Gate;
 
-/// A slot held by a running request: handed back when the response is
-/// ready, or, if the request is dropped first, as teaching nothing.
-struct Held {
+/// A slot held by a request: handed back when the response is ready, or,
+/// if the request is dropped first (even before its future was first
+/// polled), as teaching nothing.
+pub(super) struct Held {
     gate: Arc<Gate>,
     permit: Option<Permit>,
 }
 
 impl Held {
+    /// Holds `permit` of `gate`, from the moment it was given.
+    pub(super) fn new(gate: Arc<Gate>, permit: Permit) -> Self {
+        Self {
+            gate,
+            permit: Some(permit),
+        }
+    }
+
     fn done(mut self, completion: Completion) {
         if let Some(permit) = self.permit.take() {
             self.gate.release(permit, completion);
@@ -37,20 +46,15 @@ impl Drop for Held {
     }
 }
 
-/// Calls `inner` with `request` while holding `permit`.
+/// Calls `inner` with `request` while holding its slot.
 pub(super) async fn respond<S, ReqBody, ResBody>(
     mut inner: S,
-    gate: Arc<Gate>,
-    permit: Permit,
+    held: Held,
     request: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    let held = Held {
-        gate,
-        permit: Some(permit),
-    };
     let result = inner.call(request).await;
     let completion = match &result {
         Ok(response) => completion_of(response.status()),

@@ -82,19 +82,22 @@ impl Gate {
             return Entry::Admitted(permit);
         }
         let Some(queue) = self.queue else {
-            inner.concurrency.count_refused(class);
+            inner.concurrency.count_refused(class, now);
             drop(inner);
             self.telemetry.shed(class);
             return Entry::Shed;
         };
         if waiting(&inner) >= queue.max_waiting {
-            inner.concurrency.count_refused(class);
+            inner.concurrency.count_refused(class, now);
             drop(inner);
             self.telemetry.shed(class);
             return Entry::Shed;
         }
         let (sender, receiver) = oneshot::channel();
         inner.waiting[class.index()].push_back(sender);
+        // Nothing may be in flight to release a slot to it: serve what
+        // can be served now (a class above stopped being refused, say).
+        dispatch(&mut inner, now);
         let queued = waiting(&inner);
         drop(inner);
         self.telemetry.queued(queued);
@@ -111,35 +114,7 @@ impl Gate {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
         inner.concurrency.release(permit, now, completion);
-        'classes: for class in Priority::ALL {
-            loop {
-                let Inner {
-                    concurrency,
-                    waiting,
-                } = &mut *inner;
-                let Some(waiter) = waiting[class.index()].front() else {
-                    break;
-                };
-                if waiter.is_closed() {
-                    waiting[class.index()].pop_front();
-                    continue;
-                }
-                // The classes below may use no more than this one.
-                if !concurrency.would_admit(class, now) {
-                    break 'classes;
-                }
-                let Some(permit) = concurrency.try_acquire(class, now) else {
-                    break 'classes;
-                };
-                let Some(waiter) = waiting[class.index()].pop_front() else {
-                    break;
-                };
-                if let Err(permit) = waiter.send(permit) {
-                    // It gave up just now: the slot is free again.
-                    concurrency.release(permit, now, Completion::Ignored);
-                }
-            }
-        }
+        dispatch(&mut inner, now);
         let limit = inner.concurrency.limit(now);
         let in_flight = inner.concurrency.in_flight();
         let queued = waiting(&inner);
@@ -157,8 +132,46 @@ impl Gate {
 
     /// Counts a request of `class` that waited in vain.
     fn gave_up(&self, class: Priority) {
-        self.inner.lock().concurrency.count_refused(class);
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        inner.concurrency.count_refused(class, now);
+        purge(&mut inner);
+        let queued = waiting(&inner);
+        drop(inner);
         self.telemetry.shed(class);
+        self.telemetry.queued(queued);
+    }
+}
+
+/// Passes the free slots to the requests waiting, the most important
+/// first, the oldest first within a class; stops at the first that may
+/// not run yet (the classes below may use no more than it).
+fn dispatch(inner: &mut Inner, now: tollgate_core::Timestamp) {
+    let Inner {
+        concurrency,
+        waiting,
+    } = inner;
+    for class in Priority::ALL {
+        let queue = &mut waiting[class.index()];
+        while let Some(waiter) = queue.front() {
+            if waiter.is_closed() {
+                queue.pop_front();
+                continue;
+            }
+            if !concurrency.would_admit(class, now) {
+                return;
+            }
+            let Some(permit) = concurrency.try_acquire(class, now) else {
+                return;
+            };
+            let Some(waiter) = queue.pop_front() else {
+                return;
+            };
+            if let Err(permit) = waiter.send(permit) {
+                // It gave up just now: the slot is free again.
+                concurrency.release(permit, now, Completion::Ignored);
+            }
+        }
     }
 }
 

@@ -141,7 +141,7 @@ impl<C> AdaptiveConcurrencyLayer<C> {
         if max_wait.is_zero() || max_wait > Duration::from_secs(60) {
             return Err(ConfigError::InvalidSetting {
                 setting: "queue max_wait",
-                reason: "must be from 1 µs to a minute",
+                reason: "must be more than zero and at most a minute",
             });
         }
         self.queue = Some(Queue {

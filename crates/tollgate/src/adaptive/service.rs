@@ -13,7 +13,7 @@ use crate::body::ResponseBody;
 use crate::response::Responder;
 
 use super::classify::Classify;
-use super::future::{respond, shed};
+use super::future::{Held, respond, shed};
 use super::gate::{Entry, Gate};
 
 /// The service of an [`AdaptiveConcurrencyLayer`](super::AdaptiveConcurrencyLayer).
@@ -69,14 +69,19 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let class = self.classify.classify(&request);
         match self.gate.enter(class) {
-            Entry::Admitted(permit) => Box::pin(respond(inner, self.gate.clone(), permit, request)),
+            Entry::Admitted(permit) => {
+                // Held from now: a future dropped before its first poll
+                // still gives the slot back.
+                let held = Held::new(self.gate.clone(), permit);
+                Box::pin(respond(inner, held, request))
+            }
             Entry::Wait(waiting) => {
                 let gate = self.gate.clone();
                 let responder = self.responder.clone();
                 Box::pin(async move {
                     let max_wait = gate.queue.map(|queue| queue.max_wait).unwrap_or_default();
                     match waiting.slot(max_wait).await {
-                        Some(permit) => respond(inner, gate, permit, request).await,
+                        Some(permit) => respond(inner, Held::new(gate, permit), request).await,
                         None => Ok(shed(&responder, class)),
                     }
                 })
