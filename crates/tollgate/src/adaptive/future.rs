@@ -57,17 +57,27 @@ where
 {
     let result = inner.call(request).await;
     let completion = match &result {
-        Ok(response) => completion_of(response.status()),
+        Ok(response) => completion_of(response),
         Err(_) => Completion::Ignored,
     };
     held.done(completion);
     result.map(|response| response.map(ResponseBody::inner))
 }
 
-/// What a response of `status` teaches the limit: 503 and 504 say the
-/// service behind ran out of capacity or time.
-fn completion_of(status: StatusCode) -> Completion {
-    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::GATEWAY_TIMEOUT {
+/// What `response` teaches the limit: 503 and 504 say the service
+/// behind ran out of capacity or time, and so do gRPC's `UNAVAILABLE`
+/// (14) and `DEADLINE_EXCEEDED` (4) in a trailers-only response's
+/// headers. (A status in trailers comes after the slot is given back.)
+fn completion_of<B>(response: &Response<B>) -> Completion {
+    let status = response.status();
+    let grpc = response
+        .headers()
+        .get("grpc-status")
+        .map(|value| value.as_bytes());
+    let overloaded = status == StatusCode::SERVICE_UNAVAILABLE
+        || status == StatusCode::GATEWAY_TIMEOUT
+        || matches!(grpc, Some(b"14" | b"4"));
+    if overloaded {
         Completion::Dropped
     } else {
         Completion::Served
@@ -78,4 +88,41 @@ fn completion_of(status: StatusCode) -> Completion {
 pub(super) fn shed<B>(responder: &Responder, class: Priority) -> Response<ResponseBody<B>> {
     let response = answer::over_capacity(&responder.policy, class, responder.protocol);
     response.map(|body| ResponseBody::own(Full::new(body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(status: u16, grpc: Option<&'static str>) -> Response<()> {
+        let mut response = Response::new(());
+        *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+        if let Some(code) = grpc {
+            response
+                .headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static(code));
+        }
+        response
+    }
+
+    #[test]
+    fn overload_answers_from_inside_shrink_the_limit() {
+        assert_eq!(completion_of(&response(200, None)), Completion::Served);
+        assert_eq!(completion_of(&response(500, None)), Completion::Served);
+        assert_eq!(completion_of(&response(503, None)), Completion::Dropped);
+        assert_eq!(completion_of(&response(504, None)), Completion::Dropped);
+        assert_eq!(completion_of(&response(200, Some("0"))), Completion::Served);
+        assert_eq!(
+            completion_of(&response(200, Some("14"))),
+            Completion::Dropped
+        );
+        assert_eq!(
+            completion_of(&response(200, Some("4"))),
+            Completion::Dropped
+        );
+        assert_eq!(
+            completion_of(&response(200, Some("13"))),
+            Completion::Served
+        );
+    }
 }

@@ -38,9 +38,10 @@ use super::service::AdaptiveConcurrency;
 ///
 /// A request holds its slot until the inner service returns its response
 /// (not until its body is sent), and its latency is measured over the
-/// same span. A response of 503 or 504 from the inner service counts as a
-/// drop (the limit shrinks); an error from it, or a request whose client
-/// went away, teaches the limit nothing.
+/// same span. A response of 503 or 504 from the inner service (or, in a
+/// trailers-only gRPC response, `UNAVAILABLE` or `DEADLINE_EXCEEDED`)
+/// counts as a drop (the limit shrinks); an error from it, or a request
+/// whose client went away, teaches the limit nothing.
 ///
 /// Every service the layer makes shares one limit: apply the same layer
 /// to every route the limit protects.
