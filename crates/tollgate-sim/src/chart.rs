@@ -180,10 +180,24 @@ pub fn svg(runs: &[Run], title: &str) -> String {
     }
 
     let axis = TOP + LANE * runs.len() as f64;
+    time_axis(&mut out, axis, (LEFT, WIDTH - RIGHT), (end_us, tick_us), x);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The time axis under the lanes, at height `axis`: a line across the
+/// plot from `left` to `right`, a tick and its label every `tick_us` up
+/// to `end_us`, and the axis's title; `x` places a time.
+pub(crate) fn time_axis(
+    out: &mut String,
+    axis: f64,
+    (left, right): (f64, f64),
+    (end_us, tick_us): (u64, u64),
+    x: impl Fn(u64) -> f64,
+) {
     let _ = writeln!(
         out,
-        r##"<line x1="{LEFT}" y1="{axis}" x2="{}" y2="{axis}" stroke="#000000"/>"##,
-        WIDTH - RIGHT
+        r##"<line x1="{left}" y1="{axis}" x2="{right}" y2="{axis}" stroke="#000000"/>"##,
     );
     let mut t = 0;
     while t <= end_us {
@@ -200,11 +214,9 @@ pub fn svg(runs: &[Run], title: &str) -> String {
     let _ = writeln!(
         out,
         r##"<text x="{}" y="{}" text-anchor="middle" fill="#555555">time since start</text>"##,
-        LEFT + plot_width / 2.0,
+        left + (right - left) / 2.0,
         axis + 38.0
     );
-    out.push_str("</svg>\n");
-    out
 }
 
 /// Rasterises an SVG made by [`svg`] to PNG, with the system's fonts.

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use super::engine::{OverloadRun, TICK_US, WINDOW_US};
 use super::measure::Summary;
 use super::plan::Scenario;
-use crate::chart::{escape, human, nice_step};
+use crate::chart::{escape, human, nice_step, time_axis};
 
 const WIDTH: f64 = 1_000.0;
 const LEFT: f64 = 230.0;
@@ -204,29 +204,7 @@ pub fn svg(runs: &[OverloadRun], summaries: &[Summary], title: &str, subtitle: &
     }
 
     let axis = TOP + LANE * runs.len() as f64;
-    let _ = writeln!(
-        out,
-        r##"<line x1="{LEFT}" y1="{axis}" x2="{}" y2="{axis}" stroke="#000000"/>"##,
-        WIDTH - RIGHT
-    );
-    let mut t = 0;
-    while t <= end_us {
-        let _ = writeln!(
-            out,
-            r##"<line x1="{0:.2}" y1="{axis}" x2="{0:.2}" y2="{1}" stroke="#000000"/><text x="{0:.2}" y="{2}" text-anchor="middle">{3}</text>"##,
-            x(t),
-            axis + 5.0,
-            axis + 20.0,
-            human(t)
-        );
-        t += tick_us;
-    }
-    let _ = writeln!(
-        out,
-        r##"<text x="{}" y="{}" text-anchor="middle" fill="#555555">time since start</text>"##,
-        LEFT + plot_width / 2.0,
-        axis + 38.0
-    );
+    time_axis(&mut out, axis, (LEFT, WIDTH - RIGHT), (end_us, tick_us), x);
     out.push_str("</svg>\n");
     out
 }
