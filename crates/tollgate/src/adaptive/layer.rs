@@ -171,6 +171,10 @@ impl<C> AdaptiveConcurrencyLayer<C> {
     }
 
     /// A handle on the layer's state, for metrics, dashboards and tests.
+    ///
+    /// Take it once the layer is set up: [`queue`](Self::queue) and
+    /// [`clock`](Self::clock) start the layer's state afresh, and a handle
+    /// taken before them keeps watching the state they replaced.
     pub fn handle(&self) -> AdaptiveHandle {
         AdaptiveHandle {
             gate: self.gate.clone(),
