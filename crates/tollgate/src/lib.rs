@@ -102,6 +102,7 @@ mod limiter;
 mod macros;
 mod plans;
 mod rate_limit;
+mod ready;
 mod report;
 mod response;
 

@@ -10,6 +10,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::ready::take_ready;
 use crate::response::Responder;
 
 use super::classify::Classify;
@@ -64,9 +65,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service `poll_ready` made ready goes with the request.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         let class = self.classify.classify(&request);
         match self.gate.enter(class) {
             Entry::Admitted(permit) => {

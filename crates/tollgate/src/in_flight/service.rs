@@ -9,6 +9,7 @@ use tollgate_core::SlotStore;
 use tower_service::Service;
 
 use crate::extract::KeyExtractor;
+use crate::ready::take_ready;
 
 use super::body::InFlightBody;
 use super::future::{BoxedResponse, Shared, respond};
@@ -55,9 +56,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service `poll_ready` made ready goes with the request.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         let shared = self.shared.clone();
         let Some(key) = shared.extractor.extract(&request) else {
             let cause = shared.extractor.missing(&request);

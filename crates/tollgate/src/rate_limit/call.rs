@@ -44,8 +44,7 @@ impl<S: Clone> Inner<'_, S> {
         S: Service<Request<B>> + Send + 'static,
         B: Send + 'static,
     {
-        let clone = self.0.clone();
-        let mut ready = std::mem::replace(self.0, clone);
+        let mut ready = crate::ready::take_ready(self.0);
         Box::new(move || ready.call(request))
     }
 }
