@@ -342,11 +342,16 @@ async fn an_exhausted_key_costs_no_more_redis_calls_than_without_leases() {
     );
 }
 
-/// Hammers `key` from every store, two tasks each, runs `operate` once
-/// 2,000 requests were admitted (leases are out and being spent), then
-/// goes on for `checks_after` more checks. Returns the admissions of
-/// checks that began before the operation returned, and of those that
-/// began after it.
+/// Hammers `key` from every store, two tasks each, until 2,000 requests
+/// were admitted; then, while the tasks wait and leases are out, runs
+/// `operate` once, and lets the tasks go on for `checks_after` more
+/// checks. Returns the admissions of checks that began before the
+/// operation returned, and of those that began after it.
+///
+/// The tasks stop for the operation rather than race it: with time
+/// standing still a small limit is soon spent, and an operation that
+/// waited, on a busy machine, for a moment some lease is out could wait
+/// for one that never comes.
 async fn hammer_across_a_fence(
     stores: &[LeasedStore<RedisStore>],
     key: &Key,
@@ -356,8 +361,11 @@ async fn hammer_across_a_fence(
 ) -> (u64, u64) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const BEFORE: u64 = 2_000;
     let fenced = Arc::new(AtomicBool::new(false));
-    let (before, after, checked) = (
+    let (go_on, _) = tokio::sync::watch::channel(false);
+    let (before, after, checked, waiting) = (
+        Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
@@ -367,9 +375,19 @@ async fn hammer_across_a_fence(
         for _ in 0..2 {
             let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
             let fenced = fenced.clone();
-            let (before, after, checked) = (before.clone(), after.clone(), checked.clone());
+            let mut go_on = go_on.subscribe();
+            let (before, after, checked, waiting) = (
+                before.clone(),
+                after.clone(),
+                checked.clone(),
+                waiting.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 while checked.load(Ordering::Relaxed) < checks_after {
+                    if before.load(Ordering::Relaxed) >= BEFORE && !fenced.load(Ordering::Acquire) {
+                        waiting.fetch_add(1, Ordering::Release);
+                        go_on.wait_for(|go| *go).await.unwrap();
+                    }
                     let was_fenced = fenced.load(Ordering::Acquire);
                     let admitted = store.check(&key, &policy, 1).await.unwrap().is_allowed();
                     match (was_fenced, admitted) {
@@ -385,19 +403,34 @@ async fn hammer_across_a_fence(
             }));
         }
     }
-    // The operation lands while leases are out: after 2,000 admissions,
-    // and at a moment some instance holds one (on a busy machine every
-    // lease may be spent, with its refill on its way, just then).
     let waited = std::time::Instant::now();
-    while before.load(Ordering::Relaxed) < 2_000 || !stores.iter().any(|s| s.outstanding().0 > 0) {
+    while waiting.load(Ordering::Acquire) < tasks.len() as u64 {
         assert!(
-            waited.elapsed() < std::time::Duration::from_secs(20),
-            "leases are out when the operator acts"
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "the tasks admit {BEFORE} and wait: {} admitted",
+            before.load(Ordering::Relaxed)
         );
-        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    for store in stores {
+        store.wait_for_grants().await;
+    }
+    // Leases are out when the operator acts: if the pause caught every
+    // instance between a spent lease and its next grant, a few more
+    // checks take one.
+    let mut more = 0;
+    while !stores.iter().any(|s| s.outstanding().0 > 0) {
+        assert!(more < 1_000, "no lease granted in {more} more checks");
+        let store = &stores[more % stores.len()];
+        if store.check(key, policy, 1).await.unwrap().is_allowed() {
+            before.fetch_add(1, Ordering::Relaxed);
+        }
+        store.wait_for_grants().await;
+        more += 1;
     }
     operate.await;
     fenced.store(true, Ordering::Release);
+    go_on.send_replace(true);
     for task in tasks {
         task.await.unwrap();
     }
