@@ -1,6 +1,8 @@
 //! Building a [`Policy`]: the builder, its validation, and the serde form.
 
 use crate::algorithm::Algorithm;
+use crate::calendar::Calendar;
+use crate::calendar::period::calendar_periods;
 use crate::error::ConfigError;
 use crate::limit::Limit;
 use crate::policy::{Divisor, LimitParams, MAX_SPAN_US, Policy};
@@ -14,6 +16,7 @@ impl Policy {
             algorithm: Algorithm::Gcra,
             limits: Vec::new(),
             burst: None,
+            calendar: None,
             error: None,
         }
     }
@@ -70,7 +73,10 @@ impl Policy {
         let share = |n: u64| (n / instances).max(1);
         let mut builder = Policy::builder(self.name()).algorithm(self.algorithm());
         for limit in self.limits() {
-            builder = builder.limit(Limit::new(share(limit.count()), limit.period()));
+            builder = builder.limit(limit.with_count(share(limit.count())));
+        }
+        if let Some(calendar) = self.calendar() {
+            builder = builder.calendar(calendar);
         }
         if let Some(burst) = self.burst() {
             builder = builder.burst(share(burst));
@@ -123,6 +129,7 @@ pub struct PolicyBuilder {
     algorithm: Algorithm,
     limits: Vec<Limit>,
     burst: Option<u64>,
+    calendar: Option<Calendar>,
     error: Option<ConfigError>,
 }
 
@@ -153,6 +160,39 @@ impl PolicyBuilder {
         self
     }
 
+    /// Aligns the policy's limits per day, week and month to `calendar`:
+    /// each resets at a local midnight (a week's on Monday, a month's on
+    /// the 1st) plus the calendar's offset, in its time zone. Limits under
+    /// a day stay windows aligned to the epoch. A monthly limit without a
+    /// calendar follows UTC's.
+    ///
+    /// Only [`Algorithm::FixedWindow`] takes calendar periods: its count
+    /// resets at the boundary. The other algorithms spread a limit over a
+    /// rolling period (a rate, a sliding window or log), which has no
+    /// boundary to align; `build` refuses them with
+    /// [`ConfigError::CalendarNeedsFixedWindow`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Algorithm, Calendar, ConfigError, Policy};
+    ///
+    /// let policy = Policy::builder("reports")
+    ///     .algorithm(Algorithm::FixedWindow)
+    ///     .limit("50000/month")
+    ///     .limit("5000/day")
+    ///     .calendar(Calendar::new("Europe/Berlin")?.with_offset(Duration::from_secs(6 * 3600)))
+    ///     .build()?;
+    /// assert_eq!(policy.calendar().unwrap().zone(), "Europe/Berlin");
+    ///
+    /// let err = Policy::builder("reports").limit("50000/month").build().unwrap_err();
+    /// assert!(matches!(err, ConfigError::CalendarNeedsFixedWindow { .. }));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn calendar(mut self, calendar: Calendar) -> Self {
+        self.calendar = Some(calendar);
+        self
+    }
+
     /// Checks the configuration and builds the policy.
     ///
     /// # Errors
@@ -160,7 +200,10 @@ impl PolicyBuilder {
     /// The first problem found: a limit that did not parse or is out of
     /// range, an invalid name, no limits or too many, two limits with one
     /// period, a zero burst or a burst
-    /// for an algorithm without one, or derived values that overflow.
+    /// for an algorithm without one, a calendar period that does not fit (an
+    /// algorithm other than the fixed window, a limit of a day or more that
+    /// is not a day, week or month, an offset too long), or derived values
+    /// that overflow.
     pub fn build(self) -> Result<Policy, ConfigError> {
         if let Some(e) = self.error {
             return Err(e);
@@ -200,15 +243,23 @@ impl PolicyBuilder {
                 return Err(ConfigError::Overflow { what: "burst" });
             }
         }
+        let (calendar, periods) =
+            calendar_periods(&self.name, self.algorithm, self.calendar, &self.limits)?;
         let params = self
             .limits
             .iter()
-            .map(|&limit| params_for(self.algorithm, limit, self.burst))
-            .collect::<Result<Box<[_]>, _>>()?;
+            .zip(periods)
+            .map(|(&limit, period)| {
+                let mut params = params_for(self.algorithm, limit, self.burst)?;
+                params.calendar = period;
+                Ok(params)
+            })
+            .collect::<Result<Box<[_]>, ConfigError>>()?;
         Ok(Policy::from_parts(
             self.name,
             self.algorithm,
             self.burst,
+            calendar,
             self.limits,
             params,
         ))
@@ -241,6 +292,7 @@ fn params_for(
         interval_us,
         capacity,
         per_interval: Divisor::new(interval_us),
+        calendar: None,
     })
 }
 
@@ -269,6 +321,8 @@ struct PolicyConfig {
     limits: Vec<Limit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     burst: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    calendar: Option<Calendar>,
 }
 
 #[cfg(feature = "serde")]
@@ -279,6 +333,7 @@ impl serde::Serialize for Policy {
             algorithm: self.algorithm(),
             limits: self.limits().to_vec(),
             burst: self.burst(),
+            calendar: self.calendar(),
         }
         .serialize(serializer)
     }
@@ -286,8 +341,10 @@ impl serde::Serialize for Policy {
 
 #[cfg(feature = "serde")]
 impl<'de> serde::Deserialize<'de> for Policy {
-    /// Deserializes `{ name, algorithm, limits = ["N/period", ...], burst? }`
-    /// and validates it like [`PolicyBuilder::build`].
+    /// Deserializes `{ name, algorithm, limits = ["N/period", ...], burst?,
+    /// calendar? }` (a calendar as `{ zone = "Europe/Berlin", offset =
+    /// "8h" }`, see [`Calendar`]) and validates it like
+    /// [`PolicyBuilder::build`].
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let config = PolicyConfig::deserialize(deserializer)?;
         let mut builder = Policy::builder(config.name).algorithm(config.algorithm);
@@ -296,6 +353,9 @@ impl<'de> serde::Deserialize<'de> for Policy {
         }
         if let Some(burst) = config.burst {
             builder = builder.burst(burst);
+        }
+        if let Some(calendar) = config.calendar {
+            builder = builder.calendar(calendar);
         }
         builder.build().map_err(serde::de::Error::custom)
     }

@@ -42,6 +42,7 @@ pub struct LimitStatus {
     count: u32,
     capacity: u32,
     remaining: u32,
+    /// The limit's period, with [`MONTHLY`] set for a monthly limit.
     period_us: u64,
     reset_us: u64,
     /// `NO_RETRY` when the limit admitted the request.
@@ -49,6 +50,9 @@ pub struct LimitStatus {
 }
 
 const NO_RETRY: u64 = u64::MAX;
+
+/// Marks a monthly limit's period in [`LimitStatus`]: far above any period.
+const MONTHLY: u64 = 1 << 63;
 
 impl LimitStatus {
     /// A placeholder for unused inline room in a [`Decision`].
@@ -112,7 +116,7 @@ impl LimitStatus {
             count: narrow(limit.count()),
             capacity,
             remaining: narrow(remaining).min(capacity),
-            period_us: limit.period_micros(),
+            period_us: limit.period_micros() | if limit.is_monthly() { MONTHLY } else { 0 },
             reset_us: reset_us.min(NO_RETRY - 1),
             retry_us: retry_us.map_or(NO_RETRY, |r| r.min(NO_RETRY - 1)),
         }
@@ -125,7 +129,11 @@ impl LimitStatus {
 
     /// The limit.
     pub fn limit(&self) -> Limit {
-        Limit::from_parts(u64::from(self.count), self.period_us)
+        Limit::from_parts(
+            u64::from(self.count),
+            self.period_us & !MONTHLY,
+            self.period_us & MONTHLY != 0,
+        )
     }
 
     /// How much cost the limit admits at once (`x-ratelimit-limit`).

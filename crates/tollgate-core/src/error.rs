@@ -178,6 +178,44 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A calendar's time zone is not in the time-zone database.
+    #[error("unknown time zone {zone:?}: use an IANA name such as \"Europe/Berlin\" or \"UTC\"")]
+    UnknownTimeZone {
+        /// The zone that was given.
+        zone: String,
+    },
+    /// A calendar's reset offset is not shorter than the shortest calendar
+    /// period of the policy (a day: 24 h; a week: 7 days; a month: 28
+    /// days), so some period would never reset.
+    #[error("calendar offset {offset:?} of policy {policy:?} must be shorter than {max:?}, its shortest calendar period")]
+    CalendarOffsetTooLong {
+        /// The policy's name.
+        policy: String,
+        /// The offset that was given.
+        offset: std::time::Duration,
+        /// The longest offset plus 1 µs: the shortest period's least length.
+        max: std::time::Duration,
+    },
+    /// A calendar period was given to an algorithm that has no windows to
+    /// align. Only the fixed window resets its count at a boundary; the
+    /// rate-based and sliding algorithms spread a limit over a rolling
+    /// period, which a calendar cannot align.
+    #[error("policy {policy:?}: calendar periods need the fixed_window algorithm (its count resets at the boundary), not {algorithm}")]
+    CalendarNeedsFixedWindow {
+        /// The policy's name.
+        policy: String,
+        /// The algorithm that was given.
+        algorithm: crate::Algorithm,
+    },
+    /// A calendar policy has a limit of a day or more that is not a
+    /// calendar day, week or month.
+    #[error("policy {policy:?}: under a calendar, a limit of a day or more must be per day, week or month, not {limit}")]
+    NotACalendarPeriod {
+        /// The policy's name.
+        policy: String,
+        /// The limit that was given.
+        limit: crate::Limit,
+    },
     /// Numbers derived from the configuration do not fit the supported range.
     #[error("{what} overflows the supported range")]
     Overflow {

@@ -38,7 +38,7 @@
 //!
 //! | feature | default | enables |
 //! |---|---|---|
-//! | `serde` | yes | `Serialize`/`Deserialize` for [`Limit`], [`Policy`] and [`Algorithm`] |
+//! | `serde` | yes | `Serialize`/`Deserialize` for [`Limit`], [`Policy`] (with its [`Calendar`]) and [`Algorithm`] |
 //! | `metrics` | no | the [memory-store gauge](telemetry) through the `metrics` facade |
 //! | `testing` | no | `testing`: the conformance suite for stores |
 //!
@@ -53,6 +53,7 @@ pub mod adaptive;
 mod algorithm;
 mod boxed;
 mod builder;
+mod calendar;
 mod decision;
 mod error;
 mod family;
@@ -76,6 +77,7 @@ pub use adaptive::{
 pub use algorithm::Algorithm;
 pub use boxed::BoxStore;
 pub use builder::{IntoLimit, PolicyBuilder};
+pub use calendar::Calendar;
 pub use decision::{Decision, LimitStatus, Outcome};
 pub use error::{ConfigError, StoreError};
 pub use family::PolicyFamily;

@@ -12,7 +12,14 @@ use crate::error::ConfigError;
 /// Limits parse from strings such as `"100/min"`, `"10/s"`, `"25/5s"`,
 /// `"5000/1h"` and `"1000/day"`: a count, a slash, an optional multiplier
 /// and a unit (`us`, `ms`, `s`/`sec`/`second`, `m`/`min`/`minute`,
-/// `h`/`hour`, `d`/`day`; plurals are accepted).
+/// `h`/`hour`, `d`/`day`, `w`/`week`; plurals are accepted), or
+/// `month` (`mo`, `months`): a calendar month, which takes no multiplier.
+///
+/// A monthly limit always counts calendar months: in UTC, or in the zone
+/// of the policy's [`Calendar`](crate::Calendar). A limit per day or per
+/// week is a fixed period of 24 hours or 7 days, aligned to the Unix epoch
+/// (UTC midnights), unless its policy has a calendar, which aligns it to
+/// local midnights (weeks from Monday) and the calendar's offset.
 ///
 /// ```
 /// use std::time::Duration;
@@ -25,12 +32,18 @@ use crate::error::ConfigError;
 /// assert_eq!(limit.to_string(), "25/5s");
 ///
 /// assert!("0/min".parse::<Limit>().is_err());
+///
+/// let monthly: Limit = "50000/month".parse()?;
+/// assert!(monthly.is_monthly());
+/// assert_eq!(monthly, Limit::per_month(50_000)?);
+/// assert_eq!(monthly.to_string(), "50000/month");
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
     count: u64,
     period_us: u64,
+    monthly: bool,
 }
 
 impl Limit {
@@ -41,9 +54,22 @@ impl Limit {
     /// The shortest period a limit may have.
     pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 
+    /// The period of a monthly limit: 31 days, the longest month, which
+    /// is what [`Limit::period`] reports for one.
+    const MONTH_US: u64 = 31 * 86_400_000_000;
+
     /// A limit from parts that were taken from a valid limit.
-    pub(crate) const fn from_parts(count: u64, period_us: u64) -> Self {
-        Self { count, period_us }
+    pub(crate) const fn from_parts(count: u64, period_us: u64, monthly: bool) -> Self {
+        Self {
+            count,
+            period_us,
+            monthly,
+        }
+    }
+
+    /// This limit's period with another count, which must be valid.
+    pub(crate) const fn with_count(self, count: u64) -> Self {
+        Self { count, ..self }
     }
 
     /// A limit of `count` per `period`.
@@ -81,7 +107,27 @@ impl Limit {
         Ok(Self {
             count,
             period_us: crate::time::duration_micros(period),
+            monthly: false,
         })
+    }
+
+    /// `count` per calendar month: in UTC, or in the zone of the policy's
+    /// [`Calendar`](crate::Calendar). Only the fixed window takes it.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when `count` is zero or above [`Limit::MAX_COUNT`].
+    pub fn per_month(count: u64) -> Result<Self, ConfigError> {
+        let limit = Self::new(count, Duration::from_micros(Self::MONTH_US))?;
+        Ok(Self {
+            monthly: true,
+            ..limit
+        })
+    }
+
+    /// Whether this is a limit per calendar month.
+    pub const fn is_monthly(&self) -> bool {
+        self.monthly
     }
 
     /// `count` per second.
@@ -125,7 +171,8 @@ impl Limit {
         self.count
     }
 
-    /// The period.
+    /// The period; for a [monthly](Limit::is_monthly) limit, 31 days, the
+    /// longest month.
     pub const fn period(&self) -> Duration {
         Duration::from_micros(self.period_us)
     }
@@ -157,9 +204,11 @@ const UNITS: &[(&str, u64)] = &[
     ("hour", 3_600_000_000),
     ("d", 86_400_000_000),
     ("day", 86_400_000_000),
+    ("w", 604_800_000_000),
+    ("week", 604_800_000_000),
 ];
 
-fn unit_micros(unit: &str) -> Option<u64> {
+pub(crate) fn unit_micros(unit: &str) -> Option<u64> {
     let singular = match unit.strip_suffix('s') {
         Some(stem) if unit.len() > 2 && unit != "ms" && unit != "us" => stem,
         _ => unit,
@@ -199,11 +248,17 @@ impl FromStr for Limit {
                 .map_err(|_| invalid("the period multiplier is too large"))?
         };
         let unit = unit.trim().to_ascii_lowercase();
+        if matches!(unit.as_str(), "mo" | "month" | "months") {
+            if digits > 0 {
+                return Err(invalid("a month period takes no multiplier"));
+            }
+            return Limit::per_month(count);
+        }
         if unit.is_empty() {
             return Err(invalid("the period needs a unit: ms, s, min, h or day"));
         }
         let unit = unit_micros(&unit).ok_or_else(|| {
-            invalid("unknown period unit: use us, ms, s, sec, second, m, min, minute, h, hour, d or day")
+            invalid("unknown period unit: use us, ms, s, sec, second, m, min, minute, h, hour, d, day, w, week or month")
         })?;
         let micros = multiplier
             .checked_mul(unit)
@@ -224,6 +279,9 @@ impl fmt::Display for Limit {
     /// Writes the limit in the form it parses from, with the largest unit
     /// that divides the period: `100/1m` is written `100/min`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.monthly {
+            return write!(f, "{}/month", self.count);
+        }
         const SHOWN: &[(&str, u64)] = &[
             ("day", 86_400_000_000),
             ("h", 3_600_000_000),
@@ -288,6 +346,8 @@ mod tests {
             ("2/2days", 2, 172_800_000_000),
             ("9/1500us", 9, 1_500),
             ("9/M", 9, 60_000_000),
+            ("3/week", 3, 604_800_000_000),
+            ("4/2w", 4, 1_209_600_000_000),
         ];
         for (input, count, micros) in cases {
             let limit: Limit = input.parse().unwrap_or_else(|e| panic!("{input}: {e}"));
@@ -313,6 +373,7 @@ mod tests {
             ("10/", "needs a unit"),
             ("10/5", "needs a unit"),
             ("10/fortnight", "unknown period unit"),
+            ("10/2month", "takes no multiplier"),
             ("10/99999999999999999999s", "multiplier is too large"),
             ("10/9999999999999999d", "period is too long"),
         ];

@@ -5,6 +5,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::algorithm::Algorithm;
+use crate::calendar::Calendar;
+use crate::calendar::period::CalendarPeriod;
 use crate::error::ConfigError;
 use crate::limit::Limit;
 
@@ -42,6 +44,34 @@ pub struct LimitParams {
     /// to count the remaining requests, and a 64-bit `div` instruction costs
     /// as much as the rest of a memory-store GCRA check's arithmetic.
     pub(crate) per_interval: Divisor,
+    /// The calendar period of a limit per day, week or month under a
+    /// calendar (and of every monthly limit); `None` for a window aligned
+    /// to the epoch.
+    pub(crate) calendar: Option<CalendarPeriod>,
+}
+
+impl LimitParams {
+    /// `(start, end)` in µs of the fixed window that holds `t`: a multiple
+    /// of the period, or the calendar period.
+    #[inline]
+    pub fn window(&self, t: u64) -> (u64, u64) {
+        match &self.calendar {
+            None => {
+                let period = self.period_us.max(1);
+                let start = t - t % period;
+                (start, start + period)
+            }
+            Some(calendar) => calendar.window(t),
+        }
+    }
+
+    /// For a calendar period, the starts of the periods around `t`: the
+    /// one before the period holding `t`, its own, and the next two (what
+    /// the Redis store sends its scripts, which pick the period holding
+    /// Redis's time). `None` for a window aligned to the epoch.
+    pub fn calendar_bounds(&self, t: u64) -> Option<[u64; 4]> {
+        self.calendar.map(|c| c.bounds(t))
+    }
 }
 
 /// A divisor fixed when the policy is built, dividing by a multiplication
@@ -112,6 +142,7 @@ struct Inner {
     name: Box<str>,
     algorithm: Algorithm,
     burst: Option<u64>,
+    calendar: Option<Calendar>,
     params: Box<[LimitParams]>,
     limits: Box<[Limit]>,
     fingerprint: u64,
@@ -165,6 +196,10 @@ impl Shape {
         let [p] = params else {
             return Shape::Full;
         };
+        if p.calendar.is_some() {
+            // A window word's start is a multiple of its period.
+            return Shape::Full;
+        }
         match algorithm {
             Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket => Shape::Tat,
             Algorithm::FixedWindow if p.limit.count() < p.period_us => Shape::WindowWord,
@@ -185,6 +220,7 @@ impl Policy {
         name: String,
         algorithm: Algorithm,
         burst: Option<u64>,
+        calendar: Option<Calendar>,
         limits: Vec<Limit>,
         params: Box<[LimitParams]>,
     ) -> Policy {
@@ -196,6 +232,9 @@ impl Policy {
                 " {}/{}/{}",
                 p.period_us, p.interval_us, p.capacity
             ));
+        }
+        if let Some(calendar) = params.iter().find_map(|p| p.calendar) {
+            calendar.describe(&mut descriptor);
         }
         let mut identity = Fnv::new();
         identity.feed(name.as_bytes());
@@ -209,6 +248,7 @@ impl Policy {
                 name: name.into_boxed_str(),
                 algorithm,
                 burst,
+                calendar,
                 params,
                 limits: limits.into_boxed_slice(),
             }),
@@ -233,6 +273,13 @@ impl Policy {
     /// The burst, if one was set.
     pub fn burst(&self) -> Option<u64> {
         self.inner.burst
+    }
+
+    /// The calendar its limits per day, week and month follow, if one was
+    /// set ([`PolicyBuilder::calendar`](crate::PolicyBuilder::calendar));
+    /// a monthly limit without one follows UTC's.
+    pub fn calendar(&self) -> Option<Calendar> {
+        self.inner.calendar
     }
 
     /// The derived numbers for each limit, in the order of [`Policy::limits`].
@@ -304,6 +351,7 @@ impl fmt::Debug for Policy {
             .field("algorithm", &self.inner.algorithm)
             .field("limits", &self.inner.limits)
             .field("burst", &self.inner.burst)
+            .field("calendar", &self.inner.calendar)
             .finish()
     }
 }
@@ -316,6 +364,9 @@ impl fmt::Display for Policy {
         }
         if let Some(burst) = self.burst() {
             write!(f, ", burst {burst}")?;
+        }
+        if let Some(calendar) = self.calendar() {
+            write!(f, ", calendar {calendar}")?;
         }
         f.write_str(")")
     }
@@ -365,6 +416,11 @@ fn fingerprint(algorithm: Algorithm, params: &[LimitParams]) -> u64 {
         for n in [p.limit.count(), p.period_us, p.interval_us, p.capacity] {
             hash.feed(&n.to_be_bytes());
         }
+    }
+    if let Some(calendar) = params.iter().find_map(|p| p.calendar) {
+        let mut word = String::new();
+        calendar.describe(&mut word);
+        hash.feed(word.as_bytes());
     }
     hash.0
 }

@@ -1,5 +1,6 @@
 //! The fixed window: a count per window, windows aligned to multiples of
-//! the period since the Unix epoch. Also the window-word compact form
+//! the period since the Unix epoch, or to a calendar's days, weeks or
+//! months ([`LimitParams::window`]). Also the window-word compact form
 //! ([`decide_window_word`]) a single fixed-window limit is kept in. Lua:
 //! `fixed_window.lua`, and `window_word.lua` for the compact form.
 
@@ -12,7 +13,8 @@ use crate::time::Timestamp;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
-    /// Start of the window, a multiple of the period.
+    /// Start of the window, a multiple of the period (or a calendar
+    /// period's start).
     pub(crate) start: u64,
     /// Cost admitted in the window.
     pub(crate) count: u64,
@@ -36,16 +38,23 @@ impl FixedWindow {
     }
 }
 
+impl FixedWindow {
+    /// When the window ends: the end of the window that holds its start.
+    fn end(&self, p: &LimitParams) -> u64 {
+        p.window(self.start).1
+    }
+}
+
 impl Rule for FixedWindow {
     fn fresh(p: &LimitParams, now: u64) -> Self {
         FixedWindow {
-            start: window_start(now, p.period_us),
+            start: p.window(now).0,
             count: 0,
         }
     }
 
     fn advance(&mut self, p: &LimitParams, now: u64) {
-        let ws = window_start(now, p.period_us);
+        let ws = p.window(now).0;
         if ws > self.start {
             self.start = ws;
             self.count = 0;
@@ -55,7 +64,7 @@ impl Rule for FixedWindow {
     fn status(&self, p: &LimitParams, now: u64, _queue_free: u64) -> (u64, u64) {
         (
             p.limit.count().saturating_sub(self.count),
-            (self.start + p.period_us).saturating_sub(now),
+            self.end(p).saturating_sub(now),
         )
     }
 
@@ -63,7 +72,7 @@ impl Rule for FixedWindow {
         if self.count + cost <= p.limit.count() {
             Ok(())
         } else {
-            Err((self.start + p.period_us).saturating_sub(now))
+            Err(self.end(p).saturating_sub(now))
         }
     }
 
@@ -76,17 +85,13 @@ impl Rule for FixedWindow {
     }
 
     fn refund(&mut self, p: &LimitParams, _now: u64, n: u64, since: u64) {
-        if window_start(since, p.period_us) == self.start {
+        if p.window(since).0 == self.start {
             self.count -= n.min(self.count);
         }
     }
 
     fn expires_at(&self, p: &LimitParams) -> u64 {
-        if self.count == 0 {
-            0
-        } else {
-            self.start + p.period_us
-        }
+        if self.count == 0 { 0 } else { self.end(p) }
     }
 
     fn seeded(self, _p: &LimitParams, used: u64, _now: u64) -> Self {

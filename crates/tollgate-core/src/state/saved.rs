@@ -208,8 +208,16 @@ fn load_limits(
     let mut limits = Vec::with_capacity(count);
     for _ in 0..count {
         let (n, period) = (next()?, next()?);
-        let limit = Limit::new(n, Duration::from_micros(period))
-            .map_err(|_| corrupt("a limit is not valid"))?;
+        // A monthly limit is saved as its period, 31 days: a fixed
+        // window of 31 days reads back as monthly.
+        let limit = if algorithm == Algorithm::FixedWindow
+            && Limit::per_month(n).is_ok_and(|m| m.period_micros() == period)
+        {
+            Limit::per_month(n)
+        } else {
+            Limit::new(n, Duration::from_micros(period))
+        }
+        .map_err(|_| corrupt("a limit is not valid"))?;
         limits.push(limit);
     }
     let saved_under = if algorithm == policy.algorithm()
