@@ -24,7 +24,17 @@
 //!   into debt), some time later, perhaps in another window;
 //! - a [`Store::block`] three quarters in, for up to two periods: every
 //!   request, status and settlement until it ends is denied with the rest
-//!   of the block as `Retry-After`, and the key then starts afresh.
+//!   of the block as `Retry-After`, and the key then starts afresh;
+//! - the fixed window on [calendar periods](crate::Calendar): the same
+//!   random cases started just before month ends (of 28, 29, 30 and 31
+//!   days, the leap day of 2028), the daylight-saving changes of
+//!   Europe/Berlin in 2027 and a zone whose midnight falls in the gap
+//!   (America/Santiago), with offsets, and a limit raised mid-month
+//!   (the month's usage carries over); and at each such boundary, exact
+//!   numbers: a key that spent its period 1 s before the boundary is told
+//!   to come back in 1 s, and 1 s later has a whole new period, whose
+//!   reset is its exact length (23 h for Berlin's spring day, 25 h for its
+//!   autumn one, 29 days for February 2028).
 //!
 //! Every case uses keys of its own, so a shared store may run the suite
 //! again, and alongside other tests.
@@ -76,6 +86,8 @@ pub struct Report {
     pub settlements: usize,
     /// Blocks made, each followed by denials until it ended.
     pub blocks: usize,
+    /// Calendar boundaries whose exact reset and new period were checked.
+    pub boundaries: usize,
 }
 
 /// Where a store departed from the reference.
@@ -132,6 +144,7 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
         resets: 0,
         settlements: 0,
         blocks: 0,
+        boundaries: 0,
     };
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     for algorithm in Algorithm::ALL {
@@ -140,11 +153,138 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
                 .iter()
                 .map(|limits| policy(algorithm, limits))
                 .collect::<Result<Vec<_>, _>>()?;
-            run(store, clock, &configs, &mut random, &mut report).await?;
+            // Somewhere inside a day, so windows start anywhere.
+            let start = (Timestamp::from_secs(1_700_000_000), 86_400);
+            run(store, clock, &configs, start, &mut random, &mut report).await?;
             report.cases += 1;
         }
     }
+    for (zone, offset, configs, start) in calendar_cases() {
+        let calendar = crate::Calendar::new(zone)?.with_offset(Duration::from_secs(offset * 3600));
+        let configs = configs
+            .iter()
+            .map(|limits| {
+                let mut builder = Policy::builder("conformance-calendar")
+                    .algorithm(Algorithm::FixedWindow)
+                    .calendar(calendar);
+                for &limit in *limits {
+                    builder = builder.limit(limit);
+                }
+                builder.build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Within the hour before the boundary.
+        run(store, clock, &configs, (at(start), 3_600), &mut random, &mut report).await?;
+        report.cases += 1;
+    }
+    for &(zone, offset, limit, boundary, next_hours) in BOUNDARIES {
+        let calendar = crate::Calendar::new(zone)?.with_offset(Duration::from_secs(offset * 3600));
+        let policy = Policy::builder("conformance-boundary")
+            .algorithm(Algorithm::FixedWindow)
+            .limit(limit)
+            .calendar(calendar)
+            .build()?;
+        let next = Duration::from_secs(next_hours * 3600);
+        boundary_case(store, clock, &policy, at(boundary), next).await?;
+        report.boundaries += 1;
+    }
     Ok(report)
+}
+
+/// A UTC time written as RFC 3339, such as `"2027-03-27T23:00:00Z"`.
+fn at(rfc3339: &str) -> Timestamp {
+    let micros = rfc3339
+        .parse::<jiff::Timestamp>()
+        .map(|t| t.as_microsecond())
+        .unwrap_or_default();
+    Timestamp::from_micros(u64::try_from(micros).unwrap_or_default())
+}
+
+/// Calendar cases: zone, offset in hours, configurations served in turn
+/// (each a list of limits), and a boundary the case starts within the hour
+/// before.
+type CalendarCase = (&'static str, u64, Vec<&'static [&'static str]>, &'static str);
+
+fn calendar_cases() -> Vec<CalendarCase> {
+    vec![
+        // Across the months of 2028, February's leap day first.
+        ("Europe/Berlin", 0, vec![&["30/month"]], "2028-01-31T23:00:00Z"),
+        ("Europe/Berlin", 0, vec![&["20/day"]], "2027-03-27T23:00:00Z"),
+        ("Europe/Berlin", 0, vec![&["20/day", "3/min"]], "2027-03-27T23:00:00Z"),
+        ("Europe/Berlin", 0, vec![&["20/day", "3/min"]], "2027-10-30T22:00:00Z"),
+        ("Europe/Berlin", 2, vec![&["25/week"]], "2027-10-25T00:00:00Z"),
+        // A limit raised mid-month keeps the month's usage.
+        ("Europe/Berlin", 0, vec![&["50/month"], &["100/month"]], "2027-01-31T23:00:00Z"),
+        ("America/Santiago", 0, vec![&["10/day", "2/min"]], "2027-09-05T04:00:00Z"),
+        ("UTC", 8, vec![&["12/day"], &["12/day", "40/month"]], "2027-12-31T08:00:00Z"),
+    ]
+}
+
+/// Calendar boundaries checked exactly: zone, offset in hours, limit, the
+/// boundary (UTC) and the length in hours of the period it starts.
+const BOUNDARIES: &[(&str, u64, &str, &str, u64)] = &[
+    // March 2028 in Berlin: 31 days less the hour of the spring change.
+    ("Europe/Berlin", 0, "5/month", "2028-02-29T23:00:00Z", 31 * 24 - 1),
+    // February 2028: a leap month.
+    ("Europe/Berlin", 0, "5/month", "2028-01-31T23:00:00Z", 29 * 24),
+    ("UTC", 0, "5/month", "2027-04-01T00:00:00Z", 30 * 24),
+    ("UTC", 0, "5/month", "2027-02-01T00:00:00Z", 28 * 24),
+    // Berlin's spring day is 23 hours, its autumn day 25.
+    ("Europe/Berlin", 0, "5/day", "2027-03-27T23:00:00Z", 23),
+    ("Europe/Berlin", 0, "5/day", "2027-10-30T22:00:00Z", 25),
+    // Every day at 08:00 UTC.
+    ("UTC", 8, "5/day", "2027-05-10T08:00:00Z", 24),
+    // Santiago's 2027-09-05 00:00 does not exist: that day starts at
+    // 01:00 (-03), and lasts 23 hours.
+    ("America/Santiago", 0, "5/day", "2027-09-05T04:00:00Z", 23),
+    // A week from Monday 2027-03-29 00:00 CEST.
+    ("Europe/Berlin", 0, "5/week", "2027-03-28T22:00:00Z", 7 * 24),
+];
+
+/// A fresh key spends `policy`'s one limit 1 s before `boundary`: told to
+/// come back in 1 s; at the boundary it has the whole next period, which
+/// resets `next` later.
+async fn boundary_case<S: Store>(
+    store: &S,
+    clock: &FakeClock,
+    policy: &Policy,
+    boundary: Timestamp,
+    next: Duration,
+) -> Result<(), Mismatch> {
+    let key = fresh_key();
+    let case = format!("{policy} at the boundary {}", boundary.as_micros());
+    let second = Duration::from_secs(1);
+    let count = policy.limits().first().map_or(1, |l| l.count());
+    let failed = |request, error| Mismatch::Failed {
+        case: case.clone(),
+        request,
+        error,
+    };
+    let wrong = |request, cost, store: &crate::Decision, expected: String| Mismatch::Decision {
+        case: case.clone(),
+        request,
+        cost,
+        store: format!("{store:?}"),
+        reference: expected,
+    };
+    clock.set(boundary - second);
+    let spent = store.check(&key, policy, count).await.map_err(|e| failed(0, e))?;
+    let status = spent.binding();
+    if !spent.is_allowed() || status.remaining() != 0 || status.reset() != second {
+        return Err(wrong(0, count, &spent, "allowed, 0 remaining, reset in 1 s".into()));
+    }
+    let denied = store.check(&key, policy, 1).await.map_err(|e| failed(1, e))?;
+    if denied.retry_after() != Some(second) {
+        return Err(wrong(1, 1, &denied, "limited, retry after 1 s".into()));
+    }
+    clock.set(boundary);
+    let fresh = store.check(&key, policy, 1).await.map_err(|e| failed(2, e))?;
+    let status = fresh.binding();
+    if !fresh.is_allowed() || status.remaining() != count - 1 || status.reset() != next {
+        let expected = format!("allowed, {} remaining, reset in {next:?}", count - 1);
+        return Err(wrong(2, 1, &fresh, expected));
+    }
+    Ok(())
 }
 
 /// The configurations of each case: a list of limits and an optional burst
@@ -189,6 +329,7 @@ async fn run<S: Store>(
     store: &S,
     clock: &FakeClock,
     configs: &[Policy],
+    (start, spread_secs): (Timestamp, u64),
     random: &mut Random,
     report: &mut Report,
 ) -> Result<(), Mismatch> {
@@ -198,10 +339,7 @@ async fn run<S: Store>(
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(" then ");
-    // Somewhere inside a day, so windows start anywhere.
-    clock.set(
-        Timestamp::from_secs(1_700_000_000) + Duration::from_micros(random.below(86_400_000_000)),
-    );
+    clock.set(start + Duration::from_micros(random.below(spread_secs * 1_000_000)));
     let shortest = configs
         .iter()
         .flat_map(|p| p.params().iter().map(|p| p.period_us))

@@ -13,15 +13,17 @@ async fn the_memory_store_passes_the_conformance_suite() {
     let clock = FakeClock::default();
     let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let report = check_store(&store, &clock).await.unwrap();
-    // Six algorithms, five cases each, every request compared, a status
-    // every 40 requests, a reset and a block in each case.
-    assert_eq!(report.cases, 30);
-    assert_eq!(report.decisions, 30 * 240);
-    assert_eq!(report.statuses, 30 * 6);
-    assert_eq!(report.resets, 30);
-    assert_eq!(report.blocks, 30);
+    // Six algorithms, five cases each, and eight cases of calendar
+    // periods: every request compared, a status every 40 requests, a reset
+    // and a block in each case; nine calendar boundaries checked exactly.
+    assert_eq!(report.cases, 38);
+    assert_eq!(report.decisions, 38 * 240);
+    assert_eq!(report.statuses, 38 * 6);
+    assert_eq!(report.resets, 38);
+    assert_eq!(report.blocks, 38);
+    assert_eq!(report.boundaries, 9);
     // About one admitted request in four is settled (the sequence is fixed).
-    assert_eq!(report.settlements, 572);
+    assert_eq!(report.settlements, 743);
 }
 
 #[tokio::test]
@@ -30,7 +32,7 @@ async fn a_boxed_store_passes_the_conformance_suite() {
     let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let boxed = tollgate_core::BoxStore::new(store);
     let report = check_store(&boxed, &clock).await.unwrap();
-    assert_eq!(report.decisions, 30 * 240);
+    assert_eq!(report.decisions, 38 * 240);
 }
 
 /// What a store gets wrong.

@@ -120,7 +120,9 @@ impl Leasing {
                 policy
                     .params()
                     .iter()
-                    .map(|p| Duration::from_micros(p.period_us - now % p.period_us.max(1)))
+                    // The window's end: a multiple of the period, or the
+                    // calendar boundary.
+                    .map(|p| Duration::from_micros(p.window(now).1.saturating_sub(now)))
                     .fold(lifetime, Duration::min)
             }
         }

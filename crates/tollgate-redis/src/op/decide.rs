@@ -237,7 +237,14 @@ pub(crate) fn for_each_arg(
     mut arg: impl FnMut(Arg<'_>),
 ) {
     let Some(form) = Form::word_of(policy) else {
-        return general_args(policy, Arg::Number(cost), now, min_ttl_ms, arg);
+        // Calendar periods around now, or around this machine's clock when
+        // the script reads Redis's.
+        let around = if now > 0 {
+            now
+        } else {
+            tollgate_core::Clock::now(&tollgate_core::SystemClock).as_micros()
+        };
+        return general_args(policy, Arg::Number(cost), (now, around), min_ttl_ms, arg);
     };
     // The request's one argument.
     let request = form.check_arg(&word_request(form, "", policy, cost));

@@ -38,12 +38,16 @@ impl std::fmt::Display for Arg<'_> {
 
 /// Feeds the `ARGV` of a general script's call to `arg`: `costs` is one
 /// cost, or the costs of several requests of one key separated by spaces.
-pub(crate) fn general_args<'a>(
-    policy: &'a Policy,
-    costs: Arg<'a>,
-    now: u64,
+/// A calendar period's limit sends its period with the starts of the
+/// calendar periods around `around` (the test clock's time, or the
+/// estimate of Redis's), among which the script picks the one holding its
+/// own now (see `prelude.lua`).
+pub(crate) fn general_args(
+    policy: &Policy,
+    costs: Arg<'_>,
+    (now, around): (u64, u64),
     min_ttl_ms: u64,
-    mut arg: impl FnMut(Arg<'a>),
+    mut arg: impl FnMut(Arg<'_>),
 ) {
     arg(Arg::Number(now));
     arg(costs);
@@ -51,9 +55,15 @@ pub(crate) fn general_args<'a>(
     arg(Arg::Number(min_ttl_ms));
     arg(Arg::Number(policy.params().len() as u64));
     for p in policy.params() {
-        for n in [p.limit.count(), p.period_us, p.interval_us, p.capacity] {
-            arg(Arg::Number(n));
+        arg(Arg::Number(p.limit.count()));
+        match p.calendar_bounds(around) {
+            None => arg(Arg::Number(p.period_us)),
+            Some([b1, b2, b3, b4]) => {
+                arg(Arg::Text(&format!("{} {b1} {b2} {b3} {b4}", p.period_us)));
+            }
         }
+        arg(Arg::Number(p.interval_us));
+        arg(Arg::Number(p.capacity));
     }
 }
 
@@ -108,6 +118,11 @@ impl<C: RedisConnection> Wire<C> {
     ) -> Result<redis::Value, RedisStoreError> {
         let script = self.scripts.get(policy);
         let (now, min_ttl_ms) = self.test_time();
+        let around = if now > 0 {
+            now
+        } else {
+            self.redis_clock.at(self.local_now())
+        };
         // A size hint (arguments, bytes): 16 arguments of 16 bytes or so,
         // besides the key names and the requests, hold most policies.
         let bytes = 256
@@ -118,7 +133,7 @@ impl<C: RedisConnection> Wire<C> {
             };
         self.eval(state_key, script, (16, bytes), |cmd| {
             general_keys(cmd, state_key, policy);
-            general_args(policy, requests, now, min_ttl_ms, |arg| {
+            general_args(policy, requests, (now, around), min_ttl_ms, |arg| {
                 cmd.arg(arg);
             });
         })

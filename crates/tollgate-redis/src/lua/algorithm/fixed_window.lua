@@ -1,23 +1,31 @@
--- Fixed window: a = window start, b = cost counted in it.
-init = function(i, p) return { a = window_start(now, p.period), b = 0, c = 0 } end
+-- Fixed window: a = window start, b = cost counted in it. Windows are
+-- multiples of the period, or calendar periods (see window() in the
+-- prelude); a window ends where the window holding its start ends.
+local function window_end(p, s)
+  local _, e = window(s.a, p)
+  return e
+end
+init = function(i, p) return { a = (window(now, p)), b = 0, c = 0 } end
 advance = function(i, p, s)
-  local ws = window_start(now, p.period)
+  local ws = window(now, p)
   if ws > s.a then s.a = ws; s.b = 0 end
 end
 status = function(i, p, s, qf)
-  return max(p.count - s.b, 0), max(s.a + p.period - now, 0)
+  return max(p.count - s.b, 0), max(window_end(p, s) - now, 0)
 end
 admits = function(i, p, s, qf)
   if s.b + cost <= p.count then return nil end
-  return max(s.a + p.period - now, 0)
+  return max(window_end(p, s) - now, 0)
 end
 commit = function(i, p, s, qf) s.b = s.b + cost end
 expires = function(i, p, s)
   if s.b == 0 then return 0 end
-  return s.a + p.period
+  return window_end(p, s)
 end
 charge = function(i, p, s, amount, qf) s.b = min(s.b + amount, MAX_SPAN) end
 -- Only from the window the request was reserved in.
 refund = function(i, p, s, amount, since)
-  if window_start(since, p.period) == s.a then s.b = s.b - min(amount, s.b) end
+  -- A time before the calendar periods sent is in a window before the
+  -- key's (which holds now, or is later).
+  if (window_at(since, p)) == s.a then s.b = s.b - min(amount, s.b) end
 end

@@ -14,7 +14,12 @@
 --              another one is carried over
 -- ARGV[4]      the shortest TTL to set, in ms: 0, except under a test clock,
 --              whose time does not pass with Redis's
--- ARGV[5]      number of limits n, then per limit: count, period, interval, capacity
+-- ARGV[5]      number of limits n, then per limit: count, period, interval, capacity;
+--              a calendar period (fixed window) sends as its period the
+--              period, then the starts of four calendar periods around the
+--              sender's estimate of now, "<period> <b1> <b2> <b3> <b4>":
+--              the script takes the one that holds its own now (see
+--              window() below), so Redis's clock decides the window
 --
 -- All numbers are integers below 2^53, which Lua doubles hold exactly.
 -- Products that may exceed 2^53 go through muldiv.
@@ -51,7 +56,14 @@ local n = num(ARGV[5])
 local P = {}
 for i = 1, n do
   local o = 5 + (i - 1) * 4
-  P[i] = { count = num(ARGV[o + 1]), period = num(ARGV[o + 2]),
+  local period = ARGV[o + 2]
+  local bounds = nil
+  if string.find(period, ' ', 1, true) then
+    bounds = {}
+    for b in string.gmatch(period, '%d+') do bounds[#bounds + 1] = tonumber(b) end
+    period = table.remove(bounds, 1)
+  end
+  P[i] = { count = num(ARGV[o + 1]), period = num(period), bounds = bounds,
            interval = num(ARGV[o + 3]), cap = num(ARGV[o + 4]) }
 end
 
@@ -99,6 +111,30 @@ end
 
 local function window_start(t, period)
   return t - (t - idiv(t, period) * period)
+end
+
+-- The start and end of limit p's fixed window that holds t: a multiple of
+-- the period, or the calendar period among the bounds sent that holds it
+-- (as tollgate-core's LimitParams::window). A time outside them means a
+-- clock a whole calendar period away from the sender's: an error, which
+-- the store's failure policy answers.
+local function window_at(t, p)
+  local b = p.bounds
+  if not b then
+    local s = window_start(t, p.period)
+    return s, s + p.period
+  end
+  for j = 1, #b - 1 do
+    if t >= b[j] and t < b[j + 1] then return b[j], b[j + 1] end
+  end
+  return nil
+end
+local function window(t, p)
+  local s, e = window_at(t, p)
+  if not s then
+    error('tollgate: time ' .. fmt(t) .. ' is outside the calendar periods sent')
+  end
+  return s, e
 end
 
 -- Defined by the algorithm below.
