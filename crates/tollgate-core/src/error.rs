@@ -187,7 +187,9 @@ pub enum ConfigError {
     /// A calendar's reset offset is not shorter than the shortest calendar
     /// period of the policy (a day: 24 h; a week: 7 days; a month: 28
     /// days), so some period would never reset.
-    #[error("calendar offset {offset:?} of policy {policy:?} must be shorter than {max:?}, its shortest calendar period")]
+    #[error(
+        "calendar offset {offset:?} of policy {policy:?} must be shorter than {max:?}, its shortest calendar period"
+    )]
     CalendarOffsetTooLong {
         /// The policy's name.
         policy: String,
@@ -200,7 +202,9 @@ pub enum ConfigError {
     /// align. Only the fixed window resets its count at a boundary; the
     /// rate-based and sliding algorithms spread a limit over a rolling
     /// period, which a calendar cannot align.
-    #[error("policy {policy:?}: calendar periods need the fixed_window algorithm (its count resets at the boundary), not {algorithm}")]
+    #[error(
+        "policy {policy:?}: calendar periods need the fixed_window algorithm (its count resets at the boundary), not {algorithm}"
+    )]
     CalendarNeedsFixedWindow {
         /// The policy's name.
         policy: String,
@@ -209,7 +213,9 @@ pub enum ConfigError {
     },
     /// A calendar policy has a limit of a day or more that is not a
     /// calendar day, week or month.
-    #[error("policy {policy:?}: under a calendar, a limit of a day or more must be per day, week or month, not {limit}")]
+    #[error(
+        "policy {policy:?}: under a calendar, a limit of a day or more must be per day, week or month, not {limit}"
+    )]
     NotACalendarPeriod {
         /// The policy's name.
         policy: String,

@@ -174,7 +174,15 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Within the hour before the boundary.
-        run(store, clock, &configs, (at(start), 3_600), &mut random, &mut report).await?;
+        run(
+            store,
+            clock,
+            &configs,
+            (at(start), 3_600),
+            &mut random,
+            &mut report,
+        )
+        .await?;
         report.cases += 1;
     }
     for &(zone, offset, limit, boundary, next_hours) in BOUNDARIES {
@@ -203,20 +211,65 @@ fn at(rfc3339: &str) -> Timestamp {
 /// Calendar cases: zone, offset in hours, configurations served in turn
 /// (each a list of limits), and a boundary the case starts within the hour
 /// before.
-type CalendarCase = (&'static str, u64, Vec<&'static [&'static str]>, &'static str);
+type CalendarCase = (
+    &'static str,
+    u64,
+    Vec<&'static [&'static str]>,
+    &'static str,
+);
 
 fn calendar_cases() -> Vec<CalendarCase> {
     vec![
         // Across the months of 2028, February's leap day first.
-        ("Europe/Berlin", 0, vec![&["30/month"]], "2028-01-31T23:00:00Z"),
-        ("Europe/Berlin", 0, vec![&["20/day"]], "2027-03-27T23:00:00Z"),
-        ("Europe/Berlin", 0, vec![&["20/day", "3/min"]], "2027-03-27T23:00:00Z"),
-        ("Europe/Berlin", 0, vec![&["20/day", "3/min"]], "2027-10-30T22:00:00Z"),
-        ("Europe/Berlin", 2, vec![&["25/week"]], "2027-10-25T00:00:00Z"),
+        (
+            "Europe/Berlin",
+            0,
+            vec![&["30/month"]],
+            "2028-01-31T23:00:00Z",
+        ),
+        (
+            "Europe/Berlin",
+            0,
+            vec![&["20/day"]],
+            "2027-03-27T23:00:00Z",
+        ),
+        (
+            "Europe/Berlin",
+            0,
+            vec![&["20/day", "3/min"]],
+            "2027-03-27T23:00:00Z",
+        ),
+        (
+            "Europe/Berlin",
+            0,
+            vec![&["20/day", "3/min"]],
+            "2027-10-30T22:00:00Z",
+        ),
+        (
+            "Europe/Berlin",
+            2,
+            vec![&["25/week"]],
+            "2027-10-25T00:00:00Z",
+        ),
         // A limit raised mid-month keeps the month's usage.
-        ("Europe/Berlin", 0, vec![&["50/month"], &["100/month"]], "2027-01-31T23:00:00Z"),
-        ("America/Santiago", 0, vec![&["10/day", "2/min"]], "2027-09-05T04:00:00Z"),
-        ("UTC", 8, vec![&["12/day"], &["12/day", "40/month"]], "2027-12-31T08:00:00Z"),
+        (
+            "Europe/Berlin",
+            0,
+            vec![&["50/month"], &["100/month"]],
+            "2027-01-31T23:00:00Z",
+        ),
+        (
+            "America/Santiago",
+            0,
+            vec![&["10/day", "2/min"]],
+            "2027-09-05T04:00:00Z",
+        ),
+        (
+            "UTC",
+            8,
+            vec![&["12/day"], &["12/day", "40/month"]],
+            "2027-12-31T08:00:00Z",
+        ),
     ]
 }
 
@@ -224,9 +277,21 @@ fn calendar_cases() -> Vec<CalendarCase> {
 /// boundary (UTC) and the length in hours of the period it starts.
 const BOUNDARIES: &[(&str, u64, &str, &str, u64)] = &[
     // March 2028 in Berlin: 31 days less the hour of the spring change.
-    ("Europe/Berlin", 0, "5/month", "2028-02-29T23:00:00Z", 31 * 24 - 1),
+    (
+        "Europe/Berlin",
+        0,
+        "5/month",
+        "2028-02-29T23:00:00Z",
+        31 * 24 - 1,
+    ),
     // February 2028: a leap month.
-    ("Europe/Berlin", 0, "5/month", "2028-01-31T23:00:00Z", 29 * 24),
+    (
+        "Europe/Berlin",
+        0,
+        "5/month",
+        "2028-01-31T23:00:00Z",
+        29 * 24,
+    ),
     ("UTC", 0, "5/month", "2027-04-01T00:00:00Z", 30 * 24),
     ("UTC", 0, "5/month", "2027-02-01T00:00:00Z", 28 * 24),
     // Berlin's spring day is 23 hours, its autumn day 25.
@@ -268,17 +333,31 @@ async fn boundary_case<S: Store>(
         reference: expected,
     };
     clock.set(boundary - second);
-    let spent = store.check(&key, policy, count).await.map_err(|e| failed(0, e))?;
+    let spent = store
+        .check(&key, policy, count)
+        .await
+        .map_err(|e| failed(0, e))?;
     let status = spent.binding();
     if !spent.is_allowed() || status.remaining() != 0 || status.reset() != second {
-        return Err(wrong(0, count, &spent, "allowed, 0 remaining, reset in 1 s".into()));
+        return Err(wrong(
+            0,
+            count,
+            &spent,
+            "allowed, 0 remaining, reset in 1 s".into(),
+        ));
     }
-    let denied = store.check(&key, policy, 1).await.map_err(|e| failed(1, e))?;
+    let denied = store
+        .check(&key, policy, 1)
+        .await
+        .map_err(|e| failed(1, e))?;
     if denied.retry_after() != Some(second) {
         return Err(wrong(1, 1, &denied, "limited, retry after 1 s".into()));
     }
     clock.set(boundary);
-    let fresh = store.check(&key, policy, 1).await.map_err(|e| failed(2, e))?;
+    let fresh = store
+        .check(&key, policy, 1)
+        .await
+        .map_err(|e| failed(2, e))?;
     let status = fresh.binding();
     if !fresh.is_allowed() || status.remaining() != count - 1 || status.reset() != next {
         let expected = format!("allowed, {} remaining, reset in {next:?}", count - 1);

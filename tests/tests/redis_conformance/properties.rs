@@ -1,5 +1,6 @@
 //! The property tests, 1,000 random cases each: memory and Redis agree
-//! per algorithm, across two configurations of a policy, and when a
+//! per algorithm, across two configurations of a policy, on calendar
+//! periods, and when a
 //! settlement of a larger cost must leave no more than a smaller one.
 
 use proptest::prelude::*;
@@ -7,7 +8,7 @@ use proptest::test_runner::FileFailurePersistence;
 use tollgate_core::{Algorithm, Decision};
 
 use super::harness::Harness;
-use super::strategies::{case, change_case, settle_case};
+use super::strategies::{calendar_case, case, change_case, settle_case};
 
 /// `larger`, the settlement of more than `smaller` from the same state at
 /// the same instant: no limit has more remaining.
@@ -119,4 +120,5 @@ conformance! {
     token_bucket_agrees_across_configurations => change_case(Algorithm::TokenBucket),
     leaky_bucket_agrees_across_configurations => change_case(Algorithm::LeakyBucket),
     gcra_agrees_across_configurations => change_case(Algorithm::Gcra),
+    calendar_memory_and_redis_agree => calendar_case(),
 }

@@ -1,6 +1,7 @@
 //! The proptest strategies: policies of one to three limits, arrivals with
 //! checks, settlements and blocks, two configurations of a policy served
-//! in turn, and settlements at costs from the whole `u64` range.
+//! in turn, settlements at costs from the whole `u64` range, and calendar
+//! periods around their hard moments.
 
 use std::time::Duration;
 
@@ -176,4 +177,100 @@ pub(crate) fn settle_case(algorithm: Algorithm) -> impl Strategy<Value = SettleC
             }
         })
     })
+}
+
+/// Moments where calendars are hard, in µs: month ends of 28, 29, 30 and
+/// 31 days (the leap day of 2028), and the daylight-saving changes of
+/// Europe/Berlin (2027-03-28 01:00 and 2027-10-31 01:00 UTC), of
+/// America/Santiago (its midnight of 2027-09-05 does not exist) and of
+/// Australia/Lord_Howe (half an hour, 2027-10-03 02:00 local); and the
+/// ends of a 30-day month and a year.
+const HARD_MOMENTS: [u64; 8] = [
+    1_835_481_600_000_000, // 2028-03-01T00:00:00Z
+    1_832_976_000_000_000, // 2028-02-01T00:00:00Z
+    1_806_195_600_000_000, // 2027-03-28T01:00:00Z
+    1_824_944_400_000_000, // 2027-10-31T01:00:00Z
+    1_820_116_800_000_000, // 2027-09-05T04:00:00Z
+    1_822_491_000_000_000, // 2027-10-02T15:30:00Z
+    1_809_129_600_000_000, // 2027-05-01T00:00:00Z
+    1_798_761_600_000_000, // 2027-01-01T00:00:00Z
+];
+
+/// The fixed window on a calendar: a zone (with daylight-saving changes
+/// of an hour, of half an hour, at midnight, or none), an offset shorter
+/// than a day, limits per day, week or month (and now and then one per
+/// minute beside them), starting within two days of a hard moment or
+/// anywhere in 2001 to 2100; one configuration, or two served in turn
+/// whose counts differ (the period's usage carries over).
+pub(crate) fn calendar_case() -> impl Strategy<Value = Case> {
+    let zone = prop::sample::select(vec![
+        "Europe/Berlin",
+        "America/Santiago",
+        "Australia/Lord_Howe",
+        "Asia/Kolkata",
+        "UTC",
+    ]);
+    let offset = prop_oneof![2 => Just(0u64), 1 => 0u64..86_400_000_000];
+    let count = || prop_oneof![4 => 1u64..12, 1 => 12u64..1_000];
+    let unit = prop::sample::select(vec!["day", "week", "month"]);
+    let limits = prop::collection::vec((count(), unit), 1..=3);
+    let minute = prop::option::of(count());
+    let recount = prop::collection::vec(count(), 3);
+    let start = prop_oneof![
+        3 => (prop::sample::select(HARD_MOMENTS.to_vec()), 0..4 * DAY_US)
+            .prop_map(|(moment, around)| moment - 2 * DAY_US + around),
+        1 => 1_000_000_000_000_000u64..4_102_444_800_000_000,
+    ];
+    (
+        zone,
+        offset,
+        limits,
+        minute,
+        prop::option::of(recount),
+        start,
+    )
+        .prop_flat_map(|(zone, offset, limits, minute, recount, start)| {
+            let calendar = tollgate_core::Calendar::new(zone)
+                .unwrap()
+                .with_offset(Duration::from_micros(offset));
+            let build = |counts: &[u64]| {
+                let mut builder = Policy::builder("conf")
+                    .algorithm(Algorithm::FixedWindow)
+                    .calendar(calendar);
+                let mut units = Vec::new();
+                for (&(_, unit), &count) in limits.iter().zip(counts) {
+                    if !units.contains(&unit) {
+                        units.push(unit);
+                        builder = builder.limit(format!("{count}/{unit}"));
+                    }
+                }
+                if let Some(count) = minute {
+                    builder = builder.limit(format!("{count}/min"));
+                }
+                builder.build().unwrap()
+            };
+            let counts: Vec<u64> = limits.iter().map(|l| l.0).collect();
+            let mut policies = vec![build(&counts)];
+            if let Some(recount) = recount {
+                policies.push(build(&recount));
+            }
+            let shortest = if minute.is_some() {
+                60_000_000
+            } else if units_of(&limits).contains(&"day") {
+                DAY_US
+            } else {
+                7 * DAY_US
+            };
+            let configs = policies.len();
+            (Just(policies), Just(start), arrivals(shortest, configs))
+        })
+        .prop_map(|(policies, start, arrivals)| Case {
+            policies,
+            start,
+            arrivals,
+        })
+}
+
+fn units_of(limits: &[(u64, &'static str)]) -> Vec<&'static str> {
+    limits.iter().map(|l| l.1).collect()
 }

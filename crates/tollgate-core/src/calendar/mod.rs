@@ -13,8 +13,8 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use jiff::tz::{TimeZone, TimeZoneDatabase};
 use jiff::SignedDuration;
+use jiff::tz::{TimeZone, TimeZoneDatabase};
 use parking_lot::Mutex;
 
 use crate::error::ConfigError;
@@ -130,7 +130,9 @@ impl Calendar {
             let (number, tail) = rest.split_at(digits);
             let letters = tail.bytes().take_while(u8::is_ascii_alphabetic).count();
             let (unit, tail) = tail.split_at(letters);
-            let number: u64 = number.parse().map_err(|_| invalid("a number is too large"))?;
+            let number: u64 = number
+                .parse()
+                .map_err(|_| invalid("a number is too large"))?;
             let unit = crate::limit::unit_micros(&unit.to_ascii_lowercase())
                 .filter(|&micros| micros <= 86_400_000_000)
                 .ok_or_else(|| invalid("unknown unit: use s, min, h or d"))?;
@@ -226,9 +228,9 @@ impl<'de> serde::Deserialize<'de> for Calendar {
         let calendar = Calendar::new(&config.zone).map_err(D::Error::custom)?;
         match config.offset {
             None => Ok(calendar),
-            Some(offset) => Ok(calendar.with_offset(
-                Calendar::parse_offset(&offset).map_err(D::Error::custom)?,
-            )),
+            Some(offset) => Ok(
+                calendar.with_offset(Calendar::parse_offset(&offset).map_err(D::Error::custom)?)
+            ),
         }
     }
 }

@@ -187,7 +187,12 @@ impl CalendarPeriod {
         around.unwrap_or_else(|| {
             let (start, end) = self.window(t);
             let least = end - start;
-            [start.saturating_sub(least), start, end, end.saturating_add(least)]
+            [
+                start.saturating_sub(least),
+                start,
+                end,
+                end.saturating_add(least),
+            ]
         })
     }
 
@@ -222,10 +227,26 @@ mod tests {
     fn months_of_every_length() {
         let m = period("UTC", Unit::Month, 0);
         let cases = [
-            ("2027-02-15T00:00:00Z", "2027-02-01T00:00:00Z", "2027-03-01T00:00:00Z"),
-            ("2028-02-29T23:59:59Z", "2028-02-01T00:00:00Z", "2028-03-01T00:00:00Z"),
-            ("2027-04-30T12:00:00Z", "2027-04-01T00:00:00Z", "2027-05-01T00:00:00Z"),
-            ("2027-12-31T23:59:59Z", "2027-12-01T00:00:00Z", "2028-01-01T00:00:00Z"),
+            (
+                "2027-02-15T00:00:00Z",
+                "2027-02-01T00:00:00Z",
+                "2027-03-01T00:00:00Z",
+            ),
+            (
+                "2028-02-29T23:59:59Z",
+                "2028-02-01T00:00:00Z",
+                "2028-03-01T00:00:00Z",
+            ),
+            (
+                "2027-04-30T12:00:00Z",
+                "2027-04-01T00:00:00Z",
+                "2027-05-01T00:00:00Z",
+            ),
+            (
+                "2027-12-31T23:59:59Z",
+                "2027-12-01T00:00:00Z",
+                "2028-01-01T00:00:00Z",
+            ),
         ];
         for (t, start, end) in cases {
             assert_eq!(m.window(us(t)), (us(start), us(end)), "{t}");
@@ -237,9 +258,15 @@ mod tests {
         let d = period("Europe/Berlin", Unit::Day, 0);
         // 23 hours on 2027-03-28, 25 on 2027-10-31.
         let (s, e) = d.window(us("2027-03-28T12:00:00Z"));
-        assert_eq!((s, e), (us("2027-03-27T23:00:00Z"), us("2027-03-28T22:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (us("2027-03-27T23:00:00Z"), us("2027-03-28T22:00:00Z"))
+        );
         let (s, e) = d.window(us("2027-10-31T12:00:00Z"));
-        assert_eq!((s, e), (us("2027-10-30T22:00:00Z"), us("2027-10-31T23:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (us("2027-10-30T22:00:00Z"), us("2027-10-31T23:00:00Z"))
+        );
     }
 
     #[test]
@@ -272,7 +299,10 @@ mod tests {
         let h = |n: u64| Duration::from_secs(n * 3600);
         assert_eq!(Calendar::parse_offset("8h"), Ok(h(8)));
         assert_eq!(Calendar::parse_offset("2d 6h"), Ok(h(54)));
-        assert_eq!(Calendar::parse_offset("1h30min"), Ok(h(1) + Duration::from_secs(1800)));
+        assert_eq!(
+            Calendar::parse_offset("1h30min"),
+            Ok(h(1) + Duration::from_secs(1800))
+        );
         assert!(Calendar::parse_offset("").is_err());
         assert!(Calendar::parse_offset("h").is_err());
         assert!(Calendar::parse_offset("3 weeks").is_err());
