@@ -136,9 +136,9 @@ pub use tollgate_core::{
     AdaptiveLimit, AdaptiveLimitBuilder, Completion, ConcurrencySnapshot, LimitAlgorithm, Priority,
 };
 pub use tollgate_core::{
-    Algorithm, BoxStore, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key, KeyKind,
-    Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, PolicyFamily, Renewal,
-    Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp, TypeTag,
+    Algorithm, BoxStore, Calendar, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key,
+    KeyKind, Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, PolicyFamily,
+    Renewal, Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp, TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.

@@ -290,3 +290,57 @@ async fn ietf_draft_headers_list_every_limit() {
     assert_eq!(header(&res, "ratelimit"), Some(r#""one";r=9;t=0"#));
     assert_eq!(header(&res, "x-ratelimit-limit"), None);
 }
+
+/// A monthly quota in Europe/Berlin: `x-ratelimit-reset` is the 1st of
+/// next month at 00:00 Berlin time, and `Retry-After` counts to it; the
+/// day after, a daily quota at 08:00 UTC resets at 08:00 UTC.
+#[tokio::test]
+async fn calendar_periods_reset_at_the_calendar_boundary() {
+    let (clock, store) = clock_and_store();
+    // 2028-02-29 12:00:00 UTC, 13:00 in Berlin (CET, UTC+1): March starts
+    // at 2028-02-29 23:00:00 UTC, 1835478000.
+    clock.set(tollgate::Timestamp::from_secs(1_835_438_400));
+    let monthly = Policy::builder("reports")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("2/month")
+        .calendar(tollgate::Calendar::new("Europe/Berlin").unwrap())
+        .build()
+        .unwrap();
+    let app = app(RateLimitLayer::new(monthly, GlobalKey).store(store.clone()));
+    for remaining in ["1", "0"] {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(header(&res, "x-ratelimit-reset"), Some("1835478000"));
+    }
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("1835478000"));
+    // 11 hours to the boundary.
+    assert_eq!(header(&res, "retry-after"), Some("39600"));
+    // At the boundary, March's quota; it ends on 2028-04-01 00:00 CEST,
+    // 2028-03-31 22:00:00 UTC (1838152800): 31 days less an hour later.
+    clock.set(tollgate::Timestamp::from_secs(1_835_478_000));
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("1"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("1838152800"));
+
+    let daily = Policy::builder("exports")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("1/day")
+        .calendar(tollgate::Calendar::utc().with_offset(Duration::from_secs(8 * 3600)))
+        .build()
+        .unwrap();
+    let app = super::app(RateLimitLayer::new(daily, GlobalKey).store(store));
+    // 2028-03-01 07:59:00 UTC: the day ends in a minute.
+    clock.set(tollgate::Timestamp::from_secs(1_835_510_340));
+    assert_eq!(
+        app.clone().oneshot(get_root()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("1835510400"));
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+}

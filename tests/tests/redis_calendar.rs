@@ -1,0 +1,158 @@
+//! Calendar periods on real Redis: the script decides the period from
+//! Redis's own clock, among the boundaries the store sends; and a lease
+//! of a calendar period ends at its boundary. (Memory and Redis decide
+//! calendar periods alike in `redis_conformance`: the conformance suite's
+//! calendar cases and boundaries, and the differential property test.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use tollgate::{Algorithm, Calendar, FakeClock, Key, Policy, Store, Timestamp};
+use tollgate_redis::testing::{script_args, script_source};
+use tollgate_redis::{LeasedStore, RedisStore};
+use tollgate_tests::{require_redis, unique_prefix};
+
+const DAY_US: u64 = 86_400_000_000;
+
+/// Runs the decision script of `policy` (one limit, per UTC day) on
+/// Redis's clock, with the boundaries computed around `skew` µs before
+/// Redis's time, as an instance whose clock is that far behind would.
+async fn decide_behind(url: &str, policy: &Policy, skew: u64) -> redis::RedisResult<Vec<i64>> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let redis_now = secs * 1_000_000 + micros;
+    let mut args = script_args(policy, 1);
+    let p = &policy.params()[0];
+    let [b1, b2, b3, b4] = p.calendar_bounds(redis_now - skew).unwrap();
+    // Count, then the period with its calendar boundaries.
+    assert_eq!(args[6].split(' ').count(), 5, "{args:?}");
+    args[6] = format!("{} {b1} {b2} {b3} {b4}", p.period_us);
+    let key = format!("{}:day", unique_prefix("calendar-clock"));
+    redis::cmd("EVAL")
+        .arg(script_source(policy))
+        .arg(1)
+        .arg(&key)
+        .arg(&args)
+        .query_async(&mut con)
+        .await
+}
+
+#[tokio::test]
+async fn the_script_takes_the_period_that_holds_redis_time() {
+    let url = require_redis().await;
+    let policy = Policy::builder("calendar-clock")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("5/day")
+        .calendar(Calendar::utc())
+        .build()
+        .unwrap();
+    // Boundaries sent from a clock a day behind Redis's: the script still
+    // counts in Redis's day, and resets at Redis's next UTC midnight.
+    for skew in [0, DAY_US / 2, DAY_US] {
+        let reply = decide_behind(&url, &policy, skew).await.unwrap();
+        let [outcome, now, delay, remaining, reset, retry] = reply[..] else {
+            panic!("{reply:?}");
+        };
+        let now = u64::try_from(now).unwrap();
+        assert_eq!((outcome, delay, remaining, retry), (0, 0, 4, -1));
+        assert_eq!(
+            now + u64::try_from(reset).unwrap(),
+            (now / DAY_US + 1) * DAY_US
+        );
+    }
+    // Three days behind, no period sent holds Redis's time: an error (the
+    // store's failure policy answers it), never a wrong window.
+    let err = decide_behind(&url, &policy, 3 * DAY_US).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("outside the calendar periods sent"),
+        "{err}"
+    );
+}
+
+/// Berlin's midnight of 2027-03-28 (a 23-hour day), 2027-03-27 23:00 UTC.
+const BOUNDARY: Timestamp = Timestamp::from_secs(1_806_188_400);
+
+async fn leased(url: &str, prefix: &str, clock: &FakeClock) -> LeasedStore<RedisStore> {
+    let redis = RedisStore::builder()
+        .prefix(prefix.to_owned())
+        .test_clock(clock.clone())
+        .deny_cache(0)
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .unwrap();
+    LeasedStore::builder()
+        .interval(Duration::from_millis(8))
+        .share(16)
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(redis, url)
+        .await
+        .unwrap()
+}
+
+async fn burst(stores: &[LeasedStore<RedisStore>], key: &Key, policy: &Policy, n: usize) -> u64 {
+    let calls = stores
+        .iter()
+        .flat_map(|s| (0..n).map(move |_| s.check(key, policy, 1)));
+    join_all(calls)
+        .await
+        .into_iter()
+        .map(|d| u64::from(d.unwrap().is_allowed()))
+        .sum()
+}
+
+/// Two instances lease a hot key's daily quota just before Berlin's
+/// midnight: no unit leased on the 27th is spent on the 28th, whose whole
+/// quota is then admitted or held, exactly; its reset is the next local
+/// midnight, 23 hours after this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_ends_at_the_calendar_boundary() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(BOUNDARY - Duration::from_millis(20));
+    let prefix = unique_prefix("calendar-lease");
+    let stores = [
+        leased(&url, &prefix, &clock).await,
+        leased(&url, &prefix, &clock).await,
+    ];
+    let policy = Policy::builder("calendar-lease")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("4000/day")
+        .calendar(Calendar::new("Europe/Berlin").unwrap())
+        .build()
+        .unwrap();
+    let key = Key::user("hot");
+    // 20 a millisecond for the last 20 ms of the 27th.
+    let mut before = 0;
+    for _ in 0..20 {
+        before += burst(&stores, &key, &policy, 10).await;
+        clock.advance(Duration::from_millis(1));
+    }
+    assert_eq!(before, 400, "the 27th had room for all");
+    for store in &stores {
+        store.wait_for_grants().await;
+    }
+    assert!(stores.iter().any(|s| s.outstanding().1 > 0), "leases held");
+    // The 28th: demand of 40 a millisecond for 200 ms, twice its quota.
+    assert_eq!(tollgate::Clock::now(&clock), BOUNDARY);
+    let mut admitted = 0;
+    for _ in 0..200 {
+        admitted += burst(&stores, &key, &policy, 20).await;
+        clock.advance(Duration::from_millis(1));
+    }
+    for store in &stores {
+        store.wait_for_grants().await;
+    }
+    let held: u64 = stores.iter().map(|s| s.outstanding().1).sum();
+    assert_eq!(admitted + held, 4000, "{admitted} admitted, {held} held");
+    let status = stores[0].status(&key, &policy).await.unwrap();
+    let elapsed = Duration::from_millis(200);
+    assert_eq!(
+        status.binding().reset(),
+        Duration::from_secs(23 * 3600) - elapsed
+    );
+}
