@@ -224,6 +224,7 @@ fn handler(method: &str, path: &str) -> MethodRouter {
         ("GET", "/api/items") => on(filter, list_items),
         ("POST", "/api/items") => on(filter, create_item),
         ("GET", "/api/search") => on(filter, search),
+        ("GET", "/api/reports") => on(filter, reports),
         _ => on(filter, export),
     }
 }
@@ -283,6 +284,12 @@ async fn search(
     Query(query): Query<SearchQuery>,
 ) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "user": user.0, "query": query.q, "results": [] }))
+}
+
+/// `GET /api/reports`: the caller's monthly report (a stand-in), under a
+/// calendar-month quota in the bundled policy file.
+async fn reports(Extension(user): Extension<UserId>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "user": user.0, "report": [] }))
 }
 
 /// `POST /login` with `{"password": "demo"}` succeeds; anything else is

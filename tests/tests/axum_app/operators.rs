@@ -70,6 +70,7 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
         "export",
         "items-read",
         "items-write",
+        "reports",
         "search",
     ];
     assert_eq!(names, expected);

@@ -23,6 +23,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/search"),
     ("GET", "/api/export"),
     ("POST", "/api/complete"),
+    ("GET", "/api/reports"),
 ];
 
 /// Whether `path` needs an authenticated user.

@@ -61,9 +61,21 @@ pub(super) struct RawRoute {
     pub(super) in_flight: Option<i64>,
     #[serde(default)]
     pub(super) in_flight_lease_ms: Option<i64>,
+    /// `calendar = { zone = "Europe/Berlin", offset = "8h" }`: limits per
+    /// day, week and month reset at that calendar's boundaries.
+    #[serde(default)]
+    pub(super) calendar: Option<RawCalendar>,
     /// `[route.plans.<plan>]`: what differs for users of that plan.
     #[serde(default)]
     pub(super) plans: std::collections::BTreeMap<String, RawPlan>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCalendar {
+    pub(super) zone: String,
+    #[serde(default)]
+    pub(super) offset: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

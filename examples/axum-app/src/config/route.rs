@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate::{Algorithm, Choice, ConfigError, InFlightLimit, PlanMap, Policy};
+use tollgate::{Algorithm, Calendar, Choice, ConfigError, InFlightLimit, PlanMap, Policy};
 
 use crate::Plan;
 
@@ -76,7 +76,25 @@ pub(super) fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileErro
             "plans come from authentication: only routes keyed by user have them",
         ));
     }
-    let policy = policy_of(&r.name, algorithm, &r.limits, r.burst, "", &at)?;
+    let calendar = match &r.calendar {
+        None => None,
+        Some(c) => {
+            let calendar =
+                Calendar::new(&c.zone).map_err(|e| at("calendar.zone", &c.zone, &e.to_string()))?;
+            Some(match &c.offset {
+                None => calendar,
+                Some(offset) => calendar.with_offset(
+                    Calendar::parse_offset(offset)
+                        .map_err(|e| at("calendar.offset", offset, &e.to_string()))?,
+                ),
+            })
+        }
+    };
+    let shape = Shape {
+        algorithm,
+        calendar,
+    };
+    let policy = policy_of(&r.name, shape, &r.limits, r.burst, "", &at)?;
     let cost = cost_of(r.cost, 1, "", &at)?;
     let plans = r
         .plans
@@ -88,7 +106,7 @@ pub(super) fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileErro
             let burst = p.burst.or(r.burst);
             Ok(PlanConfig {
                 plan: plan.clone(),
-                policy: policy_of(&name, algorithm, limits, burst, &field, &at)?,
+                policy: policy_of(&name, shape, limits, burst, &field, &at)?,
                 cost: cost_of(p.cost, cost, &field, &at)?,
             })
         })
@@ -160,9 +178,20 @@ pub(super) fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileErro
 
 /// The policy `name` of `algorithm`, `limits` and `burst`; errors name the
 /// field after `prefix` (`plans.pro.` for a plan's).
+/// What a route's policies and its plans' share: the algorithm and the
+/// calendar.
+#[derive(Clone, Copy)]
+struct Shape {
+    algorithm: Algorithm,
+    calendar: Option<Calendar>,
+}
+
 fn policy_of(
     name: &str,
-    algorithm: Algorithm,
+    Shape {
+        algorithm,
+        calendar,
+    }: Shape,
     limits: &[String],
     burst: Option<i64>,
     prefix: &str,
@@ -188,8 +217,14 @@ fn policy_of(
             .map_err(|_| at(&field("burst"), &burst.to_string(), "must be positive"))?;
         builder = builder.burst(value);
     }
+    if let Some(calendar) = calendar {
+        builder = builder.calendar(calendar);
+    }
     builder.build().map_err(|e| {
         let (f, value) = match &e {
+            ConfigError::CalendarOffsetTooLong { offset, .. } => {
+                ("calendar.offset".to_owned(), format!("{offset:?}"))
+            }
             ConfigError::InvalidName { .. } => ("name".to_owned(), name.to_owned()),
             ConfigError::ZeroBurst | ConfigError::BurstNotSupported { .. } => (
                 field("burst"),

@@ -5,7 +5,7 @@ use super::*;
 #[test]
 fn the_bundled_file_is_valid() {
     let config = AppConfig::parse(include_str!("../../policies.toml")).unwrap();
-    assert_eq!(config.routes.len(), 7);
+    assert_eq!(config.routes.len(), 8);
     let plans: Vec<_> = config
         .routes
         .iter()
