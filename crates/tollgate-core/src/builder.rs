@@ -160,16 +160,12 @@ impl PolicyBuilder {
         self
     }
 
-    /// Aligns the policy's limits per day, week and month to `calendar`:
-    /// each resets at a local midnight (a week's on Monday, a month's on
-    /// the 1st) plus the calendar's offset, in its time zone. Limits under
-    /// a day stay windows aligned to the epoch. A monthly limit without a
-    /// calendar follows UTC's.
-    ///
-    /// Only [`Algorithm::FixedWindow`] takes calendar periods: its count
-    /// resets at the boundary. The other algorithms spread a limit over a
-    /// rolling period (a rate, a sliding window or log), which has no
-    /// boundary to align; `build` refuses them with
+    /// Aligns the policy's limits per day, week and month to `calendar`
+    /// (see [`Calendar`]); limits under a day stay aligned to the epoch. A
+    /// monthly limit without a calendar follows UTC's. Only
+    /// [`Algorithm::FixedWindow`] takes calendar periods (its count resets
+    /// at the boundary; the other algorithms spread a limit over a rolling
+    /// period, with no boundary to align): `build` refuses the others with
     /// [`ConfigError::CalendarNeedsFixedWindow`].
     ///
     /// ```

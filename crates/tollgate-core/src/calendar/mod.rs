@@ -282,4 +282,6 @@ fn utc_zone() -> &'static Zone {
     })
 }
 
+#[cfg(feature = "testing")]
+pub(crate) mod cases;
 pub(crate) mod period;

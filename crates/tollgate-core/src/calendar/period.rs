@@ -295,6 +295,82 @@ mod tests {
     }
 
     #[test]
+    fn bad_calendar_policies_are_named_errors() {
+        use crate::{Algorithm, Policy};
+        let berlin = Calendar::new("Europe/Berlin").expect("zone");
+        let fixed = |limits: &[&str], calendar: Calendar| {
+            limits
+                .iter()
+                .fold(
+                    Policy::builder("p").algorithm(Algorithm::FixedWindow),
+                    |b, l| b.limit(*l),
+                )
+                .calendar(calendar)
+                .build()
+        };
+        assert_eq!(
+            Policy::builder("p").limit("5/month").build(),
+            Err(ConfigError::CalendarNeedsFixedWindow {
+                policy: "p".into(),
+                algorithm: Algorithm::Gcra
+            })
+        );
+        assert_eq!(
+            fixed(&["5/2d"], berlin),
+            Err(ConfigError::NotACalendarPeriod {
+                policy: "p".into(),
+                limit: "5/2d".parse().expect("limit"),
+            })
+        );
+        let day = Duration::from_secs(86_400);
+        assert_eq!(
+            fixed(&["5/min", "9/day", "50/month"], berlin.with_offset(day)),
+            Err(ConfigError::CalendarOffsetTooLong {
+                policy: "p".into(),
+                offset: day,
+                max: day,
+            })
+        );
+        // Under a day the limit stays aligned to the epoch; the month's
+        // offset may be up to 28 days less 1 µs.
+        let ok = fixed(&["5/min", "50/month"], berlin.with_offset(27 * day)).expect("valid");
+        assert_eq!(
+            ok.to_string(),
+            "p (fixed_window, 5/min, 50/month, calendar Europe/Berlin+27d)"
+        );
+        assert_eq!(
+            Calendar::new("europe/berlin").map(|c| c.zone()),
+            Ok("Europe/Berlin")
+        );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn calendars_deserialize_with_the_policy() {
+        let policy: crate::Policy = serde_json::from_str(
+            r#"{"name": "reports", "algorithm": "fixed_window", "limits": ["50000/month"],
+                "calendar": {"zone": "Europe/Berlin", "offset": "1d 6h"}}"#,
+        )
+        .expect("valid");
+        let calendar = policy.calendar().expect("a calendar");
+        assert_eq!(calendar.to_string(), "Europe/Berlin+1d6h");
+        let again: crate::Policy =
+            serde_json::from_str(&serde_json::to_string(&policy).expect("serializes"))
+                .expect("round-trips");
+        assert_eq!(again, policy);
+        let err = serde_json::from_str::<crate::Policy>(
+            r#"{"name": "r", "algorithm": "fixed_window", "limits": ["5/day"],
+                "calendar": {"zone": "Nowhere/Land"}}"#,
+        )
+        .expect_err("unknown zone");
+        assert!(
+            err.to_string()
+                .contains("unknown time zone \"Nowhere/Land\""),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn offsets_parse() {
         let h = |n: u64| Duration::from_secs(n * 3600);
         assert_eq!(Calendar::parse_offset("8h"), Ok(h(8)));
