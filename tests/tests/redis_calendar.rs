@@ -156,3 +156,77 @@ async fn a_lease_ends_at_the_calendar_boundary() {
         Duration::from_secs(23 * 3600) - elapsed
     );
 }
+
+/// Mid-October 2027 in Berlin, and November's start (00:00 CET).
+const MID_OCTOBER: Timestamp = Timestamp::from_secs(1_823_594_400);
+const NOVEMBER: Timestamp = Timestamp::from_secs(1_825_023_600);
+
+fn monthly(count: u64) -> Policy {
+    Policy::builder("calendar-features")
+        .algorithm(Algorithm::FixedWindow)
+        .limit(tollgate::Limit::per_month(count).unwrap())
+        .calendar(Calendar::new("Europe/Berlin").unwrap())
+        .build()
+        .unwrap()
+}
+
+/// A monthly quota where features meet, with the same numbers on `store`
+/// (memory or Redis, on `clock`): a settled cost, a status, a limit raised
+/// mid-month that keeps the month's usage, a block, a reset, the boundary.
+async fn features_meet(store: &impl Store, clock: &FakeClock) {
+    let key = Key::user("billing");
+    let (fifty, hundred) = (monthly(50_000), monthly(100_000));
+    clock.set(MID_OCTOBER);
+    let to_november = Duration::from_secs(1_825_023_600 - 1_823_594_400);
+    let reserved = store.check(&key, &fifty, 30_000).await.unwrap();
+    assert!(reserved.is_allowed());
+    assert_eq!(reserved.binding().reset(), to_november);
+    // The response cost 20,000, not 30,000: 10,000 come back.
+    let settlement = tollgate::Settlement::of(&reserved, 30_000, 20_000);
+    let settled = store.settle(&key, &fifty, settlement).await.unwrap();
+    assert_eq!(settled.binding().remaining(), 30_000);
+    let status = store.status(&key, &fifty).await.unwrap();
+    assert_eq!(
+        (status.binding().remaining(), status.binding().reset()),
+        (30_000, to_november)
+    );
+    // Raised to 100,000 a month: October's 20,000 stay used.
+    let raised = store.check(&key, &hundred, 1).await.unwrap();
+    assert_eq!(raised.binding().remaining(), 79_999);
+    assert_eq!(raised.binding().limit().to_string(), "100000/month");
+    let over = store.check(&key, &hundred, 80_000).await.unwrap();
+    assert_eq!(over.retry_after(), Some(to_november));
+    // An hour's block, then the key starts afresh.
+    let hour = Duration::from_secs(3_600);
+    store.block(&key, &hundred, hour).await.unwrap();
+    let blocked = store.check(&key, &hundred, 1).await.unwrap();
+    assert_eq!(blocked.retry_after(), Some(hour));
+    clock.advance(hour);
+    store.check(&key, &hundred, 99_999).await.unwrap();
+    store.reset(&key, &hundred).await.unwrap();
+    let fresh = store.check(&key, &hundred, 1).await.unwrap();
+    assert_eq!(fresh.binding().remaining(), 99_999);
+    // November: the whole quota again, until December (2027-11-30 23:00 UTC).
+    clock.set(NOVEMBER);
+    let november = store.check(&key, &hundred, 100_000).await.unwrap();
+    assert!(november.is_allowed());
+    assert_eq!(november.binding().reset(), Duration::from_secs(30 * 86_400));
+}
+
+#[tokio::test]
+async fn settle_status_carry_over_block_and_reset_meet_on_memory_and_redis() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(MID_OCTOBER);
+    let memory = tollgate::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    features_meet(&memory, &clock).await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("calendar-features"))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    features_meet(&redis, &clock).await;
+}
