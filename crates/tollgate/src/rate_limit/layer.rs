@@ -344,7 +344,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let api = Policy::new("api", Algorithm::FixedWindow, "10/min")?;
     /// let overrides = MemoryOverrides::new();
-    /// let layer = RateLimitLayer::new(api.clone(), HeaderKey::new("x-api-key")?)
+    /// let layer = RateLimitLayer::new(api.clone(), HeaderKey::new(http::HeaderName::from_static("x-api-key")))
     ///     .overrides(overrides.clone());
     /// let svc = ServiceBuilder::new()
     ///     .layer(layer)
