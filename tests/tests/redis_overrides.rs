@@ -106,6 +106,7 @@ async fn an_override_set_on_one_instance_is_enforced_by_another_within_a_second(
     let raised = Override::limit("1000/min").unwrap();
     a.overrides.set(&Key::header("acme"), &api, raised, None).await.unwrap();
     let (took, answer) = until_applied(&b, &api, "acme", |a| a.1 == "1000").await;
+    println!("raised on B after {took:?}");
     assert!(took <= Duration::from_secs(1), "took {took:?}");
     assert_eq!(answer, (StatusCode::OK, "1000".into(), "989".into()));
     // Other keys keep the plan.

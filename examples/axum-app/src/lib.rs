@@ -161,7 +161,7 @@ pub fn app_with_overrides(
     if let Some(admin) = &admin {
         router = router.merge(overrides::routes(config, &overrides, admin.clone()));
     }
-    router.merge(operators::routes(config, &store, admin))
+    router.merge(operators::routes(config, &store, admin, &overrides))
 }
 
 fn layer(

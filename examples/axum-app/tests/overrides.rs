@@ -1,7 +1,7 @@
 //! The demo's override endpoints, two instances on one Redis: an override
 //! set by `PUT /admin/rate_limit/{policy}/{user}/override` on instance A
 //! changes the next response's `x-ratelimit-limit` on instance B within
-//! 1 s; `DELETE` of it restores the plan there; a bad override is a 400
+//! 1 s, and what B's `/rate_limit` shows; `DELETE` of it restores the plan there; a bad override is a 400
 //! naming the problem, and the routes want the admin token.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
@@ -95,6 +95,16 @@ async fn an_override_set_on_instance_a_changes_the_limit_on_instance_b() {
     println!("override applied on B after {took:?}");
     assert!(took <= Duration::from_secs(1), "took {took:?}");
     assert_eq!(items(&b, "bob").await.1, "10");
+    // `/rate_limit` on B shows ada's own limit, and her use under it.
+    let request = Request::get("/rate_limit")
+        .header("authorization", "Bearer demo-ada")
+        .body(Body::empty())
+        .unwrap();
+    let shown = b.clone().oneshot(request).await.unwrap();
+    let body = http_body_util::BodyExt::collect(shown.into_body()).await.unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+    assert_eq!(json["resources"]["items"]["limit"], 1000);
+    assert_eq!(json["resources"]["items"]["used"], 2);
 
     // Denied, for a minute: 403 on B.
     let deny = format!("{path}?seconds=60");
