@@ -47,12 +47,18 @@ impl Instance {
     /// its status and `x-ratelimit-limit` and `-remaining` (empty when
     /// absent).
     async fn request(&self, policy: &Policy, key: &str) -> (StatusCode, String, String) {
-        let layer = RateLimitLayer::new(policy.clone(), HeaderKey::new(http::HeaderName::from_static("x-api-key")))
-            .store(self.store.clone())
-            .overrides(self.overrides.clone());
-        let mut svc = ServiceBuilder::new().layer(layer).service(service_fn(
-            |_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) },
-        ));
+        let layer = RateLimitLayer::new(
+            policy.clone(),
+            HeaderKey::new(http::HeaderName::from_static("x-api-key")),
+        )
+        .store(self.store.clone())
+        .overrides(self.overrides.clone());
+        let mut svc =
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(service_fn(|_: Request<()>| async {
+                    Ok::<_, Infallible>(Response::new(String::new()))
+                }));
         let request = Request::get("/").header("x-api-key", key).body(()).unwrap();
         let response = svc.ready().await.unwrap().call(request).await.unwrap();
         let header = |name: &str| {
@@ -82,7 +88,10 @@ async fn until_applied(
         if applied(&answer) {
             return (start.elapsed(), answer);
         }
-        assert!(start.elapsed() < Duration::from_secs(3), "never applied: {answer:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "never applied: {answer:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -91,7 +100,10 @@ async fn until_applied(
 async fn an_override_set_on_one_instance_is_enforced_by_another_within_a_second() {
     let clock = FakeClock::new(Timestamp::from_secs(T0));
     let prefix = unique_prefix("overrides-two");
-    let (a, b) = (Instance::start(&prefix, &clock).await, Instance::start(&prefix, &clock).await);
+    let (a, b) = (
+        Instance::start(&prefix, &clock).await,
+        Instance::start(&prefix, &clock).await,
+    );
     let api = api();
 
     // acme spends its 10 on B; the 11th is refused.
@@ -99,12 +111,18 @@ async fn an_override_set_on_one_instance_is_enforced_by_another_within_a_second(
         let answer = b.request(&api, "acme").await;
         assert_eq!(answer, (StatusCode::OK, "10".into(), left.to_string()));
     }
-    assert_eq!(b.request(&api, "acme").await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        b.request(&api, "acme").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 
     // Raised to 1000/min through A: B enforces it within 1 s, and acme
     // keeps what it used (room, not a fresh quota): 10 used, plus this one.
     let raised = Override::limit("1000/min").unwrap();
-    a.overrides.set(&Key::header("acme"), &api, raised, None).await.unwrap();
+    a.overrides
+        .set(&Key::header("acme"), &api, raised, None)
+        .await
+        .unwrap();
     let (took, answer) = until_applied(&b, &api, "acme", |a| a.1 == "1000").await;
     println!("raised on B after {took:?}");
     assert!(took <= Duration::from_secs(1), "took {took:?}");
@@ -113,7 +131,10 @@ async fn an_override_set_on_one_instance_is_enforced_by_another_within_a_second(
     assert_eq!(b.request(&api, "bob").await.1, "10");
 
     // Denied through A: B answers 403 within 1 s, consuming nothing.
-    a.overrides.set(&Key::header("acme"), &api, Override::Deny, None).await.unwrap();
+    a.overrides
+        .set(&Key::header("acme"), &api, Override::Deny, None)
+        .await
+        .unwrap();
     let denied = |a: &(StatusCode, String, String)| a.0 == StatusCode::FORBIDDEN;
     let (took, _) = until_applied(&b, &api, "acme", denied).await;
     assert!(took <= Duration::from_secs(1), "took {took:?}");
@@ -130,11 +151,17 @@ async fn an_override_set_on_one_instance_is_enforced_by_another_within_a_second(
 async fn an_expiry_restores_the_plan_by_the_clock_and_is_cleaned_up_in_redis() {
     let clock = FakeClock::new(Timestamp::from_secs(T0));
     let prefix = unique_prefix("overrides-expiry");
-    let (a, b) = (Instance::start(&prefix, &clock).await, Instance::start(&prefix, &clock).await);
+    let (a, b) = (
+        Instance::start(&prefix, &clock).await,
+        Instance::start(&prefix, &clock).await,
+    );
     let api = api();
     let week = Duration::from_secs(7 * 86_400);
     let raised = Override::limit("1000/min").unwrap();
-    a.overrides.set(&Key::header("acme"), &api, raised, Some(week)).await.unwrap();
+    a.overrides
+        .set(&Key::header("acme"), &api, raised, Some(week))
+        .await
+        .unwrap();
     b.overrides.refresh().await.unwrap();
     assert_eq!(b.request(&api, "acme").await.1, "1000");
 
@@ -147,7 +174,10 @@ async fn an_expiry_restores_the_plan_by_the_clock_and_is_cleaned_up_in_redis() {
     assert_eq!(a.request(&api, "acme").await.1, "10");
 
     // The hash outlives the override: its TTL is past the week.
-    let mut redis = redis::Client::open(require_redis().await).unwrap().get_connection().unwrap();
+    let mut redis = redis::Client::open(require_redis().await)
+        .unwrap()
+        .get_connection()
+        .unwrap();
     let hash = a.overrides.hash_key().to_owned();
     let ttl: i64 = redis::cmd("PTTL").arg(&hash).query(&mut redis).unwrap();
     assert!(ttl > week.as_millis() as i64, "ttl {ttl}");
@@ -166,7 +196,11 @@ async fn after_a_restart_the_override_is_still_in_force() {
     let api = api();
     let first = Instance::start(&prefix, &clock).await;
     let raised = Override::limit("1000/min").unwrap();
-    first.overrides.set(&Key::header("acme"), &api, raised, None).await.unwrap();
+    first
+        .overrides
+        .set(&Key::header("acme"), &api, raised, None)
+        .await
+        .unwrap();
     assert_eq!(first.request(&api, "acme").await.2, "999");
     drop(first);
 
@@ -177,7 +211,10 @@ async fn after_a_restart_the_override_is_still_in_force() {
         second.request(&api, "acme").await,
         (StatusCode::OK, "1000".into(), "998".into())
     );
-    let mut redis = redis::Client::open(require_redis().await).unwrap().get_connection().unwrap();
+    let mut redis = redis::Client::open(require_redis().await)
+        .unwrap()
+        .get_connection()
+        .unwrap();
     every_key_has_a_ttl(&mut redis, &prefix);
 }
 
@@ -192,12 +229,19 @@ async fn exempt_and_deny_through_a_family_and_a_limiter() {
     let acme = Key::header("acme");
 
     // Exempt on every plan: never refused, not counted, no headers.
-    family.set_override(&a.overrides, &acme, Override::Exempt, None).await.unwrap();
+    family
+        .set_override(&a.overrides, &acme, Override::Exempt, None)
+        .await
+        .unwrap();
     for _ in 0..20 {
-        assert_eq!(a.request(&free, "acme").await, (StatusCode::OK, String::new(), String::new()));
+        assert_eq!(
+            a.request(&free, "acme").await,
+            (StatusCode::OK, String::new(), String::new())
+        );
     }
     assert_eq!(a.store.clone().status_of(&acme, &free).await, 10);
-    let on_pro = RateLimiter::with_store(pro.clone(), a.store.clone()).overrides(a.overrides.clone());
+    let on_pro =
+        RateLimiter::with_store(pro.clone(), a.store.clone()).overrides(a.overrides.clone());
     assert!(on_pro.check(&acme).await.unwrap().is_allowed());
     assert_eq!(on_pro.status(&acme).await.unwrap().remaining(), 100);
     let shown = family.overrides(&a.overrides, &acme);
@@ -207,14 +251,26 @@ async fn exempt_and_deny_through_a_family_and_a_limiter() {
     // Denied for an hour: 403 with the rest as Retry-After; the limiter
     // refuses with it as the retry time.
     let hour = Duration::from_secs(3600);
-    family.set_override(&a.overrides, &acme, Override::Deny, Some(hour)).await.unwrap();
+    family
+        .set_override(&a.overrides, &acme, Override::Deny, Some(hour))
+        .await
+        .unwrap();
     assert_eq!(a.request(&free, "acme").await.0, StatusCode::FORBIDDEN);
     let refused = on_pro.check(&acme).await.unwrap();
     assert_eq!(refused.outcome(), Outcome::Limited { retry_after: hour });
     // Denied for good: never admitted.
-    family.set_override(&a.overrides, &acme, Override::Deny, None).await.unwrap();
+    family
+        .set_override(&a.overrides, &acme, Override::Deny, None)
+        .await
+        .unwrap();
     let never = on_pro.check(&acme).await.unwrap();
-    assert_eq!(never.outcome(), Outcome::CostExceedsCapacity { cost: 1, capacity: 0 });
+    assert_eq!(
+        never.outcome(),
+        Outcome::CostExceedsCapacity {
+            cost: 1,
+            capacity: 0
+        }
+    );
 
     family.clear_override(&a.overrides, &acme).await.unwrap();
     assert_eq!(on_pro.check(&acme).await.unwrap().remaining(), 99);
@@ -227,13 +283,19 @@ trait StatusOf {
 
 impl StatusOf for RedisStore {
     async fn status_of(self, key: &Key, policy: &Policy) -> u64 {
-        tollgate::Store::status(&self, key, policy).await.unwrap().remaining()
+        tollgate::Store::status(&self, key, policy)
+            .await
+            .unwrap()
+            .remaining()
     }
 }
 
 /// Every key under `prefix` has a TTL.
 fn every_key_has_a_ttl(redis: &mut redis::Connection, prefix: &str) {
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query(redis).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(redis)
+        .unwrap();
     assert!(!keys.is_empty());
     for key in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(redis).unwrap();

@@ -76,7 +76,10 @@ impl Responder {
 
     /// The answer to a request of a key an operator's override denies,
     /// for `ends_in` still if it expires: 403 (see `answer::denied_by_operator`).
-    pub(crate) fn denied_by_operator(&self, ends_in: Option<std::time::Duration>) -> Response<Bytes> {
+    pub(crate) fn denied_by_operator(
+        &self,
+        ends_in: Option<std::time::Duration>,
+    ) -> Response<Bytes> {
         answer::denied_by_operator(&self.policy, ends_in, self.protocol)
     }
 

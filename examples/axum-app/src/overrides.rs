@@ -105,7 +105,10 @@ pub(crate) fn routes(config: &AppConfig, overrides: &AppOverrides, admin: AdminT
                 Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
             };
             let expires_in = expiry.seconds.map(Duration::from_secs);
-            match overrides.set(family, &UserId(user).to_key(), rule, expires_in).await {
+            match overrides
+                .set(family, &UserId(user).to_key(), rule, expires_in)
+                .await
+            {
                 Ok(()) => StatusCode::NO_CONTENT.into_response(),
                 Err(OverrideError::Config(e)) => {
                     (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
@@ -151,7 +154,10 @@ fn families(config: &AppConfig) -> std::sync::Arc<[(String, PolicyFamily)]> {
 }
 
 fn find<'a>(families: &'a [(String, PolicyFamily)], policy: &str) -> Option<&'a PolicyFamily> {
-    families.iter().find(|(name, _)| name == policy).map(|(_, f)| f)
+    families
+        .iter()
+        .find(|(name, _)| name == policy)
+        .map(|(_, f)| f)
 }
 
 fn not_found() -> Response {
@@ -159,5 +165,9 @@ fn not_found() -> Response {
 }
 
 fn unavailable() -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, "the overrides are unavailable\n").into_response()
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the overrides are unavailable\n",
+    )
+        .into_response()
 }

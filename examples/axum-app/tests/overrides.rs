@@ -31,7 +31,11 @@ fn config() -> AppConfig {
 /// one), under `prefix`.
 async fn instance(prefix: &str) -> Router {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let store = RedisStore::builder().prefix(prefix).connect(url.as_str()).await.unwrap();
+    let store = RedisStore::builder()
+        .prefix(prefix)
+        .connect(url.as_str())
+        .await
+        .unwrap();
     let overrides = RedisOverrides::builder().start(&store).await.unwrap();
     let admin = AdminToken::new(TOKEN);
     let app = app_with_overrides(
@@ -72,25 +76,43 @@ async fn until_limit(b: &Router, limit: &str) -> Duration {
         if items(b, "ada").await.1 == limit {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(3), "limit never {limit}");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "limit never {limit}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 #[tokio::test]
 async fn an_override_set_on_instance_a_changes_the_limit_on_instance_b() {
-    let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    let nanos = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .unwrap()
+        .as_nanos();
     let prefix = format!("demo-overrides-{}-{nanos}", std::process::id());
     let (a, b) = (instance(&prefix).await, instance(&prefix).await);
     assert_eq!(items(&b, "ada").await, (StatusCode::OK, "10".into()));
 
     let path = "/admin/rate_limit/items/ada/override";
-    assert_eq!(admin(&a, "PUT", path, "1000/h", "wrong").await, StatusCode::FORBIDDEN);
-    assert_eq!(admin(&a, "PUT", path, "often", TOKEN).await, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        admin(&a, "PUT", path, "1000/h", "wrong").await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        admin(&a, "PUT", path, "often", TOKEN).await,
+        StatusCode::BAD_REQUEST
+    );
     let unknown = "/admin/rate_limit/nope/ada/override";
-    assert_eq!(admin(&a, "PUT", unknown, "1000/h", TOKEN).await, StatusCode::NOT_FOUND);
+    assert_eq!(
+        admin(&a, "PUT", unknown, "1000/h", TOKEN).await,
+        StatusCode::NOT_FOUND
+    );
 
-    assert_eq!(admin(&a, "PUT", path, "1000/h", TOKEN).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        admin(&a, "PUT", path, "1000/h", TOKEN).await,
+        StatusCode::NO_CONTENT
+    );
     let took = until_limit(&b, "1000").await;
     println!("override applied on B after {took:?}");
     assert!(took <= Duration::from_secs(1), "took {took:?}");
@@ -101,21 +123,29 @@ async fn an_override_set_on_instance_a_changes_the_limit_on_instance_b() {
         .body(Body::empty())
         .unwrap();
     let shown = b.clone().oneshot(request).await.unwrap();
-    let body = http_body_util::BodyExt::collect(shown.into_body()).await.unwrap();
+    let body = http_body_util::BodyExt::collect(shown.into_body())
+        .await
+        .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
     assert_eq!(json["resources"]["items"]["limit"], 1000);
     assert_eq!(json["resources"]["items"]["used"], 2);
 
     // Denied, for a minute: 403 on B.
     let deny = format!("{path}?seconds=60");
-    assert_eq!(admin(&a, "PUT", &deny, "deny", TOKEN).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        admin(&a, "PUT", &deny, "deny", TOKEN).await,
+        StatusCode::NO_CONTENT
+    );
     let start = Instant::now();
     while items(&b, "ada").await.0 != StatusCode::FORBIDDEN {
         assert!(start.elapsed() < Duration::from_secs(1), "deny not applied");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    assert_eq!(admin(&a, "DELETE", path, "", TOKEN).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        admin(&a, "DELETE", path, "", TOKEN).await,
+        StatusCode::NO_CONTENT
+    );
     let took = until_limit(&b, "10").await;
     assert!(took <= Duration::from_secs(1), "took {took:?}");
 }

@@ -122,7 +122,12 @@ impl OverrideStore for MemoryOverrides {
         let now = self.now();
         let table = &self.inner.table;
         table.sweep(now);
-        table.set(key.clone(), policy.name(), rule, expires_in.map(|d| now + d));
+        table.set(
+            key.clone(),
+            policy.name(),
+            rule,
+            expires_in.map(|d| now + d),
+        );
         Ok(())
     }
 

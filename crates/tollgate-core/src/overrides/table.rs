@@ -81,7 +81,9 @@ impl Entry {
         match &self.rule {
             Override::Exempt => Some(Applied::Exempt),
             Override::Deny => Some(Applied::Deny {
-                ends_in: self.expires_at.map(|end| end.saturating_duration_since(now)),
+                ends_in: self
+                    .expires_at
+                    .map(|end| end.saturating_duration_since(now)),
             }),
             Override::Limits { limits, burst } => {
                 let mut made = self.made.lock();
@@ -188,7 +190,12 @@ impl OverrideTable {
 
     /// `key`'s override under the policy named `policy` and its expiry, if
     /// one is in force at `now`.
-    pub fn get(&self, key: &Key, policy: &str, now: Timestamp) -> Option<(Override, Option<Timestamp>)> {
+    pub fn get(
+        &self,
+        key: &Key,
+        policy: &str,
+        now: Timestamp,
+    ) -> Option<(Override, Option<Timestamp>)> {
         let entry = self.entry(key, policy, now)?;
         Some((entry.rule.clone(), entry.expires_at))
     }

@@ -223,7 +223,11 @@ impl<C: RedisConnection> Shared<C> {
     /// drops those expired by now and renews the keys' TTL.
     async fn poll(&self, sweep: bool) -> Result<(), RedisStoreError> {
         let mut seen = self.seen.lock().await;
-        let now = if sweep { self.clock.now().as_micros() } else { 0 };
+        let now = if sweep {
+            self.clock.now().as_micros()
+        } else {
+            0
+        };
         let keep = if sweep { millis(self.retention) } else { 0 };
         let inner = &*self.store.inner;
         let reply = inner
@@ -232,7 +236,10 @@ impl<C: RedisConnection> Shared<C> {
                     cmd.arg(2).arg(&self.hash).arg(&self.version);
                     cmd.arg(seen.as_str()).arg(now).arg(keep);
                 };
-                inner.wire.eval(&self.hash, &self.poll, (6, 128), args).await
+                inner
+                    .wire
+                    .eval(&self.hash, &self.poll, (6, 128), args)
+                    .await
             })
             .await?;
         let (version, all) = form::poll_reply(reply)
@@ -262,7 +269,10 @@ impl<C: RedisConnection> Shared<C> {
                     cmd.arg(2).arg(&self.hash).arg(&self.version);
                     cmd.arg(&field).arg(value).arg(keep);
                 };
-                inner.wire.eval(&self.hash, &self.write, (6, 128), args).await
+                inner
+                    .wire
+                    .eval(&self.hash, &self.write, (6, 128), args)
+                    .await
             })
             .await?;
         self.poll(false).await

@@ -22,8 +22,8 @@ use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, let_thr
 use crate::macros::failure_setters;
 use crate::report::{Telemetry, Verdict};
 use jitter::Draws;
-use overridden::{Checked, checked, own_limits};
 pub use jitter::Jitter;
+use overridden::{Checked, checked, own_limits};
 pub use wait::WaitError;
 
 /// A rate limiter for code that is not an HTTP handler: background jobs,
@@ -339,7 +339,9 @@ impl<St: Store> RateLimiter<St> {
     /// As [`RateLimiter::check`].
     pub async fn status(&self, key: &Key) -> Result<Decision, StoreError> {
         let own = own_limits(self.overrides.as_deref(), key, &self.policy);
-        self.store.status(key, own.as_ref().unwrap_or(&self.policy)).await
+        self.store
+            .status(key, own.as_ref().unwrap_or(&self.policy))
+            .await
     }
 
     /// The state of `key` under each policy of the limiter's

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tollgate_core::{
-    Applied, Clock, ConfigError, Key, Override, OverrideSource, OverrideTable, Policy,
-    SystemClock, Timestamp,
+    Applied, Clock, ConfigError, Key, Override, OverrideSource, OverrideTable, Policy, SystemClock,
+    Timestamp,
 };
 
 /// One key's override under one policy, from wherever you keep them: a
@@ -306,7 +306,13 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
                 Err(_) => {
                     let mut asked = inner.asked.lock();
                     let slot = (key.clone(), Box::from(policy.name()));
-                    asked.insert(slot, Asked { at: Some(now), pending: false });
+                    asked.insert(
+                        slot,
+                        Asked {
+                            at: Some(now),
+                            pending: false,
+                        },
+                    );
                 }
             }
         }

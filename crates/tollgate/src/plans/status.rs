@@ -150,8 +150,12 @@ impl<St> RateLimitStatus<St> {
                 Some(Applied::Exempt | Applied::Deny { .. }) | None => (key, policy),
             }
         };
-        let asked: Vec<(Key, Policy)> =
-            self.routes.iter().filter_map(|r| r(request)).map(own).collect();
+        let asked: Vec<(Key, Policy)> = self
+            .routes
+            .iter()
+            .filter_map(|r| r(request))
+            .map(own)
+            .collect();
         async move {
             let mut states = Vec::with_capacity(asked.len());
             for (key, policy) in asked {

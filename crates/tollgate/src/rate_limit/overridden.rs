@@ -9,7 +9,7 @@ use tollgate_core::{Applied, Key, OverrideSource, Policy};
 
 use crate::response::Responder;
 
-use super::service::Shared;
+use super::responders::Responders;
 
 /// What an override in force makes of a request.
 pub(super) enum Overridden {
@@ -25,8 +25,8 @@ pub(super) enum Overridden {
 /// What `key`'s override under `policy`, if `source` has one in force,
 /// makes of its request. Kept out of `call`, whose code stays small.
 #[inline(never)]
-pub(super) fn overridden<K, St>(
-    shared: &Shared<K, St>,
+pub(super) fn overridden(
+    responders: &Responders,
     source: &dyn OverrideSource,
     key: &Key,
     policy: &Policy,
@@ -34,7 +34,7 @@ pub(super) fn overridden<K, St>(
 ) -> Option<Overridden> {
     Some(match source.applied(key, policy)? {
         Applied::Limits(own) => {
-            let responder = shared.responders.overridden(responder, &own);
+            let responder = responders.overridden(responder, &own);
             Overridden::Limits(own, responder)
         }
         Applied::Exempt => Overridden::Exempt,

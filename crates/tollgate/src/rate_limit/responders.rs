@@ -54,14 +54,22 @@ impl Responders {
     /// counts in `base`'s metrics (the policy's name is the same).
     pub(crate) fn overridden(&self, base: &Arc<Responder>, own: &Policy) -> Arc<Responder> {
         let (name, fingerprint) = (own.name(), own.fingerprint());
-        let made = self.overridden.read().unwrap_or_else(PoisonError::into_inner);
-        let known = made.iter().find(|(f, r)| *f == fingerprint && *r.policy == *name);
+        let made = self
+            .overridden
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let known = made
+            .iter()
+            .find(|(f, r)| *f == fingerprint && *r.policy == *name);
         if let Some((_, known)) = known {
             return known.clone();
         }
         drop(made);
         let made = Arc::new(base.with_values(own));
-        let mut kept = self.overridden.write().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self
+            .overridden
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if kept.len() < MAX_CHOSEN {
             kept.push((fingerprint, made.clone()));
         }

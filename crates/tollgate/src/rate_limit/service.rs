@@ -176,15 +176,17 @@ where
         // lookup, skipped while the source knows none.
         let own;
         let (policy, responder) = match config.overrides.as_deref() {
-            Some(source) if !source.is_empty() => match overridden(shared, source, &key, policy, responder) {
-                None => (policy, responder),
-                Some(Overridden::Limits(policy, responder)) => {
-                    own = (policy, responder);
-                    (&own.0, &own.1)
+            Some(source) if !source.is_empty() => {
+                match overridden(&shared.responders, source, &key, policy, responder) {
+                    None => (policy, responder),
+                    Some(Overridden::Limits(policy, responder)) => {
+                        own = (policy, responder);
+                        (&own.0, &own.1)
+                    }
+                    Some(Overridden::Exempt) => return ResponseFuture::call(inner, request),
+                    Some(Overridden::Denied(response)) => return ResponseFuture::respond(response),
                 }
-                Some(Overridden::Exempt) => return ResponseFuture::call(inner, request),
-                Some(Overridden::Denied(response)) => return ResponseFuture::respond(response),
-            },
+            }
             _ => (policy, responder),
         };
         let enforce = responder.enforces(&key);
