@@ -253,6 +253,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(None) => return Err("--admin-token: an empty token would let anyone in".into()),
         Some(token) => {
             say!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
+            say!("admin: PUT or DELETE /admin/rate_limit/{{policy}}/{{user}}/override");
             token
         }
     };

@@ -109,13 +109,58 @@ struct Inner<L> {
     table: OverrideTable,
     /// When each key and policy was last asked, and whether a lookup is
     /// under way.
-    asked: Mutex<HashMap<(Key, Box<str>), Asked, std::collections::hash_map::RandomState>>,
+    asked: Mutex<Asks>,
 }
 
 #[derive(Clone, Copy)]
 struct Asked {
     at: Option<Timestamp>,
     pending: bool,
+}
+
+/// When each key and policy was last asked: by key, then by policy name,
+/// so that a request's question borrows its key and allocates nothing.
+#[derive(Default)]
+struct Asks {
+    by_key: HashMap<Key, Vec<(Box<str>, Asked)>>,
+    len: usize,
+}
+
+impl Asks {
+    fn get_mut(&mut self, key: &Key, policy: &str) -> Option<&mut Asked> {
+        let asked = self.by_key.get_mut(key)?.iter_mut();
+        asked
+            .filter(|(name, _)| **name == *policy)
+            .map(|(_, a)| a)
+            .next()
+    }
+
+    /// Records `asked` of `key` under `policy`; a new one past `max`
+    /// first forgets another (the first the map yields), in `table` too.
+    fn put(&mut self, key: &Key, policy: &str, asked: Asked, max: usize, table: &OverrideTable) {
+        if let Some(known) = self.get_mut(key, policy) {
+            *known = asked;
+            return;
+        }
+        if self.len >= max {
+            self.forget_one(table);
+        }
+        let entry = (Box::from(policy), asked);
+        self.by_key.entry(key.clone()).or_default().push(entry);
+        self.len += 1;
+    }
+
+    fn forget_one(&mut self, table: &OverrideTable) {
+        let Some(key) = self.by_key.keys().next().cloned() else {
+            return;
+        };
+        if let Some(forgotten) = self.by_key.remove(&key) {
+            self.len -= forgotten.len();
+            for (policy, _) in forgotten {
+                table.remove(&key, &policy);
+            }
+        }
+    }
 }
 
 impl<L: OverrideLookup> CachedLookup<L> {
@@ -202,7 +247,7 @@ impl<L: OverrideLookup> CachedLookupBuilder<L> {
                 max_keys: self.max_keys,
                 clock: self.clock,
                 table: OverrideTable::new(),
-                asked: Mutex::default(),
+                asked: Mutex::new(Asks::default()),
             }),
         })
     }
@@ -230,16 +275,12 @@ impl<L: OverrideLookup> Inner<L> {
                 }
             }
         }
-        let mut asked = self.asked.lock();
-        let slot = (key.clone(), Box::from(policy));
         let fresh = Asked {
             at: Some(now),
             pending: false,
         };
-        if asked.len() >= self.max_keys && !asked.contains_key(&slot) {
-            forget_one(&mut asked, &self.table);
-        }
-        asked.insert(slot, fresh);
+        let mut asked = self.asked.lock();
+        asked.put(key, policy, fresh, self.max_keys, &self.table);
         found.map(drop)
     }
 
@@ -247,10 +288,7 @@ impl<L: OverrideLookup> Inner<L> {
     /// if so.
     fn due(&self, key: &Key, policy: &str, now: Timestamp) -> bool {
         let mut asked = self.asked.lock();
-        // A borrowed lookup would need a key type of our own; the clone is
-        // inline for keys of up to 32 bytes.
-        let slot = (key.clone(), Box::from(policy));
-        if let Some(entry) = asked.get_mut(&slot) {
+        if let Some(entry) = asked.get_mut(key, policy) {
             let stale = entry
                 .at
                 .is_none_or(|at| now.saturating_duration_since(at) >= self.time);
@@ -260,31 +298,13 @@ impl<L: OverrideLookup> Inner<L> {
             entry.pending = true;
             return true;
         }
-        if asked.len() >= self.max_keys {
-            forget_one(&mut asked, &self.table);
-        }
-        asked.insert(
-            slot,
-            Asked {
-                at: None,
-                pending: true,
-            },
-        );
+        let pending = Asked {
+            at: None,
+            pending: true,
+        };
+        asked.put(key, policy, pending, self.max_keys, &self.table);
         true
     }
-}
-
-/// Forgets one cached key and policy (the first the map yields), to make
-/// room.
-fn forget_one(
-    asked: &mut HashMap<(Key, Box<str>), Asked, std::collections::hash_map::RandomState>,
-    table: &OverrideTable,
-) {
-    let Some(slot) = asked.keys().next().cloned() else {
-        return;
-    };
-    asked.remove(&slot);
-    table.remove(&slot.0, &slot.1);
 }
 
 impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
@@ -304,15 +324,12 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
                 }
                 // No runtime to look up in: asked again after the cache time.
                 Err(_) => {
+                    let later = Asked {
+                        at: Some(now),
+                        pending: false,
+                    };
                     let mut asked = inner.asked.lock();
-                    let slot = (key.clone(), Box::from(policy.name()));
-                    asked.insert(
-                        slot,
-                        Asked {
-                            at: Some(now),
-                            pending: false,
-                        },
-                    );
+                    asked.put(key, policy.name(), later, inner.max_keys, &inner.table);
                 }
             }
         }
@@ -335,5 +352,48 @@ impl<L> fmt::Debug for CachedLookup<L> {
             .field("max_keys", &self.inner.max_keys)
             .field("overrides", &self.inner.table.len())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Everyone;
+
+    impl OverrideLookup for Everyone {
+        type Error = std::convert::Infallible;
+
+        async fn lookup(
+            &self,
+            _: &Key,
+            _: &str,
+        ) -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
+            Ok(Some((Override::Exempt, None)))
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn hostile_keys_cannot_grow_the_cache_past_max_keys() {
+        let cached = CachedLookup::builder(Everyone).max_keys(2).build().unwrap();
+        let api = Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
+        for i in 0..100 {
+            cached
+                .load(&Key::user(format!("k{i}")), &api)
+                .await
+                .unwrap();
+            let asked = cached.inner.asked.lock();
+            assert!(asked.len <= 2);
+            assert_eq!(
+                asked.by_key.values().map(Vec::len).sum::<usize>(),
+                asked.len
+            );
+            drop(asked);
+            assert!(cached.inner.table.len() <= 2);
+        }
+        // A second policy of a cached key is a second entry.
+        let other = Policy::new("other", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
+        cached.load(&Key::user("k99"), &other).await.unwrap();
+        assert!(cached.inner.asked.lock().len <= 2);
     }
 }
