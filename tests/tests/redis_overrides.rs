@@ -35,7 +35,9 @@ impl Instance {
             .connect(url.as_str())
             .await
             .unwrap();
+        // Kept a minute after the test, not the default 30 days.
         let overrides = RedisOverrides::builder()
+            .retention(Duration::from_secs(60))
             .clock(clock.clone())
             .start(&store)
             .await

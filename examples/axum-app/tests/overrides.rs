@@ -36,7 +36,12 @@ async fn instance(prefix: &str) -> Router {
         .connect(url.as_str())
         .await
         .unwrap();
-    let overrides = RedisOverrides::builder().start(&store).await.unwrap();
+    // Kept a minute after the test, not the default 30 days.
+    let overrides = RedisOverrides::builder()
+        .retention(Duration::from_secs(60))
+        .start(&store)
+        .await
+        .unwrap();
     let admin = AdminToken::new(TOKEN);
     let app = app_with_overrides(
         &config(),
@@ -90,7 +95,7 @@ async fn an_override_set_on_instance_a_changes_the_limit_on_instance_b() {
         .elapsed()
         .unwrap()
         .as_nanos();
-    let prefix = format!("demo-overrides-{}-{nanos}", std::process::id());
+    let prefix = format!("tgtest-demo-overrides-{}-{nanos}", std::process::id());
     let (a, b) = (instance(&prefix).await, instance(&prefix).await);
     assert_eq!(items(&b, "ada").await, (StatusCode::OK, "10".into()));
 
