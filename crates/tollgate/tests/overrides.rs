@@ -173,6 +173,34 @@ async fn deny_is_a_403_that_says_so_with_the_rest_as_retry_after() {
     assert_eq!(state.remaining(), 10);
 }
 
+#[tokio::test]
+async fn a_grpc_layer_denies_with_permission_denied() {
+    let app = App::new();
+    app.set("mallory", "deny", None).await;
+    let layer = RateLimitLayer::new(
+        app.policy.clone(),
+        HeaderKey::new(HeaderName::from_static("x-api-key")),
+    )
+    .overrides(app.overrides.clone())
+    .grpc();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let request = Request::get("/")
+        .header("x-api-key", "mallory")
+        .body(())
+        .unwrap();
+    let response = svc.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "7");
+    assert_eq!(
+        response.headers()["grpc-message"],
+        "access under 'api' is denied to this key by an operator, until lifted"
+    );
+}
+
 /// A lookup that counts its calls and answers what `answer` holds.
 #[derive(Clone, Default)]
 struct Db {

@@ -84,7 +84,10 @@ async fn until_limit(b: &Router, limit: &str) -> (Duration, u64) {
         if items(b, "ada").await.1 == limit {
             return (start.elapsed(), made);
         }
-        assert!(start.elapsed() < Duration::from_secs(3), "limit never {limit}");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "limit never {limit}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
