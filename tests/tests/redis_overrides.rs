@@ -2,7 +2,8 @@
 //! instance, enforced by another within 1 s; an expiry restores the plan
 //! (fake clock) and is cleaned up in Redis; a restart finds the override
 //! in force; raising a limit mid-window keeps what the key used; exempt
-//! and deny through the layer and the limiter; every key has a TTL.
+//! and deny through the layer and the limiter; every key has a TTL; a
+//! source started while Redis is down loads the overrides once it answers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::convert::Infallible;
@@ -303,4 +304,52 @@ fn every_key_has_a_ttl(redis: &mut redis::Connection, prefix: &str) {
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(redis).unwrap();
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_started_while_redis_is_down_loads_the_overrides_once_it_answers() {
+    let mut server = tollgate_tests::RedisServer::spawn();
+    let url = server.url();
+    server.kill();
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let prefix = unique_prefix("overrides-boot");
+    let store = || async {
+        RedisStore::builder()
+            .prefix(prefix.as_str())
+            .deadline(Duration::from_secs(2))
+            .connect_timeout(Duration::from_millis(200))
+            .circuit_breaker(1_000, Duration::from_millis(50))
+            .test_clock(clock.clone())
+            .connect(url.as_str())
+            .await
+            .unwrap()
+    };
+    let source = |store: RedisStore| {
+        let clock = clock.clone();
+        async move {
+            let builder = RedisOverrides::builder().clock(clock);
+            builder.start(&store).await.unwrap()
+        }
+    };
+    // Started while Redis is down: no error, no override.
+    let early = source(store().await).await;
+    assert!(early.table().is_empty());
+
+    server.restart();
+    let late = source(store().await).await;
+    let (api, acme) = (api(), Key::header("acme"));
+    let start = Instant::now();
+    while late.set(&acme, &api, Override::Deny, None).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "Redis never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The early source polls on, and loads it.
+    while early.get(&acme, &api).is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(early.get(&acme, &api), Some((Override::Deny, None)));
 }
