@@ -22,6 +22,10 @@
 //!   themselves cost, without a limiter;
 //! - `tollgate memory`: `RateLimitLayer` on the memory store, with its
 //!   default GitHub headers (five on every response) and `keep_body_type()`;
+//! - `tollgate memory + empty overrides` and `+ 1,000 overrides of other
+//!   keys`: the same layer with a `MemoryOverrides` source, empty (the
+//!   atomic check alone) or holding overrides of keys the bench never
+//!   sends (every request pays the table lookup, none is overridden);
 //! - `tower_governor, with headers`: `tower_governor` 0.8 with
 //!   `use_headers()` (on an admitted request, `x-ratelimit-limit` and
 //!   `x-ratelimit-remaining`), keyed by the header as an owned `String`;
@@ -45,7 +49,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use tollgate::{HeaderStyle, RateLimitLayer};
+use tollgate::{HeaderStyle, Key, MemoryOverrides, Override, OverrideStore, RateLimitLayer};
 use tollgate_redis::{LeasedStore, RedisStore};
 use tollgate_tests::RedisServer;
 use tower::util::MapResponseLayer;
@@ -198,6 +202,16 @@ fn main() {
                 (
                     format!("tollgate memory, {dist}"),
                     serve(route().layer(layer())).await,
+                    script,
+                ),
+                (
+                    format!("tollgate memory + empty overrides, {dist}"),
+                    serve(route().layer(layer().overrides(MemoryOverrides::new()))).await,
+                    script,
+                ),
+                (
+                    format!("tollgate memory + 1,000 overrides of other keys, {dist}"),
+                    serve(route().layer(layer().overrides(other_keys_overridden().await))).await,
                     script,
                 ),
                 (
@@ -427,4 +441,19 @@ fn main() {
     }
     drop(redis);
     runtime.shutdown_timeout(Duration::from_secs(1));
+}
+
+/// A source of overrides holding 1,000 overrides, none of a key the bench
+/// sends: every request pays the lookup, none is overridden.
+async fn other_keys_overridden() -> MemoryOverrides {
+    let overrides = MemoryOverrides::new();
+    let rule = Override::limit("1000000/min").unwrap();
+    for i in 0..1_000 {
+        let key = Key::header(format!("overridden-{i}"));
+        overrides
+            .set(&key, &per_key(), rule.clone(), None)
+            .await
+            .unwrap();
+    }
+    overrides
 }

@@ -230,6 +230,19 @@ pub enum ConfigError {
     },
 }
 
+/// Why an override was not set.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverrideError {
+    /// The override cannot apply to the policy (see
+    /// [`Override::check`](crate::Override::check)).
+    #[error("invalid override: {0}")]
+    Config(#[source] ConfigError),
+    /// The override could not be saved.
+    #[error("override not saved: {0}")]
+    Store(#[source] StoreError),
+}
+
 /// Why a store could not reach a decision.
 ///
 /// A store error never means "allowed": the caller applies its failure

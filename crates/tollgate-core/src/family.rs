@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use crate::builder::validate_name;
 use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError};
+use crate::error::{ConfigError, OverrideError, StoreError};
 use crate::key::Key;
+use crate::overrides::{Override, OverrideStore};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -177,6 +178,105 @@ impl PolicyFamily {
             states.push((policy.clone(), store.status(key, policy).await?));
         }
         Ok(states)
+    }
+}
+
+impl PolicyFamily {
+    /// Sets `key`'s override under every member, for `expires_in` or
+    /// until cleared, as [`OverrideStore::set`] does under one: a user's
+    /// own limits (or exempt, or deny) on a route whichever plan they are
+    /// on. Raised or lowered limits apply as they are under each member
+    /// (each member keeps its algorithm, and the key its use). The
+    /// override is checked against every member before any is set.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{
+    ///     Algorithm, Applied, Key, MemoryOverrides, Override, OverrideSource, Policy, PolicyFamily,
+    /// };
+    ///
+    /// # block_on(async {
+    /// let free = Policy::new("export", Algorithm::TokenBucket, "50/h")?;
+    /// let pro = Policy::new("export-pro", Algorithm::TokenBucket, "200/h")?;
+    /// let export = PolicyFamily::new("export", [free.clone(), pro.clone()])?;
+    /// let overrides = MemoryOverrides::new();
+    /// let bob = Key::user("bob");
+    /// export.set_override(&overrides, &bob, Override::limit("5000/h")?, None).await?;
+    /// for policy in [&free, &pro] {
+    ///     let Some(Applied::Limits(own)) = overrides.applied(&bob, policy) else { panic!() };
+    ///     assert_eq!((own.name(), own.limits()[0].count()), (policy.name(), 5000));
+    /// }
+    /// export.clear_override(&overrides, &bob).await?;
+    /// assert!(overrides.applied(&bob, &pro).is_none());
+    ///
+    /// // A burst the fixed window of a member does not have: nothing is set.
+    /// let daily = Policy::new("export-daily", Algorithm::FixedWindow, "500/d")?;
+    /// let mixed = PolicyFamily::new("export", [free, daily])?;
+    /// let burst: Override = "100/h burst 10".parse()?;
+    /// assert!(mixed.set_override(&overrides, &bob, burst, None).await.is_err());
+    /// assert!(overrides.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`OverrideError::Config`] naming the first member the override
+    /// cannot apply to (nothing is set then); the first member's
+    /// [`OverrideError::Store`] otherwise, the members after it not tried.
+    pub async fn set_override<O: OverrideStore>(
+        &self,
+        overrides: &O,
+        key: &Key,
+        rule: Override,
+        expires_in: Option<Duration>,
+    ) -> Result<(), OverrideError> {
+        for policy in self.members() {
+            rule.check(policy).map_err(OverrideError::Config)?;
+        }
+        for policy in self.members() {
+            overrides.set(key, policy, rule.clone(), expires_in).await?;
+        }
+        Ok(())
+    }
+
+    /// Clears `key`'s override under every member: each member's policy
+    /// applies again.
+    ///
+    /// # Errors
+    ///
+    /// The first member's [`StoreError`]; the members after it are not
+    /// tried.
+    pub async fn clear_override<O: OverrideStore>(
+        &self,
+        overrides: &O,
+        key: &Key,
+    ) -> Result<(), StoreError> {
+        for policy in self.members() {
+            overrides.clear(key, policy).await?;
+        }
+        Ok(())
+    }
+
+    /// `key`'s override under each member that has one in force, with its
+    /// expiry, as this instance knows them, in the members' order.
+    pub fn overrides<O: OverrideStore>(
+        &self,
+        overrides: &O,
+        key: &Key,
+    ) -> Vec<(Policy, Override, Option<crate::time::Timestamp>)> {
+        let members = self.members().iter();
+        members
+            .filter_map(|p| {
+                let (rule, ends) = overrides.get(key, p)?;
+                Some((p.clone(), rule, ends))
+            })
+            .collect()
     }
 }
 

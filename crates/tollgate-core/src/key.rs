@@ -36,6 +36,28 @@ impl KeyKind {
             KeyKind::Composite => "composite",
         }
     }
+
+    /// The kind of that [`as_str`](Self::as_str) name, if there is one.
+    ///
+    /// ```
+    /// use tollgate_core::KeyKind;
+    ///
+    /// assert_eq!(KeyKind::from_name("user"), Some(KeyKind::User));
+    /// assert_eq!(KeyKind::from_name(KeyKind::Composite.as_str()), Some(KeyKind::Composite));
+    /// assert_eq!(KeyKind::from_name("User"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            KeyKind::Global,
+            KeyKind::Ip,
+            KeyKind::Header,
+            KeyKind::User,
+            KeyKind::Custom,
+            KeyKind::Composite,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == name)
+    }
 }
 
 /// The type of a value made into a [`Key`] with [`Key::typed`]: the first

@@ -61,6 +61,7 @@ mod inflight;
 mod key;
 mod limit;
 mod memory;
+mod overrides;
 mod policy;
 mod settle;
 pub mod state;
@@ -79,12 +80,15 @@ pub use boxed::BoxStore;
 pub use builder::{IntoLimit, PolicyBuilder};
 pub use calendar::Calendar;
 pub use decision::{Decision, LimitStatus, Outcome};
-pub use error::{ConfigError, StoreError};
+pub use error::{ConfigError, OverrideError, StoreError};
 pub use family::PolicyFamily;
 pub use inflight::{InFlightLimit, Renewal, SlotStore, Slots};
 pub use key::{Key, KeyKind, TypeTag};
 pub use limit::Limit;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use overrides::{
+    Applied, MemoryOverrides, Override, OverrideSource, OverrideStore, OverrideTable,
+};
 pub use policy::Policy;
 #[doc(hidden)] // storage encodings, shared with tollgate-redis: not part of the API
 pub use policy::{LimitParams, Shape};

@@ -94,6 +94,7 @@ mod known;
 mod lanes;
 mod lease;
 mod op;
+mod overrides;
 mod patience;
 mod script;
 mod store;
@@ -108,5 +109,6 @@ pub use connect::{
 };
 pub use error::RedisStoreError;
 pub use lease::{LeaseCalls, LeasedStore, LeasedStoreBuilder};
+pub use overrides::{RedisOverrides, RedisOverridesBuilder};
 pub use redis::sentinel::SentinelNodeConnectionInfo;
 pub use store::RedisStore;

@@ -100,6 +100,7 @@ mod fallback;
 mod in_flight;
 mod limiter;
 mod macros;
+mod overrides;
 mod plans;
 mod rate_limit;
 mod ready;
@@ -123,6 +124,7 @@ pub use fallback::{
 pub use headers::HeaderStyle;
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use limiter::{Jitter, RateLimiter, WaitError};
+pub use overrides::{CachedLookup, CachedLookupBuilder, OverrideLookup};
 #[cfg(feature = "axum")]
 pub use plans::RateLimitStatus;
 pub use plans::{PlanExtension, PlanMap, PlanMapBuilder, PlanSource};
@@ -136,9 +138,11 @@ pub use tollgate_core::{
     AdaptiveLimit, AdaptiveLimitBuilder, Completion, ConcurrencySnapshot, LimitAlgorithm, Priority,
 };
 pub use tollgate_core::{
-    Algorithm, BoxStore, Calendar, Clock, ConfigError, Decision, FakeClock, InFlightLimit, Key,
-    KeyKind, Limit, LimitStatus, MemoryStore, Outcome, Policy, PolicyBuilder, PolicyFamily,
-    Renewal, Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp, TypeTag,
+    Algorithm, Applied, BoxStore, Calendar, Clock, ConfigError, Decision, FakeClock, InFlightLimit,
+    Key, KeyKind, Limit, LimitStatus, MemoryOverrides, MemoryStore, Outcome, Override,
+    OverrideError, OverrideSource, OverrideStore, OverrideTable, Policy, PolicyBuilder,
+    PolicyFamily, Renewal, Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp,
+    TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.

@@ -64,6 +64,25 @@ impl Responder {
         }
     }
 
+    /// This responder for a key's own limits `own` (an override) under
+    /// its policy: headers tell `own`'s limits; the metrics stay the
+    /// policy's.
+    pub(crate) fn with_values(&self, own: &Policy) -> Self {
+        Self {
+            values: Values::of(own),
+            ..self.clone()
+        }
+    }
+
+    /// The answer to a request of a key an operator's override denies,
+    /// for `ends_in` still if it expires: 403 (see `answer::denied_by_operator`).
+    pub(crate) fn denied_by_operator(
+        &self,
+        ends_in: Option<std::time::Duration>,
+    ) -> Response<Bytes> {
+        answer::denied_by_operator(&self.policy, ends_in, self.protocol)
+    }
+
     /// Whether denials of `key` are enforced rather than shadowed.
     #[inline]
     pub(crate) fn enforces(&self, key: &Key) -> bool {

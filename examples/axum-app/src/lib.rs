@@ -11,6 +11,7 @@
 pub mod config;
 pub mod operators;
 pub mod overload;
+pub mod overrides;
 
 use std::fmt;
 
@@ -32,6 +33,7 @@ use tollgate::{
 
 pub use operators::AdminToken;
 pub use overload::{Overload, OverloadConfig};
+pub use overrides::AppOverrides;
 
 pub use config::{
     AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteConfig, SettleSpec,
@@ -107,6 +109,18 @@ pub fn app(config: &AppConfig, store: BoxStore) -> Router {
 /// requests that carry `Authorization: Bearer <admin token>`, if there is
 /// an admin token.
 pub fn app_with_admin(config: &AppConfig, store: BoxStore, admin: Option<AdminToken>) -> Router {
+    app_with_overrides(config, store, admin, AppOverrides::default())
+}
+
+/// The app's router with admin routes, whose layers apply each user's
+/// override from `overrides`; with an admin token, `PUT` and `DELETE
+/// /admin/rate_limit/{policy}/{user}/override` set and clear them.
+pub fn app_with_overrides(
+    config: &AppConfig,
+    store: BoxStore,
+    admin: Option<AdminToken>,
+    overrides: AppOverrides,
+) -> Router {
     let mut router = Router::new();
     for &(method, path) in ROUTES {
         let mut route: MethodRouter = handler(method, path);
@@ -134,23 +148,27 @@ pub fn app_with_admin(config: &AppConfig, store: BoxStore, admin: Option<AdminTo
             }
         }
         for entry in entries.iter().rev().filter(|e| e.key.after_auth()) {
-            route = route.route_layer(layer(config, entry, &store));
+            route = route.route_layer(layer(config, entry, &store, &overrides));
         }
         if config::is_authenticated(path) {
             route = route.route_layer(middleware::from_fn(demo_auth));
         }
         for entry in entries.iter().rev().filter(|e| !e.key.after_auth()) {
-            route = route.route_layer(layer(config, entry, &store));
+            route = route.route_layer(layer(config, entry, &store, &overrides));
         }
         router = router.route(path, route);
     }
-    router.merge(operators::routes(config, &store, admin))
+    if let Some(admin) = &admin {
+        router = router.merge(overrides::routes(config, &overrides, admin.clone()));
+    }
+    router.merge(operators::routes(config, &store, admin, &overrides))
 }
 
 fn layer(
     config: &AppConfig,
     entry: &RouteConfig,
     store: &BoxStore,
+    overrides: &AppOverrides,
 ) -> RateLimitLayer<ChosenPolicy<AppKey, AppPlans>, BoxStore, KeepBody> {
     let layer = RateLimitLayer::new(entry.policy.clone(), app_key(config, entry))
         .store(store.clone())
@@ -160,7 +178,8 @@ fn layer(
         .local_divisor(config.instances)
         // Axum's own body type: axum need not box each response again.
         .keep_body_type()
-        .plans(entry.plan_map.clone());
+        .plans(entry.plan_map.clone())
+        .overrides(overrides.clone());
     let layer = match entry.settle {
         SettleSpec::Reserved => layer,
         SettleSpec::Actual => layer.settle(Settle::actual_cost()),

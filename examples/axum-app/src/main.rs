@@ -20,11 +20,12 @@ use tower::ServiceExt;
 use tower::util::Oneshot;
 
 use axum_app::{
-    AdminToken, AppConfig, Overload, app_with_admin, install_metrics, metrics_route, policy_table,
+    AdminToken, AppConfig, AppOverrides, Overload, app_with_overrides, install_metrics,
+    metrics_route, policy_table,
 };
 use clap::Parser;
 use tollgate::{BoxStore, MemoryStore};
-use tollgate_redis::{RedisStore, RedisStoreBuilder};
+use tollgate_redis::{RedisOverrides, RedisStore, RedisStoreBuilder};
 
 /// Writes a line to stdout, as `println!` does, but carries on if stdout
 /// is closed (a pipe whose reader is gone): the server keeps serving.
@@ -143,6 +144,8 @@ impl tower::Service<Request> for Reloadable {
 #[derive(Clone)]
 struct Parts {
     store: BoxStore,
+    /// Each user's overrides: in Redis with a Redis store, else in memory.
+    overrides: AppOverrides,
     metrics: PrometheusHandle,
     admin: Option<AdminToken>,
     /// `GET /work` and its protection, made once: a reload keeps them.
@@ -151,7 +154,8 @@ struct Parts {
 
 /// The whole app of `config`: its routes and the metrics route.
 fn build(config: &AppConfig, parts: &Parts) -> Router {
-    app_with_admin(config, parts.store.clone(), parts.admin.clone())
+    let (store, admin) = (parts.store.clone(), parts.admin.clone());
+    app_with_overrides(config, store, admin, parts.overrides.clone())
         .merge(parts.overload.routes(parts.admin.clone()))
         .merge(metrics_route(parts.metrics.clone()))
 }
@@ -203,6 +207,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Before the layers are built: they register their counters with it.
     let metrics =
         install_metrics().map_err(|e| format!("cannot install metrics: {}", chain(&e)))?;
+    let mut overrides = AppOverrides::default();
     let store = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
@@ -226,6 +231,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("cannot use Redis at {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis at {}", redact(url));
             say_if_not_ready(&store, &config).await;
+            let shared = RedisOverrides::builder().start(&store).await;
+            overrides = AppOverrides::Redis(shared.map_err(|e| format!("overrides: {e}"))?);
             BoxStore::with_slots(store)
         }
         None => {
@@ -246,6 +253,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(None) => return Err("--admin-token: an empty token would let anyone in".into()),
         Some(token) => {
             say!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
+            say!("admin: PUT or DELETE /admin/rate_limit/{{policy}}/{{user}}/override");
             token
         }
     };
@@ -263,6 +271,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     let parts = Parts {
         store,
+        overrides,
         metrics,
         admin,
         overload,

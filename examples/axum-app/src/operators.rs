@@ -23,7 +23,7 @@ use axum::routing::{delete, get, post};
 use serde::Deserialize;
 use tollgate::{BoxStore, PolicyFamily, RateLimitReport, RateLimitStatus, ToKey};
 
-use crate::{AppConfig, KeySpec, RouteConfig, UserId, app_key, demo_auth};
+use crate::{AppConfig, AppOverrides, KeySpec, RouteConfig, UserId, app_key, demo_auth};
 
 /// Every user-keyed route entry.
 type Entries = Arc<[RouteConfig]>;
@@ -31,10 +31,16 @@ type Entries = Arc<[RouteConfig]>;
 /// `GET /rate_limit` (authenticated) and, with an admin token, `DELETE`
 /// and `GET /admin/rate_limit/{policy}/{user}` and `POST
 /// /admin/rate_limit/{policy}/{user}/block?seconds=N`.
-pub(crate) fn routes(config: &AppConfig, store: &BoxStore, admin: Option<AdminToken>) -> Router {
+pub(crate) fn routes(
+    config: &AppConfig,
+    store: &BoxStore,
+    admin: Option<AdminToken>,
+    overrides: &AppOverrides,
+) -> Router {
     let user_keyed = config.routes.iter().filter(|r| r.key == KeySpec::User);
     let entries: Entries = user_keyed.clone().cloned().collect();
-    let shown = user_keyed.fold(RateLimitStatus::new(store.clone()), |shown, r| {
+    let status = RateLimitStatus::new(store.clone()).overrides(overrides.clone());
+    let shown = user_keyed.fold(status, |shown, r| {
         shown.route(app_key(config, r), r.plan_map.clone())
     });
     let router = Router::new().route(

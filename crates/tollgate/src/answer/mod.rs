@@ -79,6 +79,36 @@ pub(crate) fn denied(
     }
 }
 
+/// The answer to a request of a key that an operator's override denies
+/// under the policy named `policy`: 403 Forbidden with a problem body (gRPC
+/// `PERMISSION_DENIED`), not 429, since no waiting lifts it but the
+/// operator; for a deny that expires, `Retry-After` is the rest of it and
+/// the body says so. Consumes nothing.
+pub(crate) fn denied_by_operator(
+    policy: &str,
+    ends_in: Option<Duration>,
+    protocol: Protocol,
+) -> Response<Bytes> {
+    let detail = match ends_in {
+        Some(wait) => format!(
+            "access under '{policy}' is denied to this key by an operator, for {} s more",
+            retry_after_secs(wait)
+        ),
+        None => {
+            format!("access under '{policy}' is denied to this key by an operator, until lifted")
+        }
+    };
+    let mut response = match protocol {
+        Protocol::Http => http::problem(StatusCode::FORBIDDEN, &detail),
+        Protocol::Grpc => grpc::response(grpc::Code::PermissionDenied, &detail),
+    };
+    if let Some(wait) = ends_in {
+        let headers = response.headers_mut();
+        headers.insert(RETRY_AFTER, retry_after(wait));
+    }
+    response
+}
+
 /// A request refused without a decision because the store failed. How
 /// its client is told is [`refused`]'s; what a caller that needs a
 /// result gets is [`StoreRefusal::into_result`]'s.

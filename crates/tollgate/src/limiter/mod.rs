@@ -3,6 +3,7 @@
 //! jitter in `jitter.rs`.
 
 mod jitter;
+mod overridden;
 mod wait;
 
 use std::fmt;
@@ -12,7 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use tollgate_core::{
-    ConfigError, Decision, Key, MemoryStore, Policy, PolicyFamily, Settlement, Store, StoreError,
+    ConfigError, Decision, Key, MemoryStore, OverrideSource, Policy, PolicyFamily, Settlement,
+    Store, StoreError,
 };
 
 use crate::answer::headers::HeaderStyle;
@@ -21,6 +23,7 @@ use crate::macros::failure_setters;
 use crate::report::{Telemetry, Verdict};
 use jitter::Draws;
 pub use jitter::Jitter;
+use overridden::{Checked, checked, own_limits};
 pub use wait::WaitError;
 
 /// A rate limiter for code that is not an HTTP handler: background jobs,
@@ -60,6 +63,8 @@ pub struct RateLimiter<St = MemoryStore> {
     jitter: Jitter,
     /// The jitter's random draws, shared by clones.
     draws: Arc<Draws>,
+    /// Where each key's overrides are found, if anywhere.
+    overrides: Option<Arc<dyn OverrideSource>>,
 }
 
 impl RateLimiter<MemoryStore> {
@@ -79,6 +84,7 @@ impl<St> RateLimiter<St> {
             store: FallbackStore::new(store),
             jitter: Jitter::default(),
             draws: Arc::new(Draws::new()),
+            overrides: None,
         }
     }
 
@@ -96,6 +102,39 @@ impl<St> RateLimiter<St> {
     /// ```
     pub fn jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;
+        self
+    }
+
+    /// Applies each key's override from `source`, as
+    /// [`RateLimitLayer::overrides`](crate::RateLimitLayer::overrides)
+    /// does: a key's own limits are checked under the policy's name; an
+    /// exempt key is admitted without the store (every limit reported
+    /// full); a denied key is refused, with the rest of the deny as its
+    /// retry time, or for good ([`Outcome::CostExceedsCapacity`] of a
+    /// capacity of 0) for a deny without expiry, so that
+    /// [`until_ready`](Self::until_ready) gives up at once.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Key, MemoryOverrides, Override, OverrideStore, Policy, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let exports = Policy::new("exports", Algorithm::FixedWindow, "1/h")?;
+    /// let overrides = MemoryOverrides::new();
+    /// let limiter = RateLimiter::new(exports.clone()).overrides(overrides.clone());
+    /// let acme = Key::user("acme");
+    /// overrides.set(&acme, &exports, Override::limit("3/h")?, None).await?;
+    /// for _ in 0..3 {
+    ///     assert!(limiter.check(&acme).await?.is_allowed());
+    /// }
+    /// assert!(!limiter.check(&acme).await?.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`Outcome::CostExceedsCapacity`]: crate::Outcome::CostExceedsCapacity
+    pub fn overrides(mut self, source: impl OverrideSource) -> Self {
+        self.overrides = Some(Arc::new(source));
         self
     }
 
@@ -262,9 +301,20 @@ impl<St: Store> RateLimiter<St> {
     /// A [`StoreError`] when the store cannot decide under
     /// [`FailureMode::Closed`], or the local fallback cannot either.
     pub async fn check_n(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        let own;
+        let policy = match (self.overrides.as_deref())
+            .and_then(|source| checked(source, key, &self.policy, cost))
+        {
+            None => &self.policy,
+            Some(Checked::Limits(policy)) => {
+                own = policy;
+                &own
+            }
+            Some(Checked::Decided(decision)) => return Ok(decision),
+        };
         let answer = self
             .store
-            .check_reported(key, &self.policy, cost, &*self.telemetry)
+            .check_reported(key, policy, cost, &*self.telemetry)
             .await;
         match answer {
             Answer::Decided(decision) => {
@@ -276,7 +326,7 @@ impl<St: Store> RateLimiter<St> {
                 self.telemetry.decided(&decision, verdict);
                 Ok(decision)
             }
-            Answer::LetThrough(_) => Ok(let_through(&self.policy).with_cost(cost)),
+            Answer::LetThrough(_) => Ok(let_through(policy).with_cost(cost)),
             Answer::Refused(refusal) => refusal.into_result(),
         }
     }
@@ -288,7 +338,10 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// As [`RateLimiter::check`].
     pub async fn status(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.store.status(key, &self.policy).await
+        let own = own_limits(self.overrides.as_deref(), key, &self.policy);
+        self.store
+            .status(key, own.as_ref().unwrap_or(&self.policy))
+            .await
     }
 
     /// The state of `key` under each policy of the limiter's
@@ -366,7 +419,9 @@ impl<St: Store> RateLimiter<St> {
         actual: u64,
     ) -> Result<Decision, StoreError> {
         let settlement = Settlement::of(reservation, reserved, actual);
-        self.store.settle(key, &self.policy, settlement).await
+        let own = own_limits(self.overrides.as_deref(), key, &self.policy);
+        let policy = own.as_ref().unwrap_or(&self.policy);
+        self.store.settle(key, policy, settlement).await
     }
 
     /// Blocks `key` for `duration` under every policy of the limiter's
@@ -414,6 +469,7 @@ impl<St> Clone for RateLimiter<St> {
             telemetry: self.telemetry.clone(),
             jitter: self.jitter,
             draws: self.draws.clone(),
+            overrides: self.overrides.clone(),
         }
     }
 }

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::handler::Handler;
 use axum::response::{IntoResponse, Response};
-use tollgate_core::{Key, Policy, Store, StoreError};
+use tollgate_core::{Applied, Key, OverrideSource, Policy, Store, StoreError};
 
 use crate::answer::{RateLimitReport, status_unavailable};
 use crate::extract::KeyExtractor;
@@ -86,6 +86,7 @@ type Route = Arc<dyn Fn(&Request) -> Option<(Key, Policy)> + Send + Sync>;
 pub struct RateLimitStatus<St> {
     store: St,
     routes: Arc<[Route]>,
+    overrides: Option<Arc<dyn OverrideSource>>,
 }
 
 impl<St> RateLimitStatus<St> {
@@ -94,7 +95,18 @@ impl<St> RateLimitStatus<St> {
         Self {
             store,
             routes: Arc::new([]),
+            overrides: None,
         }
+    }
+
+    /// Shows each caller's own limits where an override from `source`
+    /// gives them (the source the routes' layers apply): the limit,
+    /// remaining and reset of the key's own limits under the policy's
+    /// name. An exempt or denied caller is shown the policy's state.
+    #[must_use]
+    pub fn overrides(mut self, source: impl OverrideSource) -> Self {
+        self.overrides = Some(Arc::new(source));
+        self
     }
 
     /// Shows, after the routes given before, the route whose layer keys
@@ -113,6 +125,7 @@ impl<St> RateLimitStatus<St> {
         Self {
             store: self.store,
             routes,
+            overrides: self.overrides,
         }
     }
 
@@ -130,7 +143,19 @@ impl<St> RateLimitStatus<St> {
     where
         St: Store + Sync,
     {
-        let asked: Vec<(Key, Policy)> = self.routes.iter().filter_map(|r| r(request)).collect();
+        let own = |(key, policy): (Key, Policy)| {
+            let source = self.overrides.as_deref();
+            match source.and_then(|s| s.applied(&key, &policy)) {
+                Some(Applied::Limits(own)) => (key, own),
+                Some(Applied::Exempt | Applied::Deny { .. }) | None => (key, policy),
+            }
+        };
+        let asked: Vec<(Key, Policy)> = self
+            .routes
+            .iter()
+            .filter_map(|r| r(request))
+            .map(own)
+            .collect();
         async move {
             let mut states = Vec::with_capacity(asked.len());
             for (key, policy) in asked {
@@ -147,6 +172,7 @@ impl<St: Clone> Clone for RateLimitStatus<St> {
         Self {
             store: self.store.clone(),
             routes: self.routes.clone(),
+            overrides: self.overrides.clone(),
         }
     }
 }

@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{MemoryStore, Policy};
+use tollgate_core::{MemoryStore, OverrideSource, Policy};
 use tower_layer::Layer;
 
 use crate::answer::headers::Values;
@@ -71,6 +71,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
                 extractor: Arc::new(extractor),
                 cost: 1,
                 wait: None,
+                overrides: None,
             },
             body: PhantomData,
         }
@@ -239,6 +240,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
             wait,
             settle,
             responder,
+            overrides,
         } = self.config;
         RateLimitLayer {
             store: self.store,
@@ -249,6 +251,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
                 wait,
                 settle,
                 responder,
+                overrides,
             },
             body: PhantomData,
         }
@@ -316,6 +319,59 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
         }
         self.config.policy = default.clone();
         self.choose_policy(plans)
+    }
+
+    /// Applies each key's override from `source` ([`MemoryOverrides`],
+    /// `tollgate_redis::RedisOverrides`, a [`CachedLookup`] of your
+    /// database): under a policy (the layer's or a plan's), a key with
+    /// an override in force is limited by its own limits, exempt (called
+    /// through without asking the store, and without rate-limit
+    /// headers), or denied (403; see [`Override`] for why). Its own
+    /// limits keep the policy's name, so the key keeps what it used, and
+    /// the headers tell its own limits. A request whose key has no
+    /// override costs a local lookup (none while the source knows no
+    /// override at all), never a round trip.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tollgate::{
+    ///     Algorithm, HeaderKey, MemoryOverrides, Override, OverrideStore, Policy, RateLimitLayer,
+    ///     Key,
+    /// };
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let api = Policy::new("api", Algorithm::FixedWindow, "10/min")?;
+    /// let overrides = MemoryOverrides::new();
+    /// let layer = RateLimitLayer::new(api.clone(), HeaderKey::new(http::HeaderName::from_static("x-api-key")))
+    ///     .overrides(overrides.clone());
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service(service_fn(|_req: Request<()>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     }));
+    /// let request = |key: &str| Request::get("/").header("x-api-key", key).body(()).unwrap();
+    ///
+    /// overrides.set(&Key::header("acme"), &api, Override::limit("1000/min")?, None).await?;
+    /// let raised = svc.clone().oneshot(request("acme")).await?;
+    /// assert_eq!(raised.headers()["x-ratelimit-limit"], "1000");
+    /// let plan = svc.clone().oneshot(request("bob")).await?;
+    /// assert_eq!(plan.headers()["x-ratelimit-limit"], "10");
+    ///
+    /// overrides.set(&Key::header("mallory"), &api, Override::Deny, None).await?;
+    /// let denied = svc.oneshot(request("mallory")).await?;
+    /// assert_eq!(denied.status(), 403);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`MemoryOverrides`]: crate::MemoryOverrides
+    /// [`CachedLookup`]: crate::CachedLookup
+    /// [`Override`]: crate::Override
+    pub fn overrides(mut self, source: impl OverrideSource) -> Self {
+        self.config.overrides = Some(Arc::new(source));
+        self
     }
 
     /// The policy.

@@ -5,7 +5,8 @@
 //! (`service.rs`), which extracts the key and asks the store; its
 //! response future (`future.rs`, with its states in `state.rs` and the
 //! inner service's call in `call.rs`) answers, waits, or calls the inner
-//! service, settles the cost (`settle.rs`) and adds the headers.
+//! service, settles the cost (`settle.rs`) and adds the headers. A key's
+//! override (its own limits, exempt, deny) is applied by `overridden.rs`.
 
 mod answers;
 mod body;
@@ -13,6 +14,7 @@ mod call;
 mod choose;
 mod future;
 mod layer;
+mod overridden;
 mod responders;
 mod service;
 mod settle;

@@ -12,6 +12,9 @@ use crate::response::Responder;
 pub(crate) struct Responders {
     own: Arc<Responder>,
     chosen: RwLock<Vec<Arc<Responder>>>,
+    /// The responders of keys' own limits (overrides), by policy name and
+    /// fingerprint.
+    overridden: RwLock<Vec<(u64, Arc<Responder>)>>,
 }
 
 /// The most chosen policies whose responders are kept; beyond them (a
@@ -23,6 +26,7 @@ impl Responders {
         Self {
             own,
             chosen: RwLock::default(),
+            overridden: RwLock::default(),
         }
     }
 
@@ -41,6 +45,33 @@ impl Responders {
         let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
         if chosen.len() < MAX_CHOSEN {
             chosen.push(made.clone());
+        }
+        made
+    }
+
+    /// The responder of requests under `own`, a key's own limits under
+    /// the policy `base` tells of: its headers tell `own`'s limits, and it
+    /// counts in `base`'s metrics (the policy's name is the same).
+    pub(crate) fn overridden(&self, base: &Arc<Responder>, own: &Policy) -> Arc<Responder> {
+        let (name, fingerprint) = (own.name(), own.fingerprint());
+        let made = self
+            .overridden
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let known = made
+            .iter()
+            .find(|(f, r)| *f == fingerprint && *r.policy == *name);
+        if let Some((_, known)) = known {
+            return known.clone();
+        }
+        drop(made);
+        let made = Arc::new(base.with_values(own));
+        let mut kept = self
+            .overridden
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if kept.len() < MAX_CHOSEN {
+            kept.push((fingerprint, made.clone()));
         }
         made
     }

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tollgate_core::{Key, Policy, Settlement, Store};
+use tollgate_core::{Key, OverrideSource, Policy, Settlement, Store};
 use tower_service::Service;
 
 use crate::answer::MissingKey;
@@ -18,6 +18,7 @@ use crate::response::Responder;
 use super::body::{BodyKind, WrapBody};
 use super::call::{Check, Inner, Waiter};
 use super::future::ResponseFuture;
+use super::overridden::{Overridden, overridden};
 use super::responders::Responders;
 use super::settle::{Settle, SettleCall};
 
@@ -30,6 +31,8 @@ pub(crate) struct Config<K> {
     pub(crate) wait: Option<Duration>,
     pub(crate) settle: Option<Settle>,
     pub(crate) responder: Arc<Responder>,
+    /// Where each key's overrides are found, if anywhere.
+    pub(crate) overrides: Option<Arc<dyn OverrideSource>>,
 }
 
 impl<K> fmt::Debug for Config<K> {
@@ -39,6 +42,7 @@ impl<K> fmt::Debug for Config<K> {
             .field("cost", &self.cost)
             .field("wait", &self.wait)
             .field("settle", &self.settle)
+            .field("overrides", &self.overrides.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -52,6 +56,7 @@ impl<K> Clone for Config<K> {
             wait: self.wait,
             settle: self.settle.clone(),
             responder: self.responder.clone(),
+            overrides: self.overrides.clone(),
         }
     }
 }
@@ -166,6 +171,23 @@ where
                 let cost = choice.cost.unwrap_or(config.cost);
                 (&choice.policy, cost, &chosen_responder)
             }
+        };
+        // A key's own limits, if an override of its is in force: a local
+        // lookup, skipped while the source knows none.
+        let own;
+        let (policy, responder) = match config.overrides.as_deref() {
+            Some(source) if !source.is_empty() => {
+                match overridden(&shared.responders, source, &key, policy, responder) {
+                    None => (policy, responder),
+                    Some(Overridden::Limits(policy, responder)) => {
+                        own = (policy, responder);
+                        (&own.0, &own.1)
+                    }
+                    Some(Overridden::Exempt) => return ResponseFuture::call(inner, request),
+                    Some(Overridden::Denied(response)) => return ResponseFuture::respond(response),
+                }
+            }
+            _ => (policy, responder),
         };
         let enforce = responder.enforces(&key);
         let waiter =

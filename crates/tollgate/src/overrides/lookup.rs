@@ -1,0 +1,399 @@
+//! [`CachedLookup`]: overrides from any async lookup (a database), cached.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tollgate_core::{
+    Applied, Clock, ConfigError, Key, Override, OverrideSource, OverrideTable, Policy, SystemClock,
+    Timestamp,
+};
+
+/// One key's override under one policy, from wherever you keep them: a
+/// database, a configuration service. [`CachedLookup`] asks it in the
+/// background and caches the answer, so a request never waits for it.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use tollgate::{Key, Override, OverrideLookup, Timestamp};
+///
+/// /// Overrides in a table of tenants (a map stands in for the database).
+/// struct Tenants(HashMap<String, Override>);
+///
+/// impl OverrideLookup for Tenants {
+///     type Error = std::convert::Infallible;
+///
+///     async fn lookup(
+///         &self,
+///         key: &Key,
+///         policy: &str,
+///     ) -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
+///         let tenant = String::from_utf8_lossy(key.as_bytes());
+///         let _ = policy; // one override per tenant, on every policy
+///         Ok(self.0.get(&*tenant).map(|rule| (rule.clone(), None)))
+///     }
+/// }
+/// # let _ = Tenants(HashMap::new());
+/// ```
+pub trait OverrideLookup: Send + Sync + 'static {
+    /// Why a lookup failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// `key`'s override under the policy named `policy` and its expiry,
+    /// if it has one.
+    ///
+    /// # Errors
+    ///
+    /// When the lookup fails: the cache keeps what it knew, and asks
+    /// again after its cache time.
+    fn lookup(
+        &self,
+        key: &Key,
+        policy: &str,
+    ) -> impl Future<Output = Result<Option<(Override, Option<Timestamp>)>, Self::Error>> + Send;
+}
+
+/// An [`OverrideSource`] over any [`OverrideLookup`], cached per key and
+/// policy for a stated cache time (default 10 s): a request never waits
+/// for the lookup. A key seen for the first time, or whose answer is older
+/// than the cache time, is looked up in the background (once at a time),
+/// and the request is decided by what is known meanwhile: the policy as it
+/// is for a key not seen before, the last answer for the others. So an
+/// override set in your database applies within the cache time plus one
+/// lookup, and the first request of a key on an instance is decided
+/// before its lookup returns. Expiries apply at once, by the clock.
+///
+/// The cache holds at most `max_keys` keys and policies (default 100,000);
+/// past it, an arbitrary one is forgotten for each new one, so hostile
+/// keys cannot grow it. Needs a Tokio runtime for the background lookups.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Algorithm, Applied, CachedLookup, FakeClock, Key, Override, OverrideLookup,
+///     OverrideSource, Policy, Timestamp};
+///
+/// struct Db;
+/// impl OverrideLookup for Db {
+///     type Error = std::convert::Infallible;
+///     async fn lookup(&self, key: &Key, _: &str)
+///         -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
+///         Ok((key.as_bytes() == b"acme").then(|| (Override::Exempt, None)))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = FakeClock::default();
+/// let cached = CachedLookup::builder(Db).cache_time(Duration::from_secs(30)).clock(clock).build()?;
+/// assert_eq!(cached.time(), Duration::from_secs(30));
+/// let api = Policy::new("api", Algorithm::Gcra, "10/s")?;
+/// let acme = Key::user("acme");
+/// cached.load(&acme, &api).await?; // what the first request starts in the background
+/// assert!(matches!(cached.applied(&acme, &api), Some(Applied::Exempt)));
+/// # Ok(())
+/// # }
+/// ```
+pub struct CachedLookup<L> {
+    inner: Arc<Inner<L>>,
+}
+
+struct Inner<L> {
+    lookup: L,
+    time: Duration,
+    max_keys: usize,
+    clock: Arc<dyn Clock>,
+    /// The overrides found, in force until their expiry.
+    table: OverrideTable,
+    /// When each key and policy was last asked, and whether a lookup is
+    /// under way.
+    asked: Mutex<Asks>,
+}
+
+#[derive(Clone, Copy)]
+struct Asked {
+    at: Option<Timestamp>,
+    pending: bool,
+}
+
+/// When each key and policy was last asked: by key, then by policy name,
+/// so that a request's question borrows its key and allocates nothing.
+#[derive(Default)]
+struct Asks {
+    by_key: HashMap<Key, Vec<(Box<str>, Asked)>>,
+    len: usize,
+}
+
+impl Asks {
+    fn get_mut(&mut self, key: &Key, policy: &str) -> Option<&mut Asked> {
+        let asked = self.by_key.get_mut(key)?.iter_mut();
+        asked
+            .filter(|(name, _)| **name == *policy)
+            .map(|(_, a)| a)
+            .next()
+    }
+
+    /// Records `asked` of `key` under `policy`; a new one past `max`
+    /// first forgets another (the first the map yields), in `table` too.
+    fn put(&mut self, key: &Key, policy: &str, asked: Asked, max: usize, table: &OverrideTable) {
+        if let Some(known) = self.get_mut(key, policy) {
+            *known = asked;
+            return;
+        }
+        if self.len >= max {
+            self.forget_one(table);
+        }
+        let entry = (Box::from(policy), asked);
+        self.by_key.entry(key.clone()).or_default().push(entry);
+        self.len += 1;
+    }
+
+    fn forget_one(&mut self, table: &OverrideTable) {
+        let Some(key) = self.by_key.keys().next().cloned() else {
+            return;
+        };
+        if let Some(forgotten) = self.by_key.remove(&key) {
+            self.len -= forgotten.len();
+            for (policy, _) in forgotten {
+                table.remove(&key, &policy);
+            }
+        }
+    }
+}
+
+impl<L: OverrideLookup> CachedLookup<L> {
+    /// The settings of overrides looked up by `lookup`: cached 10 s, at
+    /// most 100,000 keys and policies, on the system clock.
+    pub fn builder(lookup: L) -> CachedLookupBuilder<L> {
+        CachedLookupBuilder {
+            lookup,
+            time: Duration::from_secs(10),
+            max_keys: 100_000,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The cache time.
+    pub fn time(&self) -> Duration {
+        self.inner.time
+    }
+
+    /// Looks `key` up under `policy` now and caches the answer: what a
+    /// request that finds no fresh answer starts in the background.
+    ///
+    /// # Errors
+    ///
+    /// The lookup's error; what was cached stays.
+    pub async fn load(&self, key: &Key, policy: &Policy) -> Result<(), L::Error> {
+        self.inner.load(key, policy.name()).await
+    }
+}
+
+/// The settings of a [`CachedLookup`]; [`build`](Self::build) checks them.
+#[must_use]
+pub struct CachedLookupBuilder<L> {
+    lookup: L,
+    time: Duration,
+    max_keys: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl<L: OverrideLookup> CachedLookupBuilder<L> {
+    /// How long an answer is used before it is asked again (default
+    /// 10 s): the longest an override set in the lookup's source takes to
+    /// apply, plus one lookup.
+    pub fn cache_time(mut self, time: Duration) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// The most keys and policies cached (default 100,000).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The clock of cache times and expiries (default: the system clock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The source.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] for a zero cache time (which would
+    /// look up every request) or a zero `max_keys`.
+    pub fn build(self) -> Result<CachedLookup<L>, ConfigError> {
+        if self.time.is_zero() {
+            return Err(ConfigError::InvalidSetting {
+                setting: "cache_time",
+                reason: "must be above zero",
+            });
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "max_keys",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(CachedLookup {
+            inner: Arc::new(Inner {
+                lookup: self.lookup,
+                time: self.time,
+                max_keys: self.max_keys,
+                clock: self.clock,
+                table: OverrideTable::new(),
+                asked: Mutex::new(Asks::default()),
+            }),
+        })
+    }
+}
+
+impl<L> fmt::Debug for CachedLookupBuilder<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedLookupBuilder")
+            .field("time", &self.time)
+            .field("max_keys", &self.max_keys)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: OverrideLookup> Inner<L> {
+    async fn load(&self, key: &Key, policy: &str) -> Result<(), L::Error> {
+        let found = self.lookup.lookup(key, policy).await;
+        let now = self.clock.now();
+        if let Ok(found) = &found {
+            match found {
+                Some((rule, ends)) => self.table.set(key.clone(), policy, rule.clone(), *ends),
+                None => {
+                    self.table.remove(key, policy);
+                }
+            }
+        }
+        let fresh = Asked {
+            at: Some(now),
+            pending: false,
+        };
+        let mut asked = self.asked.lock();
+        asked.put(key, policy, fresh, self.max_keys, &self.table);
+        found.map(drop)
+    }
+
+    /// Whether `key` under `policy` needs a lookup now; marks it pending
+    /// if so.
+    fn due(&self, key: &Key, policy: &str, now: Timestamp) -> bool {
+        let mut asked = self.asked.lock();
+        if let Some(entry) = asked.get_mut(key, policy) {
+            let stale = entry
+                .at
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.time);
+            if entry.pending || !stale {
+                return false;
+            }
+            entry.pending = true;
+            return true;
+        }
+        let pending = Asked {
+            at: None,
+            pending: true,
+        };
+        asked.put(key, policy, pending, self.max_keys, &self.table);
+        true
+    }
+}
+
+impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
+    fn applied(&self, key: &Key, policy: &Policy) -> Option<Applied> {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        if inner.due(key, policy.name(), now) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let (inner, key) = (inner.clone(), key.clone());
+                    let name: Box<str> = policy.name().into();
+                    runtime.spawn(async move {
+                        if let Err(error) = inner.load(&key, &name).await {
+                            tracing::warn!(%error, policy = &*name, "override lookup failed");
+                        }
+                    });
+                }
+                // No runtime to look up in: asked again after the cache time.
+                Err(_) => {
+                    let later = Asked {
+                        at: Some(now),
+                        pending: false,
+                    };
+                    let mut asked = inner.asked.lock();
+                    asked.put(key, policy.name(), later, inner.max_keys, &inner.table);
+                }
+            }
+        }
+        inner.table.applied(key, policy, now)
+    }
+}
+
+impl<L> Clone for CachedLookup<L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<L> fmt::Debug for CachedLookup<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedLookup")
+            .field("time", &self.inner.time)
+            .field("max_keys", &self.inner.max_keys)
+            .field("overrides", &self.inner.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Everyone;
+
+    impl OverrideLookup for Everyone {
+        type Error = std::convert::Infallible;
+
+        async fn lookup(
+            &self,
+            _: &Key,
+            _: &str,
+        ) -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
+            Ok(Some((Override::Exempt, None)))
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn hostile_keys_cannot_grow_the_cache_past_max_keys() {
+        let cached = CachedLookup::builder(Everyone).max_keys(2).build().unwrap();
+        let api = Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
+        for i in 0..100 {
+            cached
+                .load(&Key::user(format!("k{i}")), &api)
+                .await
+                .unwrap();
+            let asked = cached.inner.asked.lock();
+            assert!(asked.len <= 2);
+            assert_eq!(
+                asked.by_key.values().map(Vec::len).sum::<usize>(),
+                asked.len
+            );
+            drop(asked);
+            assert!(cached.inner.table.len() <= 2);
+        }
+        // A second policy of a cached key is a second entry.
+        let other = Policy::new("other", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
+        cached.load(&Key::user("k99"), &other).await.unwrap();
+        assert!(cached.inner.asked.lock().len <= 2);
+    }
+}

@@ -1,0 +1,262 @@
+//! Overrides through the layer and the limiter on the memory store, on a
+//! fake clock: a raise keeps what the key used, an expiry restores the
+//! plan at its instant, exempt is neither refused nor counted, deny is a
+//! 403 that says so, and a cached lookup answers without waiting.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{HeaderName, Request, Response, StatusCode};
+use tollgate::{
+    Algorithm, Applied, CachedLookup, FakeClock, HeaderKey, Key, MemoryOverrides, MemoryStore,
+    Override, OverrideLookup, OverrideSource, OverrideStore, Policy, RateLimitLayer, Store,
+    Timestamp,
+};
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+
+const T0: u64 = 1_700_000_040;
+
+struct App {
+    clock: FakeClock,
+    store: MemoryStore,
+    overrides: MemoryOverrides,
+    policy: Policy,
+}
+
+impl App {
+    fn new() -> Self {
+        let clock = FakeClock::new(Timestamp::from_secs(T0));
+        Self {
+            store: MemoryStore::builder().clock(clock.clone()).build().unwrap(),
+            overrides: MemoryOverrides::with_clock(clock.clone()),
+            policy: Policy::new("api", Algorithm::FixedWindow, "10/min").unwrap(),
+            clock,
+        }
+    }
+
+    /// One request of `key`: status, the rate-limit and Retry-After
+    /// headers (empty when absent), and the body.
+    async fn request(&self, key: &str) -> (StatusCode, [String; 3], String) {
+        let layer = RateLimitLayer::new(
+            self.policy.clone(),
+            HeaderKey::new(HeaderName::from_static("x-api-key")),
+        )
+        .store(self.store.clone())
+        .overrides(self.overrides.clone());
+        let mut svc =
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(service_fn(|_: Request<()>| async {
+                    Ok::<_, Infallible>(Response::new(String::new()))
+                }));
+        let request = Request::get("/").header("x-api-key", key).body(()).unwrap();
+        let response = svc.ready().await.unwrap().call(request).await.unwrap();
+        let header = |name: &str| {
+            let value = response.headers().get(name);
+            value.map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+        };
+        let headers = [
+            header("x-ratelimit-limit"),
+            header("x-ratelimit-remaining"),
+            header("retry-after"),
+        ];
+        let status = response.status();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap();
+        let body = String::from_utf8(body.to_bytes().to_vec()).unwrap();
+        (status, headers, body)
+    }
+
+    async fn set(&self, key: &str, rule: &str, expires_in: Option<Duration>) {
+        let rule: Override = rule.parse().unwrap();
+        let key = Key::header(key);
+        self.overrides
+            .set(&key, &self.policy, rule, expires_in)
+            .await
+            .unwrap();
+    }
+}
+
+fn headers(limit: &str, remaining: &str) -> [String; 3] {
+    [limit.into(), remaining.into(), String::new()]
+}
+
+#[tokio::test]
+async fn a_raise_mid_window_gives_room_not_a_fresh_quota_and_a_lower_limit_holds_at_once() {
+    let app = App::new();
+    for _ in 0..8 {
+        app.request("acme").await;
+    }
+    app.set("acme", "100/min", None).await;
+    assert_eq!(app.request("acme").await.1, headers("100", "91"));
+    // Lowered below what it used: refused until the window ends.
+    app.set("acme", "5/min", None).await;
+    let (status, [limit, remaining, _], _) = app.request("acme").await;
+    assert_eq!(
+        (status, limit, remaining),
+        (StatusCode::TOO_MANY_REQUESTS, "5".into(), "0".into())
+    );
+    // Cleared: the plan's 10, with the 9 used.
+    app.overrides
+        .clear(&Key::header("acme"), &app.policy)
+        .await
+        .unwrap();
+    assert_eq!(app.request("acme").await.1, headers("10", "0"));
+}
+
+#[tokio::test]
+async fn an_expiry_restores_the_plan_at_its_instant() {
+    let app = App::new();
+    app.set("acme", "100/min", Some(Duration::from_secs(30)))
+        .await;
+    assert_eq!(app.request("acme").await.1, headers("100", "99"));
+    app.clock
+        .advance(Duration::from_secs(30) - Duration::from_micros(1));
+    assert_eq!(app.request("acme").await.1, headers("100", "98"));
+    app.clock.advance(Duration::from_micros(1));
+    assert_eq!(app.request("acme").await.1, headers("10", "7"));
+    assert!(
+        app.overrides
+            .get(&Key::header("acme"), &app.policy)
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn exempt_is_neither_refused_nor_counted_and_has_no_headers() {
+    let app = App::new();
+    app.set("ci-bot", "exempt", None).await;
+    for _ in 0..50 {
+        let (status, headers, _) = app.request("ci-bot").await;
+        assert_eq!((status, headers), (StatusCode::OK, Default::default()));
+    }
+    let status = app
+        .store
+        .status(&Key::header("ci-bot"), &app.policy)
+        .await
+        .unwrap();
+    assert_eq!(status.remaining(), 10);
+}
+
+#[tokio::test]
+async fn deny_is_a_403_that_says_so_with_the_rest_as_retry_after() {
+    let app = App::new();
+    app.set("mallory", "deny", Some(Duration::from_secs(90)))
+        .await;
+    let (status, headers, body) = app.request("mallory").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(headers, [String::new(), String::new(), "90".into()]);
+    assert_eq!(
+        body,
+        r#"{"type":"about:blank","title":"Forbidden","status":403,"detail":"access under 'api' is denied to this key by an operator, for 90 s more"}"#
+    );
+    app.set("mallory", "deny", None).await;
+    let (status, headers, body) = app.request("mallory").await;
+    assert_eq!(
+        (status, &headers[2]),
+        (StatusCode::FORBIDDEN, &String::new())
+    );
+    assert!(
+        body.contains("denied to this key by an operator, until lifted"),
+        "{body}"
+    );
+    // Nothing consumed.
+    let state = app
+        .store
+        .status(&Key::header("mallory"), &app.policy)
+        .await
+        .unwrap();
+    assert_eq!(state.remaining(), 10);
+}
+
+#[tokio::test]
+async fn a_grpc_layer_denies_with_permission_denied() {
+    let app = App::new();
+    app.set("mallory", "deny", None).await;
+    let layer = RateLimitLayer::new(
+        app.policy.clone(),
+        HeaderKey::new(HeaderName::from_static("x-api-key")),
+    )
+    .overrides(app.overrides.clone())
+    .grpc();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let request = Request::get("/")
+        .header("x-api-key", "mallory")
+        .body(())
+        .unwrap();
+    let response = svc.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "7");
+    assert_eq!(
+        response.headers()["grpc-message"],
+        "access under 'api' is denied to this key by an operator, until lifted"
+    );
+}
+
+/// A lookup that counts its calls and answers what `answer` holds.
+#[derive(Clone, Default)]
+struct Db {
+    calls: Arc<AtomicUsize>,
+    answer: Arc<std::sync::Mutex<Option<Override>>>,
+}
+
+impl OverrideLookup for Db {
+    type Error = Infallible;
+
+    async fn lookup(
+        &self,
+        _: &Key,
+        _: &str,
+    ) -> Result<Option<(Override, Option<Timestamp>)>, Infallible> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(self.answer.lock().unwrap().clone().map(|rule| (rule, None)))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cached_lookup_answers_at_once_and_asks_again_after_its_cache_time() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let db = Db::default();
+    *db.answer.lock().unwrap() = Some(Override::Exempt);
+    let cached = CachedLookup::builder(db.clone())
+        .cache_time(Duration::from_secs(10))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let api = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+    let acme = Key::user("acme");
+
+    // The first request does not wait: the policy as it is; the lookup
+    // runs in the background, once however many requests come meanwhile.
+    assert!(cached.applied(&acme, &api).is_none());
+    assert!(cached.applied(&acme, &api).is_none());
+    tokio::task::yield_now().await;
+    assert_eq!(db.calls.load(Ordering::SeqCst), 1);
+    assert!(matches!(cached.applied(&acme, &api), Some(Applied::Exempt)));
+
+    // Changed in the database: the cached answer holds for the cache time.
+    *db.answer.lock().unwrap() = None;
+    clock.advance(Duration::from_secs(10) - Duration::from_micros(1));
+    assert!(matches!(cached.applied(&acme, &api), Some(Applied::Exempt)));
+    assert_eq!(db.calls.load(Ordering::SeqCst), 1);
+    // Then it is asked again, the stale answer used until it returns.
+    clock.advance(Duration::from_micros(1));
+    assert!(matches!(cached.applied(&acme, &api), Some(Applied::Exempt)));
+    tokio::task::yield_now().await;
+    assert_eq!(db.calls.load(Ordering::SeqCst), 2);
+    assert!(cached.applied(&acme, &api).is_none());
+
+    let zero = CachedLookup::builder(db).cache_time(Duration::ZERO).build();
+    assert_eq!(
+        zero.unwrap_err().to_string(),
+        "invalid setting cache_time: must be above zero"
+    );
+}

@@ -1,0 +1,173 @@
+//! Live per-user overrides in the demo: the source every layer asks
+//! ([`AppOverrides`]: in memory, or in Redis when the store is), and, with
+//! an admin token, `PUT /admin/rate_limit/{policy}/{user}/override` (the
+//! body is the override: `1000/min`, `5/s 100/h burst 10`, `exempt` or
+//! `deny`; `?seconds=N` makes it expire) and `DELETE` of the same path,
+//! which clears it. As for the other admin routes, a route's policy name
+//! stands for the route's family (the route's policy and every plan's):
+//! the user's override holds whichever plan they are on.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Query, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::put;
+use serde::Deserialize;
+use tollgate::{
+    Applied, Key, MemoryOverrides, Override, OverrideError, OverrideSource, Policy, PolicyFamily,
+    ToKey,
+};
+use tollgate_redis::RedisOverrides;
+
+use crate::{AdminToken, AppConfig, KeySpec, UserId};
+
+/// Where the demo's layers find each user's overrides: in this process,
+/// or in Redis, shared by every instance on the same prefix.
+#[derive(Clone, Debug)]
+pub enum AppOverrides {
+    /// Kept in this instance.
+    Memory(MemoryOverrides),
+    /// Kept in Redis (see [`RedisOverrides`]).
+    Redis(RedisOverrides),
+}
+
+impl Default for AppOverrides {
+    fn default() -> Self {
+        Self::Memory(MemoryOverrides::new())
+    }
+}
+
+impl OverrideSource for AppOverrides {
+    fn applied(&self, key: &Key, policy: &Policy) -> Option<Applied> {
+        match self {
+            Self::Memory(memory) => memory.applied(key, policy),
+            Self::Redis(redis) => redis.applied(key, policy),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::Memory(memory) => memory.is_empty(),
+            Self::Redis(redis) => redis.is_empty(),
+        }
+    }
+}
+
+impl AppOverrides {
+    async fn set(
+        &self,
+        family: &PolicyFamily,
+        key: &Key,
+        rule: Override,
+        expires_in: Option<Duration>,
+    ) -> Result<(), OverrideError> {
+        match self {
+            Self::Memory(memory) => family.set_override(memory, key, rule, expires_in).await,
+            Self::Redis(redis) => family.set_override(redis, key, rule, expires_in).await,
+        }
+    }
+
+    async fn clear(&self, family: &PolicyFamily, key: &Key) -> Result<(), tollgate::StoreError> {
+        match self {
+            Self::Memory(memory) => family.clear_override(memory, key).await,
+            Self::Redis(redis) => family.clear_override(redis, key).await,
+        }
+    }
+}
+
+/// How long an override lasts, if not until cleared.
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct Expiry {
+    seconds: Option<u64>,
+}
+
+/// `PUT` and `DELETE /admin/rate_limit/{policy}/{user}/override`, behind
+/// `admin`.
+pub(crate) fn routes(config: &AppConfig, overrides: &AppOverrides, admin: AdminToken) -> Router {
+    let families = families(config);
+    let set = {
+        let (families, overrides, admin) = (families.clone(), overrides.clone(), admin.clone());
+        move |Path((policy, user)): Path<(String, String)>,
+              Query(expiry): Query<Expiry>,
+              request: Request| async move {
+            if let Some(refused) = admin.refuses(&request) {
+                return refused;
+            }
+            let Some(family) = find(&families, &policy) else {
+                return not_found();
+            };
+            let body = axum::body::to_bytes(request.into_body(), 1024).await;
+            let text = body.ok().and_then(|b| String::from_utf8(b.to_vec()).ok());
+            let rule = match text.unwrap_or_default().parse::<Override>() {
+                Ok(rule) => rule,
+                Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+            };
+            let expires_in = expiry.seconds.map(Duration::from_secs);
+            match overrides
+                .set(family, &UserId(user).to_key(), rule, expires_in)
+                .await
+            {
+                Ok(()) => StatusCode::NO_CONTENT.into_response(),
+                Err(OverrideError::Config(e)) => {
+                    (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
+                }
+                Err(_) => unavailable(),
+            }
+        }
+    };
+    let clear = {
+        let overrides = overrides.clone();
+        move |Path((policy, user)): Path<(String, String)>, request: Request| async move {
+            if let Some(refused) = admin.refuses(&request) {
+                return refused;
+            }
+            let Some(family) = find(&families, &policy) else {
+                return not_found();
+            };
+            match overrides.clear(family, &UserId(user).to_key()).await {
+                Ok(()) => StatusCode::NO_CONTENT.into_response(),
+                Err(_) => unavailable(),
+            }
+        }
+    };
+    Router::new().route(
+        "/admin/rate_limit/{policy}/{user}/override",
+        put(set).delete(clear),
+    )
+}
+
+/// Each name an operator may give, and the family it stands for: a
+/// user-keyed route's policy name, its family; a plan's, that policy.
+fn families(config: &AppConfig) -> std::sync::Arc<[(String, PolicyFamily)]> {
+    let user_keyed = config.routes.iter().filter(|r| r.key == KeySpec::User);
+    let mut all = Vec::new();
+    for route in user_keyed {
+        let family = route.plan_map.family().clone();
+        all.push((route.policy.name().to_owned(), family));
+        for plan in &route.plans {
+            all.push((plan.policy.name().to_owned(), plan.policy.clone().into()));
+        }
+    }
+    all.into()
+}
+
+fn find<'a>(families: &'a [(String, PolicyFamily)], policy: &str) -> Option<&'a PolicyFamily> {
+    families
+        .iter()
+        .find(|(name, _)| name == policy)
+        .map(|(_, f)| f)
+}
+
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "no user-keyed policy of that name\n").into_response()
+}
+
+fn unavailable() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the overrides are unavailable\n",
+    )
+        .into_response()
+}
