@@ -1,0 +1,179 @@
+//! What a ledger is asked ([`UsageQuery`]) and what it answers
+//! ([`Usage`]).
+
+use crate::error::ConfigError;
+use crate::time::Timestamp;
+
+use super::calendar::{Granularity, LedgerSettings, secs};
+
+/// The most buckets one query spans.
+pub const MAX_BUCKETS: usize = 2_000;
+
+/// A range of time to read a key's usage over, in buckets of one
+/// granularity: every bucket that starts from the bucket holding `from`
+/// up to (not including) `to`.
+///
+/// ```
+/// use tollgate_core::ledger::{Granularity, UsageQuery};
+/// use tollgate_core::Timestamp;
+///
+/// let day = |d: u64| Timestamp::from_secs(1_767_225_600 + d * 86_400); // 2026-01-01
+/// assert!(UsageQuery::new(Granularity::Day, day(0), day(31)).is_ok());
+/// assert!(UsageQuery::new(Granularity::Day, day(31), day(0)).is_err()); // backwards
+/// assert!(UsageQuery::new(Granularity::Hour, day(0), day(365)).is_err()); // 8,760 hours
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageQuery {
+    granularity: Granularity,
+    from: Timestamp,
+    to: Timestamp,
+}
+
+impl UsageQuery {
+    /// The buckets of `granularity` from the one holding `from` to `to`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] (setting `range`) when `to` is
+    /// before `from`, or the range may span more than [`MAX_BUCKETS`]
+    /// buckets.
+    pub fn new(
+        granularity: Granularity,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Self, ConfigError> {
+        if to < from {
+            return Err(ConfigError::InvalidSetting {
+                setting: "range",
+                reason: "the end is before the start",
+            });
+        }
+        let shortest = match granularity {
+            Granularity::Hour => 3_600,
+            Granularity::Day => 23 * 3_600,
+            Granularity::Month => 28 * 86_400,
+        };
+        let span = secs(to).saturating_sub(secs(from)).unsigned_abs();
+        if span / shortest >= MAX_BUCKETS as u64 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "range",
+                reason: "a query spans at most 2,000 buckets",
+            });
+        }
+        Ok(Self {
+            granularity,
+            from,
+            to,
+        })
+    }
+
+    /// The buckets' granularity.
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
+    /// The start of the range as given.
+    pub fn from(&self) -> Timestamp {
+        self.from
+    }
+
+    /// The end of the range (not included).
+    pub fn to(&self) -> Timestamp {
+        self.to
+    }
+
+    /// The starts (in seconds) of the buckets the query covers.
+    pub(crate) fn starts(&self, settings: &LedgerSettings) -> Vec<u64> {
+        let g = self.granularity;
+        let mut start = settings.bucket_start(g, self.from);
+        let mut starts = Vec::new();
+        while start < self.to && starts.len() <= MAX_BUCKETS {
+            starts.push(start.as_micros() / 1_000_000);
+            let next = settings.next_bucket(g, start);
+            if next <= start {
+                break;
+            }
+            start = next;
+        }
+        starts
+    }
+}
+
+/// The usage of one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageBucket {
+    start: Timestamp,
+    end: Timestamp,
+    units: u64,
+}
+
+impl UsageBucket {
+    /// When the bucket begins.
+    pub fn start(&self) -> Timestamp {
+        self.start
+    }
+
+    /// When the next bucket begins.
+    pub fn end(&self) -> Timestamp {
+        self.end
+    }
+
+    /// The settled units used in it.
+    pub fn units(&self) -> u64 {
+        self.units
+    }
+}
+
+/// A key's usage under a policy over a [`UsageQuery`]'s range: each bucket
+/// with any use, in order, and their total (saturating at `u64::MAX`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    granularity: Granularity,
+    buckets: Vec<UsageBucket>,
+    total: u64,
+}
+
+impl Usage {
+    /// The usage of the buckets of `query` that `units` gives, by start in
+    /// seconds; the buckets of no use are left out.
+    pub(crate) fn from_units(
+        settings: &LedgerSettings,
+        query: &UsageQuery,
+        units: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Self {
+        let g = query.granularity;
+        let buckets: Vec<UsageBucket> = units
+            .into_iter()
+            .filter(|&(_, units)| units > 0)
+            .map(|(start, units)| {
+                let start = Timestamp::from_secs(start);
+                UsageBucket {
+                    start,
+                    end: settings.next_bucket(g, start),
+                    units,
+                }
+            })
+            .collect();
+        let total = buckets.iter().fold(0u64, |t, b| t.saturating_add(b.units));
+        Self {
+            granularity: g,
+            buckets,
+            total,
+        }
+    }
+
+    /// The buckets' granularity.
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
+    /// Each bucket with any use, oldest first.
+    pub fn buckets(&self) -> &[UsageBucket] {
+        &self.buckets
+    }
+
+    /// The units used over the whole range.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+}
