@@ -93,6 +93,7 @@ mod keys;
 mod known;
 mod lanes;
 mod lease;
+mod ledger;
 mod op;
 mod patience;
 mod script;
@@ -108,5 +109,6 @@ pub use connect::{
 };
 pub use error::RedisStoreError;
 pub use lease::{LeaseCalls, LeasedStore, LeasedStoreBuilder};
+pub use ledger::{RedisLedger, RedisLedgerBuilder};
 pub use redis::sentinel::SentinelNodeConnectionInfo;
 pub use store::RedisStore;

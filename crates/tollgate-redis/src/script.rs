@@ -52,7 +52,7 @@ pub(crate) struct DecisionScript {
 }
 
 impl DecisionScript {
-    fn new(source: &'static str) -> Self {
+    pub(crate) fn new(source: &'static str) -> Self {
         let sha = redis::Script::new(source).get_hash().to_owned();
         Self { source, sha }
     }

@@ -199,8 +199,25 @@ impl LedgerSettings {
     }
 
     /// When the bucket of `granularity` that starts at `start` may be
-    /// forgotten: after its longest length and the retention. Both
-    /// ledgers use it, so memory and Redis forget alike.
+    /// forgotten: after the longest a bucket of it lasts (an hour, 25
+    /// hours, 31 days and an hour) and its retention. Every ledger uses
+    /// it, so memory and Redis forget alike.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::ledger::{Granularity, LedgerSettings};
+    /// use tollgate_core::Timestamp;
+    ///
+    /// let settings = LedgerSettings::new().retention(Granularity::Hour, Duration::from_secs(60))?;
+    /// let start = Timestamp::from_secs(1_767_225_600);
+    /// assert_eq!(settings.expires_at(Granularity::Hour, start), Timestamp::from_secs(1_767_229_260));
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn expires_at(&self, granularity: Granularity, start: Timestamp) -> Timestamp {
+        let secs = self.expires_at_secs(granularity, start.as_micros() / 1_000_000);
+        Timestamp::from_secs(secs.min(u64::MAX / 1_000_000))
+    }
+
     pub(crate) fn expires_at_secs(&self, granularity: Granularity, start_secs: u64) -> u64 {
         start_secs
             .saturating_add(granularity.longest_secs())

@@ -264,18 +264,19 @@ impl Ledger for MemoryLedger {
 
     async fn usage(&self, key: &Key, policy: &str, query: UsageQuery) -> Result<Usage, StoreError> {
         let settings = &self.shared.settings;
-        let starts = query.starts(settings);
+        let starts = query.bucket_starts(settings);
         let g = query.granularity();
         let state = self.shared.state.lock();
         let buckets = state.usage.get(policy).and_then(|keys| keys.get(key));
         let units = starts.into_iter().map(|start| {
+            let secs = start.as_micros() / 1_000_000;
             let sum = buckets
-                .and_then(|b| b.get(&(g, start)))
+                .and_then(|b| b.get(&(g, secs)))
                 .copied()
                 .unwrap_or(0);
             (start, bucket_units(sum))
         });
-        Ok(Usage::from_units(settings, &query, units))
+        Ok(Usage::from_buckets(settings, &query, units))
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

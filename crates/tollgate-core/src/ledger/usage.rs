@@ -82,13 +82,27 @@ impl UsageQuery {
         self.to
     }
 
-    /// The starts (in seconds) of the buckets the query covers.
-    pub(crate) fn starts(&self, settings: &LedgerSettings) -> Vec<u64> {
+    /// The starts of the buckets the query covers, in order, under
+    /// `settings`' calendar: for a ledger of your own, the buckets to read.
+    ///
+    /// ```
+    /// use tollgate_core::ledger::{Granularity, LedgerSettings, UsageQuery};
+    /// use tollgate_core::Timestamp;
+    ///
+    /// let jan = Timestamp::from_secs(1_767_225_600); // 2026-01-01
+    /// let mid_march = Timestamp::from_secs(1_773_532_800); // 2026-03-15
+    /// let query = UsageQuery::new(Granularity::Month, mid_march, Timestamp::from_secs(1_775_001_600))?;
+    /// assert_eq!(query.bucket_starts(&LedgerSettings::new()).len(), 1); // March
+    /// let query = UsageQuery::new(Granularity::Month, jan, mid_march)?;
+    /// assert_eq!(query.bucket_starts(&LedgerSettings::new()).len(), 3);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn bucket_starts(&self, settings: &LedgerSettings) -> Vec<Timestamp> {
         let g = self.granularity;
         let mut start = settings.bucket_start(g, self.from);
         let mut starts = Vec::new();
         while start < self.to && starts.len() <= MAX_BUCKETS {
-            starts.push(start.as_micros() / 1_000_000);
+            starts.push(start);
             let next = settings.next_bucket(g, start);
             if next <= start {
                 break;
@@ -134,24 +148,22 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// The usage of the buckets of `query` that `units` gives, by start in
-    /// seconds; the buckets of no use are left out.
-    pub(crate) fn from_units(
+    /// The usage that `units` gives, the units of each bucket of `query`
+    /// by its start: for a ledger of your own. Buckets of no use are left
+    /// out; each bucket ends where `settings`' calendar starts the next.
+    pub fn from_buckets(
         settings: &LedgerSettings,
         query: &UsageQuery,
-        units: impl IntoIterator<Item = (u64, u64)>,
+        units: impl IntoIterator<Item = (Timestamp, u64)>,
     ) -> Self {
         let g = query.granularity;
         let buckets: Vec<UsageBucket> = units
             .into_iter()
             .filter(|&(_, units)| units > 0)
-            .map(|(start, units)| {
-                let start = Timestamp::from_secs(start);
-                UsageBucket {
-                    start,
-                    end: settings.next_bucket(g, start),
-                    units,
-                }
+            .map(|(start, units)| UsageBucket {
+                start,
+                end: settings.next_bucket(g, start),
+                units,
             })
             .collect();
         let total = buckets.iter().fold(0u64, |t, b| t.saturating_add(b.units));
