@@ -10,7 +10,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use tollgate_core::ledger::{Granularity, Ledger, MemoryLedger, MeteredStore, UsageQuery};
-use tollgate_core::{Algorithm, Clock, FakeClock, Key, MemoryStore, Policy, Settlement, Store, Timestamp};
+use tollgate_core::{
+    Algorithm, Clock, FakeClock, Key, MemoryStore, Policy, Settlement, Store, Timestamp,
+};
 use tollgate_redis::{RedisLedger, RedisStore};
 use tollgate_tests::{require_redis, unique_prefix};
 
@@ -77,16 +79,30 @@ fn memory_and_redis_ledgers_agree() {
                 let r = redis.check(&key, policy, cost).await.unwrap();
                 prop_assert_eq!(m.is_allowed(), r.is_allowed());
                 if let (Some(actual), true) = (actual, m.is_allowed()) {
-                    memory.settle(&key, policy, Settlement::of(&m, cost, actual)).await.unwrap();
-                    redis.settle(&key, policy, Settlement::of(&r, cost, actual)).await.unwrap();
+                    memory
+                        .settle(&key, policy, Settlement::of(&m, cost, actual))
+                        .await
+                        .unwrap();
+                    redis
+                        .settle(&key, policy, Settlement::of(&r, cost, actual))
+                        .await
+                        .unwrap();
                 }
             }
             redis.ledger().flush().await.unwrap();
             let to = Timestamp::from_micros(clock.now().as_micros() + 3_600_000_000);
             for g in Granularity::ALL {
                 let query = UsageQuery::new(g, from, to).unwrap();
-                let m = memory.ledger().usage(&key, policy.name(), query).await.unwrap();
-                let r = redis.ledger().usage(&key, policy.name(), query).await.unwrap();
+                let m = memory
+                    .ledger()
+                    .usage(&key, policy.name(), query)
+                    .await
+                    .unwrap();
+                let r = redis
+                    .ledger()
+                    .usage(&key, policy.name(), query)
+                    .await
+                    .unwrap();
                 prop_assert_eq!(m, r, "{} buckets", g);
             }
             Ok(())
@@ -115,7 +131,10 @@ impl<S: Store, L: Ledger> Dispatch for MeteredStore<S, L> {
         Box::pin(async move {
             match action {
                 0 => self.reset(key, policy).await.unwrap(),
-                1 => self.block(key, policy, Duration::from_secs(600)).await.unwrap(),
+                1 => self
+                    .block(key, policy, Duration::from_secs(600))
+                    .await
+                    .unwrap(),
                 _ => {}
             }
         })

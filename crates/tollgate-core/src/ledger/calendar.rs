@@ -187,6 +187,25 @@ impl LedgerSettings {
         self.zone.iana_name()
     }
 
+    /// `text` as an instant: Unix seconds, an RFC 3339 timestamp, or a
+    /// date (midnight in the time zone).
+    pub(crate) fn parse_instant(&self, text: &str) -> Option<Timestamp> {
+        let secs = if let Ok(secs) = text.parse::<u64>() {
+            i64::try_from(secs).ok()?
+        } else if let Ok(ts) = text.parse::<jiff::Timestamp>() {
+            ts.as_second()
+        } else {
+            let date: jiff::civil::Date = text.parse().ok()?;
+            date.to_zoned(self.zone.clone())
+                .ok()?
+                .timestamp()
+                .as_second()
+        };
+        (0..=LATEST_SECS)
+            .contains(&secs)
+            .then(|| Timestamp::from_secs(secs.unsigned_abs()))
+    }
+
     /// The start of the bucket of `granularity` that `at` falls in.
     pub fn bucket_start(&self, granularity: Granularity, at: Timestamp) -> Timestamp {
         Timestamp::from_secs(self.start_secs(granularity, secs(at)).max(0).unsigned_abs())

@@ -250,6 +250,10 @@ impl State {
 }
 
 impl Ledger for MemoryLedger {
+    fn settings(&self) -> &LedgerSettings {
+        &self.shared.settings
+    }
+
     fn record(&self, key: &Key, policy: &str, at: Timestamp, units: u64) {
         if units > 0 {
             self.add_units(key, policy, at, clamp_record(units));

@@ -77,6 +77,9 @@ pub const MAX_BUCKET_UNITS: i64 = 1 << 62;
 /// elsewhere sums records here and sends them on
 /// [`flush`](Ledger::flush) (and on its own schedule).
 pub trait Ledger: Send + Sync + 'static {
+    /// Its calendar and retention.
+    fn settings(&self) -> &LedgerSettings;
+
     /// Records `units` (at most [`MAX_RECORD_UNITS`]) used by `key` under
     /// the policy named `policy`, in the buckets of `at`. 0 records
     /// nothing.
@@ -110,6 +113,10 @@ pub trait Ledger: Send + Sync + 'static {
 }
 
 impl<L: Ledger> Ledger for std::sync::Arc<L> {
+    fn settings(&self) -> &LedgerSettings {
+        (**self).settings()
+    }
+
     fn record(&self, key: &Key, policy: &str, at: Timestamp, units: u64) {
         (**self).record(key, policy, at, units);
     }

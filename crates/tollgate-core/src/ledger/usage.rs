@@ -67,6 +67,63 @@ impl UsageQuery {
         })
     }
 
+    /// The query a caller's parameters ask for (as strings, from a query
+    /// string): `granularity` (`hour`, `day` or `month`; `day` by default),
+    /// `from` (the start of the current month in `settings`' time zone by
+    /// default) and `to` (`now` by default, its bucket included). An
+    /// instant is Unix seconds, an RFC 3339 timestamp
+    /// (`2026-01-31T23:00:00Z`), or a date (`2026-01-31`), midnight in the
+    /// time zone.
+    ///
+    /// ```
+    /// use tollgate_core::ledger::{Granularity, LedgerSettings, UsageQuery};
+    /// use tollgate_core::Timestamp;
+    ///
+    /// let berlin = LedgerSettings::new().time_zone("Europe/Berlin")?;
+    /// let now = Timestamp::from_secs(1_769_900_400); // 2026-02-01 00:00 in Berlin
+    /// let query = UsageQuery::from_params(&berlin, now, None, None, None)?;
+    /// assert_eq!(query.granularity(), Granularity::Day);
+    /// assert_eq!(query.from(), Timestamp::from_secs(1_769_900_400));
+    /// let query = UsageQuery::from_params(&berlin, now, Some("hour"), Some("2026-01-31"), Some("1769900400"))?;
+    /// assert_eq!(query.from(), Timestamp::from_secs(1_769_814_000));
+    /// assert!(UsageQuery::from_params(&berlin, now, Some("week"), None, None).is_err());
+    /// assert!(UsageQuery::from_params(&berlin, now, None, Some("yesterday"), None).is_err());
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] or [`ConfigError::InvalidValue`],
+    /// naming the parameter, for a value that does not parse or a range
+    /// [`new`](Self::new) refuses.
+    pub fn from_params(
+        settings: &LedgerSettings,
+        now: Timestamp,
+        granularity: Option<&str>,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        let granularity = granularity.map_or(Ok(Granularity::Day), str::parse)?;
+        let instant = |name: &'static str, text: &str| {
+            settings
+                .parse_instant(text)
+                .ok_or_else(|| ConfigError::InvalidValue {
+                    setting: name,
+                    value: text.chars().take(64).collect(),
+                    reason: "use Unix seconds, an RFC 3339 timestamp or a date (YYYY-MM-DD)",
+                })
+        };
+        let to = match to {
+            Some(text) => instant("to", text)?,
+            None => Timestamp::from_micros(now.as_micros().saturating_add(1)),
+        };
+        let from = match from {
+            Some(text) => instant("from", text)?,
+            None => settings.bucket_start(Granularity::Month, now),
+        };
+        Self::new(granularity, from, to)
+    }
+
     /// The buckets' granularity.
     pub fn granularity(&self) -> Granularity {
         self.granularity

@@ -164,6 +164,10 @@ impl<C: RedisConnection> Shared<C> {
 }
 
 impl<C: RedisConnection> Ledger for RedisLedger<C> {
+    fn settings(&self) -> &LedgerSettings {
+        &self.shared.settings
+    }
+
     fn record(&self, key: &Key, policy: &str, at: Timestamp, units: u64) {
         self.shared.pending.record(key, policy, at, units);
         self.wake_if_full();
