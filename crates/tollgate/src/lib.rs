@@ -130,6 +130,7 @@ pub use rate_limit::{
     ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
     ResponseFuture, Settle, WrapBody,
 };
+pub use tollgate_core::ledger;
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{

@@ -11,6 +11,7 @@
 pub mod config;
 pub mod operators;
 pub mod overload;
+pub mod usage;
 
 use std::fmt;
 
@@ -32,6 +33,7 @@ use tollgate::{
 
 pub use operators::AdminToken;
 pub use overload::{Overload, OverloadConfig};
+pub use usage::AppLedger;
 
 pub use config::{
     AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteConfig, SettleSpec,

@@ -20,11 +20,13 @@ use tower::ServiceExt;
 use tower::util::Oneshot;
 
 use axum_app::{
-    AdminToken, AppConfig, Overload, app_with_admin, install_metrics, metrics_route, policy_table,
+    AdminToken, AppConfig, AppLedger, Overload, app_with_admin, install_metrics, metrics_route,
+    policy_table,
 };
 use clap::Parser;
+use tollgate::ledger::{Ledger, MemoryLedger, MeteredStore};
 use tollgate::{BoxStore, MemoryStore};
-use tollgate_redis::{RedisStore, RedisStoreBuilder};
+use tollgate_redis::{RedisLedger, RedisStore, RedisStoreBuilder};
 
 /// Writes a line to stdout, as `println!` does, but carries on if stdout
 /// is closed (a pipe whose reader is gone): the server keeps serving.
@@ -143,6 +145,8 @@ impl tower::Service<Request> for Reloadable {
 #[derive(Clone)]
 struct Parts {
     store: BoxStore,
+    /// What the store records usage in: `GET /usage`.
+    ledger: AppLedger,
     metrics: PrometheusHandle,
     admin: Option<AdminToken>,
     /// `GET /work` and its protection, made once: a reload keeps them.
@@ -153,6 +157,11 @@ struct Parts {
 fn build(config: &AppConfig, parts: &Parts) -> Router {
     app_with_admin(config, parts.store.clone(), parts.admin.clone())
         .merge(parts.overload.routes(parts.admin.clone()))
+        .merge(axum_app::usage::routes(
+            config,
+            &parts.ledger,
+            parts.admin.clone(),
+        ))
         .merge(metrics_route(parts.metrics.clone()))
 }
 
@@ -203,7 +212,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Before the layers are built: they register their counters with it.
     let metrics =
         install_metrics().map_err(|e| format!("cannot install metrics: {}", chain(&e)))?;
-    let store = match &args.redis_url {
+    let (store, ledger) = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
                 .prefix(args.redis_prefix.as_str())
@@ -212,7 +221,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .map_err(|e| format!("cannot use Redis through {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis through Sentinel {}", redact(url));
             say_if_not_ready(&store, &config).await;
-            BoxStore::with_slots(store)
+            let ledger = RedisLedger::builder(&store).build()?;
+            let ledger = AppLedger::Sentinel(ledger);
+            (
+                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                ledger,
+            )
         }
         Some(url) => {
             let store = async {
@@ -226,12 +240,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("cannot use Redis at {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis at {}", redact(url));
             say_if_not_ready(&store, &config).await;
-            BoxStore::with_slots(store)
+            let ledger = AppLedger::Redis(RedisLedger::builder(&store).build()?);
+            (
+                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                ledger,
+            )
         }
         None => {
             let store = MemoryStore::new();
             say!("store: in-memory (max {} keys)", store.max_keys());
-            BoxStore::with_slots(store)
+            let ledger = AppLedger::Memory(MemoryLedger::new());
+            (
+                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                ledger,
+            )
         }
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -263,6 +285,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     let parts = Parts {
         store,
+        ledger: ledger.clone(),
         metrics,
         admin,
         overload,
@@ -279,6 +302,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;
+    // The usage recorded since the last flush (at most a second of it).
+    if let Err(e) = ledger.flush().await {
+        say!(
+            "usage: the last records could not be written: {}",
+            chain(&e)
+        );
+    }
     Ok(())
 }
 

@@ -67,7 +67,11 @@ impl UsageReport {
         policies: impl IntoIterator<Item = &'a str>,
         query: UsageQuery,
     ) -> Result<Self, StoreError> {
-        Self::read_pairs(ledger, policies.into_iter().map(|p| (key, p)), query).await
+        let mut pairs: Vec<(&Key, &str)> = Vec::new();
+        for policy in policies {
+            pairs.push((key, policy));
+        }
+        Self::read_pairs(ledger, pairs, query).await
     }
 
     /// Reads each pair's usage: a policy's name and the key read under it,

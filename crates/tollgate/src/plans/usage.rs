@@ -133,6 +133,11 @@ impl<L> UsageStatus<L> {
         Self { routes, ..self }
     }
 
+    /// The ledger it reads.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
     /// The clock whose now ends the default range (the system clock's by
     /// default): a fake clock in tests.
     #[must_use]
