@@ -1,7 +1,9 @@
 //! [`MemoryLedger`]: usage kept in this process.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -13,9 +15,17 @@ use super::calendar::{Granularity, LedgerSettings, Span, secs};
 use super::usage::{Usage, UsageQuery};
 use super::{Ledger, MAX_BUCKET_UNITS, MAX_RECORD_UNITS};
 
-/// One key's buckets: by granularity and start (in seconds), the sum of
-/// what was recorded (refunds negative), within ±[`MAX_BUCKET_UNITS`].
-type Buckets = BTreeMap<(Granularity, u64), i64>;
+/// One key's buckets: granularity, start (in seconds) and the sum of what
+/// was recorded (refunds negative), within ±[`MAX_BUCKET_UNITS`]; the
+/// newest last, so that a record finds its buckets at the end.
+type Buckets = smallvec::SmallVec<[(Granularity, u64, i64); 4]>;
+
+/// The keys of one policy, by a fast hash (the memory store's).
+type Keys = HashMap<Key, Buckets, foldhash::quality::RandomState>;
+
+/// Shards of the ledger, each behind its own lock, so that concurrent
+/// records of different keys seldom wait for each other.
+const SHARDS: usize = 16;
 
 /// A usage ledger in this process's memory, for the memory store (and the
 /// local sum that the Redis ledger flushes).
@@ -54,19 +64,20 @@ pub struct MemoryLedger {
 struct Shared {
     settings: LedgerSettings,
     max_keys: usize,
-    state: Mutex<State>,
+    seed: foldhash::quality::RandomState,
+    shards: [Mutex<State>; SHARDS],
+    keys: AtomicUsize,
+    dropped: AtomicU64,
+    records: AtomicU64,
+    /// The latest instant recorded, in seconds: the ledger's now.
+    latest: AtomicU64,
 }
 
 #[derive(Default)]
 struct State {
     /// The buckets of the last instant recorded, and the span sharing them.
     span: Option<Span>,
-    usage: HashMap<Box<str>, HashMap<Key, Buckets>>,
-    keys: usize,
-    records: u64,
-    dropped: u64,
-    /// The latest instant recorded, in seconds: the ledger's now.
-    latest: u64,
+    usage: HashMap<Box<str>, Keys, foldhash::quality::RandomState>,
 }
 
 /// What [`MemoryLedger::take_all`] takes: the units recorded in one
@@ -117,7 +128,12 @@ impl MemoryLedger {
             shared: Arc::new(Shared {
                 settings,
                 max_keys: max_keys.max(1),
-                state: Mutex::new(State::default()),
+                seed: foldhash::quality::RandomState::default(),
+                shards: std::array::from_fn(|_| Mutex::new(State::default())),
+                keys: AtomicUsize::new(0),
+                dropped: AtomicU64::new(0),
+                records: AtomicU64::new(0),
+                latest: AtomicU64::new(0),
             }),
         }
     }
@@ -129,12 +145,12 @@ impl MemoryLedger {
 
     /// How many records were not kept because the ledger was full.
     pub fn dropped(&self) -> u64 {
-        self.shared.state.lock().dropped
+        self.shared.dropped.load(Ordering::Relaxed)
     }
 
     /// How many pairs of policy and key it holds.
     pub fn len(&self) -> usize {
-        self.shared.state.lock().keys
+        self.shared.keys.load(Ordering::Relaxed)
     }
 
     /// Whether it holds nothing.
@@ -145,22 +161,21 @@ impl MemoryLedger {
     /// Takes every bucket out, leaving the ledger empty: for a ledger that
     /// sums usage here and forwards it elsewhere (the Redis ledger).
     pub fn take_all(&self) -> Vec<LedgerEntry> {
-        let usage = {
-            let mut state = self.shared.state.lock();
-            state.keys = 0;
-            std::mem::take(&mut state.usage)
-        };
         let mut entries = Vec::new();
-        for (policy, keys) in usage {
-            for (key, buckets) in keys {
-                for ((granularity, start), units) in buckets {
-                    entries.push(LedgerEntry {
-                        policy: policy.clone(),
-                        key: key.clone(),
-                        granularity,
-                        start: Timestamp::from_secs(start),
-                        units,
-                    });
+        for shard in &self.shared.shards {
+            let usage = std::mem::take(&mut shard.lock().usage);
+            for (policy, keys) in usage {
+                self.shared.keys.fetch_sub(keys.len(), Ordering::Relaxed);
+                for (key, buckets) in keys {
+                    for (granularity, start, units) in buckets {
+                        entries.push(LedgerEntry {
+                            policy: policy.clone(),
+                            key: key.clone(),
+                            granularity,
+                            start: Timestamp::from_secs(start),
+                            units,
+                        });
+                    }
                 }
             }
         }
@@ -170,19 +185,24 @@ impl MemoryLedger {
     /// Adds `entries` back (those [`take_all`](Self::take_all) took that
     /// could not be forwarded), as far as there is room.
     pub fn put_back(&self, entries: Vec<LedgerEntry>) {
-        let mut state = self.shared.state.lock();
         for e in entries {
             let start = e.start.as_micros() / 1_000_000;
-            state.add(self.shared.max_keys, &e.policy, &e.key, |b| {
-                add(b, (e.granularity, start), e.units);
+            let mut state = self.shard(&e.key).lock();
+            self.shared.add(&mut state, &e.policy, &e.key, |b| {
+                add(b, e.granularity, start, e.units);
             });
         }
+    }
+
+    fn shard(&self, key: &Key) -> &Mutex<State> {
+        let hash = self.shared.seed.hash_one(key.as_bytes());
+        &self.shared.shards[(hash % SHARDS as u64) as usize]
     }
 
     fn add_units(&self, key: &Key, policy: &str, at: Timestamp, units: i64) {
         let at = secs(at);
         let settings = &self.shared.settings;
-        let mut state = self.shared.state.lock();
+        let mut state = self.shard(key).lock();
         let span = match state.span {
             Some(span) if span.holds(at) => span,
             _ => {
@@ -191,33 +211,60 @@ impl MemoryLedger {
                 span
             }
         };
-        state.latest = state.latest.max(at.max(0).unsigned_abs());
-        state.add(self.shared.max_keys, policy, key, |buckets| {
+        self.shared.add(&mut state, policy, key, |buckets| {
             for g in Granularity::ALL {
-                let start = span.starts[g.index()].max(0).unsigned_abs();
-                add(buckets, (g, start), units);
+                add(
+                    buckets,
+                    g,
+                    span.starts[g.index()].max(0).unsigned_abs(),
+                    units,
+                );
             }
         });
-        state.records += 1;
-        if state.records % SWEEP_EVERY == 0 {
-            state.sweep(settings);
+        drop(state);
+        let shared = &self.shared;
+        shared
+            .latest
+            .fetch_max(at.max(0).unsigned_abs(), Ordering::Relaxed);
+        if shared.records.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            let now = shared.latest.load(Ordering::Relaxed);
+            for shard in &shared.shards {
+                let removed = shard.lock().sweep(settings, now);
+                shared.keys.fetch_sub(removed, Ordering::Relaxed);
+            }
         }
     }
 }
 
-/// Forgets buckets past their retention once every so many records.
+/// Forgets buckets past their retention once every so many records, shard
+/// by shard.
 const SWEEP_EVERY: u64 = 4_096;
 
-fn add(buckets: &mut Buckets, bucket: (Granularity, u64), units: i64) {
-    let sum = buckets.entry(bucket).or_insert(0);
+/// Adds `units` to the bucket of `granularity` starting at `start`,
+/// looked for from the newest.
+fn add(buckets: &mut Buckets, granularity: Granularity, start: u64, units: i64) {
+    let found = buckets
+        .iter_mut()
+        .rev()
+        .find(|(g, s, _)| *g == granularity && *s == start);
+    let sum = match found {
+        Some((_, _, sum)) => sum,
+        None => {
+            buckets.push((granularity, start, 0));
+            let last = buckets.len() - 1;
+            &mut buckets[last].2
+        }
+    };
     *sum = sum
         .saturating_add(units)
         .clamp(-MAX_BUCKET_UNITS, MAX_BUCKET_UNITS);
 }
 
-impl State {
-    fn add(&mut self, max_keys: usize, policy: &str, key: &Key, f: impl FnOnce(&mut Buckets)) {
-        if let Some(buckets) = self
+impl Shared {
+    /// Applies `f` to the buckets of `key` under `policy` in `state`, made
+    /// if there is room.
+    fn add(&self, state: &mut State, policy: &str, key: &Key, f: impl FnOnce(&mut Buckets)) {
+        if let Some(buckets) = state
             .usage
             .get_mut(policy)
             .and_then(|keys| keys.get_mut(key))
@@ -225,27 +272,33 @@ impl State {
             f(buckets);
             return;
         }
-        if self.keys >= max_keys {
-            self.dropped += 1;
+        let taken = self
+            .keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            });
+        if taken.is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        self.keys += 1;
-        let keys = self.usage.entry(policy.into()).or_default();
+        let keys = state.usage.entry(policy.into()).or_default();
         f(keys.entry(key.clone()).or_default());
     }
+}
 
-    fn sweep(&mut self, settings: &LedgerSettings) {
-        let now = self.latest;
+impl State {
+    /// Forgets the buckets past retention; returns how many keys went.
+    fn sweep(&mut self, settings: &LedgerSettings, now: u64) -> usize {
         let mut removed = 0;
         self.usage.retain(|_, keys| {
             keys.retain(|_, buckets| {
-                buckets.retain(|&(g, start), _| settings.expires_at_secs(g, start) > now);
+                buckets.retain(|b| settings.expires_at_secs(b.0, b.1) > now);
                 removed += usize::from(buckets.is_empty());
                 !buckets.is_empty()
             });
             !keys.is_empty()
         });
-        self.keys -= removed;
+        removed
     }
 }
 
@@ -270,14 +323,14 @@ impl Ledger for MemoryLedger {
         let settings = &self.shared.settings;
         let starts = query.bucket_starts(settings);
         let g = query.granularity();
-        let state = self.shared.state.lock();
+        let state = self.shard(key).lock();
         let buckets = state.usage.get(policy).and_then(|keys| keys.get(key));
+        let sum_of = |start: u64| {
+            let bucket = buckets?.iter().find(|(bg, s, _)| *bg == g && *s == start)?;
+            Some(bucket.2)
+        };
         let units = starts.into_iter().map(|start| {
-            let secs = start.as_micros() / 1_000_000;
-            let sum = buckets
-                .and_then(|b| b.get(&(g, secs)))
-                .copied()
-                .unwrap_or(0);
+            let sum = sum_of(start.as_micros() / 1_000_000).unwrap_or(0);
             (start, bucket_units(sum))
         });
         Ok(Usage::from_buckets(settings, &query, units))
