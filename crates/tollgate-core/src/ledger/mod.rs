@@ -89,9 +89,10 @@ pub trait Ledger: Send + Sync + 'static {
     /// reservation recorded at `at`.
     fn refund(&self, key: &Key, policy: &str, at: Timestamp, units: u64);
 
-    /// `key`'s usage under the policy named `policy` over `query`'s range,
-    /// as far as it has been flushed (a ledger's own records are always
-    /// included once flushed; those of other instances once they flushed).
+    /// `key`'s usage under the policy named `policy` over `query`'s range:
+    /// every record of this ledger (a ledger that keeps its buckets
+    /// elsewhere flushes first), and those of other instances sharing the
+    /// buckets as far as they have flushed.
     ///
     /// # Errors
     ///
