@@ -273,7 +273,7 @@ async fn what_a_local_fallback_admits_is_not_billed() {
     // layer's fallback decides locally.
     let clock = FakeClock::new(Timestamp::from_secs(START));
     let down = RedisStore::builder()
-        .prefix(&unique_prefix("ledger-down"))
+        .prefix(unique_prefix("ledger-down"))
         .test_clock(clock.clone())
         .connect_timeout(Duration::from_millis(200))
         .deadline(Duration::from_millis(200))

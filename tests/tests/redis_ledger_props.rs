@@ -37,7 +37,7 @@ fn memory_and_redis_ledgers_agree() {
     let clock = FakeClock::new(Timestamp::from_secs(1_769_889_600));
     let redis = runtime.block_on(async {
         let store = RedisStore::builder()
-            .prefix(&unique_prefix("ledger-props"))
+            .prefix(unique_prefix("ledger-props"))
             .deadline(Duration::from_secs(10))
             .response_timeout(Duration::from_secs(10))
             .test_clock(clock.clone())

@@ -85,16 +85,38 @@ struct State {
 /// recorded since the last take).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerEntry {
+    policy: Box<str>,
+    key: Key,
+    granularity: Granularity,
+    start: Timestamp,
+    units: i64,
+}
+
+impl LedgerEntry {
     /// The policy's name.
-    pub policy: Box<str>,
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
     /// The key.
-    pub key: Key,
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
     /// The bucket's granularity.
-    pub granularity: Granularity,
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
     /// The bucket's start.
-    pub start: Timestamp,
+    pub fn start(&self) -> Timestamp {
+        self.start
+    }
+
     /// The units recorded, within ±2^62.
-    pub units: i64,
+    pub fn units(&self) -> i64 {
+        self.units
+    }
 }
 
 impl Default for MemoryLedger {

@@ -36,7 +36,7 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
     let mut by_key: HashMap<(Box<str>, Key), Vec<LedgerEntry>> = HashMap::new();
     for entry in entries {
         by_key
-            .entry((entry.policy.clone(), entry.key.clone()))
+            .entry((entry.policy().into(), entry.key().clone()))
             .or_default()
             .push(entry);
     }
@@ -68,10 +68,10 @@ async fn write<C: RedisConnection>(
     let stem = shared.names.usage_stem(policy, key);
     let mut keys = Vec::with_capacity(entries.len());
     let mut args = Vec::with_capacity(2 * entries.len());
-    for e in entries.iter().filter(|e| e.units != 0) {
+    for e in entries.iter().filter(|e| e.units() != 0) {
         let expires_ms = shared
             .settings
-            .expires_at(e.granularity, e.start)
+            .expires_at(e.granularity(), e.start())
             .as_micros()
             / 1_000;
         let mut ttl_ms = expires_ms.saturating_sub(now_ms);
@@ -84,10 +84,10 @@ async fn write<C: RedisConnection>(
         }
         keys.push(bucket_key(
             &stem,
-            e.granularity,
-            e.start.as_micros() / 1_000_000,
+            e.granularity(),
+            e.start().as_micros() / 1_000_000,
         ));
-        args.push(e.units);
+        args.push(e.units());
         args.push(i64::try_from(ttl_ms).unwrap_or(i64::MAX));
     }
     let Some(first) = keys.first() else {

@@ -41,21 +41,26 @@ pub use builder::RedisLedgerBuilder;
 /// failed flushes are reported (the error of `flush`, a `warn` log of the
 /// background flush).
 ///
-/// ```no_run
+/// ```
 /// use tollgate_core::ledger::{Granularity, Ledger, MeteredStore, UsageQuery};
-/// use tollgate_core::{Algorithm, Key, Policy, Store, Timestamp};
+/// use tollgate_core::{Algorithm, Key, Policy, Settlement, Store};
 /// use tollgate_redis::{RedisLedger, RedisStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let store = RedisStore::builder().url("redis://127.0.0.1:6379").build().await?;
+/// # let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+/// let store = RedisStore::connect(&url).await?;
 /// let ledger = RedisLedger::builder(&store).build()?;
 /// let store = MeteredStore::new(store, ledger.clone());
-/// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
-/// let ada = Key::user("ada");
-/// let decision = store.check(&ada, &policy, 1).await?;
-/// let today = UsageQuery::new(Granularity::Day, decision.now(), decision.now())?;
-/// println!("{}", ledger.usage(&ada, "api", today).await?.total());
+/// let policy = Policy::new("doc-ledger", Algorithm::Gcra, "100/min")?;
+/// # let unique = tollgate_core::Clock::now(&tollgate_core::SystemClock).as_micros();
+/// let ada = Key::user(format!("doc-{unique}"));
+/// let reserved = store.check(&ada, &policy, 10).await?;
+/// store.settle(&ada, &policy, Settlement::of(&reserved, 10, 4)).await?;
+/// // This month's days, up to now.
+/// let month = UsageQuery::from_params(ledger.settings(), reserved.now(), None, None, None)?;
+/// assert_eq!(month.granularity(), Granularity::Day);
+/// assert_eq!(ledger.usage(&ada, "doc-ledger", month).await?.total(), 4);
 /// ledger.flush().await?; // at shutdown
 /// # Ok(())
 /// # }
