@@ -280,6 +280,14 @@ async fn what_a_local_fallback_admits_is_not_billed() {
         .connect("redis://127.0.0.1:1")
         .await
         .unwrap();
+    // The Redis ledger of a Redis that is down keeps its records for the
+    // next flush.
+    let pending = RedisLedger::builder(&down).build().unwrap();
+    let t = Timestamp::from_secs(START);
+    pending.record(&Key::user("kept"), "ledger-fallback", t, 5);
+    assert!(pending.flush().await.is_err());
+    assert_eq!((pending.pending(), pending.dropped()), (1, 0));
+
     let ledger = MemoryLedger::new();
     let fallback = tollgate::FallbackStore::new(MeteredStore::new(down, ledger.clone()))
         .on_store_error(tollgate::FailureMode::Local);

@@ -262,12 +262,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     say!("listening on http://{}", listener.local_addr()?);
     say!("config: {}", args.config.display());
     say!("metrics: http://{}/metrics", listener.local_addr()?);
+    say!("usage: GET /usage?granularity=hour|day|month&from=..&to=.. (authenticated)");
     say!("{}", policy_table(&config).trim_end());
     let admin = match args.admin_token.as_deref().map(AdminToken::new) {
         None => None,
         Some(None) => return Err("--admin-token: an empty token would let anyone in".into()),
         Some(token) => {
             say!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
+            say!("admin: GET /admin/usage/{{user}} with the admin token");
             token
         }
     };

@@ -137,3 +137,29 @@ pub(super) async fn read<C: RedisConnection>(
     });
     Ok(Usage::from_buckets(&shared.settings, query, units))
 }
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::Key;
+    use tollgate_core::ledger::Granularity;
+
+    use super::bucket_key;
+    use crate::keys::{KeyNamer, hash_slot};
+
+    #[test]
+    fn a_keys_buckets_share_its_cluster_slot_and_keys_spread() {
+        let names = KeyNamer::new("tg", None).unwrap();
+        let stem = names.usage_stem("api", &Key::user("ada"));
+        assert!(stem.starts_with("tg:usage/api:{"), "{stem}");
+        let slot = hash_slot(&stem);
+        for g in Granularity::ALL {
+            assert_eq!(hash_slot(&bucket_key(&stem, g, 1_767_225_600)), slot);
+        }
+        assert_eq!(
+            bucket_key(&stem, Granularity::Month, 7),
+            format!("{stem}:m7")
+        );
+        let other = names.usage_stem("api", &Key::user("bob"));
+        assert_ne!(hash_slot(&other), slot);
+    }
+}
