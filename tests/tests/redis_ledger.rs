@@ -304,3 +304,40 @@ async fn what_a_local_fallback_admits_is_not_billed() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_amounts_saturate_on_redis_as_in_memory() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let store = metered(&url, &unique_prefix("ledger-huge"), &clock).await;
+    let ledger = store.ledger();
+    let memory = MemoryLedger::new();
+    let key = Key::user("whale");
+    let t = Timestamp::from_secs(START);
+    // Three flushes of 2^62 each: the second already overflows a 64-bit
+    // sum in Redis, which the script saturates.
+    for _ in 0..3 {
+        for _ in 0..5_000 {
+            ledger.record(&key, "p", t, u64::MAX);
+            memory.record(&key, "p", t, u64::MAX);
+        }
+        ledger.flush().await.unwrap();
+    }
+    let (redis, memory) = (
+        ledger.usage(&key, "p", hour_query()).await.unwrap(),
+        memory.usage(&key, "p", hour_query()).await.unwrap(),
+    );
+    assert_eq!(redis.total(), 1 << 62);
+    assert_eq!(redis, memory);
+    // Refunds beyond what was recorded show 0 on both.
+    let other = Key::user("refunded");
+    ledger.refund(&other, "p", t, 10);
+    assert_eq!(
+        ledger
+            .usage(&other, "p", hour_query())
+            .await
+            .unwrap()
+            .total(),
+        0
+    );
+}
