@@ -59,6 +59,7 @@ mod error;
 mod family;
 mod inflight;
 mod key;
+pub mod ledger;
 mod limit;
 mod memory;
 mod overrides;

@@ -39,6 +39,10 @@
 //! Every case uses keys of its own, so a shared store may run the suite
 //! again, and alongside other tests.
 //!
+//! A usage ledger ([`crate::ledger`]) runs [`check_ledger`] the same way,
+//! through a [`MeteredStore`](crate::ledger::MeteredStore) on a fake clock:
+//! its buckets must hold exactly the admitted cost after settling.
+//!
 //! ```
 //! use tollgate_core::{FakeClock, MemoryStore};
 //! use tollgate_core::testing::check_store;
@@ -58,6 +62,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod ledger;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -70,6 +76,8 @@ use crate::settle::Settlement;
 use crate::state::{PolicyState, blocked};
 use crate::store::Store;
 use crate::time::{FakeClock, Timestamp};
+
+pub use ledger::{LedgerReport, check_ledger};
 
 /// What a passing run checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

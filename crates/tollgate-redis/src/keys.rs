@@ -57,6 +57,12 @@ impl KeyNamer {
         self.named(&format!("inflight/{name}"), key)
     }
 
+    /// The usage buckets of `key` under the policy named `policy` share
+    /// this stem (and so a cluster slot): `<stem>:<h|d|m><start in s>`.
+    pub(crate) fn usage_stem(&self, policy: &str, key: &Key) -> String {
+        self.named(&format!("usage/{policy}"), key)
+    }
+
     fn named(&self, policy: &str, key: &Key) -> String {
         let mut h = Sha256::new();
         let mut part = |bytes: &[u8]| {

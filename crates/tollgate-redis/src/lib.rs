@@ -93,6 +93,7 @@ mod keys;
 mod known;
 mod lanes;
 mod lease;
+mod ledger;
 mod op;
 mod overrides;
 mod patience;
@@ -109,6 +110,7 @@ pub use connect::{
 };
 pub use error::RedisStoreError;
 pub use lease::{LeaseCalls, LeasedStore, LeasedStoreBuilder};
+pub use ledger::{RedisLedger, RedisLedgerBuilder};
 pub use overrides::{RedisOverrides, RedisOverridesBuilder};
 pub use redis::sentinel::SentinelNodeConnectionInfo;
 pub use store::RedisStore;

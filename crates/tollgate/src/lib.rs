@@ -87,7 +87,7 @@
 //!
 //! | feature | default | enables |
 //! |---|---|---|
-//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, `RouteKey`, and the `GET /rate_limit` handler `RateLimitStatus` |
+//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, `RouteKey`, the `GET /rate_limit` handler `RateLimitStatus` and the `GET /usage` handler `UsageStatus` |
 //! | `tonic` | no | peer addresses from Tonic's `TcpConnectInfo` |
 //! | `metrics` | no | [counters and gauges](telemetry) through the `metrics` facade |
 
@@ -111,7 +111,7 @@ pub use adaptive::{
     AdaptiveConcurrency, AdaptiveConcurrencyLayer, AdaptiveHandle, Classify, SameClass,
 };
 pub use answer::headers;
-pub use answer::{CONCURRENCY_LIMIT, MissingKey, RateLimitReport, rejection};
+pub use answer::{CONCURRENCY_LIMIT, MissingKey, RateLimitReport, UsageReport, rejection};
 pub use body::ResponseBody;
 pub use clock::TokioClock;
 #[cfg(feature = "axum")]
@@ -125,13 +125,14 @@ pub use headers::HeaderStyle;
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use limiter::{Jitter, RateLimiter, WaitError};
 pub use overrides::{CachedLookup, CachedLookupBuilder, OverrideLookup};
-#[cfg(feature = "axum")]
-pub use plans::RateLimitStatus;
 pub use plans::{PlanExtension, PlanMap, PlanMapBuilder, PlanSource};
+#[cfg(feature = "axum")]
+pub use plans::{RateLimitStatus, UsageStatus};
 pub use rate_limit::{
     ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
     ResponseFuture, Settle, WrapBody,
 };
+pub use tollgate_core::ledger;
 pub use tollgate_core::telemetry;
 
 pub use tollgate_core::{

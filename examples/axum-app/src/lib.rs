@@ -12,6 +12,7 @@ pub mod config;
 pub mod operators;
 pub mod overload;
 pub mod overrides;
+pub mod usage;
 
 use std::fmt;
 
@@ -34,6 +35,7 @@ use tollgate::{
 pub use operators::AdminToken;
 pub use overload::{Overload, OverloadConfig};
 pub use overrides::AppOverrides;
+pub use usage::AppLedger;
 
 pub use config::{
     AppConfig, ConfigFileError, KeySpec, PlanConfig, ROUTES, RouteConfig, SettleSpec,

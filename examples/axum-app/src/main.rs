@@ -20,12 +20,13 @@ use tower::ServiceExt;
 use tower::util::Oneshot;
 
 use axum_app::{
-    AdminToken, AppConfig, AppOverrides, Overload, app_with_overrides, install_metrics,
+    AdminToken, AppConfig, AppLedger, AppOverrides, Overload, app_with_overrides, install_metrics,
     metrics_route, policy_table,
 };
 use clap::Parser;
+use tollgate::ledger::{Ledger, MemoryLedger, MeteredStore};
 use tollgate::{BoxStore, MemoryStore};
-use tollgate_redis::{RedisOverrides, RedisStore, RedisStoreBuilder};
+use tollgate_redis::{RedisLedger, RedisOverrides, RedisStore, RedisStoreBuilder};
 
 /// Writes a line to stdout, as `println!` does, but carries on if stdout
 /// is closed (a pipe whose reader is gone): the server keeps serving.
@@ -146,6 +147,8 @@ struct Parts {
     store: BoxStore,
     /// Each user's overrides: in Redis with a Redis store, else in memory.
     overrides: AppOverrides,
+    /// What the store records usage in: `GET /usage`.
+    ledger: AppLedger,
     metrics: PrometheusHandle,
     admin: Option<AdminToken>,
     /// `GET /work` and its protection, made once: a reload keeps them.
@@ -157,6 +160,11 @@ fn build(config: &AppConfig, parts: &Parts) -> Router {
     let (store, admin) = (parts.store.clone(), parts.admin.clone());
     app_with_overrides(config, store, admin, parts.overrides.clone())
         .merge(parts.overload.routes(parts.admin.clone()))
+        .merge(axum_app::usage::routes(
+            config,
+            &parts.ledger,
+            parts.admin.clone(),
+        ))
         .merge(metrics_route(parts.metrics.clone()))
 }
 
@@ -208,7 +216,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let metrics =
         install_metrics().map_err(|e| format!("cannot install metrics: {}", chain(&e)))?;
     let mut overrides = AppOverrides::default();
-    let store = match &args.redis_url {
+    let (store, ledger) = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
                 .prefix(args.redis_prefix.as_str())
@@ -217,7 +225,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .map_err(|e| format!("cannot use Redis through {}: {}", redact(url), chain(&e)))?;
             say!("store: Redis through Sentinel {}", redact(url));
             say_if_not_ready(&store, &config).await;
-            BoxStore::with_slots(store)
+            let ledger = RedisLedger::builder(&store).build()?;
+            let ledger = AppLedger::Sentinel(ledger);
+            (
+                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                ledger,
+            )
         }
         Some(url) => {
             let store = async {
@@ -233,12 +246,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             say_if_not_ready(&store, &config).await;
             let shared = RedisOverrides::builder().start(&store).await;
             overrides = AppOverrides::Redis(shared.map_err(|e| format!("overrides: {e}"))?);
-            BoxStore::with_slots(store)
+            let ledger = AppLedger::Redis(RedisLedger::builder(&store).build()?);
+            (
+                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                ledger,
+            )
         }
         None => {
             let store = MemoryStore::new();
             say!("store: in-memory (max {} keys)", store.max_keys());
-            BoxStore::with_slots(store)
+            let ledger = AppLedger::Memory(MemoryLedger::new());
+            (
+                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                ledger,
+            )
         }
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -247,6 +268,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     say!("listening on http://{}", listener.local_addr()?);
     say!("config: {}", args.config.display());
     say!("metrics: http://{}/metrics", listener.local_addr()?);
+    say!("usage: GET /usage?granularity=hour|day|month&from=..&to=.. (authenticated)");
     say!("{}", policy_table(&config).trim_end());
     let admin = match args.admin_token.as_deref().map(AdminToken::new) {
         None => None,
@@ -254,6 +276,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(token) => {
             say!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
             say!("admin: PUT or DELETE /admin/rate_limit/{{policy}}/{{user}}/override");
+            say!("admin: GET /admin/usage/{{user}} with the admin token");
             token
         }
     };
@@ -272,6 +295,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let parts = Parts {
         store,
         overrides,
+        ledger: ledger.clone(),
         metrics,
         admin,
         overload,
@@ -288,6 +312,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;
+    // The usage recorded since the last flush (at most a second of it).
+    if let Err(e) = ledger.flush().await {
+        say!(
+            "usage: the last records could not be written: {}",
+            chain(&e)
+        );
+    }
     Ok(())
 }
 

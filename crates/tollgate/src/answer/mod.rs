@@ -27,10 +27,13 @@ mod missing;
 mod numbers;
 mod prebuilt;
 mod status;
+mod usage;
 mod wait;
 
 pub use missing::MissingKey;
 pub use status::RateLimitReport;
+pub use usage::UsageReport;
+pub(crate) use usage::bad_usage_query;
 pub(crate) use wait::write_retry_after;
 
 use std::fmt::Write as _;

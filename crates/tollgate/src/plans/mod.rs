@@ -12,8 +12,12 @@ mod map;
 mod source;
 #[cfg(feature = "axum")]
 mod status;
+#[cfg(feature = "axum")]
+mod usage;
 
 pub use map::{PlanMap, PlanMapBuilder};
 pub use source::{PlanExtension, PlanSource};
 #[cfg(feature = "axum")]
 pub use status::RateLimitStatus;
+#[cfg(feature = "axum")]
+pub use usage::UsageStatus;

@@ -1,0 +1,190 @@
+//! [`MeteredStore`]: a store whose admissions and settlements are
+//! recorded in a usage ledger.
+
+use std::time::Duration;
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::inflight::{InFlightLimit, Renewal, SlotStore, Slots};
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::settle::Settlement;
+use crate::store::Store;
+
+use super::Ledger;
+
+/// A store that records in `ledger` the cost of each request it admits,
+/// and each settlement it takes, so that the ledger holds each key's
+/// settled usage per policy.
+///
+/// - An admitted check of cost `n` records `n` at the decision's time
+///   ([`Decision::now`]); a denied one, and a cost of 0 (a peek, a
+///   status), record nothing.
+/// - A settlement the store took records its difference (the charge, or
+///   minus the refund) in the buckets of the reservation's time
+///   ([`Settlement::reserved_at`]), so that each bucket holds the actual
+///   cost of the requests admitted in it, whenever they settled. A
+///   settlement of a key blocked meanwhile is recorded too: the request
+///   ran. A settlement the store failed to take is not (the reservation
+///   stands).
+/// - A reset or a block changes the limiter's state, never the ledger:
+///   billing history is not erased.
+/// - Wrapped around a leased store, the units spent from a lease are
+///   recorded as they are spent; a lease's grant and the units given back
+///   are not usage.
+/// - Under a layer's failure policy, a request that the local fallback
+///   admits (or that `Open` lets through) while the store fails is not
+///   recorded: the ledger holds what the shared limit counted.
+///
+/// ```
+/// use tollgate_core::ledger::{Granularity, Ledger, MemoryLedger, MeteredStore, UsageQuery};
+/// use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Settlement, Store, Timestamp};
+///
+/// # futures_lite_block_on(async {
+/// let clock = FakeClock::new(Timestamp::from_secs(1_767_225_600));
+/// let ledger = MemoryLedger::new();
+/// let store = MeteredStore::new(MemoryStore::builder().clock(clock).build()?, ledger.clone());
+/// let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/h")?;
+/// let ada = Key::user("ada");
+/// let reserved = store.check(&ada, &policy, 100).await?;
+/// store.settle(&ada, &policy, Settlement::of(&reserved, 100, 42)).await?;
+/// store.reset(&ada, &policy).await?; // the limit starts afresh; the bill stays
+/// let day = UsageQuery::new(Granularity::Day, reserved.now(), Timestamp::from_secs(1_767_312_000))?;
+/// assert_eq!(ledger.usage(&ada, "tokens", day).await?.total(), 42);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MeteredStore<S, L> {
+    store: S,
+    ledger: L,
+}
+
+impl<S, L> MeteredStore<S, L> {
+    /// `store`, recording in `ledger`.
+    pub fn new(store: S, ledger: L) -> Self {
+        Self { store, ledger }
+    }
+
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.store
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+}
+
+impl<S: Store, L: Ledger> MeteredStore<S, L> {
+    fn admitted(&self, key: &Key, policy: &Policy, cost: u64, decision: &Decision) {
+        if cost > 0 && decision.is_allowed() {
+            self.ledger.record(key, policy.name(), decision.now(), cost);
+        }
+    }
+}
+
+impl<S: Store, L: Ledger> Store for MeteredStore<S, L> {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let decision = self.store.check(key, policy, cost).await?;
+        self.admitted(key, policy, cost, &decision);
+        Ok(decision)
+    }
+
+    fn try_check_now(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        let result = self.store.try_check_now(key, policy, cost)?;
+        if let Ok(decision) = &result {
+            self.admitted(key, policy, cost, decision);
+        }
+        Some(result)
+    }
+
+    async fn status(&self, key: &Key, policy: &Policy) -> Result<Decision, StoreError> {
+        self.store.status(key, policy).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.store.reset(key, policy).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        let decision = self.store.settle(key, policy, settlement).await?;
+        let at = settlement.reserved_at();
+        self.ledger
+            .record(key, policy.name(), at, settlement.charge());
+        self.ledger
+            .refund(key, policy.name(), at, settlement.refund());
+        Ok(decision)
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.store.block(key, policy, duration).await
+    }
+
+    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
+        self.store.last_known(key, policy)
+    }
+}
+
+/// In-flight slots are not usage: they pass to the wrapped store.
+impl<S: SlotStore, L: Ledger> SlotStore for MeteredStore<S, L> {
+    async fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Slots, StoreError> {
+        self.store.acquire(key, limit, holder).await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Renewal, StoreError> {
+        self.store.renew(key, limit, holder).await
+    }
+
+    async fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<(), StoreError> {
+        self.store.release(key, limit, holder).await
+    }
+
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        self.store.release_now(key, limit, holder)
+    }
+
+    fn leases(&self) -> bool {
+        self.store.leases()
+    }
+
+    fn new_holder(&self) -> u64 {
+        self.store.new_holder()
+    }
+}

@@ -1,0 +1,154 @@
+//! The memory ledger passes the ledger suite, and the calendar places
+//! instants in the right buckets at month ends, leap days and both
+//! daylight-saving changes.
+#![cfg(feature = "testing")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use tollgate_core::ledger::{
+    Granularity, Ledger, LedgerSettings, MAX_BUCKET_UNITS, MemoryLedger, MeteredStore, UsageQuery,
+};
+use tollgate_core::testing::check_ledger;
+use tollgate_core::{FakeClock, Key, MemoryStore, Timestamp};
+
+fn at(text: &str) -> Timestamp {
+    let ts: jiff::Timestamp = text.parse().unwrap();
+    Timestamp::from_secs(ts.as_second().try_into().unwrap())
+}
+
+fn start(settings: &LedgerSettings, g: Granularity, text: &str) -> Timestamp {
+    settings.bucket_start(g, at(text))
+}
+
+#[tokio::test]
+async fn the_memory_ledger_passes_the_suite() {
+    let clock = FakeClock::default();
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let store = MeteredStore::new(store, MemoryLedger::new());
+    let report = check_ledger(&store, &clock).await.unwrap();
+    assert!(report.admitted > 200, "{report:?}");
+    assert!(report.denied > 10, "{report:?}");
+    assert!(report.settlements > 50, "{report:?}");
+    assert!(report.buckets > 50, "{report:?}");
+}
+
+#[test]
+fn months_and_leap_days_in_utc() {
+    let utc = LedgerSettings::new();
+    let month = |t| start(&utc, Granularity::Month, t);
+    assert_eq!(month("2028-02-29T23:59:59Z"), at("2028-02-01T00:00:00Z"));
+    assert_eq!(month("2028-03-01T00:00:00Z"), at("2028-03-01T00:00:00Z"));
+    let feb = at("2028-02-01T00:00:00Z");
+    assert_eq!(
+        utc.next_bucket(Granularity::Month, feb),
+        at("2028-03-01T00:00:00Z")
+    );
+    let leap_day = at("2028-02-29T00:00:00Z");
+    assert_eq!(
+        utc.next_bucket(Granularity::Day, leap_day),
+        at("2028-03-01T00:00:00Z")
+    );
+    assert_eq!(
+        start(&utc, Granularity::Hour, "2026-12-31T23:59:59.999Z"),
+        at("2026-12-31T23:00:00Z")
+    );
+}
+
+#[test]
+fn days_follow_daylight_saving_in_the_zone() {
+    let berlin = LedgerSettings::new().time_zone("Europe/Berlin").unwrap();
+    // Spring: 2026-03-29 has 23 hours in Berlin.
+    let day = start(&berlin, Granularity::Day, "2026-03-29T12:00:00Z");
+    assert_eq!(day, at("2026-03-28T23:00:00Z"));
+    assert_eq!(
+        berlin.next_bucket(Granularity::Day, day),
+        at("2026-03-29T22:00:00Z")
+    );
+    // Autumn: 2026-10-25 has 25 hours, and the repeated hour is two buckets.
+    let day = start(&berlin, Granularity::Day, "2026-10-25T12:00:00Z");
+    assert_eq!(day, at("2026-10-24T22:00:00Z"));
+    assert_eq!(
+        berlin.next_bucket(Granularity::Day, day),
+        at("2026-10-25T23:00:00Z")
+    );
+    let first = start(&berlin, Granularity::Hour, "2026-10-25T00:30:00Z");
+    let second = start(&berlin, Granularity::Hour, "2026-10-25T01:30:00Z");
+    assert_eq!(
+        (first, second),
+        (at("2026-10-25T00:00:00Z"), at("2026-10-25T01:00:00Z"))
+    );
+    // Months begin at midnight in Berlin: the UTC evening before.
+    let month = start(&berlin, Granularity::Month, "2026-10-31T23:30:00Z");
+    assert_eq!(month, at("2026-10-31T23:00:00Z"));
+    // A half-hour zone: hours begin at :30 UTC.
+    let kolkata = LedgerSettings::new().time_zone("Asia/Kolkata").unwrap();
+    let hour = start(&kolkata, Granularity::Hour, "2026-05-05T10:10:00Z");
+    assert_eq!(hour, at("2026-05-05T09:30:00Z"));
+}
+
+#[test]
+fn bad_settings_and_ranges_are_typed_errors() {
+    let error = LedgerSettings::new()
+        .time_zone("Europe/Atlantis")
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid time zone \"Europe/Atlantis\": not a time zone of the IANA database"
+    );
+    let zero = LedgerSettings::new().retention(Granularity::Hour, Duration::ZERO);
+    assert_eq!(
+        zero.unwrap_err().to_string(),
+        "invalid setting retention: keep buckets from 1 second to 10 years"
+    );
+    let t = at("2026-01-01T00:00:00Z");
+    let later = at("2026-02-01T00:00:00Z");
+    let backwards = UsageQuery::new(Granularity::Day, later, t).unwrap_err();
+    assert_eq!(
+        backwards.to_string(),
+        "invalid setting range: the end is before the start"
+    );
+    let far = Timestamp::from_secs(u64::MAX / 2_000_000);
+    assert!(UsageQuery::new(Granularity::Hour, t, far).is_err());
+    assert!(UsageQuery::new(Granularity::Month, Timestamp::from_secs(0), far).is_err());
+}
+
+#[tokio::test]
+async fn huge_amounts_saturate() {
+    let ledger = MemoryLedger::new();
+    let key = Key::user("whale");
+    let t = at("2026-01-01T00:00:00Z");
+    for _ in 0..5_000 {
+        ledger.record(&key, "p", t, u64::MAX);
+    }
+    let query = UsageQuery::new(Granularity::Hour, t, at("2026-01-01T01:00:00Z")).unwrap();
+    let usage = ledger.usage(&key, "p", query).await.unwrap();
+    assert_eq!(usage.total(), MAX_BUCKET_UNITS.unsigned_abs());
+    // Refunds beyond what was recorded show 0, never less.
+    let other = Key::user("refunded");
+    ledger.refund(&other, "p", t, 10);
+    let usage = ledger.usage(&other, "p", query).await.unwrap();
+    assert_eq!((usage.total(), usage.buckets().len()), (0, 0));
+    // Extreme instants are placed without a panic.
+    ledger.record(&key, "p", Timestamp::from_micros(u64::MAX), 1);
+    ledger.record(&key, "p", Timestamp::from_secs(0), 1);
+}
+
+#[tokio::test]
+async fn a_full_ledger_counts_what_it_dropped_and_old_buckets_go() {
+    let settings = LedgerSettings::new()
+        .retention(Granularity::Hour, Duration::from_secs(3_600))
+        .unwrap();
+    let ledger = MemoryLedger::with_settings(settings, 2);
+    let t = at("2026-01-01T00:00:00Z");
+    ledger.record(&Key::user("a"), "p", t, 1);
+    ledger.record(&Key::user("b"), "p", t, 1);
+    ledger.record(&Key::user("c"), "p", t, 1);
+    assert_eq!((ledger.len(), ledger.dropped()), (2, 1));
+    // A year on, after enough records to sweep, January's buckets are gone.
+    let later = at("2027-06-01T00:00:00Z");
+    for _ in 0..4_096 {
+        ledger.record(&Key::user("a"), "p", later, 1);
+    }
+    assert_eq!(ledger.len(), 1);
+}

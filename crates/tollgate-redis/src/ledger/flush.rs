@@ -1,0 +1,165 @@
+//! Flushing a ledger's records to Redis (one script call per key, all sent
+//! at once), and reading buckets back (one `MGET` per query).
+
+use std::collections::HashMap;
+
+use futures::future::join_all;
+use tollgate_core::Key;
+use tollgate_core::ledger::{Granularity, LedgerEntry, MAX_BUCKET_UNITS, Usage, UsageQuery};
+
+use crate::connect::RedisConnection;
+use crate::error::RedisStoreError;
+
+use super::Shared;
+
+/// Under a test clock, buckets live at least ten minutes of real time, as
+/// the store's keys do: fake time does not pass with Redis's.
+const TEST_CLOCK_MIN_TTL_MS: u64 = 600_000;
+
+/// The Redis key of one bucket: `<stem>:<h|d|m><start in seconds>`.
+pub(super) fn bucket_key(stem: &str, granularity: Granularity, start_secs: u64) -> String {
+    let letter = match granularity {
+        Granularity::Hour => 'h',
+        Granularity::Day => 'd',
+        Granularity::Month => 'm',
+    };
+    format!("{stem}:{letter}{start_secs}")
+}
+
+/// Sends every pending record to Redis. A key whose call failed keeps its
+/// records for the next flush; the first error is returned.
+pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
+    let entries = shared.pending.take_all();
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut by_key: HashMap<(Box<str>, Key), Vec<LedgerEntry>> = HashMap::new();
+    for entry in entries {
+        by_key
+            .entry((entry.policy().into(), entry.key().clone()))
+            .or_default()
+            .push(entry);
+    }
+    let now_ms = shared.now().as_micros() / 1_000;
+    let calls = by_key
+        .into_iter()
+        .map(|((policy, key), entries)| async move {
+            let result = write(shared, &policy, &key, &entries, now_ms).await;
+            (result, entries)
+        });
+    let mut first_error = None;
+    for (result, entries) in join_all(calls).await {
+        if let Err(error) = result {
+            shared.pending.put_back(entries);
+            first_error.get_or_insert(error);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// One key's buckets in one script call.
+async fn write<C: RedisConnection>(
+    shared: &Shared<C>,
+    policy: &str,
+    key: &Key,
+    entries: &[LedgerEntry],
+    now_ms: u64,
+) -> Result<(), RedisStoreError> {
+    let stem = shared.names.usage_stem(policy, key);
+    let mut keys = Vec::with_capacity(entries.len());
+    let mut args = Vec::with_capacity(2 * entries.len());
+    for e in entries.iter().filter(|e| e.units() != 0) {
+        let expires_ms = shared
+            .settings
+            .expires_at(e.granularity(), e.start())
+            .as_micros()
+            / 1_000;
+        let mut ttl_ms = expires_ms.saturating_sub(now_ms);
+        if shared.test_clock() {
+            ttl_ms = ttl_ms.max(TEST_CLOCK_MIN_TTL_MS);
+        }
+        if ttl_ms == 0 {
+            // Past its retention already: the bucket is gone, or going.
+            continue;
+        }
+        keys.push(bucket_key(
+            &stem,
+            e.granularity(),
+            e.start().as_micros() / 1_000_000,
+        ));
+        args.push(e.units());
+        args.push(i64::try_from(ttl_ms).unwrap_or(i64::MAX));
+    }
+    let Some(first) = keys.first() else {
+        return Ok(());
+    };
+    let call = shared.store.wire.eval(
+        first,
+        &shared.script,
+        (1 + 3 * keys.len(), 64 * keys.len()),
+        |cmd| {
+            cmd.arg(keys.len()).arg(&keys).arg(&args);
+        },
+    );
+    match tokio::time::timeout(shared.flush_timeout, call).await {
+        Ok(reply) => reply.map(drop),
+        Err(_) => Err(RedisStoreError::Deadline(shared.flush_timeout)),
+    }
+}
+
+/// The buckets of `query` of `key` under `policy`, in one `MGET`.
+pub(super) async fn read<C: RedisConnection>(
+    shared: &Shared<C>,
+    key: &Key,
+    policy: &str,
+    query: &UsageQuery,
+) -> Result<Usage, RedisStoreError> {
+    let starts = query.bucket_starts(&shared.settings);
+    let stem = shared.names.usage_stem(policy, key);
+    let g = query.granularity();
+    let keys: Vec<String> = starts
+        .iter()
+        .map(|s| bucket_key(&stem, g, s.as_micros() / 1_000_000))
+        .collect();
+    let Some(first) = keys.first() else {
+        return Ok(Usage::from_buckets(&shared.settings, query, []));
+    };
+    let mut cmd = redis::cmd("MGET");
+    cmd.arg(&keys);
+    let read = shared.store.wire.connection.query_for_key(first, &cmd);
+    let values: Vec<Option<i64>> = match tokio::time::timeout(shared.flush_timeout, read).await {
+        Ok(values) => values?,
+        Err(_) => return Err(RedisStoreError::Deadline(shared.flush_timeout)),
+    };
+    let units = starts.into_iter().zip(values).map(|(start, value)| {
+        let units = value.unwrap_or(0).clamp(0, MAX_BUCKET_UNITS).unsigned_abs();
+        (start, units)
+    });
+    Ok(Usage::from_buckets(&shared.settings, query, units))
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::Key;
+    use tollgate_core::ledger::Granularity;
+
+    use super::bucket_key;
+    use crate::keys::{KeyNamer, hash_slot};
+
+    #[test]
+    fn a_keys_buckets_share_its_cluster_slot_and_keys_spread() {
+        let names = KeyNamer::new("tg", None).unwrap();
+        let stem = names.usage_stem("api", &Key::user("ada"));
+        assert!(stem.starts_with("tg:usage/api:{"), "{stem}");
+        let slot = hash_slot(&stem);
+        for g in Granularity::ALL {
+            assert_eq!(hash_slot(&bucket_key(&stem, g, 1_767_225_600)), slot);
+        }
+        assert_eq!(
+            bucket_key(&stem, Granularity::Month, 7),
+            format!("{stem}:m7")
+        );
+        let other = names.usage_stem("api", &Key::user("bob"));
+        assert_ne!(hash_slot(&other), slot);
+    }
+}

@@ -1,0 +1,208 @@
+//! [`RedisLedger`]: the usage ledger on Redis, shared by every instance
+//! and kept across restarts.
+
+mod builder;
+mod flush;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::ledger::{Ledger, LedgerSettings, MemoryLedger, Usage, UsageQuery};
+use tollgate_core::{Clock, Key, StoreError, Timestamp};
+
+use crate::connect::{ManagedConnection, RedisConnection};
+use crate::keys::KeyNamer;
+use crate::script::DecisionScript;
+use crate::store::Inner;
+
+pub use builder::RedisLedgerBuilder;
+
+/// A usage ledger on Redis (see [`tollgate_core::ledger`]): each key's
+/// settled usage per policy in hour, day and month buckets, shared by every
+/// instance on the store's prefix, and kept across restarts.
+///
+/// A record is a local map update, not a round trip: the ledger sums its
+/// records in memory and flushes them every
+/// [`flush_interval`](RedisLedgerBuilder::flush_interval) (1 s by default),
+/// on [`flush`](Ledger::flush), and before each
+/// [`usage`](Ledger::usage) it answers, with one script call per key, all
+/// sent at once on the store's connection. Each bucket is a Redis key of
+/// its own (`<prefix>:usage/<policy>:{<hash>}:<h|d|m><start>`, the key's
+/// buckets sharing a cluster slot) that expires after the retention.
+///
+/// **What a crash can lose**: the records since the last flush, at most
+/// one flush interval of them (more while Redis is unreachable: a failed
+/// flush keeps its records for the next, up to
+/// [`max_pending_keys`](RedisLedgerBuilder::max_pending_keys) pairs of
+/// policy and key; records beyond are counted by
+/// [`dropped`](RedisLedger::dropped)). Call [`flush`](Ledger::flush) at
+/// shutdown. A flush is not undone if its reply is lost: a flush that
+/// failed after Redis applied it counts its units twice when retried, so
+/// failed flushes are reported (the error of `flush`, a `warn` log of the
+/// background flush).
+///
+/// ```
+/// use tollgate_core::ledger::{Granularity, Ledger, MeteredStore, UsageQuery};
+/// use tollgate_core::{Algorithm, Key, Policy, Settlement, Store};
+/// use tollgate_redis::{RedisLedger, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+/// let store = RedisStore::connect(&url).await?;
+/// let ledger = RedisLedger::builder(&store).build()?;
+/// let store = MeteredStore::new(store, ledger.clone());
+/// let policy = Policy::new("doc-ledger", Algorithm::Gcra, "100/min")?;
+/// # let unique = tollgate_core::Clock::now(&tollgate_core::SystemClock).as_micros();
+/// let ada = Key::user(format!("doc-{unique}"));
+/// let reserved = store.check(&ada, &policy, 10).await?;
+/// store.settle(&ada, &policy, Settlement::of(&reserved, 10, 4)).await?;
+/// // This month's days, up to now.
+/// let month = UsageQuery::from_params(ledger.settings(), reserved.now(), None, None, None)?;
+/// assert_eq!(month.granularity(), Granularity::Day);
+/// assert_eq!(ledger.usage(&ada, "doc-ledger", month).await?.total(), 4);
+/// ledger.flush().await?; // at shutdown
+/// # Ok(())
+/// # }
+/// ```
+pub struct RedisLedger<C = ManagedConnection> {
+    shared: Arc<Shared<C>>,
+}
+
+struct Shared<C> {
+    store: Arc<Inner<C>>,
+    names: KeyNamer,
+    settings: LedgerSettings,
+    /// What was recorded since the last flush.
+    pending: MemoryLedger,
+    /// Half of `max_pending_keys`: from there, the background flush is
+    /// woken early.
+    early: usize,
+    script: DecisionScript,
+    /// Held by a flush, and by a read that flushes first: a read never
+    /// sees a flush half done.
+    flushing: tokio::sync::Mutex<()>,
+    wake: Arc<tokio::sync::Notify>,
+    /// Stops the background flush when the last clone is dropped.
+    task: Option<tokio::task::AbortHandle>,
+    flush_timeout: Duration,
+}
+
+impl<C> Drop for Shared<C> {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl<C> Clone for RedisLedger<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C> std::fmt::Debug for RedisLedger<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLedger")
+            .field("prefix", &self.shared.names.prefix())
+            .field("settings", &self.shared.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> RedisLedger<C> {
+    /// Starts configuring a ledger on `store`'s connection, prefix and
+    /// clock.
+    pub fn builder(store: &crate::RedisStore<C>) -> RedisLedgerBuilder<C> {
+        RedisLedgerBuilder::new(store.inner.clone())
+    }
+
+    /// Its calendar and retention.
+    pub fn settings(&self) -> &LedgerSettings {
+        &self.shared.settings
+    }
+
+    /// How many records were not kept because the pending records were
+    /// full (Redis unreachable for long).
+    pub fn dropped(&self) -> u64 {
+        self.shared.pending.dropped()
+    }
+
+    /// How many pairs of policy and key wait for the next flush.
+    pub fn pending(&self) -> usize {
+        self.shared.pending.len()
+    }
+
+    /// The Redis key of the bucket of `granularity` starting at `start` of
+    /// `key` under the policy named `policy`.
+    pub fn bucket_key(
+        &self,
+        key: &Key,
+        policy: &str,
+        granularity: tollgate_core::ledger::Granularity,
+        start: Timestamp,
+    ) -> String {
+        flush::bucket_key(
+            &self.shared.names.usage_stem(policy, key),
+            granularity,
+            start.as_micros() / 1_000_000,
+        )
+    }
+}
+
+impl<C: RedisConnection> Shared<C> {
+    fn now(&self) -> Timestamp {
+        match &self.store.wire.clock {
+            Some(clock) => clock.now(),
+            None => tollgate_core::SystemClock.now(),
+        }
+    }
+
+    /// Whether the ledger's clock is a test clock: keys then live at least
+    /// ten minutes of real time, as the store's.
+    fn test_clock(&self) -> bool {
+        self.store.wire.clock.is_some()
+    }
+}
+
+impl<C: RedisConnection> Ledger for RedisLedger<C> {
+    fn settings(&self) -> &LedgerSettings {
+        &self.shared.settings
+    }
+
+    fn record(&self, key: &Key, policy: &str, at: Timestamp, units: u64) {
+        self.shared.pending.record(key, policy, at, units);
+        self.wake_if_full();
+    }
+
+    fn refund(&self, key: &Key, policy: &str, at: Timestamp, units: u64) {
+        self.shared.pending.refund(key, policy, at, units);
+        self.wake_if_full();
+    }
+
+    /// Flushes this instance's records first, so that the answer includes
+    /// them; other instances' records are included once they flushed.
+    async fn usage(&self, key: &Key, policy: &str, query: UsageQuery) -> Result<Usage, StoreError> {
+        let _flushing = self.shared.flushing.lock().await;
+        let flushed = flush::flush(&self.shared).await;
+        let read = flush::read(&self.shared, key, policy, &query).await;
+        flushed?;
+        Ok(read?)
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        let _flushing = self.shared.flushing.lock().await;
+        Ok(flush::flush(&self.shared).await?)
+    }
+}
+
+impl<C> RedisLedger<C> {
+    fn wake_if_full(&self) {
+        if self.shared.pending.len() >= self.shared.early {
+            self.shared.wake.notify_one();
+        }
+    }
+}

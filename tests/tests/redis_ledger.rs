@@ -1,0 +1,343 @@
+//! The usage ledger on real Redis: the ledger suite; 10,000 random
+//! requests over 3 instances equal the admitted and settled cost to the
+//! unit (and the same on memory); a new instance reads the same usage;
+//! every bucket has a TTL; leases and the failure policy meet it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tollgate_core::ledger::{Granularity, Ledger, MemoryLedger, MeteredStore, UsageQuery};
+use tollgate_core::testing::check_ledger;
+use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Settlement, Store, Timestamp};
+use tollgate_redis::{LeasedStore, RedisLedger, RedisStore};
+use tollgate_tests::{require_redis, unique_prefix};
+
+/// 2026-01-31 23:00 UTC: the requests cross an hour, a day and a month.
+const START: u64 = 1_769_900_400;
+
+async fn store(url: &str, prefix: &str, clock: &FakeClock) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .deadline(Duration::from_secs(10))
+        .response_timeout(Duration::from_secs(10))
+        .test_clock(clock.clone())
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+async fn metered(
+    url: &str,
+    prefix: &str,
+    clock: &FakeClock,
+) -> MeteredStore<RedisStore, RedisLedger> {
+    let store = store(url, prefix, clock).await;
+    let ledger = RedisLedger::builder(&store)
+        .flush_interval(Duration::from_secs(3_600))
+        .unwrap()
+        .build()
+        .unwrap();
+    MeteredStore::new(store, ledger)
+}
+
+/// SplitMix64: a seeded random sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+fn month_query() -> UsageQuery {
+    let from = Timestamp::from_secs(START - 40 * 86_400);
+    UsageQuery::new(
+        Granularity::Month,
+        from,
+        Timestamp::from_secs(START + 40 * 86_400),
+    )
+    .unwrap()
+}
+
+fn hour_query() -> UsageQuery {
+    let from = Timestamp::from_secs(START - 3_600);
+    UsageQuery::new(
+        Granularity::Hour,
+        from,
+        Timestamp::from_secs(START + 30 * 3_600),
+    )
+    .unwrap()
+}
+
+const KEYS: u64 = 20;
+const REQUESTS: u64 = 10_000;
+
+/// What one instance admitted and settled: units per key.
+type Expected = BTreeMap<u64, u64>;
+
+/// `requests` random requests through `store` (seeded by `seed`): random
+/// keys and costs, some refused, a third settled to a random actual cost.
+async fn drive<S: Store, L: Ledger>(
+    store: &MeteredStore<S, L>,
+    clock: &FakeClock,
+    policy: &Policy,
+    seed: u64,
+    requests: u64,
+) -> (Expected, u64) {
+    let mut rng = Rng(seed);
+    let mut expected = Expected::new();
+    let mut refused = 0;
+    for _ in 0..requests {
+        clock.advance(Duration::from_millis(rng.below(2_000)));
+        let k = rng.below(KEYS);
+        let key = Key::user(format!("user-{k}"));
+        let cost = 1 + rng.below(20);
+        let decision = store.check(&key, policy, cost).await.unwrap();
+        if !decision.is_allowed() {
+            refused += 1;
+            continue;
+        }
+        let mut used = cost;
+        if rng.below(3) == 0 {
+            let actual = rng.below(3 * cost);
+            let settled = Settlement::of(&decision, cost, actual);
+            store.settle(&key, policy, settled).await.unwrap();
+            used = actual;
+        }
+        *expected.entry(k).or_default() += used;
+    }
+    (expected, refused)
+}
+
+/// Each key's ledger total, by month and by hour, equals `expected`.
+async fn assert_equal<L: Ledger>(ledger: &L, policy: &Policy, expected: &Expected) {
+    let mut total = 0;
+    for k in 0..KEYS {
+        let key = Key::user(format!("user-{k}"));
+        let want = expected.get(&k).copied().unwrap_or(0);
+        let by_month = ledger
+            .usage(&key, policy.name(), month_query())
+            .await
+            .unwrap();
+        let by_hour = ledger
+            .usage(&key, policy.name(), hour_query())
+            .await
+            .unwrap();
+        assert_eq!(
+            (by_month.total(), by_hour.total()),
+            (want, want),
+            "user-{k}"
+        );
+        assert_eq!(
+            by_month.buckets().len(),
+            2,
+            "January and February: user-{k}"
+        );
+        total += by_month.total();
+    }
+    assert_eq!(total, expected.values().sum::<u64>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_ledger_passes_the_suite() {
+    let url = require_redis().await;
+    let clock = FakeClock::default();
+    let store = metered(&url, &unique_prefix("ledger-suite"), &clock).await;
+    let report = check_ledger(&store, &clock).await.unwrap();
+    assert!(report.admitted > 200 && report.buckets > 50, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_bill_exactly_what_was_admitted_and_settled() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("ledger-three");
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let policy = Policy::new("ledger-api", Algorithm::TokenBucket, "20/min").unwrap();
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(metered(&url, &prefix, &clock).await);
+    }
+    let runs = instances.iter().enumerate().map(|(i, store)| {
+        drive(
+            store,
+            &clock,
+            &policy,
+            42 + i as u64,
+            REQUESTS / 3 + u64::from(i == 0),
+        )
+    });
+    let results = futures::future::join_all(runs).await;
+    let mut expected = Expected::new();
+    let mut refused = 0;
+    for (part, r) in results {
+        refused += r;
+        for (k, units) in part {
+            *expected.entry(k).or_default() += units;
+        }
+    }
+    assert!(refused > 100, "some are refused: {refused}");
+    for store in &instances {
+        store.ledger().flush().await.unwrap();
+    }
+    for store in &instances {
+        assert_equal(store.ledger(), &policy, &expected).await;
+    }
+
+    // Every bucket of the prefix expires.
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:usage/*"))
+        .query(&mut con)
+        .unwrap();
+    assert!(keys.len() >= 20 * 4, "{} buckets", keys.len());
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
+        assert!(ttl > 0, "{key} has a TTL");
+    }
+
+    // A restart: new objects on the same prefix read the same usage, and
+    // a reset (an operator's) leaves the bill as it was.
+    drop(instances);
+    let fresh = metered(&url, &prefix, &clock).await;
+    for k in 0..KEYS {
+        fresh
+            .reset(&Key::user(format!("user-{k}")), &policy)
+            .await
+            .unwrap();
+    }
+    assert_equal(fresh.ledger(), &policy, &expected).await;
+}
+
+#[tokio::test]
+async fn memory_bills_exactly_what_was_admitted_and_settled() {
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let policy = Policy::new("ledger-api", Algorithm::TokenBucket, "20/min").unwrap();
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let store = MeteredStore::new(store, MemoryLedger::new());
+    let (expected, refused) = drive(&store, &clock, &policy, 42, REQUESTS).await;
+    assert!(refused > 100, "some are refused: {refused}");
+    assert_equal(store.ledger(), &policy, &expected).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_spent_from_a_lease_are_usage_and_the_grant_is_not() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("ledger-lease");
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let redis = store(&url, &prefix, &clock).await;
+    let ledger = RedisLedger::builder(&redis).build().unwrap();
+    let leased = LeasedStore::builder()
+        .interval(Duration::from_millis(8))
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(redis, &url)
+        .await
+        .unwrap();
+    let store = MeteredStore::new(leased, ledger.clone());
+    let policy = Policy::new("ledger-leased", Algorithm::Gcra, "6000/min").unwrap();
+    let key = Key::user("lessee");
+    let mut spent = 0;
+    for cost in [1, 2, 3, 1, 1] {
+        let decision = store.check(&key, &policy, cost).await.unwrap();
+        assert!(decision.is_allowed());
+        spent += cost;
+    }
+    let decision = store.check(&key, &policy, 4).await.unwrap();
+    store
+        .settle(&key, &policy, Settlement::of(&decision, 4, 1))
+        .await
+        .unwrap();
+    spent += 1;
+    assert!(store.get_ref().calls().total() >= 1, "a lease was taken");
+    assert_eq!(
+        ledger
+            .usage(&key, "ledger-leased", month_query())
+            .await
+            .unwrap()
+            .total(),
+        spent
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_local_fallback_admits_is_not_billed() {
+    // A store on a port where no Redis listens: every call fails, and the
+    // layer's fallback decides locally.
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let down = RedisStore::builder()
+        .prefix(unique_prefix("ledger-down"))
+        .test_clock(clock.clone())
+        .connect_timeout(Duration::from_millis(200))
+        .deadline(Duration::from_millis(200))
+        .connect("redis://127.0.0.1:1")
+        .await
+        .unwrap();
+    // The Redis ledger of a Redis that is down keeps its records for the
+    // next flush.
+    let pending = RedisLedger::builder(&down).build().unwrap();
+    let t = Timestamp::from_secs(START);
+    pending.record(&Key::user("kept"), "ledger-fallback", t, 5);
+    assert!(pending.flush().await.is_err());
+    assert_eq!((pending.pending(), pending.dropped()), (1, 0));
+
+    let ledger = MemoryLedger::new();
+    let fallback = tollgate::FallbackStore::new(MeteredStore::new(down, ledger.clone()))
+        .on_store_error(tollgate::FailureMode::Local);
+    let policy = Policy::new("ledger-fallback", Algorithm::Gcra, "10/min").unwrap();
+    let key = Key::user("outage");
+    let decision = fallback.check(&key, &policy, 1).await.unwrap();
+    assert!(decision.is_allowed(), "admitted by the local fallback");
+    assert_eq!(
+        ledger
+            .usage(&key, "ledger-fallback", month_query())
+            .await
+            .unwrap()
+            .total(),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_amounts_saturate_on_redis_as_in_memory() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let store = metered(&url, &unique_prefix("ledger-huge"), &clock).await;
+    let ledger = store.ledger();
+    let memory = MemoryLedger::new();
+    let key = Key::user("whale");
+    let t = Timestamp::from_secs(START);
+    // Three flushes of 2^62 each: the second already overflows a 64-bit
+    // sum in Redis, which the script saturates.
+    for _ in 0..3 {
+        for _ in 0..5_000 {
+            ledger.record(&key, "p", t, u64::MAX);
+            memory.record(&key, "p", t, u64::MAX);
+        }
+        ledger.flush().await.unwrap();
+    }
+    let (redis, memory) = (
+        ledger.usage(&key, "p", hour_query()).await.unwrap(),
+        memory.usage(&key, "p", hour_query()).await.unwrap(),
+    );
+    assert_eq!(redis.total(), 1 << 62);
+    assert_eq!(redis, memory);
+    // Refunds beyond what was recorded show 0 on both.
+    let other = Key::user("refunded");
+    ledger.refund(&other, "p", t, 10);
+    assert_eq!(
+        ledger
+            .usage(&other, "p", hour_query())
+            .await
+            .unwrap()
+            .total(),
+        0
+    );
+}
