@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use tollgate_core::ledger::{Granularity, Ledger, MemoryLedger, MeteredStore, UsageQuery};
 use tollgate_core::testing::check_ledger;
-use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Settlement, Store, Timestamp};
+use tollgate_core::{
+    Algorithm, Clock, FakeClock, Key, MemoryStore, Policy, Settlement, Store, Timestamp,
+};
 use tollgate_redis::{LeasedStore, RedisLedger, RedisStore};
 use tollgate_tests::{require_redis, unique_prefix};
 
@@ -340,4 +342,61 @@ async fn huge_amounts_saturate_on_redis_as_in_memory() {
             .total(),
         0
     );
+}
+
+/// A flush whose call times out after Redis received it (Redis is paused,
+/// then runs it) is sent again by the next flush with its sequence
+/// number: Redis applied it once, and does not apply it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_whose_reply_was_lost_counts_once_when_sent_again() {
+    let server = tollgate_tests::RedisServer::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let prefix = unique_prefix("ledger-lost-reply");
+    let store = store(&server.url(), &prefix, &clock).await;
+    let ledger = RedisLedger::builder(&store)
+        .flush_interval(Duration::from_secs(3_600))
+        .unwrap()
+        .flush_timeout(Duration::from_millis(100))
+        .unwrap()
+        .build()
+        .unwrap();
+    let key = Key::user("ada");
+    // The script is loaded, and the key's marker written, before the pause.
+    ledger.record(&key, "api", clock.now(), 1);
+    ledger.flush().await.unwrap();
+
+    ledger.record(&key, "api", clock.now(), 7);
+    let mut admin = server.connection();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("ALL")
+        .query(&mut admin)
+        .unwrap();
+    assert!(
+        ledger.flush().await.is_err(),
+        "the flush's call waits past its timeout"
+    );
+    assert_eq!(ledger.pending(), 1, "its batch is kept for the next flush");
+    // Redis wakes and runs the call whose reply no one waits for any more.
+    let month = ledger
+        .settings()
+        .bucket_start(Granularity::Month, clock.now());
+    let bucket = ledger.bucket_key(&key, "api", Granularity::Month, month);
+    let waited = std::time::Instant::now();
+    loop {
+        let units: Option<u64> = redis::cmd("GET").arg(&bucket).query(&mut admin).unwrap();
+        if units == Some(8) {
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "Redis applied the timed-out call: {units:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ledger.flush().await.unwrap();
+    assert_eq!(ledger.pending(), 0);
+    let usage = ledger.usage(&key, "api", month_query()).await.unwrap();
+    assert_eq!(usage.total(), 8, "sent twice, counted once");
 }

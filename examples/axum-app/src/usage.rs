@@ -101,7 +101,7 @@ pub fn routes(config: &AppConfig, ledger: &AppLedger, admin: Option<AdminToken>)
             let query = match shown.query(&request) {
                 Ok(query) => query,
                 Err(error) => {
-                    return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
+                    return problem(StatusCode::BAD_REQUEST, &error.to_string());
                 }
             };
             let key = UserId(user).to_key();
@@ -116,9 +116,33 @@ pub fn routes(config: &AppConfig, ledger: &AppLedger, admin: Option<AdminToken>)
 }
 
 fn unavailable() -> Response {
-    (
+    let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
-        "the usage ledger is unavailable\n",
+        "the usage ledger is unavailable",
+    );
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    response
+}
+
+/// `status` with an `application/problem+json` body saying `detail`, as
+/// the caller's own `GET /usage` answers.
+fn problem(status: StatusCode, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    (
+        status,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/problem+json"),
+        )],
+        body.to_string(),
     )
         .into_response()
 }

@@ -135,7 +135,7 @@ async fn bad_parameters_are_400() {
     ] {
         let (status, body) = send(&app, "GET", &format!("/usage?{query}"), "demo-ada").await;
         assert_eq!(status, 400, "{query}: {body}");
-        let (status, _) = send(
+        let (status, admin_body) = send(
             &app,
             "GET",
             &format!("/admin/usage/ada?{query}"),
@@ -143,6 +143,9 @@ async fn bad_parameters_are_400() {
         )
         .await;
         assert_eq!(status, 400, "{query}");
+        // The operator is told as the caller is: the same problem.
+        let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        assert_eq!(json(&admin_body), json(&body), "{query}");
     }
     let (status, body) = send(&app, "GET", "/usage?granularity=week", "demo-ada").await;
     assert_eq!(status, 400);

@@ -19,6 +19,7 @@ pub struct RedisLedgerBuilder<C> {
     settings: LedgerSettings,
     interval: Duration,
     max_pending_keys: usize,
+    flush_timeout: Duration,
 }
 
 impl<C> std::fmt::Debug for RedisLedgerBuilder<C> {
@@ -38,6 +39,7 @@ impl<C> RedisLedgerBuilder<C> {
             settings: LedgerSettings::new(),
             interval: Duration::from_secs(1),
             max_pending_keys: MemoryLedger::DEFAULT_MAX_KEYS,
+            flush_timeout: Duration::from_secs(5),
         }
     }
 
@@ -84,6 +86,24 @@ impl<C> RedisLedgerBuilder<C> {
         self.max_pending_keys = max;
         Ok(self)
     }
+
+    /// How long a flush waits for each of its calls (5 s by default, from
+    /// 1 ms to 1 min). A call that takes longer fails the flush, and its
+    /// batch is sent again by the next one, counted once all the same.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidSetting`] outside that range.
+    pub fn flush_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
+        if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(60) {
+            return Err(ConfigError::InvalidSetting {
+                setting: "flush_timeout",
+                reason: "wait from 1 ms to 1 min for a flush's call",
+            });
+        }
+        self.flush_timeout = timeout;
+        Ok(self)
+    }
 }
 
 impl<C: RedisConnection> RedisLedgerBuilder<C> {
@@ -115,7 +135,10 @@ impl<C: RedisConnection> RedisLedgerBuilder<C> {
                 flushing: tokio::sync::Mutex::new(()),
                 wake,
                 task: Some(task.abort_handle()),
-                flush_timeout: FLUSH_TIMEOUT,
+                flush_timeout: self.flush_timeout,
+                instance: instance_name(),
+                seq: std::sync::atomic::AtomicU64::new(1),
+                retry: parking_lot::Mutex::new(Vec::new()),
             }
         });
         Ok(RedisLedger { shared })
@@ -124,7 +147,15 @@ impl<C: RedisConnection> RedisLedgerBuilder<C> {
 
 /// How long one flush may take before it is given up (and its records
 /// kept for the next).
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// A name for this ledger, random enough that two instances never share
+/// one: std's per-process random hash keys, the process id and the time.
+fn instance_name() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u64(tollgate_core::Clock::now(&tollgate_core::SystemClock).as_micros());
+    hasher.finish()
+}
 
 /// Flushes every `interval`, or sooner when woken, while the ledger lives.
 async fn flush_every<C: RedisConnection>(
@@ -132,14 +163,25 @@ async fn flush_every<C: RedisConnection>(
     wake: Arc<tokio::sync::Notify>,
     interval: Duration,
 ) {
+    let mut failing = false;
     loop {
         let _ = tokio::time::timeout(interval, wake.notified()).await;
         let Some(shared) = ledger.upgrade() else {
             return;
         };
         let _flushing = shared.flushing.lock().await;
-        if let Err(error) = flush::flush(&shared).await {
-            tracing::warn!(%error, "the usage ledger could not flush; its records wait for the next flush");
+        match flush::flush(&shared).await {
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!("the usage ledger flushes again");
+            }
+            Ok(()) => {}
+            // Said once per outage, not every interval.
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(%error, "the usage ledger could not flush; its records wait for the next flush");
+            }
+            Err(_) => {}
         }
     }
 }

@@ -2,6 +2,8 @@
 //! at once), and reading buckets back (one `MGET` per query).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use futures::future::join_all;
 use tollgate_core::Key;
@@ -26,9 +28,30 @@ pub(super) fn bucket_key(stem: &str, granularity: Granularity, start_secs: u64) 
     format!("{stem}:{letter}{start_secs}")
 }
 
-/// Sends every pending record to Redis. A key whose call failed keeps its
-/// records for the next flush; the first error is returned.
+/// How long a key's marker of the last batch applied is kept: a batch
+/// whose reply was lost and that is sent again within this time is not
+/// counted twice.
+pub(super) const MARKER_TTL: Duration = Duration::from_secs(86_400);
+
+/// One key's records of one flush, under its sequence number: sent again
+/// as they are, with the same number, until Redis answers.
+pub(super) struct Batch {
+    seq: u64,
+    policy: Box<str>,
+    key: Key,
+    entries: Vec<LedgerEntry>,
+}
+
+/// Sends the batches a failed flush left, then, once none is left, every
+/// pending record. A batch whose call failed is kept as it is, number
+/// included, for the next flush, so that a batch Redis applied but whose
+/// reply was lost is not applied twice; new records wait in the pending
+/// ones meanwhile. The first error is returned.
 pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
+    let left = std::mem::take(&mut *shared.retry.lock());
+    if !left.is_empty() {
+        send(shared, left).await?;
+    }
     let entries = shared.pending.take_all();
     if entries.is_empty() {
         return Ok(());
@@ -40,35 +63,53 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
             .or_default()
             .push(entry);
     }
-    let now_ms = shared.now().as_micros() / 1_000;
-    let calls = by_key
+    let batches = by_key
         .into_iter()
-        .map(|((policy, key), entries)| async move {
-            let result = write(shared, &policy, &key, &entries, now_ms).await;
-            (result, entries)
-        });
+        .map(|((policy, key), entries)| Batch {
+            seq: shared.seq.fetch_add(1, Ordering::Relaxed),
+            policy,
+            key,
+            entries,
+        })
+        .collect();
+    send(shared, batches).await
+}
+
+/// Sends `batches` at once; those that failed go back to the retry list.
+async fn send<C: RedisConnection>(
+    shared: &Shared<C>,
+    batches: Vec<Batch>,
+) -> Result<(), RedisStoreError> {
+    let now_ms = shared.now().as_micros() / 1_000;
+    let calls = batches.into_iter().map(|batch| async move {
+        let result = write(shared, &batch, now_ms).await;
+        (result, batch)
+    });
     let mut first_error = None;
-    for (result, entries) in join_all(calls).await {
+    for (result, batch) in join_all(calls).await {
         if let Err(error) = result {
-            shared.pending.put_back(entries);
+            shared.retry.lock().push(batch);
             first_error.get_or_insert(error);
         }
     }
     first_error.map_or(Ok(()), Err)
 }
 
-/// One key's buckets in one script call.
+/// One key's batch in one script call.
 async fn write<C: RedisConnection>(
     shared: &Shared<C>,
-    policy: &str,
-    key: &Key,
-    entries: &[LedgerEntry],
+    batch: &Batch,
     now_ms: u64,
 ) -> Result<(), RedisStoreError> {
-    let stem = shared.names.usage_stem(policy, key);
-    let mut keys = Vec::with_capacity(entries.len());
-    let mut args = Vec::with_capacity(2 * entries.len());
-    for e in entries.iter().filter(|e| e.units() != 0) {
+    let stem = shared.names.usage_stem(&batch.policy, &batch.key);
+    let mut keys = Vec::with_capacity(batch.entries.len() + 1);
+    keys.push(format!("{stem}:f{:016x}", shared.instance));
+    let marker_ttl_ms = MARKER_TTL.as_millis();
+    let mut args = vec![
+        i64::try_from(batch.seq).unwrap_or(i64::MAX),
+        i64::try_from(marker_ttl_ms).unwrap_or(i64::MAX),
+    ];
+    for e in batch.entries.iter().filter(|e| e.units() != 0) {
         let expires_ms = shared
             .settings
             .expires_at(e.granularity(), e.start())
@@ -90,11 +131,11 @@ async fn write<C: RedisConnection>(
         args.push(e.units());
         args.push(i64::try_from(ttl_ms).unwrap_or(i64::MAX));
     }
-    let Some(first) = keys.first() else {
+    if keys.len() == 1 {
         return Ok(());
-    };
+    }
     let call = shared.store.wire.eval(
-        first,
+        &keys[0],
         &shared.script,
         (1 + 3 * keys.len(), 64 * keys.len()),
         |cmd| {

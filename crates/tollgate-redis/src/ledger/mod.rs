@@ -36,10 +36,16 @@ pub use builder::RedisLedgerBuilder;
 /// [`max_pending_keys`](RedisLedgerBuilder::max_pending_keys) pairs of
 /// policy and key; records beyond are counted by
 /// [`dropped`](RedisLedger::dropped)). Call [`flush`](Ledger::flush) at
-/// shutdown. A flush is not undone if its reply is lost: a flush that
-/// failed after Redis applied it counts its units twice when retried, so
-/// failed flushes are reported (the error of `flush`, a `warn` log of the
-/// background flush).
+/// shutdown.
+///
+/// **Each record counts once.** A flush sends one batch per key, numbered;
+/// the script applies a batch only if the key's marker for this ledger
+/// (one small key per key and instance, kept a day) holds an older number,
+/// and a batch whose call failed is sent again as it was, number included.
+/// So a batch Redis applied whose reply was lost (a deadline, a dropped
+/// connection) is not counted twice when it is sent again, provided that
+/// is within a day. Until the failed batches are through, new records wait
+/// in memory.
 ///
 /// ```
 /// use tollgate_core::ledger::{Granularity, Ledger, MeteredStore, UsageQuery};
@@ -86,6 +92,12 @@ struct Shared<C> {
     /// Stops the background flush when the last clone is dropped.
     task: Option<tokio::task::AbortHandle>,
     flush_timeout: Duration,
+    /// This ledger's own name in the markers of the batches it applied.
+    instance: u64,
+    /// The next batch's sequence number.
+    seq: std::sync::atomic::AtomicU64,
+    /// The batches of a failed flush, sent again as they are.
+    retry: parking_lot::Mutex<Vec<flush::Batch>>,
 }
 
 impl<C> Drop for Shared<C> {
@@ -131,9 +143,10 @@ impl<C> RedisLedger<C> {
         self.shared.pending.dropped()
     }
 
-    /// How many pairs of policy and key wait for the next flush.
+    /// How many pairs of policy and key wait for the next flush: those
+    /// recorded since the last one, and the batches of a failed flush.
     pub fn pending(&self) -> usize {
-        self.shared.pending.len()
+        self.shared.pending.len() + self.shared.retry.lock().len()
     }
 
     /// The Redis key of the bucket of `granularity` starting at `start` of

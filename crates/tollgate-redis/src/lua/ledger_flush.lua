@@ -1,9 +1,20 @@
--- Adds a flush's units to one key's usage buckets, which share a hash
--- tag (and so a cluster slot). KEYS[i] is a bucket; ARGV[2i-1] the units
--- to add (negative for refunds), ARGV[2i] its TTL in ms. A bucket holds 0
--- to 2^62 units: beyond, it saturates. Returns how many buckets it wrote.
+-- Adds one batch of a flush to one key's usage buckets, which share a
+-- hash tag (and so a cluster slot), at most once. KEYS[1] is the key's
+-- marker for this instance: the sequence number of the last batch of it
+-- applied. ARGV[1] is this batch's sequence number, ARGV[2] the marker's
+-- TTL in ms. KEYS[i] (i >= 2) is a bucket; ARGV[2i-1] the units to add
+-- (negative for refunds), ARGV[2i] its TTL in ms. A bucket holds 0 to
+-- 2^62 units: beyond, it saturates. A batch whose reply was lost, sent
+-- again with its number, finds the marker at or past it and adds nothing.
+-- Returns how many buckets it wrote, -1 for a batch applied before.
+local seq = tonumber(ARGV[1])
+local last = redis.call('GET', KEYS[1])
+if last and tonumber(last) >= seq then
+  return -1
+end
 local max = '4611686018427387904'
-for i, key in ipairs(KEYS) do
+for i = 2, #KEYS do
+  local key = KEYS[i]
   local ok, sum = pcall(redis.call, 'INCRBY', key, ARGV[2 * i - 1])
   if not ok or sum > 4611686018427387904 then
     redis.call('SET', key, max)
@@ -12,4 +23,5 @@ for i, key in ipairs(KEYS) do
   end
   redis.call('PEXPIRE', key, ARGV[2 * i])
 end
-return #KEYS
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return #KEYS - 1
