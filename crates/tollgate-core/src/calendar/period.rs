@@ -119,6 +119,15 @@ impl Unit {
     }
 }
 
+/// A calendar period by its zone (interned: one address per zone), offset
+/// and unit, and the bounds last computed for it.
+type Recent = Option<((usize, u64, Unit), [u64; 4])>;
+
+thread_local! {
+    /// The bounds this thread computed last, the most recent first.
+    static RECENT: std::cell::RefCell<[Recent; 4]> = const { std::cell::RefCell::new([None; 4]) };
+}
+
 /// A limit's calendar period: its unit in a calendar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct CalendarPeriod {
@@ -164,36 +173,67 @@ impl CalendarPeriod {
     /// range (the years -9999 to 9999), a period of the unit's least
     /// length aligned to the epoch, so that no time is without one.
     pub(crate) fn window(&self, t: u64) -> (u64, u64) {
-        match self.around(t) {
-            Some((_, start, end)) => (start, end),
-            None => {
-                let least = crate::time::duration_micros(self.unit.least());
-                let start = t - t % least;
-                (start, start.saturating_add(least))
-            }
-        }
+        let [_, start, end, _] = self.bounds(t);
+        (start, end)
     }
 
     /// The starts of the periods around `t`: the one before the period
     /// that holds `t`, that period's, and the next two. The Redis store
     /// sends them with each call, computed around its estimate of Redis's
     /// time, and the script picks the period holding Redis's own time.
+    ///
+    /// Each thread keeps the last few answers: a period lasts a day or
+    /// more, so almost every decision finds its period there, with no
+    /// time-zone arithmetic.
     pub(crate) fn bounds(&self, t: u64) -> [u64; 4] {
-        let around = self.around(t).and_then(|(first, start, end)| {
-            let before = self.boundary(self.unit.previous(first)?)?;
-            let after = self.boundary(self.unit.next(self.unit.next(first)?)?)?;
-            Some([before, start, end, after])
-        });
-        around.unwrap_or_else(|| {
-            let (start, end) = self.window(t);
-            let least = end - start;
-            [
-                start.saturating_sub(least),
-                start,
-                end,
-                end.saturating_add(least),
-            ]
+        let id = (
+            std::ptr::from_ref(self.calendar.zone).addr(),
+            self.calendar.offset_us,
+            self.unit,
+        );
+        RECENT.with(|recent| {
+            let mut recent = recent.borrow_mut();
+            let hit = recent
+                .iter()
+                .flatten()
+                .find(|(of, b)| *of == id && b[1] <= t && t < b[2])
+                .map(|&(_, b)| b);
+            hit.unwrap_or_else(|| {
+                let bounds = self.compute_bounds(t);
+                recent.rotate_right(1);
+                recent[0] = Some((id, bounds));
+                bounds
+            })
         })
+    }
+
+    fn compute_bounds(&self, t: u64) -> [u64; 4] {
+        let least = crate::time::duration_micros(self.unit.least());
+        match self.around(t) {
+            Some((first, start, end)) => {
+                let before = self.unit.previous(first).and_then(|d| self.boundary(d));
+                let after = self
+                    .unit
+                    .next(first)
+                    .and_then(|d| self.boundary(self.unit.next(d)?));
+                [
+                    before.unwrap_or(start.saturating_sub(least)),
+                    start,
+                    end,
+                    after.unwrap_or(end.saturating_add(least)),
+                ]
+            }
+            None => {
+                let start = t - t % least;
+                let end = start.saturating_add(least);
+                [
+                    start.saturating_sub(least),
+                    start,
+                    end,
+                    end.saturating_add(least),
+                ]
+            }
+        }
     }
 
     /// The word of the state descriptor naming the calendar: ` cal:`, the
@@ -382,5 +422,28 @@ mod tests {
         assert!(Calendar::parse_offset("").is_err());
         assert!(Calendar::parse_offset("h").is_err());
         assert!(Calendar::parse_offset("3 weeks").is_err());
+    }
+
+    #[test]
+    fn the_bounds_a_thread_remembers_are_those_it_would_compute() {
+        let periods = [
+            period("Europe/Berlin", Unit::Day, 0),
+            period("Europe/Berlin", Unit::Month, 0),
+            period("Europe/Berlin", Unit::Month, 8),
+            period("America/Santiago", Unit::Day, 0),
+            period("UTC", Unit::Week, 0),
+        ];
+        // Back and forth across Berlin's autumn change and a month end, in
+        // an order that keeps evicting and finding entries.
+        let base = us("2027-10-30T12:00:00Z");
+        let mut x: u64 = 7;
+        for _ in 0..5_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let p = &periods[usize::try_from(x >> 61).unwrap_or(0) % periods.len()];
+            let t = base + (x >> 20) % (3 * 86_400_000_000);
+            assert_eq!(p.bounds(t), p.compute_bounds(t), "{p:?} at {t}");
+            let (start, end) = p.window(t);
+            assert!(start <= t && t < end);
+        }
     }
 }
