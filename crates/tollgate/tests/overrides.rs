@@ -260,3 +260,36 @@ async fn a_cached_lookup_answers_at_once_and_asks_again_after_its_cache_time() {
         "invalid setting cache_time: must be above zero"
     );
 }
+
+/// An override of a calendar quota is a quota of the same calendar: a
+/// month in Berlin stays a month in Berlin, and the key keeps the month's
+/// use.
+#[tokio::test]
+async fn an_override_of_a_calendar_quota_keeps_its_calendar_and_its_use() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let overrides = MemoryOverrides::with_clock(clock.clone());
+    let policy = Policy::builder("reports")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("100/month")
+        .calendar(tollgate::Calendar::new("Europe/Berlin").unwrap())
+        .build()
+        .unwrap();
+    let key = Key::user("zoe");
+    let mut plan_reset = None;
+    for _ in 0..3 {
+        plan_reset = Some(store.check(&key, &policy, 1).await.unwrap().reset_at());
+    }
+    let rule: Override = "500/month".parse().unwrap();
+    overrides.set(&key, &policy, rule, None).await.unwrap();
+    let Some(Applied::Limits(own)) = overrides.applied(&key, &policy) else {
+        panic!("own limits apply");
+    };
+    assert_eq!(own.calendar(), policy.calendar());
+    let decision = store.check(&key, &own, 1).await.unwrap();
+    assert_eq!((decision.limit(), decision.remaining()), (500, 496));
+    assert_eq!(Some(decision.reset_at()), plan_reset, "the 1st in Berlin");
+    // A period the calendar does not have is refused when it is set.
+    let rule: Override = "500/2d".parse().unwrap();
+    assert!(overrides.set(&key, &policy, rule, None).await.is_err());
+}

@@ -95,13 +95,17 @@ impl Override {
     }
 }
 
-/// The policy of `limits` and `burst`, under `base`'s name and algorithm.
+/// The policy of `limits` and `burst`, under `base`'s name, algorithm and
+/// calendar: a monthly quota in Berlin stays a month in Berlin.
 pub(super) fn limited(
     base: &Policy,
     limits: &[Limit],
     burst: Option<u64>,
 ) -> Result<Policy, ConfigError> {
     let mut builder = Policy::builder(base.name()).algorithm(base.algorithm());
+    if let Some(calendar) = base.calendar() {
+        builder = builder.calendar(calendar);
+    }
     for &limit in limits {
         builder = builder.limit(limit);
     }
