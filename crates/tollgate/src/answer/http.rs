@@ -95,6 +95,16 @@ pub(super) fn json_escaped(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `200 OK` with `body` as `application/json`: a report of the caller's
+/// limits or usage.
+pub(super) fn json_ok(body: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
 /// `status` with `body` as `application/problem+json`.
 fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body));

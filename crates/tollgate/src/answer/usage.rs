@@ -3,7 +3,6 @@
 use std::fmt::Write as _;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
 use tollgate_core::ledger::{Ledger, Usage, UsageQuery};
 use tollgate_core::{Key, StoreError};
@@ -142,12 +141,7 @@ impl UsageReport {
 
     /// The report as a `200 OK` of `application/json`.
     pub fn into_http_response(self) -> Response<Bytes> {
-        let mut response = Response::new(Bytes::from(self.to_json()));
-        *response.status_mut() = StatusCode::OK;
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        response
+        super::http::json_ok(self.to_json())
     }
 }
 
