@@ -21,9 +21,19 @@
 //! | [`ADAPTIVE_QUEUED`] | gauge | `policy` | requests waiting for a slot of an adaptive layer |
 //! | [`ADAPTIVE_SHED`] | counter | `policy`, `priority` | requests an adaptive layer shed, by class (`critical`, `default`, `sheddable`) |
 //! | [`STORE_LATENCY`] | histogram | none | seconds from sending a Redis call to its reply, as the app observed it, one sample per call |
+//! | [`WAITS`] | counter | `policy`, `outcome` | `RateLimiter::until_ready` calls that were told to wait, by how they ended: `admitted` or `gave_up`; their checks in between are not decisions |
+//! | [`NEAR_LIMIT`] | counter | `policy`, `limit` | admitted requests that left a limit at least 80 % used; `limit` is the limit's text form (`10/s`), or `override` for a key's own limits |
+//! | [`LEASE_GRANTS`] | counter | `policy` | leases a `LeasedStore` asked the store for |
+//! | [`LEASE_DIRECT`] | counter | `policy` | requests a `LeasedStore` had the store decide, without a lease |
+//! | [`LEASE_RETURNS`] | counter | `policy` | unused parts of ended leases given back to the store |
+//! | [`LEASES_HELD`] | gauge | none | leases a `LeasedStore` holds, refreshed every lease interval |
+//! | [`LEASE_UNITS`] | gauge | none | units those leases hold unspent, refreshed every lease interval |
 //!
-//! Handles are registered when a layer, limiter or store is built: install
-//! the metrics recorder first.
+//! Every metric is in [`ALL`], with its `# HELP` text; [`describe`] (with
+//! the `metrics` feature) gives them to the installed recorder, and every
+//! layer, limiter and store calls it when built. Handles are registered
+//! when a layer, limiter or store is built: install the metrics recorder
+//! first.
 
 /// Counter of decisions, labelled `policy` and `outcome` (`allowed`,
 /// `limited`, `shadow_limited`).
@@ -95,3 +105,227 @@ pub const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 /// ```
 pub const STORE_LATENCY_HELP: &str =
     "Seconds from sending a Redis call to its reply, as the app observed it, one sample per call";
+
+/// Counter: `RateLimiter::until_ready` calls that were refused at least
+/// once and so waited, labelled `policy` and `outcome`: `admitted` (in the
+/// end) or `gave_up` (the wait would have been too long, or the cost can
+/// never be admitted). The refusals while waiting are not counted in
+/// [`DECISIONS`]: only the final answer is, `allowed` or `limited`.
+pub const WAITS: &str = "tollgate_waits_total";
+
+/// Counter: admitted requests that left one of their policy's limits at
+/// least [`NEAR_LIMIT_PERCENT`] % used (envoy ratelimit's `near_limit`),
+/// labelled `policy` and `limit`, the limit's text form (`10/s`), or
+/// `override` when a key's own limits decided. A request near two limits
+/// counts once for each.
+pub const NEAR_LIMIT: &str = "tollgate_near_limit_total";
+
+/// How much of a limit must be used, in percent, for [`NEAR_LIMIT`].
+pub const NEAR_LIMIT_PERCENT: u64 = 80;
+
+/// Counter: leases a `LeasedStore` asked its store for, labelled `policy`
+/// (`LeaseCalls::grants`).
+pub const LEASE_GRANTS: &str = "tollgate_lease_grants_total";
+
+/// Counter: requests a `LeasedStore` had its store decide, without a
+/// lease, labelled `policy` (`LeaseCalls::direct`).
+pub const LEASE_DIRECT: &str = "tollgate_lease_direct_decisions_total";
+
+/// Counter: unused parts of ended leases given back to the store, labelled
+/// `policy` (`LeaseCalls::returns`).
+pub const LEASE_RETURNS: &str = "tollgate_lease_returns_total";
+
+/// Gauge: leases a `LeasedStore` holds (the first of
+/// `LeasedStore::outstanding`), refreshed every lease interval and when
+/// leases are returned.
+pub const LEASES_HELD: &str = "tollgate_leases_held";
+
+/// Gauge: units the leases of a `LeasedStore` hold unspent (the second of
+/// `LeasedStore::outstanding`), refreshed as [`LEASES_HELD`] is.
+pub const LEASE_UNITS: &str = "tollgate_lease_units_outstanding";
+
+/// The kind of a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MetricKind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A distribution of samples, in seconds.
+    Histogram,
+}
+
+/// One of tollgate's metrics: its name, kind and `# HELP` text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    name: &'static str,
+    kind: MetricKind,
+    help: &'static str,
+}
+
+impl Metric {
+    const fn new(name: &'static str, kind: MetricKind, help: &'static str) -> Self {
+        Self { name, kind, help }
+    }
+
+    /// The metric's name, as exporters print it.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Counter, gauge or histogram.
+    pub fn kind(&self) -> MetricKind {
+        self.kind
+    }
+
+    /// What it counts: the `# HELP` line.
+    pub fn help(&self) -> &'static str {
+        self.help
+    }
+}
+
+/// Every metric tollgate reports, with its `# HELP` text.
+///
+/// ```
+/// use tollgate_core::telemetry::{ALL, DECISIONS, MetricKind};
+///
+/// let decisions = ALL.iter().find(|m| m.name() == DECISIONS).unwrap();
+/// assert_eq!(decisions.kind(), MetricKind::Counter);
+/// assert!(ALL.iter().all(|m| !m.help().is_empty()));
+/// ```
+pub const ALL: &[Metric] = {
+    use MetricKind::{Counter, Gauge, Histogram};
+    &[
+        Metric::new(
+            DECISIONS,
+            Counter,
+            "Requests decided, by policy and outcome: allowed, limited (refused), shadow_limited (let through by shadow mode)",
+        ),
+        Metric::new(
+            STORE_ERRORS,
+            Counter,
+            "Rate-limit store failures, by policy and kind: timeout, circuit_open, full, backend",
+        ),
+        Metric::new(
+            FALLBACKS,
+            Counter,
+            "Requests the failure policy handled when the store failed, by policy and outcome: open, closed, local_allowed, local_limited",
+        ),
+        Metric::new(
+            DENY_CACHE_HITS,
+            Counter,
+            "Denials the Redis store answered from its deny cache, without a round trip, by policy",
+        ),
+        Metric::new(
+            MEMORY_STORE_KEYS,
+            Gauge,
+            "Keys held by the process's memory stores",
+        ),
+        Metric::new(
+            CIRCUITS_OPEN,
+            Gauge,
+            "Redis store circuit breakers open or probing (0 when every store is healthy)",
+        ),
+        Metric::new(
+            INFLIGHT_SLOTS,
+            Gauge,
+            "Slots of an in-flight limit held by this process's requests, by policy",
+        ),
+        Metric::new(
+            INFLIGHT_REJECTED,
+            Counter,
+            "Requests an in-flight limit turned away, by policy",
+        ),
+        Metric::new(
+            ADAPTIVE_LIMIT,
+            Gauge,
+            "The concurrency limit an adaptive layer has found, by policy",
+        ),
+        Metric::new(
+            ADAPTIVE_IN_FLIGHT,
+            Gauge,
+            "Requests an adaptive layer lets run now, by policy",
+        ),
+        Metric::new(
+            ADAPTIVE_QUEUED,
+            Gauge,
+            "Requests waiting for a slot of an adaptive layer, by policy",
+        ),
+        Metric::new(
+            ADAPTIVE_SHED,
+            Counter,
+            "Requests an adaptive layer shed, by policy and priority: critical, default, sheddable",
+        ),
+        Metric::new(STORE_LATENCY, Histogram, STORE_LATENCY_HELP),
+        Metric::new(
+            WAITS,
+            Counter,
+            "RateLimiter::until_ready calls told to wait, by policy and how they ended: admitted, gave_up",
+        ),
+        Metric::new(
+            NEAR_LIMIT,
+            Counter,
+            "Admitted requests that left a limit at least 80 % used, by policy and limit (its text form, or override)",
+        ),
+        Metric::new(
+            LEASE_GRANTS,
+            Counter,
+            "Leases a LeasedStore asked its store for, by policy",
+        ),
+        Metric::new(
+            LEASE_DIRECT,
+            Counter,
+            "Requests a LeasedStore had its store decide without a lease, by policy",
+        ),
+        Metric::new(
+            LEASE_RETURNS,
+            Counter,
+            "Unused parts of ended leases a LeasedStore gave back to its store, by policy",
+        ),
+        Metric::new(
+            LEASES_HELD,
+            Gauge,
+            "Leases a LeasedStore holds, refreshed every lease interval",
+        ),
+        Metric::new(
+            LEASE_UNITS,
+            Gauge,
+            "Units the leases of a LeasedStore hold unspent, refreshed every lease interval",
+        ),
+    ]
+};
+
+/// Gives every metric of [`ALL`] its `# HELP` text (and the histogram its
+/// unit, seconds) with the installed recorder. Layers, limiters and stores
+/// call it when built; call it yourself to have the text before any is.
+///
+/// ```
+/// tollgate_core::telemetry::describe(); // without a recorder: nothing
+/// ```
+#[cfg(feature = "metrics")]
+pub fn describe() {
+    for metric in ALL {
+        let (name, help) = (metric.name, metric.help);
+        match metric.kind {
+            MetricKind::Counter => metrics::describe_counter!(name, help),
+            MetricKind::Gauge => metrics::describe_gauge!(name, help),
+            MetricKind::Histogram => {
+                metrics::describe_histogram!(name, metrics::Unit::Seconds, help);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ALL;
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<_> = ALL.iter().map(|m| m.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len());
+    }
+}

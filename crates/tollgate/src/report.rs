@@ -8,7 +8,7 @@ use std::time::Duration;
 // what a throttle lets through does not depend on how busy the machine is.
 use tokio::time::Instant;
 
-use tollgate_core::{Decision, StoreError};
+use tollgate_core::{Decision, Policy, StoreError};
 
 use crate::extract::MissingCause;
 use crate::fallback::{FailureMode, FailureReport, Handled};
@@ -54,14 +54,31 @@ struct Counters {
     /// By [`StoreError::KINDS`].
     errors: [metrics::Counter; StoreError::KINDS.len()],
     fallbacks: enum_map::EnumMap<Handled, metrics::Counter>,
+    /// [`NEAR_LIMIT`](tollgate_core::telemetry::NEAR_LIMIT), one per limit
+    /// of the policy, in its order.
+    near: Box<[(tollgate_core::Limit, metrics::Counter)]>,
+    /// [`NEAR_LIMIT`](tollgate_core::telemetry::NEAR_LIMIT) of a key's own
+    /// limits (an override).
+    near_override: metrics::Counter,
+    waits_admitted: metrics::Counter,
+    waits_gave_up: metrics::Counter,
 }
 
 #[cfg(feature = "metrics")]
 impl Counters {
-    fn new(policy: &str) -> Self {
-        use tollgate_core::telemetry::{DECISIONS, FALLBACKS, STORE_ERRORS};
+    fn new(policy: &str, limits: &[tollgate_core::Limit]) -> Self {
+        use tollgate_core::telemetry::{DECISIONS, FALLBACKS, NEAR_LIMIT, STORE_ERRORS, WAITS};
+        tollgate_core::telemetry::describe();
         let counter = |name: &'static str, outcome: &'static str| metrics::counter!(name, "policy" => policy.to_owned(), "outcome" => outcome);
+        let near = |limit: String| metrics::counter!(NEAR_LIMIT, "policy" => policy.to_owned(), "limit" => limit);
         Self {
+            near: limits
+                .iter()
+                .map(|limit| (*limit, near(limit.to_string())))
+                .collect(),
+            near_override: near("override".to_owned()),
+            waits_admitted: counter(WAITS, "admitted"),
+            waits_gave_up: counter(WAITS, "gave_up"),
             allowed: counter(DECISIONS, "allowed"),
             limited: counter(DECISIONS, "limited"),
             shadow_limited: counter(DECISIONS, "shadow_limited"),
@@ -74,14 +91,24 @@ impl Counters {
 }
 
 impl Telemetry {
-    /// Registers the counters of `policy` with the installed recorder.
+    /// Registers the counters of the policy named `policy`, without
+    /// near-limit counts, with the installed recorder.
     pub(crate) fn new(policy: &str) -> Self {
+        Self::with_limits(policy, &[])
+    }
+
+    /// Registers the counters of `policy`, its near-limit counts included.
+    pub(crate) fn of(policy: &Policy) -> Self {
+        Self::with_limits(policy.name(), policy.limits())
+    }
+
+    fn with_limits(policy: &str, _limits: &[tollgate_core::Limit]) -> Self {
         Self {
             policy: policy.into(),
             throttle: Throttle::new(Duration::from_secs(1)),
             missing_throttle: Throttle::new(Duration::from_secs(1)),
             #[cfg(feature = "metrics")]
-            counters: Counters::new(policy),
+            counters: Counters::new(policy, _limits),
         }
     }
 
@@ -90,17 +117,59 @@ impl Telemetry {
     pub(crate) fn decided(&self, decision: &Decision, verdict: Verdict) {
         #[cfg(feature = "metrics")]
         match verdict {
-            Verdict::Allowed => self.counters.allowed.increment(1),
+            Verdict::Allowed => {
+                self.counters.allowed.increment(1);
+                self.near_limit(decision);
+            }
             Verdict::Limited => self.counters.limited.increment(1),
             Verdict::ShadowLimited => self.counters.shadow_limited.increment(1),
         }
-        tracing::debug!(
-            policy = &*self.policy,
-            outcome = verdict.as_str(),
-            remaining = decision.remaining(),
-            retry_after_ms = decision.retry_after().map(|d| d.as_millis()),
-            "rate-limit decision"
-        );
+        match verdict {
+            Verdict::Allowed => tracing::debug!(
+                policy = &*self.policy,
+                outcome = verdict.as_str(),
+                remaining = decision.remaining(),
+                "rate-limit decision"
+            ),
+            // A refusal names the limit that fired.
+            Verdict::Limited | Verdict::ShadowLimited => tracing::debug!(
+                policy = &*self.policy,
+                outcome = verdict.as_str(),
+                limit = %decision.binding().limit(),
+                limit_index = decision.binding().index(),
+                remaining = decision.remaining(),
+                retry_after_ms = decision.retry_after().map(|d| d.as_millis()),
+                "rate-limit decision"
+            ),
+        }
+    }
+
+    /// Counts each limit an admitted `decision` left at least
+    /// [`NEAR_LIMIT_PERCENT`](tollgate_core::telemetry::NEAR_LIMIT_PERCENT)
+    /// % used.
+    #[cfg(feature = "metrics")]
+    fn near_limit(&self, decision: &Decision) {
+        use tollgate_core::telemetry::NEAR_LIMIT_PERCENT;
+        for status in decision.limits() {
+            let capacity = u128::from(status.capacity());
+            if capacity == 0 || u128::from(status.used()) * 100 < capacity * u128::from(NEAR_LIMIT_PERCENT) {
+                continue;
+            }
+            match self.counters.near.get(status.index()) {
+                Some((limit, counter)) if *limit == status.limit() => counter.increment(1),
+                _ => self.counters.near_override.increment(1),
+            }
+        }
+    }
+
+    /// Records how an `until_ready` that waited ended.
+    pub(crate) fn waited(&self, _admitted: bool) {
+        #[cfg(feature = "metrics")]
+        if _admitted {
+            self.counters.waits_admitted.increment(1);
+        } else {
+            self.counters.waits_gave_up.increment(1);
+        }
     }
 
     /// Records a store failure handled by `mode` (`None`: returned to the

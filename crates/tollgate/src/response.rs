@@ -40,6 +40,10 @@ impl Responder {
     /// The responder of the policy named `policy`, whose header values are
     /// `values`.
     pub(crate) fn new(policy: &str, values: Values) -> Self {
+        Self::with_telemetry(policy, values, Telemetry::new(policy))
+    }
+
+    fn with_telemetry(policy: &str, values: Values, telemetry: Telemetry) -> Self {
         Self {
             headers: HeaderStyle::default(),
             status: StatusCode::TOO_MANY_REQUESTS,
@@ -47,17 +51,23 @@ impl Responder {
             missing: MissingKey::default(),
             protocol: Protocol::Http,
             enforce_percent: 100,
-            telemetry: Arc::new(Telemetry::new(policy)),
+            telemetry: Arc::new(telemetry),
             values,
             policy: Arc::from(policy),
         }
+    }
+
+    /// The responder of `policy`: its header values, and its metrics with
+    /// near-limit counts per limit.
+    pub(crate) fn of(policy: &Policy) -> Self {
+        Self::with_telemetry(policy.name(), Values::of(policy), Telemetry::of(policy))
     }
 
     /// This responder for requests a chooser put under `policy`: headers
     /// and problem bodies name it, and it counts in its own metrics.
     pub(crate) fn for_policy(&self, policy: &Policy) -> Self {
         Self {
-            telemetry: Arc::new(Telemetry::new(policy.name())),
+            telemetry: Arc::new(Telemetry::of(policy)),
             values: Values::of(policy),
             policy: Arc::from(policy.name()),
             ..self.clone()

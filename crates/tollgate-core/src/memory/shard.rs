@@ -49,6 +49,8 @@ pub(super) struct KeysGauge {
 
 impl KeysGauge {
     pub(super) fn new() -> Self {
+        #[cfg(feature = "metrics")]
+        crate::telemetry::describe();
         Self {
             #[cfg(feature = "metrics")]
             gauge: metrics::gauge!(crate::telemetry::MEMORY_STORE_KEYS),

@@ -109,11 +109,7 @@ impl RedisStoreBuilder {
                 server,
                 #[cfg(feature = "metrics")]
                 latency: {
-                    metrics::describe_histogram!(
-                        tollgate_core::telemetry::STORE_LATENCY,
-                        metrics::Unit::Seconds,
-                        tollgate_core::telemetry::STORE_LATENCY_HELP
-                    );
+                    tollgate_core::telemetry::describe();
                     metrics::histogram!(tollgate_core::telemetry::STORE_LATENCY)
                 },
                 #[cfg(feature = "metrics")]

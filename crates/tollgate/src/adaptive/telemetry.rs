@@ -23,6 +23,7 @@ impl Telemetry {
             use tollgate_core::telemetry::{
                 ADAPTIVE_IN_FLIGHT, ADAPTIVE_LIMIT, ADAPTIVE_QUEUED, ADAPTIVE_SHED,
             };
+            tollgate_core::telemetry::describe();
             let name = _name.to_owned();
             let shed = Priority::ALL.map(|class| {
                 metrics::counter!(ADAPTIVE_SHED, "policy" => name.clone(), "priority" => class.as_str())

@@ -19,6 +19,8 @@ pub(super) struct Telemetry {
 
 impl Telemetry {
     pub(super) fn new(_name: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        tollgate_core::telemetry::describe();
         Self {
             #[cfg(feature = "metrics")]
             held: metrics::gauge!(

@@ -78,7 +78,7 @@ impl<St> RateLimiter<St> {
     /// A limiter on `store`.
     pub fn with_store(policy: Policy, store: St) -> Self {
         Self {
-            telemetry: Arc::new(Telemetry::new(policy.name())),
+            telemetry: Arc::new(Telemetry::of(&policy)),
             family: PolicyFamily::from(policy.clone()),
             policy,
             store: FallbackStore::new(store),
@@ -301,6 +301,23 @@ impl<St: Store> RateLimiter<St> {
     /// A [`StoreError`] when the store cannot decide under
     /// [`FailureMode::Closed`], or the local fallback cannot either.
     pub async fn check_n(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        let (decision, counted) = self.decide(key, cost).await?;
+        if counted {
+            let verdict = if decision.is_allowed() {
+                Verdict::Allowed
+            } else {
+                Verdict::Limited
+            };
+            self.telemetry.decided(&decision, verdict);
+        }
+        Ok(decision)
+    }
+
+    /// Checks and consumes `cost` units for `key`, without counting the
+    /// decision; `true` with a decision that counts in
+    /// [`telemetry::DECISIONS`](crate::telemetry::DECISIONS) (the store's or
+    /// the local fallback's, not an override's or a let-through).
+    async fn decide(&self, key: &Key, cost: u64) -> Result<(Decision, bool), StoreError> {
         let own;
         let policy = match (self.overrides.as_deref())
             .and_then(|source| checked(source, key, &self.policy, cost))
@@ -310,23 +327,15 @@ impl<St: Store> RateLimiter<St> {
                 own = policy;
                 &own
             }
-            Some(Checked::Decided(decision)) => return Ok(decision),
+            Some(Checked::Decided(decision)) => return Ok((decision, false)),
         };
         let answer = self
             .store
             .check_reported(key, policy, cost, &*self.telemetry)
             .await;
         match answer {
-            Answer::Decided(decision) => {
-                let verdict = if decision.is_allowed() {
-                    Verdict::Allowed
-                } else {
-                    Verdict::Limited
-                };
-                self.telemetry.decided(&decision, verdict);
-                Ok(decision)
-            }
-            Answer::LetThrough(_) => Ok(let_through(policy).with_cost(cost)),
+            Answer::Decided(decision) => Ok((decision, true)),
+            Answer::LetThrough(_) => Ok((let_through(policy).with_cost(cost), false)),
             Answer::Refused(refusal) => refusal.into_result(),
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tollgate_core::{Decision, Key, Outcome, Store, StoreError};
 
 use super::RateLimiter;
+use crate::report::Verdict;
 
 /// Why [`RateLimiter::until_ready`] gave up.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,13 @@ impl<St: Store> RateLimiter<St> {
     /// `max_wait`. It gives up at once, without sleeping, when admission
     /// cannot come within `max_wait`.
     ///
+    /// Only the final answer counts in
+    /// [`telemetry::DECISIONS`](crate::telemetry::DECISIONS): `allowed` once
+    /// admitted, `limited` when it gives up; the refusals it waited out do
+    /// not. A call refused at least once counts once in
+    /// [`telemetry::WAITS`](crate::telemetry::WAITS), `admitted` or
+    /// `gave_up`.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tollgate::{Algorithm, Jitter, Key, MemoryStore, Policy, RateLimiter, TokioClock};
@@ -105,22 +113,32 @@ impl<St: Store> RateLimiter<St> {
         max_wait: Duration,
     ) -> Result<Decision, WaitError> {
         let deadline = tokio::time::Instant::now() + max_wait;
+        // Whether a check refused the call, which then counts as a wait.
+        let mut refused = false;
         loop {
-            let decision = self.check_n(key, cost).await?;
+            let (decision, counted) = self.decide(key, cost).await?;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let wait = match decision.outcome() {
                 Outcome::Allowed => {
                     let delay = decision.delay();
                     if delay > left {
+                        self.gave_up(&decision, counted, refused);
                         return Err(WaitError::TooLong {
                             needed: delay,
                             max_wait,
                         });
                     }
+                    if counted {
+                        self.telemetry.decided(&decision, Verdict::Allowed);
+                    }
+                    if refused {
+                        self.telemetry.waited(true);
+                    }
                     tokio::time::sleep(delay).await;
                     return Ok(decision);
                 }
                 Outcome::CostExceedsCapacity { cost, capacity } => {
+                    self.gave_up(&decision, counted, refused);
                     return Err(WaitError::CostExceedsCapacity {
                         policy: self.policy.name().to_owned(),
                         cost,
@@ -129,7 +147,9 @@ impl<St: Store> RateLimiter<St> {
                 }
                 Outcome::Limited { retry_after } => retry_after,
             };
+            refused = true;
             if wait > left {
+                self.gave_up(&decision, counted, refused);
                 return Err(WaitError::TooLong {
                     needed: wait,
                     max_wait,
@@ -141,6 +161,18 @@ impl<St: Store> RateLimiter<St> {
                 .draws
                 .draw(self.jitter, algorithm, refusing, left - wait);
             tokio::time::sleep(wait + jitter).await;
+        }
+    }
+
+    /// Reports a wait that ends refused at `decision`: a `limited`
+    /// decision if the store's (`counted`), and a wait given up if the
+    /// call was `refused` before.
+    fn gave_up(&self, decision: &Decision, counted: bool, refused: bool) {
+        if counted {
+            self.telemetry.decided(decision, Verdict::Limited);
+        }
+        if refused {
+            self.telemetry.waited(false);
         }
     }
 }

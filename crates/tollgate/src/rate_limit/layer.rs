@@ -7,7 +7,6 @@ use std::time::Duration;
 use tollgate_core::{MemoryStore, OverrideSource, Policy};
 use tower_layer::Layer;
 
-use crate::answer::headers::Values;
 use crate::fallback::FallbackStore;
 use crate::response::Responder;
 
@@ -66,7 +65,7 @@ impl<K> RateLimitLayer<K, MemoryStore> {
             store: FallbackStore::new(MemoryStore::new()),
             config: Config {
                 settle: None,
-                responder: Arc::new(Responder::new(policy.name(), Values::of(&policy))),
+                responder: Arc::new(Responder::of(&policy)),
                 policy,
                 extractor: Arc::new(extractor),
                 cost: 1,
