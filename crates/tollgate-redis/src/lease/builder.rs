@@ -10,7 +10,7 @@ use tollgate_core::{Clock, Store, SystemClock};
 
 use super::bus::{Bus, Channel};
 use super::table::Table;
-use super::{Calls, LeasedStore, Shared};
+use super::{Calls, LeaseMetrics, LeasedStore, Shared};
 
 /// Settings of a [`LeasedStore`]; see [`LeasedStore::builder`].
 #[derive(Debug, Clone)]
@@ -101,6 +101,7 @@ impl LeasedStoreBuilder {
             table: Table::new(self.max_keys),
             bus: Bus::new(channel),
             calls: Calls::default(),
+            metrics: LeaseMetrics::new(),
             ahead: AtomicU64::new(0),
             ahead_done: tokio::sync::Notify::new(),
         });
@@ -125,6 +126,7 @@ fn sweep_every<S: Store>(shared: Weak<Shared<S>>, interval: Duration) {
                 .table
                 .sweep(shared.idle_before(now), |lease| lease.expires <= now);
             shared.give_back(ended).await;
+            shared.report_held();
         }
     });
 }

@@ -86,6 +86,7 @@ impl<S: Store> Shared<S> {
     ) -> Result<Option<Decision>, StoreError> {
         let generation = self.bus.generation.load(Ordering::Acquire);
         self.calls.grants.fetch_add(1, Ordering::Relaxed);
+        self.metrics.count(super::Call::Grant, policy.name());
         let answer = self.store.check(key, policy, size).await;
         // The requests waiting for this grant wake when it is settled
         // (this returns), and find the lease or go to the store.

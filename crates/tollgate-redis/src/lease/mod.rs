@@ -3,6 +3,7 @@
 mod builder;
 mod bus;
 mod grant;
+mod telemetry;
 mod pubsub;
 mod spend;
 mod table;
@@ -15,6 +16,7 @@ use tollgate_core::{Clock, Decision, Key, Policy, Store, StoreError};
 
 pub use builder::LeasedStoreBuilder;
 use bus::{Bus, Listener};
+use telemetry::{Call, LeaseMetrics};
 use table::{Lease, Table};
 
 /// A store that lends each instance slices of a hot key's allowance, so
@@ -151,6 +153,9 @@ struct Shared<S> {
     table: Table,
     bus: Bus,
     calls: Calls,
+    /// The calls by policy and the leases held, through the `metrics`
+    /// facade.
+    metrics: LeaseMetrics,
     /// Grants asked for ahead of time and not yet answered.
     ahead: AtomicU64,
     ahead_done: tokio::sync::Notify,
@@ -229,6 +234,7 @@ impl<S: Store> LeasedStore<S> {
         self.wait_for_grants().await;
         let ended = self.shared.table.sweep(0, |_| true);
         self.shared.give_back(ended).await;
+        self.shared.report_held();
     }
 }
 
@@ -257,6 +263,7 @@ impl<S: Store> Shared<S> {
         for lease in ended {
             if let Some(settlement) = lease.unused() {
                 self.calls.returns.fetch_add(1, Ordering::Relaxed);
+                self.metrics.count(Call::Return, lease.policy.name());
                 // A return that fails leaves the units used until the
                 // store forgets them: under-admission, never over.
                 let _ = self
@@ -265,6 +272,11 @@ impl<S: Store> Shared<S> {
                     .await;
             }
         }
+    }
+
+    /// Sets the gauges of leases held to what the table holds now.
+    fn report_held(&self) {
+        self.metrics.held(self.table.outstanding());
     }
 
     /// Remembers the store's answer to a request of the key of `hash`.
@@ -281,6 +293,7 @@ impl<S: Store> Shared<S> {
 
     async fn direct(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.calls.direct.fetch_add(1, Ordering::Relaxed);
+        self.metrics.count(Call::Direct, policy.name());
         self.store.check(key, policy, cost).await
     }
 }

@@ -1,0 +1,81 @@
+//! The lease metrics, with the `metrics` feature: the calls a
+//! [`LeasedStore`](super::LeasedStore) makes to the store it wraps, by
+//! policy, and the leases it holds.
+
+/// A call to the wrapped store, as [`LeaseCalls`](super::LeaseCalls)
+/// counts it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Call {
+    /// A lease asked for.
+    Grant,
+    /// A request decided by the store, without a lease.
+    Direct,
+    /// The unused part of a lease given back.
+    Return,
+}
+
+/// The counters of every policy seen, and the gauges of leases held.
+#[derive(Default)]
+pub(super) struct LeaseMetrics {
+    #[cfg(feature = "metrics")]
+    counters: std::sync::RwLock<std::collections::HashMap<Box<str>, [metrics::Counter; 3]>>,
+    #[cfg(feature = "metrics")]
+    gauges: Option<[metrics::Gauge; 2]>,
+}
+
+impl LeaseMetrics {
+    /// Registers the gauges with the installed recorder.
+    pub(super) fn new() -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            use tollgate_core::telemetry::{LEASE_UNITS, LEASES_HELD, describe};
+            describe();
+            Self {
+                counters: std::sync::RwLock::default(),
+                gauges: Some([metrics::gauge!(LEASES_HELD), metrics::gauge!(LEASE_UNITS)]),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        Self {}
+    }
+
+    /// Counts `call`, made for a request under the policy named `policy`.
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(super) fn count(&self, _call: Call, _policy: &str) {
+        #[cfg(feature = "metrics")]
+        {
+            use std::sync::PoisonError;
+            let index = match _call {
+                Call::Grant => 0,
+                Call::Direct => 1,
+                Call::Return => 2,
+            };
+            let counters = self.counters.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(counters) = counters.get(_policy) {
+                counters[index].increment(1);
+                return;
+            }
+            drop(counters);
+            let mut counters = self.counters.write().unwrap_or_else(PoisonError::into_inner);
+            let entry = counters.entry(_policy.into()).or_insert_with(|| {
+                use tollgate_core::telemetry::{LEASE_DIRECT, LEASE_GRANTS, LEASE_RETURNS};
+                [LEASE_GRANTS, LEASE_DIRECT, LEASE_RETURNS]
+                    .map(|name| metrics::counter!(name, "policy" => _policy.to_owned()))
+            });
+            entry[index].increment(1);
+        }
+    }
+
+    /// Sets the gauges to what is held: `(leases, units)`.
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(super) fn held(&self, _outstanding: (usize, u64)) {
+        #[cfg(feature = "metrics")]
+        if let Some([leases, units]) = &self.gauges {
+            #[allow(clippy::cast_precision_loss)] // a gauge is a float
+            {
+                leases.set(_outstanding.0 as f64);
+                units.set(_outstanding.1 as f64);
+            }
+        }
+    }
+}

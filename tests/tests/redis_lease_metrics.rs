@@ -1,0 +1,80 @@
+//! A leased store's metrics equal its own counts: grants, direct
+//! decisions and returns by policy against `calls()`, the gauges of
+//! leases held against `outstanding()`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tollgate::telemetry::{LEASE_DIRECT, LEASE_GRANTS, LEASE_RETURNS, LEASE_UNITS, LEASES_HELD};
+use tollgate::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
+use tollgate_redis::{LeaseCalls, LeasedStore, RedisStore};
+use tollgate_tests::{require_redis, unique_prefix};
+
+#[test]
+fn lease_metrics_equal_the_calls_and_the_leases_held() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (calls, held_before, held_after) = metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let url = require_redis().await;
+                let prefix = unique_prefix("lease-metrics");
+                let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+                let redis = RedisStore::builder()
+                    .prefix(prefix.clone())
+                    .test_clock(clock.clone())
+                    .deadline(Duration::from_secs(5))
+                    .response_timeout(Duration::from_secs(5))
+                    .connect(url.as_str())
+                    .await
+                    .unwrap();
+                let store = LeasedStore::builder()
+                    .interval(Duration::from_millis(8))
+                    .share(4)
+                    .channel(format!("{prefix}:leases"))
+                    .test_clock(clock.clone())
+                    .connect(redis, url.as_str())
+                    .await
+                    .unwrap();
+                let policy = Policy::new("hot", Algorithm::Gcra, "100000/s").unwrap();
+                let key = Key::user("ada");
+                // 10 requests a millisecond for 10 ms: the key is measured,
+                // then leased (a lease lives 16 ms of the test's clock).
+                for _ in 0..10 {
+                    for _ in 0..10 {
+                        assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
+                    }
+                    clock.advance(Duration::from_millis(1));
+                }
+                store.wait_for_grants().await;
+                let held_before = store.outstanding();
+                store.return_leases().await;
+                (store.calls(), held_before, store.outstanding())
+            })
+    });
+    assert!(calls.grants > 0 && calls.direct > 0, "{calls:?}");
+    assert!(held_before.0 > 0, "leases were held: {held_before:?}");
+    assert_eq!(held_after, (0, 0));
+
+    let mut seen = LeaseCalls::default();
+    let mut gauges = (f64::NAN, f64::NAN);
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+        match (key.name(), &labels[..], value) {
+            (LEASE_GRANTS, [("policy", "hot")], DebugValue::Counter(n)) => seen.grants = n,
+            (LEASE_DIRECT, [("policy", "hot")], DebugValue::Counter(n)) => seen.direct = n,
+            (LEASE_RETURNS, [("policy", "hot")], DebugValue::Counter(n)) => seen.returns = n,
+            (LEASES_HELD, [], DebugValue::Gauge(g)) => gauges.0 = g.into_inner(),
+            (LEASE_UNITS, [], DebugValue::Gauge(g)) => gauges.1 = g.into_inner(),
+            _ => {}
+        }
+    }
+    assert_eq!(seen, calls);
+    assert!(calls.returns > 0, "the leases went back: {calls:?}");
+    assert_eq!(gauges, (0.0, 0.0));
+}
