@@ -60,6 +60,13 @@ async fn the_eleventh_call_from_a_peer_is_resource_exhausted() {
     assert_eq!(md.get("grpc-retry-pushback-ms").unwrap(), "66000");
     let retry = status.get_details_retry_info().unwrap();
     assert_eq!(retry.retry_delay, Some(Duration::from_secs(66)));
+    // The limit that fired: a google.rpc.QuotaFailure naming the policy
+    // and its limit, and the same in the metadata.
+    let failure = status.get_details_quota_failure().unwrap();
+    assert_eq!(failure.violations.len(), 1);
+    assert_eq!(failure.violations[0].subject, "greeter");
+    assert_eq!(failure.violations[0].description, "limit 10/min exceeded");
+    assert_eq!(md.get("tollgate-exceeded").unwrap(), "greeter; limit=10/min");
 }
 
 #[tokio::test]

@@ -71,19 +71,28 @@ pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
     response
 }
 
+/// The limit a refusal ran into, as a `google.rpc.QuotaFailure` names it.
+pub(super) struct Violation<'a> {
+    /// The policy's (or limit's) name.
+    pub(super) subject: &'a str,
+    /// Which of its limits fired, in words.
+    pub(super) description: &'a str,
+}
+
 /// `RESOURCE_EXHAUSTED`, to be retried after `wait`: in
 /// `grpc-retry-pushback-ms`, whole milliseconds rounded up, and as a
-/// `RetryInfo` of the exact wait. `None` is a request that can never be
-/// admitted: a pushback of -1, which tells a gRFC A6 client not to retry,
-/// and no `RetryInfo`.
-pub(super) fn exhausted(message: &str, wait: Option<Duration>) -> Response<Bytes> {
+/// `RetryInfo` of the exact wait; and a `QuotaFailure` naming `violation`.
+/// `None` is a request that can never be admitted: a pushback of -1, which
+/// tells a gRFC A6 client not to retry, and no `RetryInfo`.
+pub(super) fn exhausted(
+    message: &str,
+    wait: Option<Duration>,
+    violation: &Violation<'_>,
+) -> Response<Bytes> {
     let mut response = response(Code::ResourceExhausted, message);
     let headers = response.headers_mut();
     headers.insert(PUSHBACK, pushback(wait));
-    let Some(wait) = wait else {
-        return response;
-    };
-    let details = status_with_retry_info(Code::ResourceExhausted, message, wait);
+    let details = status_details(Code::ResourceExhausted, message, wait, violation);
     let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details);
     if let Ok(value) = HeaderValue::from_str(&encoded) {
         headers.insert(DETAILS, value);
@@ -115,6 +124,42 @@ fn pushback_ms(wait: Duration) -> u64 {
     u64::try_from(wait.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX)
 }
 
+/// A `google.rpc.Status` of `code` and `message` whose details are a
+/// `google.rpc.RetryInfo` of `wait`, if any, and a `google.rpc.QuotaFailure`
+/// of `violation`, in protobuf's wire format.
+fn status_details(
+    code: Code,
+    message: &str,
+    wait: Option<Duration>,
+    violation: &Violation<'_>,
+) -> Vec<u8> {
+    let mut status = match wait {
+        Some(wait) => status_with_retry_info(code, message, wait),
+        None => status_of(code, message),
+    };
+    // google.rpc.QuotaFailure { repeated Violation violations = 1; }
+    // Violation { string subject = 1; string description = 2; }
+    let mut one = Vec::new();
+    bytes_field(&mut one, 1, violation.subject.as_bytes());
+    bytes_field(&mut one, 2, violation.description.as_bytes());
+    let mut failure = Vec::new();
+    bytes_field(&mut failure, 1, &one);
+    let mut any = Vec::new();
+    bytes_field(&mut any, 1, b"type.googleapis.com/google.rpc.QuotaFailure");
+    bytes_field(&mut any, 2, &failure);
+    bytes_field(&mut status, 3, &any);
+    status
+}
+
+/// A `google.rpc.Status` of `code` and `message`, without details.
+fn status_of(code: Code, message: &str) -> Vec<u8> {
+    // google.rpc.Status { int32 code = 1; string message = 2; repeated Any details = 3; }
+    let mut status = Vec::new();
+    varint_field(&mut status, 1, code as u64);
+    bytes_field(&mut status, 2, message.as_bytes());
+    status
+}
+
 /// A `google.rpc.Status` of `code` and `message` whose one detail is a
 /// `google.rpc.RetryInfo` of `wait`, in protobuf's wire format.
 fn status_with_retry_info(code: Code, message: &str, wait: Duration) -> Vec<u8> {
@@ -133,10 +178,7 @@ fn status_with_retry_info(code: Code, message: &str, wait: Duration) -> Vec<u8> 
     let mut any = Vec::new();
     bytes_field(&mut any, 1, b"type.googleapis.com/google.rpc.RetryInfo");
     bytes_field(&mut any, 2, &retry_info);
-    // google.rpc.Status { int32 code = 1; string message = 2; repeated Any details = 3; }
-    let mut status = Vec::new();
-    varint_field(&mut status, 1, code as u64);
-    bytes_field(&mut status, 2, message.as_bytes());
+    let mut status = status_of(code, message);
     bytes_field(&mut status, 3, &any);
     status
 }

@@ -22,6 +22,11 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 /// `x-ratelimit-resource`: the policy's name.
 pub const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
 
+/// `tollgate-exceeded`, on a refusal only: the policy and the limit of
+/// it that fired, as `<policy>; limit=<limit>` (`api; limit=10/s`), in
+/// every header style and in gRPC metadata.
+pub const TOLLGATE_EXCEEDED: HeaderName = HeaderName::from_static("tollgate-exceeded");
+
 /// `RateLimit-Policy` (IETF draft): every limit of the policy.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` (IETF draft): every limit's remaining quota.

@@ -15,11 +15,18 @@ use super::wait::retry_after;
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// A denial under the policy named `policy`, with `status`, saying `detail`
-/// and naming the policy as the violated one.
-pub(super) fn quota_exceeded(detail: &str, policy: &str, status: StatusCode) -> Response<Bytes> {
+/// and naming the policy as the violated one, and `limit`, the limit of it
+/// that fired (`10/s`).
+pub(super) fn quota_exceeded(
+    detail: &str,
+    policy: &str,
+    limit: &str,
+    status: StatusCode,
+) -> Response<Bytes> {
     let name = json_escaped(policy);
+    // A limit's text form holds only digits, letters and '/'.
     let body = format!(
-        r#"{{"type":"{QUOTA_EXCEEDED}","title":"{}","status":{},"detail":"{}","violated-policies":["{name}"]}}"#,
+        r#"{{"type":"{QUOTA_EXCEEDED}","title":"{}","status":{},"detail":"{}","violated-policies":["{name}"],"limit":"{limit}"}}"#,
         status.canonical_reason().unwrap_or("Too Many Requests"),
         status.as_u16(),
         json_escaped(detail),

@@ -76,10 +76,26 @@ pub(crate) fn denied(
 ) -> Response<Bytes> {
     let refusal = Refusal::of(decision);
     let detail = refusal.detail(policy);
-    match protocol {
-        Protocol::Http => http::quota_exceeded(&detail, policy, status),
-        Protocol::Grpc => grpc::exhausted(&detail, refusal.pushback_wait()),
+    // The limit that fired, as it is written in a policy: `10/s`.
+    let limit = decision.binding().limit().to_string();
+    let mut response = match protocol {
+        Protocol::Http => http::quota_exceeded(&detail, policy, &limit, status),
+        Protocol::Grpc => grpc::exhausted(
+            &detail,
+            refusal.pushback_wait(),
+            &grpc::Violation {
+                subject: policy,
+                description: &format!("limit {limit} exceeded"),
+            },
+        ),
+    };
+    // A policy's name is a header value already (`x-ratelimit-resource`).
+    if let Ok(value) = HeaderValue::from_str(&format!("{policy}; limit={limit}")) {
+        response
+            .headers_mut()
+            .insert(headers::TOLLGATE_EXCEEDED, value);
     }
+    response
 }
 
 /// The answer to a request of a key that an operator's override denies
@@ -163,7 +179,14 @@ pub(crate) fn in_flight_full(limit: &InFlightLimit, protocol: Protocol) -> Respo
     );
     let mut response = match protocol {
         Protocol::Http => http::in_flight_full(&detail, limit),
-        Protocol::Grpc => grpc::exhausted(&detail, Some(RETRY_SOON)),
+        Protocol::Grpc => grpc::exhausted(
+            &detail,
+            Some(RETRY_SOON),
+            &grpc::Violation {
+                subject: limit.name(),
+                description: &format!("at most {} in flight", limit.max()),
+            },
+        ),
     };
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, retry_after(RETRY_SOON));

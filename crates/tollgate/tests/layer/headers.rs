@@ -42,6 +42,8 @@ async fn exact_headers_on_200_and_429() {
     assert_eq!(header(&res, "x-ratelimit-resource"), Some("core"));
     // 47.5 s left, rounded up.
     assert_eq!(header(&res, "retry-after"), Some("48"));
+    // The limit that fired, named in every style.
+    assert_eq!(header(&res, "tollgate-exceeded"), Some("core; limit=3/min"));
     assert_eq!(
         header(&res, "content-type"),
         Some("application/problem+json")
@@ -54,6 +56,7 @@ async fn exact_headers_on_200_and_429() {
             "status": 429,
             "detail": "limit 'core' exceeded, retry in 48 s",
             "violated-policies": ["core"],
+            "limit": "3/min",
         })
     );
 }

@@ -190,7 +190,15 @@ async fn a_grpc_request_that_can_never_fit_is_told_not_to_retry() {
     assert_eq!(header(&res, "grpc-status"), Some("8"));
     // gRFC A6: a negative pushback means do not retry.
     assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("-1"));
-    assert_eq!(header(&res, "grpc-status-details-bin"), None);
+    // The details name the limit (a QuotaFailure), and hold no RetryInfo.
+    use base64::Engine as _;
+    let details = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(header(&res, "grpc-status-details-bin").unwrap())
+        .unwrap();
+    let has = |needle: &[u8]| details.windows(needle.len()).any(|w| w == needle);
+    assert!(has(b"google.rpc.QuotaFailure") && has(b"limit 5/min exceeded"));
+    assert!(!has(b"google.rpc.RetryInfo"));
+    assert_eq!(header(&res, "tollgate-exceeded"), Some("greeter; limit=5/min"));
 }
 
 #[tokio::test]
