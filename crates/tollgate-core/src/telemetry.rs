@@ -106,6 +106,18 @@ pub const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 pub const STORE_LATENCY_HELP: &str =
     "Seconds from sending a Redis call to its reply, as the app observed it, one sample per call";
 
+/// Bucket bounds, in seconds, for [`STORE_LATENCY`] in an exporter that
+/// needs them (Prometheus): from 100 µs, a Redis on the same host, to 1 s,
+/// past any sensible deadline.
+///
+/// ```
+/// use tollgate_core::telemetry::STORE_LATENCY_BUCKETS;
+/// assert!(STORE_LATENCY_BUCKETS.is_sorted());
+/// ```
+pub const STORE_LATENCY_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
 /// Counter: `RateLimiter::until_ready` calls that were refused at least
 /// once and so waited, labelled `policy` and `outcome`: `admitted` (in the
 /// end) or `gave_up` (the wait would have been too long, or the cost can
@@ -144,9 +156,9 @@ pub const LEASES_HELD: &str = "tollgate_leases_held";
 /// `LeasedStore::outstanding`), refreshed as [`LEASES_HELD`] is.
 pub const LEASE_UNITS: &str = "tollgate_lease_units_outstanding";
 
-/// The kind of a metric.
+/// The kind of a metric. Not `#[non_exhaustive]`: an exporter's code
+/// matches every kind, and a new one is a compile error there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum MetricKind {
     /// Only goes up.
     Counter,

@@ -95,8 +95,11 @@ fn every_decision_is_a_debug_event_without_the_key() {
             .all(|l| l.contains("DEBUG") && l.contains("policy=\"logged\""))
     );
     assert!(decisions[0].contains("outcome=\"allowed\"") && decisions[0].contains("remaining=1"));
+    // A refusal names the limit that fired.
     assert!(
-        decisions[2].contains("outcome=\"limited\""),
+        decisions[2].contains("outcome=\"limited\"")
+            && decisions[2].contains("limit=2/h")
+            && decisions[2].contains("limit_index=0"),
         "{}",
         decisions[2]
     );

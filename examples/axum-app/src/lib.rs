@@ -211,7 +211,22 @@ pub(crate) fn app_key(config: &AppConfig, entry: &RouteConfig) -> AppKey {
 ///
 /// When another recorder is installed already.
 pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
-    PrometheusBuilder::new().install_recorder()
+    metrics_builder()?.install_recorder()
+}
+
+/// The Prometheus exporter's settings: every metric's `# HELP` line comes
+/// from tollgate (`telemetry::describe`); the store latency is a histogram
+/// with tollgate's buckets, not a summary.
+///
+/// # Errors
+///
+/// Never with tollgate's buckets (the exporter refuses none).
+pub fn metrics_builder() -> Result<PrometheusBuilder, BuildError> {
+    use tollgate::telemetry::{STORE_LATENCY, STORE_LATENCY_BUCKETS};
+    PrometheusBuilder::new().set_buckets_for_metric(
+        metrics_exporter_prometheus::Matcher::Full(STORE_LATENCY.to_owned()),
+        STORE_LATENCY_BUCKETS,
+    )
 }
 
 /// `GET /metrics`: every tollgate metric in the Prometheus text format.

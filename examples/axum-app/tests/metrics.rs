@@ -1,5 +1,8 @@
 //! `/metrics` of the running binary: after real traffic over TCP, the
-//! decision counters equal the numbers of allowed and limited responses.
+//! decision counters equal the numbers of allowed and limited responses;
+//! every metric it prints has its `# HELP` line, the store latency its
+//! buckets; and the exporter prints the `# HELP` of every metric tollgate
+//! names.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,8 +17,14 @@ struct App {
 
 impl App {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// The app with `args` after `--listen`.
+    fn start_with(args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_axum-app"))
             .args(["--listen", "127.0.0.1:0"])
+            .args(args)
             .env_remove("REDIS_URL")
             .env_remove("TOLLGATE_CONFIG")
             .stdout(Stdio::piped())
@@ -131,4 +140,86 @@ fn metrics_count_exactly_the_allowed_and_limited_requests_sent() {
         3,
         "{text}"
     );
+}
+
+/// The `# HELP` text of each metric family in Prometheus text.
+fn help_lines(text: &str) -> std::collections::BTreeMap<&str, &str> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("# HELP "))
+        .filter_map(|rest| rest.split_once(' '))
+        .collect()
+}
+
+/// On Redis, after traffic: every tollgate family the demo prints has a
+/// `# HELP` line, tollgate's own text, and the store latency is a
+/// histogram with tollgate's buckets.
+#[test]
+fn every_metric_the_demo_prints_has_its_help_line() {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    let prefix = format!("tollgate-test-demo-metrics-{}-{nanos}", std::process::id());
+    let app = App::start_with(&["--redis-url", &url, "--redis-prefix", &prefix]);
+    for _ in 0..12 {
+        app.send("POST", "/login", None);
+    }
+    for _ in 0..15 {
+        app.send("GET", "/api/items", Some("Bearer demo-ada"));
+    }
+    let (status, text) = app.send("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let helps = help_lines(&text);
+    let families: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && line.starts_with("tollgate_"))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .map(|series| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| series.strip_suffix(suffix))
+                .filter(|base| helps.contains_key(base))
+                .unwrap_or(series)
+        })
+        .collect();
+    for family in &families {
+        let metric = tollgate::telemetry::ALL
+            .iter()
+            .find(|m| m.name() == *family)
+            .unwrap_or_else(|| panic!("{family} is not in telemetry::ALL"));
+        assert_eq!(helps.get(family), Some(&metric.help()), "{text}");
+    }
+    use tollgate::telemetry::{DECISIONS, NEAR_LIMIT, STORE_LATENCY};
+    for expected in [DECISIONS, NEAR_LIMIT, STORE_LATENCY] {
+        assert!(families.contains(expected), "{expected} missing: {text}");
+    }
+    assert!(
+        text.contains(&format!("# TYPE {STORE_LATENCY} histogram"))
+            && text.contains(&format!("{STORE_LATENCY}_bucket{{le=\"0.001\"}}")),
+        "{text}"
+    );
+}
+
+/// The exporter the demo installs prints the `# HELP` line of every
+/// metric in `telemetry::ALL`, once each is registered.
+#[test]
+fn the_exporter_prints_the_help_of_every_metric_tollgate_names() {
+    use tollgate::telemetry::{ALL, MetricKind};
+    let recorder = axum_app::metrics_builder().unwrap().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        tollgate::telemetry::describe();
+        for metric in ALL {
+            let name = metric.name();
+            match metric.kind() {
+                MetricKind::Counter => metrics::counter!(name).increment(1),
+                MetricKind::Gauge => metrics::gauge!(name).set(1.0),
+                MetricKind::Histogram => metrics::histogram!(name).record(0.002),
+            }
+        }
+    });
+    let text = handle.render();
+    let helps = help_lines(&text);
+    assert_eq!(helps.len(), ALL.len(), "{text}");
+    for metric in ALL {
+        assert_eq!(helps.get(metric.name()), Some(&metric.help()), "{text}");
+    }
 }
