@@ -66,7 +66,10 @@ async fn the_eleventh_call_from_a_peer_is_resource_exhausted() {
     assert_eq!(failure.violations.len(), 1);
     assert_eq!(failure.violations[0].subject, "greeter");
     assert_eq!(failure.violations[0].description, "limit 10/min exceeded");
-    assert_eq!(md.get("tollgate-exceeded").unwrap(), "greeter; limit=10/min");
+    assert_eq!(
+        md.get("tollgate-exceeded").unwrap(),
+        "greeter; limit=10/min"
+    );
 }
 
 #[tokio::test]

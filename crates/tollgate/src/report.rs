@@ -152,7 +152,9 @@ impl Telemetry {
         use tollgate_core::telemetry::NEAR_LIMIT_PERCENT;
         for status in decision.limits() {
             let capacity = u128::from(status.capacity());
-            if capacity == 0 || u128::from(status.used()) * 100 < capacity * u128::from(NEAR_LIMIT_PERCENT) {
+            if capacity == 0
+                || u128::from(status.used()) * 100 < capacity * u128::from(NEAR_LIMIT_PERCENT)
+            {
                 continue;
             }
             match self.counters.near.get(status.index()) {

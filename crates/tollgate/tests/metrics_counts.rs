@@ -119,7 +119,10 @@ fn near_limit_counts_each_limit_at_80_percent() {
             assert!(!limiter.check(&ada).await.unwrap().is_allowed());
             clock.advance(Duration::from_secs(1));
         }
-        assert!(!limiter.check(&ada).await.unwrap().is_allowed(), "50/min is used up");
+        assert!(
+            !limiter.check(&ada).await.unwrap().is_allowed(),
+            "50/min is used up"
+        );
 
         let grace = Key::user("grace");
         overrides

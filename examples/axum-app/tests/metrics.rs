@@ -156,7 +156,10 @@ fn help_lines(text: &str) -> std::collections::BTreeMap<&str, &str> {
 #[test]
 fn every_metric_the_demo_prints_has_its_help_line() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    let nanos = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .unwrap()
+        .as_nanos();
     let prefix = format!("tollgate-test-demo-metrics-{}-{nanos}", std::process::id());
     let app = App::start_with(&["--redis-url", &url, "--redis-prefix", &prefix]);
     for _ in 0..12 {

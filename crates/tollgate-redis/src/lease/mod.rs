@@ -3,10 +3,10 @@
 mod builder;
 mod bus;
 mod grant;
-mod telemetry;
 mod pubsub;
 mod spend;
 mod table;
+mod telemetry;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,8 +16,8 @@ use tollgate_core::{Clock, Decision, Key, Policy, Store, StoreError};
 
 pub use builder::LeasedStoreBuilder;
 use bus::{Bus, Listener};
-use telemetry::{Call, LeaseMetrics};
 use table::{Lease, Table};
+use telemetry::{Call, LeaseMetrics};
 
 /// A store that lends each instance slices of a hot key's allowance, so
 /// that most of the key's requests are decided locally, without a round

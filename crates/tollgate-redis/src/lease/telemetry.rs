@@ -56,7 +56,10 @@ impl LeaseMetrics {
                 return;
             }
             drop(counters);
-            let mut counters = self.counters.write().unwrap_or_else(PoisonError::into_inner);
+            let mut counters = self
+                .counters
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             let entry = counters.entry(_policy.into()).or_insert_with(|| {
                 use tollgate_core::telemetry::{LEASE_DIRECT, LEASE_GRANTS, LEASE_RETURNS};
                 [LEASE_GRANTS, LEASE_DIRECT, LEASE_RETURNS]

@@ -5,10 +5,10 @@
 //!
 //! | Refusal | HTTP | gRPC |
 //! |---|---|---|
-//! | rate limit | 429 (or the layer's status), `problem+json` quota-exceeded, `Retry-After` | `RESOURCE_EXHAUSTED`, pushback and `RetryInfo` of the wait, `retry-after` |
-//! | cost exceeds capacity | the same, without `Retry-After` | `RESOURCE_EXHAUSTED`, pushback -1 |
+//! | rate limit | 429 (or the layer's status), `problem+json` quota-exceeded naming the policy and the limit that fired, `Retry-After`, `tollgate-exceeded` | `RESOURCE_EXHAUSTED`, pushback and `RetryInfo` of the wait, a `QuotaFailure` naming the limit, `retry-after`, `tollgate-exceeded` |
+//! | cost exceeds capacity | the same, without `Retry-After` | `RESOURCE_EXHAUSTED`, pushback -1, the `QuotaFailure` |
 //! | store unavailable | 503, `Retry-After: 1` | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
-//! | in-flight limit full | 429, `Retry-After: 1`, `x-concurrency-limit` | `RESOURCE_EXHAUSTED`, pushback 1000, `RetryInfo` of 1 s, `retry-after: 1`, `x-concurrency-limit` |
+//! | in-flight limit full | 429, `Retry-After: 1`, `x-concurrency-limit` | `RESOURCE_EXHAUSTED`, pushback 1000, `RetryInfo` of 1 s, a `QuotaFailure` naming the limit, `retry-after: 1`, `x-concurrency-limit` |
 //! | no key | 400, 401, 500 or the layer's status | `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `PERMISSION_DENIED` or `INTERNAL` |
 //! | over capacity (adaptive limit) | 503, `Retry-After: 1`, problem+json naming the limit and the request's class | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
 //!

@@ -198,7 +198,10 @@ async fn a_grpc_request_that_can_never_fit_is_told_not_to_retry() {
     let has = |needle: &[u8]| details.windows(needle.len()).any(|w| w == needle);
     assert!(has(b"google.rpc.QuotaFailure") && has(b"limit 5/min exceeded"));
     assert!(!has(b"google.rpc.RetryInfo"));
-    assert_eq!(header(&res, "tollgate-exceeded"), Some("greeter; limit=5/min"));
+    assert_eq!(
+        header(&res, "tollgate-exceeded"),
+        Some("greeter; limit=5/min")
+    );
 }
 
 #[tokio::test]
