@@ -92,3 +92,53 @@ fn settings_out_of_range_are_named() {
         "max_policies"
     );
 }
+
+proptest::proptest! {
+    /// Any stream, split over any number of instances of any size: each
+    /// instance's summary and their merge hold their bounds against the
+    /// exact counts (true count between `guaranteed` and `count`, errors
+    /// and unlisted keys at most the floor, each floor at most N / m).
+    #[test]
+    fn summaries_and_their_merge_hold_their_bounds(
+        stream in proptest::collection::vec((0u8..40, 0usize..3), 0..600),
+        counters in 1usize..12,
+        shards in 1usize..4,
+    ) {
+        let instances: Vec<TopKeys> = (0..3)
+            .map(|_| TopKeys::builder().counters(counters).shards(shards).label(RawLabel).build().unwrap())
+            .collect();
+        let mut exact = std::collections::HashMap::<String, u64>::new();
+        let mut each = vec![std::collections::HashMap::<String, u64>::new(); 3];
+        for (id, at) in &stream {
+            let key = Key::user(id.to_string());
+            instances[*at].record(&key, "p", id % 3 == 0);
+            if id % 3 == 0 {
+                *exact.entry(format!("user:{id}")).or_default() += 1;
+                *each[*at].entry(format!("user:{id}")).or_default() += 1;
+            }
+        }
+        let check = |s: &super::Summary, exact: &std::collections::HashMap<String, u64>| {
+            for k in s.keys() {
+                let t = exact.get(k.label()).copied().unwrap_or(0);
+                proptest::prop_assert!(k.guaranteed() <= t && t <= k.count(), "{:?} {}", k, t);
+                proptest::prop_assert!(k.error() <= s.floor());
+            }
+            Ok(())
+        };
+        let summaries: Vec<_> = instances.iter().map(|t| t.summary("p", Ranking::Limited)).collect();
+        for (s, exact) in summaries.iter().zip(&each) {
+            proptest::prop_assert!(s.floor() <= s.total() / counters as u64);
+            check(s, exact)?;
+        }
+        let merged = super::Summary::merge(summaries.clone());
+        check(&merged, &exact)?;
+        let n: u64 = exact.values().sum();
+        proptest::prop_assert_eq!(merged.total(), n);
+        proptest::prop_assert_eq!(merged.floor(), summaries.iter().map(|s| s.floor()).sum::<u64>());
+        for (label, t) in &exact {
+            if *t > merged.floor() {
+                proptest::prop_assert!(merged.keys().iter().any(|k| k.label() == label), "{}", label);
+            }
+        }
+    }
+}
