@@ -71,6 +71,7 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod time;
+pub mod topkeys;
 
 pub use adaptive::{
     AdaptiveLimit, AdaptiveLimitBuilder, Completion, Concurrency, ConcurrencySnapshot,

@@ -101,6 +101,7 @@ mod script;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod topkeys;
 mod wire;
 
 pub use breaker::BreakerState;
@@ -114,3 +115,4 @@ pub use ledger::{RedisLedger, RedisLedgerBuilder};
 pub use overrides::{RedisOverrides, RedisOverridesBuilder};
 pub use redis::sentinel::SentinelNodeConnectionInfo;
 pub use store::RedisStore;
+pub use topkeys::{RedisTopKeys, RedisTopKeysBuilder};

@@ -134,6 +134,7 @@ pub use rate_limit::{
 };
 pub use tollgate_core::ledger;
 pub use tollgate_core::telemetry;
+pub use tollgate_core::topkeys;
 
 pub use tollgate_core::{
     AdaptiveLimit, AdaptiveLimitBuilder, Completion, ConcurrencySnapshot, LimitAlgorithm, Priority,

@@ -149,7 +149,7 @@ impl<C: RedisConnection> RedisLedgerBuilder<C> {
 /// kept for the next).
 /// A name for this ledger, random enough that two instances never share
 /// one: std's per-process random hash keys, the process id and the time.
-fn instance_name() -> u64 {
+pub(crate) fn instance_name() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());

@@ -16,6 +16,7 @@ use crate::script::DecisionScript;
 use crate::store::Inner;
 
 pub use builder::RedisLedgerBuilder;
+pub(crate) use builder::instance_name;
 
 /// A usage ledger on Redis (see [`tollgate_core::ledger`]): each key's
 /// settled usage per policy in hour, day and month buckets, shared by every
