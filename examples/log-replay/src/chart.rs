@@ -64,7 +64,7 @@ pub fn svg<'a>(lanes: impl IntoIterator<Item = &'a LaneTally>, title: &str) -> S
         );
         let admitted: u64 = line.admitted().iter().sum();
         let mut texts = vec![
-            (lane.name().to_owned(), "bold"),
+            (lane.name().chars().take(28).collect(), "bold"),
             (format!("admitted {admitted}"), "normal"),
             (format!("refused {}", lane.refused()), "normal"),
         ];

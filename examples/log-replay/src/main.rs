@@ -128,7 +128,12 @@ fn load(path: &Path) -> Result<(String, axum_app::AppConfig), String> {
         }
         message
     })?;
-    Ok((path.display().to_string(), config))
+    // The file's name, as the report's columns are narrow.
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok((name, config))
 }
 
 fn replay(
@@ -170,9 +175,6 @@ fn replay(
             replay.send(&record).await;
             if log.lines() % 65_536 == 0 {
                 bar.set_message(format!("{} lines", log.lines()));
-                if bar.is_hidden() {
-                    bar.tick();
-                }
             }
         }
         Ok::<(), String>(())
