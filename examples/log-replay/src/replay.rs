@@ -144,8 +144,8 @@ impl Replay {
         self.replayed
     }
 
-    /// The records that could not be made a request (a target or header
-    /// that HTTP does not allow).
+    /// The records that could not be made a request (a header name or
+    /// value that HTTP does not allow, a line break in a value, say).
     pub fn unreplayable(&self) -> u64 {
         self.unreplayable
     }

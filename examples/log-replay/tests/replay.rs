@@ -210,3 +210,24 @@ async fn two_policy_files_side_by_side() {
     let svg = log_replay::chart::svg(replay.lanes(), "t");
     assert_eq!(svg.matches("fill=\"#c62828\"/>").count(), 2);
 }
+
+#[tokio::test]
+async fn json_lines_with_headers_and_requests_http_cannot_carry() {
+    let text = br#"{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","headers":{"Authorization":"Bearer demo-pro-cy"}}
+{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"bad name":"x"}}
+{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"x-note":"a\u0000b"}}
+{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"x-api-key":"k\r\nx-injected: 1"}}
+"#;
+    let replay = replay_text(
+        text,
+        AccessFormat::JsonLines,
+        vec![("demo".to_owned(), demo_policies())],
+    )
+    .await;
+    // The logged authorization header is sent as it is: no user was
+    // logged, so the client is the address.
+    assert_eq!(replay.replayed(), 1);
+    assert_eq!(replay.client("198.51.100.9").map(|t| t.requests()), Some(1));
+    assert_eq!(replay.unreplayable(), 3);
+    assert!(replay.client("dee").is_none());
+}
