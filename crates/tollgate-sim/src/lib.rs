@@ -16,6 +16,11 @@
 //! tollgate-sim --log traffic.csv --policy "api=gcra:100/min" --top 20
 //! ```
 //!
+//! It reads real access logs too ([`access`]: the common and combined
+//! formats and JSON lines, streamed); `examples/log-replay` in the
+//! repository sends them through the demo app's own router and policy
+//! file.
+//!
 //! It also simulates a backend at overload behind an adaptive concurrency
 //! limit ([`overload`]), to compare the limit's algorithms:
 //!
@@ -37,6 +42,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod access;
 pub mod chart;
 pub mod overload;
 pub mod report;

@@ -1,0 +1,54 @@
+//! Replays a real access log through the demo's own router and policy
+//! files, on a fake clock: how many requests each policy file would have
+//! refused, to whom and when.
+//!
+//! Run with: `cargo run --release -p log-replay -- replay --log access.log
+//! --format combined --policies examples/axum-app/policies.toml [--policies
+//! candidate.toml] --chart replay`
+//!
+//! Each logged request is sent through [`axum_app::app`], built from the
+//! policy file on a [`MemoryStore`](tollgate::MemoryStore) whose
+//! [`FakeClock`](tollgate::FakeClock) is set to the logged time: the real
+//! routes, key extractors, plans and stacked layers decide, not a second
+//! implementation of them. A `429` is a refusal. The log is read as a
+//! stream ([`tollgate_sim::access::AccessLog`]); what is kept grows with
+//! the clients and keys, not with the lines.
+//!
+//! What a log does not hold is supplied the demo's way: a logged user
+//! `<user>` becomes `Authorization: Bearer demo-<user>` (so `pro-<user>`
+//! is on the pro plan) unless the line logged an `authorization` header;
+//! the client's address is the peer address. Bodies are not logged, so a
+//! `POST /login` replays as a failed login, and a response's body is
+//! dropped at once, so an in-flight slot is held for no time.
+//!
+//! ```
+//! use log_replay::Replay;
+//! use tollgate_sim::access::{AccessFormat, AccessLog};
+//!
+//! let policies = axum_app::AppConfig::parse(include_str!("../../axum-app/policies.toml"))?;
+//! let mut replay = Replay::new(vec![("demo".to_owned(), policies)])?;
+//! // Twelve reads of one user in one second: the burst is 10.
+//! let line = "198.51.100.7 - ada [20/Nov/2026:10:00:00 +0000] \"GET /api/items HTTP/1.1\" 200 12\n";
+//! let text = line.repeat(12);
+//! let log = AccessLog::new(text.as_bytes(), AccessFormat::Common);
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+//! runtime.block_on(async {
+//!     for record in log {
+//!         replay.send(&record?).await;
+//!     }
+//!     Ok::<(), std::io::Error>(())
+//! })?;
+//! let ada = replay.client("ada").unwrap();
+//! assert_eq!((ada.requests(), ada.refused(0)), (12, 2));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod chart;
+pub mod generate;
+mod replay;
+pub mod report;
+mod request;
+mod tally;
+
+pub use replay::{Replay, ReplayError};
+pub use tally::{ClientTally, LaneTally, Timeline};

@@ -1,0 +1,233 @@
+//! The replay's refusals equal the demo's own router's, request by
+//! request at the logged times; a small log meets an expectation worked
+//! out by hand; two policy files compare side by side.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum_app::AppConfig;
+use http::Request;
+use log_replay::Replay;
+use log_replay::generate::Generator;
+use tollgate::{BoxStore, FakeClock, MemoryStore, Timestamp};
+use tollgate_sim::access::{AccessFormat, AccessLog};
+use tower::ServiceExt;
+
+fn demo_policies() -> AppConfig {
+    AppConfig::parse(include_str!("../../axum-app/policies.toml")).unwrap()
+}
+
+async fn replay_text(text: &[u8], format: AccessFormat, files: Vec<(String, AppConfig)>) -> Replay {
+    let mut replay = Replay::new(files).unwrap();
+    let mut log = AccessLog::new(text, format);
+    for record in log.by_ref() {
+        replay.send(&record.unwrap()).await;
+    }
+    assert_eq!(log.malformed(), 0);
+    replay
+}
+
+/// Refusals per client of the generated requests sent straight through the
+/// demo's router, the clock set to each request's time: no log, no parser.
+async fn straight_loop(generator: &Generator) -> HashMap<String, u64> {
+    let clock = FakeClock::new(Timestamp::from_secs(0));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let app = axum_app::app(&demo_policies(), BoxStore::new(store));
+    let mut refused = HashMap::new();
+    for r in generator.requests() {
+        clock.set(Timestamp::from_secs(r.secs));
+        let mut request = Request::builder().method(r.method).uri(r.target);
+        if let Some(user) = &r.user {
+            request = request.header("authorization", format!("Bearer demo-{user}"));
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::new(r.ip, 0)));
+        let status = app.clone().oneshot(request).await.unwrap().status();
+        let client = r.user.clone().unwrap_or_else(|| r.ip.to_string());
+        let count = refused.entry(client).or_insert(0);
+        if status == 429 {
+            *count += 1;
+        }
+    }
+    refused
+}
+
+async fn replay_equals_the_router(generator: Generator) {
+    let mut text = Vec::new();
+    generator.write_combined(&mut text).unwrap();
+    let replay = replay_text(
+        &text,
+        AccessFormat::Combined,
+        vec![("demo".to_owned(), demo_policies())],
+    )
+    .await;
+    let expected = straight_loop(&generator).await;
+    let replayed: HashMap<String, u64> = replay
+        .clients()
+        .map(|(client, tally)| (client.to_owned(), tally.refused(0)))
+        .collect();
+    assert_eq!(replay.replayed(), generator.lines);
+    assert_eq!(replayed.len(), expected.len());
+    assert_eq!(replayed, expected);
+    let total: u64 = expected.values().sum();
+    assert_eq!(replay.lanes().next().unwrap().refused(), total);
+    // The log is one that limits fire on, and not for everyone.
+    assert!(total > generator.lines / 20, "{total}");
+    assert!(expected.values().filter(|&&n| n == 0).count() > expected.len() / 2);
+}
+
+#[tokio::test]
+async fn the_replay_refuses_whom_the_router_refuses() {
+    replay_equals_the_router(Generator {
+        lines: 20_000,
+        span_secs: 150,
+        ..Generator::default()
+    })
+    .await;
+}
+
+/// The acceptance's whole log: 1,000,000 lines over 5,000 clients. Run it
+/// in release: `cargo test --release -p log-replay --test replay -- --ignored`.
+#[tokio::test]
+#[ignore = "a million requests twice: run in release"]
+async fn the_million_line_log_is_refused_as_the_router_refuses_it() {
+    replay_equals_the_router(Generator::default()).await;
+}
+
+fn line(secs: u32, ip: &str, user: &str, request: &str) -> String {
+    format!(
+        "{ip} - {user} [20/Nov/2026:00:{:02}:{:02} +0000] \"{request} HTTP/1.1\" 200 1\n",
+        secs / 60,
+        secs % 60
+    )
+}
+
+#[tokio::test]
+async fn a_small_log_is_refused_as_worked_out_by_hand() {
+    let mut text = String::new();
+    // ada reads items 12 times in one second: a burst of 10 (gcra 5/s),
+    // so 2 refused by items-read; one more after 1 s is admitted
+    // (5/s refills 5).
+    for _ in 0..12 {
+        text += &line(0, "198.51.100.1", "ada", "GET /api/items");
+    }
+    text += &line(1, "198.51.100.1", "ada", "GET /api/items");
+    // pro-bob (the pro plan: bursts of 40) reads 12 times: none refused.
+    for _ in 0..12 {
+        text += &line(0, "198.51.100.2", "pro-bob", "GET /api/items");
+    }
+    // 125 users behind one address read reports in one minute: the
+    // address's 120/min (api-ip, sliding window) refuses the last 5.
+    for n in 0..125 {
+        text += &line(10, "198.51.100.3", &format!("user{n}"), "GET /api/reports");
+    }
+    // Anonymous logins from one address: bodies are not logged, so each
+    // fails; 5 failures a minute, the 6th and 7th refused.
+    for _ in 0..7 {
+        text += &line(20, "198.51.100.4", "-", "POST /login");
+    }
+    let replay = replay_text(
+        text.as_bytes(),
+        AccessFormat::Common,
+        vec![("demo".to_owned(), demo_policies())],
+    )
+    .await;
+    let refused = |client: &str| replay.client(client).map(|t| (t.requests(), t.refused(0)));
+    assert_eq!(refused("ada"), Some((13, 2)));
+    assert_eq!(refused("pro-bob"), Some((12, 0)));
+    let users_refused: u64 = (0..125)
+        .map(|n| refused(&format!("user{n}")).unwrap().1)
+        .sum();
+    assert_eq!(users_refused, 5);
+    assert_eq!(refused("user124"), Some((1, 1)));
+    assert_eq!(refused("198.51.100.4"), Some((7, 2)));
+    let lane = replay.lanes().next().unwrap();
+    assert_eq!(lane.refused(), 9);
+    let by_policy: Vec<(&str, u64)> = lane
+        .by_policy()
+        .iter()
+        .map(|(p, n)| (p.as_str(), *n))
+        .collect();
+    assert_eq!(
+        by_policy,
+        [("api-ip", 5), ("items-read", 2), ("login-failures", 2)]
+    );
+    let start = Timestamp::from_secs(1_795_132_800);
+    assert_eq!(
+        replay.client("ada").unwrap().refused_between(0),
+        Some((start, start))
+    );
+    let t = Timestamp::from_secs(1_795_132_800 + 20);
+    assert_eq!(
+        replay.client("198.51.100.4").unwrap().refused_between(0),
+        Some((t, t))
+    );
+}
+
+#[tokio::test]
+async fn two_policy_files_side_by_side() {
+    let strict = demo_policies();
+    let lax = AppConfig::parse(&include_str!("../../axum-app/policies.toml").replace(
+        "limits = [\"5/s\"]\nburst = 10",
+        "limits = [\"5/s\"]\nburst = 11",
+    ))
+    .unwrap();
+    let mut text = String::new();
+    for _ in 0..12 {
+        text += &line(0, "198.51.100.1", "ada", "GET /api/items");
+    }
+    let replay = replay_text(
+        text.as_bytes(),
+        AccessFormat::Common,
+        vec![("strict".to_owned(), strict), ("lax".to_owned(), lax)],
+    )
+    .await;
+    let ada = replay.client("ada").unwrap();
+    assert_eq!((ada.requests(), ada.refused(0), ada.refused(1)), (12, 2, 1));
+    let names: Vec<&str> = replay.lanes().map(|l| l.name()).collect();
+    assert_eq!(names, ["strict", "lax"]);
+    let report = log_replay::report::text(&replay, 5);
+    assert!(
+        report.contains("strict: refused 2 requests of 1 clients"),
+        "{report}"
+    );
+    assert!(
+        report.contains("lax: refused 1 requests of 1 clients"),
+        "{report}"
+    );
+    let mut csv = Vec::new();
+    log_replay::report::csv(&replay, &mut csv).unwrap();
+    assert_eq!(
+        String::from_utf8(csv).unwrap(),
+        "client,requests,strict refused,strict first,strict last,lax refused,lax first,lax last\n\
+         ada,12,2,2026-11-20T00:00:00Z,2026-11-20T00:00:00Z,1,2026-11-20T00:00:00Z,2026-11-20T00:00:00Z\n"
+    );
+    let svg = log_replay::chart::svg(replay.lanes(), "t");
+    assert_eq!(svg.matches("fill=\"#c62828\"/>").count(), 2);
+}
+
+#[tokio::test]
+async fn json_lines_with_headers_and_requests_http_cannot_carry() {
+    let text = br#"{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","headers":{"Authorization":"Bearer demo-pro-cy"}}
+{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"bad name":"x"}}
+{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"x-note":"a\u0000b"}}
+{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"x-api-key":"k\r\nx-injected: 1"}}
+"#;
+    let replay = replay_text(
+        text,
+        AccessFormat::JsonLines,
+        vec![("demo".to_owned(), demo_policies())],
+    )
+    .await;
+    // The logged authorization header is sent as it is: no user was
+    // logged, so the client is the address.
+    assert_eq!(replay.replayed(), 1);
+    assert_eq!(replay.client("198.51.100.9").map(|t| t.requests()), Some(1));
+    assert_eq!(replay.unreplayable(), 3);
+    assert!(replay.client("dee").is_none());
+}
