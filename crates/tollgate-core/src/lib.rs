@@ -49,6 +49,9 @@
 //! uses integer arithmetic only, so that a Lua script in Redis can compute
 //! exactly the same decisions.
 
+#[macro_use]
+mod macros;
+
 pub mod adaptive;
 mod algorithm;
 mod boxed;

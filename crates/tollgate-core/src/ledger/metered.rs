@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::inflight::{InFlightLimit, Renewal, SlotStore, Slots};
+use crate::inflight::SlotStore;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::settle::Settlement;
@@ -147,44 +147,5 @@ impl<S: Store, L: Ledger> Store for MeteredStore<S, L> {
     }
 }
 
-/// In-flight slots are not usage: they pass to the wrapped store.
-impl<S: SlotStore, L: Ledger> SlotStore for MeteredStore<S, L> {
-    async fn acquire(
-        &self,
-        key: &Key,
-        limit: &InFlightLimit,
-        holder: u64,
-    ) -> Result<Slots, StoreError> {
-        self.store.acquire(key, limit, holder).await
-    }
-
-    async fn renew(
-        &self,
-        key: &Key,
-        limit: &InFlightLimit,
-        holder: u64,
-    ) -> Result<Renewal, StoreError> {
-        self.store.renew(key, limit, holder).await
-    }
-
-    async fn release(
-        &self,
-        key: &Key,
-        limit: &InFlightLimit,
-        holder: u64,
-    ) -> Result<(), StoreError> {
-        self.store.release(key, limit, holder).await
-    }
-
-    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
-        self.store.release_now(key, limit, holder)
-    }
-
-    fn leases(&self) -> bool {
-        self.store.leases()
-    }
-
-    fn new_holder(&self) -> u64 {
-        self.store.new_holder()
-    }
-}
+// In-flight slots are not usage: they pass to the wrapped store.
+slots_pass_through!(impl<S: SlotStore, L: Ledger> for MeteredStore<S, L>);
