@@ -140,25 +140,17 @@ pub fn svg(runs: &[Run], title: &str) -> String {
                 escape(text)
             );
         }
-        for (b, (&up, &down)) in admitted.iter().zip(&rejected).enumerate() {
-            let left = LEFT + b as f64 * bar;
-            let w = (bar - 0.3).max(0.5);
-            if up > 0 {
-                let h = ((up as f64).sqrt() * scale).max(1.0);
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{left:.2}" y="{:.2}" width="{w:.2}" height="{h:.2}" fill="{ADMITTED}"/>"#,
-                    mid - h
-                );
-            }
-            if down > 0 {
-                let h = ((down as f64).sqrt() * scale).max(1.0);
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{left:.2}" y="{mid:.2}" width="{w:.2}" height="{h:.2}" fill="{REJECTED}"/>"#
-                );
-            }
-        }
+        bars(
+            &mut out,
+            Bars {
+                left: LEFT,
+                bar,
+                mid,
+                scale,
+                up: (&admitted, ADMITTED),
+                down: (&rejected, REJECTED),
+            },
+        );
         for &start in &run.phase_starts_us {
             let _ = writeln!(
                 out,
@@ -288,7 +280,73 @@ pub(crate) fn human_exact(us: u64) -> String {
     format!("{}.{:03} s", us / 1_000_000, us % 1_000_000 / 1_000)
 }
 
-pub(crate) fn escape(text: &str) -> String {
+/// One lane of bars, a bucket each: a count above the lane's middle line
+/// and one below it, each as tall as its square root times `scale` (at
+/// least a pixel), so that a trickle shows next to a burst.
+#[derive(Debug, Clone, Copy)]
+pub struct Bars<'a> {
+    /// Where the first bucket starts, in pixels.
+    pub left: f64,
+    /// A bucket's width, in pixels.
+    pub bar: f64,
+    /// The lane's middle line, in pixels from the top.
+    pub mid: f64,
+    /// Pixels per square root of a count.
+    pub scale: f64,
+    /// The counts drawn upwards, and their fill colour.
+    pub up: (&'a [u64], &'a str),
+    /// The counts drawn downwards, and their fill colour.
+    pub down: (&'a [u64], &'a str),
+}
+
+/// Appends the SVG rectangles of `bars` to `out`.
+///
+/// ```
+/// use tollgate_sim::chart::{Bars, bars};
+///
+/// let mut out = String::new();
+/// let up = [4, 0];
+/// let down = [0, 1];
+/// bars(&mut out, Bars { left: 0.0, bar: 10.0, mid: 50.0, scale: 5.0, up: (&up, "green"), down: (&down, "red") });
+/// assert_eq!(out.matches("<rect").count(), 2);
+/// assert!(out.contains(r#"y="40.00" width="9.70" height="10.00" fill="green""#));
+/// ```
+pub fn bars(out: &mut String, bars: Bars<'_>) {
+    let Bars {
+        left,
+        bar,
+        mid,
+        scale,
+        up: (up, up_fill),
+        down: (down, down_fill),
+    } = bars;
+    for (b, (&up, &down)) in up.iter().zip(down).enumerate() {
+        let left = left + b as f64 * bar;
+        let w = (bar - 0.3).max(0.5);
+        if up > 0 {
+            let h = ((up as f64).sqrt() * scale).max(1.0);
+            let _ = writeln!(
+                out,
+                r#"<rect x="{left:.2}" y="{:.2}" width="{w:.2}" height="{h:.2}" fill="{up_fill}"/>"#,
+                mid - h
+            );
+        }
+        if down > 0 {
+            let h = ((down as f64).sqrt() * scale).max(1.0);
+            let _ = writeln!(
+                out,
+                r#"<rect x="{left:.2}" y="{mid:.2}" width="{w:.2}" height="{h:.2}" fill="{down_fill}"/>"#
+            );
+        }
+    }
+}
+
+/// `text` escaped for SVG or XML text and attribute values.
+///
+/// ```
+/// assert_eq!(tollgate_sim::chart::escape("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");
+/// ```
+pub fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -4,6 +4,8 @@
 
 use std::fmt::Write;
 
+use tollgate_sim::chart::{Bars, bars, escape};
+
 use crate::tally::LaneTally;
 
 const WIDTH: f64 = 1_000.0;
@@ -81,25 +83,17 @@ pub fn svg<'a>(lanes: impl IntoIterator<Item = &'a LaneTally>, title: &str) -> S
                 escape(text)
             );
         }
-        for (b, (&up, &down)) in line.admitted().iter().zip(line.refused()).enumerate() {
-            let left = LEFT + b as f64 * bar;
-            let w = (bar - 0.3).max(0.5);
-            if up > 0 {
-                let h = ((up as f64).sqrt() * scale).max(1.0);
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{left:.2}" y="{:.2}" width="{w:.2}" height="{h:.2}" fill="{ADMITTED}"/>"#,
-                    mid - h
-                );
-            }
-            if down > 0 {
-                let h = ((down as f64).sqrt() * scale).max(1.0);
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{left:.2}" y="{mid:.2}" width="{w:.2}" height="{h:.2}" fill="{REFUSED}"/>"#
-                );
-            }
-        }
+        bars(
+            &mut out,
+            Bars {
+                left: LEFT,
+                bar,
+                mid,
+                scale,
+                up: (line.admitted(), ADMITTED),
+                down: (line.refused(), REFUSED),
+            },
+        );
     }
     let axis = TOP + LANE * lanes.len() as f64;
     let _ = writeln!(
@@ -135,10 +129,4 @@ fn clock(secs: u64) -> String {
     jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(0))
         .map(|t| t.strftime("%H:%M").to_string())
         .unwrap_or_default()
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
