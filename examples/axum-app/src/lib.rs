@@ -9,9 +9,11 @@
 //! per-user ones after it.
 
 pub mod config;
+pub mod dashboard;
 pub mod operators;
 pub mod overload;
 pub mod overrides;
+pub mod topkeys;
 pub mod usage;
 
 use std::fmt;
@@ -32,9 +34,11 @@ use tollgate::{
     RateLimitLayer, Settle, ToKey,
 };
 
+pub use dashboard::Dashboard;
 pub use operators::AdminToken;
 pub use overload::{Overload, OverloadConfig};
 pub use overrides::AppOverrides;
+pub use topkeys::AppTopKeys;
 pub use usage::AppLedger;
 
 pub use config::{
@@ -163,7 +167,13 @@ pub fn app_with_overrides(
     if let Some(admin) = &admin {
         router = router.merge(overrides::routes(config, &overrides, admin.clone()));
     }
-    router.merge(operators::routes(config, &store, admin, &overrides))
+    // Made into services now, once: a router left with its handlers
+    // would build every layer again for each request it serves (axum
+    // does so lazily until the state is given), each with fresh
+    // telemetry and state of its own.
+    router
+        .merge(operators::routes(config, &store, admin, &overrides))
+        .with_state(())
 }
 
 fn layer(

@@ -19,14 +19,20 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tower::ServiceExt;
 use tower::util::Oneshot;
 
+use axum_app::dashboard::{Dashboard, Sources};
+use axum_app::topkeys::demo_top_keys;
 use axum_app::{
-    AdminToken, AppConfig, AppLedger, AppOverrides, Overload, app_with_overrides, install_metrics,
-    metrics_route, policy_table,
+    AdminToken, AppConfig, AppLedger, AppOverrides, AppTopKeys, Overload, app_with_overrides,
+    install_metrics, metrics_route, policy_table,
 };
 use clap::Parser;
 use tollgate::ledger::{Ledger, MemoryLedger, MeteredStore};
+use tollgate::topkeys::WatchedStore;
 use tollgate::{BoxStore, MemoryStore};
-use tollgate_redis::{RedisLedger, RedisOverrides, RedisStore, RedisStoreBuilder};
+use tollgate_redis::{RedisLedger, RedisOverrides, RedisStore, RedisStoreBuilder, RedisTopKeys};
+
+/// How often each instance publishes its top keys to Redis.
+const TOP_KEYS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Writes a line to stdout, as `println!` does, but carries on if stdout
 /// is closed (a pipe whose reader is gone): the server keeps serving.
@@ -153,6 +159,10 @@ struct Parts {
     admin: Option<AdminToken>,
     /// `GET /work` and its protection, made once: a reload keeps them.
     overload: Overload,
+    /// Each policy's top keys: `GET /admin/top_keys/{policy}`.
+    top: AppTopKeys,
+    /// `GET /admin/dashboard`, made once: a reload keeps its history.
+    dashboard: Dashboard,
 }
 
 /// The whole app of `config`: its routes and the metrics route.
@@ -166,6 +176,20 @@ fn build(config: &AppConfig, parts: &Parts) -> Router {
             parts.admin.clone(),
         ))
         .merge(metrics_route(parts.metrics.clone()))
+        .merge(operator_views(parts))
+        // Every layer built once, not once per request (see `app`).
+        .with_state(())
+}
+
+/// With an admin token, the dashboard and the top keys.
+fn operator_views(parts: &Parts) -> Router {
+    match &parts.admin {
+        Some(token) => parts
+            .dashboard
+            .routes(token.clone())
+            .merge(axum_app::topkeys::routes(&parts.top, token.clone())),
+        None => Router::new(),
+    }
 }
 
 /// Reloads the policy file on every SIGHUP until the process ends.
@@ -216,7 +240,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let metrics =
         install_metrics().map_err(|e| format!("cannot install metrics: {}", chain(&e)))?;
     let mut overrides = AppOverrides::default();
-    let (store, ledger) = match &args.redis_url {
+    let (store, ledger, top, store_kind) = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
                 .prefix(args.redis_prefix.as_str())
@@ -227,9 +251,15 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             say_if_not_ready(&store, &config).await;
             let ledger = RedisLedger::builder(&store).build()?;
             let ledger = AppLedger::Sentinel(ledger);
+            let top = RedisTopKeys::builder(&store, demo_top_keys()?)
+                .publish_interval(TOP_KEYS_INTERVAL)?
+                .build()?;
+            let watched = WatchedStore::new(store, top.local().clone());
             (
-                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                BoxStore::with_slots(MeteredStore::new(watched, ledger.clone())),
                 ledger,
+                AppTopKeys::Sentinel(top),
+                "redis (sentinel)",
             )
         }
         Some(url) => {
@@ -247,18 +277,28 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let shared = RedisOverrides::builder().start(&store).await;
             overrides = AppOverrides::Redis(shared.map_err(|e| format!("overrides: {e}"))?);
             let ledger = AppLedger::Redis(RedisLedger::builder(&store).build()?);
+            let top = RedisTopKeys::builder(&store, demo_top_keys()?)
+                .publish_interval(TOP_KEYS_INTERVAL)?
+                .build()?;
+            let watched = WatchedStore::new(store, top.local().clone());
             (
-                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                BoxStore::with_slots(MeteredStore::new(watched, ledger.clone())),
                 ledger,
+                AppTopKeys::Redis(top),
+                "redis",
             )
         }
         None => {
             let store = MemoryStore::new();
             say!("store: in-memory (max {} keys)", store.max_keys());
             let ledger = AppLedger::Memory(MemoryLedger::new());
+            let top = demo_top_keys()?;
+            let watched = WatchedStore::new(store, top.clone());
             (
-                BoxStore::with_slots(MeteredStore::new(store, ledger.clone())),
+                BoxStore::with_slots(MeteredStore::new(watched, ledger.clone())),
                 ledger,
+                AppTopKeys::Memory(top),
+                "memory",
             )
         }
     };
@@ -277,6 +317,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             say!("admin: DELETE /admin/rate_limit/{{policy}}/{{user}} with the admin token");
             say!("admin: PUT or DELETE /admin/rate_limit/{{policy}}/{{user}}/override");
             say!("admin: GET /admin/usage/{{user}} with the admin token");
+            say!("admin: GET /admin/top_keys/{{policy}}?ranking=limited|active");
+            say!(
+                "dashboard: http://{}/admin/dashboard (asks for the admin token)",
+                listener.local_addr()?
+            );
             token
         }
     };
@@ -292,6 +337,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "unprotected"
         }
     );
+    let dashboard = Dashboard::start(Sources {
+        metrics: metrics.clone(),
+        top: top.clone(),
+        overrides: overrides.clone(),
+        ledger: ledger.clone(),
+        store: store_kind,
+    });
     let parts = Parts {
         store,
         overrides,
@@ -299,6 +351,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         metrics,
         admin,
         overload,
+        top,
+        dashboard,
     };
     let current = Reloadable(Arc::new(RwLock::new(build(&config, &parts))));
     reload_on_sighup(args.config.clone(), current.clone(), parts);

@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use serde::Deserialize;
 use tollgate::{
-    Applied, Key, MemoryOverrides, Override, OverrideError, OverrideSource, Policy, PolicyFamily,
-    ToKey,
+    Applied, Key, MemoryOverrides, Override, OverrideError, OverrideSource, OverrideTable, Policy,
+    PolicyFamily, ToKey,
 };
 use tollgate_redis::RedisOverrides;
 
@@ -56,6 +56,14 @@ impl OverrideSource for AppOverrides {
 }
 
 impl AppOverrides {
+    /// The overrides this instance applies.
+    pub fn table(&self) -> &OverrideTable {
+        match self {
+            Self::Memory(memory) => memory.table(),
+            Self::Redis(redis) => redis.table(),
+        }
+    }
+
     async fn set(
         &self,
         family: &PolicyFamily,

@@ -1,0 +1,360 @@
+//! The operator dashboard in a real headless browser (Debian's Chromium,
+//! driven through its ChromeDriver), against the running demo: the page
+//! asks for the admin token; the test drives traffic; the page catches up
+//! on its own, and then every number it shows equals the demo's
+//! `/metrics`, and its top keys are the users the test refused. A
+//! screenshot is saved for review.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "dashboard-test-token";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// The app, killed when dropped.
+struct App {
+    child: Child,
+    addr: String,
+}
+
+impl App {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_axum-app"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("REDIS_URL")
+            .env_remove("TOLLGATE_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|line| line.strip_prefix("listening on http://").map(str::to_owned))
+            .expect("the app printed its address");
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, addr }
+    }
+
+    /// One HTTP/1.1 request: the status and the body.
+    fn send(&self, method: &str, path: &str, auth: Option<&str>, body: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(&self.addr).unwrap();
+        let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response[9..12].parse().unwrap();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map_or(String::new(), |(_, b)| b.to_owned());
+        (status, body)
+    }
+
+    /// `count` reads of `/api/items` as `user`: how many were admitted
+    /// and how many refused.
+    fn items(&self, user: &str, count: usize) -> (u64, u64) {
+        let auth = format!("Bearer demo-{user}");
+        let mut seen = (0, 0);
+        for _ in 0..count {
+            match self.send("GET", "/api/items", Some(&auth), "").0 {
+                200 => seen.0 += 1,
+                429 => seen.1 += 1,
+                other => panic!("GET /api/items answered {other}"),
+            }
+        }
+        seen
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// ChromeDriver on a free loopback port, killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    fn start() -> Self {
+        let chromedriver = find_on_path("chromedriver");
+        let (Some(chromedriver), true) = (chromedriver, Path::new(CHROMIUM).exists()) else {
+            panic!(
+                "the dashboard test needs Debian's Chromium and its ChromeDriver \
+                 (/usr/bin/chromium, chromedriver): apt-get install chromium chromium-driver, \
+                 or run ./scripts/test, which installs them"
+            );
+        };
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    async fn browser(&self) -> Client {
+        let caps = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1400,2000"],
+            },
+        });
+        let Value::Object(caps) = caps else {
+            unreachable!()
+        };
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        ClientBuilder::new(connector)
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("chromedriver started Chromium")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The sum of the samples of `name` in Prometheus `text` whose labels
+/// include `labels`.
+fn metric(text: &str, name: &str, labels: &serde_json::Map<String, Value>) -> u64 {
+    let mut sum = 0.0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (series_name, series_labels) = series.split_once('{').unwrap_or((series, ""));
+        if series_name != name {
+            continue;
+        }
+        let has = |(k, v): (&String, &Value)| {
+            series_labels.contains(&format!("{k}=\"{}\"", v.as_str().unwrap()))
+        };
+        if labels.iter().all(has) {
+            sum += value.parse::<f64>().unwrap();
+        }
+    }
+    sum.round() as u64
+}
+
+/// Every number the page shows from `/metrics`: metric, labels, text.
+async fn shown(browser: &Client) -> Vec<(String, serde_json::Map<String, Value>, u64)> {
+    let script = "return Array.from(document.querySelectorAll('#main [data-metric]'))\
+                  .map(e => [e.dataset.metric, e.dataset.labels, e.textContent]);";
+    let numbers = browser.execute(script, vec![]).await.unwrap();
+    numbers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let labels = serde_json::from_str(n[1].as_str().unwrap()).unwrap();
+            let text = n[2].as_str().unwrap().replace(',', "");
+            (
+                n[0].as_str().unwrap().to_owned(),
+                labels,
+                text.parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The text of the first rows of a policy card's top-keys table.
+async fn top_rows(browser: &Client, policy: &str, ranking: &str) -> Vec<(String, u64)> {
+    let script = format!(
+        "const card = Array.from(document.querySelectorAll('.card')).find(c => c.dataset.policy === '{policy}');\
+         const table = card && card.querySelector('table[data-ranking={ranking}]');\
+         return table ? Array.from(table.querySelectorAll('tbody tr')).map(r => [r.cells[0].textContent, r.cells[1].textContent]) : [];"
+    );
+    let rows = browser.execute(&script, vec![]).await.unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let count = r[1].as_str().unwrap().replace(',', "").parse().unwrap();
+            (r[0].as_str().unwrap().to_owned(), count)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_live_what_metrics_says() {
+    let app = App::start(&["--admin-token", TOKEN]);
+    // The page holds no data; its data is behind the token.
+    let (status, page) = app.send("GET", "/admin/dashboard", None, "");
+    assert_eq!(status, 200);
+    assert!(page.contains("Tollgate · operator dashboard"));
+    assert_eq!(app.send("GET", "/admin/dashboard/data", None, "").0, 401);
+    let wrong = Some("Bearer wrong");
+    assert_eq!(app.send("GET", "/admin/dashboard/data", wrong, "").0, 403);
+    let admin = format!("Bearer {TOKEN}");
+    let overriding = "/admin/rate_limit/items-read/dave/override?seconds=3600";
+    assert_eq!(app.send("PUT", overriding, Some(&admin), "50/s").0, 204);
+
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    let url = format!("http://{}/admin/dashboard", app.addr);
+    browser.goto(&url).await.unwrap();
+    let token = browser
+        .wait()
+        .for_element(Locator::Id("token"))
+        .await
+        .unwrap();
+    token.send_keys(TOKEN).await.unwrap();
+    browser
+        .find(Locator::Id("login-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css(".card[data-policy='items-read']"))
+        .await
+        .expect("the page shows the policies once given the token");
+
+    // Traffic, with the page open: alice is refused most, then bob.
+    let alice = app.items("alice", 30);
+    let bob = app.items("bob", 13);
+    let carol = app.items("carol", 3);
+    for _ in 0..4 {
+        assert_eq!(app.send("GET", "/work", None, "").0, 200);
+    }
+    assert!(alice.1 > bob.1 && bob.1 > 0, "alice {alice:?}, bob {bob:?}");
+    let admitted = alice.0 + bob.0 + carol.0;
+
+    // The page catches up by itself; then it agrees with /metrics.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (numbers, metrics) = loop {
+        let numbers = shown(&browser).await;
+        let metrics = app.send("GET", "/metrics", None, "").1;
+        let items = json!({ "policy": "items-read", "outcome": "allowed" });
+        let items = items.as_object().unwrap();
+        let caught_up = numbers
+            .iter()
+            .any(|(m, l, n)| m == "tollgate_decisions_total" && l == items && *n == admitted);
+        let agree = numbers.iter().all(|(m, l, n)| metric(&metrics, m, l) == *n);
+        if caught_up && agree {
+            break (numbers, metrics);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page did not catch up with /metrics within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for (name, labels, shown) in &numbers {
+        assert_eq!(metric(&metrics, name, labels), *shown, "{name} {labels:?}");
+    }
+    let names: std::collections::BTreeSet<&str> = numbers.iter().map(|n| n.0.as_str()).collect();
+    for expected in [
+        "tollgate_decisions_total",
+        "tollgate_near_limit_total",
+        "tollgate_circuits_open",
+        "tollgate_store_errors_total",
+        "tollgate_fallback_decisions_total",
+        "tollgate_inflight_slots",
+        "tollgate_adaptive_limit",
+        "tollgate_adaptive_shed_total",
+        "tollgate_leases_held",
+        "tollgate_waits_total",
+    ] {
+        assert!(names.contains(expected), "the page shows no {expected}");
+    }
+    let limited = |policy: &str| {
+        numbers.iter().find(|(m, l, _)| {
+            m == "tollgate_decisions_total"
+                && l.get("policy") == Some(&json!(policy))
+                && l.get("outcome") == Some(&json!("limited"))
+        })
+    };
+    assert_eq!(limited("items-read").unwrap().2, alice.1 + bob.1 + carol.1);
+    assert_eq!(limited("api-ip").unwrap().2, 0);
+
+    // The top keys are the users refused, in order, counted exactly
+    // (fewer keys than counters: the sketch holds them all).
+    let top = top_rows(&browser, "items-read", "limited").await;
+    assert_eq!(
+        top[..2],
+        [
+            ("user:alice".to_owned(), alice.1),
+            ("user:bob".to_owned(), bob.1)
+        ]
+    );
+    let active = top_rows(&browser, "items-read", "active").await;
+    assert_eq!(active[0], ("user:alice".to_owned(), 30));
+    // The per-second chart of the policy has its lines.
+    let lines = browser
+        .find_all(Locator::Css(".card[data-policy='items-read'] polyline"))
+        .await
+        .unwrap();
+    assert_eq!(lines.len(), 3);
+    // Overrides and usage.
+    let overrides = browser.find(Locator::Id("overrides")).await.unwrap();
+    let text = overrides.text().await.unwrap();
+    assert!(
+        text.contains("user:dave") && text.contains("50/s"),
+        "{text}"
+    );
+    let usage = browser
+        .find(Locator::Id("usage"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(usage.contains("alice"), "{usage}");
+
+    let png = browser.screenshot().await.unwrap();
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    std::fs::write(&path, png).unwrap();
+    println!("screenshot: {}", path.display());
+    browser.close().await.unwrap();
+}
