@@ -226,3 +226,20 @@ fn the_exporter_prints_the_help_of_every_metric_tollgate_names() {
         assert_eq!(helps.get(metric.name()), Some(&metric.help()), "{text}");
     }
 }
+
+/// Every layer is built once, when the app starts: before any request,
+/// `/metrics` holds the series of the export route's in-flight limit
+/// (axum would otherwise build a route's layers for each request it
+/// serves, and the series would appear only with the first export).
+#[test]
+fn every_layer_is_built_at_start_not_per_request() {
+    let app = App::start();
+    let (status, text) = app.send("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let export = |name: &str| {
+        text.lines()
+            .any(|l| l.starts_with(&format!("{name}{{policy=\"export\"}} ")))
+    };
+    assert!(export("tollgate_inflight_slots"), "{text}");
+    assert!(export("tollgate_inflight_rejected_total"), "{text}");
+}
