@@ -358,3 +358,47 @@ async fn the_dashboard_shows_live_what_metrics_says() {
     println!("screenshot: {}", path.display());
     browser.close().await.unwrap();
 }
+
+/// Two instances on one Redis prefix: each one's top keys hold the
+/// other's refusals once it has published them (every second).
+#[test]
+fn two_instances_merge_their_top_keys_through_redis() {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let host = url.trim_start_matches("redis://").trim_end_matches('/');
+    assert!(
+        TcpStream::connect(host).is_ok(),
+        "this test needs Redis at {url}: install redis-server, or run ./scripts/test, which starts it"
+    );
+    let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    let prefix = format!("tgtest-dashboard-{}-{nanos}", std::process::id());
+    let args = ["--admin-token", TOKEN, "--redis-url", &url, "--redis-prefix", &prefix];
+    let (a, b) = (App::start(&args), App::start(&args));
+    let alice = a.items("alice", 25);
+    let bob = b.items("bob", 14);
+    assert!(alice.1 > bob.1 && bob.1 > 0, "alice {alice:?}, bob {bob:?}");
+
+    let admin = format!("Bearer {TOKEN}");
+    let path = "/admin/top_keys/items-read?ranking=limited&n=5";
+    assert_eq!(a.send("GET", path, None, "").0, 401);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for app in [&a, &b] {
+        let top = loop {
+            let (status, body) = app.send("GET", path, Some(&admin), "");
+            assert_eq!(status, 200, "{body}");
+            let top: Value = serde_json::from_str(&body).unwrap();
+            if top["keys"].as_array().unwrap().len() >= 2 {
+                break top;
+            }
+            assert!(Instant::now() < deadline, "no merged top keys: {top}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(top["total"], alice.1 + bob.1, "{top}");
+        assert_eq!(
+            top["keys"],
+            json!([
+                { "label": "user:alice", "count": alice.1, "error": 0 },
+                { "label": "user:bob", "count": bob.1, "error": 0 },
+            ])
+        );
+    }
+}
