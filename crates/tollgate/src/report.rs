@@ -66,22 +66,34 @@ struct Counters {
 
 #[cfg(feature = "metrics")]
 impl Counters {
-    fn new(policy: &str, limits: &[tollgate_core::Limit]) -> Self {
+    /// The counters of `policy`; those of decisions only with its
+    /// `limits` (`None`: a layer that decides nothing).
+    fn new(policy: &str, limits: Option<&[tollgate_core::Limit]>) -> Self {
         use tollgate_core::telemetry::{DECISIONS, FALLBACKS, NEAR_LIMIT, STORE_ERRORS, WAITS};
         tollgate_core::telemetry::describe();
         let counter = |name: &'static str, outcome: &'static str| metrics::counter!(name, "policy" => policy.to_owned(), "outcome" => outcome);
-        let near = |limit: String| metrics::counter!(NEAR_LIMIT, "policy" => policy.to_owned(), "limit" => limit);
+        let decisions = |name: &'static str, outcome: &'static str| match limits {
+            Some(_) => counter(name, outcome),
+            None => metrics::Counter::noop(),
+        };
+        let near = |limit: String| match limits {
+            Some(_) => {
+                metrics::counter!(NEAR_LIMIT, "policy" => policy.to_owned(), "limit" => limit)
+            }
+            None => metrics::Counter::noop(),
+        };
         Self {
             near: limits
+                .unwrap_or_default()
                 .iter()
                 .map(|limit| (*limit, near(limit.to_string())))
                 .collect(),
             near_override: near("override".to_owned()),
-            waits_admitted: counter(WAITS, "admitted"),
-            waits_gave_up: counter(WAITS, "gave_up"),
-            allowed: counter(DECISIONS, "allowed"),
-            limited: counter(DECISIONS, "limited"),
-            shadow_limited: counter(DECISIONS, "shadow_limited"),
+            waits_admitted: decisions(WAITS, "admitted"),
+            waits_gave_up: decisions(WAITS, "gave_up"),
+            allowed: decisions(DECISIONS, "allowed"),
+            limited: decisions(DECISIONS, "limited"),
+            shadow_limited: decisions(DECISIONS, "shadow_limited"),
             errors: StoreError::KINDS.map(|kind| counter(STORE_ERRORS, kind)),
             fallbacks: enum_map::EnumMap::from_fn(|outcome: Handled| {
                 counter(FALLBACKS, outcome.label())
@@ -91,18 +103,21 @@ impl Counters {
 }
 
 impl Telemetry {
-    /// Registers the counters of the policy named `policy`, without
-    /// near-limit counts, with the installed recorder.
+    /// Registers, with the installed recorder, the counters of a layer
+    /// named `policy` that makes no rate-limit decisions (an in-flight or
+    /// adaptive limit): its store failures and what the failure policy
+    /// made of them. Its decisions, near-limit counts and waits are not
+    /// registered, so that no series of decisions stays at 0 forever.
     pub(crate) fn new(policy: &str) -> Self {
-        Self::with_limits(policy, &[])
+        Self::with_limits(policy, None)
     }
 
     /// Registers the counters of `policy`, its near-limit counts included.
     pub(crate) fn of(policy: &Policy) -> Self {
-        Self::with_limits(policy.name(), policy.limits())
+        Self::with_limits(policy.name(), Some(policy.limits()))
     }
 
-    fn with_limits(policy: &str, _limits: &[tollgate_core::Limit]) -> Self {
+    fn with_limits(policy: &str, _limits: Option<&[tollgate_core::Limit]>) -> Self {
         Self {
             policy: policy.into(),
             throttle: Throttle::new(Duration::from_secs(1)),
@@ -179,14 +194,7 @@ impl Telemetry {
     pub(crate) fn store_failed(&self, mode: Option<FailureMode>, error: &StoreError) {
         let policy = &*self.policy;
         let mode = mode.map_or("returned", FailureMode::as_str);
-        #[cfg(feature = "metrics")]
-        let kind = StoreError::KINDS.iter().position(|k| *k == error.kind());
-        #[cfg(feature = "metrics")]
-        debug_assert!(kind.is_some(), "StoreError::KINDS lacks {}", error.kind());
-        #[cfg(feature = "metrics")]
-        if let Some(counter) = kind.and_then(|i| self.counters.errors.get(i)) {
-            counter.increment(1);
-        }
+        self.count_store_error(error);
         if let Some(suppressed) = self.throttle.may_log(Instant::now()) {
             tracing::warn!(
                 error = error as &dyn std::error::Error,
@@ -195,6 +203,19 @@ impl Telemetry {
                 suppressed,
                 "rate-limit store failed; applying the failure policy"
             );
+        }
+    }
+
+    /// Counts a store failure by its kind.
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(crate) fn count_store_error(&self, _error: &StoreError) {
+        #[cfg(feature = "metrics")]
+        {
+            let kind = StoreError::KINDS.iter().position(|k| *k == _error.kind());
+            debug_assert!(kind.is_some(), "StoreError::KINDS lacks {}", _error.kind());
+            if let Some(counter) = kind.and_then(|i| self.counters.errors.get(i)) {
+                counter.increment(1);
+            }
         }
     }
 

@@ -333,6 +333,100 @@ fn the_in_flight_limit_counts_slots_held_and_rejections() {
     assert_eq!(after.get(INFLIGHT_SLOTS, &labels), -3.0);
 }
 
+/// A slot store that is down: every call times out.
+#[derive(Clone)]
+struct Down;
+
+impl tollgate::SlotStore for Down {
+    async fn acquire(
+        &self,
+        _: &tollgate::Key,
+        _: &tollgate::InFlightLimit,
+        _: u64,
+    ) -> Result<tollgate::Slots, tollgate::StoreError> {
+        Err(tollgate::StoreError::Timeout(Duration::from_millis(50)))
+    }
+
+    async fn renew(
+        &self,
+        _: &tollgate::Key,
+        _: &tollgate::InFlightLimit,
+        _: u64,
+    ) -> Result<tollgate::Renewal, tollgate::StoreError> {
+        Err(tollgate::StoreError::Timeout(Duration::from_millis(50)))
+    }
+
+    async fn release(
+        &self,
+        _: &tollgate::Key,
+        _: &tollgate::InFlightLimit,
+        _: u64,
+    ) -> Result<(), tollgate::StoreError> {
+        Err(tollgate::StoreError::Timeout(Duration::from_millis(50)))
+    }
+}
+
+/// An in-flight limit's store failures count as a rate limit's do, by
+/// kind and by what the failure policy made of them; and a layer that
+/// decides no rates registers no decision series (none stuck at 0).
+#[test]
+fn in_flight_store_failures_are_counted_and_no_decisions_are_invented() {
+    use tollgate::{InFlightLayer, InFlightLimit};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    with_recorder(&recorder, || async {
+        for (name, mode) in [
+            ("slots-open", FailureMode::Open),
+            ("slots-closed", FailureMode::Closed),
+            ("slots-local", FailureMode::Local),
+        ] {
+            let limit = InFlightLimit::new(name, 2).unwrap();
+            let layer = InFlightLayer::new(limit, client_header())
+                .store(Down)
+                .on_store_error(mode);
+            let app = Router::new()
+                .route("/", get(|| async { "ok" }))
+                .layer(layer);
+            let request = || {
+                Request::get("/")
+                    .header("x-client", "a")
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            // Three held at once: under `local`, 2 fit this instance's
+            // share and the third is turned away.
+            let mut held = Vec::new();
+            for _ in 0..3 {
+                held.push(app.clone().oneshot(request()).await.unwrap());
+            }
+            let held: Vec<_> = held.iter().map(|r| r.status()).collect();
+            let expected = match mode {
+                FailureMode::Open => [200, 200, 200],
+                FailureMode::Closed => [503, 503, 503],
+                FailureMode::Local => [200, 200, 429],
+            };
+            assert_eq!(held, expected, "{name}");
+        }
+    });
+    let values = Values::take(&snapshotter);
+    let get = |name, policy, outcome| values.get(name, &[("policy", policy), ("outcome", outcome)]);
+    for policy in ["slots-open", "slots-closed", "slots-local"] {
+        assert_eq!(get(STORE_ERRORS, policy, "timeout"), 3.0, "{policy}");
+        assert!(
+            values
+                .0
+                .iter()
+                .all(|(n, l, _)| n != DECISIONS
+                    || !l.iter().any(|(k, v)| k == "policy" && v == policy)),
+            "{policy}"
+        );
+    }
+    assert_eq!(get(FALLBACKS, "slots-open", "open"), 3.0);
+    assert_eq!(get(FALLBACKS, "slots-closed", "closed"), 3.0);
+    assert_eq!(get(FALLBACKS, "slots-local", "local_allowed"), 2.0);
+    assert_eq!(get(FALLBACKS, "slots-local", "local_limited"), 1.0);
+}
+
 #[test]
 fn an_adaptive_layer_reports_its_limit_in_flight_queue_and_sheds_by_class() {
     use tollgate::telemetry::{ADAPTIVE_IN_FLIGHT, ADAPTIVE_LIMIT, ADAPTIVE_QUEUED, ADAPTIVE_SHED};

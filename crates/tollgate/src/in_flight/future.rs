@@ -13,7 +13,7 @@ use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, Slots};
 use tower_service::Service;
 
 use crate::answer;
-use crate::fallback::{Answer, FailureMode, InstanceCount};
+use crate::fallback::{Answer, FailureMode, FailureReport, Handled, InstanceCount};
 use crate::response::Responder;
 
 use super::body::InFlightBody;
@@ -56,6 +56,10 @@ where
     let local_limit = || shared.limit.divided(shared.instances.get());
     let local = || {
         let slots = shared.local.acquire_slot_sync(&key, &local_limit(), holder);
+        shared.telemetry.handled(match slots.acquired {
+            true => Handled::LocalAllowed,
+            false => Handled::LocalLimited,
+        });
         Ok((slots, Holds::Local))
     };
     let slot: Option<Box<dyn Any + Send + Sync>> =

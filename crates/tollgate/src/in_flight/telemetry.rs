@@ -15,6 +15,9 @@ pub(super) struct Telemetry {
     rejected: metrics::Counter,
     throttle: Arc<Throttle>,
     gone: Arc<Throttle>,
+    /// Counts store failures and what the failure policy made of them,
+    /// as a rate limit of the same name does.
+    failures: Arc<crate::report::Telemetry>,
 }
 
 impl Telemetry {
@@ -34,6 +37,7 @@ impl Telemetry {
             ),
             throttle: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
             gone: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
+            failures: Arc::new(crate::report::Telemetry::new(_name)),
         }
     }
 
@@ -70,6 +74,7 @@ impl Telemetry {
 
 impl FailureReport for Telemetry {
     fn store_failed(&self, mode: FailureMode, error: &tollgate_core::StoreError) {
+        self.failures.count_store_error(error);
         if let Some(suppressed) = self.throttle.may_log(tokio::time::Instant::now()) {
             tracing::warn!(
                 error = error as &dyn std::error::Error,
@@ -80,5 +85,7 @@ impl FailureReport for Telemetry {
         }
     }
 
-    fn handled(&self, _outcome: Handled) {}
+    fn handled(&self, outcome: Handled) {
+        self.failures.handled(outcome);
+    }
 }
