@@ -73,6 +73,10 @@ struct Shared<C> {
     max_keys: usize,
     script: DecisionScript,
     task: Option<tokio::task::AbortHandle>,
+    /// Held while a publication takes its summaries and writes them, so
+    /// that publications land in the order they were taken: one taken
+    /// earlier never overwrites a later one.
+    publishing: tokio::sync::Mutex<()>,
 }
 
 impl<C> Drop for Shared<C> {
@@ -191,6 +195,7 @@ async fn members<C: RedisConnection>(shared: &Shared<C>) -> Result<Vec<String>, 
 
 /// Publishes every policy's summaries, each cut to `max_keys` keys.
 async fn publish<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
+    let _in_order = shared.publishing.lock().await;
     let mut args = vec![shared.ttl.as_millis().to_string(), shared.member.clone()];
     for policy in shared.top.policies() {
         for ranking in Ranking::ALL {
@@ -344,6 +349,7 @@ impl<C: RedisConnection> RedisTopKeysBuilder<C> {
                 max_keys: self.max_keys,
                 script: DecisionScript::new(include_str!("../lua/topkeys/publish.lua")),
                 task: Some(task.abort_handle()),
+                publishing: tokio::sync::Mutex::new(()),
             }
         });
         Ok(RedisTopKeys { shared })

@@ -118,11 +118,24 @@ impl Dashboard {
         };
         Router::new()
             .route("/admin/dashboard", get(page))
+            .route("/admin/dashboard/app.js", get(script))
             .route("/admin/dashboard/data", get(data))
     }
 }
 
-/// The page: markup, style and script in one, with no data in it.
+/// The page's script.
+async fn script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        page::SCRIPT,
+    )
+        .into_response()
+}
+
+/// The page: markup and style, with no data in it.
 async fn page() -> Response {
     (
         StatusCode::OK,
@@ -130,7 +143,7 @@ async fn page() -> Response {
             (header::CACHE_CONTROL, "no-store"),
             (
                 header::CONTENT_SECURITY_POLICY,
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:",
+                "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'",
             ),
             (header::X_FRAME_OPTIONS, "DENY"),
         ],
