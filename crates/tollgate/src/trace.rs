@@ -19,7 +19,9 @@
 //! A request that passes several layers is recorded by each in turn, an
 //! inner layer's record replacing an outer one's: the span ends with the
 //! layer that refused it, or else with the innermost layer, which
-//! admitted it. [`LIMIT`] and [`FALLBACK`] are recorded only when they
+//! admitted it (tracing-subscriber's `fmt` prints every record in turn,
+//! `tollgate.policy="api-ip" ... tollgate.policy="items-read"`: the last
+//! is the span's). [`LIMIT`] and [`FALLBACK`] are recorded only when they
 //! apply (a span cannot unset a field), so they are left empty unless a
 //! layer refused, or a layer's store failed.
 //!

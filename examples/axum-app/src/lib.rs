@@ -28,7 +28,8 @@
 //!
 //! The `tollgate.*` names are [`tollgate::trace`]'s constants; see there
 //! when each is recorded. `RUST_LOG=info,tower_http=debug` logs a line per
-//! request and per response, inside its span.
+//! request and per response, inside its span; its formatter prints each
+//! layer's record in turn, the innermost last.
 
 pub mod config;
 pub mod operators;
