@@ -194,6 +194,7 @@ trait DynStore: Send + Sync + 'static {
     fn block<'a>(&'a self, key: &'a Key, policy: &'a Policy, d: Duration) -> BoxedReset<'a>;
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision>;
     fn type_name(&self) -> &'static str;
+    fn name(&self) -> &'static str;
 }
 
 impl<S: Store> DynStore for S {
@@ -232,6 +233,10 @@ impl<S: Store> DynStore for S {
 
     fn type_name(&self) -> &'static str {
         std::any::type_name::<S>()
+    }
+
+    fn name(&self) -> &'static str {
+        Store::name(self)
     }
 }
 
@@ -287,6 +292,10 @@ impl Store for BoxStore {
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.store.last_known(key, policy)
+    }
+
+    fn name(&self) -> &'static str {
+        self.store.name()
     }
 }
 

@@ -229,6 +229,26 @@ pub trait Store: Send + Sync + 'static {
         let _ = (key, policy);
         None
     }
+
+    /// What the store is, in a word: `memory`, `redis`, ... Traces name
+    /// the store that decided a request by it (the span field
+    /// `tollgate.store`), so it is made once, not per request. A store
+    /// that wraps another (a ledger's, a boxed one) answers the wrapped
+    /// store's name. The default is the type's name, as
+    /// [`std::any::type_name`] gives it: a store of your own should answer
+    /// a short name of its backend (`postgres`, say).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{BoxStore, MemoryStore, Store};
+    ///
+    /// assert_eq!(MemoryStore::new().name(), "memory");
+    /// assert_eq!(Arc::new(MemoryStore::new()).name(), "memory");
+    /// assert_eq!(BoxStore::new(MemoryStore::new()).name(), "memory");
+    /// ```
+    fn name(&self) -> &'static str {
+        std::any::type_name::<Self>()
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -286,5 +306,9 @@ impl<S: Store> Store for Arc<S> {
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         (**self).last_known(key, policy)
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
     }
 }

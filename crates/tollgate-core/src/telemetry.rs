@@ -168,17 +168,28 @@ pub enum MetricKind {
     Histogram,
 }
 
-/// One of tollgate's metrics: its name, kind and `# HELP` text.
+/// One of tollgate's metrics: its name, kind, labels and `# HELP` text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Metric {
     name: &'static str,
     kind: MetricKind,
+    labels: &'static [&'static str],
     help: &'static str,
 }
 
 impl Metric {
-    const fn new(name: &'static str, kind: MetricKind, help: &'static str) -> Self {
-        Self { name, kind, help }
+    const fn new(
+        name: &'static str,
+        kind: MetricKind,
+        labels: &'static [&'static str],
+        help: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            kind,
+            labels,
+            help,
+        }
     }
 
     /// The metric's name, as exporters print it.
@@ -195,6 +206,21 @@ impl Metric {
     pub fn help(&self) -> &'static str {
         self.help
     }
+
+    /// The labels tollgate gives it, as in the table of the [module
+    /// docs](self) (a test keeps the two the same). An exporter may add
+    /// its own: Prometheus's histogram buckets carry `le`.
+    ///
+    /// ```
+    /// use tollgate_core::telemetry::{ALL, NEAR_LIMIT, STORE_LATENCY};
+    ///
+    /// let labels = |name: &str| ALL.iter().find(|m| m.name() == name).unwrap().labels();
+    /// assert_eq!(labels(NEAR_LIMIT), ["policy", "limit"]);
+    /// assert!(labels(STORE_LATENCY).is_empty());
+    /// ```
+    pub fn labels(&self) -> &'static [&'static str] {
+        self.labels
+    }
 }
 
 /// Every metric tollgate reports, with its `# HELP` text.
@@ -208,101 +234,121 @@ impl Metric {
 /// ```
 pub const ALL: &[Metric] = {
     use MetricKind::{Counter, Gauge, Histogram};
+    const POLICY: &[&str] = &["policy"];
     &[
         Metric::new(
             DECISIONS,
             Counter,
+            &["policy", "outcome"],
             "Requests decided, by policy and outcome: allowed, limited (refused), shadow_limited (let through by shadow mode)",
         ),
         Metric::new(
             STORE_ERRORS,
             Counter,
+            &["policy", "outcome"],
             "Rate-limit store failures, by policy and kind: timeout, circuit_open, full, backend",
         ),
         Metric::new(
             FALLBACKS,
             Counter,
+            &["policy", "outcome"],
             "Requests the failure policy handled when the store failed, by policy and outcome: open, closed, local_allowed, local_limited",
         ),
         Metric::new(
             DENY_CACHE_HITS,
             Counter,
+            POLICY,
             "Denials the Redis store answered from its deny cache, without a round trip, by policy",
         ),
         Metric::new(
             MEMORY_STORE_KEYS,
             Gauge,
+            &[],
             "Keys held by the process's memory stores",
         ),
         Metric::new(
             CIRCUITS_OPEN,
             Gauge,
+            &[],
             "Redis store circuit breakers open or probing (0 when every store is healthy)",
         ),
         Metric::new(
             INFLIGHT_SLOTS,
             Gauge,
+            POLICY,
             "Slots of an in-flight limit held by this process's requests, by policy",
         ),
         Metric::new(
             INFLIGHT_REJECTED,
             Counter,
+            POLICY,
             "Requests an in-flight limit turned away, by policy",
         ),
         Metric::new(
             ADAPTIVE_LIMIT,
             Gauge,
+            POLICY,
             "The concurrency limit an adaptive layer has found, by policy",
         ),
         Metric::new(
             ADAPTIVE_IN_FLIGHT,
             Gauge,
+            POLICY,
             "Requests an adaptive layer lets run now, by policy",
         ),
         Metric::new(
             ADAPTIVE_QUEUED,
             Gauge,
+            POLICY,
             "Requests waiting for a slot of an adaptive layer, by policy",
         ),
         Metric::new(
             ADAPTIVE_SHED,
             Counter,
+            &["policy", "priority"],
             "Requests an adaptive layer shed, by policy and priority: critical, default, sheddable",
         ),
-        Metric::new(STORE_LATENCY, Histogram, STORE_LATENCY_HELP),
+        Metric::new(STORE_LATENCY, Histogram, &[], STORE_LATENCY_HELP),
         Metric::new(
             WAITS,
             Counter,
+            &["policy", "outcome"],
             "RateLimiter::until_ready calls told to wait, by policy and how they ended: admitted, gave_up",
         ),
         Metric::new(
             NEAR_LIMIT,
             Counter,
+            &["policy", "limit"],
             "Admitted requests that left a limit at least 80 % used, by policy and limit (its text form, or override)",
         ),
         Metric::new(
             LEASE_GRANTS,
             Counter,
+            POLICY,
             "Leases a LeasedStore asked its store for, by policy",
         ),
         Metric::new(
             LEASE_DIRECT,
             Counter,
+            POLICY,
             "Requests a LeasedStore had its store decide without a lease, by policy",
         ),
         Metric::new(
             LEASE_RETURNS,
             Counter,
+            POLICY,
             "Unused parts of ended leases a LeasedStore gave back to its store, by policy",
         ),
         Metric::new(
             LEASES_HELD,
             Gauge,
+            &[],
             "Leases a LeasedStore holds, refreshed every lease interval",
         ),
         Metric::new(
             LEASE_UNITS,
             Gauge,
+            &[],
             "Units the leases of a LeasedStore hold unspent, refreshed every lease interval",
         ),
     ]
@@ -332,6 +378,45 @@ pub fn describe() {
 #[cfg(test)]
 mod tests {
     use super::ALL;
+
+    /// The module docs' table gives each metric the kind and the labels
+    /// (in order) of `ALL`.
+    #[test]
+    fn the_doc_table_names_each_metric_s_labels() {
+        let source = include_str!("telemetry.rs");
+        let mut rows = 0;
+        for row in source.lines().filter_map(|l| l.strip_prefix("//! | [`")) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let constant = cells[0].trim_end_matches("`]");
+            let metric = ALL
+                .iter()
+                .find(|m| constant_of(m.name()) == constant)
+                .unwrap_or_else(|| panic!("{constant} is not in ALL"));
+            let documented: Vec<&str> = match cells[2] {
+                "none" => vec![],
+                labels => labels.split(", ").map(|l| l.trim_matches('`')).collect(),
+            };
+            assert_eq!(documented, metric.labels(), "{constant}");
+            let kind = format!("{:?}", metric.kind()).to_lowercase();
+            assert_eq!(cells[1], kind, "{constant}");
+            rows += 1;
+        }
+        assert_eq!(rows, ALL.len());
+    }
+
+    /// The name of the constant that holds `name`, read from this file.
+    fn constant_of(name: &str) -> &'static str {
+        let source = include_str!("telemetry.rs");
+        let quoted = format!("&str = \"{name}\";");
+        let line = source
+            .lines()
+            .find(|l| l.starts_with("pub const ") && l.ends_with(&quoted))
+            .unwrap_or_else(|| panic!("no constant holds {name}"));
+        line["pub const ".len()..]
+            .split(':')
+            .next()
+            .unwrap_or_default()
+    }
 
     #[test]
     fn names_are_unique() {

@@ -106,6 +106,7 @@ mod rate_limit;
 mod ready;
 mod report;
 mod response;
+pub mod trace;
 
 pub use adaptive::{
     AdaptiveConcurrency, AdaptiveConcurrencyLayer, AdaptiveHandle, Classify, SameClass,

@@ -12,6 +12,7 @@ use tollgate_core::{Decision, Policy, StoreError};
 
 use crate::extract::MissingCause;
 use crate::fallback::{FailureMode, FailureReport, Handled};
+use crate::trace;
 
 /// What became of a decided request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,9 +128,13 @@ impl Telemetry {
         }
     }
 
-    /// Records a decision and what became of the request.
+    /// Records a decision of the store named `store` (see
+    /// [`Store::name`](tollgate_core::Store::name)) and what became of the
+    /// request: in the metrics, on the current span (the fields of
+    /// [`trace`](crate::trace)) and in a debug event.
     #[inline]
-    pub(crate) fn decided(&self, decision: &Decision, verdict: Verdict) {
+    pub(crate) fn decided(&self, decision: &Decision, verdict: Verdict, store: &'static str) {
+        self.record_decision(decision, verdict, store);
         #[cfg(feature = "metrics")]
         match verdict {
             Verdict::Allowed => {
@@ -157,6 +162,26 @@ impl Telemetry {
                 "rate-limit decision"
             ),
         }
+    }
+
+    /// Records `decision` on the current span: the one place tollgate
+    /// writes the fields of [`trace`](crate::trace) for a decision. Kept
+    /// out of line, so that the code every request runs stays small.
+    #[inline(never)]
+    fn record_decision(&self, decision: &Decision, verdict: Verdict, store: &'static str) {
+        let span = tracing::Span::current();
+        span.record(trace::POLICY, &*self.policy);
+        span.record(trace::OUTCOME, verdict.as_str());
+        match verdict {
+            Verdict::Limited => {
+                span.record(
+                    trace::LIMIT,
+                    tracing::field::display(decision.binding().limit()),
+                );
+            }
+            Verdict::Allowed | Verdict::ShadowLimited => {}
+        }
+        span.record(trace::STORE, store);
     }
 
     /// Counts each limit an admitted `decision` left at least
@@ -247,10 +272,32 @@ impl Telemetry {
         }
     }
 
-    /// Records what became of a request whose store failed.
-    pub(crate) fn handled(&self, _outcome: Handled) {
+    /// Records what became of a request whose store, named `store`,
+    /// failed: in the metrics and on the current span (the fields of
+    /// [`trace`](crate::trace)).
+    pub(crate) fn handled(&self, outcome: Handled, store: &'static str) {
+        self.count_handled(outcome);
+        let span = tracing::Span::current();
+        span.record(trace::POLICY, &*self.policy);
+        span.record(trace::FALLBACK, outcome.label());
+        span.record(trace::STORE, store);
+    }
+
+    /// Counts what became of a request whose store failed, in the
+    /// metrics only (an in-flight limit's: its span is the rate limit's).
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(crate) fn count_handled(&self, _outcome: Handled) {
         #[cfg(feature = "metrics")]
         self.counters.fallbacks[_outcome].increment(1);
+    }
+
+    /// What reports the failures of the store named `store` to this
+    /// telemetry.
+    pub(crate) fn reporter(&self, store: &'static str) -> Reporter<'_> {
+        Reporter {
+            telemetry: self,
+            store,
+        }
     }
 }
 
@@ -299,13 +346,21 @@ impl Throttle {
     }
 }
 
-impl FailureReport for Telemetry {
+/// The telemetry of a layer or limiter, with the name of its store: what
+/// the failure policy reports to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reporter<'a> {
+    telemetry: &'a Telemetry,
+    store: &'static str,
+}
+
+impl FailureReport for Reporter<'_> {
     fn store_failed(&self, mode: FailureMode, error: &StoreError) {
-        Telemetry::store_failed(self, Some(mode), error);
+        self.telemetry.store_failed(Some(mode), error);
     }
 
     fn handled(&self, outcome: Handled) {
-        Telemetry::handled(self, outcome);
+        self.telemetry.handled(outcome, self.store);
     }
 }
 

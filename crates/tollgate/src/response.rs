@@ -13,7 +13,7 @@ use crate::answer::StoreRefusal;
 use crate::answer::headers::{Decoration, HeaderStyle, Values};
 use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
-use crate::report::Telemetry;
+use crate::report::{Reporter, Telemetry, Verdict};
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
 
@@ -34,6 +34,9 @@ pub(crate) struct Responder {
     /// The policy's header values, made once.
     pub(crate) values: Values,
     pub(crate) policy: Arc<str>,
+    /// The name of the store a rate-limit layer asks (`Store::name`), for
+    /// traces: set when the layer makes a service.
+    pub(crate) store: &'static str,
 }
 
 impl Responder {
@@ -54,6 +57,7 @@ impl Responder {
             telemetry: Arc::new(telemetry),
             values,
             policy: Arc::from(policy),
+            store: "memory",
         }
     }
 
@@ -134,6 +138,7 @@ impl fmt::Debug for Responder {
             .field("missing", &self.missing)
             .field("protocol", &self.protocol)
             .field("enforce_percent", &self.enforce_percent)
+            .field("store", &self.store)
             .finish()
     }
 }
@@ -144,6 +149,17 @@ impl Responder {
     #[inline]
     pub(crate) fn decoration(&self, decision: &Decision) -> Option<Decoration> {
         Decoration::new(self.headers, decision, &self.policy, &self.values)
+    }
+
+    /// Records a decision of the store, and what became of the request.
+    #[inline]
+    pub(crate) fn decided(&self, decision: &Decision, verdict: Verdict) {
+        self.telemetry.decided(decision, verdict, self.store);
+    }
+
+    /// What the failure policy reports to.
+    pub(crate) fn reporter(&self) -> Reporter<'_> {
+        self.telemetry.reporter(self.store)
     }
 
     /// The response to a denied request.

@@ -7,12 +7,36 @@
 //! free plan, `Bearer demo-pro-<user>` on the pro plan; `/api/*`
 //! answers 401 without it. Per-IP entries apply before authentication,
 //! per-user ones after it.
+//!
+//! # Traces
+//!
+//! Every request goes through [`serve_layers`]: tower-http's request-id
+//! layers (`x-request-id`, the client's if valid, else a new UUID, echoed
+//! on the response) and its `TraceLayer`, whose `request` span (at `INFO`)
+//! has these fields:
+//!
+//! | field | value |
+//! |---|---|
+//! | `request_id` | the request's `x-request-id` |
+//! | `method` | `GET`, `POST`, ... |
+//! | `path` | the route that matched (`/api/items`, `/admin/rate_limit/{policy}/{user}`), never the raw path or query; empty when none did |
+//! | `tollgate.policy` | the policy that decided: of stacked layers, the one that refused, else the innermost that admitted (`items-read-pro` when the pro plan chose it) |
+//! | `tollgate.outcome` | `allowed`, `limited` or `shadow_limited` |
+//! | `tollgate.limit` | on a refusal, the limit that fired (`5/s`), as the `tollgate-exceeded` header names it |
+//! | `tollgate.store` | the store asked: `memory` or `redis` |
+//! | `tollgate.fallback` | when the store failed: the failure policy's answer, `open`, `closed`, `local_allowed` or `local_limited`; empty otherwise |
+//!
+//! The `tollgate.*` names are [`tollgate::trace`]'s constants; see there
+//! when each is recorded. `RUST_LOG=info,tower_http=debug` logs a line per
+//! request and per response, inside its span; its formatter prints each
+//! layer's record in turn, the innermost last.
 
 pub mod config;
 pub mod dashboard;
 pub mod operators;
 pub mod overload;
 pub mod overrides;
+pub mod serve;
 pub mod topkeys;
 pub mod usage;
 
@@ -171,9 +195,8 @@ pub fn app_with_overrides(
     // would build every layer again for each request it serves (axum
     // does so lazily until the state is given), each with fresh
     // telemetry and state of its own.
-    router
-        .merge(operators::routes(config, &store, admin, &overrides))
-        .with_state(())
+    let router = router.merge(operators::routes(config, &store, admin, &overrides));
+    serve::record_route(router).with_state(())
 }
 
 fn layer(
@@ -241,7 +264,7 @@ pub fn metrics_builder() -> Result<PrometheusBuilder, BuildError> {
 
 /// `GET /metrics`: every tollgate metric in the Prometheus text format.
 pub fn metrics_route(handle: PrometheusHandle) -> Router {
-    Router::new().route(
+    serve::record_route(Router::new().route(
         "/metrics",
         axum::routing::get(move || {
             let text = handle.render();
@@ -255,6 +278,34 @@ pub fn metrics_route(handle: PrometheusHandle) -> Router {
                 )
             }
         }),
+    ))
+}
+
+/// The layers every request of the demo goes through, around `router`,
+/// outermost first:
+///
+/// - a client's `x-request-id` is kept if it is [valid](serve::valid_request_id)
+///   (at most [`MAX_REQUEST_ID_LEN`](serve::MAX_REQUEST_ID_LEN) bytes),
+///   and removed if not; tower-http's `SetRequestIdLayer` then gives a
+///   request without one a new UUID v4;
+/// - tower-http's `TraceLayer`, whose `request` span
+///   ([`RequestSpan`](serve::RequestSpan)) carries the request id, the
+///   method, the matched route and tollgate's decision (the fields of
+///   [`tollgate::trace`]);
+/// - tower-http's `PropagateRequestIdLayer`: the response carries the
+///   request's `x-request-id`.
+///
+/// `main` serves the app through it; a test can drive the result with
+/// `oneshot`.
+pub fn serve_layers(router: Router) -> Router {
+    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+    use tower_http::trace::TraceLayer;
+    router.layer(
+        tower::ServiceBuilder::new()
+            .layer(serve::request_id_check())
+            .layer(SetRequestIdLayer::new(serve::REQUEST_ID, MakeRequestUuid))
+            .layer(TraceLayer::new_for_http().make_span_with(serve::RequestSpan))
+            .layer(PropagateRequestIdLayer::new(serve::REQUEST_ID)),
     )
 }
 

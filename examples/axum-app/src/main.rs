@@ -358,8 +358,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     reload_on_sighup(args.config.clone(), current.clone(), parts);
     axum::serve(
         listener,
-        Router::new()
-            .fallback_service(current)
+        axum_app::serve_layers(Router::new().fallback_service(current))
             .into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(async {

@@ -99,6 +99,10 @@ impl Overload {
 
     /// `GET /work`, and with `admin` the admin routes of this module.
     pub fn routes(&self, admin: Option<AdminToken>) -> Router {
+        crate::serve::record_route(self.own_routes(admin))
+    }
+
+    fn own_routes(&self, admin: Option<AdminToken>) -> Router {
         let backend = self.backend.clone();
         let work = get(move || {
             let backend = backend.clone();

@@ -76,6 +76,10 @@ impl Ledger for AppLedger {
 /// `GET /usage` (authenticated) and, with an admin token, `GET
 /// /admin/usage/{user}`.
 pub fn routes(config: &AppConfig, ledger: &AppLedger, admin: Option<AdminToken>) -> Router {
+    crate::serve::record_route(own_routes(config, ledger, admin))
+}
+
+fn own_routes(config: &AppConfig, ledger: &AppLedger, admin: Option<AdminToken>) -> Router {
     let user_keyed = config.routes.iter().filter(|r| r.key == KeySpec::User);
     let policies: Arc<[String]> = user_keyed
         .clone()

@@ -145,6 +145,9 @@ impl<S: Store, L: Ledger> Store for MeteredStore<S, L> {
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.store.last_known(key, policy)
     }
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
 }
 
 // In-flight slots are not usage: they pass to the wrapped store.

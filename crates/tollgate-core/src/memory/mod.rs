@@ -280,6 +280,10 @@ impl Store for MemoryStore {
         self.shared.block(key, policy, duration);
         std::future::ready(Ok(()))
     }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
 }
 
 /// Slots of in-flight limits, held as long as their requests: no leases.

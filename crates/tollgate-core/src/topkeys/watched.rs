@@ -125,6 +125,9 @@ impl<S: Store> Store for WatchedStore<S> {
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.store.last_known(key, policy)
     }
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
 }
 
 // In-flight slots are not decisions of a rate: they pass to the wrapped

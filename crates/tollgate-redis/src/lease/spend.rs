@@ -194,4 +194,7 @@ impl<S: Store> Store for LeasedStore<S> {
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.shared.store.last_known(key, policy)
     }
+    fn name(&self) -> &'static str {
+        self.shared.store.name()
+    }
 }

@@ -65,4 +65,9 @@ impl<C: RedisConnection> Store for RedisStore<C> {
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.last_known_of(key, policy)
     }
+    /// `redis`, whatever the connection (one server, a pool, a cluster,
+    /// Sentinel).
+    fn name(&self) -> &'static str {
+        "redis"
+    }
 }

@@ -328,6 +328,9 @@ impl<S: Store> Store for FallbackStore<S> {
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         self.store.last_known(key, policy)
     }
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
 }
 
 impl<S> Clone for FallbackStore<S> {

@@ -154,8 +154,7 @@ pub(crate) enum Handled {
 }
 
 impl Handled {
-    /// The outcome's label.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    /// The outcome's label, in metrics and on spans.
     pub(crate) const fn label(self) -> &'static str {
         match self {
             Handled::LetThrough => "open",

@@ -86,6 +86,6 @@ impl FailureReport for Telemetry {
     }
 
     fn handled(&self, outcome: Handled) {
-        self.failures.handled(outcome);
+        self.failures.count_handled(outcome);
     }
 }

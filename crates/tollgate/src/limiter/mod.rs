@@ -308,7 +308,7 @@ impl<St: Store> RateLimiter<St> {
             } else {
                 Verdict::Limited
             };
-            self.telemetry.decided(&decision, verdict);
+            (self.telemetry).decided(&decision, verdict, self.store.get_ref().name());
         }
         Ok(decision)
     }
@@ -331,7 +331,12 @@ impl<St: Store> RateLimiter<St> {
         };
         let answer = self
             .store
-            .check_reported(key, policy, cost, &*self.telemetry)
+            .check_reported(
+                key,
+                policy,
+                cost,
+                &self.telemetry.reporter(self.store.get_ref().name()),
+            )
             .await;
         match answer {
             Answer::Decided(decision) => Ok((decision, true)),

@@ -129,7 +129,11 @@ impl<St: Store> RateLimiter<St> {
                         });
                     }
                     if counted {
-                        self.telemetry.decided(&decision, Verdict::Allowed);
+                        (self.telemetry).decided(
+                            &decision,
+                            Verdict::Allowed,
+                            self.store.get_ref().name(),
+                        );
                     }
                     if refused {
                         self.telemetry.waited(true);
@@ -169,7 +173,7 @@ impl<St: Store> RateLimiter<St> {
     /// call was `refused` before.
     fn gave_up(&self, decision: &Decision, counted: bool, refused: bool) {
         if counted {
-            self.telemetry.decided(decision, Verdict::Limited);
+            (self.telemetry).decided(decision, Verdict::Limited, self.store.get_ref().name());
         }
         if refused {
             self.telemetry.waited(false);

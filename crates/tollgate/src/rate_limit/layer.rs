@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{MemoryStore, OverrideSource, Policy};
+use tollgate_core::{MemoryStore, OverrideSource, Policy, Store};
 use tower_layer::Layer;
 
 use crate::fallback::FallbackStore;
@@ -384,11 +384,16 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     }
 }
 
-impl<S, K, St, M> Layer<S> for RateLimitLayer<K, St, M> {
+impl<S, K, St: Store, M> Layer<S> for RateLimitLayer<K, St, M> {
     type Service = RateLimit<S, K, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let config = self.config.clone();
+        let mut config = self.config.clone();
+        // Traces name the store: the one this layer has now.
+        let store = self.store.get_ref().name();
+        if config.responder.store != store {
+            Arc::make_mut(&mut config.responder).store = store;
+        }
         let responders = Responders::new(config.responder.clone());
         RateLimit::new(
             inner,

@@ -196,8 +196,8 @@ where
             (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
         match shared.store.get_ref().try_check_now(&key, policy, cost) {
             Some(result) => {
-                let telemetry = &*responder.telemetry;
-                let result = shared.store.answer(&key, policy, cost, result, telemetry);
+                let report = responder.reporter();
+                let result = shared.store.answer(&key, policy, cost, result, &report);
                 ResponseFuture::decided(result, inner, request, responder, waiter, enforce, settle)
             }
             None => {
@@ -276,7 +276,7 @@ where
     Box::pin(async move {
         shared
             .store
-            .check_reported(&key, &policy, cost, &*responder.telemetry)
+            .check_reported(&key, &policy, cost, &responder.reporter())
             .await
     })
 }

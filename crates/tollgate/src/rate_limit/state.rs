@@ -108,7 +108,7 @@ pub(super) fn next_state<F, R>(
         Answer::Decided(decision)
             if decision.is_allowed() && settle.is_none() && decision.delay() == Duration::ZERO =>
         {
-            responder.telemetry.decided(&decision, Verdict::Allowed);
+            responder.decided(&decision, Verdict::Allowed);
             State::Calling {
                 future: next.call(),
                 finish: Finish::Headers(responder.decoration(&decision)),
@@ -129,10 +129,9 @@ fn any_state<F, R>(
     enforce: bool,
     settle: Option<SettleCall>,
 ) -> State<F, R> {
-    let telemetry = &responder.telemetry;
     match result {
         Answer::Decided(decision) if decision.is_allowed() => {
-            telemetry.decided(&decision, Verdict::Allowed);
+            responder.decided(&decision, Verdict::Allowed);
             let decoration = responder.decoration(&decision);
             let finish = match settle {
                 None => Finish::Headers(decoration),
@@ -156,7 +155,7 @@ fn any_state<F, R>(
             }
         }
         Answer::Decided(decision) if !enforce => {
-            telemetry.decided(&decision, Verdict::ShadowLimited);
+            responder.decided(&decision, Verdict::ShadowLimited);
             State::Calling {
                 future: next.call(),
                 finish: Finish::Headers(responder.decoration(&decision)),
@@ -176,7 +175,7 @@ fn any_state<F, R>(
                     };
                 }
             }
-            telemetry.decided(&decision, Verdict::Limited);
+            responder.decided(&decision, Verdict::Limited);
             State::Responding {
                 response: Some(responder.reject(&decision)),
             }
