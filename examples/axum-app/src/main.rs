@@ -184,10 +184,12 @@ fn build(config: &AppConfig, parts: &Parts) -> Router {
 /// With an admin token, the dashboard and the top keys.
 fn operator_views(parts: &Parts) -> Router {
     match &parts.admin {
-        Some(token) => parts
-            .dashboard
-            .routes(token.clone())
-            .merge(axum_app::topkeys::routes(&parts.top, token.clone())),
+        Some(token) => axum_app::serve::record_route(
+            parts
+                .dashboard
+                .routes(token.clone())
+                .merge(axum_app::topkeys::routes(&parts.top, token.clone())),
+        ),
         None => Router::new(),
     }
 }

@@ -96,7 +96,7 @@ impl<B> MakeSpan<B> for RequestSpan {
 /// served behind another service (the demo's reloadable router), whose
 /// routes the span's maker cannot see. Every router of the demo's routes
 /// goes through it.
-pub(crate) fn record_route(router: Router) -> Router {
+pub fn record_route(router: Router) -> Router {
     router.layer(MapRequestLayer::new(
         record_matched_path as fn(Request) -> Request,
     ))
