@@ -6,86 +6,33 @@
 //! screenshot is saved for review.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::App;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "dashboard-test-token";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
-/// The app, killed when dropped.
-struct App {
-    child: Child,
-    addr: String,
-}
-
-impl App {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_axum-app"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env_remove("REDIS_URL")
-            .env_remove("TOLLGATE_CONFIG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| line.strip_prefix("listening on http://").map(str::to_owned))
-            .expect("the app printed its address");
-        std::thread::spawn(move || lines.for_each(drop));
-        Self { child, addr }
-    }
-
-    /// One HTTP/1.1 request: the status and the body.
-    fn send(&self, method: &str, path: &str, auth: Option<&str>, body: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(&self.addr).unwrap();
-        let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map_or(String::new(), |(_, b)| b.to_owned());
-        (status, body)
-    }
-
-    /// `count` reads of `/api/items` as `user`: how many were admitted
-    /// and how many refused.
-    fn items(&self, user: &str, count: usize) -> (u64, u64) {
-        let auth = format!("Bearer demo-{user}");
-        let mut seen = (0, 0);
-        for _ in 0..count {
-            match self.send("GET", "/api/items", Some(&auth), "").0 {
-                200 => seen.0 += 1,
-                429 => seen.1 += 1,
-                other => panic!("GET /api/items answered {other}"),
-            }
+/// `count` reads of `/api/items` as `user` from `app`: how many were
+/// admitted and how many refused.
+fn items(app: &App, user: &str, count: usize) -> (u64, u64) {
+    let auth = format!("Bearer demo-{user}");
+    let mut seen = (0, 0);
+    for _ in 0..count {
+        match app.send("GET", "/api/items", Some(&auth)).0 {
+            200 => seen.0 += 1,
+            429 => seen.1 += 1,
+            other => panic!("GET /api/items answered {other}"),
         }
-        seen
     }
-}
-
-impl Drop for App {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    seen
 }
 
 /// ChromeDriver on a free loopback port, killed when dropped.
@@ -282,18 +229,21 @@ async fn the_dashboard_shows_live_what_metrics_says_on_redis() {
 /// Opens the dashboard of the demo started with `args`, drives traffic,
 /// and checks the page against `/metrics`; the screenshot's path.
 async fn dashboard_agrees_with_metrics(args: &[&str]) -> PathBuf {
-    let app = App::start(args);
+    let app = App::start_with(args);
     let redis = args.contains(&"--redis-url");
     // The page holds no data; its data is behind the token.
-    let (status, page) = app.send("GET", "/admin/dashboard", None, "");
+    let (status, page) = app.send("GET", "/admin/dashboard", None);
     assert_eq!(status, 200);
     assert!(page.contains("Tollgate · operator dashboard"));
-    assert_eq!(app.send("GET", "/admin/dashboard/data", None, "").0, 401);
+    assert_eq!(app.send("GET", "/admin/dashboard/data", None).0, 401);
     let wrong = Some("Bearer wrong");
-    assert_eq!(app.send("GET", "/admin/dashboard/data", wrong, "").0, 403);
+    assert_eq!(app.send("GET", "/admin/dashboard/data", wrong).0, 403);
     let admin = format!("Bearer {TOKEN}");
     let overriding = "/admin/rate_limit/items-read/dave/override?seconds=3600";
-    assert_eq!(app.send("PUT", overriding, Some(&admin), "50/s").0, 204);
+    assert_eq!(
+        app.send_body("PUT", overriding, Some(&admin), "50/s").0,
+        204
+    );
 
     let driver = Driver::start();
     let browser = driver.browser().await;
@@ -320,11 +270,11 @@ async fn dashboard_agrees_with_metrics(args: &[&str]) -> PathBuf {
         .expect("the page shows the policies once given the token");
 
     // Traffic, with the page open: alice is refused most, then bob.
-    let alice = app.items("alice", 30);
-    let bob = app.items("bob", 13);
-    let carol = app.items("carol", 3);
+    let alice = items(&app, "alice", 30);
+    let bob = items(&app, "bob", 13);
+    let carol = items(&app, "carol", 3);
     for _ in 0..4 {
-        assert_eq!(app.send("GET", "/work", None, "").0, 200);
+        assert_eq!(app.send("GET", "/work", None).0, 200);
     }
     assert!(alice.1 > bob.1 && bob.1 > 0, "alice {alice:?}, bob {bob:?}");
     let admitted = alice.0 + bob.0 + carol.0;
@@ -333,7 +283,7 @@ async fn dashboard_agrees_with_metrics(args: &[&str]) -> PathBuf {
     let deadline = Instant::now() + Duration::from_secs(30);
     let (numbers, metrics) = loop {
         let numbers = shown(&browser).await;
-        let metrics = app.send("GET", "/metrics", None, "").1;
+        let metrics = app.send("GET", "/metrics", None).1;
         let items = json!({ "policy": "items-read", "outcome": "allowed" });
         let items = items.as_object().unwrap();
         let caught_up = numbers
@@ -478,18 +428,18 @@ fn two_instances_merge_their_top_keys_through_redis() {
         "--redis-prefix",
         &prefix,
     ];
-    let (a, b) = (App::start(&args), App::start(&args));
-    let alice = a.items("alice", 25);
-    let bob = b.items("bob", 14);
+    let (a, b) = (App::start_with(&args), App::start_with(&args));
+    let alice = items(&a, "alice", 25);
+    let bob = items(&b, "bob", 14);
     assert!(alice.1 > bob.1 && bob.1 > 0, "alice {alice:?}, bob {bob:?}");
 
     let admin = format!("Bearer {TOKEN}");
     let path = "/admin/top_keys/items-read?ranking=limited&n=5";
-    assert_eq!(a.send("GET", path, None, "").0, 401);
+    assert_eq!(a.send("GET", path, None).0, 401);
     let deadline = Instant::now() + Duration::from_secs(15);
     for app in [&a, &b] {
         let top = loop {
-            let (status, body) = app.send("GET", path, Some(&admin), "");
+            let (status, body) = app.send("GET", path, Some(&admin));
             assert_eq!(status, 200, "{body}");
             let top: Value = serde_json::from_str(&body).unwrap();
             if top["keys"].as_array().unwrap().len() >= 2 {

@@ -5,69 +5,8 @@
 //! names.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-
-/// The app, killed when dropped.
-struct App {
-    child: Child,
-    addr: String,
-}
-
-impl App {
-    fn start() -> Self {
-        Self::start_with(&[])
-    }
-
-    /// The app with `args` after `--listen`.
-    fn start_with(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_axum-app"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env_remove("REDIS_URL")
-            .env_remove("TOLLGATE_CONFIG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| line.strip_prefix("listening on http://").map(str::to_owned))
-            .expect("the app printed its address");
-        // Keep draining stdout: the app must not die of a closed pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Self { child, addr }
-    }
-
-    /// Sends one HTTP/1.1 request; returns the status and the body.
-    fn send(&self, method: &str, path: &str, auth: Option<&str>) -> (u16, String) {
-        let mut stream = TcpStream::connect(&self.addr).unwrap();
-        let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
-            self.addr
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map_or(String::new(), |(_, b)| b.to_owned());
-        (status, body)
-    }
-}
-
-impl Drop for App {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::App;
 
 /// The value of the sample `name{labels}` in Prometheus text (0 if absent).
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
