@@ -194,9 +194,10 @@ impl Telemetry {
     fn near_limit(&self, decision: &Decision) {
         use tollgate_core::telemetry::NEAR_LIMIT_PERCENT;
         for status in decision.limits() {
-            let capacity = u128::from(status.capacity());
+            // Both are 32-bit counts: neither product saturates.
+            let capacity = status.capacity();
             if capacity == 0
-                || u128::from(status.used()) * 100 < capacity * u128::from(NEAR_LIMIT_PERCENT)
+                || status.used().saturating_mul(100) < capacity.saturating_mul(NEAR_LIMIT_PERCENT)
             {
                 continue;
             }
