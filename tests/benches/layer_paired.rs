@@ -19,7 +19,15 @@
 //! machine, three runs of 11 rounds of 200,000 gave one build's ratios
 //! 1.00 to 1.06 apart, and three of 111 rounds of 20,000 within 0.01 to
 //! 0.04.
-//! `TOLLGATE_BENCH_ROUNDS` and `TOLLGATE_BENCH_BLOCK` change both.
+//! `TOLLGATE_BENCH_ROUNDS` and `TOLLGATE_BENCH_BLOCK` change both, and
+//! `TOLLGATE_BENCH_KEYS` the number of keys (1: one hot key).
+//!
+//! Instructions per request, whatever else the machine runs: run the
+//! bench's binary under `valgrind --tool=callgrind` with one variant (see
+//! `TOLLGATE_BENCH_ONLY` below) at two round counts, and once more with the
+//! bare route alone; the difference of the differences, over the requests
+//! it adds, is the variant's per request beyond the bare route
+//! (`scripts/layer-instructions` does this).
 //!
 //! Run with: `cargo bench -p tollgate-tests --bench layer_paired`
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
@@ -44,6 +52,15 @@ const ROUNDS: usize = 111;
 /// Requests per variant per round.
 const BLOCK: usize = 20_000;
 const KEYS: usize = 10_000;
+
+/// Keys: `TOLLGATE_BENCH_KEYS`, or `KEYS`.
+fn key_count() -> usize {
+    std::env::var("TOLLGATE_BENCH_KEYS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .filter(|&k| k > 0)
+        .unwrap_or(KEYS)
+}
 
 /// The route behind tollgate, at the same rate and burst as
 /// `tower_governor`.
@@ -74,7 +91,7 @@ fn block(app: &mut Router<()>, keys: &[HeaderValue], offset: usize) -> f64 {
     let start = Instant::now();
     for i in offset..offset + block {
         let request = Request::get("/")
-            .header(AUTHORIZATION, keys[i % KEYS].clone())
+            .header(AUTHORIZATION, keys[i % keys.len()].clone())
             .body(Body::empty())
             .unwrap();
         let response = now(app.call(request)).unwrap();
@@ -106,7 +123,7 @@ fn main() {
     } else {
         tollgate_tests::bench_rounds(ROUNDS)
     };
-    let keys: Vec<HeaderValue> = (0..KEYS)
+    let keys: Vec<HeaderValue> = (0..key_count())
         .map(|i| HeaderValue::try_from(format!("Bearer k{i}")).unwrap())
         .collect();
     let mut variants: Vec<(&str, Router<()>)> = vec![
@@ -130,9 +147,16 @@ fn main() {
     .into_iter()
     // `TOLLGATE_BENCH_ONLY='tollgate, no|governor, no'` keeps the variants
     // whose names contain one of the `|`-separated texts, and the bare
-    // route (to count one variant's instructions under callgrind, say).
+    // route (to count one variant's instructions under callgrind, say); a
+    // text that starts with `=` keeps the variant of exactly that name.
     .filter(|(name, _)| match std::env::var("TOLLGATE_BENCH_ONLY") {
-        Ok(only) => *name == "bare" || only.split('|').any(|w| name.contains(w)),
+        Ok(only) => {
+            *name == "bare"
+                || only.split('|').any(|w| match w.strip_prefix('=') {
+                    Some(exact) => *name == exact,
+                    None => name.contains(w),
+                })
+        }
         Err(_) => true,
     })
     .map(|(name, app)| (name, app.with_state(())))
@@ -168,8 +192,9 @@ fn main() {
         times[v].iter().zip(&bare).map(|(&t, &b)| f(t, b)).collect()
     };
     println!(
-        "In-process Axum route, ns per request: medians of {rounds} interleaved rounds of {} requests, {KEYS} rotating keys\n",
-        block_len()
+        "In-process Axum route, ns per request: medians of {rounds} interleaved rounds of {} requests, {} rotating keys\n",
+        block_len(),
+        keys.len()
     );
     println!("| variant | ns/request | overhead beyond bare, ns | ratio of bare's requests/s |");
     println!("|---|---:|---:|---:|");

@@ -123,11 +123,13 @@ impl LimitStatus {
     }
 
     /// The limit's position in [`Policy::limits`].
+    #[inline]
     pub fn index(&self) -> usize {
         self.index as usize
     }
 
     /// The limit.
+    #[inline]
     pub fn limit(&self) -> Limit {
         Limit::from_parts(
             u64::from(self.count),
@@ -137,27 +139,32 @@ impl LimitStatus {
     }
 
     /// How much cost the limit admits at once (`x-ratelimit-limit`).
+    #[inline]
     pub fn capacity(&self) -> u64 {
         u64::from(self.capacity)
     }
 
     /// How many cost-1 requests this limit would admit right now.
+    #[inline]
     pub fn remaining(&self) -> u64 {
         u64::from(self.remaining)
     }
 
     /// `capacity - remaining`.
+    #[inline]
     pub fn used(&self) -> u64 {
         u64::from(self.capacity - self.remaining)
     }
 
     /// When this limit is fully back: the window's end for a fixed window,
     /// otherwise the time until nothing counts against it.
+    #[inline]
     pub fn reset(&self) -> Duration {
         Duration::from_micros(self.reset_us)
     }
 
     /// When this limit would admit the request, if it denied it.
+    #[inline]
     pub fn retry_after(&self) -> Option<Duration> {
         (self.retry_us != NO_RETRY).then(|| Duration::from_micros(self.retry_us))
     }
@@ -335,59 +342,70 @@ impl Decision {
     }
 
     /// `true` when the request was admitted.
+    #[inline]
     pub fn is_allowed(&self) -> bool {
         self.kind == Kind::Allowed
     }
 
     /// When the decision was made, by the store's clock.
+    #[inline]
     pub fn now(&self) -> Timestamp {
         self.now
     }
 
     /// How long to hold an admitted request before it proceeds; non-zero
     /// only for the leaky bucket, which shapes traffic.
+    #[inline]
     pub fn delay(&self) -> Duration {
         Duration::from_micros(self.delay_us)
     }
 
     /// For a denial that waiting can cure, the exact earliest time from
     /// [`Decision::now`] at which the same request would be admitted.
+    #[inline]
     pub fn retry_after(&self) -> Option<Duration> {
         (self.kind == Kind::Limited).then(|| Duration::from_micros(self.arg))
     }
 
     /// The binding limit's state.
+    #[inline]
     pub fn binding(&self) -> &LimitStatus {
         // `new` keeps `binding` in range whenever `limits` is non-empty.
         &self.limits[(self.binding as usize).min(self.limits.len().saturating_sub(1))]
     }
 
     /// The binding limit's capacity.
+    #[inline]
     pub fn limit(&self) -> u64 {
         self.binding().capacity()
     }
 
     /// How many cost-1 requests the binding limit would admit right now.
+    #[inline]
     pub fn remaining(&self) -> u64 {
         self.binding().remaining()
     }
 
     /// `limit - remaining` for the binding limit.
+    #[inline]
     pub fn used(&self) -> u64 {
         self.binding().used()
     }
 
     /// How long until the binding limit is fully back.
+    #[inline]
     pub fn reset(&self) -> Duration {
         self.binding().reset()
     }
 
     /// When the binding limit is fully back, by the store's clock.
+    #[inline]
     pub fn reset_at(&self) -> Timestamp {
         self.now + self.binding().reset()
     }
 
     /// Every limit's state, in the order of the policy's limits.
+    #[inline]
     pub fn limits(&self) -> &[LimitStatus] {
         &self.limits
     }

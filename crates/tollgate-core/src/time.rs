@@ -63,6 +63,7 @@ impl std::ops::Add<Duration> for Timestamp {
     type Output = Timestamp;
 
     /// Adds whole microseconds of `rhs`, saturating at the end of time.
+    #[inline]
     fn add(self, rhs: Duration) -> Timestamp {
         Timestamp(self.0.saturating_add(duration_micros(rhs)))
     }
@@ -83,6 +84,7 @@ impl fmt::Display for Timestamp {
     }
 }
 
+#[inline]
 pub(crate) fn duration_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -169,6 +169,9 @@ impl Telemetry {
     /// out of line, so that the code every request runs stays small.
     #[inline(never)]
     fn record_decision(&self, decision: &Decision, verdict: Verdict, store: &'static str) {
+        if !current_span_has_fields() {
+            return;
+        }
         let span = tracing::Span::current();
         span.record(trace::POLICY, &*self.policy);
         span.record(trace::OUTCOME, verdict.as_str());
@@ -191,9 +194,10 @@ impl Telemetry {
     fn near_limit(&self, decision: &Decision) {
         use tollgate_core::telemetry::NEAR_LIMIT_PERCENT;
         for status in decision.limits() {
-            let capacity = u128::from(status.capacity());
+            // Both are 32-bit counts: neither product saturates.
+            let capacity = status.capacity();
             if capacity == 0
-                || u128::from(status.used()) * 100 < capacity * u128::from(NEAR_LIMIT_PERCENT)
+                || status.used().saturating_mul(100) < capacity.saturating_mul(NEAR_LIMIT_PERCENT)
             {
                 continue;
             }
@@ -277,6 +281,9 @@ impl Telemetry {
     /// [`trace`](crate::trace)).
     pub(crate) fn handled(&self, outcome: Handled, store: &'static str) {
         self.count_handled(outcome);
+        if !current_span_has_fields() {
+            return;
+        }
         let span = tracing::Span::current();
         span.record(trace::POLICY, &*self.policy);
         span.record(trace::FALLBACK, outcome.label());
@@ -299,6 +306,23 @@ impl Telemetry {
             store,
         }
     }
+}
+
+/// Whether the current span declared any of the fields of
+/// [`trace`](crate::trace), whose names all start with `tollgate.`: only
+/// then is a decision recorded on it, since a span records only the fields
+/// it declared. Asked without making a [`tracing::Span`] of it, which a
+/// subscriber would count and then close again; and not at all while no
+/// subscriber was ever set (then there is no current span).
+fn current_span_has_fields() -> bool {
+    tracing::dispatcher::has_been_set()
+        && tracing::dispatcher::get_default(|dispatch| {
+            dispatch.current_span().metadata().is_some_and(|span| {
+                span.fields()
+                    .iter()
+                    .any(|field| field.name().starts_with(trace::PREFIX))
+            })
+        })
 }
 
 /// Lets a line through at most once per interval, counting the ones it

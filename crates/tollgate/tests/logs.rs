@@ -149,3 +149,50 @@ fn requests_without_their_key_are_400s_logged_at_most_once_a_second() {
     assert!(lines[0].contains("policy=\"keyless\"") && lines[0].contains("x-client"));
     assert!(!logs.contains("ERROR"), "{logs}");
 }
+
+#[test]
+fn a_span_records_the_fields_it_declared_and_only_those() {
+    use tracing::Instrument;
+    use tracing::field::Empty;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(async {
+                let app = app("spans", MemoryStore::new(), FailureMode::Local);
+                // One of tollgate's fields only, among others.
+                let some =
+                    tracing::info_span!("some", method = "GET", { tollgate::trace::STORE } = Empty);
+                send(&app, "a").instrument(some).await;
+                // None of them.
+                let none = tracing::info_span!("none", method = "GET");
+                send(&app, "a").instrument(none).await;
+                // The fields on an outer span only: the current span is
+                // the inner one, which records nothing.
+                let outer = tracing::info_span!("outer", { tollgate::trace::OUTCOME } = Empty);
+                let inner = tracing::info_span!(parent: &outer, "inner", path = "/");
+                send(&app, "a").instrument(inner).instrument(outer).await;
+            });
+    });
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let closed: Vec<&str> = logs.lines().filter(|l| l.contains("close")).collect();
+    assert_eq!(closed.len(), 4, "{logs}");
+    assert!(
+        closed[0].contains(r#"some{method="GET" tollgate.store="memory"}"#),
+        "{logs}"
+    );
+    assert!(closed[1].contains(r#"none{method="GET"}"#), "{logs}");
+    assert!(closed[2].contains(r#"inner{path="/"}"#), "{logs}");
+    assert!(closed[3].contains(" outer: "), "{logs}");
+    assert!(!logs.contains("tollgate.outcome"), "{logs}");
+}

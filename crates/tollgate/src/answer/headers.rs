@@ -101,10 +101,11 @@ impl Decoration {
             HeaderStyle::GitHub | HeaderStyle::GitHubFull => None,
             HeaderStyle::None => return None,
         };
+        let binding = decision.binding();
         Some(Self {
-            limit: decision.limit(),
-            remaining: decision.remaining(),
-            reset_secs: decision.reset_at().as_secs_ceil(),
+            limit: binding.capacity(),
+            remaining: binding.remaining(),
+            reset_secs: (decision.now() + binding.reset()).as_secs_ceil(),
             style,
             values: values.clone(),
             ietf,

@@ -2,6 +2,7 @@
 //! rate-limit headers and `Retry-After` carry.
 
 use std::cell::RefCell;
+use std::sync::LazyLock;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
@@ -46,10 +47,27 @@ const fn digits_of(n: u64) -> usize {
     }
 }
 
+/// The numbers below this have a header value made once, in [`VALUES`].
+const MADE: u64 = 256;
+
+/// The header values of 0 to [`MADE`] - 1: a copy of one costs no checking
+/// of its bytes. The `used` of a policy with a large capacity, and both
+/// figures of one with a small capacity, are mostly among them.
+static VALUES: LazyLock<[HeaderValue; MADE as usize]> =
+    LazyLock::new(|| std::array::from_fn(|n| sliced(n as u64)));
+
 /// `n` as a header value, without allocating: a number below 10,000 is a
 /// slice of the static table, a larger one is written into this thread's
 /// [arena](in_arena).
 pub(crate) fn number(n: u64) -> HeaderValue {
+    if let Some(value) = usize::try_from(n).ok().and_then(|n| VALUES.get(n)) {
+        return value.clone();
+    }
+    sliced(n)
+}
+
+/// [`number`], without [`VALUES`].
+fn sliced(n: u64) -> HeaderValue {
     if n < SMALL {
         let width = digits_of(n);
         let start = match width {
