@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use outbound::{Calls, Pacing, Partner, PartnerClient, PartnerLimits, PartnerQuota, Report};
+use outbound::{
+    Calls, DEFAULT_HEADROOM, Pacing, Partner, PartnerClient, PartnerLimits, PartnerQuota, Report,
+};
 use tollgate::{Jitter, Key, MemoryStore, SystemClock, Timestamp, TokioClock};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
@@ -53,6 +55,7 @@ async fn gcra_spends_the_day_exactly_at_the_peak_in_memory() {
             PartnerQuota::DEMO,
             Pacing::Gcra,
             Jitter::default(),
+            Duration::ZERO,
             store.clone(),
         )
         .unwrap()
@@ -84,7 +87,14 @@ async fn a_sliding_log_with_jitter_keeps_to_the_peak_in_memory() {
     let store = MemoryStore::builder().clock(clock).build().unwrap();
     let limits = |_| {
         let pacing = Pacing::SlidingLog;
-        PartnerLimits::new(PartnerQuota::DEMO, pacing, Jitter::default(), store.clone()).unwrap()
+        PartnerLimits::new(
+            PartnerQuota::DEMO,
+            pacing,
+            Jitter::default(),
+            Duration::ZERO,
+            store.clone(),
+        )
+        .unwrap()
     };
     let calls = two_instances(limits, || partner.clone(), 4, Duration::from_secs(60)).await;
     assert_eq!((calls.ok, calls.rejected, calls.failed), (500, 0, 0));
@@ -123,7 +133,14 @@ async fn two_instances_on_redis_keep_to_the_partners_limits_in_real_time() {
         stores.push(store);
     }
     let limits = |i: usize| {
-        PartnerLimits::new(quota, Pacing::Gcra, Jitter::default(), stores[i].clone()).unwrap()
+        PartnerLimits::new(
+            quota,
+            Pacing::Gcra,
+            Jitter::default(),
+            DEFAULT_HEADROOM,
+            stores[i].clone(),
+        )
+        .unwrap()
     };
     let client = || PartnerClient::new(&base).unwrap();
     let calls = two_instances(limits, client, 4, run).await;

@@ -15,7 +15,7 @@ mod pacing;
 mod partner;
 mod worker;
 
-pub use pacing::{Pacing, PartnerLimits, Stop};
+pub use pacing::{DEFAULT_HEADROOM, Pacing, PartnerLimits, Stop};
 pub use partner::{LIMIT_HEADER, Partner, PartnerLog, PartnerQuota};
 pub use worker::{Answer, CallPartner, Calls, PartnerClient, instance, work};
 

@@ -36,6 +36,11 @@ struct Args {
     /// `none`, or a percent of one interval after every refusal.
     #[arg(long, default_value = "bulk", value_parser = jitter)]
     jitter: Jitter,
+    /// Milliseconds added to the peak's period when pacing: how much the
+    /// delay between a call let through and its arrival at the partner
+    /// may vary before the partner sees one call too many in a second.
+    #[arg(long, default_value_t = outbound::DEFAULT_HEADROOM.as_millis() as u64)]
+    headroom_ms: u64,
     /// The partner's peak per second.
     #[arg(long, default_value_t = PartnerQuota::DEMO.peak)]
     peak: u64,
@@ -89,11 +94,22 @@ async fn main() -> ExitCode {
 
 type Error = Box<dyn std::error::Error>;
 
+/// How long a worker waits for a Redis decision before the limiters'
+/// failure policy (closed) applies.
+const JOB_DEADLINE: Duration = Duration::from_secs(1);
+
 /// One worker process: its workers, on one Redis connection, report their
 /// calls on standard output.
 async fn worker_process(args: &Args, partner: &str, account: &str) -> Result<bool, Error> {
-    let store = RedisStore::connect(&args.redis_url).await?;
-    let limits = PartnerLimits::new(args.quota(), args.pacing, args.jitter, store)?;
+    // A job can wait for Redis longer than a request path can: a reply
+    // that is late on a busy machine is still an answer, not a failure.
+    let store = RedisStore::builder()
+        .deadline(JOB_DEADLINE)
+        .response_timeout(JOB_DEADLINE)
+        .connect(args.redis_url.as_str())
+        .await?;
+    let headroom = std::time::Duration::from_millis(args.headroom_ms);
+    let limits = PartnerLimits::new(args.quota(), args.pacing, args.jitter, headroom, store)?;
     let client = PartnerClient::new(partner)?;
     let run = Duration::from_secs(args.seconds);
     let calls = outbound::instance(limits, Key::custom(account), client, args.workers, run).await;
@@ -121,11 +137,12 @@ async fn coordinate(args: &Args) -> Result<bool, Error> {
         quota.peak, quota.period, quota.daily
     );
     println!(
-        "{} processes x {} workers for {} s, pacing {}, jitter {}, Redis at {}",
+        "{} processes x {} workers for {} s, pacing {} with {} ms of headroom, jitter {}, Redis at {}",
         args.processes,
         args.workers,
         args.seconds,
         pacing_name(args.pacing),
+        args.headroom_ms,
         jitter_name(args.jitter),
         args.redis_url
     );
@@ -137,6 +154,7 @@ async fn coordinate(args: &Args) -> Result<bool, Error> {
             .args(["--seconds", &args.seconds.to_string()])
             .args(["--workers", &args.workers.to_string()])
             .args(["--jitter", &jitter_name(args.jitter)])
+            .args(["--headroom-ms", &args.headroom_ms.to_string()])
             .args(["--peak", &args.peak.to_string()])
             .args(["--daily", &args.daily.to_string()])
             .args(["--redis-url", &args.redis_url])

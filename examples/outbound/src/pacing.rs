@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, ConfigError, Jitter, Key, Limit, Outcome, Policy, RateLimiter, Store, WaitError,
+    Algorithm, ConfigError, FailureMode, Jitter, Key, Limit, Outcome, Policy, RateLimiter, Store,
+    WaitError,
 };
 
 use crate::partner::PartnerQuota;
@@ -34,6 +35,9 @@ pub enum Stop {
     Failed(String),
 }
 
+/// The headroom the demo paces with by default: see [`PartnerLimits::new`].
+pub const DEFAULT_HEADROOM: Duration = Duration::from_millis(100);
+
 /// The partner's limits at its own figures, on one store.
 #[derive(Debug, Clone)]
 pub struct PartnerLimits<St> {
@@ -47,7 +51,16 @@ pub struct PartnerLimits<St> {
 
 impl<St: Store + Clone> PartnerLimits<St> {
     /// The limits of `quota`, paced as `pacing`, on `store`, waking
-    /// waiters with `jitter`.
+    /// waiters with `jitter`, the peak spread over its period plus
+    /// `headroom`.
+    ///
+    /// A call reaches the partner some time after it is let through, and
+    /// that delay varies (scheduling, the network). Paced at the
+    /// partner's exact figure, two calls let through a period apart can
+    /// arrive less than a period apart, and the partner counts one more
+    /// than its peak in a window. `headroom` is how much the delay may
+    /// vary before that happens ([`DEFAULT_HEADROOM`]; `Duration::ZERO`
+    /// paces at the exact figure, for a partner on the same clock).
     ///
     /// # Errors
     ///
@@ -56,9 +69,10 @@ impl<St: Store + Clone> PartnerLimits<St> {
         quota: PartnerQuota,
         pacing: Pacing,
         jitter: Jitter,
+        headroom: Duration,
         store: St,
     ) -> Result<Self, ConfigError> {
-        let peak = Limit::new(quota.peak, quota.period)?;
+        let peak = Limit::new(quota.peak, quota.period.saturating_add(headroom))?;
         let day = Limit::per_day(quota.daily)?;
         let (peak, daily) = match pacing {
             Pacing::Gcra => {
@@ -68,7 +82,8 @@ impl<St: Store + Clone> PartnerLimits<St> {
                     .burst(1)
                     .build()?;
                 let daily = Policy::new("partner-day", Algorithm::FixedWindow, day)?;
-                let daily = RateLimiter::with_store(daily, store.clone());
+                let daily = RateLimiter::with_store(daily, store.clone())
+                    .on_store_error(FailureMode::Closed);
                 (peak, Some(daily))
             }
             Pacing::SlidingLog => {
@@ -81,7 +96,13 @@ impl<St: Store + Clone> PartnerLimits<St> {
             }
         };
         Ok(Self {
-            peak: RateLimiter::with_store(peak, store).jitter(jitter),
+            // A worker never calls the partner on a local guess: while
+            // the store cannot say, no call is let through (the worker
+            // asks again), since every process guessing alone would
+            // exceed the partner's limits together.
+            peak: RateLimiter::with_store(peak, store)
+                .jitter(jitter)
+                .on_store_error(FailureMode::Closed),
             daily,
             period: quota.period,
         })
