@@ -42,7 +42,11 @@
 //! contain one of the words (and the bare routes); `TOLLGATE_BENCH_ROUNDS`,
 //! `TOLLGATE_BENCH_SECONDS`, `TOLLGATE_BENCH_CONNECTIONS` and
 //! `TOLLGATE_BENCH_LEASE_MS` change the rounds, the seconds per run, wrk's
-//! connections and the lease interval.
+//! connections and the lease interval. `TOLLGATE_BENCH_WARMUP=<seconds>`
+//! runs wrk that long, unmeasured, before each measured run of a leased
+//! variant, so that it is measured with the leases a server serving that
+//! traffic holds rather than from cold keys (each run ends by giving every
+//! lease back); its store calls per request count the measured runs only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::net::SocketAddr;
@@ -61,7 +65,7 @@ mod plain_gcra;
 use plain_gcra::PlainGcraLayer;
 #[path = "http_layer/wrk.rs"]
 mod wrk;
-use wrk::{Run, connections, seconds, wrk};
+use wrk::{Run, connections, seconds, warm_up, wrk, wrk_for};
 
 const ROUNDS: usize = 3;
 
@@ -286,6 +290,9 @@ fn main() {
     };
     let rounds = tollgate_tests::bench_rounds(ROUNDS);
     let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
+    // Calls each leased store made during the measured runs: grants,
+    // decisions by Redis, returns.
+    let mut measured_calls: std::collections::HashMap<String, [u64; 3]> = Default::default();
     for round in 1..=rounds {
         // Each round starts one variant later, so that no variant always
         // follows the same one.
@@ -309,7 +316,23 @@ fn main() {
                         .spawn()
                         .expect("perf is installed (apt-get install linux-perf)")
                 });
+            let leased = leased_stores.iter().find(|(n, _)| n == name);
+            if let Some((_, store)) = leased.filter(|_| warm_up() > 0) {
+                // Leases size themselves to each key's rate: the measured
+                // run starts from what a server that has been serving
+                // this traffic holds.
+                wrk_for(*addr, script, warm_up());
+                runtime.block_on(store.wait_for_grants());
+            }
+            let calls_before = leased.map(|(_, store)| store.calls());
             let run = wrk(*addr, script, &redis);
+            if let (Some((_, store)), Some(before)) = (leased, calls_before) {
+                let after = store.calls();
+                let counted = measured_calls.entry(name.clone()).or_insert([0; 3]);
+                counted[0] += after.grants - before.grants;
+                counted[1] += after.direct - before.direct;
+                counted[2] += after.returns - before.returns;
+            }
             if let Some(mut perf) = perf {
                 perf.wait().expect("perf record ran");
             }
@@ -430,10 +453,13 @@ fn main() {
             continue;
         };
         let requests: f64 = runs[at].iter().map(|r| r.per_sec * seconds() as f64).sum();
+        let [grants, direct, returns] = measured_calls.get(name).copied().unwrap_or_default();
         let calls = store.calls();
         println!(
-            "{name}: {:.3} store calls per request ({} grants, {} decided by Redis, {} returns)",
-            calls.total() as f64 / requests,
+            "{name}: {:.3} store calls per request in the measured runs ({grants} grants, \
+             {direct} decided by Redis, {returns} returns); in all, with warm-ups and the \
+             returns after each run: {} grants, {} decided by Redis, {} returns",
+            (grants + direct + returns) as f64 / requests,
             calls.grants,
             calls.direct,
             calls.returns

@@ -105,16 +105,49 @@ pub(crate) fn connections() -> usize {
         .unwrap_or(CONNECTIONS)
 }
 
-pub(crate) fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
-    let redis_pid = redis.pid();
-    let mut con = redis.connection();
-    let calls_before = command_calls(&mut con, "evalsha");
-    let usec_before = command_stat(&mut con, "evalsha", "usec");
+/// Seconds of unmeasured load before each measured run of a leased
+/// variant: `TOLLGATE_BENCH_WARMUP`, or none.
+pub(crate) fn warm_up() -> u64 {
+    std::env::var("TOLLGATE_BENCH_WARMUP")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs wrk against `addr` for `seconds`, unmeasured.
+pub(crate) fn wrk_for(addr: SocketAddr, script: &str, seconds: u64) {
+    let path = script_file(script);
+    let status = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{}", connections()),
+            &format!("-d{seconds}s"),
+        ])
+        .arg("-s")
+        .arg(&path)
+        .arg(format!("http://{addr}/"))
+        .stdout(Stdio::null())
+        .status()
+        .expect("wrk is needed: apt-get install wrk");
+    assert!(status.success(), "wrk failed");
+}
+
+/// `script` in a file wrk can read.
+fn script_file(script: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("tollgate-bench-{}.lua", std::process::id()));
     std::fs::File::create(&path)
         .unwrap()
         .write_all(script.as_bytes())
         .unwrap();
+    path
+}
+
+pub(crate) fn wrk(addr: SocketAddr, script: &str, redis: &RedisServer) -> Run {
+    let redis_pid = redis.pid();
+    let mut con = redis.connection();
+    let calls_before = command_calls(&mut con, "evalsha");
+    let usec_before = command_stat(&mut con, "evalsha", "usec");
+    let path = script_file(script);
     let cpu_before = (cpu_us(std::process::id()), cpu_us(redis_pid));
     let machine_before = machine_ticks();
     let mut child = Command::new("wrk")

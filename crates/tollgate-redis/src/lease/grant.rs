@@ -24,6 +24,8 @@ impl<S: Store> Shared<S> {
             left: units,
             sent,
             expires: sent.saturating_add(micros(lifetime)),
+            began: sent,
+            first: 0,
             base,
             identity: identity(key, policy),
             key: key.clone(),
@@ -159,7 +161,7 @@ fn install(entry: &mut Entry, lease: Lease) -> Option<Lease> {
 
 impl<S: Store> LeasedStore<S> {
     /// Asks, in the background, for the next lease of the key of `hash`
-    /// when `entry`'s current one has spent half its units.
+    /// when `entry`'s current one has spent three quarters of its units.
     pub(super) fn ahead(&self, entry: &mut Entry, key: &Key, policy: &Policy, hash: u64, now: u64) {
         let shared = &self.shared;
         let Some(size) = entry.ahead(now, shared.interval, || shared.cap(policy)) else {

@@ -37,11 +37,12 @@ use telemetry::{Call, LeaseMetrics};
 /// **Adaptive size.** A key is decided by the store as usual until its
 /// rate is known (a whole [`interval`](LeasedStoreBuilder::interval) of
 /// its traffic, or sooner once it has seen a lease's worth); then each
-/// lease is sized to cover one interval of the key's traffic (after a
-/// lease, by how fast it was spent, at most twice the last size), and
-/// never more than a [`share`](LeasedStoreBuilder::share) of the limit's
-/// capacity. When half a lease is spent, the next one is asked for in the
-/// background, so that a hot key does not wait for it. A cold key, or one
+/// lease is sized to cover one and a half intervals of the key's traffic
+/// (after a lease, by how fast it was spent, at most twice the last
+/// size), and never more than a [`share`](LeasedStoreBuilder::share) of
+/// the limit's capacity. When three quarters of a lease are spent, the
+/// next one is asked for in the background, so that a hot key does not
+/// wait for it, and a lease is used up within its life of two intervals. A cold key, or one
 /// with fewer than four requests an interval, never gets a lease. A grant the store refuses (the key is near
 /// its limit) sizes the next one to what the store said remains, and the
 /// request is then decided by the store: near its limit, a key is decided

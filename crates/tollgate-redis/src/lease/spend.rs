@@ -20,6 +20,9 @@ enum Plan {
         low: bool,
     },
     Grant(u64),
+    /// Spent from the next lease, once the current one ended (boxed: the
+    /// plan is part of every request's future).
+    Spent(Box<Decision>),
     /// Waits for the grant on its way, then spends from it.
     Wait(Arc<tokio::sync::Notify>),
 }
@@ -94,27 +97,32 @@ impl<S: Store> Store for LeasedStore<S> {
                         self.ahead(entry, key, policy, hash, now);
                         return Ok(decision);
                     }
-                    let cap = shared.cap(policy);
-                    // Neither lease can serve the request: they end.
-                    if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
-                        ended.extend(entry.next.take());
-                    }
-                    match entry.lease.take() {
-                        Some(lease) => {
-                            entry.resize(&lease, now, shared.interval, cap);
-                            ended.push(lease);
-                        }
-                        None => entry.observe(cost, now, shared.interval, cap),
-                    }
-                    if let Some(waiting) = &entry.refilling {
-                        Plan::Wait(Arc::clone(waiting))
-                    } else if !shared.bus.listening() || !entry.worth_a_lease(cost, now) {
-                        Plan::Direct {
-                            low: entry.is_low(now),
-                        }
+                    if let Some(decision) = entry.promote(cost, now, &mut ended) {
+                        self.ahead(entry, key, policy, hash, now);
+                        Plan::Spent(Box::new(decision))
                     } else {
-                        entry.refilling = Some(Arc::default());
-                        Plan::Grant(entry.size)
+                        let cap = shared.cap(policy);
+                        // Neither lease can serve the request: they end.
+                        if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
+                            ended.extend(entry.next.take());
+                        }
+                        match entry.lease.take() {
+                            Some(lease) => {
+                                entry.resize(&lease, now, shared.interval, cap);
+                                ended.push(lease);
+                            }
+                            None => entry.observe(cost, now, shared.interval, cap),
+                        }
+                        if let Some(waiting) = &entry.refilling {
+                            Plan::Wait(Arc::clone(waiting))
+                        } else if !shared.bus.listening() || !entry.worth_a_lease(cost, now) {
+                            Plan::Direct {
+                                low: entry.is_low(now),
+                            }
+                        } else {
+                            entry.refilling = Some(Arc::default());
+                            Plan::Grant(entry.size)
+                        }
                     }
                 }
             }
@@ -143,6 +151,7 @@ impl<S: Store> Store for LeasedStore<S> {
                     })
                     .await
                 }
+                Plan::Spent(decision) => Ok(*decision),
                 Plan::Wait(grant) => {
                     Box::pin(shared.after_grant(key, policy, hash, cost, grant)).await
                 }

@@ -16,6 +16,11 @@ pub(crate) struct Lease {
     pub(crate) sent: u64,
     /// Local time (µs) from which the lease is no longer spent.
     pub(crate) expires: u64,
+    /// Local time (µs) of the first spend from the lease, and its cost:
+    /// the key's rate is measured from there, not from the ask (a lease
+    /// asked for ahead waits for the one before it).
+    pub(crate) began: u64,
+    pub(crate) first: u64,
     /// The store's answer to the grant.
     pub(crate) base: Decision,
     pub(crate) identity: [u8; 16],
@@ -28,6 +33,9 @@ impl Lease {
     /// time `now`: what the store said at the grant, plus the units this
     /// lease still holds, with reset times counted down since.
     pub(crate) fn spend(&mut self, cost: u64, now: u64) -> Decision {
+        if self.left == self.granted {
+            (self.began, self.first) = (now, cost);
+        }
         self.left -= cost;
         let elapsed = now.saturating_sub(self.sent);
         let statuses = self.base.limits().iter().map(|s| {
@@ -52,14 +60,16 @@ impl Lease {
     }
 
     /// The size of the lease after this one at `now`: the units this one
-    /// saw spent since it was asked for, scaled to one `interval`, at most
-    /// twice its size and at most `cap`.
+    /// saw spent after its first spend, scaled to one lease's span of
+    /// `interval` ([`covering`]), at most twice its size and at most `cap`.
     pub(crate) fn next_size(&self, now: u64, interval: Duration, cap: u64) -> u64 {
         let used = self.granted - self.left;
-        let elapsed = now.saturating_sub(self.sent).max(1);
-        let per_interval = u128::from(used) * interval.as_micros() / u128::from(elapsed);
-        u64::try_from(per_interval)
-            .unwrap_or(u64::MAX)
+        let (units, since) = if used > self.first {
+            (used - self.first, self.began)
+        } else {
+            (used, self.sent)
+        };
+        covering(units, now.saturating_sub(since), interval)
             .min(self.granted.saturating_mul(2))
             .min(cap)
     }
@@ -70,6 +80,22 @@ impl Lease {
             tollgate_core::Settlement::new(self.granted, self.granted - self.left, self.base.now())
         })
     }
+}
+
+/// The units a lease should hold for a key that spent `cost` in `elapsed`
+/// µs: what it spends in one and a half `interval`s at that rate.
+///
+/// A lease's life is two intervals from its ask, and the next one is
+/// asked for when three quarters of the current one are spent, so it
+/// waits unspent for a quarter of the current one's span: at the key's
+/// rate, a lease of `x` intervals is used up by `x / 4 + x` intervals
+/// after its ask, within its life up to `x = 1.6`. One and a half leaves a
+/// margin for a rate that wavers, and takes a third fewer grants than a
+/// lease of one interval.
+fn covering(cost: u64, elapsed: u64, interval: Duration) -> u64 {
+    let span = interval.as_micros().saturating_mul(3) / 2;
+    let units = u128::from(cost).saturating_mul(span) / u128::from(elapsed.max(1));
+    u64::try_from(units).unwrap_or(u64::MAX)
 }
 
 /// The fewest units a lease holds beyond the request that asks for it: a
@@ -92,9 +118,9 @@ pub(crate) struct Entry {
     pub(crate) refilling: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// The lease being spent.
     pub(crate) lease: Option<Lease>,
-    /// The lease granted ahead, while the current one still held half its
-    /// units: spent once the current one is used up, so that a hot key
-    /// never waits for a grant.
+    /// The lease granted ahead, once three quarters of the current one
+    /// were spent: spent once the current one is used up, so that a hot
+    /// key never waits for a grant.
     pub(crate) next: Option<Lease>,
     /// Local time (µs) until which the store's last answer says the key
     /// holds too little for a lease (0: not known to be low). Until then
@@ -140,7 +166,7 @@ impl Entry {
 
     /// Counts a request of `cost` decided by the store at `now`, and
     /// sizes the next lease: once a whole `interval` has passed, to the
-    /// cost the key spent in it; before that, to the cost seen so far
+    /// key's rate over it ([`covering`]); before that, to the cost seen so far
     /// once it is a lease's worth ([`LEASE_MIN_SPARE`] beyond one request),
     /// so that a key busy from its start does not wait a whole interval.
     /// Two close requests of a cold key are no rate.
@@ -148,9 +174,7 @@ impl Entry {
         self.span_cost = self.span_cost.saturating_add(cost);
         let elapsed = now.saturating_sub(self.span_start);
         if u128::from(elapsed) >= interval.as_micros() {
-            let per_interval =
-                u128::from(self.span_cost) * interval.as_micros() / u128::from(elapsed.max(1));
-            self.size = u64::try_from(per_interval).unwrap_or(u64::MAX).min(cap);
+            self.size = covering(self.span_cost, elapsed, interval).min(cap);
             self.span_start = now;
             self.span_cost = 0;
         } else if self.span_cost > cost + LEASE_MIN_SPARE {
@@ -175,10 +199,33 @@ impl Entry {
         None
     }
 
+    /// When neither lease could serve `cost` at `now` (see [`Self::spend`])
+    /// and the current one ended or holds too little while the next one
+    /// can: hands the current one to `ended`, to give back what it holds,
+    /// and spends from the next. Asking the store for another lease
+    /// instead would leave the next one waiting, unspent, to its end.
+    pub(crate) fn promote(
+        &mut self,
+        cost: u64,
+        now: u64,
+        ended: &mut Vec<Lease>,
+    ) -> Option<Decision> {
+        if !self
+            .next
+            .as_ref()
+            .is_some_and(|l| l.expires > now && l.left >= cost)
+        {
+            return None;
+        }
+        let next = self.next.take()?;
+        ended.extend(self.lease.replace(next));
+        self.lease.as_mut().map(|lease| lease.spend(cost, now))
+    }
+
     /// The size of a lease to ask for ahead of time at `now`, if the
-    /// current one has spent half its units and none is on its way: what
-    /// the current one saw spent, scaled to one `interval`, at most twice
-    /// its size.
+    /// current one has spent three quarters of its units and none is on
+    /// its way: what the current one saw spent, scaled to a lease's span
+    /// ([`Lease::next_size`]).
     pub(crate) fn ahead(
         &self,
         now: u64,
@@ -188,7 +235,7 @@ impl Entry {
         let lease = self.lease.as_ref()?;
         if self.next.is_some()
             || self.refilling.is_some()
-            || lease.left * 2 > lease.granted
+            || lease.left.saturating_mul(8) > lease.granted
             || self.is_low(now)
         {
             return None;

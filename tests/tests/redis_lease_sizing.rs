@@ -1,0 +1,145 @@
+//! How many calls leases take for a key at a steady rate, on real Redis:
+//! one grant per one and a half intervals of the key's traffic, nothing
+//! given back while the rate holds, and a lease that ends with units left
+//! hands over to the one asked for ahead rather than asking for another. Every unit
+//! stays counted: what was admitted plus what the leases hold is exactly
+//! what Redis counts as used.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use tollgate::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
+use tollgate_redis::{LeaseCalls, LeasedStore, RedisStore};
+use tollgate_tests::{require_redis, unique_prefix};
+
+const START: Timestamp = Timestamp::from_secs(1_700_000_000);
+const INTERVAL: Duration = Duration::from_millis(100);
+/// A fixed window of a day, far above the traffic: what Redis counts as
+/// used is exactly `LIMIT - remaining`.
+const LIMIT: u64 = 1_000_000;
+
+async fn leased(url: &str, test: &str, clock: &FakeClock) -> LeasedStore<RedisStore> {
+    let prefix = unique_prefix(test);
+    let redis = RedisStore::builder()
+        .prefix(prefix.clone())
+        .test_clock(clock.clone())
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .unwrap();
+    let leased = LeasedStore::builder()
+        .interval(INTERVAL)
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(redis, url)
+        .await
+        .unwrap();
+    assert!(leased.is_listening(), "subscribed to invalidations");
+    leased
+}
+
+/// One request every `gap` for `requests` requests, each admitted, each
+/// grant asked for ahead settled before time moves on.
+async fn steady(
+    store: &LeasedStore<RedisStore>,
+    clock: &FakeClock,
+    key: &Key,
+    policy: &Policy,
+    gap: Duration,
+    requests: u64,
+) {
+    for _ in 0..requests {
+        let decision = store.check(key, policy, 1).await.unwrap();
+        assert!(decision.is_allowed(), "{decision:?}");
+        store.wait_for_grants().await;
+        clock.advance(gap);
+    }
+}
+
+/// What Redis counts as used of `key` now.
+async fn used_in_redis(store: &LeasedStore<RedisStore>, key: &Key, policy: &Policy) -> u64 {
+    let status = store.get_ref().status(key, policy).await.unwrap();
+    LIMIT - status.remaining()
+}
+
+fn since(after: LeaseCalls, before: LeaseCalls) -> (u64, u64, u64) {
+    (
+        after.grants - before.grants,
+        after.direct - before.direct,
+        after.returns - before.returns,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_key_takes_one_grant_per_one_and_a_half_intervals() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let store = leased(&url, "lease-sizing", &clock).await;
+    let policy = Policy::new("sizing", Algorithm::FixedWindow, "1000000/day").unwrap();
+    let key = Key::user("steady");
+    // Ten requests an interval. Warming up: decided by Redis until the
+    // key has shown a lease's worth, then leases that grow to its rate.
+    let gap = INTERVAL / 10;
+    steady(&store, &clock, &key, &policy, gap, 100).await;
+    let warm = store.calls();
+    assert_eq!(
+        warm.direct, 4,
+        "four decided by Redis, then a lease: {warm:?}"
+    );
+
+    // Then 60 intervals at that rate: 600 requests in leases of 15, one
+    // and a half intervals each (one interval each took 60 grants).
+    steady(&store, &clock, &key, &policy, gap, 600).await;
+    let (grants, direct, returns) = since(store.calls(), warm);
+    assert_eq!((direct, returns), (0, 0), "all from leases, nothing back");
+    assert!(
+        (39..=41).contains(&grants),
+        "{grants} grants for 600 requests"
+    );
+
+    // Every admission and every unit held is counted in Redis.
+    assert_eq!(
+        used_in_redis(&store, &key, &policy).await,
+        700 + store.outstanding().1
+    );
+    store.return_leases().await;
+    assert_eq!(used_in_redis(&store, &key, &policy).await, 700);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_ends_with_units_left_hands_over_to_the_one_asked_for_ahead() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let store = leased(&url, "lease-handover", &clock).await;
+    let policy = Policy::new("handover", Algorithm::FixedWindow, "1000000/day").unwrap();
+    let key = Key::user("pausing");
+    let gap = INTERVAL / 10;
+    steady(&store, &clock, &key, &policy, gap, 100).await;
+    // On until the next lease has just been asked for, ahead.
+    let mut requests = 100;
+    while store.outstanding().0 < 2 {
+        steady(&store, &clock, &key, &policy, gap, 1).await;
+        requests += 1;
+        assert!(requests < 200, "no lease asked for ahead");
+    }
+    // The key pauses until the current lease has ended, with units
+    // left, and the next one, asked for a request later, has not.
+    clock.advance(2 * INTERVAL - gap - Duration::from_millis(1));
+    let before = store.calls();
+    let held = store.outstanding().1;
+    steady(&store, &clock, &key, &policy, gap, 1).await;
+    requests += 1;
+    let (grants, direct, returns) = since(store.calls(), before);
+    assert_eq!(
+        (grants, direct, returns),
+        (0, 0, 1),
+        "spent from the next lease, the ended one given back"
+    );
+    let (leases, after) = store.outstanding();
+    assert_eq!(leases, 1, "the next lease is now the current one");
+    assert!(after < held - 1, "the ended lease's units went back");
+    assert_eq!(used_in_redis(&store, &key, &policy).await, requests + after);
+    store.return_leases().await;
+    assert_eq!(used_in_redis(&store, &key, &policy).await, requests);
+}
