@@ -124,10 +124,12 @@ async fn a_lease_that_ends_with_units_left_hands_over_to_the_one_asked_for_ahead
         assert!(requests < 200, "no lease asked for ahead");
     }
     // The key pauses until the current lease has ended, with units
-    // left, and the next one, asked for a request later, has not.
-    clock.advance(2 * INTERVAL - gap - Duration::from_millis(1));
+    // left, and the next one, asked for a request later, has not. (Read
+    // before the pause: from then on, the store's sweep may give the
+    // ended lease back first; the next one takes over either way.)
     let before = store.calls();
     let held = store.outstanding().1;
+    clock.advance(2 * INTERVAL - gap - Duration::from_millis(1));
     steady(&store, &clock, &key, &policy, gap, 1).await;
     requests += 1;
     let (grants, direct, returns) = since(store.calls(), before);

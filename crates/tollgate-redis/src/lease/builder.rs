@@ -37,8 +37,9 @@ impl Default for LeasedStoreBuilder {
 }
 
 impl LeasedStoreBuilder {
-    /// How much of a key's traffic one lease covers (default 1 s). A
-    /// lease lives twice as long before its unused part goes back.
+    /// The lease interval (default 1 s): a lease covers one and a half
+    /// intervals of its key's traffic, and lives two before its unused
+    /// part goes back.
     /// Longer intervals mean fewer calls to the store and more units held
     /// by each instance.
     pub fn interval(mut self, interval: Duration) -> Self {

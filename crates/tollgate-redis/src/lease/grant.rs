@@ -12,8 +12,17 @@ use crate::algorithm::Leasing;
 
 impl<S: Store> Shared<S> {
     /// A lease of `units`, granted by the store's answer `base` to a grant
-    /// asked for at local time `sent`.
-    fn lease(&self, key: &Key, policy: &Policy, base: Decision, units: u64, sent: u64) -> Lease {
+    /// asked for at local time `sent`; `capped` when its size was held to
+    /// the limit's share.
+    fn lease(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        base: Decision,
+        units: u64,
+        sent: u64,
+        capped: bool,
+    ) -> Lease {
         let lifetime = Leasing::of(policy).lifetime(
             policy,
             &base,
@@ -26,6 +35,7 @@ impl<S: Store> Shared<S> {
             expires: sent.saturating_add(micros(lifetime)),
             began: sent,
             first: 0,
+            capped,
             base,
             identity: identity(key, policy),
             key: key.clone(),
@@ -111,7 +121,8 @@ impl<S: Store> Shared<S> {
             }
             answer
         };
-        let mut lease = self.lease(key, policy, base, size - cost, sent);
+        let capped = size >= self.cap(policy);
+        let mut lease = self.lease(key, policy, base, size - cost, sent, capped);
         let decision = lease.spend(0, sent);
         let unkept = {
             let mut shard = self.table.shard(hash);
@@ -161,7 +172,8 @@ fn install(entry: &mut Entry, lease: Lease) -> Option<Lease> {
 
 impl<S: Store> LeasedStore<S> {
     /// Asks, in the background, for the next lease of the key of `hash`
-    /// when `entry`'s current one has spent three quarters of its units.
+    /// when `entry`'s current one has spent enough of its units
+    /// ([`Entry::ahead`]).
     pub(super) fn ahead(&self, entry: &mut Entry, key: &Key, policy: &Policy, hash: u64, now: u64) {
         let shared = &self.shared;
         let Some(size) = entry.ahead(now, shared.interval, || shared.cap(policy)) else {
@@ -174,14 +186,11 @@ impl<S: Store> LeasedStore<S> {
             return;
         }
         entry.refilling = Some(Arc::default());
-        let (shared, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
-        shared.ahead.fetch_add(1, Ordering::AcqRel);
-        runtime.spawn(async move {
+        let (asking, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
+        shared.in_background(&runtime, async move {
             // A failure leaves the current lease going; the request that
             // finds it used up meets the store's error itself.
-            let _ = shared.grant(&key, &policy, hash, size, 0, now).await;
-            shared.ahead.fetch_sub(1, Ordering::AcqRel);
-            shared.ahead_done.notify_waiters();
+            let _ = asking.grant(&key, &policy, hash, size, 0, now).await;
         });
     }
 }

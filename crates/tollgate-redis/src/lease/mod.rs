@@ -40,10 +40,11 @@ use telemetry::{Call, LeaseMetrics};
 /// lease is sized to cover one and a half intervals of the key's traffic
 /// (after a lease, by how fast it was spent, at most twice the last
 /// size), and never more than a [`share`](LeasedStoreBuilder::share) of
-/// the limit's capacity. When three quarters of a lease are spent, the
+/// the limit's capacity. When seven eighths of a lease are spent, the
 /// next one is asked for in the background, so that a hot key does not
 /// wait for it, and a lease is used up within its life of two intervals. A cold key, or one
-/// with fewer than four requests an interval, never gets a lease. A grant the store refuses (the key is near
+/// with fewer than four requests in one and a half intervals, never gets a
+/// lease. A grant the store refuses (the key is near
 /// its limit) sizes the next one to what the store said remains, and the
 /// request is then decided by the store: near its limit, a key is decided
 /// exactly as without leases.
@@ -157,7 +158,8 @@ struct Shared<S> {
     /// The calls by policy and the leases held, through the `metrics`
     /// facade.
     metrics: LeaseMetrics,
-    /// Grants asked for ahead of time and not yet answered.
+    /// Work in the background not yet done: grants asked for ahead of
+    /// time, and leases being given back.
     ahead: AtomicU64,
     ahead_done: tokio::sync::Notify,
 }
@@ -216,7 +218,8 @@ impl<S: Store> LeasedStore<S> {
     }
 
     /// Waits until no lease this instance asked for ahead of time (while
-    /// a hot key's current one was being spent) is still on its way.
+    /// a hot key's current one was being spent) is still on its way, and
+    /// every lease it is giving back in the background is back.
     pub async fn wait_for_grants(&self) {
         let shared = &self.shared;
         loop {
@@ -258,6 +261,22 @@ impl<S: Store> Shared<S> {
             .map(|p| p.capacity / self.share)
             .min()
             .unwrap_or(0)
+    }
+
+    /// Runs `work` on `runtime`, counted until it ends (see
+    /// [`LeasedStore::wait_for_grants`]).
+    fn in_background(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        work: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.ahead.fetch_add(1, Ordering::AcqRel);
+        let shared = Arc::clone(self);
+        runtime.spawn(async move {
+            work.await;
+            shared.ahead.fetch_sub(1, Ordering::AcqRel);
+            shared.ahead_done.notify_waiters();
+        });
     }
 
     async fn give_back(&self, ended: Vec<Lease>) {

@@ -127,6 +127,12 @@ impl<S: Store> Store for LeasedStore<S> {
                 }
             }
         };
+        if let (Plan::Spent(_), Ok(runtime)) = (&plan, tokio::runtime::Handle::try_current()) {
+            // Decided here: the ended lease goes back in the background,
+            // not on this request's time.
+            let (giving, ended) = (Arc::clone(shared), std::mem::take(&mut ended));
+            shared.in_background(&runtime, async move { giving.give_back(ended).await });
+        }
         // The rare paths are boxed, so that the common one, a request the
         // store decides, carries a future no larger than the store's.
         let deciding = async {

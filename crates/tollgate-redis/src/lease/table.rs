@@ -21,6 +21,9 @@ pub(crate) struct Lease {
     /// asked for ahead waits for the one before it).
     pub(crate) began: u64,
     pub(crate) first: u64,
+    /// Held to the limit's share: shorter than a lease's span at the
+    /// key's rate, so the next one is asked for sooner.
+    pub(crate) capped: bool,
     /// The store's answer to the grant.
     pub(crate) base: Decision,
     pub(crate) identity: [u8; 16],
@@ -86,12 +89,15 @@ impl Lease {
 /// µs: what it spends in one and a half `interval`s at that rate.
 ///
 /// A lease's life is two intervals from its ask, and the next one is
-/// asked for when three quarters of the current one are spent, so it
-/// waits unspent for a quarter of the current one's span: at the key's
-/// rate, a lease of `x` intervals is used up by `x / 4 + x` intervals
-/// after its ask, within its life up to `x = 1.6`. One and a half leaves a
-/// margin for a rate that wavers, and takes a third fewer grants than a
-/// lease of one interval.
+/// asked for when seven eighths of the current one are spent, so it
+/// waits unspent for an eighth of the current one's span: at the key's
+/// rate, a lease of `x` intervals is used up by `x + x / 8` intervals
+/// after its ask, within its life up to `x = 16 / 9`. One and a half
+/// leaves a margin for a rate that wavers, and takes a third fewer grants
+/// than a lease of one interval. The eighth left when the next one is
+/// asked for lasts nearly a fifth of an interval at the key's rate (less
+/// for a lease held to its share of the limit): far longer than a round
+/// trip, so a hot key does not wait for its next lease.
 fn covering(cost: u64, elapsed: u64, interval: Duration) -> u64 {
     let span = interval.as_micros().saturating_mul(3) / 2;
     let units = u128::from(cost).saturating_mul(span) / u128::from(elapsed.max(1));
@@ -118,7 +124,7 @@ pub(crate) struct Entry {
     pub(crate) refilling: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// The lease being spent.
     pub(crate) lease: Option<Lease>,
-    /// The lease granted ahead, once three quarters of the current one
+    /// The lease granted ahead, once seven eighths of the current one
     /// were spent: spent once the current one is used up, so that a hot
     /// key never waits for a grant.
     pub(crate) next: Option<Lease>,
@@ -177,7 +183,7 @@ impl Entry {
             self.size = covering(self.span_cost, elapsed, interval).min(cap);
             self.span_start = now;
             self.span_cost = 0;
-        } else if self.span_cost > cost + LEASE_MIN_SPARE {
+        } else if self.span_cost > cost.saturating_add(LEASE_MIN_SPARE) {
             self.size = self.size.max(self.span_cost.min(cap));
         }
     }
@@ -190,8 +196,8 @@ impl Entry {
             return Some(lease.spend(cost, now));
         }
         // A used-up lease has nothing to give back: the next one takes
-        // its place here. One with units left goes back first, by the
-        // caller.
+        // its place here. One with units left goes back first, through
+        // `promote`.
         if self.lease.as_ref().is_none_or(|l| l.left == 0) && self.next.as_ref().is_some_and(live) {
             let next = self.next.take()?;
             return Some(self.lease.insert(next).spend(cost, now));
@@ -223,8 +229,8 @@ impl Entry {
     }
 
     /// The size of a lease to ask for ahead of time at `now`, if the
-    /// current one has spent three quarters of its units and none is on
-    /// its way: what the current one saw spent, scaled to a lease's span
+    /// current one has spent seven eighths of its units (half, if it was
+    /// held to its share of the limit) and none is on its way: what the current one saw spent, scaled to a lease's span
     /// ([`Lease::next_size`]).
     pub(crate) fn ahead(
         &self,
@@ -233,9 +239,12 @@ impl Entry {
         cap: impl FnOnce() -> u64,
     ) -> Option<u64> {
         let lease = self.lease.as_ref()?;
+        // A lease held to its share lasts less than a lease's span at the
+        // key's rate: the next one is asked for at half, not seven eighths.
+        let ask_at = if lease.capped { 2 } else { 8 };
         if self.next.is_some()
             || self.refilling.is_some()
-            || lease.left.saturating_mul(8) > lease.granted
+            || lease.left.saturating_mul(ask_at) > lease.granted
             || self.is_low(now)
         {
             return None;
