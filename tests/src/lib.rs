@@ -7,6 +7,7 @@
 #![allow(clippy::panic)] // test helpers fail loudly, naming what is missing
 
 mod cluster;
+mod leases;
 mod sentinel;
 mod server;
 mod stall;
@@ -14,6 +15,7 @@ mod stall;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use cluster::RedisCluster;
+pub use leases::leased_store;
 pub use sentinel::RedisSentinel;
 pub use server::RedisServer;
 pub use stall::StallMeter;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tollgate::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
 use tollgate_redis::{LeaseCalls, LeasedStore, RedisStore};
-use tollgate_tests::{require_redis, unique_prefix};
+use tollgate_tests::{leased_store, require_redis, unique_prefix};
 
 const START: Timestamp = Timestamp::from_secs(1_700_000_000);
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -19,24 +19,7 @@ const INTERVAL: Duration = Duration::from_millis(100);
 const LIMIT: u64 = 1_000_000;
 
 async fn leased(url: &str, test: &str, clock: &FakeClock) -> LeasedStore<RedisStore> {
-    let prefix = unique_prefix(test);
-    let redis = RedisStore::builder()
-        .prefix(prefix.clone())
-        .test_clock(clock.clone())
-        .deadline(Duration::from_secs(5))
-        .response_timeout(Duration::from_secs(5))
-        .connect(url)
-        .await
-        .unwrap();
-    let leased = LeasedStore::builder()
-        .interval(INTERVAL)
-        .channel(format!("{prefix}:leases"))
-        .test_clock(clock.clone())
-        .connect(redis, url)
-        .await
-        .unwrap();
-    assert!(leased.is_listening(), "subscribed to invalidations");
-    leased
+    leased_store(url, &unique_prefix(test), clock, INTERVAL, 16, 0).await
 }
 
 /// One request every `gap` for `requests` requests, each admitted, each

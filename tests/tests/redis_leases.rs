@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use tollgate::{Algorithm, FailureMode, FakeClock, FallbackStore, Key, Policy, Store, Timestamp};
 use tollgate_redis::{LeasedStore, RedisStore};
-use tollgate_tests::{RedisServer, require_redis, unique_prefix};
+use tollgate_tests::{RedisServer, leased_store, require_redis, unique_prefix};
 
 const START: Timestamp = Timestamp::from_secs(1_700_000_000);
 
@@ -28,28 +28,8 @@ async fn instances(
     let prefix = unique_prefix(test);
     let mut stores = Vec::new();
     for _ in 0..n {
-        // A generous deadline: on a busy machine a slow answer must not
-        // read as a Redis failure (the failure test kills its Redis, which
-        // fails at once).
-        let redis = RedisStore::builder()
-            .prefix(prefix.clone())
-            .test_clock(clock.clone())
-            .deny_cache(deny_cache)
-            .deadline(Duration::from_secs(5))
-            .response_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await
-            .unwrap();
-        let leased = LeasedStore::builder()
-            .interval(Duration::from_millis(8))
-            .share(share)
-            .channel(format!("{prefix}:leases"))
-            .test_clock(clock.clone())
-            .connect(redis, url)
-            .await
-            .unwrap();
-        assert!(leased.is_listening(), "subscribed to invalidations");
-        stores.push(leased);
+        let interval = Duration::from_millis(8);
+        stores.push(leased_store(url, &prefix, clock, interval, share, deny_cache).await);
     }
     stores
 }
