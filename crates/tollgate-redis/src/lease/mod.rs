@@ -40,14 +40,15 @@ use telemetry::{Call, LeaseMetrics};
 /// lease is sized to cover one and a half intervals of the key's traffic
 /// (after a lease, by how fast it was spent, at most twice the last
 /// size), and never more than a [`share`](LeasedStoreBuilder::share) of
-/// the limit's capacity. When seven eighths of a lease are spent, the
-/// next one is asked for in the background, so that a hot key does not
-/// wait for it, and a lease is used up within its life of two intervals. A cold key, or one
-/// with fewer than four requests in one and a half intervals, never gets a
-/// lease. A grant the store refuses (the key is near
-/// its limit) sizes the next one to what the store said remains, and the
-/// request is then decided by the store: near its limit, a key is decided
-/// exactly as without leases.
+/// the limit's capacity. When seven eighths of a lease are spent (half,
+/// for a lease held to that share), the next one is asked for in the
+/// background, so that a hot key does not wait for it, and a lease is
+/// used up within its life of two intervals.
+/// A cold key, or one with fewer than four requests in one and a half
+/// intervals, never gets a lease. A grant the store refuses (the key is
+/// near its limit) sizes the next one to what the store said remains, and
+/// the request is then decided by the store: near its limit, a key is
+/// decided exactly as without leases.
 ///
 /// **Algorithms.** GCRA and the token bucket: units reserved early and
 /// spent later leave the key's traffic more conformant than the store saw
