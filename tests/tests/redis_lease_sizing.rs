@@ -1,9 +1,9 @@
 //! How many calls leases take for a key at a steady rate, on real Redis:
 //! one grant per one and a half intervals of the key's traffic, nothing
 //! given back while the rate holds, and a lease that ends with units left
-//! hands over to the one asked for ahead rather than asking for another. Every unit
-//! stays counted: what was admitted plus what the leases hold is exactly
-//! what Redis counts as used.
+//! hands over to the one asked for ahead rather than asking for another.
+//! Every unit stays counted: what was admitted plus what the leases hold
+//! is exactly what Redis counts as used.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::time::Duration;

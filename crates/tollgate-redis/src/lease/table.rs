@@ -172,9 +172,10 @@ impl Entry {
 
     /// Counts a request of `cost` decided by the store at `now`, and
     /// sizes the next lease: once a whole `interval` has passed, to the
-    /// key's rate over it ([`covering`]); before that, to the cost seen so far
-    /// once it is a lease's worth ([`LEASE_MIN_SPARE`] beyond one request),
-    /// so that a key busy from its start does not wait a whole interval.
+    /// key's rate over it ([`covering`]); before that, to the cost seen so
+    /// far once it is a lease's worth ([`LEASE_MIN_SPARE`] beyond one
+    /// request), so that a key busy from its start does not wait a whole
+    /// interval.
     /// Two close requests of a cold key are no rate.
     pub(crate) fn observe(&mut self, cost: u64, now: u64, interval: Duration, cap: u64) {
         self.span_cost = self.span_cost.saturating_add(cost);
@@ -230,7 +231,8 @@ impl Entry {
 
     /// The size of a lease to ask for ahead of time at `now`, if the
     /// current one has spent seven eighths of its units (half, if it was
-    /// held to its share of the limit) and none is on its way: what the current one saw spent, scaled to a lease's span
+    /// held to its share of the limit) and none is on its way: what the
+    /// current one saw spent, scaled to a lease's span
     /// ([`Lease::next_size`]).
     pub(crate) fn ahead(
         &self,
