@@ -26,6 +26,10 @@
 //!   keys`: the same layer with a `MemoryOverrides` source, empty (the
 //!   atomic check alone) or holding overrides of keys the bench never
 //!   sends (every request pays the table lookup, none is overridden);
+//! - `tollgate memory, decided on another task`: the same layer on a
+//!   memory store whose checks one other task decides, in batches, each
+//!   answered on a oneshot (`http_layer/hand_off.rs`): what waiting for a
+//!   reply costs in itself, without Redis, its socket or a script;
 //! - `tower_governor, with headers`: `tower_governor` 0.8 with
 //!   `use_headers()` (on an admitted request, `x-ratelimit-limit` and
 //!   `x-ratelimit-remaining`), keyed by the header as an owned `String`;
@@ -60,6 +64,9 @@ use tower::util::MapResponseLayer;
 
 mod common;
 use common::{header_key, per_key, route, tower_governor_app};
+#[path = "http_layer/hand_off.rs"]
+mod hand_off;
+use hand_off::HandOffStore;
 #[path = "http_layer/plain_gcra.rs"]
 mod plain_gcra;
 use plain_gcra::PlainGcraLayer;
@@ -216,6 +223,11 @@ fn main() {
                 (
                     format!("tollgate memory + 1,000 overrides of other keys, {dist}"),
                     serve(route().layer(layer().overrides(other_keys_overridden().await))).await,
+                    script,
+                ),
+                (
+                    format!("tollgate memory, decided on another task, {dist}"),
+                    serve(route().layer(layer().store(HandOffStore::spawn()))).await,
                     script,
                 ),
                 (
