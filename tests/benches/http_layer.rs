@@ -28,8 +28,8 @@
 //!   sends (every request pays the table lookup, none is overridden);
 //! - `tollgate memory, decided on another task`: the same layer on a
 //!   memory store whose checks one other task decides, in batches, each
-//!   answered on a oneshot (`http_layer/hand_off.rs`): what waiting for a
-//!   reply costs in itself, without Redis, its socket or a script;
+//!   answered on a oneshot (`http_layer/hand_off.rs`): what a hand-off to
+//!   another task costs in itself, without Redis, its socket or a script;
 //! - `tower_governor, with headers`: `tower_governor` 0.8 with
 //!   `use_headers()` (on an admitted request, `x-ratelimit-limit` and
 //!   `x-ratelimit-remaining`), keyed by the header as an owned `String`;

@@ -1,11 +1,12 @@
-//! The floor under any store that waits for a reply: the memory store,
-//! decided on another task. Each `check` hands its request to one task,
-//! which takes every request queued since it last ran (up to 64, as a
-//! batch call would), decides each in memory and answers each on a
-//! oneshot, as the Redis store's batch task does with a reply. There is
-//! no I/O: beside the memory layer, this variant costs what waiting
-//! itself costs, the hand-over and the two wake-ups, and beside the Redis
-//! store, it leaves what Redis, its socket and the script cost.
+//! The floor of a task hand-off: the memory store, decided on another
+//! task. Each `check` hands its request to one task, which takes every
+//! request queued since it last ran (up to 64, as a batch call would),
+//! decides each in memory and answers each on a oneshot, as redis-rs's
+//! connection task answers a call. There is no I/O, and the answer comes
+//! in the same turn of the scheduler, so no worker parks for it. Beside
+//! the memory layer, this variant costs what the hand-off and its two
+//! wake-ups cost; beside the Redis store, it leaves what Redis, its socket
+//! and the script cost.
 
 use std::time::Duration;
 
@@ -31,6 +32,8 @@ impl HandOffStore {
             let mut batch = Vec::with_capacity(64);
             while requests.recv_many(&mut batch, 64).await > 0 {
                 for (key, policy, cost, reply) in batch.drain(..) {
+                    // The memory store always decides at once; `check` is
+                    // there for the type's sake.
                     let decision = match decider.try_check_now(&key, &policy, cost) {
                         Some(decision) => decision,
                         None => decider.check(&key, &policy, cost).await,
