@@ -6,6 +6,7 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum_app::{AppConfig, app};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,6 +48,7 @@ async fn serve() -> SocketAddr {
     let url = require_redis().await;
     let store = RedisStore::builder()
         .prefix(unique_prefix("hostile"))
+        .deadline(Duration::from_secs(2))
         .connect(url.as_str())
         .await
         .unwrap();

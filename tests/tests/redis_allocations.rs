@@ -3,6 +3,8 @@
 //! one thread, so the connection's own task is counted too).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+use std::time::Duration;
+
 use tollgate_core::{Algorithm, Key, Policy, Store};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
@@ -29,6 +31,7 @@ fn a_decision_sent_alone_allocates_eight_times() {
         .block_on(
             RedisStore::builder()
                 .prefix(unique_prefix("allocations"))
+                .deadline(Duration::from_secs(2))
                 .connect(url.as_str()),
         )
         .unwrap();

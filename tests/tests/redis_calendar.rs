@@ -224,6 +224,7 @@ async fn settle_status_carry_over_block_and_reset_meet_on_memory_and_redis() {
     features_meet(&memory, &clock).await;
     let redis = RedisStore::builder()
         .prefix(unique_prefix("calendar-features"))
+        .deadline(Duration::from_secs(2))
         .test_clock(clock.clone())
         .connect(url.as_str())
         .await

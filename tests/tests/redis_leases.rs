@@ -294,6 +294,7 @@ async fn an_exhausted_key_costs_no_more_redis_calls_than_without_leases() {
     let key = Key::user("hot");
     let plain = RedisStore::builder()
         .prefix(unique_prefix("plain-spent"))
+        .deadline(Duration::from_secs(2))
         .test_clock(clock.clone())
         .connect(url.as_str())
         .await

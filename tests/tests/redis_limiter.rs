@@ -72,6 +72,7 @@ async fn an_operator_reset_lets_a_spent_key_in_at_once_and_status_changes_nothin
     let url = tollgate_tests::require_redis().await;
     let store = RedisStore::builder()
         .prefix(tollgate_tests::unique_prefix("limiter-reset"))
+        .deadline(Duration::from_secs(2))
         .connect(url.as_str())
         .await
         .unwrap();
@@ -124,6 +125,7 @@ async fn settle_and_block_give_the_same_exact_answers_on_memory_and_redis() {
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let redis = RedisStore::builder()
         .prefix(tollgate_tests::unique_prefix("limiter-ops"))
+        .deadline(Duration::from_secs(2))
         .test_clock(clock.clone())
         .connect(url.as_str())
         .await

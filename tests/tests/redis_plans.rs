@@ -31,6 +31,7 @@ async fn each_plan_has_its_own_limit_on_redis() {
     let url = require_redis().await;
     let store = RedisStore::builder()
         .prefix(unique_prefix("plans"))
+        .deadline(Duration::from_secs(2))
         .test_clock(FakeClock::new(Timestamp::from_secs(1_700_000_040)))
         .connect(url.as_str())
         .await
