@@ -36,7 +36,9 @@
 //! - `plain Redis GCRA script`: a layer a user would write first, one
 //!   `EVALSHA` of `straightforward_gcra.lua` per request on a redis-rs
 //!   `MultiplexedConnection`, with no headers: the reference of the Redis
-//!   variants (a private `redis-server` on loopback);
+//!   variants (a private `redis-server` on loopback); `on raw sockets`:
+//!   the same script, each request on a connection of its own, no client
+//!   library (`http_layer/plain_gcra.rs`);
 //! - `tollgate Redis`: `RateLimitLayer` on `RedisStore`;
 //! - `tollgate Redis + leases`: the same over a `LeasedStore`;
 //! - `tollgate memory, no headers` and `tower_governor, no headers`, with
@@ -57,7 +59,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use tollgate::{HeaderStyle, Key, MemoryOverrides, Override, OverrideStore, RateLimitLayer};
+use tollgate::{HeaderStyle, MemoryOverrides, RateLimitLayer};
 use tollgate_redis::{LeasedStore, RedisStore};
 use tollgate_tests::RedisServer;
 use tower::util::MapResponseLayer;
@@ -67,6 +69,9 @@ use common::{header_key, per_key, route, tower_governor_app};
 #[path = "http_layer/hand_off.rs"]
 mod hand_off;
 use hand_off::HandOffStore;
+#[path = "http_layer/overrides.rs"]
+mod overrides;
+use overrides::other_keys_overridden;
 #[path = "http_layer/plain_gcra.rs"]
 mod plain_gcra;
 use plain_gcra::PlainGcraLayer;
@@ -209,6 +214,7 @@ fn main() {
             leased_stores.push((format!("tollgate Redis + leases, {dist}"), leased.clone()));
             let layer = || RateLimitLayer::new(per_key(), header_key()).keep_body_type();
             let plain = PlainGcraLayer::connect(&url, &format!("bench-script-{i}:")).await;
+            let raw = PlainGcraLayer::connect_raw(&url, &format!("bench-raw-{i}:")).await;
             variants.extend([
                 (
                     format!("tollgate memory, {dist}"),
@@ -238,6 +244,11 @@ fn main() {
                 (
                     format!("plain Redis GCRA script, {dist}"),
                     serve(route().layer(plain)).await,
+                    script,
+                ),
+                (
+                    format!("plain Redis GCRA script on raw sockets, {dist}"),
+                    serve(route().layer(raw)).await,
                     script,
                 ),
                 (
@@ -479,19 +490,4 @@ fn main() {
     }
     drop(redis);
     runtime.shutdown_timeout(Duration::from_secs(1));
-}
-
-/// A source of overrides holding 1,000 overrides, none of a key the bench
-/// sends: every request pays the lookup, none is overridden.
-async fn other_keys_overridden() -> MemoryOverrides {
-    let overrides = MemoryOverrides::new();
-    let rule = Override::limit("1000000/min").unwrap();
-    for i in 0..1_000 {
-        let key = Key::header(format!("overridden-{i}"));
-        overrides
-            .set(&key, &per_key(), rule.clone(), None)
-            .await
-            .unwrap();
-    }
-    overrides
 }

@@ -3,11 +3,17 @@
 //! per request on a redis-rs `MultiplexedConnection`, keyed by the
 //! `Authorization` header. It adds no headers and answers 429 when the
 //! script denies.
+//!
+//! The same layer on raw sockets (`PlainGcraLayer::connect_raw`): each
+//! request takes a TCP connection of its own from a pool (opening one when
+//! none is free), writes its `EVALSHA` and reads the reply itself. No task
+//! sits between the request and the socket, and nothing is batched: the
+//! floor of a decision that crosses a socket, with no client library.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -15,6 +21,8 @@ use axum::response::{IntoResponse, Response};
 use http::header::AUTHORIZATION;
 use http::{Request, StatusCode};
 use redis::aio::MultiplexedConnection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tower::{Layer, Service};
 
 use crate::common::QUOTA;
@@ -25,9 +33,22 @@ const SCRIPT: &str = include_str!("../straightforward_gcra.lua");
 /// Makes [`PlainGcra`] services that share one connection and script.
 #[derive(Clone)]
 pub(crate) struct PlainGcraLayer {
-    connection: MultiplexedConnection,
+    transport: Transport,
     script: Arc<redis::Script>,
     prefix: Arc<str>,
+}
+
+/// How the requests reach Redis.
+#[derive(Clone)]
+enum Transport {
+    Multiplexed(MultiplexedConnection),
+    Raw(Arc<RawPool>),
+}
+
+/// Idle connections, and where to open more.
+struct RawPool {
+    address: String,
+    idle: Mutex<Vec<TcpStream>>,
 }
 
 impl PlainGcraLayer {
@@ -35,11 +56,91 @@ impl PlainGcraLayer {
     pub(crate) async fn connect(url: &str, prefix: &str) -> Self {
         let client = redis::Client::open(url).unwrap();
         Self {
-            connection: client.get_multiplexed_async_connection().await.unwrap(),
+            transport: Transport::Multiplexed(
+                client.get_multiplexed_async_connection().await.unwrap(),
+            ),
             script: Arc::new(redis::Script::new(SCRIPT)),
             prefix: Arc::from(prefix),
         }
     }
+
+    /// The same script on raw sockets, a connection per request in flight.
+    pub(crate) async fn connect_raw(url: &str, prefix: &str) -> Self {
+        let client = redis::Client::open(url).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let script = redis::Script::new(SCRIPT);
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(SCRIPT)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let address = url.trim_start_matches("redis://").trim_end_matches('/');
+        Self {
+            transport: Transport::Raw(Arc::new(RawPool {
+                address: address.to_owned(),
+                idle: Mutex::default(),
+            })),
+            script: Arc::new(script),
+            prefix: Arc::from(prefix),
+        }
+    }
+}
+
+impl RawPool {
+    /// Sends `command` on an idle connection (or a new one) and reads the
+    /// script's reply, `*3` and three integers: whether it admitted.
+    async fn admits(&self, command: &[u8]) -> std::io::Result<bool> {
+        let idle = self.idle.lock().unwrap().pop();
+        let mut stream = match idle {
+            Some(stream) => stream,
+            None => {
+                let stream = TcpStream::connect(&self.address).await?;
+                stream.set_nodelay(true)?;
+                stream
+            }
+        };
+        stream.write_all(command).await?;
+        let mut reply = [0u8; 128];
+        let mut read = 0;
+        // An array of three integers ends with its fourth CRLF; an error
+        // with its first.
+        loop {
+            let n = stream.read(&mut reply[read..]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            read += n;
+            let lines = reply[..read].windows(2).filter(|w| w == b"\r\n").count();
+            if reply[0] != b'*' && lines >= 1 {
+                return Err(std::io::Error::other("error reply"));
+            }
+            if lines >= 4 {
+                break;
+            }
+        }
+        self.idle.lock().unwrap().push(stream);
+        Ok(reply.starts_with(b"*3\r\n:1\r\n"))
+    }
+}
+
+/// `EVALSHA <sha> 1 <key> <interval> <burst> 1` in RESP.
+fn evalsha(sha: &str, key: &[u8], interval: &str, burst: &str) -> Vec<u8> {
+    let mut command = Vec::with_capacity(128 + key.len());
+    command.extend_from_slice(b"*7\r\n$7\r\nEVALSHA\r\n");
+    for part in [
+        sha.as_bytes(),
+        b"1",
+        key,
+        interval.as_bytes(),
+        burst.as_bytes(),
+        b"1",
+    ] {
+        command.extend_from_slice(format!("${}\r\n", part.len()).as_bytes());
+        command.extend_from_slice(part);
+        command.extend_from_slice(b"\r\n");
+    }
+    command
 }
 
 impl<S> Layer<S> for PlainGcraLayer {
@@ -80,23 +181,32 @@ where
             .headers()
             .get(AUTHORIZATION)
             .map(|value| [self.layer.prefix.as_bytes(), value.as_bytes()].concat());
-        let (mut connection, script) = (self.layer.connection.clone(), self.layer.script.clone());
+        let (transport, script) = (self.layer.transport.clone(), self.layer.script.clone());
         Box::pin(async move {
             let Some(key) = key else {
                 return Ok(StatusCode::BAD_REQUEST.into_response());
             };
             // Interval in µs, burst, cost.
-            let reply: redis::RedisResult<(i64, i64, i64)> = script
-                .key(key)
-                .arg(1_000_000 / QUOTA)
-                .arg(QUOTA)
-                .arg(1)
-                .invoke_async(&mut connection)
-                .await;
-            match reply {
-                Ok((1, _, _)) => inner.call(request).await,
-                Ok(_) => Ok(StatusCode::TOO_MANY_REQUESTS.into_response()),
-                Err(_) => Ok(StatusCode::INTERNAL_SERVER_ERROR.into_response()),
+            let admits = match transport {
+                Transport::Multiplexed(mut connection) => script
+                    .key(key)
+                    .arg(1_000_000 / QUOTA)
+                    .arg(QUOTA)
+                    .arg(1)
+                    .invoke_async::<(i64, i64, i64)>(&mut connection)
+                    .await
+                    .map(|(admitted, _, _)| admitted == 1)
+                    .map_err(|_| ()),
+                Transport::Raw(pool) => {
+                    let (interval, burst) = ((1_000_000 / QUOTA).to_string(), QUOTA.to_string());
+                    let command = evalsha(script.get_hash(), &key, &interval, &burst);
+                    pool.admits(&command).await.map_err(|_| ())
+                }
+            };
+            match admits {
+                Ok(true) => inner.call(request).await,
+                Ok(false) => Ok(StatusCode::TOO_MANY_REQUESTS.into_response()),
+                Err(()) => Ok(StatusCode::INTERNAL_SERVER_ERROR.into_response()),
             }
         })
     }
