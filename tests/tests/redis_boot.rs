@@ -167,6 +167,7 @@ async fn a_sentinel_store_built_before_its_sentinel_and_master_decides_through_t
     let builder = || {
         RedisStore::builder()
             .prefix(prefix.clone())
+            .deadline(Duration::from_secs(2))
             .connect_timeout(Duration::from_millis(200))
             .circuit_breaker(1_000, Duration::from_millis(50))
     };
@@ -192,6 +193,7 @@ async fn a_cluster_store_built_before_its_cluster_decides_through_it_once_up() {
     let builder = || {
         RedisStore::builder()
             .prefix(prefix.clone())
+            .deadline(Duration::from_secs(2))
             .connect_timeout(Duration::from_millis(200))
             .circuit_breaker(1_000, Duration::from_millis(50))
     };
