@@ -7,8 +7,8 @@
 //! The same layer on raw sockets (`PlainGcraLayer::connect_raw`): each
 //! request takes a TCP connection of its own from a pool (opening one when
 //! none is free), writes its `EVALSHA` and reads the reply itself. No task
-//! sits between the request and the socket, and nothing is batched: the
-//! floor of a decision that crosses a socket, with no client library.
+//! sits between the request and the socket, and nothing is batched or
+//! pipelined: a decision that crosses a socket with no client library.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -45,10 +45,15 @@ enum Transport {
     Raw(Arc<RawPool>),
 }
 
-/// Idle connections, and where to open more.
+/// Idle connections, where to open more, and the command's parts that
+/// do not change: all but the key.
 struct RawPool {
     address: String,
     idle: Mutex<Vec<TcpStream>>,
+    /// `EVALSHA <sha> 1`, as the array's first three bulk strings.
+    head: Vec<u8>,
+    /// `<interval> <burst> 1`, the last three.
+    tail: Vec<u8>,
 }
 
 impl PlainGcraLayer {
@@ -76,10 +81,22 @@ impl PlainGcraLayer {
             .await
             .unwrap();
         let address = url.trim_start_matches("redis://").trim_end_matches('/');
+        let sha = script.get_hash().as_bytes();
+        let (interval, burst) = ((1_000_000 / QUOTA).to_string(), QUOTA.to_string());
+        let mut head = b"*7\r\n".to_vec();
+        bulk(&mut head, b"EVALSHA");
+        bulk(&mut head, sha);
+        bulk(&mut head, b"1");
+        let mut tail = Vec::new();
+        bulk(&mut tail, interval.as_bytes());
+        bulk(&mut tail, burst.as_bytes());
+        bulk(&mut tail, b"1");
         Self {
             transport: Transport::Raw(Arc::new(RawPool {
                 address: address.to_owned(),
                 idle: Mutex::default(),
+                head,
+                tail,
             })),
             script: Arc::new(script),
             prefix: Arc::from(prefix),
@@ -88,9 +105,14 @@ impl PlainGcraLayer {
 }
 
 impl RawPool {
-    /// Sends `command` on an idle connection (or a new one) and reads the
-    /// script's reply, `*3` and three integers: whether it admitted.
-    async fn admits(&self, command: &[u8]) -> std::io::Result<bool> {
+    /// Sends the command for `key` on an idle connection (or a new one) and
+    /// reads the script's reply, `*3` and three integers: whether it
+    /// admitted.
+    async fn admits(&self, key: &[u8]) -> std::io::Result<bool> {
+        let mut command = Vec::with_capacity(self.head.len() + key.len() + 24 + self.tail.len());
+        command.extend_from_slice(&self.head);
+        bulk(&mut command, key);
+        command.extend_from_slice(&self.tail);
         let idle = self.idle.lock().unwrap().pop();
         let mut stream = match idle {
             Some(stream) => stream,
@@ -100,7 +122,7 @@ impl RawPool {
                 stream
             }
         };
-        stream.write_all(command).await?;
+        stream.write_all(&command).await?;
         let mut reply = [0u8; 128];
         let mut read = 0;
         // An array of three integers ends with its fourth CRLF; an error
@@ -124,23 +146,13 @@ impl RawPool {
     }
 }
 
-/// `EVALSHA <sha> 1 <key> <interval> <burst> 1` in RESP.
-fn evalsha(sha: &str, key: &[u8], interval: &str, burst: &str) -> Vec<u8> {
-    let mut command = Vec::with_capacity(128 + key.len());
-    command.extend_from_slice(b"*7\r\n$7\r\nEVALSHA\r\n");
-    for part in [
-        sha.as_bytes(),
-        b"1",
-        key,
-        interval.as_bytes(),
-        burst.as_bytes(),
-        b"1",
-    ] {
-        command.extend_from_slice(format!("${}\r\n", part.len()).as_bytes());
-        command.extend_from_slice(part);
-        command.extend_from_slice(b"\r\n");
-    }
-    command
+/// Appends `part` to `command` as a RESP bulk string.
+fn bulk(command: &mut Vec<u8>, part: &[u8]) {
+    command.push(b'$');
+    command.extend_from_slice(itoa::Buffer::new().format(part.len()).as_bytes());
+    command.extend_from_slice(b"\r\n");
+    command.extend_from_slice(part);
+    command.extend_from_slice(b"\r\n");
 }
 
 impl<S> Layer<S> for PlainGcraLayer {
@@ -197,11 +209,7 @@ where
                     .await
                     .map(|(admitted, _, _)| admitted == 1)
                     .map_err(|_| ()),
-                Transport::Raw(pool) => {
-                    let (interval, burst) = ((1_000_000 / QUOTA).to_string(), QUOTA.to_string());
-                    let command = evalsha(script.get_hash(), &key, &interval, &burst);
-                    pool.admits(&command).await.map_err(|_| ())
-                }
+                Transport::Raw(pool) => pool.admits(&key).await.map_err(|_| ()),
             };
             match admits {
                 Ok(true) => inner.call(request).await,
