@@ -128,3 +128,65 @@ async fn a_lease_that_ends_with_units_left_hands_over_to_the_one_asked_for_ahead
     store.return_leases().await;
     assert_eq!(used_in_redis(&store, &key, &policy).await, requests);
 }
+
+/// A request dropped while the grant it asked for is on its way (its
+/// client went away, or a timeout above the store gave up) leaves no
+/// request of the key waiting for that grant: the key's next requests are
+/// decided. The grant's units, counted by Redis and never spent, are the
+/// only ones lost: under-admission by one grant, never over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_its_grant_is_on_its_way_leaves_no_request_waiting() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let store = leased(&url, "lease-dropped", &clock).await;
+    let policy = Policy::new("dropped", Algorithm::FixedWindow, "1000000/day").unwrap();
+    let key = Key::user("leaving");
+    let gap = INTERVAL / 10;
+    // Four decided by Redis; the fifth asks for the key's first lease.
+    steady(&store, &clock, &key, &policy, gap, 4).await;
+    assert_eq!(store.calls().grants, 0);
+    let mut asking = Box::pin(store.check(&key, &policy, 1));
+    assert!(futures::poll!(asking.as_mut()).is_pending());
+    assert_eq!(
+        store.calls().grants,
+        1,
+        "the fifth request asked for a lease"
+    );
+    // Redis counts the grant; the request is dropped before it reads the
+    // answer.
+    let waited = std::time::Instant::now();
+    let granted = loop {
+        let used = used_in_redis(&store, &key, &policy).await;
+        if used > 4 {
+            break used - 4;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the grant never reached Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    drop(asking);
+    clock.advance(gap);
+
+    for _ in 0..100 {
+        let deciding = store.check(&key, &policy, 1);
+        let decision = tokio::time::timeout(Duration::from_secs(10), deciding)
+            .await
+            .expect("decided, not left waiting for the dropped request's grant")
+            .unwrap();
+        assert!(decision.is_allowed(), "{decision:?}");
+        store.wait_for_grants().await;
+        clock.advance(gap);
+    }
+    store.return_leases().await;
+    assert_eq!(
+        granted, 5,
+        "the key's first lease, as sized from four requests"
+    );
+    assert_eq!(
+        used_in_redis(&store, &key, &policy).await,
+        104 + granted,
+        "104 admitted, and the dropped grant's units, never spent"
+    );
+}

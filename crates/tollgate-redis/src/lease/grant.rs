@@ -86,7 +86,9 @@ impl<S: Store> Shared<S> {
     /// Asks for `size` units for the key of `hash`: `cost` of them for
     /// the request that asks (0 for a lease asked for ahead), the rest for
     /// a lease. The request's decision, or `None` when the store refused
-    /// the grant (the key is near its limit).
+    /// the grant (the key is near its limit). `waiting` is the key's
+    /// `refilling`, set by the caller under the shard's lock.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn grant(
         &self,
         key: &Key,
@@ -95,20 +97,26 @@ impl<S: Store> Shared<S> {
         size: u64,
         cost: u64,
         sent: u64,
+        waiting: Arc<tokio::sync::Notify>,
     ) -> Result<Option<Decision>, StoreError> {
+        // The requests waiting for this grant wake when it is settled, or
+        // when it is dropped on its way (the request that asked for it was
+        // dropped: its client went away, or a timeout gave up on it), and
+        // find the lease or go to the store. Made before the first await.
+        let settled = Settled {
+            shared: self,
+            hash,
+            waiting: Some(waiting),
+        };
         let generation = self.bus.generation.load(Ordering::Acquire);
         self.calls.grants.fetch_add(1, Ordering::Relaxed);
         self.metrics.count(super::Call::Grant, policy.name());
         let answer = self.store.check(key, policy, size).await;
-        // The requests waiting for this grant wake when it is settled
-        // (this returns), and find the lease or go to the store.
-        let _wake: Wake;
         let base = {
             let mut shard = self.table.shard(hash);
-            let mut entry = shard
+            let entry = shard
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint());
-            _wake = Wake(entry.as_mut().and_then(|e| e.refilling.take()));
             let answer = answer?;
             if let Some(entry) = entry {
                 entry.store_answered(&answer, self.now());
@@ -142,6 +150,7 @@ impl<S: Store> Shared<S> {
                 _ => Some(lease),
             }
         };
+        drop(settled);
         if let Some(lease) = unkept {
             self.give_back(vec![lease]).await;
         }
@@ -149,14 +158,35 @@ impl<S: Store> Shared<S> {
     }
 }
 
-/// Wakes the requests waiting for a grant when dropped.
-struct Wake(Option<Arc<tokio::sync::Notify>>);
+/// The grant on its way for the key of `hash`: the key's `refilling`,
+/// which requests that find no lease wait on. Dropped when the grant is
+/// settled, or with the grant's future, it ends the key's wait for it and
+/// wakes its waiters, so that no request of the key waits for a grant
+/// that will never come. (Its drop takes the key's shard lock: never
+/// dropped while the grant holds it.)
+struct Settled<'a, S> {
+    shared: &'a Shared<S>,
+    hash: u64,
+    waiting: Option<Arc<tokio::sync::Notify>>,
+}
 
-impl Drop for Wake {
+impl<S> Drop for Settled<'_, S> {
     fn drop(&mut self) {
-        if let Some(waiting) = &self.0 {
-            waiting.notify_waiters();
+        let Some(waiting) = self.waiting.take() else {
+            return;
+        };
+        {
+            let mut shard = self.shared.table.shard(self.hash);
+            if let Some(entry) = shard.get_mut(&self.hash)
+                && entry
+                    .refilling
+                    .as_ref()
+                    .is_some_and(|w| Arc::ptr_eq(w, &waiting))
+            {
+                entry.refilling = None;
+            }
         }
+        waiting.notify_waiters();
     }
 }
 
@@ -185,12 +215,15 @@ impl<S: Store> LeasedStore<S> {
         if !shared.bus.listening() {
             return;
         }
-        entry.refilling = Some(Arc::default());
+        let waiting = Arc::new(tokio::sync::Notify::new());
+        entry.refilling = Some(Arc::clone(&waiting));
         let (asking, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
         shared.in_background(&runtime, async move {
             // A failure leaves the current lease going; the request that
             // finds it used up meets the store's error itself.
-            let _ = asking.grant(&key, &policy, hash, size, 0, now).await;
+            let _ = asking
+                .grant(&key, &policy, hash, size, 0, now, waiting)
+                .await;
         });
     }
 }

@@ -16,10 +16,10 @@ use crate::algorithm::Leasing;
 /// What a request finds in the table.
 enum Plan {
     /// Asks the store; `low` when the store last found the key low.
-    Direct {
-        low: bool,
-    },
-    Grant(u64),
+    Direct { low: bool },
+    /// Asks for a lease of this size; the key waits on the notify until
+    /// the grant is settled.
+    Grant(u64, Arc<tokio::sync::Notify>),
     /// Spent from the next lease, once the current one ended (boxed: the
     /// plan is part of every request's future).
     Spent(Box<Decision>),
@@ -120,8 +120,9 @@ impl<S: Store> Store for LeasedStore<S> {
                                 low: entry.is_low(now),
                             }
                         } else {
-                            entry.refilling = Some(Arc::default());
-                            Plan::Grant(entry.size)
+                            let waiting = Arc::new(tokio::sync::Notify::new());
+                            entry.refilling = Some(Arc::clone(&waiting));
+                            Plan::Grant(entry.size, waiting)
                         }
                     }
                 }
@@ -148,9 +149,12 @@ impl<S: Store> Store for LeasedStore<S> {
                     }
                     decided
                 }
-                Plan::Grant(size) => {
+                Plan::Grant(size, waiting) => {
                     Box::pin(async {
-                        match shared.grant(key, policy, hash, size, cost, now).await? {
+                        match shared
+                            .grant(key, policy, hash, size, cost, now, waiting)
+                            .await?
+                        {
                             Some(decision) => Ok(decision),
                             None => shared.direct(key, policy, cost).await,
                         }
