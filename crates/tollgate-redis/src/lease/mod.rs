@@ -99,6 +99,14 @@ use telemetry::{Call, LeaseMetrics};
 /// layer's [`FailureMode`](https://docs.rs/tollgate/latest/tollgate/enum.FailureMode.html)
 /// applies.
 ///
+/// **Cancellation.** The requests of a key that find no lease while a
+/// grant is on its way wait for that grant. A request dropped while its
+/// own grant is on its way (its client went away, or a timeout above the
+/// store gave up) ends that wait: the requests behind it wake, and go to
+/// the store or ask again. The grant's units, if Redis counted them, are
+/// never spent: under-admission by at most that grant, until they age
+/// out of the limit.
+///
 /// ```
 /// use tollgate::{Algorithm, Key, Policy, Store};
 /// use tollgate_redis::{LeasedStore, RedisStore};
