@@ -3,7 +3,8 @@
 //! them meets the failure policy, and another user polling meanwhile gets
 //! only 200s, under every failure mode, with the store's default deadline
 //! and breaker; and the same on a single-limit policy, whose requests share
-//! batched calls with every other key's.
+//! batched calls with every other key's. Requests dropped on their way to
+//! Redis are not Redis failing either.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::collections::BTreeMap;
@@ -96,4 +97,35 @@ async fn a_burst_of_2000_from_one_user_admits_exactly_the_limit_and_fails_nobody
             "{failure:?}"
         );
     }
+}
+
+/// Clients that go away while their decision is on its way to Redis (or a
+/// timeout above the store that gives up on it) are not Redis failing:
+/// twenty requests dropped mid-call leave a breaker of three failures
+/// closed, and the next request is decided by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_dropped_on_their_way_to_redis_do_not_open_the_breaker() {
+    use tollgate::{Key, Store};
+    use tollgate_redis::BreakerState;
+
+    let url = require_redis().await;
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("burst-dropped"))
+        .circuit_breaker(3, std::time::Duration::from_secs(30))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let policy = Policy::new("dropped", Algorithm::Gcra, "1000/s").unwrap();
+    for i in 0..20 {
+        let key = Key::user(format!("gone-{i}"));
+        let mut deciding = Box::pin(store.check(&key, &policy, 1));
+        assert!(
+            futures::poll!(deciding.as_mut()).is_pending(),
+            "on its way to Redis"
+        );
+        drop(deciding);
+    }
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
+    let decision = store.check(&Key::user("stays"), &policy, 1).await.unwrap();
+    assert!(decision.is_allowed());
 }

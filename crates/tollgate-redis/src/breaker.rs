@@ -82,21 +82,27 @@ impl CircuitBreaker {
 
     /// Asks to call the backend: a [`Permit`] to report the outcome on, or
     /// `None` when the breaker is open (or another caller is probing).
-    /// A permit dropped without a report counts as a failure.
+    /// A permit dropped without a report (its caller gave up: a client
+    /// that went away, a timeout above the store) counts for nothing: the
+    /// backend did not fail. A dropped probe lets the next caller probe.
     pub(crate) fn try_acquire(&self) -> Option<Permit<'_>> {
         self.try_acquire_at(Instant::now())
     }
 
     fn try_acquire_at(&self, now: Instant) -> Option<Permit<'_>> {
         let mut state = self.lock();
-        match *state {
-            Inner::Closed { .. } => {}
-            Inner::Open { until } if now >= until => *state = Inner::HalfOpen,
+        let probe = match *state {
+            Inner::Closed { .. } => false,
+            Inner::Open { until } if now >= until => {
+                *state = Inner::HalfOpen;
+                true
+            }
             Inner::Open { .. } | Inner::HalfOpen => return None,
-        }
+        };
         Some(Permit {
             breaker: self,
             reported: false,
+            probe,
         })
     }
 
@@ -163,6 +169,8 @@ impl fmt::Debug for CircuitBreaker {
 pub(crate) struct Permit<'a> {
     breaker: &'a CircuitBreaker,
     reported: bool,
+    /// The half-open breaker's one probe.
+    probe: bool,
 }
 
 impl Permit<'_> {
@@ -181,10 +189,17 @@ impl Permit<'_> {
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        // A caller that gave up (a cancelled future) must not leave a
-        // half-open breaker waiting for a probe forever.
-        if !self.reported {
-            self.breaker.report(false);
+        // A caller that gave up (a cancelled future) learned nothing of
+        // the backend: a client going away is not a store failure. A
+        // probe given up on must not leave the breaker waiting for it
+        // forever: the next caller probes.
+        if !self.reported && self.probe {
+            let mut state = self.breaker.lock();
+            if matches!(*state, Inner::HalfOpen) {
+                *state = Inner::Open {
+                    until: Instant::now(),
+                };
+            }
         }
     }
 }
@@ -240,10 +255,45 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_probe_counts_as_a_failure() {
-        let b = CircuitBreaker::new(1, Duration::from_millis(10)).unwrap();
-        drop(b.try_acquire());
+    fn permits_given_up_on_count_for_nothing() {
+        let b = CircuitBreaker::new(3, Duration::from_secs(1)).unwrap();
+        for _ in 0..10 {
+            drop(b.try_acquire().expect("closed"));
+        }
+        assert_eq!(
+            b.state(),
+            BreakerState::Closed,
+            "callers gave up; Redis did not fail"
+        );
+        b.try_acquire().unwrap().failure();
+        b.try_acquire().unwrap().failure();
+        drop(b.try_acquire().expect("closed"));
+        assert_eq!(b.state(), BreakerState::Closed, "two failures of three");
+        b.try_acquire().unwrap().failure();
         assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn a_probe_given_up_on_lets_the_next_caller_probe() {
+        let b = CircuitBreaker::new(1, Duration::from_millis(20)).unwrap();
+        let t0 = Instant::now();
+        let stale = b.try_acquire_at(t0).expect("closed");
+        let mut failing = b.try_acquire_at(t0).unwrap();
+        failing.reported = true;
+        b.report_at(false, t0);
+        let later = t0 + Duration::from_millis(20);
+        let probe = b.try_acquire_at(later).expect("half-open probe");
+        drop(stale);
+        assert!(
+            b.try_acquire_at(later).is_none(),
+            "still one probe at a time"
+        );
+        drop(probe);
+        assert_eq!(b.state_at(later), BreakerState::HalfOpen);
+        b.try_acquire_at(later)
+            .expect("the next caller probes")
+            .success();
+        assert_eq!(b.state_at(later), BreakerState::Closed);
     }
 
     #[test]
