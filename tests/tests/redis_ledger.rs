@@ -1,7 +1,8 @@
 //! The usage ledger on real Redis: the ledger suite; 10,000 random
 //! requests over 3 instances equal the admitted and settled cost to the
 //! unit (and the same on memory); a new instance reads the same usage;
-//! every bucket has a TTL; leases and the failure policy meet it.
+//! every bucket has a TTL; leases and the failure policy meet it; a flush
+//! dropped on its way loses nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::collections::BTreeMap;
@@ -399,4 +400,41 @@ async fn a_flush_whose_reply_was_lost_counts_once_when_sent_again() {
     assert_eq!(ledger.pending(), 0);
     let usage = ledger.usage(&key, "api", month_query()).await.unwrap();
     assert_eq!(usage.total(), 8, "sent twice, counted once");
+}
+
+/// A flush dropped while its batches are on their way to Redis (its
+/// caller went away: a client of the usage endpoint, say) loses nothing:
+/// the next flush sends them again, under their numbers, and each key's
+/// usage counts every unit once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_dropped_on_its_way_loses_nothing_and_counts_nothing_twice() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let store = metered(&url, &unique_prefix("ledger-dropped"), &clock).await;
+    let ledger = store.ledger();
+    let mut expected = [0_u64; 5];
+    for i in 0..50_u64 {
+        let (user, units) = (i % 5, 1 + i % 3);
+        let key = Key::user(format!("user-{user}"));
+        ledger.record(&key, "ledger-dropped", clock.now(), units);
+        expected[usize::try_from(user).unwrap()] += units;
+    }
+    let mut flushing = Box::pin(ledger.flush());
+    assert!(futures::poll!(flushing.as_mut()).is_pending(), "on its way");
+    drop(flushing);
+    assert_eq!(
+        ledger.pending(),
+        5,
+        "the five keys' batches wait for the next flush"
+    );
+    ledger.flush().await.unwrap();
+    for (user, want) in expected.into_iter().enumerate() {
+        let key = Key::user(format!("user-{user}"));
+        let usage = ledger
+            .usage(&key, "ledger-dropped", month_query())
+            .await
+            .unwrap();
+        assert_eq!(usage.total(), want, "user-{user}");
+    }
+    assert_eq!(ledger.dropped(), 0);
 }

@@ -75,24 +75,45 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
     send(shared, batches).await
 }
 
-/// Sends `batches` at once; those that failed go back to the retry list.
+/// Sends `batches` at once; those that failed go back to the retry list,
+/// and so do all of them if the flush is dropped before Redis answered
+/// (its caller went away: a client of the usage endpoint, say), numbers
+/// included, so that none is lost and none counted twice.
 async fn send<C: RedisConnection>(
     shared: &Shared<C>,
     batches: Vec<Batch>,
 ) -> Result<(), RedisStoreError> {
+    let mut on_their_way = OnTheirWay { shared, batches };
     let now_ms = shared.now().as_micros() / 1_000;
-    let calls = batches.into_iter().map(|batch| async move {
-        let result = write(shared, &batch, now_ms).await;
-        (result, batch)
-    });
+    let calls = on_their_way
+        .batches
+        .iter()
+        .map(|batch| write(shared, batch, now_ms));
+    let results = join_all(calls).await;
+    let batches = std::mem::take(&mut on_their_way.batches);
     let mut first_error = None;
-    for (result, batch) in join_all(calls).await {
+    for (result, batch) in results.into_iter().zip(batches) {
         if let Err(error) = result {
             shared.retry.lock().push(batch);
             first_error.get_or_insert(error);
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Batches sent and not yet answered: back to the retry list if dropped
+/// with them.
+struct OnTheirWay<'a, C: RedisConnection> {
+    shared: &'a Shared<C>,
+    batches: Vec<Batch>,
+}
+
+impl<C: RedisConnection> Drop for OnTheirWay<'_, C> {
+    fn drop(&mut self) {
+        if !self.batches.is_empty() {
+            self.shared.retry.lock().append(&mut self.batches);
+        }
+    }
 }
 
 /// One key's batch in one script call.
