@@ -1,6 +1,6 @@
 //! App instances with stores of their own sharing one in-flight limit:
-//! exactly, with slots back on completion, client disconnect and handler
-//! panic, and after Redis loses them.
+//! exactly, with slots back on completion, client disconnect (also while
+//! the slot is being taken) and handler panic, and after Redis loses them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -212,4 +212,40 @@ async fn running_requests_take_their_slots_back_after_a_flushall() {
         ]
     );
     assert_eq!(gate.most.load(Ordering::SeqCst), 2);
+}
+
+/// A request dropped while its slot is being taken (its client went away
+/// before Redis answered) does not hold the slot until its lease ends: the
+/// slot comes free within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_its_slot_is_being_taken_gives_it_back() {
+    let limit = InFlightLimit::new("taking", 1).unwrap();
+    let gate = Gate {
+        running: Arc::default(),
+        most: Arc::default(),
+        go: Arc::new(Semaphore::new(0)),
+    };
+    let (app, store) = instance(&unique_prefix("inflight-taking"), &limit, &gate).await;
+    let mut calling = Box::pin(app.oneshot(export()));
+    assert!(futures::poll!(calling.as_mut()).is_pending());
+    // Redis takes the slot; the request is dropped before it reads the
+    // answer.
+    let started = std::time::Instant::now();
+    while is_free(&store, &limit).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "Redis never took the slot"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(calling);
+    assert!(
+        comes_free(&store, &limit).await,
+        "the dropped request's slot came back"
+    );
+    assert_eq!(
+        gate.running.load(Ordering::SeqCst),
+        0,
+        "the handler never ran"
+    );
 }

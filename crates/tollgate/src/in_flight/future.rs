@@ -50,7 +50,14 @@ where
     St: SlotStore + Clone,
 {
     let holder = shared.store.new_holder();
+    let taking = Taking {
+        store: &shared.store,
+        key: &key,
+        limit: &shared.limit,
+        holder,
+    };
     let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
+    std::mem::forget(taking);
     let taken = acquired.map(|slots| (slots, Holds::Store));
     // This instance's share of the limit, under the count of now.
     let local_limit = || shared.limit.divided(shared.instances.get());
@@ -100,4 +107,32 @@ where
     // fails, panics or is dropped, else handed to the body.
     let response = inner.call(request).await?;
     Ok(response.map(|body| InFlightBody::inner(body, slot)))
+}
+
+/// A slot being taken in the store: if the request is dropped before the
+/// store's answer (its client went away), the store may hold the slot
+/// already, and it is given back rather than held until its lease ends.
+/// Forgotten once the answer is in.
+struct Taking<'a, St: SlotStore + Clone> {
+    store: &'a St,
+    key: &'a Key,
+    limit: &'a InFlightLimit,
+    holder: u64,
+}
+
+impl<St: SlotStore + Clone> Drop for Taking<'_, St> {
+    fn drop(&mut self) {
+        // Giving back a slot the store never took changes nothing: slots
+        // are held by holder.
+        if self.store.release_now(self.key, self.limit, self.holder) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, key, limit) = (self.store.clone(), self.key.clone(), self.limit.clone());
+            let holder = self.holder;
+            runtime.spawn(async move {
+                let _ = store.release(&key, &limit, holder).await;
+            });
+        }
+    }
 }
