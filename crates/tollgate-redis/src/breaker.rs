@@ -1,6 +1,7 @@
 //! The circuit breaker of the Redis store's calls, and its gauge.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,17 +27,31 @@ pub enum BreakerState {
 /// at a time probes it (half-open); a success closes the breaker, a failure
 /// opens it for another `cooldown`. Time is the monotonic system clock: a
 /// breaker's timing is local to the process, not limiter time.
+///
+/// Redis is judged by the store's deadline alone. A caller that gives up
+/// sooner (its client went away, or a shorter timeout above the store)
+/// leaves no judgment either way, so a timeout above the store should be
+/// longer than the store's deadline.
 pub(crate) struct CircuitBreaker {
     threshold: u32,
     cooldown: Duration,
     state: Mutex<Inner>,
+    /// Probes let through so far: each half-open state knows its own.
+    probes: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Inner {
-    Closed { failures: u32 },
-    Open { until: Instant },
-    HalfOpen,
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
+    /// One probe is out: the `probe`th since the breaker was made.
+    HalfOpen {
+        probe: u64,
+    },
 }
 
 impl CircuitBreaker {
@@ -63,6 +78,7 @@ impl CircuitBreaker {
             threshold,
             cooldown,
             state: Mutex::new(Inner::Closed { failures: 0 }),
+            probes: AtomicU64::new(0),
         })
     }
 
@@ -76,7 +92,7 @@ impl CircuitBreaker {
             Inner::Closed { .. } => BreakerState::Closed,
             Inner::Open { until } if now >= until => BreakerState::HalfOpen,
             Inner::Open { .. } => BreakerState::Open,
-            Inner::HalfOpen => BreakerState::HalfOpen,
+            Inner::HalfOpen { .. } => BreakerState::HalfOpen,
         }
     }
 
@@ -92,12 +108,13 @@ impl CircuitBreaker {
     fn try_acquire_at(&self, now: Instant) -> Option<Permit<'_>> {
         let mut state = self.lock();
         let probe = match *state {
-            Inner::Closed { .. } => false,
+            Inner::Closed { .. } => None,
             Inner::Open { until } if now >= until => {
-                *state = Inner::HalfOpen;
-                true
+                let probe = self.probes.fetch_add(1, Ordering::Relaxed);
+                *state = Inner::HalfOpen { probe };
+                Some(probe)
             }
-            Inner::Open { .. } | Inner::HalfOpen => return None,
+            Inner::Open { .. } | Inner::HalfOpen { .. } => return None,
         };
         Some(Permit {
             breaker: self,
@@ -118,15 +135,17 @@ impl CircuitBreaker {
         let mut state = self.lock();
         let was_closed = matches!(*state, Inner::Closed { .. });
         *state = match (*state, ok) {
-            (Inner::Closed { .. } | Inner::Open { .. } | Inner::HalfOpen, true) => {
+            (Inner::Closed { .. } | Inner::Open { .. } | Inner::HalfOpen { .. }, true) => {
                 Inner::Closed { failures: 0 }
             }
             (Inner::Closed { failures }, false) if failures + 1 < self.threshold => Inner::Closed {
                 failures: failures + 1,
             },
-            (Inner::Closed { .. } | Inner::Open { .. } | Inner::HalfOpen, false) => Inner::Open {
-                until: now + self.cooldown,
-            },
+            (Inner::Closed { .. } | Inner::Open { .. } | Inner::HalfOpen { .. }, false) => {
+                Inner::Open {
+                    until: now + self.cooldown,
+                }
+            }
         };
         let is_closed = matches!(*state, Inner::Closed { .. });
         drop(state);
@@ -169,8 +188,8 @@ impl fmt::Debug for CircuitBreaker {
 pub(crate) struct Permit<'a> {
     breaker: &'a CircuitBreaker,
     reported: bool,
-    /// The half-open breaker's one probe.
-    probe: bool,
+    /// Which probe of the half-open breaker this is, if it is one.
+    probe: Option<u64>,
 }
 
 impl Permit<'_> {
@@ -193,9 +212,9 @@ impl Drop for Permit<'_> {
         // the backend: a client going away is not a store failure. A
         // probe given up on must not leave the breaker waiting for it
         // forever: the next caller probes.
-        if !self.reported && self.probe {
+        if let (false, Some(probe)) = (self.reported, self.probe) {
             let mut state = self.breaker.lock();
-            if matches!(*state, Inner::HalfOpen) {
+            if matches!(*state, Inner::HalfOpen { probe: out } if out == probe) {
                 *state = Inner::Open {
                     until: Instant::now(),
                 };
@@ -289,11 +308,43 @@ mod tests {
             "still one probe at a time"
         );
         drop(probe);
-        assert_eq!(b.state_at(later), BreakerState::HalfOpen);
-        b.try_acquire_at(later)
+        // Reopened as of the drop, on the real clock.
+        let after = Instant::now().max(later);
+        assert_eq!(b.state_at(after), BreakerState::HalfOpen);
+        b.try_acquire_at(after)
             .expect("the next caller probes")
             .success();
-        assert_eq!(b.state_at(later), BreakerState::Closed);
+        assert_eq!(b.state_at(after), BreakerState::Closed);
+    }
+
+    #[test]
+    fn an_old_probe_given_up_on_leaves_the_current_probe_alone() {
+        let b = CircuitBreaker::new(1, Duration::from_millis(20)).unwrap();
+        let t0 = Instant::now();
+        let fail = |at| {
+            let mut permit = b.try_acquire_at(at).unwrap();
+            permit.reported = true;
+            b.report_at(false, at);
+        };
+        let stale = b.try_acquire_at(t0).expect("closed");
+        fail(t0);
+        let first = b
+            .try_acquire_at(t0 + Duration::from_millis(20))
+            .expect("probe");
+        // A call from before the breaker opened succeeds: closed again;
+        // then it fails and reopens, and a second probe goes out.
+        stale.success();
+        let t1 = t0 + Duration::from_millis(30);
+        fail(t1);
+        let second = b
+            .try_acquire_at(t1 + Duration::from_millis(20))
+            .expect("probe");
+        drop(first);
+        assert!(
+            b.try_acquire_at(t1 + Duration::from_millis(20)).is_none(),
+            "the second probe is still the only one"
+        );
+        drop(second);
     }
 
     #[test]

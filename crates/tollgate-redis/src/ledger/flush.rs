@@ -75,10 +75,10 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
     send(shared, batches).await
 }
 
-/// Sends `batches` at once; those that failed go back to the retry list,
-/// and so do all of them if the flush is dropped before Redis answered
-/// (its caller went away: a client of the usage endpoint, say), numbers
-/// included, so that none is lost and none counted twice.
+/// Sends `batches` at once; those that failed go back to the retry list.
+/// If the flush is dropped on its way (its caller went away: a client of
+/// the usage endpoint, say), all of them go back, numbers included: none
+/// is lost, and one that Redis applied is skipped when sent again.
 async fn send<C: RedisConnection>(
     shared: &Shared<C>,
     batches: Vec<Batch>,

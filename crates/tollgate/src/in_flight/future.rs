@@ -57,7 +57,11 @@ where
         holder,
     };
     let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
-    std::mem::forget(taking);
+    match &acquired {
+        Ok(_) => std::mem::forget(taking),
+        // Redis may have taken the slot and answered too late: given back.
+        Err(_) => drop(taking),
+    }
     let taken = acquired.map(|slots| (slots, Holds::Store));
     // This instance's share of the limit, under the count of now.
     let local_limit = || shared.limit.divided(shared.instances.get());
@@ -111,8 +115,9 @@ where
 
 /// A slot being taken in the store: if the request is dropped before the
 /// store's answer (its client went away), the store may hold the slot
-/// already, and it is given back rather than held until its lease ends.
-/// Forgotten once the answer is in.
+/// already, and it is given back rather than held until its lease ends;
+/// so it is when the store fails (a reply past the deadline). Forgotten
+/// once the store has answered.
 struct Taking<'a, St: SlotStore + Clone> {
     store: &'a St,
     key: &'a Key,
