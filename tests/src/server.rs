@@ -151,6 +151,22 @@ impl RedisServer {
             .and_then(|c| c.get_connection())
             .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.url()))
     }
+
+    /// Holds every client's writes and scripts for `ms` (`CLIENT PAUSE
+    /// WRITE`): a request sent meanwhile is surely still waiting for its
+    /// answer, however the machine schedules the test.
+    ///
+    /// # Panics
+    ///
+    /// When the server does not answer.
+    pub fn pause_writes(&self, ms: u64) {
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(ms)
+            .arg("WRITE")
+            .query::<()>(&mut self.connection())
+            .unwrap_or_else(|e| panic!("pausing {}: {e}", self.url()));
+    }
 }
 
 impl Drop for RedisServer {

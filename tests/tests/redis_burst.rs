@@ -15,7 +15,7 @@ use axum::routing::get;
 use http::{Request, StatusCode};
 use tollgate::{Algorithm, ExtensionKey, FailureMode, Policy, RateLimitLayer};
 use tollgate_redis::RedisStore;
-use tollgate_tests::{require_redis, unique_prefix};
+use tollgate_tests::{RedisServer, require_redis, unique_prefix};
 use tower::ServiceExt;
 
 fn request(user: &str) -> Request<Body> {
@@ -108,14 +108,21 @@ async fn requests_dropped_on_their_way_to_redis_do_not_open_the_breaker() {
     use tollgate::{Key, Store};
     use tollgate_redis::BreakerState;
 
-    let url = require_redis().await;
+    let server = RedisServer::spawn();
+    let url = server.url();
     let store = RedisStore::builder()
         .prefix(unique_prefix("burst-dropped"))
+        .deadline(std::time::Duration::from_secs(2))
         .circuit_breaker(3, std::time::Duration::from_secs(30))
         .connect(url.as_str())
         .await
         .unwrap();
     let policy = Policy::new("dropped", Algorithm::Gcra, "1000/s").unwrap();
+    // Connected first; then every request is surely still waiting when
+    // it is dropped.
+    let first = store.check(&Key::user("first"), &policy, 1).await.unwrap();
+    assert!(first.is_allowed());
+    server.pause_writes(300);
     for i in 0..20 {
         let key = Key::user(format!("gone-{i}"));
         let mut deciding = Box::pin(store.check(&key, &policy, 1));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tollgate::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
 use tollgate_redis::{LeaseCalls, LeasedStore, RedisStore};
-use tollgate_tests::{leased_store, require_redis, unique_prefix};
+use tollgate_tests::{RedisServer, leased_store, require_redis, unique_prefix};
 
 const START: Timestamp = Timestamp::from_secs(1_700_000_000);
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -133,10 +133,12 @@ async fn a_lease_that_ends_with_units_left_hands_over_to_the_one_asked_for_ahead
 /// client went away, or a timeout above the store gave up) leaves no
 /// request of the key waiting for that grant: the key's next requests are
 /// decided. The grant's units, counted by Redis and never spent, are the
-/// only ones lost: under-admission by one grant, never over.
+/// only ones lost: under-admission by one grant, never over. (On a server
+/// of its own, paused while the grant is sent.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_dropped_while_its_grant_is_on_its_way_leaves_no_request_waiting() {
-    let url = require_redis().await;
+    let server = RedisServer::spawn();
+    let url = server.url();
     let clock = FakeClock::new(START);
     let store = leased(&url, "lease-dropped", &clock).await;
     let policy = Policy::new("dropped", Algorithm::FixedWindow, "1000000/day").unwrap();
@@ -145,6 +147,7 @@ async fn a_request_dropped_while_its_grant_is_on_its_way_leaves_no_request_waiti
     // Four decided by Redis; the fifth asks for the key's first lease.
     steady(&store, &clock, &key, &policy, gap, 4).await;
     assert_eq!(store.calls().grants, 0);
+    server.pause_writes(300);
     let mut asking = Box::pin(store.check(&key, &policy, 1));
     assert!(futures::poll!(asking.as_mut()).is_pending());
     assert_eq!(

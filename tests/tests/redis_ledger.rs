@@ -14,7 +14,7 @@ use tollgate_core::{
     Algorithm, Clock, FakeClock, Key, MemoryStore, Policy, Settlement, Store, Timestamp,
 };
 use tollgate_redis::{LeasedStore, RedisLedger, RedisStore};
-use tollgate_tests::{require_redis, unique_prefix};
+use tollgate_tests::{RedisServer, require_redis, unique_prefix};
 
 /// 2026-01-31 23:00 UTC: the requests cross an hour, a day and a month.
 const START: u64 = 1_769_900_400;
@@ -408,10 +408,15 @@ async fn a_flush_whose_reply_was_lost_counts_once_when_sent_again() {
 /// usage counts every unit once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_dropped_on_its_way_loses_nothing_and_counts_nothing_twice() {
-    let url = require_redis().await;
+    let server = RedisServer::spawn();
+    let url = server.url();
     let clock = FakeClock::new(Timestamp::from_secs(START));
     let store = metered(&url, &unique_prefix("ledger-dropped"), &clock).await;
     let ledger = store.ledger();
+    // Connected first (a query flushes first: nothing yet).
+    let first = Key::user("user-0");
+    let none = ledger.usage(&first, "ledger-dropped", month_query());
+    assert_eq!(none.await.unwrap().total(), 0);
     let mut expected = [0_u64; 5];
     for i in 0..50_u64 {
         let (user, units) = (i % 5, 1 + i % 3);
@@ -419,6 +424,7 @@ async fn a_flush_dropped_on_its_way_loses_nothing_and_counts_nothing_twice() {
         ledger.record(&key, "ledger-dropped", clock.now(), units);
         expected[usize::try_from(user).unwrap()] += units;
     }
+    server.pause_writes(300);
     let mut flushing = Box::pin(ledger.flush());
     assert!(futures::poll!(flushing.as_mut()).is_pending(), "on its way");
     drop(flushing);

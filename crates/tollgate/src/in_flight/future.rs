@@ -17,7 +17,7 @@ use crate::fallback::{Answer, FailureMode, FailureReport, Handled, InstanceCount
 use crate::response::Responder;
 
 use super::body::InFlightBody;
-use super::slot::{Holds, Slot};
+use super::slot::{Holds, Slot, give_back};
 use super::telemetry::Telemetry;
 
 /// What an in-flight layer's services and their clones share.
@@ -127,17 +127,6 @@ struct Taking<'a, St: SlotStore + Clone> {
 
 impl<St: SlotStore + Clone> Drop for Taking<'_, St> {
     fn drop(&mut self) {
-        // Giving back a slot the store never took changes nothing: slots
-        // are held by holder.
-        if self.store.release_now(self.key, self.limit, self.holder) {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, key, limit) = (self.store.clone(), self.key.clone(), self.limit.clone());
-            let holder = self.holder;
-            runtime.spawn(async move {
-                let _ = store.release(&key, &limit, holder).await;
-            });
-        }
+        give_back(self.store, self.key, self.limit, self.holder);
     }
 }

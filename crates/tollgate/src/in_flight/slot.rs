@@ -80,16 +80,26 @@ impl<St: SlotStore + Clone> Drop for Slot<St> {
             renewal.abort();
         }
         self.telemetry.held(-1.0);
-        if self.store.release_now(&self.key, &self.limit, self.holder) {
-            return;
-        }
-        // Outside a runtime the lease frees the slot.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, key, limit) = (self.store.clone(), self.key.clone(), self.limit.clone());
-            let holder = self.holder;
-            runtime.spawn(async move {
-                let _ = store.release(&key, &limit, holder).await;
-            });
-        }
+        give_back(&self.store, &self.key, &self.limit, self.holder);
+    }
+}
+
+/// Gives `holder`'s slot back: at once if the store needs no I/O, else in
+/// the background. Outside a runtime the lease frees the slot. Giving back
+/// a slot the store never took changes nothing: slots are held by holder.
+pub(super) fn give_back<St: SlotStore + Clone>(
+    store: &St,
+    key: &Key,
+    limit: &InFlightLimit,
+    holder: u64,
+) {
+    if store.release_now(key, limit, holder) {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
+        runtime.spawn(async move {
+            let _ = store.release(&key, &limit, holder).await;
+        });
     }
 }
