@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Request, Response};
-use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, Slots};
+use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, Slots, StoreError};
 use tower_service::Service;
 
 use crate::answer;
@@ -57,10 +57,13 @@ where
         holder,
     };
     let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
-    match &acquired {
-        Ok(_) => std::mem::forget(taking),
-        // Redis may have taken the slot and answered too late: given back.
-        Err(_) => drop(taking),
+    // A reply past the deadline may come from a store that took the slot:
+    // given back. Any other answer is the slot's whole story (an error
+    // before the call, such as an open breaker, took nothing).
+    if matches!(acquired, Err(StoreError::Timeout(_))) {
+        drop(taking);
+    } else {
+        std::mem::forget(taking);
     }
     let taken = acquired.map(|slots| (slots, Holds::Store));
     // This instance's share of the limit, under the count of now.
@@ -116,8 +119,7 @@ where
 /// A slot being taken in the store: if the request is dropped before the
 /// store's answer (its client went away), the store may hold the slot
 /// already, and it is given back rather than held until its lease ends;
-/// so it is when the store fails (a reply past the deadline). Forgotten
-/// once the store has answered.
+/// so it is when the reply comes past the deadline. Forgotten otherwise.
 struct Taking<'a, St: SlotStore + Clone> {
     store: &'a St,
     key: &'a Key,
