@@ -106,7 +106,7 @@ impl<S: Store> Shared<S> {
         let settled = Settled {
             shared: self,
             hash,
-            waiting: Some(waiting),
+            waiting,
         };
         let generation = self.bus.generation.load(Ordering::Acquire);
         self.calls.grants.fetch_add(1, Ordering::Relaxed);
@@ -167,26 +167,23 @@ impl<S: Store> Shared<S> {
 struct Settled<'a, S> {
     shared: &'a Shared<S>,
     hash: u64,
-    waiting: Option<Arc<tokio::sync::Notify>>,
+    waiting: Arc<tokio::sync::Notify>,
 }
 
 impl<S> Drop for Settled<'_, S> {
     fn drop(&mut self) {
-        let Some(waiting) = self.waiting.take() else {
-            return;
-        };
         {
             let mut shard = self.shared.table.shard(self.hash);
             if let Some(entry) = shard.get_mut(&self.hash)
                 && entry
                     .refilling
                     .as_ref()
-                    .is_some_and(|w| Arc::ptr_eq(w, &waiting))
+                    .is_some_and(|w| Arc::ptr_eq(w, &self.waiting))
             {
                 entry.refilling = None;
             }
         }
-        waiting.notify_waiters();
+        self.waiting.notify_waiters();
     }
 }
 
@@ -215,8 +212,7 @@ impl<S: Store> LeasedStore<S> {
         if !shared.bus.listening() {
             return;
         }
-        let waiting = Arc::new(tokio::sync::Notify::new());
-        entry.refilling = Some(Arc::clone(&waiting));
+        let waiting = entry.begin_grant();
         let (asking, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
         shared.in_background(&runtime, async move {
             // A failure leaves the current lease going; the request that

@@ -120,8 +120,7 @@ impl<S: Store> Store for LeasedStore<S> {
                                 low: entry.is_low(now),
                             }
                         } else {
-                            let waiting = Arc::new(tokio::sync::Notify::new());
-                            entry.refilling = Some(Arc::clone(&waiting));
+                            let waiting = entry.begin_grant();
                             Plan::Grant(entry.size, waiting)
                         }
                     }

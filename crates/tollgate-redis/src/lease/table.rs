@@ -137,6 +137,14 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// Marks a grant as on its way for the key: what its other requests
+    /// wait on until the grant is settled (see `grant::Settled`).
+    pub(crate) fn begin_grant(&mut self) -> std::sync::Arc<tokio::sync::Notify> {
+        let waiting = std::sync::Arc::new(tokio::sync::Notify::new());
+        self.refilling = Some(std::sync::Arc::clone(&waiting));
+        waiting
+    }
+
     fn new(fingerprint: u64, now: u64) -> Self {
         Self {
             fingerprint,
