@@ -86,8 +86,12 @@ impl<S: Store> Shared<S> {
     /// Asks for `size` units for the key of `hash`: `cost` of them for
     /// the request that asks (0 for a lease asked for ahead), the rest for
     /// a lease. The request's decision, or `None` when the store refused
-    /// the grant (the key is near its limit). `waiting` is the key's
-    /// `refilling`, set by the caller under the shard's lock.
+    /// the grant (the key is near its limit). `settled` ends the key's
+    /// wait for the grant (its `refilling`, set by the caller under the
+    /// shard's lock) when the grant is settled, or when it is dropped on
+    /// its way: the request that asked for it was dropped (its client went
+    /// away, or a timeout gave up on it), or the task that asked ahead
+    /// panicked or was never run.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn grant(
         &self,
@@ -97,17 +101,8 @@ impl<S: Store> Shared<S> {
         size: u64,
         cost: u64,
         sent: u64,
-        waiting: Arc<tokio::sync::Notify>,
+        settled: Settled<S>,
     ) -> Result<Option<Decision>, StoreError> {
-        // The requests waiting for this grant wake when it is settled, or
-        // when it is dropped on its way (the request that asked for it was
-        // dropped: its client went away, or a timeout gave up on it), and
-        // find the lease or go to the store. Made before the first await.
-        let settled = Settled {
-            shared: self,
-            hash,
-            waiting,
-        };
         let generation = self.bus.generation.load(Ordering::Acquire);
         self.calls.grants.fetch_add(1, Ordering::Relaxed);
         self.metrics.count(super::Call::Grant, policy.name());
@@ -163,14 +158,30 @@ impl<S: Store> Shared<S> {
 /// settled, or with the grant's future, it ends the key's wait for it and
 /// wakes its waiters, so that no request of the key waits for a grant
 /// that will never come. (Its drop takes the key's shard lock: never
-/// dropped while the grant holds it.)
-struct Settled<'a, S> {
-    shared: &'a Shared<S>,
+/// made or dropped while that lock is held.)
+pub(super) struct Settled<S> {
+    shared: Arc<Shared<S>>,
     hash: u64,
     waiting: Arc<tokio::sync::Notify>,
 }
 
-impl<S> Drop for Settled<'_, S> {
+impl<S> Settled<S> {
+    /// The grant `waiting` for the key of `hash`, once the shard's lock
+    /// that marked it is released.
+    pub(super) fn new(
+        shared: &Arc<Shared<S>>,
+        hash: u64,
+        waiting: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            hash,
+            waiting,
+        }
+    }
+}
+
+impl<S> Drop for Settled<S> {
     fn drop(&mut self) {
         {
             let mut shard = self.shared.table.shard(self.hash);
@@ -197,28 +208,61 @@ fn install(entry: &mut Entry, lease: Lease) -> Option<Lease> {
     None
 }
 
+/// The next lease of a key, marked as on its way under the key's shard
+/// lock ([`LeasedStore::ahead`]): asked for by
+/// [`LeasedStore::ask_ahead`] once that lock is released, which must
+/// follow, or the key's requests wait for a grant never asked for.
+#[must_use]
+pub(super) struct Ahead {
+    runtime: tokio::runtime::Handle,
+    size: u64,
+    hash: u64,
+    now: u64,
+    waiting: Arc<tokio::sync::Notify>,
+}
+
 impl<S: Store> LeasedStore<S> {
-    /// Asks, in the background, for the next lease of the key of `hash`
-    /// when `entry`'s current one has spent enough of its units
-    /// ([`Entry::ahead`]).
-    pub(super) fn ahead(&self, entry: &mut Entry, key: &Key, policy: &Policy, hash: u64, now: u64) {
+    /// Marks the next lease of the key of `hash` as on its way when
+    /// `entry`'s current one has spent enough of its units
+    /// ([`Entry::ahead`]); [`ask_ahead`](Self::ask_ahead) asks for it.
+    pub(super) fn ahead(
+        &self,
+        entry: &mut Entry,
+        policy: &Policy,
+        hash: u64,
+        now: u64,
+    ) -> Option<Ahead> {
         let shared = &self.shared;
-        let Some(size) = entry.ahead(now, shared.interval, || shared.cap(policy)) else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+        let size = entry.ahead(now, shared.interval, || shared.cap(policy))?;
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
         if !shared.bus.listening() {
-            return;
+            return None;
         }
-        let waiting = entry.begin_grant();
+        Some(Ahead {
+            runtime,
+            size,
+            hash,
+            now,
+            waiting: entry.begin_grant(),
+        })
+    }
+
+    /// Asks, in the background, for the lease `ahead` marked, once the
+    /// shard's lock is released: a task that panics, or that a runtime
+    /// shutting down never runs, still ends the key's wait for it.
+    pub(super) fn ask_ahead(&self, ahead: Option<Ahead>, key: &Key, policy: &Policy) {
+        let Some(ahead) = ahead else {
+            return;
+        };
+        let shared = &self.shared;
+        let settled = Settled::new(shared, ahead.hash, ahead.waiting);
         let (asking, key, policy) = (Arc::clone(shared), key.clone(), policy.clone());
-        shared.in_background(&runtime, async move {
+        let (size, hash, now) = (ahead.size, ahead.hash, ahead.now);
+        shared.in_background(&ahead.runtime, async move {
             // A failure leaves the current lease going; the request that
             // finds it used up meets the store's error itself.
             let _ = asking
-                .grant(&key, &policy, hash, size, 0, now, waiting)
+                .grant(&key, &policy, hash, size, 0, now, settled)
                 .await;
         });
     }

@@ -280,11 +280,14 @@ impl<S: Store> Shared<S> {
         work: impl Future<Output = ()> + Send + 'static,
     ) {
         self.ahead.fetch_add(1, Ordering::AcqRel);
-        let shared = Arc::clone(self);
+        // Counted off when the task's future is dropped: when the work
+        // ends, when it panics, and when a runtime shutting down drops
+        // the task unrun (made outside the future, so it is part of it
+        // from the start).
+        let counted = Background(Arc::clone(self));
         runtime.spawn(async move {
+            let _counted = counted;
             work.await;
-            shared.ahead.fetch_sub(1, Ordering::AcqRel);
-            shared.ahead_done.notify_waiters();
         });
     }
 
@@ -324,6 +327,16 @@ impl<S: Store> Shared<S> {
         self.calls.direct.fetch_add(1, Ordering::Relaxed);
         self.metrics.count(Call::Direct, policy.name());
         self.store.check(key, policy, cost).await
+    }
+}
+
+/// A task of [`Shared::in_background`], counted in `ahead` until dropped.
+struct Background<S>(Arc<Shared<S>>);
+
+impl<S> Drop for Background<S> {
+    fn drop(&mut self) {
+        self.0.ahead.fetch_sub(1, Ordering::AcqRel);
+        self.0.ahead_done.notify_waiters();
     }
 }
 

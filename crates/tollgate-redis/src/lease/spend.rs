@@ -61,13 +61,16 @@ impl<S: Store> Store for LeasedStore<S> {
         let shared = &self.shared;
         let now = shared.now();
         let hash = shared.table.hash(key, policy);
-        let mut shard = shared.table.shard(hash);
-        let entry = shard
-            .get_mut(&hash)
-            .filter(|e| e.fingerprint == policy.fingerprint())?;
-        let decision = entry.spend(cost, now)?;
-        entry.last_seen = now;
-        self.ahead(entry, key, policy, hash, now);
+        let (decision, ahead) = {
+            let mut shard = shared.table.shard(hash);
+            let entry = shard
+                .get_mut(&hash)
+                .filter(|e| e.fingerprint == policy.fingerprint())?;
+            let decision = entry.spend(cost, now)?;
+            entry.last_seen = now;
+            (decision, self.ahead(entry, policy, hash, now))
+        };
+        self.ask_ahead(ahead, key, policy);
         Some(Ok(decision))
     }
 
@@ -79,6 +82,7 @@ impl<S: Store> Store for LeasedStore<S> {
         let now = shared.now();
         let hash = shared.table.hash(key, policy);
         let mut ended = Vec::new();
+        let mut ahead = None;
         let plan = {
             let mut shard = shared.table.shard(hash);
             let idle_before = shared.idle_before(now);
@@ -94,11 +98,13 @@ impl<S: Store> Store for LeasedStore<S> {
                 None => Plan::Direct { low: false },
                 Some(entry) => {
                     if let Some(decision) = entry.spend(cost, now) {
-                        self.ahead(entry, key, policy, hash, now);
+                        let ahead = self.ahead(entry, policy, hash, now);
+                        drop(shard);
+                        self.ask_ahead(ahead, key, policy);
                         return Ok(decision);
                     }
                     if let Some(decision) = entry.promote(cost, now, &mut ended) {
-                        self.ahead(entry, key, policy, hash, now);
+                        ahead = self.ahead(entry, policy, hash, now);
                         Plan::Spent(Box::new(decision))
                     } else {
                         let cap = shared.cap(policy);
@@ -127,6 +133,7 @@ impl<S: Store> Store for LeasedStore<S> {
                 }
             }
         };
+        self.ask_ahead(ahead, key, policy);
         if let (Plan::Spent(_), Ok(runtime)) = (&plan, tokio::runtime::Handle::try_current()) {
             // Decided here: the ended lease goes back in the background,
             // not on this request's time.
@@ -150,8 +157,9 @@ impl<S: Store> Store for LeasedStore<S> {
                 }
                 Plan::Grant(size, waiting) => {
                     Box::pin(async {
+                        let settled = super::grant::Settled::new(shared, hash, waiting);
                         match shared
-                            .grant(key, policy, hash, size, cost, now, waiting)
+                            .grant(key, policy, hash, size, cost, now, settled)
                             .await?
                         {
                             Some(decision) => Ok(decision),
