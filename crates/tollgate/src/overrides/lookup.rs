@@ -12,6 +12,8 @@ use tollgate_core::{
     Timestamp,
 };
 
+use crate::report::Throttle;
+
 /// One key's override under one policy, from wherever you keep them: a
 /// database, a configuration service. [`CachedLookup`] asks it in the
 /// background and caches the answer, so a request never waits for it.
@@ -66,9 +68,14 @@ pub trait OverrideLookup: Send + Sync + 'static {
 /// lookup, and the first request of a key on an instance is decided
 /// before its lookup returns. Expiries apply at once, by the clock.
 ///
+/// A lookup that takes longer than the cache time is given up on, and so
+/// is one that fails or panics: the key keeps what it had and is looked up
+/// again after the cache time. Failures are logged at most once a second.
+///
 /// The cache holds at most `max_keys` keys and policies (default 100,000);
 /// past it, an arbitrary one is forgotten for each new one, so hostile
-/// keys cannot grow it. Needs a Tokio runtime for the background lookups.
+/// keys cannot grow it. Needs a Tokio runtime with its timer enabled (as
+/// `#[tokio::main]` makes) for the background lookups.
 ///
 /// ```
 /// use std::time::Duration;
@@ -110,6 +117,9 @@ struct Inner<L> {
     /// When each key and policy was last asked, and whether a lookup is
     /// under way.
     asked: Mutex<Asks>,
+    /// Failed lookups' warnings: a failing source logs once a second, not
+    /// once per key.
+    failures: Throttle,
 }
 
 #[derive(Clone, Copy)]
@@ -248,6 +258,7 @@ impl<L: OverrideLookup> CachedLookupBuilder<L> {
                 clock: self.clock,
                 table: OverrideTable::new(),
                 asked: Mutex::new(Asks::default()),
+                failures: Throttle::new(Duration::from_secs(1)),
             }),
         })
     }
@@ -314,13 +325,12 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
         if inner.due(key, policy.name(), now) {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    let (inner, key) = (inner.clone(), key.clone());
-                    let name: Box<str> = policy.name().into();
-                    runtime.spawn(async move {
-                        if let Err(error) = inner.load(&key, &name).await {
-                            tracing::warn!(%error, policy = &*name, "override lookup failed");
-                        }
-                    });
+                    let asking = Asking {
+                        inner: inner.clone(),
+                        key: key.clone(),
+                        policy: policy.name().into(),
+                    };
+                    runtime.spawn(asking.run());
                 }
                 // No runtime to look up in: asked again after the cache time.
                 Err(_) => {
@@ -334,6 +344,52 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
             }
         }
         inner.table.applied(key, policy, now)
+    }
+}
+
+/// A lookup in the background of one key under one policy, which the
+/// cache marked pending. Dropped however it ends (answered, failed, given
+/// up on past the cache time, panicked, or never run by a runtime shutting
+/// down), it ends the pending mark if the answer did not, so that the key
+/// is looked up again after the cache time rather than never.
+struct Asking<L: OverrideLookup> {
+    inner: Arc<Inner<L>>,
+    key: Key,
+    policy: Box<str>,
+}
+
+impl<L: OverrideLookup> Asking<L> {
+    async fn run(self) {
+        let inner = &self.inner;
+        let looking = inner.load(&self.key, &self.policy);
+        let failure = match tokio::time::timeout(inner.time, looking).await {
+            Ok(Ok(())) => return,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => String::from("no answer within the cache time"),
+        };
+        if let Some(suppressed) = inner.failures.may_log(tokio::time::Instant::now()) {
+            tracing::warn!(
+                error = failure,
+                policy = &*self.policy,
+                suppressed,
+                "override lookup failed; the key keeps what it had until asked again"
+            );
+        }
+    }
+}
+
+impl<L: OverrideLookup> Drop for Asking<L> {
+    fn drop(&mut self) {
+        let now = self.inner.clock.now();
+        let mut asked = self.inner.asked.lock();
+        if let Some(entry) = asked.get_mut(&self.key, &self.policy)
+            && entry.pending
+        {
+            *entry = Asked {
+                at: Some(now),
+                pending: false,
+            };
+        }
     }
 }
 
@@ -356,44 +412,4 @@ impl<L> fmt::Debug for CachedLookup<L> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct Everyone;
-
-    impl OverrideLookup for Everyone {
-        type Error = std::convert::Infallible;
-
-        async fn lookup(
-            &self,
-            _: &Key,
-            _: &str,
-        ) -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
-            Ok(Some((Override::Exempt, None)))
-        }
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn hostile_keys_cannot_grow_the_cache_past_max_keys() {
-        let cached = CachedLookup::builder(Everyone).max_keys(2).build().unwrap();
-        let api = Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
-        for i in 0..100 {
-            cached
-                .load(&Key::user(format!("k{i}")), &api)
-                .await
-                .unwrap();
-            let asked = cached.inner.asked.lock();
-            assert!(asked.len <= 2);
-            assert_eq!(
-                asked.by_key.values().map(Vec::len).sum::<usize>(),
-                asked.len
-            );
-            drop(asked);
-            assert!(cached.inner.table.len() <= 2);
-        }
-        // A second policy of a cached key is a second entry.
-        let other = Policy::new("other", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
-        cached.load(&Key::user("k99"), &other).await.unwrap();
-        assert!(cached.inner.asked.lock().len <= 2);
-    }
-}
+mod tests;
