@@ -4,6 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::running::Running;
+
 /// The server the deny cache's denials came from, by its `run_id`, which
 /// a restart changes. While the cache answers, the store asks Redis for
 /// its `run_id` at most once per [`ServerIdentity::INTERVAL`] and clears the
@@ -15,7 +17,7 @@ pub(crate) struct ServerIdentity {
     run_id: std::sync::Mutex<Option<String>>,
     /// When the last check started, in ms since the store's origin, plus 1.
     checked_at: std::sync::atomic::AtomicU64,
-    pub(crate) checking: std::sync::atomic::AtomicBool,
+    checking: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ServerIdentity {
@@ -26,23 +28,21 @@ impl ServerIdentity {
         Self {
             run_id: std::sync::Mutex::new(run_id),
             checked_at: std::sync::atomic::AtomicU64::new(0),
-            checking: std::sync::atomic::AtomicBool::new(false),
+            checking: std::sync::Arc::default(),
         }
     }
 
     /// Whether a check should start now (`now_ms` since the origin); if
-    /// so, marks it started.
-    pub(crate) fn due(&self, now_ms: u64) -> bool {
+    /// so, marks it started, until the check drops what this returns.
+    pub(crate) fn due(&self, now_ms: u64) -> Option<Running> {
         let last = self.checked_at.load(Ordering::Acquire);
         let interval = u64::try_from(Self::INTERVAL.as_millis()).unwrap_or(u64::MAX);
         if last != 0 && now_ms + 1 < last.saturating_add(interval) {
-            return false;
+            return None;
         }
-        if self.checking.swap(true, Ordering::AcqRel) {
-            return false;
-        }
+        let running = Running::take(&self.checking)?;
         self.checked_at.store(now_ms + 1, Ordering::Release);
-        true
+        Some(running)
     }
 
     /// Records the `run_id` Redis reported; whether it differs from the
@@ -104,11 +104,12 @@ mod tests {
         assert!(server.saw("77b1"), "a restarted server");
         assert!(!server.saw("77b1"));
         // At most one check per interval, and one at a time.
-        assert!(server.due(10_000));
-        assert!(!server.due(10_001), "one is running");
-        server.checking.store(false, Ordering::Release);
-        assert!(!server.due(10_001), "too soon");
-        assert!(server.due(10_000 + 500));
+        let running = server.due(10_000);
+        assert!(running.is_some());
+        assert!(server.due(10_001).is_none(), "one is running");
+        drop(running);
+        assert!(server.due(10_001).is_none(), "too soon");
+        assert!(server.due(10_000 + 500).is_some());
     }
 
     #[test]

@@ -97,6 +97,7 @@ mod ledger;
 mod op;
 mod overrides;
 mod patience;
+mod running;
 mod script;
 mod store;
 #[cfg(feature = "testing")]

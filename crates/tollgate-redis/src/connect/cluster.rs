@@ -2,7 +2,7 @@
 //! [`RedisStoreBuilder::connect_cluster`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use crate::builder::RedisStoreBuilder;
 use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
 use crate::keys::hash_slot;
+use crate::running::Running;
 use crate::store::RedisStore;
 
 const SLOTS: usize = 16_384;
@@ -41,7 +42,7 @@ struct Inner {
     seeds: Vec<String>,
     connections: Mutex<HashMap<String, MultiplexedConnection>>,
     slots: RwLock<Vec<Arc<str>>>,
-    refreshing: AtomicBool,
+    refreshing: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for ClusterConnection {
@@ -66,7 +67,7 @@ impl ClusterConnection {
                 seeds,
                 connections: Mutex::new(HashMap::new()),
                 slots: RwLock::new(vec![Arc::from(""); SLOTS]),
-                refreshing: AtomicBool::new(false),
+                refreshing: Arc::new(AtomicBool::new(false)),
             }),
         };
         if let Err(error) = this.refresh().await {
@@ -170,15 +171,15 @@ impl ClusterConnection {
     }
 
     fn refresh_in_background(&self) {
-        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+        let Some(running) = Running::take(&self.inner.refreshing) else {
             return;
-        }
+        };
         let this = self.clone();
         tokio::spawn(async move {
+            let _running = running;
             let _ = this.refresh().await;
             // At most one refresh per 50 ms while a node stays down.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            this.inner.refreshing.store(false, Ordering::Release);
         });
     }
 

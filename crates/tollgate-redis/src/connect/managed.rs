@@ -11,6 +11,7 @@ use redis::{Cmd, FromRedisValue};
 use crate::builder::RedisStoreBuilder;
 use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
+use crate::running::Running;
 
 /// A multiplexed [`ConnectionManager`] (which reconnects by itself after
 /// I/O errors) that the store also replaces with a freshly connected one
@@ -162,11 +163,12 @@ impl Swappable {
         &self,
         fresh: impl Future<Output = Result<ConnectionManager, redis::RedisError>> + Send + 'static,
     ) {
-        if self.refreshing.swap(true, Ordering::AcqRel) {
+        let Some(running) = Running::take(&self.refreshing) else {
             return;
-        }
+        };
         let this = self.clone();
         tokio::spawn(async move {
+            let _running = running;
             let made = tokio::time::timeout(this.connect_budget, fresh).await;
             {
                 let mut current = this.current.lock().unwrap_or_else(PoisonError::into_inner);
@@ -182,7 +184,45 @@ impl Swappable {
                     Ok(Err(_)) | Err(_) => {}
                 }
             }
-            this.refreshing.store(false, Ordering::Release);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> impl Future<Output = Result<ConnectionManager, redis::RedisError>> {
+        std::future::ready(Err(std::io::Error::other("refused").into()))
+    }
+
+    #[test]
+    fn a_replacement_its_runtime_never_runs_lets_the_next_one_start() {
+        let live = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let swap = live.block_on(Swappable::connect(refused(), Duration::from_millis(100)));
+        assert!(swap.current().is_none());
+        let dead = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = dead.handle().clone();
+        dead.shutdown_background();
+        {
+            let _inside = handle.enter();
+            swap.refresh(refused());
+        }
+        assert!(
+            !swap.refreshing(),
+            "a replacement dropped unrun is no longer on its way"
+        );
+        live.block_on(async {
+            swap.refresh(refused());
+            assert!(swap.refreshing());
+            while swap.refreshing() {
+                tokio::task::yield_now().await;
+            }
         });
     }
 }

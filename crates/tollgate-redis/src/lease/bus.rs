@@ -173,7 +173,10 @@ impl Bus {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(nonce.clone(), acks);
-        let message = format!("d {nonce} {}", hex(identity));
+        // Waited on until this returns or is dropped on its way (its
+        // caller went away).
+        let awaiting = Awaiting { bus: self, nonce };
+        let message = format!("d {} {}", awaiting.nonce, hex(identity));
         let waited = tokio::time::timeout(timeout, async {
             let receivers = self
                 .publish(&message)
@@ -185,11 +188,23 @@ impl Bus {
                 .map_err(|_| InvalidateError::Timeout)
         })
         .await;
-        self.pending
+        waited.unwrap_or(Err(InvalidateError::Timeout))
+    }
+}
+
+/// An invalidation's acknowledgements, counted until it is dropped.
+struct Awaiting<'a> {
+    bus: &'a Bus,
+    nonce: String,
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        self.bus
+            .pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&nonce);
-        waited.unwrap_or(Err(InvalidateError::Timeout))
+            .remove(&self.nonce);
     }
 }
 
@@ -231,6 +246,31 @@ fn parse_identity(text: &str) -> Option<[u8; 16]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A channel whose publishing never ends.
+    struct Stuck;
+
+    impl Channel for Stuck {
+        fn name(&self) -> &str {
+            "stuck"
+        }
+        fn subscribe(&self) -> BoxFuture<'_, Result<BoxStream<'static, Vec<u8>>, ChannelError>> {
+            Box::pin(std::future::pending())
+        }
+        fn publish<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, ChannelError>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_invalidation_dropped_on_its_way_stops_counting_acknowledgements() {
+        let bus = Bus::new(Stuck);
+        let mut invalidating = Box::pin(bus.invalidate(&[7; 16], Duration::from_secs(60)));
+        assert!(futures::poll!(invalidating.as_mut()).is_pending());
+        assert_eq!(bus.pending.lock().unwrap().len(), 1);
+        drop(invalidating);
+        assert!(bus.pending.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn identities_round_trip_through_hex() {

@@ -2,8 +2,6 @@
 //! the general form or the batch of its word form, then breaker and
 //! deadline around each call), and a decision's script and arguments.
 
-use std::sync::atomic::Ordering;
-
 use tollgate_core::{Decision, Key, Policy};
 
 use crate::batch::{self, Batcher, Queued, Turn, WordCalls};
@@ -88,11 +86,15 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &*self.inner;
         let now_ms =
             u64::try_from(inner.wire.local_origin.elapsed().as_millis()).unwrap_or(u64::MAX / 2);
-        if !inner.wire.connection.is_one_server() || !inner.server.due(now_ms) {
+        if !inner.wire.connection.is_one_server() {
             return;
         }
+        let Some(running) = inner.server.due(now_ms) else {
+            return;
+        };
         let inner = self.inner.clone();
         tokio::spawn(async move {
+            let _running = running;
             let mut info = redis::cmd("INFO");
             info.arg("server");
             let reply =
@@ -105,7 +107,6 @@ impl<C: RedisConnection> RedisStore<C> {
             if moved {
                 inner.deny_cache.forget();
             }
-            inner.server.checking.store(false, Ordering::Release);
         });
     }
 
