@@ -243,7 +243,12 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
     }
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
-            runtime.spawn(drive(inner.clone(), kind, batch));
+            // The place goes with the batch: the task hands it on when it
+            // is dropped mid-call or unrun (a runtime shutting down).
+            let place = Place {
+                inner: Some((inner.clone(), kind)),
+            };
+            runtime.spawn(drive(place, batch));
         }
         // Outside a runtime nothing can send: the queued requests fail
         // (their senders are dropped) and the place is given back.
@@ -267,22 +272,16 @@ fn take(batcher: &Batcher) -> Vec<Queued> {
     batch
 }
 
-/// Sends batches until the queue is empty, then gives the place back.
-async fn drive<S: WordCalls>(inner: Arc<S>, kind: Kind, mut batch: Vec<Queued>) {
-    // Gives the place back if the task is dropped mid-call (the runtime
-    // shutting down); disarmed when the loop gives it back itself.
-    struct Slot<'a>(Option<&'a Batcher>);
-    impl Drop for Slot<'_> {
-        fn drop(&mut self) {
-            if let Some(batcher) = self.0 {
-                batcher.queue().in_flight -= 1;
-            }
-        }
-    }
+/// Sends batches in `place` until the queue is empty, then gives the
+/// place back. Dropped before (mid-call, or unrun), the place hands the
+/// queue on, or is given back.
+async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
+    let Some((inner, kind)) = place.inner.clone() else {
+        return;
+    };
     let Some(batcher) = inner.batcher(kind) else {
         return;
     };
-    let mut slot = Slot(Some(batcher));
     loop {
         // The call, not the wait in the queue, answers to the deadline and
         // the breaker: one failed call is one failure, however many
@@ -304,8 +303,72 @@ async fn drive<S: WordCalls>(inner: Arc<S>, kind: Kind, mut batch: Vec<Queued>) 
         batch = take(batcher);
         if batch.is_empty() {
             // `take` gave the place back.
-            slot.0 = None;
+            place.inner = None;
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::Algorithm;
+
+    use super::*;
+    use crate::op::form::Form;
+
+    /// A batcher whose calls never come back.
+    struct Stuck(Batcher);
+
+    impl WordCalls for Stuck {
+        fn batcher(&self, _: &dyn WordForm) -> Option<&Batcher> {
+            Some(&self.0)
+        }
+        async fn call_queued(
+            &self,
+            _: &dyn WordForm,
+            _: &[Queued],
+        ) -> Result<Vec<Word>, RedisStoreError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_place_handed_to_a_task_that_never_runs_is_given_back() {
+        let stuck = Arc::new(Stuck(Batcher::new(16)));
+        let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+        let kind = Form::word_of(&policy).unwrap();
+        let request = Request {
+            key: "k",
+            period: 0,
+            step: 1,
+            slack: 0,
+            policy: &policy,
+        };
+        let places: Vec<Place<Stuck>> = (0..IN_FLIGHT)
+            .map(|_| match enter(&stuck, kind, request) {
+                Turn::Now(place) => place,
+                Turn::Queued(_) | Turn::Full => panic!("a place is free"),
+            })
+            .collect();
+        let Turn::Queued(queued) = enter(&stuck, kind, request) else {
+            panic!("every place is taken");
+        };
+
+        // A place is given up in a runtime shutting down: it and the
+        // request queued behind it go to a task that never runs.
+        let dead = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = dead.handle().clone();
+        dead.shutdown_background();
+        let mut places = places.into_iter();
+        {
+            let _inside = handle.enter();
+            drop(places.next());
+        }
+        assert!(queued.await.is_err(), "its batch was dropped");
+        // The place is free again.
+        assert!(matches!(enter(&stuck, kind, request), Turn::Now(_)));
+        drop(places);
     }
 }

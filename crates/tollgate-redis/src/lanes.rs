@@ -160,7 +160,15 @@ impl<S: GeneralCalls> Drop for Lane<S> {
         let key = std::mem::take(&mut self.key);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(drive(self.inner.clone(), key, batch));
+                // The lane goes with the batch: the task hands it on or
+                // closes it when dropped mid-call or unrun (a runtime
+                // shutting down).
+                let lane = Lane {
+                    inner: self.inner.clone(),
+                    key,
+                    open: true,
+                };
+                runtime.spawn(drive(lane, batch));
             }
             // Outside a runtime nothing can send: the queued requests fail
             // (their senders are dropped) and the lane closes.
@@ -172,14 +180,10 @@ impl<S: GeneralCalls> Drop for Lane<S> {
     }
 }
 
-/// Sends `key`'s batches until its lane is empty.
-async fn drive<S: GeneralCalls>(inner: Arc<S>, key: String, mut batch: Vec<Waiting>) {
-    // Closes the lane, or hands it on, if the task is dropped mid-call.
-    let mut lane = Lane {
-        inner: inner.clone(),
-        key: key.clone(),
-        open: true,
-    };
+/// Sends the batches of `lane`'s key until the lane is empty. Dropped
+/// before (mid-call, or unrun), the lane is handed on or closed.
+async fn drive<S: GeneralCalls>(mut lane: Lane<S>, mut batch: Vec<Waiting>) {
+    let (inner, key) = (lane.inner.clone(), lane.key.clone());
     while let Some(first) = batch.first() {
         let policy = first.policy.clone();
         let costs: Vec<u64> = batch.iter().map(|w| w.cost).collect();
@@ -205,4 +209,67 @@ async fn drive<S: GeneralCalls>(inner: Arc<S>, key: String, mut batch: Vec<Waiti
     }
     // The last take closed the lane: nothing for the guard to hand on.
     lane.open = false;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tollgate_core::Algorithm;
+
+    use super::*;
+
+    /// Lanes whose calls never come back, counted.
+    #[derive(Default)]
+    struct Stuck {
+        lanes: Lanes,
+        calls: AtomicUsize,
+    }
+
+    impl GeneralCalls for Stuck {
+        fn lanes(&self) -> &Lanes {
+            &self.lanes
+        }
+        async fn call_general(
+            &self,
+            _: &str,
+            _: &Policy,
+            _: &[u64],
+        ) -> Result<Vec<Decision>, RedisStoreError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lane_handed_to_a_task_that_never_runs_is_closed() {
+        let stuck = Arc::new(Stuck::default());
+        let policy = Policy::new("api", Algorithm::SlidingLog, "10/s").unwrap();
+        let mut driving = Box::pin(decide(&stuck, "k", &policy, 1));
+        assert!(futures::poll!(driving.as_mut()).is_pending());
+        let mut queued = Box::pin(decide(&stuck, "k", &policy, 1));
+        assert!(futures::poll!(queued.as_mut()).is_pending());
+        assert_eq!(
+            stuck.calls.load(Ordering::SeqCst),
+            1,
+            "one behind the other"
+        );
+
+        // The driver goes away in a runtime shutting down: the lane and
+        // the request queued in it go to a task that never runs.
+        let dead = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = dead.handle().clone();
+        dead.shutdown_background();
+        {
+            let _inside = handle.enter();
+            drop(driving);
+        }
+        assert!(queued.await.is_err(), "its call was dropped");
+        // The lane is closed: the key's next request is sent.
+        let mut next = Box::pin(decide(&stuck, "k", &policy, 1));
+        assert!(futures::poll!(next.as_mut()).is_pending());
+        assert_eq!(stuck.calls.load(Ordering::SeqCst), 2, "sent, not queued");
+    }
 }

@@ -16,7 +16,7 @@ use crate::store::RedisStore;
 
 mod block;
 pub(crate) mod decide;
-mod form;
+pub(crate) mod form;
 mod general;
 mod reset;
 mod settle;
