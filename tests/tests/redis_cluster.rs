@@ -1,5 +1,6 @@
 //! The Redis store on a real Redis Cluster: 3 masters and 3 replicas
-//! started by the test. Real time, bounded.
+//! started by the test. Real time, bounded. The usage ledger on it: the
+//! ledger suite, and exact usage for keys on every master.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::sync::Arc;
@@ -7,7 +8,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, Key, Policy, Store};
-use tollgate_redis::RedisStore;
+use tollgate_core::ledger::{Granularity, Ledger, MeteredStore, UsageQuery};
+use tollgate_core::testing::check_ledger;
+use tollgate_core::{Clock, FakeClock, Settlement, Timestamp};
+use tollgate_redis::{RedisLedger, RedisStore};
 use tollgate_tests::RedisCluster;
 
 async fn store(
@@ -150,4 +154,73 @@ async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
     for (i, n) in admitted.iter().enumerate() {
         assert!(*n <= 10, "key f{i} admitted {n} times");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_ledger_bills_exactly_on_a_cluster() {
+    let cluster = RedisCluster::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(1_769_900_400));
+    let metered = |clock: &FakeClock| {
+        let clock = clock.clone();
+        let urls = cluster.urls();
+        async move {
+            let store = RedisStore::builder()
+                .deadline(Duration::from_secs(5))
+                .response_timeout(Duration::from_secs(1))
+                .test_clock(clock)
+                .connect_cluster(urls)
+                .await
+                .unwrap();
+            let ledger = RedisLedger::builder(&store)
+                .flush_interval(Duration::from_secs(3_600))
+                .unwrap()
+                .build()
+                .unwrap();
+            MeteredStore::new(store, ledger)
+        }
+    };
+    let suite = metered(&clock).await;
+    let report = check_ledger(&suite, &clock).await.unwrap();
+    assert!(report.admitted > 200 && report.buckets > 50, "{report:?}");
+
+    // 300 keys, spread over the three masters, each charged and settled.
+    let store = metered(&clock).await;
+    let policy = Policy::new("billed", Algorithm::Gcra, "1000000/h").unwrap();
+    let mut expected = vec![0_u64; 300];
+    let from = clock.now();
+    for round in 0..4_u64 {
+        for (k, billed) in expected.iter_mut().enumerate() {
+            let key = Key::user(format!("tenant-{k}"));
+            let cost = 1 + (k as u64 + round) % 7;
+            let decision = store.check(&key, &policy, cost).await.unwrap();
+            assert!(decision.is_allowed(), "{decision:?}");
+            let used = if (k as u64 + round).is_multiple_of(3) {
+                let actual = (k as u64 * 5 + round) % 12;
+                let settled = Settlement::of(&decision, cost, actual);
+                store.settle(&key, &policy, settled).await.unwrap();
+                actual
+            } else {
+                cost
+            };
+            *billed += used;
+        }
+        clock.advance(Duration::from_secs(1_200));
+    }
+    store.ledger().flush().await.unwrap();
+    let query = UsageQuery::new(Granularity::Hour, from, clock.now()).unwrap();
+    for (k, billed) in expected.iter().enumerate() {
+        let key = Key::user(format!("tenant-{k}"));
+        let usage = store
+            .ledger()
+            .usage(&key, policy.name(), query)
+            .await
+            .unwrap();
+        assert_eq!(usage.total(), *billed, "tenant-{k}");
+    }
+    let masters = cluster.masters();
+    let spread: Vec<u64> = masters.iter().map(|&m| cluster.nodes[m].dbsize()).collect();
+    assert!(
+        spread.iter().all(|&n| n > 100),
+        "keys per master: {spread:?}"
+    );
 }
