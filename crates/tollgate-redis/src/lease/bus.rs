@@ -105,6 +105,10 @@ impl Bus {
                 };
                 pause = Duration::from_millis(50);
                 strong.bus().listening.store(true, Ordering::Release);
+                // However hearing ends (the subscription lost, or this task
+                // panicking, or dropped with its runtime), the instance stops
+                // taking leases and drops those it holds.
+                let hearing = Hearing(listener.clone());
                 drop(strong);
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(());
@@ -115,12 +119,10 @@ impl Bus {
                     };
                     strong.bus().receive(&*strong, &payload).await;
                 }
+                drop(hearing);
                 let Some(strong) = listener.upgrade() else {
                     return;
                 };
-                strong.bus().listening.store(false, Ordering::Release);
-                strong.bus().generation.fetch_add(1, Ordering::AcqRel);
-                strong.drop_all();
                 tracing::warn!(
                     channel = %strong.bus().channel.name(),
                     "lease invalidations: subscription lost; leases dropped until it is back"
@@ -192,6 +194,21 @@ impl Bus {
     }
 }
 
+/// A subscription heard from: dropped, it ends the instance's leases
+/// (see [`Bus::listen`]).
+struct Hearing<L: Listener>(Weak<L>);
+
+impl<L: Listener> Drop for Hearing<L> {
+    fn drop(&mut self) {
+        if let Some(listener) = self.0.upgrade() {
+            let bus = listener.bus();
+            bus.listening.store(false, Ordering::Release);
+            bus.generation.fetch_add(1, Ordering::AcqRel);
+            listener.drop_all();
+        }
+    }
+}
+
 /// An invalidation's acknowledgements, counted until it is dropped.
 struct Awaiting<'a> {
     bus: &'a Bus,
@@ -246,6 +263,7 @@ fn parse_identity(text: &str) -> Option<[u8; 16]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     /// A channel whose publishing never ends.
     struct Stuck;
@@ -260,6 +278,62 @@ mod tests {
         fn publish<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, ChannelError>> {
             Box::pin(std::future::pending())
         }
+    }
+
+    /// A channel that subscribes at once and never delivers a message.
+    struct Quiet;
+
+    impl Channel for Quiet {
+        fn name(&self) -> &str {
+            "quiet"
+        }
+        fn subscribe(&self) -> BoxFuture<'_, Result<BoxStream<'static, Vec<u8>>, ChannelError>> {
+            let messages: BoxStream<'static, Vec<u8>> = Box::pin(futures::stream::pending());
+            Box::pin(std::future::ready(Ok(messages)))
+        }
+        fn publish<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, ChannelError>> {
+            Box::pin(std::future::ready(Ok(1)))
+        }
+    }
+
+    /// The leases of one instance: how often all of them were dropped.
+    struct Leases {
+        bus: Bus,
+        dropped: AtomicU64,
+    }
+
+    impl Listener for Leases {
+        fn drop_identity(&self, _: &[u8; 16]) {}
+        fn drop_all(&self) {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+        fn bus(&self) -> &Bus {
+            &self.bus
+        }
+    }
+
+    #[test]
+    fn an_instance_whose_listening_task_is_gone_takes_no_more_leases() {
+        let leases = Arc::new(Leases {
+            bus: Bus::new(Quiet),
+            dropped: AtomicU64::new(0),
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(Bus::listen(Arc::downgrade(&leases)));
+        assert!(leases.bus.listening());
+        let generation = leases.bus.generation.load(Ordering::SeqCst);
+        // The runtime goes, and the listening task with it.
+        drop(runtime);
+        assert!(!leases.bus.listening(), "no invalidation can be heard");
+        assert_eq!(leases.dropped.load(Ordering::SeqCst), 1, "leases held end");
+        assert_eq!(
+            leases.bus.generation.load(Ordering::SeqCst),
+            generation + 1,
+            "a grant on its way is not kept"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
