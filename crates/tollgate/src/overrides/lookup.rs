@@ -68,14 +68,15 @@ pub trait OverrideLookup: Send + Sync + 'static {
 /// lookup, and the first request of a key on an instance is decided
 /// before its lookup returns. Expiries apply at once, by the clock.
 ///
-/// A lookup that takes longer than the cache time is given up on, and so
-/// is one that fails or panics: the key keeps what it had and is looked up
-/// again after the cache time. Failures are logged at most once a second.
+/// A lookup that fails or panics leaves the key what it had, and the key
+/// is looked up again after the cache time. One still under way a cache
+/// time after it began is given up on (aborted) by the next request that
+/// finds it so, which asks again. Failures are logged at most once a
+/// second.
 ///
 /// The cache holds at most `max_keys` keys and policies (default 100,000);
 /// past it, an arbitrary one is forgotten for each new one, so hostile
-/// keys cannot grow it. Needs a Tokio runtime with its timer enabled (as
-/// `#[tokio::main]` makes) for the background lookups.
+/// keys cannot grow it. Needs a Tokio runtime for the background lookups.
 ///
 /// ```
 /// use std::time::Duration;
@@ -122,10 +123,27 @@ struct Inner<L> {
     failures: Throttle,
 }
 
-#[derive(Clone, Copy)]
 struct Asked {
+    /// When the last lookup ended.
     at: Option<Timestamp>,
-    pending: bool,
+    /// The lookup under way, if any.
+    pending: Option<Pending>,
+}
+
+/// A lookup under way: when it began, and its task once spawned.
+struct Pending {
+    since: Timestamp,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+impl Asked {
+    /// Asked at `at`, with no lookup under way.
+    fn ended(at: Timestamp) -> Self {
+        Self {
+            at: Some(at),
+            pending: None,
+        }
+    }
 }
 
 /// When each key and policy was last asked: by key, then by policy name,
@@ -286,60 +304,95 @@ impl<L: OverrideLookup> Inner<L> {
                 }
             }
         }
-        let fresh = Asked {
-            at: Some(now),
-            pending: false,
-        };
         let mut asked = self.asked.lock();
-        asked.put(key, policy, fresh, self.max_keys, &self.table);
+        asked.put(key, policy, Asked::ended(now), self.max_keys, &self.table);
         found.map(drop)
     }
 
-    /// Whether `key` under `policy` needs a lookup now; marks it pending
-    /// if so.
-    fn due(&self, key: &Key, policy: &str, now: Timestamp) -> bool {
+    /// Whether `key` under `policy` needs a lookup now: its last answer is
+    /// older than the cache time, and no lookup began within it. If so,
+    /// marks one under way since `now`, and hands back the task of the one
+    /// it gives up on, to abort.
+    fn due(&self, key: &Key, policy: &str, now: Timestamp) -> Due {
+        let stale = |at: Timestamp| now.saturating_duration_since(at) >= self.time;
         let mut asked = self.asked.lock();
-        if let Some(entry) = asked.get_mut(key, policy) {
-            let stale = entry
-                .at
-                .is_none_or(|at| now.saturating_duration_since(at) >= self.time);
-            if entry.pending || !stale {
-                return false;
-            }
-            entry.pending = true;
-            return true;
-        }
-        let pending = Asked {
-            at: None,
-            pending: true,
+        let began = Pending {
+            since: now,
+            task: None,
         };
-        asked.put(key, policy, pending, self.max_keys, &self.table);
-        true
+        let Some(entry) = asked.get_mut(key, policy) else {
+            let first = Asked {
+                at: None,
+                pending: Some(began),
+            };
+            asked.put(key, policy, first, self.max_keys, &self.table);
+            return Due::Yes(None);
+        };
+        let due = match &entry.pending {
+            Some(pending) => stale(pending.since),
+            None => entry.at.is_none_or(stale),
+        };
+        if !due {
+            return Due::No;
+        }
+        Due::Yes(
+            entry
+                .pending
+                .replace(began)
+                .and_then(|given_up| given_up.task),
+        )
     }
+
+    /// Records the task of the lookup under way since `since`, unless it
+    /// already ended or was given up on.
+    fn began(&self, key: &Key, policy: &str, since: Timestamp, task: tokio::task::AbortHandle) {
+        let mut asked = self.asked.lock();
+        if let Some(pending) = asked
+            .get_mut(key, policy)
+            .and_then(|entry| entry.pending.as_mut())
+            .filter(|pending| pending.since == since)
+        {
+            pending.task = Some(task);
+        }
+    }
+}
+
+/// Whether a request should start a lookup.
+enum Due {
+    No,
+    /// Yes, giving up on the lookup of this task if there is one.
+    Yes(Option<tokio::task::AbortHandle>),
 }
 
 impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
     fn applied(&self, key: &Key, policy: &Policy) -> Option<Applied> {
         let inner = &self.inner;
         let now = inner.clock.now();
-        if inner.due(key, policy.name(), now) {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    let asking = Asking {
-                        inner: inner.clone(),
-                        key: key.clone(),
-                        policy: policy.name().into(),
-                    };
-                    runtime.spawn(asking.run());
+        match inner.due(key, policy.name(), now) {
+            Due::No => {}
+            Due::Yes(given_up) => {
+                if let Some(task) = given_up {
+                    task.abort();
+                    inner.failed(&"no answer within the cache time", policy.name());
                 }
-                // No runtime to look up in: asked again after the cache time.
-                Err(_) => {
-                    let later = Asked {
-                        at: Some(now),
-                        pending: false,
-                    };
-                    let mut asked = inner.asked.lock();
-                    asked.put(key, policy.name(), later, inner.max_keys, &inner.table);
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        let asking = Asking {
+                            inner: inner.clone(),
+                            key: key.clone(),
+                            policy: policy.name().into(),
+                            since: now,
+                        };
+                        let task = runtime.spawn(asking.run());
+                        inner.began(key, policy.name(), now, task.abort_handle());
+                    }
+                    // No runtime to look up in: asked again after the cache
+                    // time.
+                    Err(_) => {
+                        let mut asked = inner.asked.lock();
+                        let later = Asked::ended(now);
+                        asked.put(key, policy.name(), later, inner.max_keys, &inner.table);
+                    }
                 }
             }
         }
@@ -347,33 +400,36 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
     }
 }
 
-/// A lookup in the background of one key under one policy, which the
-/// cache marked pending. Dropped however it ends (answered, failed, given
-/// up on past the cache time, panicked, or never run by a runtime shutting
-/// down), it ends the pending mark if the answer did not, so that the key
-/// is looked up again after the cache time rather than never.
+impl<L> Inner<L> {
+    /// Logs a failed lookup, at most once a second.
+    fn failed(&self, error: &dyn fmt::Display, policy: &str) {
+        if let Some(suppressed) = self.failures.may_log(tokio::time::Instant::now()) {
+            tracing::warn!(
+                %error,
+                policy,
+                suppressed,
+                "override lookup failed; the key keeps what it had until asked again"
+            );
+        }
+    }
+}
+
+/// The lookup of one key under one policy in the background, under way
+/// since `since`. Dropped however it ends (answered, failed, panicked,
+/// aborted, or never run by a runtime shutting down), it ends its mark as
+/// under way if the answer did not, so that the key is looked up again
+/// after the cache time rather than never.
 struct Asking<L: OverrideLookup> {
     inner: Arc<Inner<L>>,
     key: Key,
     policy: Box<str>,
+    since: Timestamp,
 }
 
 impl<L: OverrideLookup> Asking<L> {
     async fn run(self) {
-        let inner = &self.inner;
-        let looking = inner.load(&self.key, &self.policy);
-        let failure = match tokio::time::timeout(inner.time, looking).await {
-            Ok(Ok(())) => return,
-            Ok(Err(error)) => error.to_string(),
-            Err(_) => String::from("no answer within the cache time"),
-        };
-        if let Some(suppressed) = inner.failures.may_log(tokio::time::Instant::now()) {
-            tracing::warn!(
-                error = failure,
-                policy = &*self.policy,
-                suppressed,
-                "override lookup failed; the key keeps what it had until asked again"
-            );
+        if let Err(error) = self.inner.load(&self.key, &self.policy).await {
+            self.inner.failed(&error, &self.policy);
         }
     }
 }
@@ -383,12 +439,12 @@ impl<L: OverrideLookup> Drop for Asking<L> {
         let now = self.inner.clock.now();
         let mut asked = self.inner.asked.lock();
         if let Some(entry) = asked.get_mut(&self.key, &self.policy)
-            && entry.pending
+            && entry
+                .pending
+                .as_ref()
+                .is_some_and(|pending| pending.since == self.since)
         {
-            *entry = Asked {
-                at: Some(now),
-                pending: false,
-            };
+            *entry = Asked::ended(now);
         }
     }
 }

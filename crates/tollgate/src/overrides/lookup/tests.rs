@@ -1,7 +1,7 @@
 //! The cache's bounds, and lookups that hang, panic or never run.
 
 use super::*;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 struct Everyone;
 
@@ -17,13 +17,24 @@ impl OverrideLookup for Everyone {
     }
 }
 
-/// Hangs on its first lookup of each run of `hang`, panics on those
-/// of `panic`, and finds every key exempt otherwise.
+/// Hangs on its first `hang` lookups, panics on the next `panic`, and
+/// finds every key exempt after that. Counts its lookups, and the hung
+/// ones dropped.
 #[derive(Default)]
 struct Flaky {
-    calls: std::sync::atomic::AtomicUsize,
+    calls: AtomicUsize,
     hang: usize,
     panic: usize,
+    dropped: Arc<AtomicUsize>,
+}
+
+/// Counts a hung lookup when it is dropped.
+struct Hung(Arc<AtomicUsize>);
+
+impl Drop for Hung {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl OverrideLookup for Flaky {
@@ -34,11 +45,12 @@ impl OverrideLookup for Flaky {
         _: &Key,
         _: &str,
     ) -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
-        let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
         if call < self.hang {
+            let _hung = Hung(self.dropped.clone());
             std::future::pending::<()>().await;
         }
-        assert!(call >= self.panic, "the lookup's own bug");
+        assert!(call >= self.hang + self.panic, "the lookup's own bug");
         Ok(Some((Override::Exempt, None)))
     }
 }
@@ -54,51 +66,53 @@ fn flaky(hang: usize, panic: usize, clock: &tollgate_core::FakeClock) -> CachedL
     builder.clock(clock.clone()).build().unwrap()
 }
 
-/// Lets the lookups spawned so far run as far as they can.
-async fn settle() {
+/// Lets the lookups spawned so far run as far as they can, then counts
+/// the lookups made.
+async fn calls(cached: &CachedLookup<Flaky>) -> usize {
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
+    cached.inner.lookup.calls.load(Ordering::SeqCst)
 }
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_lookup_that_never_answers_is_given_up_on_and_asked_again() {
+fn api() -> Policy {
+    Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap()
+}
+
+// On a runtime without a timer: a cached lookup needs none.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lookup_that_never_answers_is_given_up_on_after_the_cache_time() {
     let clock = tollgate_core::FakeClock::default();
     let cached = flaky(1, 0, &clock);
-    let api = Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
-    let key = Key::user("acme");
+    let (api, key) = (api(), Key::user("acme"));
     assert!(cached.applied(&key, &api).is_none());
-    settle().await;
-    assert_eq!(cached.inner.lookup.calls.load(Ordering::SeqCst), 1);
-    // Past the cache time the hung lookup is given up on; the key is
-    // asked again a cache time later, and answered.
-    tokio::time::advance(Duration::from_secs(10)).await;
-    settle().await;
-    clock.advance(Duration::from_secs(10));
-    assert!(cached.applied(&key, &api).is_none(), "not asked again yet");
-    assert_eq!(cached.inner.lookup.calls.load(Ordering::SeqCst), 1);
-    clock.advance(Duration::from_secs(10));
+    assert_eq!(calls(&cached).await, 1);
+    clock.advance(Duration::from_secs(9));
     assert!(cached.applied(&key, &api).is_none());
-    settle().await;
-    assert_eq!(cached.inner.lookup.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls(&cached).await, 1, "still under way");
+    // A cache time after it began, the next request gives it up and asks
+    // again.
+    clock.advance(Duration::from_secs(1));
+    assert!(cached.applied(&key, &api).is_none());
+    assert_eq!(calls(&cached).await, 2);
+    let dropped = cached.inner.lookup.dropped.load(Ordering::SeqCst);
+    assert_eq!(dropped, 1, "the hung lookup was aborted");
     assert!(matches!(cached.applied(&key, &api), Some(Applied::Exempt)));
 }
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
+#[tokio::test(flavor = "current_thread")]
 async fn a_lookup_that_panics_is_asked_again_after_the_cache_time() {
     let clock = tollgate_core::FakeClock::default();
     let cached = flaky(0, 1, &clock);
-    let api = Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
-    let key = Key::user("acme");
+    let (api, key) = (api(), Key::user("acme"));
     assert!(cached.applied(&key, &api).is_none());
-    settle().await;
-    assert_eq!(cached.inner.lookup.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(calls(&cached).await, 1);
     clock.advance(Duration::from_secs(9));
-    assert!(cached.applied(&key, &api).is_none(), "not asked again yet");
+    assert!(cached.applied(&key, &api).is_none());
+    assert_eq!(calls(&cached).await, 1, "not asked again yet");
     clock.advance(Duration::from_secs(1));
     assert!(cached.applied(&key, &api).is_none());
-    settle().await;
-    assert_eq!(cached.inner.lookup.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls(&cached).await, 2);
     assert!(matches!(cached.applied(&key, &api), Some(Applied::Exempt)));
 }
 
@@ -106,8 +120,7 @@ async fn a_lookup_that_panics_is_asked_again_after_the_cache_time() {
 fn a_lookup_its_runtime_never_runs_is_asked_again_after_the_cache_time() {
     let clock = tollgate_core::FakeClock::default();
     let cached = flaky(0, 0, &clock);
-    let api = Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap();
-    let key = Key::user("acme");
+    let (api, key) = (api(), Key::user("acme"));
     let dead = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -117,16 +130,17 @@ fn a_lookup_its_runtime_never_runs_is_asked_again_after_the_cache_time() {
         let _inside = handle.enter();
         assert!(cached.applied(&key, &api).is_none());
     }
-    assert_eq!(cached.inner.lookup.calls.load(Ordering::SeqCst), 0);
     let live = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
         .build()
         .unwrap();
     live.block_on(async {
-        clock.advance(Duration::from_secs(10));
+        assert_eq!(calls(&cached).await, 0);
+        clock.advance(Duration::from_secs(9));
         assert!(cached.applied(&key, &api).is_none());
-        settle().await;
-        assert_eq!(cached.inner.lookup.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(calls(&cached).await, 0, "not asked again yet");
+        clock.advance(Duration::from_secs(1));
+        assert!(cached.applied(&key, &api).is_none());
+        assert_eq!(calls(&cached).await, 1);
         assert!(matches!(cached.applied(&key, &api), Some(Applied::Exempt)));
     });
 }
