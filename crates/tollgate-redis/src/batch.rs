@@ -38,6 +38,7 @@ use tollgate_core::Policy;
 use crate::error::RedisStoreError;
 use crate::op::word::{BatchOf, Request, Word, WordForm};
 use crate::patience;
+use crate::running;
 
 /// What the queue needs of whoever owns it (the store): the batcher of a
 /// form, and a call of queued requests under the store's deadline and
@@ -241,18 +242,19 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
     if batch.is_empty() {
         return;
     }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
+    match running::hand_on_runtime() {
+        Some(runtime) => {
             // The place goes with the batch: the task hands it on when it
             // is dropped mid-call or unrun (a runtime shutting down).
             let place = Place {
                 inner: Some((inner.clone(), kind)),
             };
-            runtime.spawn(drive(place, batch));
+            running::hand_on(&runtime, drive(place, batch));
         }
-        // Outside a runtime nothing can send: the queued requests fail
-        // (their senders are dropped) and the place is given back.
-        Err(_) => {
+        // Outside a runtime (or inside a spawn that dropped the place
+        // unrun) nothing can send: the batch's requests fail (their
+        // senders are dropped) and the place is given back.
+        None => {
             drop(batch);
             batcher.queue().in_flight -= 1;
         }
@@ -334,7 +336,8 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_place_handed_to_a_task_that_never_runs_is_given_back() {
-        let stuck = Arc::new(Stuck(Batcher::new(16)));
+        // One request per call: each queued request is a batch of its own.
+        let stuck = Arc::new(Stuck(Batcher::new(1)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let kind = Form::word_of(&policy).unwrap();
         let request = Request {
@@ -350,12 +353,17 @@ mod tests {
                 Turn::Queued(_) | Turn::Full => panic!("a place is free"),
             })
             .collect();
-        let Turn::Queued(queued) = enter(&stuck, kind, request) else {
-            panic!("every place is taken");
-        };
+        let mut queued: Vec<_> = (0..5)
+            .map(|_| match enter(&stuck, kind, request) {
+                Turn::Queued(reply) => reply,
+                Turn::Now(_) | Turn::Full => panic!("every place is taken"),
+            })
+            .collect();
 
-        // A place is given up in a runtime shutting down: it and the
-        // request queued behind it go to a task that never runs.
+        // A place is given up in a runtime shutting down: it and the first
+        // batch queued behind it go to a task that never runs. Dropped
+        // inside the spawn, that task's place gives the next batch up and
+        // itself back, rather than hand on again, once per batch queued.
         let dead = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -366,7 +374,16 @@ mod tests {
             let _inside = handle.enter();
             drop(places.next());
         }
-        assert!(queued.await.is_err(), "its batch was dropped");
+        for dropped in queued.drain(..2) {
+            assert!(dropped.await.is_err(), "its batch was dropped");
+        }
+        for waiting in &mut queued {
+            assert!(
+                waiting
+                    .try_recv()
+                    .is_err_and(|e| e == oneshot::error::TryRecvError::Empty)
+            );
+        }
         // The place is free again.
         assert!(matches!(enter(&stuck, kind, request), Turn::Now(_)));
         drop(places);

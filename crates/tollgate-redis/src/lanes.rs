@@ -23,6 +23,7 @@ use tollgate_core::{Decision, Policy};
 use std::future::Future;
 
 use crate::error::RedisStoreError;
+use crate::running;
 
 /// What the lanes need of whoever owns them (the store): the lanes, and a
 /// general-script call under the store's deadline and breaker.
@@ -158,8 +159,8 @@ impl<S: GeneralCalls> Drop for Lane<S> {
             return;
         }
         let key = std::mem::take(&mut self.key);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
+        match running::hand_on_runtime() {
+            Some(runtime) => {
                 // The lane goes with the batch: the task hands it on or
                 // closes it when dropped mid-call or unrun (a runtime
                 // shutting down).
@@ -168,11 +169,12 @@ impl<S: GeneralCalls> Drop for Lane<S> {
                     key,
                     open: true,
                 };
-                runtime.spawn(drive(lane, batch));
+                running::hand_on(&runtime, drive(lane, batch));
             }
-            // Outside a runtime nothing can send: the queued requests fail
-            // (their senders are dropped) and the lane closes.
-            Err(_) => {
+            // Outside a runtime (or inside a spawn that dropped the lane
+            // unrun) nothing can send: the queued requests fail (their
+            // senders are dropped) and the lane closes.
+            None => {
                 drop(batch);
                 self.inner.lanes().map().remove(&key);
             }
@@ -247,8 +249,18 @@ mod tests {
         let policy = Policy::new("api", Algorithm::SlidingLog, "10/s").unwrap();
         let mut driving = Box::pin(decide(&stuck, "k", &policy, 1));
         assert!(futures::poll!(driving.as_mut()).is_pending());
-        let mut queued = Box::pin(decide(&stuck, "k", &policy, 1));
-        assert!(futures::poll!(queued.as_mut()).is_pending());
+        // Queued behind it: requests of two policies in turn, each a batch
+        // of its own.
+        let other = Policy::new("other", Algorithm::SlidingLog, "20/s").unwrap();
+        let mut queued: Vec<_> = (0..6)
+            .map(|i| {
+                let policy = if i % 2 == 0 { &policy } else { &other };
+                Box::pin(decide(&stuck, "k", policy, 1))
+            })
+            .collect();
+        for request in &mut queued {
+            assert!(futures::poll!(request.as_mut()).is_pending());
+        }
         assert_eq!(
             stuck.calls.load(Ordering::SeqCst),
             1,
@@ -256,7 +268,9 @@ mod tests {
         );
 
         // The driver goes away in a runtime shutting down: the lane and
-        // the request queued in it go to a task that never runs.
+        // the first batch queued in it go to a task that never runs.
+        // Dropped inside the spawn, that task's lane closes rather than
+        // hand on again, once per batch queued.
         let dead = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -266,7 +280,9 @@ mod tests {
             let _inside = handle.enter();
             drop(driving);
         }
-        assert!(queued.await.is_err(), "its call was dropped");
+        for request in queued {
+            assert!(request.await.is_err(), "its call was dropped");
+        }
         // The lane is closed: the key's next request is sent.
         let mut next = Box::pin(decide(&stuck, "k", &policy, 1));
         assert!(futures::poll!(next.as_mut()).is_pending());

@@ -1,8 +1,13 @@
-//! One piece of background work at a time: a connection's replacement, a
-//! slot map's refresh, a check of which server answers.
+//! Background work: one piece at a time (a connection's replacement, a
+//! slot map's refresh, a check of which server answers), and work handed
+//! on by a guard (a batch's place, a key's lane).
 
+use std::cell::Cell;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::runtime::Handle;
 
 /// The flag that marks background work as under way, held by that work.
 /// Taken before the work is spawned and moved into its future, it is let
@@ -24,6 +29,37 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
     }
+}
+
+thread_local! {
+    /// Set while this thread spawns work handed on (see [`hand_on`]).
+    static HANDING_ON: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The runtime to hand work on to: the current one, unless there is none
+/// or this thread is handing work on already. A runtime shutting down
+/// drops what it is given at once, unrun, inside the spawn, and the guard
+/// in that work would hand on again, as deep as there is work queued: the
+/// nested guard gets `None` instead, and gives up what it holds.
+pub(crate) fn hand_on_runtime() -> Option<Handle> {
+    if HANDING_ON.get() {
+        return None;
+    }
+    Handle::try_current().ok()
+}
+
+/// Spawns `work`, which holds a guard that hands on what it holds when
+/// dropped, on `runtime` (from [`hand_on_runtime`]).
+pub(crate) fn hand_on(runtime: &Handle, work: impl Future<Output = ()> + Send + 'static) {
+    struct Handing;
+    impl Drop for Handing {
+        fn drop(&mut self) {
+            HANDING_ON.set(false);
+        }
+    }
+    HANDING_ON.set(true);
+    let _handing = Handing;
+    drop(runtime.spawn(work));
 }
 
 #[cfg(test)]
