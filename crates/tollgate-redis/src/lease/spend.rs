@@ -177,7 +177,9 @@ impl<S: Store> Store for LeasedStore<S> {
         if ended.is_empty() {
             return deciding.await;
         }
-        let ((), decision) = tokio::join!(Box::pin(shared.give_back(ended)), deciding);
+        // The decision first: a grant's guard (`Settled`) is made on its
+        // first poll, before anything else of this request can fail.
+        let (decision, ()) = tokio::join!(biased; deciding, Box::pin(shared.give_back(ended)));
         decision
     }
 
