@@ -194,73 +194,92 @@ async fn a_request_dropped_while_its_grant_is_on_its_way_leaves_no_request_waiti
     );
 }
 
-/// A lease asked for ahead by a task that never runs (spawned onto a
-/// runtime shutting down, which drops it unrun) leaves nothing waiting for
-/// it: not the key's next requests, which would wait for that grant, nor
-/// `wait_for_grants`, which would count it forever. Nothing is lost either:
-/// the grant never reached Redis. (A task that panics is dropped the same
-/// way.)
+/// A lease asked for ahead by a task that never runs leaves nothing
+/// waiting for it: not the key's next requests, which would wait for that
+/// grant, nor `wait_for_grants`, which would count it forever. Nothing is
+/// lost either: the grant never reached Redis. Two keys with the same
+/// history: one asks ahead onto a runtime that is never driven and then
+/// shuts down, dropping the task unrun; the other onto a runtime already
+/// shut down, which drops it inside the spawn. (A task that panics is
+/// dropped the same way.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_asked_for_ahead_by_a_task_that_never_runs_leaves_nothing_waiting() {
     let url = require_redis().await;
     let clock = FakeClock::new(START);
     let store = leased(&url, "lease-unrun", &clock).await;
     let policy = Policy::new("unrun", Algorithm::FixedWindow, "1000000/day").unwrap();
-    let key = Key::user("shutting-down");
+    let keys = [Key::user("idle"), Key::user("shut-down")];
     let gap = INTERVAL / 10;
-    steady(&store, &clock, &key, &policy, gap, 100).await;
-    let mut requests = 100;
-    // On until one lease is held and no other is on its way or waiting.
-    while store.outstanding().0 != 1 {
-        steady(&store, &clock, &key, &policy, gap, 1).await;
+    // Both keys in step: a request each every gap, until each holds one
+    // lease, with no other on its way or waiting.
+    let mut requests = 0;
+    while requests < 100 || store.outstanding().0 != 2 {
+        for key in &keys {
+            let decision = store.check(key, &policy, 1).await.unwrap();
+            assert!(decision.is_allowed(), "{decision:?}");
+        }
+        store.wait_for_grants().await;
+        clock.advance(gap);
         requests += 1;
-        assert!(requests < 200, "never a single lease");
+        assert!(requests < 200, "never a single lease each");
     }
-    let before = store.calls();
+    requests *= 2;
 
-    // Spent without waiting, in the context of a runtime already shut
-    // down, until the lease is used up: the next one is asked for ahead
-    // on the way, onto that runtime.
+    // Each lease spent without waiting until it is used up, in the
+    // context of a runtime that cannot run the grant asked for ahead on
+    // the way.
+    let spend = |key: &Key, runtime: &tokio::runtime::Handle| {
+        let _inside = runtime.enter();
+        let mut spent = 0;
+        while let Some(decided) = store.try_check_now(key, &policy, 1) {
+            assert!(decided.unwrap().is_allowed());
+            spent += 1;
+            assert!(spent < 1_000, "the lease never ran out");
+        }
+        spent
+    };
+    let before = store.calls();
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let spent = spend(&keys[0], idle.handle());
+    let mut waiting = Box::pin(store.wait_for_grants());
+    assert!(
+        futures::poll!(waiting.as_mut()).is_pending(),
+        "a lease was asked for ahead, not run"
+    );
+    drop(waiting);
+    idle.shutdown_background();
+
     let dead = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let shut_down = dead.handle().clone();
     dead.shutdown_background();
-    let mut spent = 0;
-    loop {
-        let decided = {
-            let _inside = shut_down.enter();
-            store.try_check_now(&key, &policy, 1)
-        };
-        let Some(decided) = decided else { break };
-        assert!(decided.unwrap().is_allowed());
-        spent += 1;
-        assert!(spent < 1_000, "the lease never ran out");
-    }
-    // The single lease had more than an eighth left (a lease asks ahead
-    // at seven eighths, and none was on its way): spent to nothing, it
-    // asked ahead.
-    assert!(spent > 0, "the lease was spent from");
-    assert_eq!(store.calls(), before, "the grant asked ahead never ran");
-    requests += spent;
+    assert_eq!(spend(&keys[1], &shut_down), spent, "the same history");
+    assert_eq!(store.calls(), before, "neither grant asked ahead ran");
+    requests += 2 * spent;
 
     let waited = tokio::time::timeout(Duration::from_secs(10), store.wait_for_grants()).await;
-    assert!(waited.is_ok(), "wait_for_grants counted the unrun grant");
+    assert!(waited.is_ok(), "wait_for_grants counted the unrun grants");
     for _ in 0..100 {
-        let deciding = store.check(&key, &policy, 1);
-        let decision = tokio::time::timeout(Duration::from_secs(10), deciding)
-            .await
-            .expect("decided, not left waiting for the grant that never ran")
-            .unwrap();
-        assert!(decision.is_allowed(), "{decision:?}");
+        for key in &keys {
+            let deciding = store.check(key, &policy, 1);
+            let decision = tokio::time::timeout(Duration::from_secs(10), deciding)
+                .await
+                .expect("decided, not left waiting for the grant that never ran")
+                .unwrap();
+            assert!(decision.is_allowed(), "{decision:?}");
+        }
         store.wait_for_grants().await;
         clock.advance(gap);
     }
-    requests += 100;
+    requests += 200;
     store.return_leases().await;
-    assert_eq!(
-        used_in_redis(&store, &key, &policy).await,
-        requests,
-        "every admission counted, and nothing more"
-    );
+    let mut used = 0;
+    for key in &keys {
+        used += used_in_redis(&store, key, &policy).await;
+    }
+    assert_eq!(used, requests, "every admission counted, and nothing more");
 }
