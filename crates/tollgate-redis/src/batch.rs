@@ -364,11 +364,7 @@ mod tests {
         // batch queued behind it go to a task that never runs. Dropped
         // inside the spawn, that task's place gives the next batch up and
         // itself back, rather than hand on again, once per batch queued.
-        let dead = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let handle = dead.handle().clone();
-        dead.shutdown_background();
+        let handle = crate::running::shut_down_runtime();
         let mut places = places.into_iter();
         {
             let _inside = handle.enter();

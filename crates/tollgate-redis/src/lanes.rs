@@ -271,11 +271,7 @@ mod tests {
         // the first batch queued in it go to a task that never runs.
         // Dropped inside the spawn, that task's lane closes rather than
         // hand on again, once per batch queued.
-        let dead = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let handle = dead.handle().clone();
-        dead.shutdown_background();
+        let handle = crate::running::shut_down_runtime();
         {
             let _inside = handle.enter();
             drop(driving);

@@ -62,6 +62,18 @@ pub(crate) fn hand_on(runtime: &Handle, work: impl Future<Output = ()> + Send + 
     drop(runtime.spawn(work));
 }
 
+/// The handle of a runtime already shut down: spawning on it drops the
+/// work at once, unrun, inside the spawn.
+#[cfg(test)]
+pub(crate) fn shut_down_runtime() -> Handle {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let handle = runtime.handle().clone();
+    runtime.shutdown_background();
+    handle
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

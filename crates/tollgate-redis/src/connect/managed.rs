@@ -204,11 +204,7 @@ mod tests {
             .unwrap();
         let swap = live.block_on(Swappable::connect(refused(), Duration::from_millis(100)));
         assert!(swap.current().is_none());
-        let dead = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let handle = dead.handle().clone();
-        dead.shutdown_background();
+        let handle = crate::running::shut_down_runtime();
         {
             let _inside = handle.enter();
             swap.refresh(refused());
