@@ -82,7 +82,10 @@ impl Bus {
 
     /// Subscribes, and keeps subscribed while `listener` lives: a lost
     /// subscription drops every lease, and is made again after a pause.
-    /// Returns once the first subscription is made (or failed).
+    /// Returns once the first subscription is made (or failed). The task
+    /// that listens runs on the current runtime: if it ends otherwise (the
+    /// runtime shuts down, or it panics), every lease is dropped and none
+    /// is taken again, and a warning says so.
     pub(crate) async fn listen<L: Listener>(listener: Weak<L>) {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
@@ -108,7 +111,10 @@ impl Bus {
                 // However hearing ends (the subscription lost, or this task
                 // panicking, or dropped with its runtime), the instance stops
                 // taking leases and drops those it holds.
-                let hearing = Hearing(listener.clone());
+                let mut hearing = Hearing {
+                    listener: listener.clone(),
+                    for_good: true,
+                };
                 drop(strong);
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(());
@@ -119,6 +125,7 @@ impl Bus {
                     };
                     strong.bus().receive(&*strong, &payload).await;
                 }
+                hearing.for_good = false;
                 drop(hearing);
                 let Some(strong) = listener.upgrade() else {
                     return;
@@ -195,16 +202,26 @@ impl Bus {
 }
 
 /// A subscription heard from: dropped, it ends the instance's leases
-/// (see [`Bus::listen`]).
-struct Hearing<L: Listener>(Weak<L>);
+/// (see [`Bus::listen`]); `for_good` unless the subscription ended and
+/// will be made again.
+struct Hearing<L: Listener> {
+    listener: Weak<L>,
+    for_good: bool,
+}
 
 impl<L: Listener> Drop for Hearing<L> {
     fn drop(&mut self) {
-        if let Some(listener) = self.0.upgrade() {
+        if let Some(listener) = self.listener.upgrade() {
             let bus = listener.bus();
             bus.listening.store(false, Ordering::Release);
             bus.generation.fetch_add(1, Ordering::AcqRel);
             listener.drop_all();
+            if self.for_good {
+                tracing::warn!(
+                    channel = %bus.channel.name(),
+                    "lease invalidations: the task that listens ended (its runtime shut down, or it panicked); this instance takes no more leases"
+                );
+            }
         }
     }
 }

@@ -78,7 +78,8 @@ use telemetry::{Call, LeaseMetrics};
 /// a blocked key's grant is refused and a reset key's is counted in its
 /// fresh state. An instance that is not subscribed (Redis is down, or the
 /// subscription was lost) drops its leases and takes no new one until it
-/// is subscribed again.
+/// is subscribed again; one whose listening task ended with its runtime
+/// (the store was built on another runtime) takes none again.
 ///
 /// The one exception is an instance that does not acknowledge within
 /// [`ack_timeout`](LeasedStoreBuilder::ack_timeout) (it is paused, or
@@ -91,7 +92,11 @@ use telemetry::{Call, LeaseMetrics};
 /// After a reset, the leases that instances took from the fresh state
 /// before they heard the invalidation are dropped, not given back: the
 /// key under-admits by at most two leases per instance, until the units
-/// age out of the limit.
+/// age out of the limit. The other way round, a lease that ended before
+/// the reset and whose unused part is still on its way back when the reset
+/// lands gives that part to the fresh state: the key may over-admit by up to the
+/// unused part of each lease being given back at that moment, at most two
+/// per instance, each at most the capacity divided by the share.
 ///
 /// **Failures.** A lease already granted is spent while Redis fails (its
 /// units were counted), unless the subscription is lost, which drops it.
