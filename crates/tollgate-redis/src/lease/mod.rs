@@ -94,9 +94,9 @@ use telemetry::{Call, LeaseMetrics};
 /// key under-admits by at most two leases per instance, until the units
 /// age out of the limit. The other way round, a lease that ended before
 /// the reset and whose unused part is still on its way back when the reset
-/// lands gives that part to the fresh state: the key may over-admit by up to the
-/// unused part of each lease being given back at that moment, at most two
-/// per instance, each at most the capacity divided by the share.
+/// lands gives that part to the fresh state: the key may over-admit by up
+/// to the unused part of each lease being given back at that moment, at
+/// most two per instance, each at most the capacity divided by the share.
 ///
 /// **Failures.** A lease already granted is spent while Redis fails (its
 /// units were counted), unless the subscription is lost, which drops it.

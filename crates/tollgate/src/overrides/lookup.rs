@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::task::AbortHandle;
 use tollgate_core::{
     Applied, Clock, ConfigError, Key, Override, OverrideSource, OverrideTable, Policy, SystemClock,
     Timestamp,
@@ -133,7 +134,7 @@ struct Asked {
 /// A lookup under way: when it began, and its task once spawned.
 struct Pending {
     since: Timestamp,
-    task: Option<tokio::task::AbortHandle>,
+    task: Option<AbortHandle>,
 }
 
 impl Asked {
@@ -345,7 +346,7 @@ impl<L: OverrideLookup> Inner<L> {
 
     /// Records the task of the lookup under way since `since`, unless it
     /// already ended or was given up on.
-    fn began(&self, key: &Key, policy: &str, since: Timestamp, task: tokio::task::AbortHandle) {
+    fn began(&self, key: &Key, policy: &str, since: Timestamp, task: AbortHandle) {
         let mut asked = self.asked.lock();
         if let Some(pending) = asked
             .get_mut(key, policy)
@@ -361,7 +362,7 @@ impl<L: OverrideLookup> Inner<L> {
 enum Due {
     No,
     /// Yes, giving up on the lookup of this task if there is one.
-    Yes(Option<tokio::task::AbortHandle>),
+    Yes(Option<AbortHandle>),
 }
 
 impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
@@ -370,33 +371,43 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
         let now = inner.clock.now();
         match inner.due(key, policy.name(), now) {
             Due::No => {}
-            Due::Yes(given_up) => {
-                if let Some(task) = given_up {
-                    task.abort();
-                    inner.failed(&"no answer within the cache time", policy.name());
-                }
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => {
-                        let asking = Asking {
-                            inner: inner.clone(),
-                            key: key.clone(),
-                            policy: policy.name().into(),
-                            since: now,
-                        };
-                        let task = runtime.spawn(asking.run());
-                        inner.began(key, policy.name(), now, task.abort_handle());
-                    }
-                    // No runtime to look up in: asked again after the cache
-                    // time.
-                    Err(_) => {
-                        let mut asked = inner.asked.lock();
-                        let later = Asked::ended(now);
-                        asked.put(key, policy.name(), later, inner.max_keys, &inner.table);
-                    }
-                }
-            }
+            Due::Yes(given_up) => inner.ask(key, policy.name(), now, given_up),
         }
         inner.table.applied(key, policy, now)
+    }
+}
+
+impl<L: OverrideLookup> Inner<L> {
+    /// Looks `key` up under `policy` in the background, marked as under
+    /// way since `now`, first aborting the lookup `given_up`, if any.
+    fn ask(
+        self: &Arc<Self>,
+        key: &Key,
+        policy: &str,
+        now: Timestamp,
+        given_up: Option<AbortHandle>,
+    ) {
+        if let Some(task) = given_up {
+            task.abort();
+            self.failed(&"no answer within the cache time", policy);
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let asking = Asking {
+                    inner: Arc::clone(self),
+                    key: key.clone(),
+                    policy: policy.into(),
+                    since: now,
+                };
+                let task = runtime.spawn(asking.run());
+                self.began(key, policy, now, task.abort_handle());
+            }
+            // No runtime to look up in: asked again after the cache time.
+            Err(_) => {
+                let mut asked = self.asked.lock();
+                asked.put(key, policy, Asked::ended(now), self.max_keys, &self.table);
+            }
+        }
     }
 }
 

@@ -79,6 +79,25 @@ fn api() -> Policy {
     Policy::new("api", tollgate_core::Algorithm::Gcra, "1/s").unwrap()
 }
 
+/// `key`, after `made` lookups, is not asked again 9 s on (a second short
+/// of the cache time), is asked once more at 10 s, and is exempt by its
+/// answer.
+async fn asked_again_at_the_cache_time(
+    cached: &CachedLookup<Flaky>,
+    clock: &tollgate_core::FakeClock,
+    key: &Key,
+    made: usize,
+) {
+    let api = api();
+    clock.advance(Duration::from_secs(9));
+    assert!(cached.applied(key, &api).is_none());
+    assert_eq!(calls(cached).await, made, "not asked again yet");
+    clock.advance(Duration::from_secs(1));
+    assert!(cached.applied(key, &api).is_none());
+    assert_eq!(calls(cached).await, made + 1);
+    assert!(matches!(cached.applied(key, &api), Some(Applied::Exempt)));
+}
+
 // On a runtime without a timer: a cached lookup needs none.
 #[tokio::test(flavor = "current_thread")]
 async fn a_lookup_that_never_answers_is_given_up_on_after_the_cache_time() {
@@ -87,17 +106,11 @@ async fn a_lookup_that_never_answers_is_given_up_on_after_the_cache_time() {
     let (api, key) = (api(), Key::user("acme"));
     assert!(cached.applied(&key, &api).is_none());
     assert_eq!(calls(&cached).await, 1);
-    clock.advance(Duration::from_secs(9));
-    assert!(cached.applied(&key, &api).is_none());
-    assert_eq!(calls(&cached).await, 1, "still under way");
-    // A cache time after it began, the next request gives it up and asks
-    // again.
-    clock.advance(Duration::from_secs(1));
-    assert!(cached.applied(&key, &api).is_none());
-    assert_eq!(calls(&cached).await, 2);
+    // Still under way 9 s on; a cache time after it began, the next
+    // request gives it up and asks again.
+    asked_again_at_the_cache_time(&cached, &clock, &key, 1).await;
     let dropped = cached.inner.lookup.dropped.load(Ordering::SeqCst);
     assert_eq!(dropped, 1, "the hung lookup was aborted");
-    assert!(matches!(cached.applied(&key, &api), Some(Applied::Exempt)));
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -107,13 +120,7 @@ async fn a_lookup_that_panics_is_asked_again_after_the_cache_time() {
     let (api, key) = (api(), Key::user("acme"));
     assert!(cached.applied(&key, &api).is_none());
     assert_eq!(calls(&cached).await, 1);
-    clock.advance(Duration::from_secs(9));
-    assert!(cached.applied(&key, &api).is_none());
-    assert_eq!(calls(&cached).await, 1, "not asked again yet");
-    clock.advance(Duration::from_secs(1));
-    assert!(cached.applied(&key, &api).is_none());
-    assert_eq!(calls(&cached).await, 2);
-    assert!(matches!(cached.applied(&key, &api), Some(Applied::Exempt)));
+    asked_again_at_the_cache_time(&cached, &clock, &key, 1).await;
 }
 
 #[test]
@@ -135,13 +142,7 @@ fn a_lookup_its_runtime_never_runs_is_asked_again_after_the_cache_time() {
         .unwrap();
     live.block_on(async {
         assert_eq!(calls(&cached).await, 0);
-        clock.advance(Duration::from_secs(9));
-        assert!(cached.applied(&key, &api).is_none());
-        assert_eq!(calls(&cached).await, 0, "not asked again yet");
-        clock.advance(Duration::from_secs(1));
-        assert!(cached.applied(&key, &api).is_none());
-        assert_eq!(calls(&cached).await, 1);
-        assert!(matches!(cached.applied(&key, &api), Some(Applied::Exempt)));
+        asked_again_at_the_cache_time(&cached, &clock, &key, 0).await;
     });
 }
 
