@@ -224,3 +224,51 @@ async fn the_usage_ledger_bills_exactly_on_a_cluster() {
         "keys per master: {spread:?}"
     );
 }
+
+/// The fence of a reset on a cluster: keys on every master, in each
+/// script (one-time, window word, and the general script with a sliding
+/// log's sets), whose fence key shares the state key's slot. A refund of
+/// a request reserved before the reset changes nothing; one reserved
+/// after it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_fences_refunds_on_every_master() {
+    let cluster = RedisCluster::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(1_769_900_400));
+    let store = RedisStore::builder()
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(1))
+        .test_clock(clock.clone())
+        .connect_cluster(cluster.urls())
+        .await
+        .unwrap();
+    let policies = [
+        Policy::new("fenced-tat", Algorithm::Gcra, "10/min").unwrap(),
+        Policy::new("fenced-word", Algorithm::FixedWindow, "10/min").unwrap(),
+        Policy::builder("fenced-log")
+            .algorithm(Algorithm::SlidingLog)
+            .limit("10/min")
+            .limit("100/h")
+            .build()
+            .unwrap(),
+    ];
+    for policy in &policies {
+        for k in 0..30 {
+            let key = Key::user(format!("tenant-{k}"));
+            let a = store.check(&key, policy, 5).await.unwrap();
+            store.reset(&key, policy).await.unwrap();
+            clock.advance(Duration::from_millis(1));
+            let b = store.check(&key, policy, 4).await.unwrap();
+            assert_eq!(b.remaining(), 6, "{policy}");
+            let settled = store
+                .settle(&key, policy, Settlement::of(&a, 5, 1))
+                .await
+                .unwrap();
+            assert_eq!(settled.remaining(), 6, "{policy}: fenced");
+            let settled = store
+                .settle(&key, policy, Settlement::of(&b, 4, 1))
+                .await
+                .unwrap();
+            assert_eq!(settled.remaining(), 9, "{policy}: landed");
+        }
+    }
+}

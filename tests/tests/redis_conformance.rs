@@ -5,6 +5,8 @@
 
 #[path = "redis_conformance/extremes.rs"]
 mod extremes;
+#[path = "redis_conformance/fence.rs"]
+mod fence;
 #[path = "redis_conformance/harness.rs"]
 mod harness;
 #[path = "redis_conformance/layer_and_suite.rs"]

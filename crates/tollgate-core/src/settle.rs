@@ -1,9 +1,14 @@
 //! [`Settlement`]: a request's real cost, known after it ran, settled
 //! against the cost it reserved before.
 
+use std::time::Duration;
+
 use crate::decision::Decision;
-use crate::policy::MAX_SPAN_US;
+use crate::policy::{MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
+
+/// The shortest fence a reset or a block leaves (see [`Settlement::fence`]).
+const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 
 /// A request's actual cost, settled against what it reserved: the store
 /// refunds the unused part or charges the rest (see
@@ -27,6 +32,18 @@ use crate::time::Timestamp;
 /// a larger actual cost never leaves a key more remaining, or an earlier
 /// retry, than a smaller one: a request that cost `u64::MAX` leaves its
 /// key unable to admit anything for decades.
+///
+/// **Resets and blocks fence refunds.** [`Store::reset`](crate::Store::reset)
+/// and [`Store::block`](crate::Store::block) forget the key's state, and
+/// with it every unit reserved before them. A refund of a request reserved
+/// at or before that moment would give those units back a second time, to
+/// the fresh state: tollgate's stores drop it, and the settlement changes
+/// nothing (its decision is the key's status). This holds for
+/// [`Settlement::fence`] after the reset, or after the block ends. A charge
+/// is work done, and lands whenever it comes. So a refund that was on its
+/// way when an operator reset a key (the unused part of a quota lease given
+/// back, a request that reserved more than it used) never lets the key
+/// admit more than a fresh allowance.
 ///
 /// ```
 /// use tollgate_core::{Algorithm, Policy, Settlement, Timestamp};
@@ -97,6 +114,33 @@ impl Settlement {
     /// When the reservation was admitted, on the store's clock.
     pub fn reserved_at(&self) -> Timestamp {
         self.reserved_at
+    }
+
+    /// How long after a reset of a key under `policy` (or after a block of
+    /// it ends) a refund of a request reserved at or before the reset or
+    /// block is dropped: the policy's longest period, and at least a
+    /// minute.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Algorithm, Policy, Settlement};
+    ///
+    /// let per_second = Policy::new("api", Algorithm::Gcra, "100/s")?;
+    /// assert_eq!(Settlement::fence(&per_second), Duration::from_secs(60));
+    /// let per_hour = Policy::new("api", Algorithm::FixedWindow, "5000/h")?;
+    /// assert_eq!(Settlement::fence(&per_hour), Duration::from_secs(3600));
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn fence(policy: &Policy) -> Duration {
+        let longest = policy.params().iter().map(|p| p.period_us).max();
+        let longest = Duration::from_micros(longest.unwrap_or(0).min(MAX_SPAN_US));
+        longest.max(SHORTEST_FENCE)
+    }
+
+    /// Whether a fence that a reset or block set at `at` drops this
+    /// settlement: a refund of a request reserved at or before `at`.
+    pub(crate) fn fenced_by(&self, at: Timestamp) -> bool {
+        self.actual < self.reserved && self.reserved_at <= at
     }
 
     /// What the settlement changes, each amount capped at 2^50.

@@ -172,7 +172,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Forgets what `key` has used under `policy`'s name, whatever
-    /// configuration it was kept under: the key starts afresh.
+    /// configuration it was kept under: the key starts afresh. In
+    /// tollgate's stores, a refund of a request reserved before the reset
+    /// then changes nothing (see [`Settlement`]'s fence).
     ///
     /// # Errors
     ///
@@ -207,7 +209,9 @@ pub trait Store: Send + Sync + 'static {
     /// the rest of the block (see [`blocked`](crate::state::blocked)), a
     /// settlement changes nothing, and when the block ends the key starts
     /// afresh. [`reset`](Store::reset) lifts a block; a new block replaces
-    /// the old one.
+    /// the old one. In tollgate's stores, a refund of a request reserved
+    /// before the block changes nothing after it either (see
+    /// [`Settlement`]'s fence).
     ///
     /// # Errors
     ///

@@ -21,6 +21,7 @@ macro_rules! decision_script {
             include_str!("lua/lib/arith.lua"),
             include_str!("lua/lib/carry.lua"),
             include_str!("lua/lib/block.lua"),
+            include_str!("lua/lib/fence.lua"),
             include_str!("lua/lib/prelude.lua"),
             include_str!(concat!("lua/algorithm/", $file)),
             include_str!("lua/lib/epilogue.lua"),

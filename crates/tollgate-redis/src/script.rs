@@ -16,6 +16,7 @@ macro_rules! word_carry {
             include_str!("lua/lib/carry.lua"),
             include_str!("lua/lib/word_carry_end.lua"),
             include_str!("lua/lib/block.lua"),
+            include_str!("lua/lib/fence.lua"),
         )
     };
 }
@@ -41,8 +42,11 @@ const TAT_READ_FIRST: &str = concat!(
 pub(crate) const WINDOW_WORD: &str =
     concat!(word_carry!(), include_str!("lua/shape/window_word.lua"));
 
-/// The script that blocks a key (see `lua/block.lua`).
-const BLOCK: &str = include_str!("lua/block.lua");
+/// The script that resets or blocks a key (see `lua/block.lua`).
+const BLOCK: &str = concat!(
+    include_str!("lua/lib/fence.lua"),
+    include_str!("lua/block.lua")
+);
 
 /// A decision script: its source and SHA-1.
 #[derive(Debug)]

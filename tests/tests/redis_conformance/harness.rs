@@ -89,7 +89,7 @@ impl Harness {
     /// settles `reserved` (the last admitted request's cost and time), or
     /// one of cost 0. Returns the decisions of memory and Redis, after
     /// checking that Redis decides alike in both script orders.
-    async fn apply(
+    pub(crate) async fn apply(
         &self,
         memory: &MemoryStore,
         key: &Key,
@@ -121,6 +121,16 @@ impl Harness {
                     .block(key, policy, duration)
                     .await
                     .unwrap();
+                (
+                    memory.status(key, policy).await,
+                    self.redis.status(key, policy).await,
+                    self.reading_first.status(key, policy).await,
+                )
+            }
+            Op::Reset => {
+                memory.reset(key, policy).await.unwrap();
+                self.redis.reset(key, policy).await.unwrap();
+                self.reading_first.reset(key, policy).await.unwrap();
                 (
                     memory.status(key, policy).await,
                     self.redis.status(key, policy).await,
@@ -201,6 +211,9 @@ pub(crate) enum Op {
     Settle(u64),
     /// Blocks the key for this many µs, then peeks.
     Block(u64),
+    /// Resets the key, then peeks. A later settlement of a request
+    /// reserved before it meets the reset's fence.
+    Reset,
 }
 
 /// Arrivals at one key under one or more configurations of one policy.

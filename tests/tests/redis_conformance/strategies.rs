@@ -1,5 +1,5 @@
 //! The proptest strategies: policies of one to three limits, arrivals with
-//! checks, settlements and blocks, two configurations of a policy served
+//! checks, settlements, blocks and resets, two configurations of a policy served
 //! in turn, settlements at costs from the whole `u64` range, and calendar
 //! periods around their hard moments.
 
@@ -77,6 +77,7 @@ fn arrivals(shortest: u64, configs: usize) -> impl Strategy<Value = Vec<(u64, Op
         12 => cost.prop_map(Op::Check),
         3 => actual.prop_map(Op::Settle),
         1 => block.prop_map(Op::Block),
+        1 => Just(Op::Reset),
     ];
     prop::collection::vec((gap, op, 0..configs), 1..25)
 }

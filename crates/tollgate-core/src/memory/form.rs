@@ -28,6 +28,19 @@ pub(super) struct Maps {
     /// is mixed in (a block holds under every configuration of the
     /// policy's name), with when the block ends. Usually empty.
     pub(super) blocks: HashedMap<u64>,
+    /// Keys reset or blocked lately, by the same hash as `blocks`: when,
+    /// and when the fence ends (see [`Settlement::fence`]). Usually empty.
+    ///
+    /// [`Settlement::fence`]: crate::Settlement::fence
+    pub(super) fences: HashedMap<Fence>,
+}
+
+/// The fence of a reset or a block: refunds of requests reserved at or
+/// before `at` change nothing until `until` (both µs).
+#[derive(Clone, Copy)]
+pub(super) struct Fence {
+    pub(super) at: u64,
+    pub(super) until: u64,
 }
 
 pub(super) struct Window {
@@ -60,6 +73,7 @@ impl Maps {
         self.windows.retain(|_, window| live(window.expires_at));
         self.full.retain(|_, entry| live(entry.expires_at));
         self.blocks.retain(|_, &mut until| until > now);
+        self.fences.retain(|_, fence| fence.until > now);
         next
     }
 }

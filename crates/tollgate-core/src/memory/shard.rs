@@ -10,7 +10,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::memory::form::{Form, KeyHash, Maps, Visit, dispatch};
+use crate::memory::form::{Fence, Form, KeyHash, Maps, Visit, dispatch};
 use crate::policy::MAX_SPAN_US;
 use crate::policy::Policy;
 use crate::settle::Settlement;
@@ -163,6 +163,7 @@ impl Shared {
         let now = self.now();
         self.forget(&mut guard, base, policy, now);
         guard.maps.blocks.remove(&base);
+        guard.fence(base, policy, now, now);
     }
 
     /// Forgets `key` under `policy`'s name and denies it until `now` plus
@@ -175,6 +176,7 @@ impl Shared {
         let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
         let until = now.as_micros().saturating_add(micros.min(MAX_SPAN_US));
         guard.maps.blocks.insert(base, until);
+        guard.fence(base, policy, now, Timestamp::from_micros(until));
         Timestamp::from_micros(until)
     }
 
@@ -313,8 +315,17 @@ impl Visit for Settle<'_> {
 
     fn visit<F: Form>(self, policy: &Policy) -> Decided {
         let hash = self.base ^ policy.config_mix();
+        // A refund behind a reset's or a block's fence settles nothing.
+        let nothing;
+        let settlement = if self.shard.fenced(self.base, self.now, self.settlement) {
+            let reserved = self.settlement.reserved();
+            nothing = Settlement::new(reserved, reserved, self.settlement.reserved_at());
+            &nothing
+        } else {
+            self.settlement
+        };
         if let Some(held) = F::map(&mut self.shard.maps).get_mut(&hash) {
-            return Ok(F::settle(held, policy, self.now, self.settlement));
+            return Ok(F::settle(held, policy, self.now, settlement));
         }
         if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
             return Ok(blocked);
@@ -327,7 +338,7 @@ impl Visit for Settle<'_> {
         // scripts do: a compact form bounds what it holds (a window word
         // its count), and the bound applies before the settlement.
         let (mut held, _) = F::hold(state, policy);
-        let decision = F::settle(&mut held, policy, self.now, self.settlement);
+        let decision = F::settle(&mut held, policy, self.now, settlement);
         let expires_at = F::expires_at(&held);
         if expires_at > self.now.as_micros() {
             self.shard
@@ -406,6 +417,31 @@ impl Shard {
         }
         self.maps.blocks.remove(&base);
         None
+    }
+
+    /// Fences the key of `base`, reset or blocked at `now`, for
+    /// [`Settlement::fence`] after `ends` (now, or when the block ends).
+    fn fence(&mut self, base: KeyHash, policy: &Policy, now: Timestamp, ends: Timestamp) {
+        let span = u64::try_from(Settlement::fence(policy).as_micros()).unwrap_or(u64::MAX);
+        let fence = Fence {
+            at: now.as_micros(),
+            until: ends.as_micros().saturating_add(span),
+        };
+        self.maps.fences.insert(base, fence);
+    }
+
+    /// Whether `settlement` is a refund that the fence of a reset or a
+    /// block of the key of `base` drops at `now`. Like blocks, a fence is
+    /// forgotten once it has ended.
+    fn fenced(&mut self, base: KeyHash, now: Timestamp, settlement: &Settlement) -> bool {
+        let Some(&fence) = self.maps.fences.get(&base) else {
+            return false;
+        };
+        if fence.until <= now.as_micros() {
+            self.maps.fences.remove(&base);
+            return false;
+        }
+        settlement.fenced_by(Timestamp::from_micros(fence.at))
     }
 
     /// Takes the state the key of `base` holds under another configuration

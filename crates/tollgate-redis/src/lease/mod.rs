@@ -92,11 +92,12 @@ use telemetry::{Call, LeaseMetrics};
 /// After a reset, the leases that instances took from the fresh state
 /// before they heard the invalidation are dropped, not given back: the
 /// key under-admits by at most two leases per instance, until the units
-/// age out of the limit. The other way round, a lease that ended before
-/// the reset and whose unused part is still on its way back when the reset
-/// lands gives that part to the fresh state: the key may over-admit by up
-/// to the unused part of each lease being given back at that moment, at
-/// most two per instance, each at most the capacity divided by the share.
+/// age out of the limit. The other way round, the unused part of a lease
+/// granted before the reset, still on its way back when the reset lands,
+/// meets the reset's fence in the store (see
+/// [`Settlement`](tollgate_core::Settlement); the Redis and memory
+/// stores keep it) and gives the fresh state nothing: the fresh state
+/// admits one allowance, and no more.
 ///
 /// **Failures.** A lease already granted is spent while Redis fails (its
 /// units were counted), unless the subscription is lost, which drops it.

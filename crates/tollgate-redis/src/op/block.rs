@@ -1,9 +1,9 @@
-//! Blocking a key: one call of `lua/block.lua`, which deletes its state
-//! and writes the block, expiring when it ends.
+//! Blocking a key: one call of `lua/block.lua`, which deletes its state,
+//! writes the block, expiring when it ends, and fences its refunds.
 
 use std::time::Duration;
 
-use tollgate_core::{Key, Policy, Timestamp};
+use tollgate_core::{Key, Policy, Settlement, Timestamp};
 
 use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
@@ -19,7 +19,8 @@ impl<C: RedisConnection> RedisStore<C> {
     /// Blocks `key` under `policy`'s name for `duration`, as
     /// [`Store::block`](tollgate_core::Store::block) does, keeping the Redis-specific error: one script
     /// call (`lua/block.lua`) deletes its state and writes the block,
-    /// expiring when it ends; every app server's next decision of the key
+    /// expiring when it ends, and fences its refunds (see
+    /// [`Settlement`]); every app server's next decision of the key
     /// finds it. Returns when the block ends, on Redis's clock.
     ///
     /// # Errors
@@ -32,12 +33,25 @@ impl<C: RedisConnection> RedisStore<C> {
         policy: &Policy,
         duration: Duration,
     ) -> Result<Timestamp, RedisStoreError> {
+        self.forget_key(key, policy, duration).await
+    }
+
+    /// Forgets `key`'s state under `policy`'s name and fences its refunds,
+    /// blocking it for `duration` if that is not zero: when the block ends
+    /// (now, for none).
+    pub(super) async fn forget_key(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<Timestamp, RedisStoreError> {
         let inner = &*self.inner;
         let state_key = inner.names.state_key(policy, key);
         let mut keys = vec![state_key.clone()];
         keys.extend(log_keys(&state_key, policy));
+        let fence = Settlement::fence(policy);
         let ends = inner
-            .guarded(&state_key, inner.wire.block(&keys, duration))
+            .guarded(&state_key, inner.wire.forget(&keys, duration, fence))
             .await?;
         inner.deny_cache.remove(&state_key);
         inner.last_known.remove(&state_key);
@@ -46,18 +60,27 @@ impl<C: RedisConnection> RedisStore<C> {
 }
 
 impl<C: RedisConnection> Wire<C> {
-    /// Blocks the key of `keys` (its state key, then a sliding log's sets)
-    /// for `duration`, at most [`MAX_BLOCK`]: when the block ends, in µs on
-    /// Redis's clock.
-    async fn block(&self, keys: &[String], duration: Duration) -> Result<u64, RedisStoreError> {
+    /// Forgets the key of `keys` (its state key, then a sliding log's
+    /// sets), blocks it for `duration` (none if zero, at most
+    /// [`MAX_BLOCK`]), and fences its refunds for `fence` after the block
+    /// ends: when the block ends, in µs on Redis's clock.
+    async fn forget(
+        &self,
+        keys: &[String],
+        duration: Duration,
+        fence: Duration,
+    ) -> Result<u64, RedisStoreError> {
         let Some(first) = keys.first() else {
             return Ok(0);
         };
-        let duration_us = u64::try_from(duration.min(MAX_BLOCK).as_micros()).unwrap_or(u64::MAX);
+        let micros = |d: Duration| u64::try_from(d.min(MAX_BLOCK).as_micros()).unwrap_or(u64::MAX);
         let (now, min_ttl_ms) = self.test_time();
         let reply = self
-            .eval(first, &self.scripts.block, (8, 64 * keys.len()), |cmd| {
-                cmd.arg(keys.len()).arg(keys).arg(duration_us);
+            .eval(first, &self.scripts.block, (9, 64 * keys.len()), |cmd| {
+                cmd.arg(keys.len())
+                    .arg(keys)
+                    .arg(micros(duration))
+                    .arg(micros(fence));
                 if now > 0 {
                     cmd.arg(now).arg(min_ttl_ms);
                 }

@@ -6,7 +6,9 @@ use tollgate_core::state::{PolicyState, decide_tat};
 use tollgate_core::{Decision, Policy, Settlement, Timestamp};
 
 use crate::error::RedisStoreError;
-use crate::op::word::{BatchOf, CHARGE, CHECK, REFUND, Reading, SettleArgs, Word, WordForm};
+use crate::op::word::{
+    BatchOf, CHARGE, CHECK, REFUND, Reading, SettleArgs, Word, WordForm, reserved_at,
+};
 use crate::op::word_reply::words_at;
 use crate::script::{DecisionScript, Scripts, TAT_WRITE_FIRST};
 use crate::wire::WriteOrder;
@@ -71,7 +73,9 @@ impl WordForm for Tat {
         let (mark, step, slack) = if charge > 0 {
             (CHARGE, span(charge), MAX_SPAN)
         } else if refund > 0 {
-            (REFUND, span(refund), MAX_SPAN)
+            // The slack also says when the request was reserved, for the
+            // fence of a reset (see `lua/shape/tat.lua`).
+            (REFUND, span(refund), MAX_SPAN + reserved_at(settlement))
         } else {
             (CHECK, 0, 0)
         };

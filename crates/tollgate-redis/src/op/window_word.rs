@@ -6,7 +6,9 @@ use tollgate_core::state::{PolicyState, decide_window_word};
 use tollgate_core::{Decision, Policy, Settlement, Timestamp};
 
 use crate::error::RedisStoreError;
-use crate::op::word::{BatchOf, CHARGE, CHECK, REFUND, Reading, SettleArgs, Word, WordForm};
+use crate::op::word::{
+    BatchOf, CHARGE, CHECK, REFUND, Reading, SettleArgs, Word, WordForm, reserved_at,
+};
 use crate::op::word_reply::{Reply, words};
 use crate::script::{DecisionScript, Scripts, WINDOW_WORD};
 use crate::wire::WriteOrder;
@@ -67,15 +69,14 @@ impl WordForm for WindowWord {
                 slack: period - 1 - n,
             }
         } else if refund > 0 {
-            // The slack, negated by the script, says which window the
-            // request was reserved in.
-            let since = settlement.reserved_at().as_micros();
-            let reserved_in = since - since % period;
+            // The slack, negated by the script, says when the request was
+            // reserved: in which window, and whether before a reset's
+            // fence.
             SettleArgs {
                 mark: REFUND,
                 period,
                 step: refund,
-                slack: reserved_in + 1,
+                slack: reserved_at(settlement) + 1,
             }
         } else {
             SettleArgs {

@@ -14,8 +14,21 @@ use crate::wire::{RedisClock, Wire, WriteOrder};
 /// block rather than a key's state (see `lua/lib/block.lua`).
 pub(crate) const BLOCKED: u64 = 1 << 63;
 
+/// The flag of a word script's word that a settlement's refund left as it
+/// was, behind the fence of a reset or a block (see `lua/lib/fence.lua`).
+pub(crate) const FENCED: u64 = 1 << 62;
+
+/// When the request a settlement settles was reserved, in µs, as a word
+/// script reads it from a refund: at most 2^52 µs (in 2112), so that it
+/// fits the refund's slack and a Lua double. A fence is set on Redis's
+/// clock, years before that, so the cap changes no fence's answer.
+pub(crate) fn reserved_at(settlement: &Settlement) -> u64 {
+    settlement.reserved_at().as_micros().min(1 << 52)
+}
+
 /// Redis's time and a request's old word (see the word scripts), both in
-/// µs; the word flagged [`BLOCKED`] for a key blocked until then.
+/// µs; the word flagged [`BLOCKED`] for a key blocked until then, or
+/// [`FENCED`] for a refund that changed nothing.
 pub(crate) type Word = (u64, u64);
 
 /// One request to a word script: its state key and numbers (see each
@@ -237,7 +250,14 @@ pub(crate) fn decision(
         return Some(blocked(policy, now, until));
     }
     match op {
-        WordOp::Check(cost) => Some(form.decide(policy, word, now, cost)),
+        WordOp::Check(cost) => Some(form.decide(policy, word & !FENCED, now, cost)),
+        WordOp::Settle(settlement) if word & FENCED != 0 => {
+            // Behind a fence: settled as a request that cost what it
+            // reserved, which changes nothing.
+            let reserved = settlement.reserved();
+            let nothing = Settlement::new(reserved, reserved, settlement.reserved_at());
+            form.settled(policy, word & !FENCED, now, &nothing)
+        }
         WordOp::Settle(settlement) => form.settled(policy, word, now, settlement),
     }
 }

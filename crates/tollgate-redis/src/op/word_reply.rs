@@ -2,7 +2,7 @@
 //! of one request whose key's time was ahead.
 
 use crate::error::RedisStoreError;
-use crate::op::word::{BLOCKED, Reading, Word};
+use crate::op::word::{BLOCKED, FENCED, Reading, Word};
 
 /// The words of a reply to `n` requests: a gap is read against the `now`
 /// sent or, on Redis's clock, against Redis's clock as estimated; a reply
@@ -48,7 +48,9 @@ pub(crate) enum Reply {
 /// positive integer (no key's word counted); for one request whose key's
 /// time was ahead, now minus that time, a negative integer (the one-time
 /// script only); an array of integers, now and each request's word, minus
-/// the end of the block for a blocked key (flagged [`BLOCKED`]); or the
+/// the end of the block for a blocked key (flagged [`BLOCKED`]); for a
+/// refund that a fence dropped, `now`, the word and 0 (flagged
+/// [`FENCED`]); or the
 /// string `"<seconds> <microseconds> <word_1> ... <word_n>"`, now as Redis
 /// `TIME` gave it and each word in decimal or as `0x` and hexadecimal (the
 /// window-word script's reply to one request).
@@ -58,6 +60,16 @@ pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreE
     match reply {
         Value::Int(now) if *now >= 0 => Ok(Reply::Words(vec![(now.unsigned_abs(), 0); n])),
         Value::Int(gap) if n == 1 => Ok(Reply::Ahead(gap.unsigned_abs())),
+        // A refund behind a fence: `{now, word, 0}`.
+        Value::Array(items) if n == 1 && items.len() == 3 => match items[..] {
+            [Value::Int(now), Value::Int(word), Value::Int(0)] if now >= 0 && word >= 0 => {
+                let word = word.unsigned_abs();
+                (word < FENCED)
+                    .then(|| Reply::Words(vec![(now.unsigned_abs(), word | FENCED)]))
+                    .ok_or_else(bad)
+            }
+            _ => Err(bad()),
+        },
         Value::Array(items) if items.len() == n + 1 => {
             let now = match items[0] {
                 Value::Int(now) if now >= 0 => now.unsigned_abs(),
@@ -162,6 +174,10 @@ mod tests {
             read(text("2 5 0 3000009"), 2),
             vec![(2_000_005, 0), (2_000_005, 3_000_009)]
         );
+        assert_eq!(
+            read(ints(&[2_000_005, 3_000_009, 0]), 1),
+            vec![(2_000_005, 3_000_009 | FENCED)]
+        );
         assert_eq!(words(&Value::Int(-9), 1).unwrap(), Reply::Ahead(9));
         assert_eq!(
             words(&Value::Int(i64::MIN), 1).unwrap(),
@@ -170,6 +186,8 @@ mod tests {
         for bad in [
             words(&ints(&[2, 0, 9]), 3),
             words(&ints(&[2, 0, 9]), 1),
+            words(&ints(&[2, -9, 0]), 1),
+            words(&ints(&[2, 1 << 62, 0]), 1),
             words(&ints(&[2]), 1),
             words(&ints(&[]), 0),
             words(&ints(&[-2, 9]), 1),

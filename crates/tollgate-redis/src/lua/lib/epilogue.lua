@@ -32,9 +32,12 @@ for each in string.gmatch(costs, '%S+') do
     local qf = queue_free()
     local amount, since = string.match(each, '^.(%d+)@?(%d*)$')
     amount = num(amount)
-    for i = 1, n do
-      if sign == 43 then charge(i, P[i], S[i], amount, qf)
-      else refund(i, P[i], S[i], amount, num(since)) end
+    -- A refund behind a reset's or a block's fence changes nothing.
+    if sign == 43 or not fenced(key, num(since), now) then
+      for i = 1, n do
+        if sign == 43 then charge(i, P[i], S[i], amount, qf)
+        else refund(i, P[i], S[i], amount, num(since)) end
+      end
     end
     committed = true
     qf = queue_free()

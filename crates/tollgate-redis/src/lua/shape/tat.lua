@@ -28,7 +28,9 @@
 --              2^50): a step of cost x interval charges, saturating at
 --              2^50 ahead of now; a negative step refunds (the time never
 --              goes back past now, and a time that has passed means no
---              backlog)
+--              backlog); a refund's slack is 2^50 plus when the request
+--              was reserved (µs), for the fence of a reset or a block
+--              (lib/fence.lua)
 --   descriptor a key written under another one (another count or burst,
 --              or another layout) is carried over and written back in this
 --              one's terms, even when denied
@@ -58,6 +60,8 @@
 -- (0 where it was not ahead of now, minus the end of the block for a key
 -- blocked until then, which nothing changes). The client repeats the
 -- arithmetic (tollgate_core::state::decide_tat) to build each decision.
+-- A refund that the fence drops (a settlement is sent alone) changes
+-- nothing and replies {now, time, 0}: three items, the time as above.
 -- Every number stays below 2^53, which Lua doubles hold exactly.
 --
 -- Written for Redis's CPU, which every decision of every app server
@@ -108,6 +112,8 @@ local olds, gap
 -- cost, as most of a batch) is the same string, told in one comparison,
 -- and is not read again. The slack is read only when needed.
 local last, step, slack, descriptor
+-- The time of a refund that the fence dropped, if any.
+local held
 for i = 1, n do
   local key = KEYS[i]
   local request = ARGV[i]
@@ -184,7 +190,12 @@ for i = 1, n do
       olds[i + 1] = old
     end
     if step ~= 0 and not slack then slack = tonumber(sub(request, 16, 29), 16) end
-    if step ~= 0 and old - now <= slack then
+    if step < 0 and fenced(key, slack - MAX_SPAN, now) then
+      -- A refund of a request reserved before a reset's or a block's
+      -- fence: nothing changes.
+      held = old
+      if carried then write = old end
+    elseif step ~= 0 and old - now <= slack then
       -- A charge saturates: with a slack of 2^50 it always gets here, and
       -- old + step may reach beyond now + 2^50, so it stops there (never
       -- below old, which is at most the slack ahead). For a request, old +
@@ -217,6 +228,9 @@ for i = 1, n do
   end
 end
 
+if held then
+  return { now, held, 0 }
+end
 if olds then
   return olds
 end

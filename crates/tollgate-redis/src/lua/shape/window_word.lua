@@ -26,7 +26,9 @@
 --   step       the cost, or 0 when nothing can be committed (a cost of 0,
 --              or one above the count)
 --   slack      count - cost, the most the window may hold already for the
---              request to be admitted
+--              request to be admitted; for a refund, 1 + when the request
+--              was reserved (µs), which says in which window, and whether
+--              before the fence of a reset or a block (lib/fence.lua)
 --   descriptor a key written under another one (another count, or
 --              another layout) is carried over and written back in this
 --              one's terms, even when denied
@@ -45,7 +47,9 @@
 -- no count of the current window, minus the end of the block for a key
 -- blocked until then). The client
 -- repeats the reference arithmetic (tollgate_core::state::decide_window_word)
--- on each word.
+-- on each word. A refund that the fence drops (a settlement is sent alone)
+-- changes nothing and replies {now, word, 0}: three items, the word as
+-- above.
 --
 -- Per call: TIME. Per request: a GET, then, if admitted, a SET: of a new
 -- window's word with its expiry, or of the counted word keeping its
@@ -85,6 +89,8 @@ local olds, only
 -- The request read last, and its numbers (see tat.lua): a request equal to
 -- the one before is not read again. The slack is read only when needed.
 local last, step, refund, period, start, slack, descriptor
+-- The word of a refund that the fence dropped, if any.
+local held
 for i = 1, n do
   local key = KEYS[i]
   local request = ARGV[i]
@@ -160,9 +166,15 @@ for i = 1, n do
     elseif byte(request) == 43 then
       -- A charge past what the word holds: the window is full.
       write = start + period - 1
-    elseif refund and -1 - slack == start then
-      -- A refund of a request reserved in this window.
-      write = math.max(old + step, start)
+    elseif refund and -1 - slack - (-1 - slack) % period == start then
+      -- A refund of a request reserved in this window, unless it was
+      -- reserved before a reset's or a block's fence.
+      if fenced(key, -1 - slack, now) then
+        held = old
+        if carried then write = old end
+      else
+        write = math.max(old + step, start)
+      end
     elseif carried then
       write = old
     end
@@ -188,6 +200,9 @@ for i = 1, n do
   end
 end
 
+if held then
+  return { now, held, 0 }
+end
 if n == 1 and olds and olds[2] >= 0 then
   -- One request's word: a string costs Redis less than a table, and the
   -- word is in hexadecimal as the key held it.

@@ -1,0 +1,132 @@
+//! A lease's unused part that is still on its way back when an operator
+//! resets the key lands behind the reset's fence: it gives nothing to the
+//! fresh state, which admits exactly one fresh allowance.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tollgate::{
+    Algorithm, Decision, FakeClock, Key, Policy, Settlement, Store, StoreError, Timestamp,
+};
+use tollgate_redis::{LeasedStore, RedisStore};
+use tollgate_tests::{require_redis, unique_prefix};
+
+/// A store that holds every settlement at a gate until it opens.
+#[derive(Clone)]
+struct Gated {
+    inner: RedisStore,
+    open: watch::Receiver<bool>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Store for Gated {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.check(key, policy, cost).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.clone();
+        open.wait_for(|open| *open).await.unwrap();
+        self.inner.settle(key, policy, settlement).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.block(key, policy, duration).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let prefix = unique_prefix("lease-late-refund");
+    let redis = RedisStore::builder()
+        .prefix(&prefix)
+        .test_clock(clock.clone())
+        .deny_cache(0)
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let (gate, open) = watch::channel(true);
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let gated = Gated {
+        inner: redis.clone(),
+        open,
+        waiting: waiting.clone(),
+    };
+    let leased = LeasedStore::builder()
+        .interval(Duration::from_millis(8))
+        .share(4)
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(gated, url.as_str())
+        .await
+        .unwrap();
+    assert!(leased.is_listening());
+    // 600 a minute, no refill while the fake clock stands still.
+    let policy = Policy::new("late", Algorithm::TokenBucket, "600/min").unwrap();
+    let key = Key::user("ada");
+
+    // A hot key takes a lease, and spends part of it.
+    for _ in 0..10 {
+        for _ in 0..10 {
+            assert!(leased.check(&key, &policy, 1).await.unwrap().is_allowed());
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    leased.wait_for_grants().await;
+    let (leases, unspent) = leased.outstanding();
+    assert!(
+        leases >= 1 && unspent > 0,
+        "{leases} leases, {unspent} units"
+    );
+
+    // Its unused part goes back, and is held on its way.
+    gate.send(false).unwrap();
+    let returning = tokio::spawn({
+        let leased = leased.clone();
+        async move { leased.return_leases().await }
+    });
+    while waiting.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+
+    // Meanwhile the operator resets the key, and the fresh state spends.
+    tokio::time::timeout(Duration::from_secs(10), leased.reset(&key, &policy))
+        .await
+        .expect("the reset returns while a give-back is held")
+        .unwrap();
+    let spent = redis.check(&key, &policy, 100).await.unwrap();
+    assert_eq!(spent.remaining(), 500);
+
+    // The give-back lands after the reset: it changes nothing.
+    gate.send(true).unwrap();
+    returning.await.unwrap();
+    assert_eq!(leased.outstanding(), (0, 0));
+    assert_eq!(redis.status(&key, &policy).await.unwrap().remaining(), 500);
+    let mut admitted = 0;
+    while redis.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 500, "one fresh allowance, and no more");
+}
