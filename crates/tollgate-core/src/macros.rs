@@ -48,3 +48,73 @@ macro_rules! slots_pass_through {
         }
     };
 }
+
+/// The methods of [`Store`](crate::Store) but `settle`, for a wrapper that
+/// watches the decisions of the store in its `store` field: each check
+/// passes to it, and its decision to `self.$seen(key, policy, cost,
+/// &decision)`; the rest passes to it as it is. Inside the wrapper's
+/// `impl Store`.
+macro_rules! store_pass_through {
+    (seen: $seen:ident) => {
+        async fn check(
+            &self,
+            key: &$crate::Key,
+            policy: &$crate::Policy,
+            cost: u64,
+        ) -> Result<$crate::Decision, $crate::StoreError> {
+            let decision = self.store.check(key, policy, cost).await?;
+            self.$seen(key, policy, cost, &decision);
+            Ok(decision)
+        }
+
+        fn try_check_now(
+            &self,
+            key: &$crate::Key,
+            policy: &$crate::Policy,
+            cost: u64,
+        ) -> Option<Result<$crate::Decision, $crate::StoreError>> {
+            let result = self.store.try_check_now(key, policy, cost)?;
+            if let Ok(decision) = &result {
+                self.$seen(key, policy, cost, decision);
+            }
+            Some(result)
+        }
+
+        async fn status(
+            &self,
+            key: &$crate::Key,
+            policy: &$crate::Policy,
+        ) -> Result<$crate::Decision, $crate::StoreError> {
+            self.store.status(key, policy).await
+        }
+
+        async fn reset(
+            &self,
+            key: &$crate::Key,
+            policy: &$crate::Policy,
+        ) -> Result<(), $crate::StoreError> {
+            self.store.reset(key, policy).await
+        }
+
+        async fn block(
+            &self,
+            key: &$crate::Key,
+            policy: &$crate::Policy,
+            duration: std::time::Duration,
+        ) -> Result<(), $crate::StoreError> {
+            self.store.block(key, policy, duration).await
+        }
+
+        fn last_known(
+            &self,
+            key: &$crate::Key,
+            policy: &$crate::Policy,
+        ) -> Option<$crate::Decision> {
+            self.store.last_known(key, policy)
+        }
+
+        fn name(&self) -> &'static str {
+            self.store.name()
+        }
+    };
+}

@@ -1,8 +1,6 @@
 //! [`MeteredStore`]: a store whose admissions and settlements are
 //! recorded in a usage ledger.
 
-use std::time::Duration;
-
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::inflight::SlotStore;
@@ -91,32 +89,7 @@ impl<S: Store, L: Ledger> MeteredStore<S, L> {
 }
 
 impl<S: Store, L: Ledger> Store for MeteredStore<S, L> {
-    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        let decision = self.store.check(key, policy, cost).await?;
-        self.admitted(key, policy, cost, &decision);
-        Ok(decision)
-    }
-
-    fn try_check_now(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        let result = self.store.try_check_now(key, policy, cost)?;
-        if let Ok(decision) = &result {
-            self.admitted(key, policy, cost, decision);
-        }
-        Some(result)
-    }
-
-    async fn status(&self, key: &Key, policy: &Policy) -> Result<Decision, StoreError> {
-        self.store.status(key, policy).await
-    }
-
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.store.reset(key, policy).await
-    }
+    store_pass_through!(seen: admitted);
 
     async fn settle(
         &self,
@@ -131,22 +104,6 @@ impl<S: Store, L: Ledger> Store for MeteredStore<S, L> {
         self.ledger
             .refund(key, policy.name(), at, settlement.refund());
         Ok(decision)
-    }
-
-    async fn block(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.store.block(key, policy, duration).await
-    }
-
-    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
-        self.store.last_known(key, policy)
-    }
-    fn name(&self) -> &'static str {
-        self.store.name()
     }
 }
 

@@ -1,7 +1,5 @@
 //! [`WatchedStore`]: a store whose decisions are counted in [`TopKeys`].
 
-use std::time::Duration;
-
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::inflight::SlotStore;
@@ -77,32 +75,7 @@ impl<S> WatchedStore<S> {
 }
 
 impl<S: Store> Store for WatchedStore<S> {
-    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        let decision = self.store.check(key, policy, cost).await?;
-        self.decided(key, policy, cost, &decision);
-        Ok(decision)
-    }
-
-    fn try_check_now(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        let result = self.store.try_check_now(key, policy, cost)?;
-        if let Ok(decision) = &result {
-            self.decided(key, policy, cost, decision);
-        }
-        Some(result)
-    }
-
-    async fn status(&self, key: &Key, policy: &Policy) -> Result<Decision, StoreError> {
-        self.store.status(key, policy).await
-    }
-
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.store.reset(key, policy).await
-    }
+    store_pass_through!(seen: decided);
 
     async fn settle(
         &self,
@@ -111,22 +84,6 @@ impl<S: Store> Store for WatchedStore<S> {
         settlement: Settlement,
     ) -> Result<Decision, StoreError> {
         self.store.settle(key, policy, settlement).await
-    }
-
-    async fn block(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.store.block(key, policy, duration).await
-    }
-
-    fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
-        self.store.last_known(key, policy)
-    }
-    fn name(&self) -> &'static str {
-        self.store.name()
     }
 }
 
