@@ -225,13 +225,13 @@ async fn the_usage_ledger_bills_exactly_on_a_cluster() {
     );
 }
 
-/// The fence of a reset on a cluster: keys on every master, in each
-/// script (one-time, window word, and the general script with a sliding
-/// log's sets), whose fence key shares the state key's slot. A refund of
-/// a request reserved before the reset changes nothing; one reserved
-/// after it lands.
+/// The fence of a reset and of a block on a cluster: keys on every
+/// master, in each script (one-time, window word, and the general script
+/// with a sliding log's sets), whose fence key shares the state key's
+/// slot. A refund of a request reserved before the reset or block changes
+/// nothing; one reserved after it lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_fences_refunds_on_every_master() {
+async fn a_reset_or_a_block_fences_refunds_on_every_master() {
     let cluster = RedisCluster::spawn();
     let clock = FakeClock::new(Timestamp::from_secs(1_769_900_400));
     let store = RedisStore::builder()
@@ -251,24 +251,41 @@ async fn a_reset_fences_refunds_on_every_master() {
             .build()
             .unwrap(),
     ];
-    for policy in &policies {
-        for k in 0..30 {
-            let key = Key::user(format!("tenant-{k}"));
-            let a = store.check(&key, policy, 5).await.unwrap();
-            store.reset(&key, policy).await.unwrap();
-            clock.advance(Duration::from_millis(1));
-            let b = store.check(&key, policy, 4).await.unwrap();
-            assert_eq!(b.remaining(), 6, "{policy}");
-            let settled = store
-                .settle(&key, policy, Settlement::of(&a, 5, 1))
-                .await
-                .unwrap();
-            assert_eq!(settled.remaining(), 6, "{policy}: fenced");
-            let settled = store
-                .settle(&key, policy, Settlement::of(&b, 4, 1))
-                .await
-                .unwrap();
-            assert_eq!(settled.remaining(), 9, "{policy}: landed");
+    for block in [false, true] {
+        for policy in &policies {
+            for k in 0..30 {
+                let key = Key::user(format!("tenant-{k}-{block}"));
+                let a = store.check(&key, policy, 5).await.unwrap();
+                if block {
+                    store
+                        .block(&key, policy, Duration::from_secs(1))
+                        .await
+                        .unwrap();
+                } else {
+                    store.reset(&key, policy).await.unwrap();
+                }
+                // Past the block.
+                clock.advance(Duration::from_secs(2));
+                let b = store.check(&key, policy, 4).await.unwrap();
+                assert_eq!(b.remaining(), 6, "{policy}");
+                let settled = store
+                    .settle(&key, policy, Settlement::of(&a, 5, 1))
+                    .await
+                    .unwrap();
+                assert_eq!(settled.remaining(), 6, "{policy}: fenced");
+                let settled = store
+                    .settle(&key, policy, Settlement::of(&b, 4, 1))
+                    .await
+                    .unwrap();
+                assert_eq!(settled.remaining(), 9, "{policy}: landed");
+            }
         }
     }
+    // Each master holds state keys and fences.
+    let masters = cluster.masters();
+    let spread: Vec<u64> = masters.iter().map(|&m| cluster.nodes[m].dbsize()).collect();
+    assert!(
+        spread.iter().all(|&keys| keys >= 10),
+        "keys per master: {spread:?}"
+    );
 }

@@ -3,8 +3,8 @@
 //! fresh state, which admits exactly one fresh allowance.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -14,12 +14,14 @@ use tollgate::{
 use tollgate_redis::{LeasedStore, RedisStore};
 use tollgate_tests::{require_redis, unique_prefix};
 
-/// A store that holds every settlement at a gate until it opens.
+/// A store that holds every settlement at a gate until it opens, and
+/// keeps what the settlements answered.
 #[derive(Clone)]
 struct Gated {
     inner: RedisStore,
     open: watch::Receiver<bool>,
     waiting: Arc<AtomicUsize>,
+    settled: Arc<Mutex<Vec<Result<Decision, String>>>>,
 }
 
 impl Store for Gated {
@@ -36,7 +38,13 @@ impl Store for Gated {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let mut open = self.open.clone();
         open.wait_for(|open| *open).await.unwrap();
-        self.inner.settle(key, policy, settlement).await
+        let settled = self.inner.settle(key, policy, settlement).await;
+        let kept = settled
+            .as_ref()
+            .map(Clone::clone)
+            .map_err(ToString::to_string);
+        self.settled.lock().unwrap().push(kept);
+        settled
     }
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
@@ -69,10 +77,12 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
         .unwrap();
     let (gate, open) = watch::channel(true);
     let waiting = Arc::new(AtomicUsize::new(0));
+    let settled = Arc::new(Mutex::new(Vec::new()));
     let gated = Gated {
         inner: redis.clone(),
         open,
         waiting: waiting.clone(),
+        settled: settled.clone(),
     };
     let leased = LeasedStore::builder()
         .interval(Duration::from_millis(8))
@@ -107,9 +117,13 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
         let leased = leased.clone();
         async move { leased.return_leases().await }
     });
-    while waiting.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while waiting.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the give-back reaches the store");
 
     // Meanwhile the operator resets the key, and the fresh state spends.
     tokio::time::timeout(Duration::from_secs(10), leased.reset(&key, &policy))
@@ -123,7 +137,15 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
     gate.send(true).unwrap();
     returning.await.unwrap();
     assert_eq!(leased.outstanding(), (0, 0));
-    assert_eq!(redis.status(&key, &policy).await.unwrap().remaining(), 500);
+    let status = redis.status(&key, &policy).await.unwrap();
+    assert_eq!(status.remaining(), 500);
+    // The store answered the give-back, with the key's status: it was
+    // fenced, not lost to an error.
+    let settled = std::mem::take(&mut *settled.lock().unwrap());
+    assert_eq!(settled.len(), 1);
+    let answer = settled[0].as_ref().expect("the give-back was answered");
+    assert_eq!(answer.remaining(), 500);
+    assert!(answer.is_allowed());
     let mut admitted = 0;
     while redis.check(&key, &policy, 1).await.unwrap().is_allowed() {
         admitted += 1;

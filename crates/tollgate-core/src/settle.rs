@@ -36,14 +36,16 @@ const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 /// **Resets and blocks fence refunds.** [`Store::reset`](crate::Store::reset)
 /// and [`Store::block`](crate::Store::block) forget the key's state, and
 /// with it every unit reserved before them. A refund of a request reserved
-/// at or before that moment would give those units back a second time, to
-/// the fresh state: tollgate's stores drop it, and the settlement changes
-/// nothing (its decision is the key's status). This holds for
-/// [`Settlement::fence`] after the reset, or after the block ends. A charge
-/// is work done, and lands whenever it comes. So a refund that was on its
-/// way when an operator reset a key (the unused part of a quota lease given
-/// back, a request that reserved more than it used) never lets the key
-/// admit more than a fresh allowance.
+/// before that moment would give those units back a second time, to the
+/// fresh state: tollgate's stores drop it, and the settlement changes
+/// nothing (its decision is the key's status). Dropped are the refunds of
+/// requests reserved at or before the reset or the block's start, on the
+/// store's clock, that come within [`Settlement::fence`] after the reset,
+/// or after the block ends. A charge is work done, and lands whenever it
+/// comes. So a refund that was on its way when an operator reset a key
+/// (the unused part of a quota lease given back, a request that reserved
+/// more than it used) gives the fresh state nothing; one that comes after
+/// the fence lands as on any key.
 ///
 /// ```
 /// use tollgate_core::{Algorithm, Policy, Settlement, Timestamp};
@@ -117,9 +119,8 @@ impl Settlement {
     }
 
     /// How long after a reset of a key under `policy` (or after a block of
-    /// it ends) a refund of a request reserved at or before the reset or
-    /// block is dropped: the policy's longest period, and at least a
-    /// minute.
+    /// it ends) a refund of a request reserved before the reset or block
+    /// is dropped: the policy's longest period, and at least a minute.
     ///
     /// ```
     /// use std::time::Duration;
@@ -137,7 +138,7 @@ impl Settlement {
         longest.max(SHORTEST_FENCE)
     }
 
-    /// Whether a fence that a reset or block set at `at` drops this
+    /// Whether a fence that a reset or a block set at `at` drops this
     /// settlement: a refund of a request reserved at or before `at`.
     pub(crate) fn fenced_by(&self, at: Timestamp) -> bool {
         self.actual < self.reserved && self.reserved_at <= at

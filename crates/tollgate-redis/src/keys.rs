@@ -109,6 +109,14 @@ pub(crate) fn log_keys<'a>(
         .map(move |p| format!("{state_key}:{}", p.period_us))
 }
 
+/// The key of the fence that a reset or a block of the key of
+/// `state_key` leaves (see `lua/lib/fence.lua`): `<state key>:fence`, in
+/// the state key's cluster slot. The scripts tell it from the state keys
+/// by its last byte.
+pub(crate) fn fence_key(state_key: &str) -> String {
+    format!("{state_key}:fence")
+}
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag,

@@ -1,8 +1,8 @@
 //! The fence of a reset and of a block: a refund of a request reserved
-//! before it changes nothing until the fence ends (`Settlement::fence`
-//! after the reset, or after the block ends), a refund of one reserved
-//! after it lands, and so does a charge. On memory and Redis alike, in
-//! every compact form and the general scripts, with exact figures.
+//! at or before it changes nothing until the fence ends (`Settlement::fence` after the reset, or after the block
+//! ends), a refund of one reserved after it lands, and so does a charge.
+//! On memory and Redis alike, in every compact form and the general
+//! scripts, with exact figures.
 
 use std::time::Duration;
 
@@ -152,6 +152,45 @@ fn a_refund_of_a_request_reserved_before_a_reset_or_a_block_changes_nothing_unti
                 // key: the fence held them back until then.
                 assert!(settled.remaining() > 0, "{policy}");
             }
+        }
+    }
+}
+
+/// The fence's edge: a refund of a request reserved in the microsecond of
+/// the reset is dropped (it may have come just before it); one reserved a
+/// microsecond later lands.
+#[test]
+fn the_fence_drops_refunds_of_requests_reserved_at_the_reset_and_no_later() {
+    let harness = Harness::new("fence-edge");
+    let start = Timestamp::from_secs(1_700_002_800);
+    let micro = Duration::from_micros(1);
+    for policy in policies() {
+        let memory = MemoryStore::builder()
+            .clock(harness.clock.clone())
+            .build()
+            .unwrap();
+        let key = Key::user(format!("edge-{policy}"));
+        harness.clock.set(start);
+        op(&harness, &memory, &key, &policy, Op::Reset);
+        let mut reference = PolicyState::new(&policy, start);
+        let c = op(&harness, &memory, &key, &policy, Op::Check(2));
+        assert_eq!(c, reference.decide(&policy, start, 2), "{policy}");
+        let next = start + micro;
+        harness.clock.set(next);
+        let d = op(&harness, &memory, &key, &policy, Op::Check(2));
+        assert_eq!(d, reference.decide(&policy, next, 2), "{policy}");
+        let status = reference.decide(&policy, next, 0);
+        let settled = settle(&harness, &memory, &key, &policy, Settlement::of(&c, 2, 0));
+        assert_eq!(
+            settled.remaining(),
+            status.remaining(),
+            "{policy}: reserved at the reset"
+        );
+        let landed = reference.settle(&policy, next, &Settlement::of(&d, 2, 0));
+        let settled = settle(&harness, &memory, &key, &policy, Settlement::of(&d, 2, 0));
+        assert_eq!(settled, landed, "{policy}: reserved after it");
+        if policy.params().len() == 1 {
+            assert_eq!(settled.remaining(), status.remaining() + 2, "{policy}");
         }
     }
 }

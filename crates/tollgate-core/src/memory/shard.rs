@@ -420,13 +420,17 @@ impl Shard {
     }
 
     /// Fences the key of `base`, reset or blocked at `now`, for
-    /// [`Settlement::fence`] after `ends` (now, or when the block ends).
+    /// [`Settlement::fence`] after `ends` (now, or when the block ends),
+    /// or until an earlier fence of it ends, if later.
     fn fence(&mut self, base: KeyHash, policy: &Policy, now: Timestamp, ends: Timestamp) {
         let span = u64::try_from(Settlement::fence(policy).as_micros()).unwrap_or(u64::MAX);
-        let fence = Fence {
+        let mut fence = Fence {
             at: now.as_micros(),
             until: ends.as_micros().saturating_add(span),
         };
+        if let Some(earlier) = self.maps.fences.get(&base) {
+            fence.until = fence.until.max(earlier.until);
+        }
         self.maps.fences.insert(base, fence);
     }
 

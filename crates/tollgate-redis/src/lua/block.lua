@@ -3,10 +3,12 @@
 -- "<until>|blocked" (see lib/block.lua) in its place, expiring when the
 -- block ends, when the key starts afresh. Either way it then fences the
 -- key's refunds (see lib/fence.lua) until the fence's span after the
--- block ends (after now, for a reset).
+-- block ends (after now, for a reset), or until the fence already there
+-- ends, if later.
 --
 -- KEYS[1]      the key's state key
 -- KEYS[1 + i]  (sliding log only) the log of limit i, deleted too
+-- KEYS[last]   the key's fence key
 -- ARGV[1]      the block's duration in µs; 0 for a reset, which writes no
 --              block
 -- ARGV[2]      the fence's span in µs (Settlement::fence)
@@ -20,7 +22,7 @@
 local now
 local test = ARGV[3]
 if test then
-  now = tonumber(ARGV[3])
+  now = tonumber(test)
 else
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
@@ -35,11 +37,18 @@ local function set_until(key, value, ends)
     redis.call('SET', key, value, 'PXAT', string.format('%d', math.ceil(ends / 1000)))
   end
 end
+local n, fence = keys_and_fence()
+if not fence then error('tollgate: no fence key') end
 local ends = now + tonumber(ARGV[1])
-redis.call('DEL', unpack(KEYS))
+redis.call('DEL', unpack(KEYS, 1, n))
 if ends > now then
   set_until(KEYS[1], string.format('%d', ends) .. '|blocked', ends)
 end
 local fenced_until = ends + tonumber(ARGV[2])
-set_until(fence_key(KEYS[1]), string.format('%d %d', now, fenced_until), fenced_until)
+local earlier = redis.call('GET', fence)
+if type(earlier) == 'string' then
+  local until_then = tonumber(string.match(earlier, ' (%d+)$'))
+  if until_then and until_then > fenced_until then fenced_until = until_then end
+end
+set_until(fence, string.format('%d %d', now, fenced_until), fenced_until)
 return string.format('%d', ends)

@@ -7,7 +7,7 @@ use tollgate_core::{Key, Policy, Settlement, Timestamp};
 
 use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
-use crate::keys::log_keys;
+use crate::keys::{fence_key, log_keys};
 use crate::op::word_reply::decimal;
 use crate::store::RedisStore;
 use crate::wire::Wire;
@@ -49,6 +49,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let state_key = inner.names.state_key(policy, key);
         let mut keys = vec![state_key.clone()];
         keys.extend(log_keys(&state_key, policy));
+        keys.push(fence_key(&state_key));
         let fence = Settlement::fence(policy);
         let ends = inner
             .guarded(&state_key, inner.wire.forget(&keys, duration, fence))
@@ -61,9 +62,9 @@ impl<C: RedisConnection> RedisStore<C> {
 
 impl<C: RedisConnection> Wire<C> {
     /// Forgets the key of `keys` (its state key, then a sliding log's
-    /// sets), blocks it for `duration` (none if zero, at most
-    /// [`MAX_BLOCK`]), and fences its refunds for `fence` after the block
-    /// ends: when the block ends, in µs on Redis's clock.
+    /// sets, then its fence key), blocks it for `duration` (none if zero,
+    /// at most [`MAX_BLOCK`]), and fences its refunds for `fence` after
+    /// the block ends: when the block ends, in µs on Redis's clock.
     async fn forget(
         &self,
         keys: &[String],

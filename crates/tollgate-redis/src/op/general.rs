@@ -8,7 +8,7 @@ use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Settlement, Timestam
 
 use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
-use crate::keys::log_keys;
+use crate::keys::{fence_key, log_keys};
 use crate::wire::Wire;
 
 /// One argument of a script call.
@@ -89,7 +89,9 @@ impl<C: RedisConnection> Wire<C> {
                 Arg::Text(&text)
             }
         };
-        let reply = self.call_general(state_key, policy, costs_arg).await?;
+        let reply = self
+            .call_general(state_key, policy, costs_arg, false)
+            .await?;
         decisions_from_reply(policy, costs, &reply, policy.params().len())
     }
 
@@ -103,18 +105,21 @@ impl<C: RedisConnection> Wire<C> {
         request: &str,
     ) -> Result<Decision, RedisStoreError> {
         let reply = self
-            .call_general(state_key, policy, Arg::Text(request))
+            .call_general(state_key, policy, Arg::Text(request), true)
             .await?;
         decisions_from_reply(policy, &[0], &reply, policy.params().len())?
             .pop()
             .ok_or_else(|| RedisStoreError::Protocol("no decision in the reply".into()))
     }
 
+    /// Calls `policy`'s general script on `requests` of the key of
+    /// `state_key`, passing its fence key too for a settlement (`fence`).
     async fn call_general(
         &self,
         state_key: &str,
         policy: &Policy,
         requests: Arg<'_>,
+        fence: bool,
     ) -> Result<redis::Value, RedisStoreError> {
         let script = self.scripts.get(policy);
         let (now, min_ttl_ms) = self.test_time();
@@ -132,7 +137,7 @@ impl<C: RedisConnection> Wire<C> {
                 Arg::Number(_) => 20,
             };
         self.eval(state_key, script, (16, bytes), |cmd| {
-            general_keys(cmd, state_key, policy);
+            general_keys(cmd, state_key, policy, fence);
             general_args(policy, requests, (now, around), min_ttl_ms, |arg| {
                 cmd.arg(arg);
             });
@@ -157,10 +162,16 @@ pub(crate) fn settle_request(settlement: &Settlement) -> String {
 
 /// The keys of a general script's call: the state key, and a sliding log's
 /// sorted set per limit, named after the limit's period so that a changed
-/// configuration finds the log of that period.
-fn general_keys(cmd: &mut redis::Cmd, state_key: &str, policy: &Policy) {
+/// configuration finds the log of that period; then, for a settlement
+/// (`fence`), the key's fence key.
+fn general_keys(cmd: &mut redis::Cmd, state_key: &str, policy: &Policy, fence: bool) {
     let logs: Vec<String> = log_keys(state_key, policy).collect();
-    cmd.arg(1 + logs.len()).arg(state_key).arg(logs);
+    cmd.arg(1 + logs.len() + usize::from(fence))
+        .arg(state_key)
+        .arg(logs);
+    if fence {
+        cmd.arg(fence_key(state_key));
+    }
 }
 
 /// Turns the general script's reply into a [`Decision`] per request.

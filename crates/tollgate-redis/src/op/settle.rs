@@ -5,6 +5,7 @@ use tollgate_core::{Decision, Key, Policy, Settlement};
 
 use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
+use crate::keys::fence_key;
 use crate::op::form::Form;
 use crate::op::general::settle_request;
 use crate::op::word::{SettleArgs, Word, WordForm, WordOp, decision};
@@ -80,16 +81,17 @@ impl<C: RedisConnection> Wire<C> {
         let script = form.settle_script(&self.scripts);
         let (now, min_ttl_ms) = self.test_time();
         let request = form.arg(args.mark, args.period, args.step, args.slack, policy);
-        let bytes = 128 + key.len() + policy.state_descriptor().len();
+        let bytes = 128 + 2 * key.len() + policy.state_descriptor().len();
+        let sent_local = self.local_now();
         let reply = self
-            .eval(key, script, (6, bytes), |cmd| {
-                cmd.arg(1).arg(key).arg(&request);
+            .eval(key, script, (7, bytes), |cmd| {
+                cmd.arg(2).arg(key).arg(fence_key(key)).arg(&request);
                 if now > 0 {
                     cmd.arg(now).arg(min_ttl_ms);
                 }
             })
             .await?;
-        self.read(now, |reading| words_at(&reply, 1, reading))?
+        self.read((now, sent_local), |reading| words_at(&reply, 1, reading))?
             .first()
             .copied()
             .ok_or_else(|| RedisStoreError::Protocol("no word in the reply".into()))

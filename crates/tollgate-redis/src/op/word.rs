@@ -20,8 +20,9 @@ pub(crate) const FENCED: u64 = 1 << 62;
 
 /// When the request a settlement settles was reserved, in µs, as a word
 /// script reads it from a refund: at most 2^52 µs (in 2112), so that it
-/// fits the refund's slack and a Lua double. A fence is set on Redis's
-/// clock, years before that, so the cap changes no fence's answer.
+/// fits the refund's slack and a Lua double. Only a fence set after that
+/// time, on a clock in the next century, could answer otherwise than
+/// the memory store, which compares the time as it is.
 pub(crate) fn reserved_at(settlement: &Settlement) -> u64 {
     settlement.reserved_at().as_micros().min(1 << 52)
 }
@@ -144,10 +145,14 @@ impl redis::ToRedisArgs for RequestArg {
     }
 }
 
-/// What a reply is read with: the `now` sent (0 on Redis's clock) and the
-/// store's estimates.
+/// What a reply is read with: the `now` sent (0 on Redis's clock), the
+/// store's local time when it was sent, and the store's estimates.
 pub(crate) struct Reading<'a> {
     pub(crate) sent_now: u64,
+    /// The store's local time in µs when the call was sent: Redis's clock
+    /// estimated then is at most its time when it ran the script (see
+    /// `RedisClock`).
+    pub(crate) sent_local: u64,
     pub(crate) order: &'a WriteOrder,
     pub(crate) redis_clock: &'a RedisClock,
     /// The store's local time in µs, read only when needed.
@@ -263,11 +268,17 @@ pub(crate) fn decision(
 }
 
 impl<C> Wire<C> {
-    /// Reads a reply to a call that sent `sent_now` with `read`.
-    pub(crate) fn read<T>(&self, sent_now: u64, read: impl FnOnce(&Reading<'_>) -> T) -> T {
+    /// Reads a reply to a call that sent `sent_now` at the local time
+    /// `sent_local` with `read`.
+    pub(crate) fn read<T>(
+        &self,
+        (sent_now, sent_local): (u64, u64),
+        read: impl FnOnce(&Reading<'_>) -> T,
+    ) -> T {
         let local_now = || self.local_now();
         read(&Reading {
             sent_now,
+            sent_local,
             order: &self.order,
             redis_clock: &self.redis_clock,
             local_now: &local_now,
@@ -284,26 +295,27 @@ impl<C: RedisConnection> Wire<C> {
         requests: &[Request<'_>],
     ) -> Result<Vec<Word>, RedisStoreError> {
         let script = form.script(&self.scripts, &self.order);
-        let (reply, now) = self
+        let (reply, sent) = self
             .call_words(script, requests, |r| form.check_arg(r))
             .await?;
-        self.read(now, |reading| form.words(&reply, requests.len(), reading))
+        self.read(sent, |reading| form.words(&reply, requests.len(), reading))
     }
 
     /// Calls a word script on `requests`: the key count, the keys, then
     /// each request's argument, `arg_of`, then (test clock) now and the
-    /// shortest TTL. Returns the reply and the `now` sent (0: Redis's
-    /// clock).
+    /// shortest TTL. Returns the reply, and the `now` sent (0: Redis's
+    /// clock) with the local time it was sent at.
     async fn call_words(
         &self,
         script: &DecisionScript,
         requests: &[Request<'_>],
         arg_of: impl Fn(&Request<'_>) -> RequestArg,
-    ) -> Result<(redis::Value, u64), RedisStoreError> {
+    ) -> Result<(redis::Value, (u64, u64)), RedisStoreError> {
         let Some(first) = requests.first() else {
-            return Ok((redis::Value::Int(0), 0));
+            return Ok((redis::Value::Int(0), (0, 0)));
         };
         let (now, min_ttl_ms) = self.test_time();
+        let sent_local = self.local_now();
         let count = 3 + 2 * requests.len();
         // The numbers of a request's argument, and two numbers of up to 20
         // digits under a test clock.
@@ -326,6 +338,6 @@ impl<C: RedisConnection> Wire<C> {
                 }
             })
             .await?;
-        Ok((reply, now))
+        Ok((reply, (now, sent_local)))
     }
 }

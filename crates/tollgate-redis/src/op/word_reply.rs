@@ -21,9 +21,12 @@ pub(crate) fn words_at(
             words
         }
         Reply::Ahead(gap) => {
-            // Under a test clock the script decided at the `now` sent.
+            // Under a test clock the script decided at the `now` sent. On
+            // Redis's clock, its estimate when the call was sent, which is
+            // never later than when the script ran: a settlement of this
+            // decision meets the fence of a reset that ran after it.
             let now = match now {
-                0 => reading.redis_clock.at((reading.local_now)()),
+                0 => reading.redis_clock.at(reading.sent_local),
                 sent => sent,
             };
             let old = now.checked_add(gap).ok_or_else(|| {
@@ -144,6 +147,34 @@ pub(crate) fn decimal(digits: &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
     use redis::Value;
+
+    /// A gap is stamped with Redis's clock as estimated when the call was
+    /// sent, never later than when the script ran; the offset is learned
+    /// from the replies that carry Redis's time, when they are read.
+    #[test]
+    fn a_gap_is_stamped_with_the_estimate_made_when_the_call_was_sent() {
+        use crate::wire::{RedisClock, WriteOrder};
+        let (redis_clock, order) = (RedisClock::new(), WriteOrder::new(None));
+        let read = |reply: Value, sent_local: u64, read_at: u64| {
+            let local_now = move || read_at;
+            let reading = Reading {
+                sent_now: 0,
+                sent_local,
+                order: &order,
+                redis_clock: &redis_clock,
+                local_now: &local_now,
+            };
+            words_at(&reply, 1, &reading).unwrap()
+        };
+        // Redis said 5,000,000 µs in a reply read at 1,000 µs local.
+        assert_eq!(read(Value::Int(5_000_000), 0, 1_000), vec![(5_000_000, 0)]);
+        // Sent at 2,000 µs local, read at 9,000: stamped at 5,001,000,
+        // 9 µs behind a key's time 5,001,009.
+        assert_eq!(
+            read(Value::Int(-9), 2_000, 9_000),
+            vec![(5_001_000, 5_001_009)]
+        );
+    }
 
     #[test]
     fn replies_are_read_per_request() {

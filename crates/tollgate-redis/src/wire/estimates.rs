@@ -60,7 +60,11 @@ impl WriteOrder {
 /// here. Kept as the offset in µs of Redis `TIME` from the store's
 /// monotonic clock, taken from every reply that carries Redis's time, so
 /// the estimate is within about half a round trip (plus, on a cluster, the
-/// skew between nodes). Until such a reply, the system clock stands in.
+/// skew between nodes). Each offset is taken when the reply is read, after
+/// Redis ran the script, so it is never above the true one: an estimate
+/// made when a call is sent is never later than when Redis ran it, which
+/// a reset's fence relies on (see `lua/lib/fence.lua`). Until such a
+/// reply, the system clock stands in.
 pub(crate) struct RedisClock {
     offset: std::sync::atomic::AtomicI64,
 }

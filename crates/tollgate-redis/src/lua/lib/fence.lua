@@ -3,17 +3,24 @@
 -- script. Forgetting a key's state gives back every unit reserved before
 -- it, so a refund of a request reserved then would give its units back a
 -- second time, to the fresh state. block.lua writes "<at> <until>" (µs)
--- to the key's fence key, expiring at `until`; until then, a refund of a
--- request reserved at or before `at` changes nothing. Only a refund that
--- would change a state reads the fence: no decision does.
+-- to the key's fence key, `<state key>:fence`, expiring at `until`: until
+-- then, a refund of a request reserved at or before `at` (the reset's
+-- time) changes nothing. Only refunds read it, never a decision.
 --
--- The fence key of the state key `key`: it keeps the state key's hash
--- tag, and so its cluster slot.
-local function fence_key(key) return key .. ':fence' end
--- Whether the fence of the state key `key` drops, at `now`, a refund of a
+-- A call that may read or write a fence passes the fence key last, after
+-- the state keys (a state key ends with '}', a sliding log's with a
+-- digit, a fence key with 'e'). The number of other keys, and the fence
+-- key or nil:
+local function keys_and_fence()
+  local n = #KEYS
+  if n > 0 and string.byte(KEYS[n], -1) == 101 then return n - 1, KEYS[n] end
+  return n, nil
+end
+-- Whether the fence `fence` (a key, or nil) drops, at `now`, a refund of a
 -- request reserved at `since` (µs).
-local function fenced(key, since, now)
-  local value = redis.call('GET', fence_key(key))
+local function fenced(fence, since, now)
+  if not fence then return false end
+  local value = redis.call('GET', fence)
   if type(value) ~= 'string' then return false end
   local at, ends = string.match(value, '^(%d+) (%d+)$')
   return at ~= nil and since <= tonumber(at) and now < tonumber(ends)

@@ -4,6 +4,8 @@
 -- KEYS[1]      the key's state hash
 -- KEYS[1 + i]  (sliding log only) the log of limit i, a sorted set named
 --              after the limit's period, so that it carries over too
+-- KEYS[last]   (a settlement only) the key's fence key, which a refund
+--              reads (lib/fence.lua)
 -- ARGV[1]      now in microseconds since the Unix epoch, or 0 to read Redis TIME
 -- ARGV[2]      the cost of each request, decided in turn: "1", or "1 1 3"
 --              for requests of one key that queued behind each other; or
@@ -68,6 +70,8 @@ for i = 1, n do
 end
 
 local key = KEYS[1]
+-- The state keys, and a settlement's fence key (lib/fence.lua).
+local nkeys, fence = keys_and_fence()
 -- Set by an algorithm whose advance rewrote stored state, or when the
 -- state was carried over from another configuration.
 local changed = false

@@ -13,6 +13,8 @@
 -- carries its own argument, so requests of different policies mix.
 --
 -- KEYS[i]      the state key of request i, 1 <= i <= n
+-- KEYS[n+1]    (a settlement only, sent alone) the key's fence key, which a
+--              refund reads (lib/fence.lua)
 -- ARGV[i]      its request, "<sign><step><slack><descriptor>": the sign
 --              '0' (or '+', alike), or '-' for a negative step; the step
 --              and the slack in 14 hexadecimal digits each; then its
@@ -66,7 +68,8 @@
 --
 -- Written for Redis's CPU, which every decision of every app server
 -- shares. Per call: TIME. Per request, reading first: a GET; then an
--- admitted request is written with one SET, and a denial writes nothing.
+-- admitted request is written with one SET, and a denial writes nothing
+-- (a refund that would change a time also reads its fence key).
 -- Writing first: SET ... NX GET writes an absent key and reads a present
 -- one in one command, which saves an idle key the GET but costs a busy key
 -- or a denial the value formatted in vain and a dearer command; the store
@@ -82,7 +85,8 @@ local call, try = redis.call, redis.pcall
 local KEYS, ARGV, type = KEYS, ARGV, type
 local sub, byte, find, format = string.sub, string.byte, string.find, string.format
 local ceil = math.ceil
-local n = #KEYS
+-- The requests, less a settlement's fence key (lib/fence.lua).
+local n, fence = keys_and_fence()
 -- The most a time may be ahead of now, 2^50 µs, as tollgate-core's
 -- MAX_SPAN_US; only a settlement's charge can reach it.
 local MAX_SPAN = 1125899906842624
@@ -190,7 +194,7 @@ for i = 1, n do
       olds[i + 1] = old
     end
     if step ~= 0 and not slack then slack = tonumber(sub(request, 16, 29), 16) end
-    if step < 0 and fenced(key, slack - MAX_SPAN, now) then
+    if step < 0 and fenced(fence, slack - MAX_SPAN, now) then
       -- A refund of a request reserved before a reset's or a block's
       -- fence: nothing changes.
       held = old
@@ -229,6 +233,8 @@ for i = 1, n do
 end
 
 if held then
+  -- A settlement is sent alone.
+  if n ~= 1 then error('tollgate: a fenced refund among other requests') end
   return { now, held, 0 }
 end
 if olds then

@@ -16,6 +16,8 @@
 -- carries its own argument, so requests of different policies mix.
 --
 -- KEYS[i]      the state key of request i, 1 <= i <= n
+-- KEYS[n+1]    (a settlement only, sent alone) the key's fence key, which a
+--              refund reads (lib/fence.lua)
 -- ARGV[i]      its request, "<mark><step><period><slack><descriptor>":
 --              the mark '0', or '+' for a charge, or '-' for a refund, whose
 --              step and slack are negative; the step, the period and the
@@ -53,7 +55,8 @@
 --
 -- Per call: TIME. Per request: a GET, then, if admitted, a SET: of a new
 -- window's word with its expiry, or of the counted word keeping its
--- expiry; a denial writes nothing. Every number stays below 2^53, which
+-- expiry; a denial writes nothing (a refund that would change a word
+-- also reads its fence key). Every number stays below 2^53, which
 -- Lua doubles hold exactly; so does Lua's a % b (a - floor(a / b) * b):
 -- the rounded quotient of a < 2^53 by b >= 1 never reaches the next
 -- integer.
@@ -63,7 +66,8 @@ local call, try = redis.call, redis.pcall
 local KEYS, ARGV, type = KEYS, ARGV, type
 local sub, byte, find, format = string.sub, string.byte, string.find, string.format
 local ceil = math.ceil
-local n = #KEYS
+-- The requests, less a settlement's fence key (lib/fence.lua).
+local n, fence = keys_and_fence()
 local real = ARGV[n + 1] == nil
 local sec, usec, now, min_ttl
 if real then
@@ -169,7 +173,7 @@ for i = 1, n do
     elseif refund and -1 - slack - (-1 - slack) % period == start then
       -- A refund of a request reserved in this window, unless it was
       -- reserved before a reset's or a block's fence.
-      if fenced(key, -1 - slack, now) then
+      if fenced(fence, -1 - slack, now) then
         held = old
         if carried then write = old end
       else
@@ -201,6 +205,8 @@ for i = 1, n do
 end
 
 if held then
+  -- A settlement is sent alone.
+  if n ~= 1 then error('tollgate: a fenced refund among other requests') end
   return { now, held, 0 }
 end
 if n == 1 and olds and olds[2] >= 0 then
