@@ -41,11 +41,19 @@ const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 /// nothing (its decision is the key's status). Dropped are the refunds of
 /// requests reserved at or before the reset or the block's start, on the
 /// store's clock, that come within [`Settlement::fence`] after the reset,
-/// or after the block ends. A charge is work done, and lands whenever it
-/// comes. So a refund that was on its way when an operator reset a key
-/// (the unused part of a quota lease given back, a request that reserved
-/// more than it used) gives the fresh state nothing; one that comes after
-/// the fence lands as on any key.
+/// or after the block ends (a later reset or block never shortens a fence
+/// already there). A charge is work done, and lands whenever it comes. So
+/// a refund that was on its way when an operator reset a key (the unused
+/// part of a quota lease given back, a request that reserved more than it
+/// used) gives the fresh state nothing; one that comes after the fence
+/// lands as on any key.
+///
+/// On Redis, a busy key's decision sent alone is dated by the store's
+/// estimate of Redis's clock, made when the call was sent: never later
+/// than the script ran, on one server whose clock does not step, but
+/// perhaps earlier, so a request sent just before a reset and decided just
+/// after it may have its refund dropped too, which can only under-admit.
+/// On a cluster the estimate is off by the skew between nodes.
 ///
 /// ```
 /// use tollgate_core::{Algorithm, Policy, Settlement, Timestamp};
@@ -119,8 +127,9 @@ impl Settlement {
     }
 
     /// How long after a reset of a key under `policy` (or after a block of
-    /// it ends) a refund of a request reserved before the reset or block
-    /// is dropped: the policy's longest period, and at least a minute.
+    /// it ends) a refund of a request reserved at or before the reset or
+    /// block is dropped: the policy's longest period, and at least a
+    /// minute.
     ///
     /// ```
     /// use std::time::Duration;

@@ -173,8 +173,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Forgets what `key` has used under `policy`'s name, whatever
     /// configuration it was kept under: the key starts afresh. In
-    /// tollgate's stores, a refund of a request reserved before the reset
-    /// then changes nothing for a while (see [`Settlement`]'s fence).
+    /// tollgate's stores, a refund of a request reserved at or before the
+    /// reset then changes nothing for a while (see [`Settlement`]'s
+    /// fence).
     ///
     /// # Errors
     ///
@@ -210,8 +211,8 @@ pub trait Store: Send + Sync + 'static {
     /// settlement changes nothing, and when the block ends the key starts
     /// afresh. [`reset`](Store::reset) lifts a block; a new block replaces
     /// the old one. In tollgate's stores, a refund of a request reserved
-    /// before the block changes nothing for a while after it either (see
-    /// [`Settlement`]'s fence).
+    /// at or before the block changes nothing for a while after it either
+    /// (see [`Settlement`]'s fence).
     ///
     /// # Errors
     ///

@@ -73,6 +73,11 @@ fn info_field<'a>(info: &'a redis::Value, field: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// Redis's clock in µs in an `INFO server` reply (`server_time_usec`).
+pub(crate) fn server_time(info: &redis::Value) -> Option<u64> {
+    info_field(info, "server_time_usec")?.parse().ok()
+}
+
 /// The `run_id` in an `INFO server` reply: a random id that a restarted
 /// server draws anew.
 pub(crate) fn run_id(info: &redis::Value) -> Option<&str> {
@@ -96,9 +101,11 @@ mod tests {
     #[test]
     fn a_changed_run_id_is_noticed_and_checks_are_spaced() {
         let info = redis::Value::BulkString(
-            b"# Server\r\nredis_version:7.0.15\r\nrun_id:3f2a\r\ntcp_port:6379\r\n".to_vec(),
+            b"# Server\r\nredis_version:7.0.15\r\nrun_id:3f2a\r\ntcp_port:6379\r\nserver_time_usec:1764390000123456\r\n".to_vec(),
         );
         assert_eq!(run_id(&info), Some("3f2a"));
+        assert_eq!(server_time(&info), Some(1_764_390_000_123_456));
+        assert_eq!(server_time(&redis::Value::Nil), None);
         let server = ServerIdentity::new(Some("3f2a".into()));
         assert!(!server.saw("3f2a"));
         assert!(server.saw("77b1"), "a restarted server");

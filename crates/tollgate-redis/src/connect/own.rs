@@ -16,7 +16,7 @@ use crate::builder::RedisStoreBuilder;
 use crate::connect::connection::RedisConnection;
 use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
-use crate::identity::{ServerIdentity, run_id, too_old};
+use crate::identity::{ServerIdentity, run_id, server_time, too_old};
 use crate::keys::KeyNamer;
 use crate::known::LastKnown;
 use crate::lanes::Lanes;
@@ -51,7 +51,8 @@ impl RedisStoreBuilder {
             // NOSCRIPT retry); until Redis answers, every call fails and the
             // failure policy answers.
             Err(error) if unreachable(&error) => {
-                return Ok(self.assemble(connection, names, scripts, ServerIdentity::new(None))?);
+                let unknown = ServerIdentity::new(None);
+                return Ok(self.assemble(connection, names, scripts, unknown, None)?);
             }
             Err(error) => return Err(error),
         };
@@ -72,23 +73,25 @@ impl RedisStoreBuilder {
                 )));
             }
         }
-        Ok(self.assemble(connection, names, scripts, server)?)
+        let store = self.assemble(connection, names, scripts, server, server_time(&info))?;
+        Ok(store)
     }
 
     /// The store around `connection`, once the server is known or known
-    /// to be unreachable.
+    /// to be unreachable; `seen` is Redis's clock, read before now.
     fn assemble<C: RedisConnection>(
         self,
         connection: C,
         names: KeyNamer,
         scripts: Scripts,
         server: ServerIdentity,
+        seen: Option<u64>,
     ) -> Result<RedisStore<C>, ConfigError> {
         let connection_is_one_server = connection.is_one_server();
         let breakers = (0..self.breaker_ranges.max(1))
             .map(|_| CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown))
             .collect::<Result<_, _>>()?;
-        Ok(RedisStore {
+        let store = RedisStore {
             inner: Arc::new(Inner {
                 wire: Wire {
                     connection,
@@ -115,7 +118,9 @@ impl RedisStoreBuilder {
                 #[cfg(feature = "metrics")]
                 hit_counters: std::sync::RwLock::default(),
             }),
-        })
+        };
+        store.inner.wire.saw_time(seen);
+        Ok(store)
     }
 }
 

@@ -87,10 +87,13 @@ impl<C: RedisConnection> Wire<C> {
                 }
             })
             .await?;
-        match &reply {
+        let ends = match &reply {
             redis::Value::BulkString(text) => decimal(text),
             _ => None,
         }
-        .ok_or_else(|| RedisStoreError::Protocol(format!("{reply:?}")))
+        .ok_or_else(|| RedisStoreError::Protocol(format!("{reply:?}")))?;
+        // The block ends its duration after Redis's time then.
+        self.saw_time(ends.checked_sub(micros(duration)));
+        Ok(ends)
     }
 }

@@ -7,7 +7,7 @@ use tollgate_core::{Decision, Key, Policy};
 use crate::batch::{self, Batcher, Queued, Turn, WordCalls};
 use crate::connect::RedisConnection;
 use crate::error::RedisStoreError;
-use crate::identity::run_id;
+use crate::identity::{run_id, server_time};
 use crate::lanes::{self, GeneralCalls, Lanes};
 use crate::op::form::Form;
 use crate::op::general::{Arg, general_args};
@@ -100,7 +100,10 @@ impl<C: RedisConnection> RedisStore<C> {
             let reply =
                 tokio::time::timeout(inner.deadline, inner.wire.connection.query(&info)).await;
             let moved = match reply {
-                Ok(Ok(info)) => run_id(&info).is_some_and(|id| inner.server.saw(id)),
+                Ok(Ok(info)) => {
+                    inner.wire.saw_time(server_time(&info));
+                    run_id(&info).is_some_and(|id| inner.server.saw(id))
+                }
                 Ok(Err(error)) => error.is_connection_lost(),
                 Err(_) => false,
             };

@@ -136,13 +136,21 @@ impl<C: RedisConnection> Wire<C> {
                 Arg::Text(text) => text.len(),
                 Arg::Number(_) => 20,
             };
-        self.eval(state_key, script, (16, bytes), |cmd| {
-            general_keys(cmd, state_key, policy, fence);
-            general_args(policy, requests, (now, around), min_ttl_ms, |arg| {
-                cmd.arg(arg);
-            });
-        })
-        .await
+        let reply = self
+            .eval(state_key, script, (16, bytes), |cmd| {
+                general_keys(cmd, state_key, policy, fence);
+                general_args(policy, requests, (now, around), min_ttl_ms, |arg| {
+                    cmd.arg(arg);
+                });
+            })
+            .await?;
+        // Each decision's second number is Redis's time.
+        if let redis::Value::Array(items) = &reply
+            && let Some(&redis::Value::Int(redis_now)) = items.get(1)
+        {
+            self.saw_time(u64::try_from(redis_now).ok());
+        }
+        Ok(reply)
     }
 }
 

@@ -61,10 +61,13 @@ impl WriteOrder {
 /// monotonic clock, taken from every reply that carries Redis's time, so
 /// the estimate is within about half a round trip (plus, on a cluster, the
 /// skew between nodes). Each offset is taken when the reply is read, after
-/// Redis ran the script, so it is never above the true one: an estimate
-/// made when a call is sent is never later than when Redis ran it, which
-/// a reset's fence relies on (see `lua/lib/fence.lua`). Until such a
-/// reply, the system clock stands in.
+/// Redis ran the script, so it is never above the true one: on one server
+/// whose clock does not step, an estimate made when a call is sent is
+/// never later than when Redis ran it, which a reset's fence relies on
+/// (see `lua/lib/fence.lua`). The `INFO` read when the store connects, and
+/// whenever it checks which server answers, gives the first offset; until
+/// then (Redis was down at boot), the system clock stands in. On a
+/// cluster, one offset serves every node: off by their skew.
 pub(crate) struct RedisClock {
     offset: std::sync::atomic::AtomicI64,
 }

@@ -41,6 +41,14 @@ impl<C> Wire<C> {
             None => u64::try_from(self.local_origin.elapsed().as_micros()).unwrap_or(u64::MAX / 2),
         }
     }
+
+    /// Redis's clock read `redis_now` in a reply read just now (if it was
+    /// read, and not under a test clock, whose time Redis does not keep).
+    pub(crate) fn saw_time(&self, redis_now: Option<u64>) {
+        if let (Some(redis_now), None) = (redis_now, &self.clock) {
+            self.redis_clock.saw(redis_now, self.local_now());
+        }
+    }
 }
 
 impl<C: RedisConnection> Wire<C> {

@@ -5,15 +5,19 @@
 -- second time, to the fresh state. block.lua writes "<at> <until>" (µs)
 -- to the key's fence key, `<state key>:fence`, expiring at `until`: until
 -- then, a refund of a request reserved at or before `at` (the reset's
--- time) changes nothing. Only refunds read it, never a decision.
+-- time) changes nothing. Refunds read it, and the next reset or block
+-- (which keeps the later end); never a decision.
 --
 -- A call that may read or write a fence passes the fence key last, after
--- the state keys (a state key ends with '}', a sliding log's with a
--- digit, a fence key with 'e'). The number of other keys, and the fence
--- key or nil:
+-- the state keys: the first key's name and ':fence' (a state key ends with
+-- '}' and a sliding log's with a digit, so only a last key ending with 'e'
+-- is compared). The number of other keys, and the fence key or nil:
 local function keys_and_fence()
   local n = #KEYS
-  if n > 0 and string.byte(KEYS[n], -1) == 101 then return n - 1, KEYS[n] end
+  local last = KEYS[n]
+  if n > 1 and string.byte(last, -1) == 101 and last == KEYS[1] .. ':fence' then
+    return n - 1, last
+  end
   return n, nil
 end
 -- Whether the fence `fence` (a key, or nil) drops, at `now`, a refund of a
