@@ -37,18 +37,17 @@ local function set_until(key, value, ends)
     redis.call('SET', key, value, 'PXAT', string.format('%d', math.ceil(ends / 1000)))
   end
 end
-local n, fence = keys_and_fence()
-if not fence then error('tollgate: no fence key') end
+if not fence_key then error('tollgate: no fence key') end
 local ends = now + tonumber(ARGV[1])
-redis.call('DEL', unpack(KEYS, 1, n))
+redis.call('DEL', unpack(KEYS, 1, state_keys))
 if ends > now then
   set_until(KEYS[1], string.format('%d', ends) .. '|blocked', ends)
 end
 local fenced_until = ends + tonumber(ARGV[2])
-local earlier = redis.call('GET', fence)
+local earlier = redis.call('GET', fence_key)
 if type(earlier) == 'string' then
   local until_then = tonumber(string.match(earlier, ' (%d+)$'))
   if until_then and until_then > fenced_until then fenced_until = until_then end
 end
-set_until(fence, string.format('%d %d', now, fenced_until), fenced_until)
+set_until(fence_key, string.format('%d %d', now, fenced_until), fenced_until)
 return string.format('%d', ends)

@@ -33,7 +33,7 @@ for each in string.gmatch(costs, '%S+') do
     local amount, since = string.match(each, '^.(%d+)@?(%d*)$')
     amount = num(amount)
     -- A refund behind a reset's or a block's fence changes nothing.
-    if sign == 43 or not fenced(fence, num(since), now) then
+    if sign == 43 or not (fenced and fenced(num(since), now)) then
       for i = 1, n do
         if sign == 43 then charge(i, P[i], S[i], amount, qf)
         else refund(i, P[i], S[i], amount, num(since)) end
@@ -106,9 +106,9 @@ if not blocked and (committed or changed) then
     -- Under a test clock the TTL is relative and at least min_ttl.
     local command, at = 'PEXPIREAT', fmt(math.ceil(expiry / 1000))
     if min_ttl > 0 then command, at = 'PEXPIRE', fmt(max(ttl, min_ttl)) end
-    for j = 1, nkeys do redis.call(command, KEYS[j], at) end
+    for j = 1, state_keys do redis.call(command, KEYS[j], at) end
   else
-    redis.call('DEL', unpack(KEYS, 1, nkeys))
+    redis.call('DEL', unpack(KEYS, 1, state_keys))
   end
 end
 return reply

@@ -8,24 +8,28 @@
 -- time) changes nothing. Refunds read it, and the next reset or block
 -- (which keeps the later end); never a decision.
 --
--- A call that may read or write a fence passes the fence key last, after
--- the state keys: the first key's name and ':fence' (a state key ends with
--- '}' and a sliding log's with a digit, so only a last key ending with 'e'
--- is compared). The number of other keys, and the fence key or nil:
-local function keys_and_fence()
-  local n = #KEYS
-  local last = KEYS[n]
-  if n > 1 and string.byte(last, -1) == 101 and last == KEYS[1] .. ':fence' then
-    return n - 1, last
+-- A call that may read or write a fence (a settlement, sent alone, or a
+-- reset or block) passes the fence key last, after the state keys: the
+-- first key's name and ':fence'. A state key ends with '}' and a sliding
+-- log's with a digit, so only a last key ending with 'e' is compared.
+
+-- The call's keys before its fence key, and the fence key or nil.
+local state_keys, fence_key = #KEYS, nil
+do
+  local last = KEYS[state_keys]
+  if state_keys > 1 and string.byte(last, -1) == 101 and last == KEYS[1] .. ':fence' then
+    state_keys, fence_key = state_keys - 1, last
   end
-  return n, nil
 end
--- Whether the fence `fence` (a key, or nil) drops, at `now`, a refund of a
--- request reserved at `since` (µs).
-local function fenced(fence, since, now)
-  if not fence then return false end
-  local value = redis.call('GET', fence)
-  if type(value) ~= 'string' then return false end
-  local at, ends = string.match(value, '^(%d+) (%d+)$')
-  return at ~= nil and since <= tonumber(at) and now < tonumber(ends)
+-- Whether the fence drops, at `now`, a refund of a request reserved at
+-- `since` (µs): defined only for a call that passes a fence key, so that
+-- no decision pays for making the function.
+local fenced = nil
+if fence_key then
+  fenced = function(since, now)
+    local value = redis.call('GET', fence_key)
+    if type(value) ~= 'string' then return false end
+    local at, ends = string.match(value, '^(%d+) (%d+)$')
+    return at ~= nil and since <= tonumber(at) and now < tonumber(ends)
+  end
 end

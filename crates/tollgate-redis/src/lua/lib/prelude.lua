@@ -70,8 +70,6 @@ for i = 1, n do
 end
 
 local key = KEYS[1]
--- The state keys, and a settlement's fence key (lib/fence.lua).
-local nkeys, fence = keys_and_fence()
 -- Set by an algorithm whose advance rewrote stored state, or when the
 -- state was carried over from another configuration.
 local changed = false

@@ -85,8 +85,8 @@ local call, try = redis.call, redis.pcall
 local KEYS, ARGV, type = KEYS, ARGV, type
 local sub, byte, find, format = string.sub, string.byte, string.find, string.format
 local ceil = math.ceil
--- The requests, less a settlement's fence key (lib/fence.lua).
-local n, fence = keys_and_fence()
+-- The requests: a settlement, sent alone, also passes its fence key.
+local n = state_keys
 -- The most a time may be ahead of now, 2^50 µs, as tollgate-core's
 -- MAX_SPAN_US; only a settlement's charge can reach it.
 local MAX_SPAN = 1125899906842624
@@ -194,7 +194,7 @@ for i = 1, n do
       olds[i + 1] = old
     end
     if step ~= 0 and not slack then slack = tonumber(sub(request, 16, 29), 16) end
-    if step < 0 and fenced(fence, slack - MAX_SPAN, now) then
+    if step < 0 and fenced and fenced(slack - MAX_SPAN, now) then
       -- A refund of a request reserved before a reset's or a block's
       -- fence: nothing changes.
       held = old

@@ -66,8 +66,8 @@ local call, try = redis.call, redis.pcall
 local KEYS, ARGV, type = KEYS, ARGV, type
 local sub, byte, find, format = string.sub, string.byte, string.find, string.format
 local ceil = math.ceil
--- The requests, less a settlement's fence key (lib/fence.lua).
-local n, fence = keys_and_fence()
+-- The requests: a settlement, sent alone, also passes its fence key.
+local n = state_keys
 local real = ARGV[n + 1] == nil
 local sec, usec, now, min_ttl
 if real then
@@ -173,7 +173,7 @@ for i = 1, n do
     elseif refund and -1 - slack - (-1 - slack) % period == start then
       -- A refund of a request reserved in this window, unless it was
       -- reserved before a reset's or a block's fence.
-      if fenced(fence, -1 - slack, now) then
+      if fenced and fenced(-1 - slack, now) then
         held = old
         if carried then write = old end
       else
