@@ -53,7 +53,9 @@ const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 /// than the script ran, on one server whose clock does not step, but
 /// perhaps earlier, so a request sent just before a reset and decided just
 /// after it may have its refund dropped too, which can only under-admit.
-/// On a cluster the estimate is off by the skew between nodes.
+/// Before the store has seen Redis (it was down at boot) the system clock
+/// stands in, and on a cluster the estimate is off by the skew between
+/// nodes: there a refund may escape the fence by that much.
 ///
 /// ```
 /// use tollgate_core::{Algorithm, Policy, Settlement, Timestamp};

@@ -112,7 +112,7 @@ pub(crate) fn log_keys<'a>(
 /// The key of the fence that a reset or a block of the key of
 /// `state_key` leaves (see `lua/lib/fence.lua`): `<state key>:fence`, in
 /// the state key's cluster slot. The scripts tell it from the state keys
-/// by its last byte.
+/// by its full name (see `lua/lib/fence.lua`).
 pub(crate) fn fence_key(state_key: &str) -> String {
     format!("{state_key}:fence")
 }

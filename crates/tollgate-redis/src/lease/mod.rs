@@ -96,8 +96,10 @@ use telemetry::{Call, LeaseMetrics};
 /// granted before the reset, still on its way back when the reset lands,
 /// meets the reset's fence in the store (see
 /// [`Settlement`](tollgate_core::Settlement); the Redis and memory
-/// stores keep it) and gives the fresh state nothing: the fresh state
-/// admits one allowance, and no more.
+/// stores keep it) and gives the fresh state nothing: within
+/// `Settlement::fence` of the reset, and within the limits of the
+/// store's clock that `Settlement` states, the fresh state admits one
+/// allowance, and no more.
 ///
 /// **Failures.** A lease already granted is spent while Redis fails (its
 /// units were counted), unless the subscription is lost, which drops it.
