@@ -149,6 +149,23 @@ impl Settlement {
         longest.max(SHORTEST_FENCE)
     }
 
+    /// What the fence of a reset or a block leaves of this settlement (see
+    /// [`Settlement::fence`]): the request settled at what it reserved,
+    /// which changes nothing.
+    ///
+    /// ```
+    /// use tollgate_core::{Settlement, Timestamp};
+    ///
+    /// let refund = Settlement::new(10, 4, Timestamp::from_secs(5));
+    /// let fenced = refund.fenced();
+    /// assert_eq!((fenced.reserved(), fenced.actual()), (10, 10));
+    /// assert_eq!(fenced.reserved_at(), Timestamp::from_secs(5));
+    /// assert_eq!((fenced.charge(), fenced.refund()), (0, 0));
+    /// ```
+    pub fn fenced(&self) -> Self {
+        Self::new(self.reserved, self.reserved, self.reserved_at)
+    }
+
     /// Whether a fence that a reset or a block set at `at` drops this
     /// settlement: a refund of a request reserved at or before `at`.
     pub(crate) fn fenced_by(&self, at: Timestamp) -> bool {

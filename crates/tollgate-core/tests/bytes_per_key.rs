@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 
 use governor::{Quota, RateLimiter};
-use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Timestamp};
+use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Store, Timestamp};
 
 /// Heap bytes held after `fill` builds and fills a structure, which it
 /// hands back so that it is still alive when counting ends.
@@ -92,4 +92,54 @@ fn gcra_keys_cost_no_more_memory_than_in_governor() {
             "{keys} keys: fixed window {window:.1} B/key against governor's {by_ip:.1}"
         );
     }
+}
+
+/// Blocks and resets of ever new keys (an app that blocks each abusive
+/// address) leave a block and a fence per key. Once they have ended they
+/// are forgotten, also in a shard whose keys' state never fills it: twenty
+/// waves of 10,000 keys, each wave ended before the next, grow the heap by
+/// no more than the first wave held. (The hash tables reuse their room; a
+/// table may grow once more to clear the marks that removed entries leave,
+/// and then holds twice one wave's room.) The code before the fix grew by
+/// the first wave's size, then twice that, then four times.
+#[test]
+fn ended_blocks_and_fences_are_forgotten() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let policy = Policy::new("per-ip", Algorithm::Gcra, "10/s").unwrap();
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut wave = |w: u32| {
+        let info = allocation_counter::measure(|| {
+            runtime.block_on(async {
+                for i in 0..10_000 {
+                    let key = Key::ip(ip(w * 10_000 + i));
+                    if i % 2 == 0 {
+                        store
+                            .block(&key, &policy, std::time::Duration::from_secs(1))
+                            .await
+                            .unwrap();
+                    } else {
+                        store.reset(&key, &policy).await.unwrap();
+                    }
+                }
+            });
+        });
+        // Past the blocks' ends and the fences' (a minute for this policy).
+        clock.advance(std::time::Duration::from_secs(120));
+        info.bytes_current
+    };
+    let first = wave(0);
+    assert!(first > 0, "the first wave holds its blocks and fences");
+    let later: Vec<i64> = (1..20).map(&mut wave).collect();
+    assert!(
+        later.iter().sum::<i64>() <= first,
+        "the later waves grew the heap by {later:?} after the first's {first} B"
+    );
+    assert_eq!(store.len(), 0, "no key holds state");
 }

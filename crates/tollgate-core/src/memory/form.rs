@@ -58,8 +58,8 @@ impl Maps {
         self.tat.len() + self.windows.len() + self.full.len()
     }
 
-    /// Forgets every key expired by `now`; returns the earliest expiry of
-    /// those kept.
+    /// Forgets every key, block and fence expired by `now`; returns the
+    /// earliest expiry of those kept.
     pub(super) fn retain_live(&mut self, now: u64) -> u64 {
         let mut next = u64::MAX;
         let mut live = |at: u64| {
@@ -72,8 +72,8 @@ impl Maps {
         self.tat.retain(|_, &mut at| live(at));
         self.windows.retain(|_, window| live(window.expires_at));
         self.full.retain(|_, entry| live(entry.expires_at));
-        self.blocks.retain(|_, &mut until| until > now);
-        self.fences.retain(|_, fence| fence.until > now);
+        self.blocks.retain(|_, &mut until| live(until));
+        self.fences.retain(|_, fence| live(fence.until));
         next
     }
 }

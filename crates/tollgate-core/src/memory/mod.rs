@@ -34,6 +34,11 @@ mod shard;
 ///   keys is never scanned. A key whose state still matters is never
 ///   evicted to make room: when a shard is full of live keys, a new key
 ///   gets [`StoreError::Full`] and the caller's failure policy decides.
+///   Blocks, and the fences of resets and blocks (see
+///   [`Settlement::fence`](crate::Settlement::fence)), are held beside the
+///   keys and not counted against `max_keys`; they count towards a shard's
+///   doubling, so the same sweeps forget them once they end, however few
+///   keys the shard holds.
 /// - **Compact.** Keys are kept as a 64-bit keyed hash (random per store)
 ///   of the policy and the key, so no client-supplied bytes are retained.
 ///   A single-limit GCRA, token-bucket or leaky-bucket key costs 16 bytes

@@ -84,9 +84,10 @@ pub(super) struct Padded(pub(super) Mutex<Shard>);
 
 pub(super) struct Shard {
     maps: Maps,
-    /// Sweep when the shard holds this many keys.
+    /// Sweep when the shard holds this many keys, blocks and fences.
     sweep_at: usize,
-    /// No key held expires before this (µs): a sweep earlier frees nothing.
+    /// Nothing held (key, block or fence) expires before this (µs): a
+    /// sweep earlier frees nothing.
     next_expiry: u64,
 }
 
@@ -161,6 +162,7 @@ impl Shared {
         let (shard, base) = self.locate(key, policy);
         let mut guard = lock(&self.shards[shard].0);
         let now = self.now();
+        guard.sweep_if_due(self, now.as_micros());
         self.forget(&mut guard, base, policy, now);
         guard.maps.blocks.remove(&base);
         guard.fence(base, policy, now, now);
@@ -172,10 +174,12 @@ impl Shared {
         let (shard, base) = self.locate(key, policy);
         let mut guard = lock(&self.shards[shard].0);
         let now = self.now();
+        guard.sweep_if_due(self, now.as_micros());
         self.forget(&mut guard, base, policy, now);
         let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
         let until = now.as_micros().saturating_add(micros.min(MAX_SPAN_US));
         guard.maps.blocks.insert(base, until);
+        guard.next_expiry = guard.next_expiry.min(until);
         guard.fence(base, policy, now, Timestamp::from_micros(until));
         Timestamp::from_micros(until)
     }
@@ -318,8 +322,7 @@ impl Visit for Settle<'_> {
         // A refund behind a reset's or a block's fence settles nothing.
         let nothing;
         let settlement = if self.shard.fenced(self.base, self.now, self.settlement) {
-            let reserved = self.settlement.reserved();
-            nothing = Settlement::new(reserved, reserved, self.settlement.reserved_at());
+            nothing = self.settlement.fenced();
             &nothing
         } else {
             self.settlement
@@ -432,6 +435,7 @@ impl Shard {
             fence.until = fence.until.max(earlier.until);
         }
         self.maps.fences.insert(base, fence);
+        self.next_expiry = self.next_expiry.min(fence.until);
     }
 
     /// Whether `settlement` is a refund that the fence of a reset or a
@@ -484,11 +488,7 @@ impl Shard {
         expires_at: u64,
     ) -> Result<(), StoreError> {
         let now = now.as_micros();
-        if self.len() >= self.sweep_at && now >= self.next_expiry {
-            let swept = self.sweep(now);
-            shared.keys_gauge.sub(swept);
-            self.sweep_at = (self.len() * 2).max(MIN_SWEEP).min(shared.shard_capacity);
-        }
+        self.sweep_if_due(shared, now);
         if self.len() >= shared.shard_capacity {
             return Err(StoreError::Full {
                 max_keys: shared.max_keys,
@@ -500,8 +500,28 @@ impl Shard {
         Ok(())
     }
 
-    /// Forgets every key whose state has expired by `now` (µs); returns how
-    /// many it forgot.
+    /// Everything the shard holds: its keys, and the blocks and fences of
+    /// keys reset or blocked lately.
+    fn held(&self) -> usize {
+        self.maps.len() + self.maps.blocks.len() + self.maps.fences.len()
+    }
+
+    /// Sweeps when the shard has doubled since its last sweep (keys,
+    /// blocks and fences together) or its keys fill it, and something it
+    /// holds has expired by `now` (µs). Blocks and fences count, so that
+    /// those of keys never seen again are forgotten even in a shard whose
+    /// keys stay few; they do not count against `max_keys`.
+    fn sweep_if_due(&mut self, shared: &Shared, now: u64) {
+        let due = self.held() >= self.sweep_at || self.len() >= shared.shard_capacity;
+        if due && now >= self.next_expiry {
+            let swept = self.sweep(now);
+            shared.keys_gauge.sub(swept);
+            self.sweep_at = (self.held() * 2).max(MIN_SWEEP);
+        }
+    }
+
+    /// Forgets every key, block and fence that has expired by `now` (µs);
+    /// returns how many keys it forgot.
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
         self.next_expiry = self.maps.retain_live(now);

@@ -257,11 +257,7 @@ pub(crate) fn decision(
     match op {
         WordOp::Check(cost) => Some(form.decide(policy, word & !FENCED, now, cost)),
         WordOp::Settle(settlement) if word & FENCED != 0 => {
-            // Behind a fence: settled as a request that cost what it
-            // reserved, which changes nothing.
-            let reserved = settlement.reserved();
-            let nothing = Settlement::new(reserved, reserved, settlement.reserved_at());
-            form.settled(policy, word & !FENCED, now, &nothing)
+            form.settled(policy, word & !FENCED, now, &settlement.fenced())
         }
         WordOp::Settle(settlement) => form.settled(policy, word, now, settlement),
     }
