@@ -373,3 +373,72 @@ async fn the_queue_holds_at_most_4096_requests() {
     let decisions = at_once(&store, &policy, &again, 1).await;
     assert!(decisions.iter().all(Decision::is_allowed));
 }
+
+/// The lane of one key (requests of a policy decided by the general
+/// script, which each key's requests share in turn) holds at most 4,096
+/// requests behind its call; one that finds it full fails at once with
+/// `QueueFull`. Waiting in the lane has no deadline of its own, but each
+/// call has the store's: while Redis is paused, the call on its way fails,
+/// then each batch of 1,024 is sent and fails in turn, so no request
+/// waits longer than five calls, each within the store's ceiling (four
+/// deadlines). Then the lane is closed and the key is decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lane_of_one_key_holds_at_most_4096_and_waits_at_most_five_calls() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let server = RedisServer::spawn();
+    let deadline = Duration::from_millis(400);
+    let store = RedisStore::builder()
+        .prefix("capped-lane")
+        .deadline(deadline)
+        .deny_cache(0)
+        .circuit_breaker(1_000_000, Duration::from_secs(1))
+        .connect(server.url())
+        .await
+        .unwrap();
+    // Two limits: the general script, one lane per key.
+    let policy = Policy::builder("capped-lane")
+        .algorithm(Algorithm::SlidingLog)
+        .limit("100/min")
+        .limit("1000/h")
+        .build()
+        .unwrap();
+    let key = Key::user("one");
+    // Connected, and the script loaded, before the pause.
+    assert!(store.decide(&key, &policy, 1).await.unwrap().is_allowed());
+    // Long enough for all five calls to fail: at most five ceilings.
+    server.pause_writes(10_000);
+    let keys = vec![key.clone(); 5_000];
+    let mut full = 0;
+    let mut failed = 0;
+    let mut longest = Duration::ZERO;
+    for (result, took) in timed_at_once(&store, &policy, &keys, 1).await {
+        match result {
+            Err(RedisStoreError::QueueFull) => {
+                full += 1;
+                assert!(took < deadline, "QueueFull at once, not after {took:?}");
+            }
+            Err(RedisStoreError::Deadline(_)) => {
+                failed += 1;
+                longest = longest.max(took);
+            }
+            other => panic!("Redis is paused: {other:?}"),
+        }
+    }
+    // One sent, 4,096 behind it, the rest turned away.
+    assert_eq!(full, 5_000 - 1 - 4_096);
+    assert_eq!(failed, 1 + 4_096);
+    let ceiling = deadline * 4;
+    assert!(
+        longest <= ceiling * 5,
+        "the longest wait, {longest:?}, is within five calls' ceilings"
+    );
+    println!("the longest wait in the lane: {longest:?}");
+    assert_eq!(store.breaker_state(), tollgate_redis::BreakerState::Closed);
+    // The lane is closed: once Redis is back, the key is decided again.
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut server.connection())
+        .unwrap();
+    let decision = store.decide(&key, &policy, 1).await.unwrap();
+    assert_eq!(decision.limit(), 100);
+}

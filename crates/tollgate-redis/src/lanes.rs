@@ -9,9 +9,11 @@
 //! when the call returns, everything that queued meanwhile (up to
 //! [`MAX_BATCH`]) goes in one call, which decides each request in turn,
 //! exactly as if they had come one by one. Waiting in the lane has no
-//! deadline of its own: each call has the store's deadline, and a lane
-//! holds at most [`MAX_QUEUED`] requests, so the wait is bounded by a few
-//! deadlines. A request the lane has no room for fails at once with
+//! deadline of its own: each call has the store's deadline (and its
+//! ceiling), and a lane holds at most [`MAX_QUEUED`] requests, so a
+//! request waits for at most five calls (the one on its way, then four
+//! batches of [`MAX_BATCH`]; test `redis_batching::the_lane_of_one_key_*`).
+//! A request the lane has no room for fails at once with
 //! [`RedisStoreError::QueueFull`], which the breaker does not count.
 
 use std::collections::HashMap;
