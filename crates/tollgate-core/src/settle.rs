@@ -131,7 +131,8 @@ impl Settlement {
     /// How long after a reset of a key under `policy` (or after a block of
     /// it ends) a refund of a request reserved at or before the reset or
     /// block is dropped: the policy's longest period, and at least a
-    /// minute.
+    /// minute. Each reset or block keeps a small record of its fence that
+    /// long, in either store, even of a key that held no state.
     ///
     /// ```
     /// use std::time::Duration;
@@ -150,20 +151,26 @@ impl Settlement {
     }
 
     /// What the fence of a reset or a block leaves of this settlement (see
-    /// [`Settlement::fence`]): the request settled at what it reserved,
-    /// which changes nothing.
+    /// [`Settlement::fence`]): a refund becomes the request settled at
+    /// what it reserved, which changes nothing; a charge, or a request
+    /// that cost what it reserved, stays as it is.
     ///
     /// ```
     /// use tollgate_core::{Settlement, Timestamp};
     ///
-    /// let refund = Settlement::new(10, 4, Timestamp::from_secs(5));
-    /// let fenced = refund.fenced();
-    /// assert_eq!((fenced.reserved(), fenced.actual()), (10, 10));
-    /// assert_eq!(fenced.reserved_at(), Timestamp::from_secs(5));
-    /// assert_eq!((fenced.charge(), fenced.refund()), (0, 0));
+    /// let at = Timestamp::from_secs(5);
+    /// let refund = Settlement::new(10, 4, at).behind_fence();
+    /// assert_eq!(refund, Settlement::new(10, 10, at));
+    /// assert_eq!((refund.charge(), refund.refund()), (0, 0));
+    /// let charge = Settlement::new(10, 15, at);
+    /// assert_eq!(charge.behind_fence(), charge);
     /// ```
-    pub fn fenced(&self) -> Self {
-        Self::new(self.reserved, self.reserved, self.reserved_at)
+    pub fn behind_fence(&self) -> Self {
+        if self.actual < self.reserved {
+            Self::new(self.reserved, self.reserved, self.reserved_at)
+        } else {
+            *self
+        }
     }
 
     /// Whether a fence that a reset or a block set at `at` drops this

@@ -98,10 +98,12 @@ fn gcra_keys_cost_no_more_memory_than_in_governor() {
 /// address) leave a block and a fence per key. Once they have ended they
 /// are forgotten, also in a shard whose keys' state never fills it: twenty
 /// waves of 10,000 keys, each wave ended before the next, grow the heap by
-/// no more than the first wave held. (The hash tables reuse their room; a
-/// table may grow once more to clear the marks that removed entries leave,
-/// and then holds twice one wave's room.) The code before the fix grew by
-/// the first wave's size, then twice that, then four times.
+/// less than twice what the first wave held. (The hash tables reuse their
+/// room; a table may grow once more, whether it does depends on the
+/// store's random hash seed, to clear the marks that removed entries
+/// leave, and then holds twice one wave's room.) The code before the fix
+/// grew by the first wave's size, then twice that, four times and eight
+/// times.
 #[test]
 fn ended_blocks_and_fences_are_forgotten() {
     let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
@@ -138,7 +140,7 @@ fn ended_blocks_and_fences_are_forgotten() {
     assert!(first > 0, "the first wave holds its blocks and fences");
     let later: Vec<i64> = (1..20).map(&mut wave).collect();
     assert!(
-        later.iter().sum::<i64>() <= first,
+        later.iter().sum::<i64>() < 2 * first,
         "the later waves grew the heap by {later:?} after the first's {first} B"
     );
     assert_eq!(store.len(), 0, "no key holds state");

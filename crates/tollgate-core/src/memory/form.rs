@@ -59,23 +59,31 @@ impl Maps {
     }
 
     /// Forgets every key, block and fence expired by `now`; returns the
-    /// earliest expiry of those kept.
-    pub(super) fn retain_live(&mut self, now: u64) -> u64 {
-        let mut next = u64::MAX;
-        let mut live = |at: u64| {
-            let keep = at > now;
-            if keep {
-                next = next.min(at);
-            }
-            keep
-        };
-        self.tat.retain(|_, &mut at| live(at));
-        self.windows.retain(|_, window| live(window.expires_at));
-        self.full.retain(|_, entry| live(entry.expires_at));
-        self.blocks.retain(|_, &mut until| live(until));
-        self.fences.retain(|_, fence| live(fence.until));
-        next
+    /// earliest expiry of the keys kept, and the earliest end of the blocks
+    /// and fences kept.
+    pub(super) fn retain_live(&mut self, now: u64) -> (u64, u64) {
+        let (mut next, mut end) = (u64::MAX, u64::MAX);
+        self.tat.retain(|_, &mut at| live(at, now, &mut next));
+        self.windows
+            .retain(|_, window| live(window.expires_at, now, &mut next));
+        self.full
+            .retain(|_, entry| live(entry.expires_at, now, &mut next));
+        self.blocks
+            .retain(|_, &mut until| live(until, now, &mut end));
+        self.fences
+            .retain(|_, fence| live(fence.until, now, &mut end));
+        (next, end)
     }
+}
+
+/// Whether what expires at `at` is still live at `now` (µs); if it is,
+/// lowers `earliest` to `at`.
+fn live(at: u64, now: u64, earliest: &mut u64) -> bool {
+    let keep = at > now;
+    if keep {
+        *earliest = (*earliest).min(at);
+    }
+    keep
 }
 
 /// How the shard keeps, decides and converts the state of one shape.

@@ -86,9 +86,11 @@ pub(super) struct Shard {
     maps: Maps,
     /// Sweep when the shard holds this many keys, blocks and fences.
     sweep_at: usize,
-    /// Nothing held (key, block or fence) expires before this (µs): a
-    /// sweep earlier frees nothing.
+    /// No key held expires before this (µs): a sweep earlier frees no
+    /// room for a key.
     next_expiry: u64,
+    /// No block or fence held ends before this (µs).
+    next_end: u64,
 }
 
 pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -179,7 +181,7 @@ impl Shared {
         let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
         let until = now.as_micros().saturating_add(micros.min(MAX_SPAN_US));
         guard.maps.blocks.insert(base, until);
-        guard.next_expiry = guard.next_expiry.min(until);
+        guard.next_end = guard.next_end.min(until);
         guard.fence(base, policy, now, Timestamp::from_micros(until));
         Timestamp::from_micros(until)
     }
@@ -322,7 +324,7 @@ impl Visit for Settle<'_> {
         // A refund behind a reset's or a block's fence settles nothing.
         let nothing;
         let settlement = if self.shard.fenced(self.base, self.now, self.settlement) {
-            nothing = self.settlement.fenced();
+            nothing = self.settlement.behind_fence();
             &nothing
         } else {
             self.settlement
@@ -401,6 +403,7 @@ impl Shard {
             maps: Maps::default(),
             sweep_at: MIN_SWEEP.min(capacity),
             next_expiry: u64::MAX,
+            next_end: u64::MAX,
         }
     }
 
@@ -435,7 +438,7 @@ impl Shard {
             fence.until = fence.until.max(earlier.until);
         }
         self.maps.fences.insert(base, fence);
-        self.next_expiry = self.next_expiry.min(fence.until);
+        self.next_end = self.next_end.min(fence.until);
     }
 
     /// Whether `settlement` is a refund that the fence of a reset or a
@@ -507,13 +510,16 @@ impl Shard {
     }
 
     /// Sweeps when the shard has doubled since its last sweep (keys,
-    /// blocks and fences together) or its keys fill it, and something it
-    /// holds has expired by `now` (µs). Blocks and fences count, so that
-    /// those of keys never seen again are forgotten even in a shard whose
-    /// keys stay few; they do not count against `max_keys`.
+    /// blocks and fences together) and something it holds has expired by
+    /// `now` (µs), or when its keys fill it and one of them has expired.
+    /// Blocks and fences count towards the doubling, so that those of keys
+    /// never seen again are forgotten even in a shard whose keys stay few;
+    /// they do not count against `max_keys`, and the end of one never
+    /// makes a full shard sweep (which would free no room for a key).
     fn sweep_if_due(&mut self, shared: &Shared, now: u64) {
-        let due = self.held() >= self.sweep_at || self.len() >= shared.shard_capacity;
-        if due && now >= self.next_expiry {
+        let grown = self.held() >= self.sweep_at && now >= self.next_expiry.min(self.next_end);
+        let full = self.len() >= shared.shard_capacity && now >= self.next_expiry;
+        if grown || full {
             let swept = self.sweep(now);
             shared.keys_gauge.sub(swept);
             self.sweep_at = (self.held() * 2).max(MIN_SWEEP);
@@ -524,7 +530,7 @@ impl Shard {
     /// returns how many keys it forgot.
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
-        self.next_expiry = self.maps.retain_live(now);
+        (self.next_expiry, self.next_end) = self.maps.retain_live(now);
         before - self.len()
     }
 }

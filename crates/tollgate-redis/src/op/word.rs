@@ -257,7 +257,7 @@ pub(crate) fn decision(
     match op {
         WordOp::Check(cost) => Some(form.decide(policy, word & !FENCED, now, cost)),
         WordOp::Settle(settlement) if word & FENCED != 0 => {
-            form.settled(policy, word & !FENCED, now, &settlement.fenced())
+            form.settled(policy, word & !FENCED, now, &settlement.behind_fence())
         }
         WordOp::Settle(settlement) => form.settled(policy, word, now, settlement),
     }
