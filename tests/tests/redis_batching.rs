@@ -390,6 +390,9 @@ async fn the_lane_of_one_key_holds_at_most_4096_and_waits_at_most_five_calls() {
     let store = RedisStore::builder()
         .prefix("capped-lane")
         .deadline(deadline)
+        // The store's deadline and ceiling, not the connection's timeout,
+        // end each call, however late our runtime runs.
+        .response_timeout(Duration::from_secs(30))
         .deny_cache(0)
         .circuit_breaker(1_000_000, Duration::from_secs(1))
         .connect(server.url())
@@ -427,9 +430,11 @@ async fn the_lane_of_one_key_holds_at_most_4096_and_waits_at_most_five_calls() {
     // One sent, 4,096 behind it, the rest turned away.
     assert_eq!(full, 5_000 - 1 - 4_096);
     assert_eq!(failed, 1 + 4_096);
+    // Five calls, each within the ceiling, and a second for the gaps
+    // between them on a loaded machine.
     let ceiling = deadline * 4;
     assert!(
-        longest <= ceiling * 5,
+        longest <= ceiling * 5 + Duration::from_secs(1),
         "the longest wait, {longest:?}, is within five calls' ceilings"
     );
     println!("the longest wait in the lane: {longest:?}");

@@ -10,11 +10,14 @@
 //! [`MAX_BATCH`]) goes in one call, which decides each request in turn,
 //! exactly as if they had come one by one. Waiting in the lane has no
 //! deadline of its own: each call has the store's deadline (and its
-//! ceiling), and a lane holds at most [`MAX_QUEUED`] requests, so a
-//! request waits for at most five calls (the one on its way, then four
-//! batches of [`MAX_BATCH`]; test `redis_batching::the_lane_of_one_key_*`).
-//! A request the lane has no room for fails at once with
-//! [`RedisStoreError::QueueFull`], which the breaker does not count.
+//! ceiling), and a lane holds at most [`MAX_QUEUED`] requests. A batch
+//! holds the requests of one configuration of the policy, so a request
+//! waits for at most five calls (the one on its way, then four batches of
+//! [`MAX_BATCH`]; test `redis_batching::the_lane_of_one_key_*`), and one
+//! more for each other configuration queued ahead of it, which happens
+//! only while a change of the key's limits takes effect. A request the
+//! lane has no room for fails at once with [`RedisStoreError::QueueFull`],
+//! which the breaker does not count.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -69,9 +72,12 @@ impl Lanes {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The next batch of `key`: the leading requests of one policy whose
-    /// callers still wait, up to [`MAX_BATCH`]. Closes the lane when none
-    /// is left.
+    /// The next batch of `key`: up to [`MAX_BATCH`] requests whose callers
+    /// still wait, of the configuration of the first, in the order they
+    /// queued. Requests of another configuration (queued while a change of
+    /// the key's limits takes effect) keep their places for a batch of
+    /// their own, rather than cutting this one short: interleaved, they
+    /// would make a call per request. Closes the lane when none is left.
     fn take(&self, key: &str) -> Vec<Waiting> {
         let mut map = self.map();
         let Some(waiting) = map.get_mut(key) else {
@@ -83,12 +89,24 @@ impl Lanes {
             return Vec::new();
         };
         let fingerprint = first.policy.fingerprint();
-        let n = waiting
+        let leading = waiting
             .iter()
             .take(MAX_BATCH)
             .take_while(|w| w.policy.fingerprint() == fingerprint)
             .count();
-        waiting.drain(..n).collect()
+        if leading == waiting.len().min(MAX_BATCH) {
+            return waiting.drain(..leading).collect();
+        }
+        let (mut batch, mut rest) = (Vec::new(), Vec::with_capacity(waiting.len()));
+        for w in waiting.drain(..) {
+            if batch.len() < MAX_BATCH && w.policy.fingerprint() == fingerprint {
+                batch.push(w);
+            } else {
+                rest.push(w);
+            }
+        }
+        *waiting = rest;
+        batch
     }
 }
 
@@ -243,6 +261,67 @@ mod tests {
             self.calls.fetch_add(1, Ordering::SeqCst);
             std::future::pending().await
         }
+    }
+
+    /// Lanes whose calls wait for a gate, then admit every request; each
+    /// call's size recorded.
+    struct Gated {
+        lanes: Lanes,
+        gate: tokio::sync::Semaphore,
+        sizes: Mutex<Vec<usize>>,
+    }
+
+    impl GeneralCalls for Gated {
+        fn lanes(&self) -> &Lanes {
+            &self.lanes
+        }
+        async fn call_general(
+            &self,
+            _: &str,
+            policy: &Policy,
+            costs: &[u64],
+        ) -> Result<Vec<Decision>, RedisStoreError> {
+            self.sizes.lock().unwrap().push(costs.len());
+            let _pass = self.gate.acquire().await.unwrap();
+            let now = tollgate_core::Timestamp::from_secs(1);
+            let mut state = tollgate_core::state::PolicyState::new(policy, now);
+            Ok(costs
+                .iter()
+                .map(|&c| state.decide(policy, now, c))
+                .collect())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_of_two_configurations_interleaved_go_in_a_batch_each() {
+        let gated = Arc::new(Gated {
+            lanes: Lanes::default(),
+            gate: tokio::sync::Semaphore::new(0),
+            sizes: Mutex::new(Vec::new()),
+        });
+        let old = Policy::new("api", Algorithm::SlidingLog, "10/s").unwrap();
+        let new = Policy::new("api", Algorithm::SlidingLog, "20/s").unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..7 {
+            // The first opens the lane; then the two configurations in
+            // turn, as while a change of the limits takes effect.
+            let policy = if i % 2 == 0 { old.clone() } else { new.clone() };
+            let gated = gated.clone();
+            tasks.push(tokio::spawn(async move {
+                decide(&gated, "k", &policy, 1).await.map(|d| d.limit())
+            }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*gated.sizes.lock().unwrap(), [1], "one on its way");
+        gated.gate.add_permits(1);
+        let mut limits = Vec::new();
+        for task in tasks {
+            limits.push(task.await.unwrap().unwrap());
+        }
+        // Each decided under its own configuration.
+        assert_eq!(limits, [10, 20, 10, 20, 10, 20, 10]);
+        // The three of the old one, then the three of the new one.
+        assert_eq!(*gated.sizes.lock().unwrap(), [1, 3, 3]);
     }
 
     #[tokio::test(flavor = "current_thread")]
