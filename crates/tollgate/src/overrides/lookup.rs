@@ -185,8 +185,14 @@ impl Asks {
         };
         if let Some(forgotten) = self.by_key.remove(&key) {
             self.len -= forgotten.len();
-            for (policy, _) in forgotten {
+            for (policy, asked) in forgotten {
                 table.remove(&key, &policy);
+                // Its lookup is not waited for any more: so that hostile
+                // keys met while the source hangs cannot pile up lookups
+                // beyond `max`, it ends with the entry.
+                if let Some(task) = asked.pending.and_then(|pending| pending.task) {
+                    task.abort();
+                }
             }
         }
     }
@@ -344,16 +350,17 @@ impl<L: OverrideLookup> Inner<L> {
         )
     }
 
-    /// Records the task of the lookup under way since `since`, unless it
-    /// already ended or was given up on.
+    /// Records the task of the lookup under way since `since`; aborts it
+    /// if it already ended, or was given up on or forgotten meanwhile.
     fn began(&self, key: &Key, policy: &str, since: Timestamp, task: AbortHandle) {
         let mut asked = self.asked.lock();
-        if let Some(pending) = asked
+        match asked
             .get_mut(key, policy)
             .and_then(|entry| entry.pending.as_mut())
             .filter(|pending| pending.since == since)
         {
-            pending.task = Some(task);
+            Some(pending) => pending.task = Some(task),
+            None => task.abort(),
         }
     }
 }

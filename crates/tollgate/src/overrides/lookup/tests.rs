@@ -169,3 +169,26 @@ async fn hostile_keys_cannot_grow_the_cache_past_max_keys() {
     cached.load(&Key::user("k99"), &other).await.unwrap();
     assert!(cached.inner.asked.lock().len <= 2);
 }
+
+/// Hostile keys met while the source hangs: each starts a lookup, and a
+/// key forgotten to make room for a new one (past `max_keys`) takes its
+/// lookup with it. Of 1,000 keys, the lookups of the 10 cached are still
+/// under way; the other 990 were dropped.
+#[tokio::test(flavor = "current_thread")]
+async fn hung_lookups_of_forgotten_keys_end_with_them() {
+    let lookup = Flaky {
+        hang: usize::MAX,
+        ..Flaky::default()
+    };
+    let cached = CachedLookup::builder(lookup).max_keys(10).build().unwrap();
+    let api = api();
+    for i in 0..1_000 {
+        assert!(cached.applied(&Key::user(format!("k{i}")), &api).is_none());
+        // Each lookup starts before the next key comes.
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(calls(&cached).await, 1_000);
+    let dropped = cached.inner.lookup.dropped.load(Ordering::SeqCst);
+    assert_eq!(dropped, 990, "the lookups of the forgotten keys");
+    assert_eq!(cached.inner.asked.lock().len, 10);
+}
