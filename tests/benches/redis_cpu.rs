@@ -23,7 +23,8 @@
 //! the private `redis-server` under valgrind's callgrind and reports every
 //! instruction the server executed (reading the command, the script,
 //! writing the reply) per decision, for the word scripts, in one
-//! round. Needs valgrind (`apt-get install valgrind`).
+//! round (`TOLLGATE_BENCH_GENERAL=1` adds the general scripts' rows). Needs
+//! valgrind (`apt-get install valgrind`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
@@ -402,8 +403,9 @@ fn main() {
         if let Ok(only) = std::env::var("TOLLGATE_BENCH_ONLY") {
             policies.retain(|(name, _, _, _)| only.split('|').any(|w| name.contains(w)));
         }
-        if counting {
-            // Under valgrind a run takes seconds: the word scripts only.
+        if counting && std::env::var_os("TOLLGATE_BENCH_GENERAL").is_none() {
+            // Under valgrind a run takes seconds: the word scripts only,
+            // unless `TOLLGATE_BENCH_GENERAL` is set.
             policies.retain(|(_, p, _, _)| p.shape() != tollgate_core::Shape::Full);
         }
         let reference = w.policy("plain", Algorithm::Gcra, &[]);
