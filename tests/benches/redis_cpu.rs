@@ -342,8 +342,13 @@ fn main() {
         )
         .unwrap();
     if counting {
+        let scripts = if std::env::var_os("TOLLGATE_BENCH_GENERAL").is_some() {
+            "word and general scripts"
+        } else {
+            "word scripts"
+        };
         println!(
-            "Instructions redis-server executed per decision (callgrind), {CALLS} decisions, word scripts\n"
+            "Instructions redis-server executed per decision (callgrind), {CALLS} decisions, {scripts}\n"
         );
     } else {
         println!(

@@ -199,3 +199,34 @@ fn bad_store_settings_are_typed_errors() {
         "invalid setting shards: must not exceed max_keys"
     );
 }
+
+/// A refund brings a held key's expiry forward, and the shard's next
+/// sweep with it: a full shard admits a new key once the refunded key
+/// has expired, not only once the key's first expiry has passed.
+#[test]
+fn a_full_shard_admits_a_new_key_once_a_refunded_key_expired() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_keys(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let policy = Policy::new("refunded", Algorithm::Gcra, "10/s").unwrap();
+    // Ten reserved: the key's state expires a second on.
+    let reserved = store.check_sync(&Key::user("a"), &policy, 10).unwrap();
+    assert!(reserved.is_allowed());
+    assert!(matches!(
+        store.check_sync(&Key::user("b"), &policy, 1),
+        Err(StoreError::Full { max_keys: 1 })
+    ));
+    // Nine given back: it expires 100 ms on.
+    let settlement = tollgate_core::Settlement::of(&reserved, 10, 1);
+    store
+        .settle_sync(&Key::user("a"), &policy, &settlement)
+        .unwrap();
+    clock.advance(Duration::from_millis(500));
+    let fresh = store.check_sync(&Key::user("b"), &policy, 1).unwrap();
+    assert!(fresh.is_allowed(), "a had expired: its room is b's");
+    assert_eq!(store.len(), 1);
+}

@@ -320,7 +320,8 @@ mod tests {
         }
         // Each decided under its own configuration.
         assert_eq!(limits, [10, 20, 10, 20, 10, 20, 10]);
-        // The three of the old one, then the three of the new one.
+        // After the first call, the three of the configuration queued
+        // first (the new one), then the three of the other.
         assert_eq!(*gated.sizes.lock().unwrap(), [1, 3, 3]);
     }
 

@@ -330,7 +330,11 @@ impl Visit for Settle<'_> {
             self.settlement
         };
         if let Some(held) = F::map(&mut self.shard.maps).get_mut(&hash) {
-            return Ok(F::settle(held, policy, self.now, settlement));
+            let decision = F::settle(held, policy, self.now, settlement);
+            // A refund can bring the key's expiry forward.
+            let expires_at = F::expires_at(held);
+            self.shard.next_expiry = self.shard.next_expiry.min(expires_at);
+            return Ok(decision);
         }
         if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
             return Ok(blocked);
@@ -513,9 +517,10 @@ impl Shard {
     /// blocks and fences together) and something it holds has expired by
     /// `now` (µs), or when its keys fill it and one of them has expired.
     /// Blocks and fences count towards the doubling, so that those of keys
-    /// never seen again are forgotten even in a shard whose keys stay few;
-    /// they do not count against `max_keys`, and the end of one never
-    /// makes a full shard sweep (which would free no room for a key).
+    /// never seen again are forgotten even in a shard whose keys stay few.
+    /// They do not count against `max_keys`, and the end of one makes a
+    /// full shard sweep (which frees no room for a key) only as any shard
+    /// sweeps, once per doubling.
     fn sweep_if_due(&mut self, shared: &Shared, now: u64) {
         let grown = self.held() >= self.sweep_at && now >= self.next_expiry.min(self.next_end);
         let full = self.len() >= shared.shard_capacity && now >= self.next_expiry;

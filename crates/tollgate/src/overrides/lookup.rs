@@ -131,9 +131,13 @@ struct Asked {
     pending: Option<Pending>,
 }
 
-/// A lookup under way: when it began, and its task once spawned.
+/// A lookup under way: when it began, which lookup it is, and its task
+/// once spawned.
 struct Pending {
     since: Timestamp,
+    /// Tells this lookup from any other of the same key and policy, also
+    /// one begun at the same time (a key forgotten and met again).
+    id: u64,
     task: Option<AbortHandle>,
 }
 
@@ -153,6 +157,8 @@ impl Asked {
 struct Asks {
     by_key: HashMap<Key, Vec<(Box<str>, Asked)>>,
     len: usize,
+    /// The id of the next lookup.
+    next_id: u64,
 }
 
 impl Asks {
@@ -318,13 +324,15 @@ impl<L: OverrideLookup> Inner<L> {
 
     /// Whether `key` under `policy` needs a lookup now: its last answer is
     /// older than the cache time, and no lookup began within it. If so,
-    /// marks one under way since `now`, and hands back the task of the one
-    /// it gives up on, to abort.
+    /// marks one under way since `now`, and hands back its id and the task
+    /// of the one it gives up on, to abort.
     fn due(&self, key: &Key, policy: &str, now: Timestamp) -> Due {
         let stale = |at: Timestamp| now.saturating_duration_since(at) >= self.time;
         let mut asked = self.asked.lock();
+        let id = asked.next_id;
         let began = Pending {
             since: now,
+            id,
             task: None,
         };
         let Some(entry) = asked.get_mut(key, policy) else {
@@ -333,7 +341,8 @@ impl<L: OverrideLookup> Inner<L> {
                 pending: Some(began),
             };
             asked.put(key, policy, first, self.max_keys, &self.table);
-            return Due::Yes(None);
+            asked.next_id += 1;
+            return Due::Yes { id, given_up: None };
         };
         let due = match &entry.pending {
             Some(pending) => stale(pending.since),
@@ -342,22 +351,20 @@ impl<L: OverrideLookup> Inner<L> {
         if !due {
             return Due::No;
         }
-        Due::Yes(
-            entry
-                .pending
-                .replace(began)
-                .and_then(|given_up| given_up.task),
-        )
+        let given_up = entry.pending.replace(began).and_then(|old| old.task);
+        asked.next_id += 1;
+        Due::Yes { id, given_up }
     }
 
-    /// Records the task of the lookup under way since `since`; aborts it
-    /// if it already ended, or was given up on or forgotten meanwhile.
-    fn began(&self, key: &Key, policy: &str, since: Timestamp, task: AbortHandle) {
+    /// Records the task of lookup `id`; aborts it if it already ended, or
+    /// was given up on or forgotten meanwhile. (An abort only schedules
+    /// the task's drop, which takes this lock later.)
+    fn began(&self, key: &Key, policy: &str, id: u64, task: AbortHandle) {
         let mut asked = self.asked.lock();
         match asked
             .get_mut(key, policy)
             .and_then(|entry| entry.pending.as_mut())
-            .filter(|pending| pending.since == since)
+            .filter(|pending| pending.id == id)
         {
             Some(pending) => pending.task = Some(task),
             None => task.abort(),
@@ -368,8 +375,12 @@ impl<L: OverrideLookup> Inner<L> {
 /// Whether a request should start a lookup.
 enum Due {
     No,
-    /// Yes, giving up on the lookup of this task if there is one.
-    Yes(Option<AbortHandle>),
+    /// Yes, as lookup `id`, giving up on the lookup of this task if there
+    /// is one.
+    Yes {
+        id: u64,
+        given_up: Option<AbortHandle>,
+    },
 }
 
 impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
@@ -378,20 +389,22 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
         let now = inner.clock.now();
         match inner.due(key, policy.name(), now) {
             Due::No => {}
-            Due::Yes(given_up) => inner.ask(key, policy.name(), now, given_up),
+            Due::Yes { id, given_up } => inner.ask(key, policy.name(), now, id, given_up),
         }
         inner.table.applied(key, policy, now)
     }
 }
 
 impl<L: OverrideLookup> Inner<L> {
-    /// Looks `key` up under `policy` in the background, marked as under
-    /// way since `now`, first aborting the lookup `given_up`, if any.
+    /// Looks `key` up under `policy` in the background as lookup `id`,
+    /// marked as under way since `now`, first aborting the lookup
+    /// `given_up`, if any.
     fn ask(
         self: &Arc<Self>,
         key: &Key,
         policy: &str,
         now: Timestamp,
+        id: u64,
         given_up: Option<AbortHandle>,
     ) {
         if let Some(task) = given_up {
@@ -404,10 +417,10 @@ impl<L: OverrideLookup> Inner<L> {
                     inner: Arc::clone(self),
                     key: key.clone(),
                     policy: policy.into(),
-                    since: now,
+                    id,
                 };
                 let task = runtime.spawn(asking.run());
-                self.began(key, policy, now, task.abort_handle());
+                self.began(key, policy, id, task.abort_handle());
             }
             // No runtime to look up in: asked again after the cache time.
             Err(_) => {
@@ -432,8 +445,8 @@ impl<L> Inner<L> {
     }
 }
 
-/// The lookup of one key under one policy in the background, under way
-/// since `since`. Dropped however it ends (answered, failed, panicked,
+/// The lookup `id` of one key under one policy in the background. Dropped
+/// however it ends (answered, failed, panicked,
 /// aborted, or never run by a runtime shutting down), it ends its mark as
 /// under way if the answer did not, so that the key is looked up again
 /// after the cache time rather than never.
@@ -441,7 +454,7 @@ struct Asking<L: OverrideLookup> {
     inner: Arc<Inner<L>>,
     key: Key,
     policy: Box<str>,
-    since: Timestamp,
+    id: u64,
 }
 
 impl<L: OverrideLookup> Asking<L> {
@@ -460,7 +473,7 @@ impl<L: OverrideLookup> Drop for Asking<L> {
             && entry
                 .pending
                 .as_ref()
-                .is_some_and(|pending| pending.since == self.since)
+                .is_some_and(|pending| pending.id == self.id)
         {
             *entry = Asked::ended(now);
         }

@@ -192,3 +192,36 @@ async fn hung_lookups_of_forgotten_keys_end_with_them() {
     assert_eq!(dropped, 990, "the lookups of the forgotten keys");
     assert_eq!(cached.inner.asked.lock().len, 10);
 }
+
+/// A key forgotten and met again at the same time starts a new lookup;
+/// the drop of the old one, aborted, must not take the new one's mark.
+/// Here (room for one key, the source hanging, the clock still) A's first
+/// lookup is aborted when B takes its place, and is dropped only after A
+/// came back and began its second. A third key then takes A's place, and
+/// A's second lookup goes with it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_key_met_again_at_the_same_time_keeps_its_new_lookup() {
+    let lookup = Flaky {
+        hang: usize::MAX,
+        ..Flaky::default()
+    };
+    let clock = tollgate_core::FakeClock::default();
+    let cached = CachedLookup::builder(lookup)
+        .max_keys(1)
+        .clock(clock)
+        .build()
+        .unwrap();
+    let api = api();
+    let dropped = || cached.inner.lookup.dropped.load(Ordering::SeqCst);
+    assert!(cached.applied(&Key::user("a"), &api).is_none());
+    assert_eq!(calls(&cached).await, 1, "a's first lookup hangs");
+    // B forgets A, and A forgets B, before A's first lookup is dropped
+    // (and before B's ever ran).
+    assert!(cached.applied(&Key::user("b"), &api).is_none());
+    assert!(cached.applied(&Key::user("a"), &api).is_none());
+    assert_eq!(calls(&cached).await, 2, "a's second lookup hangs");
+    assert_eq!(dropped(), 1, "a's first");
+    assert!(cached.applied(&Key::user("c"), &api).is_none());
+    assert_eq!(calls(&cached).await, 3);
+    assert_eq!(dropped(), 2, "a's second went with a");
+}
