@@ -24,6 +24,10 @@ use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
 pub(crate) struct DenyCache {
     max_entries: usize,
     entries: Mutex<HashMap<String, Entry>>,
+    /// While the cache is full, no denial in it ends before this (local
+    /// µs): a new key's denial is turned away without a scan until then.
+    /// Read and written under `entries`' lock.
+    full_until: AtomicU64,
     /// Denials of an earlier epoch may no longer match Redis's state (the
     /// connection failed, or Redis restarted since): they no longer answer
     /// for Redis, but still stand while it cannot answer.
@@ -60,6 +64,7 @@ impl DenyCache {
         Self {
             max_entries,
             entries: Mutex::new(HashMap::new()),
+            full_until: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
         }
     }
@@ -126,8 +131,17 @@ impl DenyCache {
         let until = sent_at + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX / 2);
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if entries.len() >= self.max_entries && !entries.contains_key(state_key) {
+            // Full of denials still in force: a scan before the first of
+            // them ends would free nothing, so hostile keys denied one
+            // after another do not each scan the whole cache.
+            if sent_at < self.full_until.load(Ordering::Relaxed) {
+                return;
+            }
             entries.retain(|_, e| e.until > sent_at);
             if entries.len() >= self.max_entries {
+                let first_end = entries.values().map(|e| e.until).min();
+                let first_end = first_end.unwrap_or(sent_at);
+                self.full_until.store(first_end, Ordering::Relaxed);
                 return;
             }
         }
@@ -199,4 +213,61 @@ fn shift(policy: &Policy, decision: &Decision, elapsed: u64, retry: u64) -> Deci
         Duration::ZERO,
         statuses,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{Algorithm, Key, MemoryStore, Store};
+
+    /// A denial of one request under `policy` (spent), by the memory store
+    /// on a still clock.
+    fn denial(policy: &Policy) -> Decision {
+        let clock = tollgate_core::FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let store = MemoryStore::builder().clock(clock).build().unwrap();
+        let key = Key::user("k");
+        let decide = || {
+            store
+                .try_check_now(&key, policy, 1)
+                .and_then(Result::ok)
+                .unwrap_or_else(|| unreachable!("the memory store decides at once"))
+        };
+        assert!(decide().is_allowed());
+        let denied = decide();
+        assert!(!denied.is_allowed());
+        denied
+    }
+
+    /// A cache full of denials in force turns new keys away until the
+    /// first of them ends, then takes one in its place; a key that leaves
+    /// (reset) makes room at once.
+    #[test]
+    fn a_full_cache_takes_a_new_key_once_a_denial_ends() {
+        // One an hour: the second request is denied for an hour.
+        let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
+        let denied = denial(&policy);
+        let retry = u64::try_from(denied.retry_after().unwrap().as_micros()).unwrap();
+        assert_eq!(retry, 3_600_000_000);
+        let cache = DenyCache::new(3);
+        for (i, sent_at) in [0, 10, 20].into_iter().enumerate() {
+            cache.insert(&format!("k{i}"), &policy, 1, sent_at, &denied);
+        }
+        assert_eq!(cache.len(), 3);
+        // Every denial in force: turned away, again and again.
+        for sent_at in [30, 40, retry - 1] {
+            cache.insert("new", &policy, 1, sent_at, &denied);
+            assert!(cache.lookup("new", &policy, 1, sent_at).is_none());
+        }
+        // k0's denial ended at `retry`: its room goes to the new key.
+        cache.insert("new", &policy, 1, retry, &denied);
+        assert!(cache.lookup("new", &policy, 1, retry).is_some());
+        assert!(cache.lookup("k0", &policy, 1, retry).is_none());
+        assert_eq!(cache.len(), 3);
+        // Full again until k1's denial ends; a reset of k2 makes room.
+        cache.insert("other", &policy, 1, retry + 1, &denied);
+        assert!(cache.lookup("other", &policy, 1, retry + 1).is_none());
+        cache.remove("k2");
+        cache.insert("other", &policy, 1, retry + 2, &denied);
+        assert!(cache.lookup("other", &policy, 1, retry + 2).is_some());
+    }
 }
