@@ -128,7 +128,8 @@ impl DenyCache {
         if self.max_entries == 0 || cost == 0 {
             return;
         }
-        let until = sent_at + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX / 2);
+        let retry = u64::try_from(retry.as_micros()).unwrap_or(u64::MAX);
+        let until = sent_at.saturating_add(retry.min(u64::MAX / 2));
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if entries.len() >= self.max_entries && !entries.contains_key(state_key) {
             // Full of denials still in force: a scan before the first of
@@ -145,6 +146,10 @@ impl DenyCache {
                 return;
             }
         }
+        // No denial held may end before the time the shortcut waits for:
+        // one that fills the room a reset made, or replaces a key's
+        // denial, can end earlier than those the last scan saw.
+        self.full_until.fetch_min(until, Ordering::Relaxed);
         entries.insert(
             state_key.to_owned(),
             Entry {
@@ -261,7 +266,6 @@ mod tests {
         // k0's denial ended at `retry`: its room goes to the new key.
         cache.insert("new", &policy, 1, retry, &denied);
         assert!(cache.lookup("new", &policy, 1, retry).is_some());
-        assert!(cache.lookup("k0", &policy, 1, retry).is_none());
         assert_eq!(cache.len(), 3);
         // Full again until k1's denial ends; a reset of k2 makes room.
         cache.insert("other", &policy, 1, retry + 1, &denied);
@@ -269,5 +273,11 @@ mod tests {
         cache.remove("k2");
         cache.insert("other", &policy, 1, retry + 2, &denied);
         assert!(cache.lookup("other", &policy, 1, retry + 2).is_some());
+        // Full again. A denial that ends sooner than every other, put in
+        // k1's place (its key denied anew, as by a clock behind the
+        // others): once it ends, its room is taken before k1's old end.
+        cache.insert("k1", &policy, 1, 0, &denied);
+        cache.insert("late", &policy, 1, retry + 3, &denied);
+        assert!(cache.lookup("late", &policy, 1, retry + 3).is_some());
     }
 }

@@ -81,6 +81,9 @@ impl LastKnown {
             known.fingerprint = policy.fingerprint();
             known.decision.clone_from(decision);
             known.stale_at = stale_at;
+            // No record held may go stale before the time a full shard
+            // waits for: this one may now go stale sooner.
+            shard.full_until = shard.full_until.min(stale_at);
             return;
         }
         if reset < WORTH_KEEPING_US {
@@ -102,6 +105,7 @@ impl LastKnown {
             decision: decision.clone(),
             stale_at,
         };
+        shard.full_until = shard.full_until.min(stale_at);
         shard.entries.insert(hash, known);
     }
 
@@ -186,6 +190,37 @@ mod tests {
         assert!(known.get("k", &slow, 3).is_none());
         assert!(known.get("k", &fast, 2).is_some());
         assert_eq!(held(&known), 1);
+    }
+
+    /// A full shard waits, without a scan, until its first entry goes
+    /// stale; an entry updated in place to go stale sooner brings that
+    /// time forward, so its room is taken once it is stale.
+    #[test]
+    fn a_full_shard_takes_a_key_once_an_entry_updated_in_place_is_stale() {
+        let policy = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
+        let decided = decision(&policy);
+        // One per shard, every shard full, each entry stale at 1.001 s.
+        let known = LastKnown::new(SHARDS);
+        for i in 0..5_000 {
+            known.record(&format!("old-{i}"), &policy, &decided, 1_000);
+        }
+        assert_eq!(held(&known), SHARDS);
+        // One of them recorded again as of 0 µs: stale at 1 s.
+        let sooner = (0..5_000)
+            .map(|i| format!("old-{i}"))
+            .find(|key| known.get(key, &policy, 1_000).is_some())
+            .unwrap_or_else(|| unreachable!("every shard holds one"));
+        known.record(&sooner, &policy, &decided, 0);
+        // At 1.0005 s only its shard has room: one new key is taken.
+        let now = 1_000_500;
+        for i in 0..5_000 {
+            known.record(&format!("new-{i}"), &policy, &decided, now);
+        }
+        let taken = (0..5_000)
+            .filter(|i| known.get(&format!("new-{i}"), &policy, now).is_some())
+            .count();
+        assert_eq!(taken, 1);
+        assert_eq!(held(&known), SHARDS);
     }
 
     #[test]
