@@ -434,21 +434,27 @@ impl Shard {
     /// or until an earlier fence of it ends, if later.
     fn fence(&mut self, base: KeyHash, policy: &Policy, now: Timestamp, ends: Timestamp) {
         let span = u64::try_from(Settlement::fence(policy).as_micros()).unwrap_or(u64::MAX);
-        let mut fence = Fence {
+        let fence = Fence {
             at: now.as_micros(),
             until: ends.as_micros().saturating_add(span),
         };
-        if let Some(earlier) = self.maps.fences.get(&base) {
-            fence.until = fence.until.max(earlier.until);
-        }
-        self.maps.fences.insert(base, fence);
-        self.next_end = self.next_end.min(fence.until);
+        let held = self.maps.fences.entry(base).or_insert(fence);
+        *held = Fence {
+            at: fence.at,
+            until: fence.until.max(held.until),
+        };
+        self.next_end = self.next_end.min(held.until);
     }
 
     /// Whether `settlement` is a refund that the fence of a reset or a
     /// block of the key of `base` drops at `now`. Like blocks, a fence is
     /// forgotten once it has ended.
     fn fenced(&mut self, base: KeyHash, now: Timestamp, settlement: &Settlement) -> bool {
+        // Only a refund can be fenced: a charge, or a request that cost
+        // what it reserved, does not look.
+        if settlement.actual() >= settlement.reserved() {
+            return false;
+        }
         let Some(&fence) = self.maps.fences.get(&base) else {
             return false;
         };
