@@ -53,3 +53,13 @@ impl Clock for TokioClock {
         self.base + self.start.elapsed()
     }
 }
+
+/// The instant `wait` from now on Tokio's clock, or about thirty years
+/// from now when `wait` goes past what an instant can hold (a
+/// configured wait of [`Duration::MAX`](std::time::Duration::MAX), a
+/// retry time of centuries): adding it would panic.
+pub(crate) fn instant_after(wait: std::time::Duration) -> tokio::time::Instant {
+    const FAR: std::time::Duration = std::time::Duration::from_secs(86_400 * 365 * 30);
+    let now = tokio::time::Instant::now();
+    now.checked_add(wait.min(FAR)).unwrap_or(now)
+}

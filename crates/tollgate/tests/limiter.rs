@@ -45,6 +45,19 @@ async fn until_ready_on_gcra_waits_exactly_until_admission() {
     assert_eq!(admitted_at, [0, 0, 0, 0, 0, 200, 400, 600]);
 }
 
+/// A wait of `Duration::MAX` means no bound: it does not overflow the
+/// deadline's instant (which panicked), and the call waits its hour.
+#[tokio::test(start_paused = true)]
+async fn until_ready_without_a_bound_waits_as_long_as_it_takes() {
+    let limiter = limiter(Policy::new("api", Algorithm::Gcra, "1/h").unwrap());
+    let key = Key::custom("partner");
+    let start = Instant::now();
+    for expected in [0, 3_600] {
+        limiter.until_ready(&key, Duration::MAX).await.unwrap();
+        assert_eq!(start.elapsed().as_secs(), expected);
+    }
+}
+
 /// With jitter of one interval each wait after a denial is its exact
 /// retry time plus less than one emission interval (200 ms at 5/s):
 /// admissions stay at least 200 ms apart, and each comes within 200 ms

@@ -112,7 +112,7 @@ impl<St: Store> RateLimiter<St> {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, WaitError> {
-        let deadline = tokio::time::Instant::now() + max_wait;
+        let deadline = crate::clock::instant_after(max_wait);
         // Whether a check refused the call, which then counts as a wait.
         let mut refused = false;
         loop {

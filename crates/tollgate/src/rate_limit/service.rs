@@ -255,7 +255,7 @@ where
     let (policy, responder) = (policy.clone(), responder.clone());
     Waiter {
         recheck: Box::new(move || check(shared.clone(), key.clone(), &policy, cost, &responder)),
-        deadline: tokio::time::Instant::now() + max_wait,
+        deadline: crate::clock::instant_after(max_wait),
     }
 }
 

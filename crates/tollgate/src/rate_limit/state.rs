@@ -163,10 +163,10 @@ fn any_state<F, R>(
         }
         Answer::Decided(decision) => {
             if let (Some(waiter), Some(retry)) = (waiter, decision.retry_after()) {
-                let wake = tokio::time::Instant::now() + retry;
-                if wake <= waiter.deadline {
+                let now = tokio::time::Instant::now();
+                if retry <= waiter.deadline.saturating_duration_since(now) {
                     return State::Waiting {
-                        sleep: Box::pin(tokio::time::sleep_until(wake)),
+                        sleep: Box::pin(tokio::time::sleep_until(now + retry)),
                         call: Some(next.defer()),
                         waiter: Some(waiter),
                         enforce,

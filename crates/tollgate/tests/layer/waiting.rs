@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use tollgate::{Algorithm, GlobalKey, MemoryStore, Policy, RateLimitLayer, Timestamp, TokioClock};
+use tollgate::{
+    Algorithm, GlobalKey, Key, MemoryStore, Policy, RateLimitLayer, Store, Timestamp, TokioClock,
+};
 use tower::ServiceExt;
 
 use super::{T0, app, get_root};
@@ -101,4 +103,33 @@ async fn waiting_mode_holds_requests_until_admitted() {
         six_at_once(Duration::from_millis(500)).await,
         [(0, 200), (0, 200), (0, 429), (0, 429), (0, 429), (0, 429)]
     );
+}
+
+/// A wait of `Duration::MAX` (no bound) and a retry time of centuries
+/// are past what an instant can hold: the layer neither panics nor gives
+/// up early. A request waits its hour, and one whose admission is past
+/// any instant is rejected at once.
+#[tokio::test(start_paused = true)]
+async fn an_unbounded_wait_holds_requests_without_overflowing() {
+    let clock = TokioClock::starting_at(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let hourly = Policy::new("hourly", Algorithm::Gcra, "1/h").unwrap();
+    let layer = RateLimitLayer::new(hourly, GlobalKey).store(store.clone());
+    let app = app(layer.wait(Duration::MAX));
+    let start = tokio::time::Instant::now();
+    for expected in [0, 3_600] {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(start.elapsed().as_secs(), expected);
+    }
+    // Blocked for good: the block's end is past any instant.
+    let hourly = Policy::new("hourly", Algorithm::Gcra, "1/h").unwrap();
+    store
+        .block(&Key::global(), &hourly, Duration::MAX)
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(start.elapsed(), Duration::ZERO);
 }
