@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::routing::get;
+use axum::routing::{any, get};
 use http::{Request, StatusCode};
 use tollgate::{
     Algorithm, ClientIp, ExtensionKey, FakeClock, MemoryStore, PeerIp, Policy, RateLimitLayer,
@@ -216,4 +216,45 @@ async fn route_and_user_compose_without_collisions() {
     };
     // /a/{id} is one route whatever the id; /b/{id} and bob have their own buckets.
     assert_eq!(statuses, [200, 429, 200, 200]);
+}
+
+/// A client cannot mint route keys with methods: `HEAD`, which axum
+/// answers with the `GET` handler, counts against `GET`'s limit, and
+/// invented methods share one key (each had a key of its own).
+#[tokio::test]
+async fn route_keys_cannot_be_minted_with_methods() {
+    let policy = Policy::new("per-route", Algorithm::FixedWindow, "1/h").unwrap();
+    let layer = || RateLimitLayer::new(policy.clone(), RouteKey).store(store());
+    let app = Router::new()
+        .route("/items", get(|| async { "items" }))
+        .route_layer(layer());
+    let req = |method: &str| {
+        Request::builder()
+            .method(method)
+            .uri("/items")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(allowed(&app, [req("GET"), req("HEAD")]).await, 1);
+    assert_eq!(allowed(&app, [req("HEAD")]).await, 0);
+
+    let app = Router::new()
+        .route("/any", any(|| async { "any" }))
+        .route_layer(layer());
+    let req = |method: &str| {
+        Request::builder()
+            .method(method)
+            .uri("/any")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        allowed(&app, [req("FOO1"), req("FOO2"), req("BAR")]).await,
+        1
+    );
+    // The standard methods keep a key each.
+    assert_eq!(
+        allowed(&app, [req("POST"), req("PUT"), req("POST")]).await,
+        2
+    );
 }

@@ -10,8 +10,10 @@ use super::{KeyExtractor, MissingCause};
 /// The request's method and matched route template (axum's
 /// [`MatchedPath`](axum::extract::MatchedPath), such as `/users/{id}`), for
 /// keys per route. Only the template is used, never the raw path, so
-/// clients cannot mint new keys. Requests outside a matched route have no
-/// key; apply it with `Router::route_layer`.
+/// clients cannot mint new keys; for the same reason `HEAD`, which axum
+/// answers with the `GET` handler, counts as `GET`, and every method
+/// outside HTTP's standard ones shares one key per route. Requests outside
+/// a matched route have no key; apply it with `Router::route_layer`.
 ///
 /// ```
 /// use axum::{Router, routing::get};
@@ -29,7 +31,7 @@ pub struct RouteKey;
 impl<B> KeyExtractor<B> for RouteKey {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         let path = request.extensions().get::<axum::extract::MatchedPath>()?;
-        let method = Key::custom(request.method().as_str());
+        let method = Key::custom(method_name(request.method()));
         Some(Key::composite([&method, &Key::custom(path.as_str())]))
     }
 
@@ -37,5 +39,22 @@ impl<B> KeyExtractor<B> for RouteKey {
         MissingCause::Server(Cow::Borrowed(
             "no matched route: apply RouteKey with Router::route_layer",
         ))
+    }
+}
+
+/// The method as a key's part: `HEAD` as `GET` (axum runs the `GET`
+/// handler for it), and any method outside the standard ones as `other`,
+/// so that a client inventing methods cannot mint keys.
+fn method_name(method: &http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" | "HEAD" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "OPTIONS" => "OPTIONS",
+        "CONNECT" => "CONNECT",
+        "TRACE" => "TRACE",
+        _ => "other",
     }
 }
