@@ -374,6 +374,69 @@ async fn the_queue_holds_at_most_4096_requests() {
     assert!(decisions.iter().all(Decision::is_allowed));
 }
 
+/// A request that finds the queue full was never sent: it is the app's
+/// own load, not a failure of Redis, so no failure policy decides it. It
+/// is refused (`StoreError::Overloaded`) under every mode, where `Open`
+/// let it through and `Local` handed it local quota. The queued requests,
+/// which miss their deadline while Redis is paused, are the failure
+/// policy's as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_is_refused_under_every_failure_mode() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let server = RedisServer::spawn();
+    let mut con = server.connection();
+    let store = RedisStore::builder()
+        .prefix("refused-queue")
+        // No call gives up before every request has arrived.
+        .deadline(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(10))
+        .deny_cache(0)
+        .circuit_breaker(1_000_000, Duration::from_secs(1))
+        .connect(server.url())
+        .await
+        .unwrap();
+    let policy = Policy::new("refused-queue", Algorithm::Gcra, "10/min").unwrap();
+    let limiter = |mode| {
+        tollgate::RateLimiter::with_store(policy.clone(), store.clone()).on_store_error(mode)
+    };
+    let limiters = [
+        limiter(tollgate::FailureMode::Open),
+        limiter(tollgate::FailureMode::Local),
+    ];
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3_000)
+        .arg("ALL")
+        .query(&mut con)
+        .unwrap();
+    let barrier = Arc::new(Barrier::new(5_000));
+    let tasks: Vec<_> = (0..5_000)
+        .map(|i| {
+            let limiter = limiters[i % 2].clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                limiter.check(&Key::user(format!("c{i}"))).await
+            })
+        })
+        .collect();
+    let (mut decided, mut refused) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            // Let through, or decided locally, after the deadline.
+            Ok(decision) => {
+                assert!(decision.is_allowed());
+                decided += 1;
+            }
+            Err(tollgate_core::StoreError::Overloaded) => refused += 1,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    // 2 sent, 4,096 queued, 902 turned away.
+    assert_eq!((decided, refused), (2 + 4_096, 5_000 - 2 - 4_096));
+    assert_eq!(store.breaker_state(), tollgate_redis::BreakerState::Closed);
+}
+
 /// The lane of one key (requests of a policy decided by the general
 /// script, which each key's requests share in turn) holds at most 4,096
 /// requests behind its call; one that finds it full fails at once with

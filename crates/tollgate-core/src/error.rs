@@ -268,6 +268,13 @@ pub enum StoreError {
     /// error is kept as the [`source`](std::error::Error::source).
     #[error("store backend failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The store's own queue of requests is full: the app's own load, not
+    /// a failure of the backend. The request was never sent. A failure
+    /// policy never decides it (no local quota, never let through): it is
+    /// refused, to be retried shortly, and it does not count towards a
+    /// circuit breaker.
+    #[error("store overloaded: its queue of requests is full")]
+    Overloaded,
 }
 
 impl StoreError {
@@ -282,12 +289,16 @@ impl StoreError {
     /// ```
     /// use tollgate_core::StoreError;
     ///
-    /// assert_eq!(StoreError::KINDS, ["full", "circuit_open", "timeout", "backend"]);
+    /// assert_eq!(
+    ///     StoreError::KINDS,
+    ///     ["full", "circuit_open", "timeout", "backend", "overloaded"]
+    /// );
     /// ```
-    pub const KINDS: [&'static str; 4] = ["full", "circuit_open", "timeout", "backend"];
+    pub const KINDS: [&'static str; 5] =
+        ["full", "circuit_open", "timeout", "backend", "overloaded"];
 
     /// A short name of the kind of failure, as used in metrics labels:
-    /// `full`, `circuit_open`, `timeout` or `backend`.
+    /// `full`, `circuit_open`, `timeout`, `backend` or `overloaded`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -301,6 +312,26 @@ impl StoreError {
             Self::CircuitOpen => "circuit_open",
             Self::Timeout(_) => "timeout",
             Self::Backend(_) => "backend",
+            Self::Overloaded => "overloaded",
+        }
+    }
+
+    /// Whether the error is the app's own load rather than a failure of
+    /// the store ([`Overloaded`](StoreError::Overloaded)): a failure
+    /// policy refuses it whatever its mode, and a circuit breaker does not
+    /// count it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::StoreError;
+    ///
+    /// assert!(StoreError::Overloaded.is_own_load());
+    /// assert!(!StoreError::Timeout(Duration::from_millis(50)).is_own_load());
+    /// ```
+    pub fn is_own_load(&self) -> bool {
+        match self {
+            Self::Overloaded => true,
+            Self::Full { .. } | Self::CircuitOpen | Self::Timeout(_) | Self::Backend(_) => false,
         }
     }
 }
@@ -332,13 +363,15 @@ mod kinds {
             StoreError::CircuitOpen,
             StoreError::Timeout(Duration::ZERO),
             StoreError::backend(std::fmt::Error),
+            StoreError::Overloaded,
         ];
         for error in &all {
             match error {
                 StoreError::Full { .. }
                 | StoreError::CircuitOpen
                 | StoreError::Timeout(_)
-                | StoreError::Backend(_) => {}
+                | StoreError::Backend(_)
+                | StoreError::Overloaded => {}
             }
         }
         all

@@ -46,8 +46,10 @@ pub enum RedisStoreError {
     /// More requests are waiting for Redis than the store queues: more of
     /// one key behind its call than its lane holds, or more single-limit
     /// requests than the batch queue holds (see the Redis guide,
-    /// "Bursts"). The failure policy applies, but the circuit breaker does
-    /// not count it, as Redis did not fail.
+    /// "Bursts"). The request was never sent: it is the app's own load,
+    /// so no failure policy decides it (as a `StoreError` it is
+    /// [`Overloaded`](tollgate_core::StoreError::Overloaded), which is
+    /// refused under every mode) and the circuit breaker does not count it.
     #[error("too many requests are waiting for Redis")]
     QueueFull,
     /// The decision took longer than the per-decision deadline.
@@ -114,12 +116,14 @@ impl From<RedisStoreError> for StoreError {
         match error {
             RedisStoreError::Deadline(d) => StoreError::Timeout(d),
             RedisStoreError::CircuitOpen => StoreError::CircuitOpen,
+            // The store's own queue: the app's load, which no failure
+            // policy decides.
+            RedisStoreError::QueueFull => StoreError::Overloaded,
             other @ (RedisStoreError::Config(_)
             | RedisStoreError::Unavailable { .. }
             | RedisStoreError::Redis(_)
             | RedisStoreError::NotConnected { .. }
             | RedisStoreError::PoolTimeout
-            | RedisStoreError::QueueFull
             | RedisStoreError::UnsupportedVersion { .. }
             | RedisStoreError::Protocol(_)) => StoreError::backend(other),
         }

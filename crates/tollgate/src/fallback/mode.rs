@@ -12,6 +12,11 @@ use crate::answer::StoreRefusal;
 /// What a [`FallbackStore`](crate::FallbackStore) (and so a layer or a [`RateLimiter`](crate::RateLimiter))
 /// does when the store it wraps cannot decide.
 ///
+/// A store whose own queue of requests is full
+/// ([`StoreError::Overloaded`]) did not fail: the app's own load is never
+/// let through nor decided locally. Such a request is refused under every
+/// mode, as [`Closed`](FailureMode::Closed) refuses.
+///
 /// A mode is named in configuration by [`as_str`](FailureMode::as_str),
 /// and parsed back with [`str::parse`]:
 ///
@@ -206,6 +211,12 @@ impl FailureMode {
         report: &impl FailureReport,
     ) -> Answer<T> {
         report.store_failed(self, &error);
+        // The store's own queue being full is the app's own load, not a
+        // failure: no mode decides it, it is refused.
+        if error.is_own_load() {
+            report.handled(Handled::Refused);
+            return Answer::Refused(StoreRefusal { error });
+        }
         match self {
             FailureMode::Open => {
                 report.handled(Handled::LetThrough);
