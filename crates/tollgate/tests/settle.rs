@@ -3,14 +3,18 @@
 //! reservations that never overshoot.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use http::{Request, Response, StatusCode, Uri};
 use tollgate::{
-    ActualCost, Algorithm, FakeClock, GlobalKey, MemoryStore, Policy, RateLimitLayer, Settle,
-    Timestamp,
+    ActualCost, Algorithm, Decision, FailureMode, FakeClock, GlobalKey, Key, MemoryStore, Policy,
+    RateLimitLayer, Settle, Settlement, Store, StoreError, Timestamp,
 };
 use tower::ServiceExt;
 
@@ -183,4 +187,126 @@ async fn concurrent_reservations_never_overshoot() {
     // Settled to 1 each: 90 remain.
     let status = store.status(&key, &policy).await.unwrap();
     assert_eq!(status.remaining(), 90);
+}
+
+/// A memory store whose checks or settlements fail while told to: the
+/// shared store of an app whose Redis fails for a moment.
+#[derive(Clone)]
+struct Flaky {
+    inner: MemoryStore,
+    fail_check: Arc<AtomicBool>,
+    fail_settle: Arc<AtomicBool>,
+}
+
+impl Flaky {
+    fn new() -> Self {
+        Self {
+            inner: store(),
+            fail_check: Arc::default(),
+            fail_settle: Arc::default(),
+        }
+    }
+
+    fn failing(flag: &AtomicBool) -> Result<(), StoreError> {
+        match flag.load(Ordering::SeqCst) {
+            true => Err(StoreError::Timeout(Duration::from_millis(50))),
+            false => Ok(()),
+        }
+    }
+}
+
+impl Store for Flaky {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        Self::failing(&self.fail_check)?;
+        self.inner.check(key, policy, cost).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        Self::failing(&self.fail_settle)?;
+        self.inner.settle(key, policy, settlement).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.block(key, policy, duration).await
+    }
+}
+
+/// A settling layer over `store` that falls back on `local`, reserving
+/// 500 tokens of 1,000 a minute per call.
+fn flaky_app(store: &Flaky, local: &MemoryStore) -> Router {
+    let policy = Policy::new("tokens", Algorithm::Gcra, "1000/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(local.clone())
+        .cost(500)
+        .settle(Settle::actual_cost());
+    Router::new()
+        .route(
+            "/complete",
+            post(|uri: Uri| async move {
+                let tokens = uri.query().and_then(|q| q.strip_prefix("tokens="));
+                let tokens = tokens.and_then(|n| n.parse().ok()).unwrap_or(0);
+                (Extension(ActualCost(tokens)), "done")
+            }),
+        )
+        .route_layer(layer)
+}
+
+/// A settlement goes where its reservation was made. Reserved by the local
+/// fallback while the shared store failed, it is settled there: the
+/// refund went to the shared store, which never charged it, and handed
+/// out 490 tokens for free. Reserved in the shared store, whose
+/// settlement then fails, it is not moved to the local fallback (where
+/// the shared store lost it): the failure is reported and the headers
+/// show the reservation.
+#[tokio::test]
+async fn a_settlement_goes_where_its_reservation_was_made() {
+    let policy = Policy::new("tokens", Algorithm::Gcra, "1000/min").unwrap();
+    let shared = Flaky::new();
+    let local = store();
+    let app = flaky_app(&shared, &local);
+    // The shared store has nothing left for the minute.
+    let spent = shared
+        .inner
+        .check_sync(&Key::global(), &policy, 1_000)
+        .unwrap();
+    assert_eq!(spent.remaining(), 0);
+
+    // Reserved locally (500 of the local 1,000), used 10.
+    shared.fail_check.store(true, Ordering::SeqCst);
+    let res = app.clone().oneshot(complete(10)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "990");
+    shared.fail_check.store(false, Ordering::SeqCst);
+    let after = shared.inner.status(&Key::global(), &policy).await.unwrap();
+    assert_eq!(after.remaining(), 0, "the shared store got nothing back");
+    let here = local.status(&Key::global(), &policy).await.unwrap();
+    assert_eq!(here.remaining(), 990);
+
+    // Reserved in a fresh shared store, used 900; the settlement fails.
+    let shared = Flaky::new();
+    let local = store();
+    let app = flaky_app(&shared, &local);
+    shared.fail_settle.store(true, Ordering::SeqCst);
+    let res = app.clone().oneshot(complete(900)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "500");
+    let reserved = shared.inner.status(&Key::global(), &policy).await.unwrap();
+    assert_eq!(reserved.remaining(), 500, "the reservation stands");
+    assert!(local.is_empty(), "the local fallback took no charge");
 }

@@ -225,6 +225,29 @@ impl<S: Store> FallbackStore<S> {
         self.settings.mode.apply(result, local, report)
     }
 
+    /// Settles a request whose reservation was made `where`: in the
+    /// wrapped store alone, or in the local fallback alone. A reservation
+    /// the store made is settled there or not at all: its failure is
+    /// returned, for the caller to report, and the reservation stands (a
+    /// local fallback that took the settlement would lose it from the
+    /// store for good). One the local fallback made is settled there: the
+    /// store never charged it, and a refund there would be quota for free.
+    pub(crate) async fn settle_reserved(
+        &self,
+        reserved: Reserved,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        match reserved {
+            Reserved::InStore => self.store.settle(key, policy, settlement).await,
+            Reserved::Locally => {
+                let share = self.settings.share(policy);
+                self.settings.local.settle_sync(key, &share, &settlement)
+            }
+        }
+    }
+
     /// Decides as [`Store::check`] does, under the failure policy,
     /// reporting failures to `report`.
     pub(crate) async fn check_reported(
@@ -240,6 +263,16 @@ impl<S: Store> FallbackStore<S> {
         };
         self.answer(key, policy, cost, result, report)
     }
+}
+
+/// Where a request's reservation was made: in the wrapped store, or in
+/// the local fallback that decided in its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reserved {
+    /// The wrapped store decided ([`Answer::Decided`]).
+    InStore,
+    /// The local fallback decided ([`Answer::Local`]).
+    Locally,
 }
 
 /// An admitting decision that reports every limit of `policy` full: what

@@ -133,9 +133,12 @@ impl std::error::Error for UnknownFailureMode {}
 /// or a new caller cannot miss a case.
 #[derive(Debug)]
 pub(crate) enum Answer<T> {
-    /// The store decided; or, under [`FailureMode::Local`], the local
-    /// fallback did.
+    /// The store decided.
     Decided(T),
+    /// [`FailureMode::Local`]: the local fallback decided, in the store's
+    /// place. What follows from the decision (a settlement of its cost)
+    /// belongs there too, not in the store, which never saw it.
+    Local(T),
     /// [`FailureMode::Open`]: the request goes on, unlimited.
     LetThrough(StoreError),
     /// [`FailureMode::Closed`], or a local fallback that failed too: the
@@ -175,7 +178,7 @@ impl<T> Answer<T> {
     /// store's error.
     pub(crate) fn into_result(self) -> Result<T, StoreError> {
         match self {
-            Answer::Decided(value) => Ok(value),
+            Answer::Decided(value) | Answer::Local(value) => Ok(value),
             Answer::LetThrough(error) => Err(error),
             Answer::Refused(refusal) => refusal.into_result(),
         }
@@ -227,7 +230,7 @@ impl FailureMode {
                 Answer::Refused(StoreRefusal { error })
             }
             FailureMode::Local => match local() {
-                Ok(value) => Answer::Decided(value),
+                Ok(value) => Answer::Local(value),
                 Err(error) => {
                     report.handled(Handled::Refused);
                     Answer::Refused(StoreRefusal { error })

@@ -78,7 +78,8 @@ where
     };
     let slot: Option<Box<dyn Any + Send + Sync>> =
         match shared.failure.apply(taken, local, &shared.telemetry) {
-            Answer::Decided((Slots { acquired: true, .. }, Holds::Store)) => {
+            Answer::Decided((Slots { acquired: true, .. }, Holds::Store))
+            | Answer::Local((Slots { acquired: true, .. }, Holds::Store)) => {
                 let store = shared.store.clone();
                 Some(Slot::boxed(
                     store,
@@ -88,12 +89,19 @@ where
                     &shared.telemetry,
                 ))
             }
-            Answer::Decided((Slots { acquired: true, .. }, Holds::Local)) => {
+            Answer::Decided((Slots { acquired: true, .. }, Holds::Local))
+            | Answer::Local((Slots { acquired: true, .. }, Holds::Local)) => {
                 let store = shared.local.clone();
                 let limit = &local_limit();
                 Some(Slot::boxed(store, key, limit, holder, &shared.telemetry))
             }
             Answer::Decided((
+                Slots {
+                    acquired: false, ..
+                },
+                Holds::Store | Holds::Local,
+            ))
+            | Answer::Local((
                 Slots {
                     acquired: false, ..
                 },

@@ -339,7 +339,7 @@ impl<St: Store> RateLimiter<St> {
             )
             .await;
         match answer {
-            Answer::Decided(decision) => Ok((decision, true)),
+            Answer::Decided(decision) | Answer::Local(decision) => Ok((decision, true)),
             Answer::LetThrough(_) => Ok((let_through(policy).with_cost(cost), false)),
             Answer::Refused(refusal) => refusal.into_result(),
         }

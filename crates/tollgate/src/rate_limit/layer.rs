@@ -131,7 +131,10 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// [`Settlement`](tollgate_core::Settlement) for each algorithm). If
     /// the settlement fails, the reservation stands, the failure is
     /// reported like any store failure, and the headers show the
-    /// reservation's state.
+    /// reservation's state. A settlement goes where its reservation was
+    /// made: a request the local fallback decided (under
+    /// [`FailureMode::Local`](crate::FailureMode::Local)) is settled there,
+    /// never in the shared store, which did not charge it.
     ///
     /// Tokens of an LLM call, known when the handler is done: reserve an
     /// estimate, and let the handler report the real count with

@@ -297,14 +297,17 @@ where
 {
     let (shared, rule) = (shared.clone(), rule.clone());
     let (key, policy) = (key.clone(), policy.clone());
-    Box::new(move |reserved_at, status, extensions| {
+    Box::new(move |reserved_at, place, status, extensions| {
         let actual = rule.actual(status, extensions, reserved);
         if actual == reserved {
             return None;
         }
         let settlement = Settlement::new(reserved, actual, reserved_at);
         Some(Box::pin(async move {
-            shared.store.settle(&key, &policy, settlement).await
+            let store = &shared.store;
+            store
+                .settle_reserved(place, &key, &policy, settlement)
+                .await
         }))
     })
 }

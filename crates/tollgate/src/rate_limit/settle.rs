@@ -9,6 +9,8 @@ use std::sync::Arc;
 use http::{Extensions, StatusCode};
 use tollgate_core::{Decision, StoreError, Timestamp};
 
+use crate::fallback::Reserved;
+
 /// What a request really cost, put into its response's extensions by the
 /// handler, for a layer that settles costs
 /// ([`RateLimitLayer::settle`](crate::RateLimitLayer::settle)): the layer
@@ -97,23 +99,26 @@ impl fmt::Debug for Settle {
 /// cost once its response is in.
 pub(crate) struct Settling {
     reserved_at: Timestamp,
+    reserved: Reserved,
     call: SettleCall,
 }
 
-/// The store call of a settlement: given the reservation's time, the
-/// response's status and extensions, the call to await, or `None` when the
-/// request cost what it reserved.
+/// The store call of a settlement: given the reservation's time and where
+/// it was made, the response's status and extensions, the call to await,
+/// or `None` when the request cost what it reserved.
 pub(crate) type SettleCall =
-    Box<dyn FnOnce(Timestamp, StatusCode, &Extensions) -> Option<Settled> + Send>;
+    Box<dyn FnOnce(Timestamp, Reserved, StatusCode, &Extensions) -> Option<Settled> + Send>;
 
 /// A settlement on its way to the store.
 pub(crate) type Settled = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
 impl Settling {
-    /// The settlement of the request `reservation` admitted.
-    pub(crate) fn new(reservation: &Decision, call: SettleCall) -> Self {
+    /// The settlement of the request `reservation` admitted, made where
+    /// `reserved` says.
+    pub(crate) fn new(reservation: &Decision, reserved: Reserved, call: SettleCall) -> Self {
         Self {
             reserved_at: reservation.now(),
+            reserved,
             call,
         }
     }
@@ -121,6 +126,6 @@ impl Settling {
     /// The settlement of a response with `status` and `extensions`, if one
     /// is due.
     pub(crate) fn start(self, status: StatusCode, extensions: &Extensions) -> Option<Settled> {
-        (self.call)(self.reserved_at, status, extensions)
+        (self.call)(self.reserved_at, self.reserved, status, extensions)
     }
 }

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tollgate_core::Decision;
 
 use crate::answer::headers::Decoration;
-use crate::fallback::Answer;
+use crate::fallback::{Answer, Reserved};
 use crate::report::Verdict;
 use crate::response::Responder;
 
@@ -129,15 +129,23 @@ fn any_state<F, R>(
     enforce: bool,
     settle: Option<SettleCall>,
 ) -> State<F, R> {
+    // Where a reservation was made is where its settlement goes. A failure
+    // the policy handled is `Err`: `None` let through, or the refusal.
+    let (result, reserved) = match result {
+        Answer::Decided(decision) => (Ok(decision), Reserved::InStore),
+        Answer::Local(decision) => (Ok(decision), Reserved::Locally),
+        Answer::LetThrough(_) => (Err(None), Reserved::InStore),
+        Answer::Refused(refusal) => (Err(Some(refusal)), Reserved::InStore),
+    };
     match result {
-        Answer::Decided(decision) if decision.is_allowed() => {
+        Ok(decision) if decision.is_allowed() => {
             responder.decided(&decision, Verdict::Allowed);
             let decoration = responder.decoration(&decision);
             let finish = match settle {
                 None => Finish::Headers(decoration),
                 Some(call) => Finish::Settle(Box::new(Settle {
                     decoration,
-                    settling: Settling::new(&decision, call),
+                    settling: Settling::new(&decision, reserved, call),
                     responder: responder.clone(),
                 })),
             };
@@ -154,14 +162,14 @@ fn any_state<F, R>(
                 }
             }
         }
-        Answer::Decided(decision) if !enforce => {
+        Ok(decision) if !enforce => {
             responder.decided(&decision, Verdict::ShadowLimited);
             State::Calling {
                 future: next.call(),
                 finish: Finish::Headers(responder.decoration(&decision)),
             }
         }
-        Answer::Decided(decision) => {
+        Ok(decision) => {
             if let (Some(waiter), Some(retry)) = (waiter, decision.retry_after()) {
                 let now = tokio::time::Instant::now();
                 if retry <= waiter.deadline.saturating_duration_since(now) {
@@ -182,11 +190,11 @@ fn any_state<F, R>(
         }
         // The failure policy was applied, and reported, where the store
         // was asked.
-        Answer::LetThrough(_) => State::Calling {
+        Err(None) => State::Calling {
             future: next.call(),
             finish: Finish::Headers(None),
         },
-        Answer::Refused(refusal) => State::Responding {
+        Err(Some(refusal)) => State::Responding {
             response: Some(responder.refused(&refusal)),
         },
     }
