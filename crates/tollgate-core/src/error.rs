@@ -334,6 +334,29 @@ impl StoreError {
             Self::Full { .. } | Self::CircuitOpen | Self::Timeout(_) | Self::Backend(_) => false,
         }
     }
+
+    /// Whether the store may have acted on the request before this error:
+    /// a [`Timeout`](StoreError::Timeout) or a
+    /// [`Backend`](StoreError::Backend) failure may come after the store
+    /// applied it (a reply lost on its way back). The other kinds were
+    /// never applied: the request was not sent, or the store refused it
+    /// whole. What a caller took, such as an in-flight slot, is given back
+    /// after an error that may have acted.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::StoreError;
+    ///
+    /// assert!(StoreError::Timeout(Duration::from_millis(50)).may_have_acted());
+    /// assert!(StoreError::backend(std::fmt::Error).may_have_acted());
+    /// assert!(!StoreError::CircuitOpen.may_have_acted());
+    /// ```
+    pub fn may_have_acted(&self) -> bool {
+        match self {
+            Self::Timeout(_) | Self::Backend(_) => true,
+            Self::Full { .. } | Self::CircuitOpen | Self::Overloaded => false,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -287,3 +287,73 @@ async fn a_running_request_takes_its_lost_slot_back_once_one_is_free() {
     slow.go.add_permits(1);
     assert_eq!(again.await.unwrap().unwrap().status(), StatusCode::OK);
 }
+
+/// Takes the slot in its store, then fails as if the reply were lost on
+/// its way back (a reset connection): the slot is held, and the caller
+/// does not know it.
+#[derive(Clone, Default)]
+struct LostReply(Leasing);
+
+impl SlotStore for LostReply {
+    async fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Slots, StoreError> {
+        self.0.acquire(key, limit, holder).await?;
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        Err(StoreError::backend(reset))
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Renewal, StoreError> {
+        self.0.renew(key, limit, holder).await
+    }
+
+    async fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<(), StoreError> {
+        self.0.release(key, limit, holder).await
+    }
+
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        self.0.release_now(key, limit, holder)
+    }
+
+    fn new_holder(&self) -> u64 {
+        self.0.new_holder()
+    }
+}
+
+/// A backend failure may come after the store took the slot (its reply
+/// lost on the way back): the slot is given back, as after a timeout. It
+/// was held until its lease ended, and with a limit of one the key could
+/// run nothing in the store for that long.
+#[tokio::test]
+async fn a_slot_taken_before_a_lost_reply_is_given_back() {
+    let store = LostReply::default();
+    let limit = InFlightLimit::new("exports", 1).unwrap();
+    let app = Router::new()
+        .route("/export", get(|| async { "exported" }))
+        .route_layer(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
+    let res = app.oneshot(get_path("/export")).await.unwrap();
+    // Decided by the failure policy (the local fallback, by default).
+    assert_eq!(res.status(), StatusCode::OK);
+    res.into_body().collect().await.unwrap();
+    let key = Key::global();
+    for _ in 0..1_000 {
+        if store.0.acquire(&key, &limit, 99).await.unwrap().acquired {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the slot taken before the lost reply is still held");
+}

@@ -57,10 +57,15 @@ where
         holder,
     };
     let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
-    // A reply past the deadline may come from a store that took the slot:
-    // given back. Any other answer is the slot's whole story (an error
-    // before the call, such as an open breaker, took nothing).
-    if matches!(acquired, Err(StoreError::Timeout(_))) {
+    // A failure that may have come after the store took the slot (a reply
+    // past the deadline, or lost on its way back): given back. Any other
+    // answer is the slot's whole story (an error before the call, such as
+    // an open breaker, took nothing).
+    if acquired
+        .as_ref()
+        .err()
+        .is_some_and(StoreError::may_have_acted)
+    {
         drop(taking);
     } else {
         std::mem::forget(taking);
