@@ -230,3 +230,36 @@ fn a_full_shard_admits_a_new_key_once_a_refunded_key_expired() {
     assert!(fresh.is_allowed(), "a had expired: its room is b's");
     assert_eq!(store.len(), 1);
 }
+
+/// A block holds for a key whose state was kept under a configuration of
+/// the name that more configurations since (per-key overrides, say)
+/// pushed out of the store's list: the block forgot the key only under
+/// the listed ones, and a check of the held state admitted (the Redis
+/// store, with one state per name, denies).
+#[tokio::test]
+async fn a_block_holds_under_a_configuration_the_store_no_longer_lists() {
+    let store = MemoryStore::builder()
+        .clock(FakeClock::new(Timestamp::from_secs(1_700_000_040)))
+        .build()
+        .unwrap();
+    let config = |n: u64| Policy::new("api", Algorithm::Gcra, format!("{n}/min").as_str()).unwrap();
+    let bob = Key::user("bob");
+    assert!(store.check_sync(&bob, &config(10), 1).unwrap().is_allowed());
+    // Eight more configurations of the name, each with a key of its own.
+    for n in 11..=18 {
+        let other = Key::user(format!("user{n}"));
+        assert!(
+            store
+                .check_sync(&other, &config(n), 1)
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    store
+        .block(&bob, &config(11), Duration::from_secs(3_600))
+        .await
+        .unwrap();
+    let decision = store.check_sync(&bob, &config(10), 1).unwrap();
+    assert!(!decision.is_allowed());
+    assert_eq!(decision.retry_after(), Some(Duration::from_secs(3_600)));
+}

@@ -277,6 +277,16 @@ impl Visit for Check<'_> {
 
     #[inline(always)]
     fn visit<F: Form>(self, policy: &Policy) -> Decided {
+        // A block forgets the key under the configurations of the name the
+        // store lists, at most `MAX_CONFIGS`: state kept under one it
+        // forgot since (more configurations, such as per-key overrides,
+        // came) outlives the block, so a shard that holds a block looks it
+        // up for held keys too. Blocks are rare: the rest pay a length.
+        if !self.shard.maps.blocks.is_empty()
+            && let Some(blocked) = self.shard.blocked(self.base, policy, self.now)
+        {
+            return Ok(blocked);
+        }
         let hash = self.base ^ policy.config_mix();
         match F::map(&mut self.shard.maps).get_mut(&hash) {
             Some(held) => Ok(F::decide(held, policy, self.now, self.cost)),
