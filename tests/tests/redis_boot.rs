@@ -112,6 +112,32 @@ async fn sentinel_and_cluster_stores_are_built_while_nothing_answers() {
     }
 }
 
+/// A store on a bb8 pool is built while Redis is down too (building it
+/// failed: the pool's checkout timed out, which was not taken for Redis
+/// being unreachable), follows the failure policy meanwhile, and decides
+/// through Redis once it answers, sharing one count with a store built
+/// after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_store_built_while_redis_is_down_decides_through_it_once_it_answers() {
+    let mut server = RedisServer::spawn();
+    let url = server.url();
+    server.kill();
+    let prefix = unique_prefix("boot-later");
+    let early = RedisStore::builder()
+        .prefix(&prefix)
+        .deadline(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(200))
+        .circuit_breaker(1_000, Duration::from_millis(50))
+        .connect_pool(url.as_str())
+        .await
+        .unwrap();
+    assert_eq!(five_of_eight(early.clone()).await, 5);
+    server.restart();
+    until_ready(&early, "pool").await;
+    let late = store(&url, &prefix).await;
+    assert_eq!(alternately(&early, &late).await, 50);
+}
+
 /// 8 requests through `store` behind a local fallback of its own: how
 /// many were admitted.
 async fn five_of_eight<C: tollgate_redis::RedisConnection>(store: RedisStore<C>) -> u64 {

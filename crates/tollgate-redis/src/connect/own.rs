@@ -128,12 +128,20 @@ impl RedisStoreBuilder {
 /// reached now (rather than that it answered wrongly): the store is then
 /// built without it.
 fn unreachable(error: &RedisStoreError) -> bool {
-    error.is_connection_lost()
-        || matches!(
-            error,
-            RedisStoreError::Deadline(_) | RedisStoreError::NotConnected { .. }
-        )
-        || matches!(error, RedisStoreError::Redis(e) if e.is_timeout())
+    match error {
+        // A pool's checkout times out when no connection can be made: at
+        // build time nothing else holds one.
+        RedisStoreError::Deadline(_)
+        | RedisStoreError::NotConnected { .. }
+        | RedisStoreError::PoolTimeout => true,
+        RedisStoreError::Redis(e) => e.is_timeout() || error.is_connection_lost(),
+        RedisStoreError::Config(_)
+        | RedisStoreError::Unavailable { .. }
+        | RedisStoreError::CircuitOpen
+        | RedisStoreError::QueueFull
+        | RedisStoreError::UnsupportedVersion { .. }
+        | RedisStoreError::Protocol(_) => false,
+    }
 }
 
 impl RedisConnection for ConnectionManager {
