@@ -13,7 +13,8 @@
 //!
 //! Every request is still decided by exactly one script call, atomically,
 //! in the order it queued; requests whose callers stopped waiting (their
-//! deadline passed) are left out before a call is sent.
+//! deadline passed) are left out before a call is sent, and a request
+//! taken into a call waits for that call's outcome, which is its own.
 //!
 //! Waiting in the queue is our own queueing, not Redis's lateness: a
 //! queued request waits on past its deadline as long as calls of its kind
@@ -37,7 +38,7 @@ use tollgate_core::Policy;
 
 use crate::error::RedisStoreError;
 use crate::op::word::{BatchOf, Request, Word, WordForm};
-use crate::patience;
+use crate::patience::{self, Missed};
 use crate::running;
 
 /// What the queue needs of whoever owns it (the store): the batcher of a
@@ -73,6 +74,8 @@ pub(crate) struct Queued {
     slack: u64,
     policy: Policy,
     reply: oneshot::Sender<Result<Word, RedisStoreError>>,
+    /// Its place in the order of the queue, from 1.
+    seq: u64,
 }
 
 impl Queued {
@@ -91,6 +94,8 @@ impl Queued {
 struct Queue {
     waiting: Vec<Queued>,
     in_flight: usize,
+    /// The `seq` of the last request queued.
+    last_seq: u64,
 }
 
 /// The store's batchers, one per word form.
@@ -129,7 +134,8 @@ pub(crate) struct Batcher {
 /// batches, until the [`Place`] is dropped), or queued for a batch.
 pub(crate) enum Turn<S: WordCalls> {
     Now(Place<S>),
-    Queued(oneshot::Receiver<Result<Word, RedisStoreError>>),
+    /// Queued, with its `seq` (see [`wait`]).
+    Queued(oneshot::Receiver<Result<Word, RedisStoreError>>, u64),
     /// The queue holds [`MAX_QUEUED`] requests already.
     Full,
 }
@@ -193,6 +199,8 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
         return Turn::Full;
     }
     let (reply, receiver) = oneshot::channel();
+    queue.last_seq += 1;
+    let seq = queue.last_seq;
     queue.waiting.push(Queued {
         key: request.key.to_owned(),
         period: request.period,
@@ -200,35 +208,49 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
         slack: request.slack,
         policy: request.policy.clone(),
         reply,
+        seq,
     });
-    Turn::Queued(receiver)
+    Turn::Queued(receiver, seq)
 }
 
-/// Waits for the word of a request queued in `batcher`. The request gives
-/// up with [`RedisStoreError::Deadline`] at a deadline (judged as
-/// [`patience::within`] judges it) in which no call of the batcher was
-/// answered; while calls come back, the queue moves and it waits on. When
-/// it gives up, its caller stops waiting, so it is left out of the next
-/// call, never sent late.
+/// Waits for the word of the request queued in `batcher` as `seq`. The
+/// request gives up with [`RedisStoreError::Deadline`] at a deadline
+/// (judged as [`patience::within`] judges it) in which no call of the
+/// batcher was answered; while calls come back, the queue moves and it
+/// waits on. When it gives up, its caller stops waiting, so it is left out
+/// of the next call, never sent late. Once taken into a call it no longer
+/// gives up: that call's outcome is its own (Redis may have decided it),
+/// and the call ends within the store's ceiling.
 pub(crate) async fn wait(
     batcher: &Batcher,
     deadline: Duration,
     mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
+    seq: u64,
 ) -> Result<Word, RedisStoreError> {
     let queued = tokio::time::Instant::now();
+    let dropped = || RedisStoreError::Protocol("the batch of this request was dropped".into());
     loop {
         let seen = batcher.answered.load(Ordering::Relaxed);
         match patience::within(deadline, &mut reply).await {
             Ok(Ok(word)) => return word,
-            Ok(Err(_)) => {
-                return Err(RedisStoreError::Protocol(
-                    "the batch of this request was dropped".into(),
-                ));
+            Ok(Err(_)) => return Err(dropped()),
+            Err(Missed::Deadline | Missed::Ceiling) => {}
+        }
+        // Still queued (looked up under the queue's lock, so that no call
+        // takes it meanwhile), or taken into a call.
+        let taken = {
+            let mut queue = batcher.queue();
+            match queue.waiting.iter().position(|q| q.seq == seq) {
+                None => true,
+                Some(at) if batcher.answered.load(Ordering::Relaxed) == seen => {
+                    queue.waiting.remove(at);
+                    return Err(RedisStoreError::Deadline(queued.elapsed()));
+                }
+                Some(_) => false,
             }
-            Err(_) if batcher.answered.load(Ordering::Relaxed) == seen => {
-                return Err(RedisStoreError::Deadline(queued.elapsed()));
-            }
-            Err(_) => {}
+        };
+        if taken {
+            return (&mut reply).await.unwrap_or_else(|_| Err(dropped()));
         }
     }
 }
@@ -334,6 +356,96 @@ mod tests {
         }
     }
 
+    /// A batcher whose calls take 45 ms and decide every request.
+    struct Slow(Batcher);
+
+    impl WordCalls for Slow {
+        fn batcher(&self, _: &dyn WordForm) -> Option<&Batcher> {
+            Some(&self.0)
+        }
+        async fn call_queued(
+            &self,
+            _: &dyn WordForm,
+            batch: &[Queued],
+        ) -> Result<Vec<Word>, RedisStoreError> {
+            tokio::time::sleep(Duration::from_millis(45)).await;
+            Ok(batch.iter().map(|_| (7, 0)).collect())
+        }
+    }
+
+    /// A queued request taken into a call waits for that call's outcome,
+    /// past its own deadline: Redis may decide it. It gave up at its
+    /// deadline, and its caller's failure policy decided it again.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_request_taken_into_a_call_waits_for_it_past_its_deadline() {
+        let slow = Arc::new(Slow(Batcher::new(64)));
+        let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+        let kind = Form::word_of(&policy).unwrap();
+        let request = Request {
+            key: "k",
+            period: 0,
+            step: 1,
+            slack: 0,
+            policy: &policy,
+        };
+        let mut places: Vec<Place<Slow>> = (0..IN_FLIGHT)
+            .map(|_| match enter(&slow, kind, request) {
+                Turn::Now(place) => place,
+                Turn::Queued(..) | Turn::Full => panic!("a place is free"),
+            })
+            .collect();
+        let (reply, seq) = match enter(&slow, kind, request) {
+            Turn::Queued(reply, seq) => (reply, seq),
+            Turn::Now(_) | Turn::Full => panic!("every place is taken"),
+        };
+        let start = tokio::time::Instant::now();
+        let deadline = Duration::from_millis(50);
+        let waiting = {
+            let slow = slow.clone();
+            tokio::spawn(async move { wait(&slow.0, deadline, reply, seq).await })
+        };
+        // At 10 ms the call ahead fails (its place is given up unanswered):
+        // the queued request is sent, and its call answers at 55 ms.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(places.pop());
+        let word = waiting.await.unwrap();
+        assert_eq!(word.unwrap(), (7, 0));
+        assert_eq!(start.elapsed(), Duration::from_millis(55));
+    }
+
+    /// A queued request that no call took gives up at its deadline, and
+    /// leaves the queue: it is never sent late.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_request_still_queued_at_its_deadline_gives_up_and_leaves_the_queue() {
+        let stuck = Arc::new(Stuck(Batcher::new(64)));
+        let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+        let kind = Form::word_of(&policy).unwrap();
+        let request = Request {
+            key: "k",
+            period: 0,
+            step: 1,
+            slack: 0,
+            policy: &policy,
+        };
+        let _places: Vec<Place<Stuck>> = (0..IN_FLIGHT)
+            .map(|_| match enter(&stuck, kind, request) {
+                Turn::Now(place) => place,
+                Turn::Queued(..) | Turn::Full => panic!("a place is free"),
+            })
+            .collect();
+        let (reply, seq) = match enter(&stuck, kind, request) {
+            Turn::Queued(reply, seq) => (reply, seq),
+            Turn::Now(_) | Turn::Full => panic!("every place is taken"),
+        };
+        let deadline = Duration::from_millis(50);
+        let waited = wait(&stuck.0, deadline, reply, seq).await;
+        assert!(
+            matches!(waited, Err(RedisStoreError::Deadline(_))),
+            "{waited:?}"
+        );
+        assert!(stuck.0.queue().waiting.is_empty());
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_place_handed_to_a_task_that_never_runs_is_given_back() {
         // One request per call: each queued request is a batch of its own.
@@ -350,12 +462,12 @@ mod tests {
         let places: Vec<Place<Stuck>> = (0..IN_FLIGHT)
             .map(|_| match enter(&stuck, kind, request) {
                 Turn::Now(place) => place,
-                Turn::Queued(_) | Turn::Full => panic!("a place is free"),
+                Turn::Queued(..) | Turn::Full => panic!("a place is free"),
             })
             .collect();
         let mut queued: Vec<_> = (0..5)
             .map(|_| match enter(&stuck, kind, request) {
-                Turn::Queued(reply) => reply,
+                Turn::Queued(reply, _) => reply,
                 Turn::Now(_) | Turn::Full => panic!("every place is taken"),
             })
             .collect();

@@ -131,8 +131,8 @@ impl<C: RedisConnection> RedisStore<C> {
         let request = word_request(form, state_key, policy, cost);
         let (now, word) = match batch::enter(inner, form, request) {
             Turn::Full => return Err(RedisStoreError::QueueFull),
-            Turn::Queued(reply) => match inner.batcher(form) {
-                Some(batcher) => batch::wait(batcher, inner.deadline, reply).await?,
+            Turn::Queued(reply, seq) => match inner.batcher(form) {
+                Some(batcher) => batch::wait(batcher, inner.deadline, reply, seq).await?,
                 None => {
                     return Err(RedisStoreError::Protocol(
                         "a queued request of a kind the store does not batch".into(),
