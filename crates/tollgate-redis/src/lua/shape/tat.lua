@@ -130,9 +130,10 @@ for i = 1, n do
     descriptor = sub(request, 30)
   end
   local raw, fresh
-  if write_first and step ~= 0 then
+  if write_first and step > 0 then
     -- Write now + step if the key is absent, and read it if it is not (an
-    -- error reply, not raised, if it is a hash).
+    -- error reply, not raised, if it is a hash). Not for a refund, which
+    -- changes nothing of an absent key.
     local at = now + step
     local value = format('0x%015x|', at) .. descriptor
     if real then
@@ -199,6 +200,19 @@ for i = 1, n do
       -- fence: nothing changes.
       held = old
       if carried then write = old end
+    elseif step < 0 then
+      -- A refund gives back at most what of the reservation can still be
+      -- in the backlog: its span less the time since it was reserved, and
+      -- never below now (as tollgate-core's rule::refunded).
+      local aged = now - (slack - MAX_SPAN)
+      if aged < 0 then aged = 0 end
+      local back = -step - aged
+      if back > 0 then
+        write = old - back
+        if write < now then write = now end
+      elseif carried then
+        write = old
+      end
     elseif step ~= 0 and old - now <= slack then
       -- A charge saturates: with a slack of 2^50 it always gets here, and
       -- old + step may reach beyond now + 2^50, so it stops there (never
@@ -214,9 +228,11 @@ for i = 1, n do
     end
   else
     -- Expired, or its time has passed: as fresh. Admit and write now +
-    -- step, expiring exactly then.
+    -- step, expiring exactly then; a refund changes nothing of an empty
+    -- backlog (now + step would be a time past, which under a test clock
+    -- before 2005 is below 0).
     if olds then olds[i + 1] = 0 end
-    if step ~= 0 and not fresh then
+    if step > 0 and not fresh then
       write = now + step
     elseif carried then
       call('DEL', key)
