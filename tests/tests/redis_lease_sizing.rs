@@ -283,3 +283,33 @@ async fn a_lease_asked_for_ahead_by_a_task_that_never_runs_leaves_nothing_waitin
     }
     assert_eq!(used, requests, "every admission counted, and nothing more");
 }
+
+/// A lease held when its policy's limits change is dropped, not given
+/// back: a return settles under the configuration it was granted under,
+/// which wrote the key back under the old one and lost what the new one
+/// had counted since (all of it here, where the period changed: another
+/// instance's 100 of the hour were forgotten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_an_old_configuration_does_not_undo_the_new_one() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let store = leased(&url, "lease-config", &clock).await;
+    let minute = Policy::new("config", Algorithm::FixedWindow, "600000/min").unwrap();
+    let hour = Policy::new("config", Algorithm::FixedWindow, "1000000/h").unwrap();
+    let key = Key::user("changed");
+    // Ten requests an interval: the key holds a lease of the minute.
+    steady(&store, &clock, &key, &minute, INTERVAL / 10, 100).await;
+    assert!(store.calls().grants > 0, "{:?}", store.calls());
+    // The limits change; another instance spends 100 of the hour.
+    let other = store.get_ref();
+    assert!(other.check(&key, &hour, 100).await.unwrap().is_allowed());
+    // This instance's next request comes under the hour.
+    let decision = store.check(&key, &hour, 1).await.unwrap();
+    assert!(decision.is_allowed());
+    store.wait_for_grants().await;
+    let status = other.status(&key, &hour).await.unwrap();
+    assert!(
+        1_000_000 - status.remaining() >= 101,
+        "the hour keeps the other instance's 100 and this request: {status:?}"
+    );
+}

@@ -137,12 +137,12 @@ impl<S: Store> Shared<S> {
                 // the units are dropped, not given back.
                 return Ok(Some(decision));
             }
-            let entry = shard
-                .get_mut(&hash)
-                .filter(|e| e.fingerprint == policy.fingerprint());
-            match entry {
+            match shard.get_mut(&hash) {
+                // The configuration changed while the grant was on its
+                // way: dropped, as the table drops the old one's leases.
+                Some(entry) if entry.fingerprint != policy.fingerprint() => None,
                 Some(entry) if lease.expires > sent => install(entry, lease),
-                _ => Some(lease),
+                Some(_) | None => Some(lease),
             }
         };
         drop(settled);

@@ -350,10 +350,15 @@ impl Table {
             .entry(hash)
             .or_insert_with(|| Entry::new(fingerprint, now));
         if entry.fingerprint != fingerprint {
-            // The policy's configuration changed: the lease of the old
-            // one goes back under it, and the rate carries over.
-            ended.extend(entry.lease.take());
-            ended.extend(entry.next.take());
+            // The policy's configuration changed: the rate carries over,
+            // and the old one's leases are dropped, not given back. A
+            // return settles under the configuration it was granted
+            // under, which would write the key back under the old one
+            // and lose the new one's use (all of it, where the period
+            // changed); the units left stay counted until they age out,
+            // which can only under-admit, by at most a lease.
+            drop(entry.lease.take());
+            drop(entry.next.take());
             entry.fingerprint = fingerprint;
         }
         entry.last_seen = now;
