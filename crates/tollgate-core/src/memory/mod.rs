@@ -199,10 +199,31 @@ impl MemoryStore {
         self.shared.settle(key, policy, settlement)
     }
 
-    /// Takes `state` as the state of `key` under `policy`, unless the store
-    /// holds some already: for a local fallback that takes over from a
-    /// failed shared store what it last knew of the key (see
-    /// [`Store::last_known`] and [`PolicyState::seeded`]).
+    /// Takes `state` as the state of `key` under `policy`: for a local
+    /// fallback that takes over from a failed shared store what it last
+    /// knew of the key (see [`Store::last_known`] and
+    /// [`PolicyState::seeded`]). Where the store holds some already (it
+    /// decided the key in this failure, or in an earlier one), each limit
+    /// keeps the more used of the two: what the shared store counted since
+    /// an earlier failure is not lost, nor what was admitted here.
+    ///
+    /// ```
+    /// use tollgate_core::state::PolicyState;
+    /// use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Timestamp};
+    ///
+    /// let now = Timestamp::from_secs(1_700_000_000);
+    /// let local = MemoryStore::builder().clock(FakeClock::new(now)).build()?;
+    /// let policy = Policy::new("api", Algorithm::FixedWindow, "100/h")?;
+    /// let key = Key::user("ada");
+    /// // An earlier failure: 1 admitted here.
+    /// local.check_sync(&key, &policy, 1)?;
+    /// // Since, the shared store counted 90.
+    /// let mut shared = PolicyState::new(&policy, now);
+    /// let last = shared.decide(&policy, now, 90);
+    /// local.seed(&key, &policy, PolicyState::seeded(&policy, &last))?;
+    /// assert_eq!(local.check_sync(&key, &policy, 0)?.remaining(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///

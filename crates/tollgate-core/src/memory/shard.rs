@@ -118,8 +118,8 @@ impl Shared {
         )
     }
 
-    /// Takes `state` as the state of `key` under `policy`, unless the shard
-    /// holds some already.
+    /// Takes `state` as the state of `key` under `policy`; where the shard
+    /// holds some already, each limit keeps the more used of the two.
     pub(super) fn seed(
         &self,
         key: &Key,
@@ -382,11 +382,26 @@ impl Visit for Seed<'_> {
         let mut state = self.state;
         state.carry_to(policy, self.now);
         let hash = self.base ^ policy.config_mix();
-        let (held, expires_at) = F::hold(state, policy);
-        if F::map(&mut self.shard.maps).contains_key(&hash) || expires_at <= self.now.as_micros() {
+        if self.shard.blocked(self.base, policy, self.now).is_some() {
             return Ok(());
         }
-        if self.shard.blocked(self.base, policy, self.now).is_some() {
+        if let Some(mine) = F::map(&mut self.shard.maps).get_mut(&hash) {
+            // Held already (this fallback decided the key before, in this
+            // failure or an earlier one): each limit keeps the more used
+            // of the two, so that neither what the store counted since an
+            // earlier failure nor what was admitted here is forgotten.
+            let taken = std::mem::replace(mine, F::hold(state.clone(), policy).0);
+            let merged = match F::state(taken, policy, self.now) {
+                Some(held) => held.more_used(state, policy, self.now),
+                None => state,
+            };
+            let (held, expires_at) = F::hold(merged, policy);
+            *mine = held;
+            self.shard.next_expiry = self.shard.next_expiry.min(expires_at);
+            return Ok(());
+        }
+        let (held, expires_at) = F::hold(state, policy);
+        if expires_at <= self.now.as_micros() {
             return Ok(());
         }
         self.shared.other_configs(policy);

@@ -304,6 +304,25 @@ impl PolicyState {
         state
     }
 
+    /// This state and `other` (both of `policy`) in one: each limit as
+    /// the one of the two that leaves less remaining at `now` (this one's
+    /// where they tie).
+    pub(crate) fn more_used(mut self, mut other: Self, policy: &Policy, now: Timestamp) -> Self {
+        let mine = self.decide(policy, now, 0);
+        let theirs = other.decide(policy, now, 0);
+        let limits = self
+            .limits
+            .into_iter()
+            .zip(other.limits)
+            .zip(mine.limits().iter().zip(theirs.limits()))
+            .map(|((a, b), (m, t))| if t.remaining() < m.remaining() { b } else { a })
+            .collect();
+        Self {
+            policy: self.policy,
+            limits,
+        }
+    }
+
     /// Decides a request of `cost` at `now` and, if it is admitted, consumes
     /// it from every limit. If any limit denies, nothing is consumed.
     ///
