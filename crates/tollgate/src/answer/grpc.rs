@@ -16,11 +16,14 @@ use http::{Response, StatusCode};
 /// The gRPC status codes the layer answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Code {
-    /// A missing key the client must send (HTTP 400).
+    /// A missing key the client must send (HTTP 400, and the other 4xx
+    /// statuses without a code of their own).
     InvalidArgument = 3,
+    /// A missing key answered as not found (HTTP 404).
+    NotFound = 5,
     /// A missing key refused as forbidden (HTTP 403).
     PermissionDenied = 7,
-    /// A rate-limit or in-flight refusal.
+    /// A rate-limit or in-flight refusal (and HTTP 429).
     ResourceExhausted = 8,
     /// A missing key that is the server's doing (HTTP 500).
     Internal = 13,
@@ -31,13 +34,19 @@ pub(super) enum Code {
 }
 
 impl Code {
-    /// The code nearest an HTTP `status`: 400 is `INVALID_ARGUMENT`, 401
-    /// `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, any other `INTERNAL`.
+    /// The code nearest an HTTP `status`: 401 is `UNAUTHENTICATED`, 403
+    /// `PERMISSION_DENIED`, 404 `NOT_FOUND`, 429 `RESOURCE_EXHAUSTED`,
+    /// any other client error (400 among them) `INVALID_ARGUMENT`, 503
+    /// `UNAVAILABLE`, and the rest `INTERNAL`: a client's mistake is
+    /// never told as the server's.
     pub(super) fn of_status(status: StatusCode) -> Self {
         match status {
-            StatusCode::BAD_REQUEST => Code::InvalidArgument,
             StatusCode::UNAUTHORIZED => Code::Unauthenticated,
             StatusCode::FORBIDDEN => Code::PermissionDenied,
+            StatusCode::NOT_FOUND => Code::NotFound,
+            StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+            StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+            status if status.is_client_error() => Code::InvalidArgument,
             _ => Code::Internal,
         }
     }
@@ -46,6 +55,7 @@ impl Code {
     fn header(self) -> HeaderValue {
         HeaderValue::from_static(match self {
             Code::InvalidArgument => "3",
+            Code::NotFound => "5",
             Code::PermissionDenied => "7",
             Code::ResourceExhausted => "8",
             Code::Internal => "13",
@@ -64,12 +74,18 @@ pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-status", code.header());
-    // Our messages are printable ASCII without '%': valid unencoded.
-    if let Ok(message) = HeaderValue::from_str(message) {
+    // Percent-encoded, as gRPC's protocol asks: a message may be an
+    // application's own text (a missing key's cause), with any character.
+    let encoded = percent_encoding::utf8_percent_encode(message, MESSAGE_ESCAPED).to_string();
+    if let Ok(message) = HeaderValue::from_str(&encoded) {
         headers.insert("grpc-message", message);
     }
     response
 }
+
+/// What `grpc-message` escapes: every byte outside printable ASCII, and
+/// '%' itself (utf8_percent_encode escapes all non-ASCII bytes too).
+const MESSAGE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
 
 /// The limit a refusal ran into, as a `google.rpc.QuotaFailure` names it.
 pub(super) struct Violation<'a> {
@@ -205,6 +221,47 @@ fn varint(out: &mut Vec<u8>, mut value: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client's mistake is never told as the server's: every 4xx a
+    /// layer may answer a missing key with has a client's code (404, 422
+    /// and 429 were `INTERNAL`).
+    #[test]
+    fn client_errors_map_to_client_codes() {
+        let of = |status: u16| Code::of_status(StatusCode::from_u16(status).unwrap());
+        assert_eq!(of(400), Code::InvalidArgument);
+        assert_eq!(of(401), Code::Unauthenticated);
+        assert_eq!(of(403), Code::PermissionDenied);
+        assert_eq!(of(404), Code::NotFound);
+        assert_eq!(of(422), Code::InvalidArgument);
+        assert_eq!(of(429), Code::ResourceExhausted);
+        assert_eq!(of(500), Code::Internal);
+        assert_eq!(of(503), Code::Unavailable);
+        for status in 400..500 {
+            assert_ne!(of(status), Code::Internal, "{status}");
+        }
+    }
+
+    /// `grpc-message` is percent-encoded, as gRPC's protocol asks: an
+    /// application's text with '%' or beyond ASCII was written raw, or
+    /// dropped where it was no valid header value.
+    #[test]
+    fn the_message_is_percent_encoded() {
+        let response = response(Code::InvalidArgument, "send the é header: 100% required");
+        assert_eq!(
+            response.headers()["grpc-message"],
+            "send the %C3%A9 header: 100%25 required"
+        );
+        let plain = response_message("send the x-api-key header");
+        assert_eq!(plain, "send the x-api-key header");
+    }
+
+    fn response_message(message: &str) -> String {
+        let response = response(Code::InvalidArgument, message);
+        response.headers()["grpc-message"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
 
     #[test]
     fn pushback_rounds_up_to_whole_milliseconds() {
