@@ -152,3 +152,150 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
     }
     assert_eq!(admitted, 500, "one fresh allowance, and no more");
 }
+
+/// A store that holds the checks of one key at a gate while it is shut.
+#[derive(Clone)]
+struct GatedChecks {
+    inner: RedisStore,
+    key: Key,
+    open: watch::Receiver<bool>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Store for GatedChecks {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        if *key == self.key && !*self.open.borrow() {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let mut open = self.open.clone();
+            open.wait_for(|open| *open).await.unwrap();
+        }
+        self.inner.check(key, policy, cost).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        self.inner.settle(key, policy, settlement).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.block(key, policy, duration).await
+    }
+}
+
+/// A grant on its way when an operator resets another key is not kept
+/// (every invalidation ends the grants in flight), but its units go back:
+/// they were dropped, and the key kept them used until they aged out.
+/// Every unit of the key stays counted exactly: what Redis counts is what
+/// was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_on_its_way_at_a_reset_of_another_key_gives_its_units_back() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let prefix = unique_prefix("lease-grant-at-reset");
+    let redis = RedisStore::builder()
+        .prefix(&prefix)
+        .test_clock(clock.clone())
+        .deny_cache(0)
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let hot = Key::user("hot");
+    let (gate, open) = watch::channel(true);
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let gated = GatedChecks {
+        inner: redis.clone(),
+        key: hot.clone(),
+        open,
+        waiting: waiting.clone(),
+    };
+    let leased = LeasedStore::builder()
+        .interval(Duration::from_millis(8))
+        .share(4)
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(gated, url.as_str())
+        .await
+        .unwrap();
+    assert!(leased.is_listening());
+    // 600 a minute, no refill while the fake clock stands still.
+    let policy = Policy::new("grant-at-reset", Algorithm::TokenBucket, "600/min").unwrap();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        for _ in 0..10 {
+            assert!(leased.check(&hot, &policy, 1).await.unwrap().is_allowed());
+            admitted += 1;
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    leased.wait_for_grants().await;
+    let (leases, unspent) = leased.outstanding();
+    assert!(
+        leases >= 1 && unspent > 0,
+        "{leases} leases, {unspent} units"
+    );
+
+    // The key spends its lease until it asks for the next one ahead,
+    // which the gate holds.
+    gate.send(false).unwrap();
+    let grants = leased.calls().grants;
+    // A request that asks for the grant itself (its lease ran out before
+    // the one asked for ahead) is held with it, and ends after the gate.
+    let mut held = None;
+    for _ in 0..1_000 {
+        let request = tokio::spawn({
+            let (leased, hot, policy) = (leased.clone(), hot.clone(), policy.clone());
+            async move { leased.check(&hot, &policy, 1).await }
+        });
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !request.is_finished() && waiting.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("each request ends, or reaches the gate");
+        if request.is_finished() {
+            assert!(request.await.unwrap().unwrap().is_allowed());
+            admitted += 1;
+        } else {
+            held = Some(request);
+        }
+        if waiting.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+    }
+    assert!(
+        waiting.load(Ordering::SeqCst) > 0,
+        "the grant reaches the store"
+    );
+    assert_eq!(leased.calls().grants, grants + 1, "a grant asked for ahead");
+    // Meanwhile the operator resets another key.
+    leased.reset(&Key::user("other"), &policy).await.unwrap();
+    gate.send(true).unwrap();
+    if let Some(request) = held {
+        assert!(request.await.unwrap().unwrap().is_allowed());
+        admitted += 1;
+    }
+    leased.wait_for_grants().await;
+    leased.return_leases().await;
+    let status = redis.status(&hot, &policy).await.unwrap();
+    assert_eq!(
+        600 - status.remaining(),
+        admitted,
+        "Redis counts what was admitted"
+    );
+}

@@ -133,16 +133,22 @@ impl<S: Store> Shared<S> {
             // before it sweeps the shards, so a lease is either installed
             // before the sweep, which drops it, or sees the new generation.
             if !self.keeps(generation) {
-                // A reset or block may have wiped what the grant consumed:
-                // the units are dropped, not given back.
-                return Ok(Some(decision));
-            }
-            match shard.get_mut(&hash) {
-                // The configuration changed while the grant was on its
-                // way: dropped, as the table drops the old one's leases.
-                Some(entry) if entry.fingerprint != policy.fingerprint() => None,
-                Some(entry) if lease.expires > sent => install(entry, lease),
-                Some(_) | None => Some(lease),
+                // An invalidation came while the grant was on its way (of
+                // this key or another), or the instance stopped hearing of
+                // them: the lease is not kept, and its units go back. Of a
+                // key reset or blocked after the grant, the return lands
+                // behind the fence and changes nothing; any other key's
+                // units come back (they were lost: under-admission, for
+                // every grant in flight at every reset of any key).
+                Some(lease)
+            } else {
+                match shard.get_mut(&hash) {
+                    // The configuration changed while the grant was on its
+                    // way: dropped, as the table drops the old one's leases.
+                    Some(entry) if entry.fingerprint != policy.fingerprint() => None,
+                    Some(entry) if lease.expires > sent => install(entry, lease),
+                    Some(_) | None => Some(lease),
+                }
             }
         };
         drop(settled);
