@@ -32,6 +32,10 @@ pub(crate) struct DenyCache {
     /// connection failed, or Redis restarted since): they no longer answer
     /// for Redis, but still stand while it cannot answer.
     epoch: AtomicU64,
+    /// How many denials were removed (their keys reset or blocked): a
+    /// denial decided while one was removed may be of the state before
+    /// the reset, and is not taken in.
+    removals: AtomicU64,
 }
 
 struct Entry {
@@ -66,6 +70,7 @@ impl DenyCache {
             entries: Mutex::new(HashMap::new()),
             full_until: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            removals: AtomicU64::new(0),
         }
     }
 
@@ -114,17 +119,25 @@ impl DenyCache {
 
     /// Remembers `decision`, a denial of `cost` for a call sent at local
     /// time `sent_at` (µs).
+    ///
+    /// `removals` is what [`DenyCache::removals`] said when the decision
+    /// was sent: if a key was reset or blocked since, the decision may
+    /// predate it, and caching it would deny the reset key here until
+    /// the old denial ended.
     pub(crate) fn insert(
         &self,
         state_key: &str,
         policy: &Policy,
         cost: u64,
-        sent_at: u64,
+        (sent_at, removals): (u64, u64),
         decision: &Decision,
     ) {
         let Some(retry) = decision.retry_after() else {
             return;
         };
+        if self.removals.load(Ordering::Acquire) != removals {
+            return;
+        }
         if self.max_entries == 0 || cost == 0 {
             return;
         }
@@ -174,10 +187,17 @@ impl DenyCache {
     /// Drops the denial of `state_key`, whose state was reset: it no
     /// longer stands, not even while Redis cannot answer.
     pub(crate) fn remove(&self, state_key: &str) {
+        self.removals.fetch_add(1, Ordering::AcqRel);
         self.entries
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(state_key);
+    }
+
+    /// How many denials were removed so far: read when a decision is sent,
+    /// and passed to [`DenyCache::insert`] with it.
+    pub(crate) fn removals(&self) -> u64 {
+        self.removals.load(Ordering::Acquire)
     }
 
     fn epoch(&self) -> u64 {
@@ -243,6 +263,23 @@ mod tests {
         denied
     }
 
+    /// A denial decided while a key was reset (its reply on its way when
+    /// the reset removed the key's denial) is not taken in: it may be of
+    /// the state before the reset, and would deny the key here until it
+    /// ended. One decided after is.
+    #[test]
+    fn a_denial_sent_before_a_reset_is_not_cached_after_it() {
+        let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
+        let denied = denial(&policy);
+        let cache = DenyCache::new(10);
+        let sent = (10, cache.removals());
+        cache.remove("k");
+        cache.insert("k", &policy, 1, sent, &denied);
+        assert!(cache.lookup("k", &policy, 1, 20).is_none());
+        cache.insert("k", &policy, 1, (30, cache.removals()), &denied);
+        assert!(cache.lookup("k", &policy, 1, 40).is_some());
+    }
+
     /// A cache full of denials in force turns new keys away until the
     /// first of them ends, then takes one in its place; a key that leaves
     /// (reset) makes room at once.
@@ -255,29 +292,35 @@ mod tests {
         assert_eq!(retry, 3_600_000_000);
         let cache = DenyCache::new(3);
         for (i, sent_at) in [0, 10, 20].into_iter().enumerate() {
-            cache.insert(&format!("k{i}"), &policy, 1, sent_at, &denied);
+            cache.insert(
+                &format!("k{i}"),
+                &policy,
+                1,
+                (sent_at, cache.removals()),
+                &denied,
+            );
         }
         assert_eq!(cache.len(), 3);
         // Every denial in force: turned away, again and again.
         for sent_at in [30, 40, retry - 1] {
-            cache.insert("new", &policy, 1, sent_at, &denied);
+            cache.insert("new", &policy, 1, (sent_at, cache.removals()), &denied);
             assert!(cache.lookup("new", &policy, 1, sent_at).is_none());
         }
         // k0's denial ended at `retry`: its room goes to the new key.
-        cache.insert("new", &policy, 1, retry, &denied);
+        cache.insert("new", &policy, 1, (retry, cache.removals()), &denied);
         assert!(cache.lookup("new", &policy, 1, retry).is_some());
         assert_eq!(cache.len(), 3);
         // Full again until k1's denial ends; a reset of k2 makes room.
-        cache.insert("other", &policy, 1, retry + 1, &denied);
+        cache.insert("other", &policy, 1, (retry + 1, cache.removals()), &denied);
         assert!(cache.lookup("other", &policy, 1, retry + 1).is_none());
         cache.remove("k2");
-        cache.insert("other", &policy, 1, retry + 2, &denied);
+        cache.insert("other", &policy, 1, (retry + 2, cache.removals()), &denied);
         assert!(cache.lookup("other", &policy, 1, retry + 2).is_some());
         // Full again. A denial that ends sooner than every other, put in
         // k1's place (its key denied anew, as by a clock behind the
         // others): once it ends, its room is taken before k1's old end.
-        cache.insert("k1", &policy, 1, 0, &denied);
-        cache.insert("late", &policy, 1, retry + 3, &denied);
+        cache.insert("k1", &policy, 1, (0, cache.removals()), &denied);
+        cache.insert("late", &policy, 1, (retry + 3, cache.removals()), &denied);
         assert!(cache.lookup("late", &policy, 1, retry + 3).is_some());
     }
 }

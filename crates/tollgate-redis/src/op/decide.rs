@@ -50,6 +50,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &*self.inner;
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
+        let removals = inner.deny_cache.removals();
         if let Some(denied) = inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
             #[cfg(feature = "metrics")]
             inner.count_hit(policy.name());
@@ -64,7 +65,7 @@ impl<C: RedisConnection> RedisStore<C> {
             Ok(decision) => {
                 inner
                     .deny_cache
-                    .insert(&state_key, policy, cost, sent_at, &decision);
+                    .insert(&state_key, policy, cost, (sent_at, removals), &decision);
                 inner
                     .last_known
                     .record(&state_key, policy, &decision, sent_at);
