@@ -299,3 +299,62 @@ async fn a_grant_on_its_way_at_a_reset_of_another_key_gives_its_units_back() {
         "Redis counts what was admitted"
     );
 }
+
+/// A lease's unused part given back after it drained from the key's
+/// backlog gives nothing twice. The lease's units drained (a GCRA frees a
+/// unit each interval, spent or not); another instance then spent the
+/// whole burst; the lease's late return handed its units out again, at
+/// once, past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_given_back_after_it_drained_gives_nothing_twice() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let prefix = unique_prefix("lease-drained");
+    let redis = RedisStore::builder()
+        .prefix(&prefix)
+        .test_clock(clock.clone())
+        .deny_cache(0)
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let leased = LeasedStore::builder()
+        .interval(Duration::from_millis(8))
+        .share(4)
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(redis.clone(), url.as_str())
+        .await
+        .unwrap();
+    // A burst of 1,000, one unit back each millisecond.
+    let policy = Policy::new("drained", Algorithm::Gcra, "1000/s").unwrap();
+    let key = Key::user("ada");
+    for _ in 0..10 {
+        for _ in 0..10 {
+            assert!(leased.check(&key, &policy, 1).await.unwrap().is_allowed());
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    leased.wait_for_grants().await;
+    let (leases, unspent) = leased.outstanding();
+    assert!(
+        leases >= 1 && unspent > 0,
+        "{leases} leases, {unspent} units"
+    );
+    // Two seconds on, everything this instance took has drained; another
+    // instance spends the whole burst.
+    clock.advance(Duration::from_secs(2));
+    let mut spent = 0;
+    while redis.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        spent += 1;
+    }
+    assert_eq!(spent, 1_000);
+    leased.return_leases().await;
+    assert_eq!(leased.outstanding(), (0, 0));
+    let after = redis.check(&key, &policy, 1).await.unwrap();
+    assert!(
+        !after.is_allowed(),
+        "{unspent} units handed out again: {after:?}"
+    );
+}

@@ -20,8 +20,8 @@ const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 ///
 /// | algorithm | charge beyond the allowance | refund |
 /// |---|---|---|
-/// | GCRA, leaky bucket | the backlog grows past capacity: the next request waits until it drains | the backlog shrinks by what of the reservation can still be in it (its span less the time since it was reserved), never below empty |
-/// | token bucket | the bucket goes below empty: refills pay the debt first | tokens come back, as many as the reservation's span less the time since it was reserved allows, never above capacity |
+/// | GCRA, leaky bucket | the backlog grows past capacity: the next request waits until it drains | the backlog shrinks, never below empty |
+/// | token bucket | the bucket goes below empty: refills pay the debt first | tokens come back, never above capacity |
 /// | fixed window | the window counts past its limit and denies until it ends; the debt ends with the window | taken from the window the request was reserved in, if it is still the current one |
 /// | sliding window | the current window counts past its limit, which also weighs on the next window | taken from the window the request was reserved in, current or previous |
 /// | sliding log | an entry of the charged cost, now; it ages out after the period | taken from the newest entries since the reservation |
@@ -32,11 +32,6 @@ const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 /// a larger actual cost never leaves a key more remaining, or an earlier
 /// retry, than a smaller one: a request that cost `u64::MAX` leaves its
 /// key unable to admit anything for decades.
-///
-/// A rate-based refund is bounded by the time since the reservation: the
-/// backlog has drained since, and giving back the whole span later would
-/// hand out the drained part twice (the unused part of a quota lease,
-/// given back at its end after others filled the backlog anew, once did).
 ///
 /// **Resets and blocks fence refunds.** [`Store::reset`](crate::Store::reset)
 /// and [`Store::block`](crate::Store::block) forget the key's state, and

@@ -118,21 +118,12 @@ pub(crate) fn charged(p: &LimitParams, at: u64, now: u64, n: u64) -> u64 {
     grown.min(now.saturating_add(MAX_SPAN_US)).max(at)
 }
 
-/// A backlog that clears at `at`, less what of a refund of `n` units
-/// reserved at `since` can still be in it, never below empty.
-///
-/// Those units joined the backlog no earlier than `since`, and it has
-/// drained since, so at most their span less the time since is left of
-/// them: a refund gives back no more, however late it comes. (The whole
-/// span, given back after it drained, would be quota handed out twice:
-/// a lease's units returned at its end, after other requests had filled
-/// the backlog anew.)
-pub(crate) fn refunded(p: &LimitParams, at: u64, now: u64, n: u64, since: u64) -> u64 {
+/// A backlog that clears at `at`, `n` units smaller, never below empty.
+pub(crate) fn refunded(p: &LimitParams, at: u64, now: u64, n: u64) -> u64 {
     if at <= now {
         return at;
     }
-    let unspent = backlog(p, n).saturating_sub(now.saturating_sub(since));
-    at.saturating_sub(unspent).max(now)
+    at.saturating_sub(backlog(p, n)).max(now)
 }
 
 /// `(remaining, backlog)` of a limit whose state is the time `at` its

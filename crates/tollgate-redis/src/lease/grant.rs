@@ -132,7 +132,11 @@ impl<S: Store> Shared<S> {
             // Under the shard's lock: an invalidation bumps the generation
             // before it sweeps the shards, so a lease is either installed
             // before the sweep, which drops it, or sees the new generation.
-            if !self.keeps(generation) {
+            match shard.get_mut(&hash) {
+                // The configuration changed while the grant was on its way:
+                // dropped, as the table drops the old one's leases (a
+                // return under the old one would undo the new one's count).
+                Some(entry) if entry.fingerprint != policy.fingerprint() => None,
                 // An invalidation came while the grant was on its way (of
                 // this key or another), or the instance stopped hearing of
                 // them: the lease is not kept, and its units go back. Of a
@@ -140,15 +144,9 @@ impl<S: Store> Shared<S> {
                 // behind the fence and changes nothing; any other key's
                 // units come back (they were lost: under-admission, for
                 // every grant in flight at every reset of any key).
-                Some(lease)
-            } else {
-                match shard.get_mut(&hash) {
-                    // The configuration changed while the grant was on its
-                    // way: dropped, as the table drops the old one's leases.
-                    Some(entry) if entry.fingerprint != policy.fingerprint() => None,
-                    Some(entry) if lease.expires > sent => install(entry, lease),
-                    Some(_) | None => Some(lease),
-                }
+                Some(_) | None if !self.keeps(generation) => Some(lease),
+                Some(entry) if lease.expires > sent => install(entry, lease),
+                Some(_) | None => Some(lease),
             }
         };
         drop(settled);

@@ -301,7 +301,7 @@ impl<S: Store> Shared<S> {
 
     async fn give_back(&self, ended: Vec<Lease>) {
         for lease in ended {
-            if let Some(settlement) = lease.unused() {
+            if let Some(settlement) = lease.unused(self.now()) {
                 self.calls.returns.fetch_add(1, Ordering::Relaxed);
                 self.metrics.count(Call::Return, lease.policy.name());
                 // A return that fails leaves the units used until the

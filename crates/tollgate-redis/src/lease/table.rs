@@ -77,10 +77,28 @@ impl Lease {
             .min(cap)
     }
 
-    /// What to give back to the store: the unused part, as a settlement.
-    pub(crate) fn unused(&self) -> Option<tollgate_core::Settlement> {
-        (self.left > 0).then(|| {
-            tollgate_core::Settlement::new(self.granted, self.granted - self.left, self.base.now())
+    /// What to give back to the store at local time `now` (µs): the
+    /// unused part, as a settlement. Of a rate-based limit, no more than
+    /// can still be in the key's backlog: the grant's units drain from it
+    /// from the grant on, its unused ones last (after the spent ones), and
+    /// what drained is gone. Given back whole after that, they were handed
+    /// out again, at once, to whoever had filled the backlog since.
+    pub(crate) fn unused(&self, now: u64) -> Option<tollgate_core::Settlement> {
+        let mut left = self.left;
+        if self.policy.algorithm().has_burst() {
+            let elapsed = Duration::from_micros(now.saturating_sub(self.sent));
+            for status in self.base.limits() {
+                // The emission interval, rounded up: never more units than
+                // the backlog's time holds.
+                let limit = status.limit();
+                let interval = limit.period_micros().div_ceil(limit.count().max(1)).max(1);
+                let draining = status.reset().saturating_sub(elapsed).as_micros();
+                let still = draining / u128::from(interval);
+                left = left.min(u64::try_from(still).unwrap_or(u64::MAX));
+            }
+        }
+        (left > 0).then(|| {
+            tollgate_core::Settlement::new(self.granted, self.granted - left, self.base.now())
         })
     }
 }

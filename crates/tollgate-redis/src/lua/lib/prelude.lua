@@ -42,12 +42,6 @@ if now <= 0 then
   local t = redis.call('TIME')
   now = num(t[1]) * 1000000 + num(t[2])
 end
--- What of a refund of n intervals of `interval` µs, reserved at `since`,
--- can still be in a backlog: its span less the time since (as
--- tollgate-core's rule::refunded).
-local function unspent(n, interval, since)
-  return max(span(n, interval) - max(now - since, 0), 0)
-end
 -- A backlog that clears at `at`, charged n intervals of `interval` µs
 -- more (Store::settle): it grows from now if it had cleared, and
 -- saturates at MAX_SPAN from now, never below `at` (as tollgate-core's

@@ -201,18 +201,11 @@ for i = 1, n do
       held = old
       if carried then write = old end
     elseif step < 0 then
-      -- A refund gives back at most what of the reservation can still be
-      -- in the backlog: its span less the time since it was reserved, and
-      -- never below now (as tollgate-core's rule::refunded).
-      local aged = now - (slack - MAX_SPAN)
-      if aged < 0 then aged = 0 end
-      local back = -step - aged
-      if back > 0 then
-        write = old - back
-        if write < now then write = now end
-      elseif carried then
-        write = old
-      end
+      -- A refund: the backlog shrinks, never below now (as tollgate-core's
+      -- rule::refunded; a time before now would be below 0 under a test
+      -- clock before 2005).
+      write = old + step
+      if write < now then write = now end
     elseif step ~= 0 and old - now <= slack then
       -- A charge saturates: with a slack of 2^50 it always gets here, and
       -- old + step may reach beyond now + 2^50, so it stops there (never
