@@ -246,7 +246,8 @@ pub enum OverrideError {
 /// Why a store could not reach a decision.
 ///
 /// A store error never means "allowed": the caller applies its failure
-/// policy instead.
+/// policy instead, except to [`Overloaded`](StoreError::Overloaded), the
+/// app's own load, which it refuses.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

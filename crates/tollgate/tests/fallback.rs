@@ -99,3 +99,33 @@ async fn a_second_failure_carries_what_the_store_counted_since_the_first() {
     }
     assert_eq!(admitted, 10);
 }
+
+/// `RateLimiter::settle` returns a failed settlement as its error, as
+/// documented, and leaves the reservation: it was charged to the local
+/// fallback and returned as a decision, and the shared store never saw
+/// the charge.
+#[tokio::test]
+async fn a_limiters_failed_settlement_is_its_error() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
+    let memory = || MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let shared = Flaky {
+        inner: memory(),
+        failing: Arc::default(),
+    };
+    let local = memory();
+    let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/min").unwrap();
+    let limiter = tollgate::RateLimiter::with_store(policy.clone(), shared.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(local.clone());
+    let key = Key::user("acme");
+    let reservation = limiter.check_n(&key, 300).await.unwrap();
+    shared.failing.store(true, Ordering::SeqCst);
+    let settled = limiter.settle(&key, &reservation, 300, 900).await;
+    assert!(
+        matches!(settled, Err(StoreError::Timeout(_))),
+        "{settled:?}"
+    );
+    assert!(local.is_empty(), "the local fallback took no charge");
+    let status = shared.inner.check_sync(&key, &policy, 0).unwrap();
+    assert_eq!(status.remaining(), 700, "the reservation stands");
+}

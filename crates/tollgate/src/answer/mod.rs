@@ -9,7 +9,7 @@
 //! | cost exceeds capacity | the same, without `Retry-After` | `RESOURCE_EXHAUSTED`, pushback -1, the `QuotaFailure` |
 //! | store unavailable | 503, `Retry-After: 1` | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
 //! | in-flight limit full | 429, `Retry-After: 1`, `x-concurrency-limit` | `RESOURCE_EXHAUSTED`, pushback 1000, `RetryInfo` of 1 s, a `QuotaFailure` naming the limit, `retry-after: 1`, `x-concurrency-limit` |
-//! | no key | 400, 401, 500 or the layer's status | the code nearest the status: `INVALID_ARGUMENT` (any client error without a code of its own), `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`, `RESOURCE_EXHAUSTED`, or `INTERNAL` for the server's doing |
+//! | no key | 400, 401, 500 or the layer's status | the code nearest the status: `INVALID_ARGUMENT` (any client error without a code of its own), `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`, `RESOURCE_EXHAUSTED`, `UNAVAILABLE` for a 503, or `INTERNAL` for the server's doing |
 //! | over capacity (adaptive limit) | 503, `Retry-After: 1`, problem+json naming the limit and the request's class | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
 //!
 //! This file decides what each refusal says and picks the protocol;

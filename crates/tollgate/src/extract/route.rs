@@ -10,9 +10,10 @@ use super::{KeyExtractor, MissingCause};
 /// The request's method and matched route template (axum's
 /// [`MatchedPath`](axum::extract::MatchedPath), such as `/users/{id}`), for
 /// keys per route. Only the template is used, never the raw path, so
-/// clients cannot mint new keys; for the same reason `HEAD`, which axum
-/// answers with the `GET` handler, counts as `GET`, and every method
-/// outside HTTP's standard ones shares one key per route. Requests outside
+/// clients cannot mint new keys; for the same reason `HEAD` counts as
+/// `GET` (axum answers it with the `GET` handler where the route has no
+/// `HEAD` handler of its own; either way the two share a key), and every
+/// method outside HTTP's standard ones shares one key per route. Requests outside
 /// a matched route have no key; apply it with `Router::route_layer`.
 ///
 /// ```

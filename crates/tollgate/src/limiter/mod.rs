@@ -18,7 +18,7 @@ use tollgate_core::{
 };
 
 use crate::answer::headers::HeaderStyle;
-use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, let_through};
+use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, Reserved, let_through};
 use crate::macros::failure_setters;
 use crate::report::{Telemetry, Verdict};
 use jitter::Draws;
@@ -424,7 +424,10 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// As [`RateLimiter::check`], except that no failure mode turns a
     /// failed settlement into a decision: the caller decides whether to
-    /// retry it.
+    /// retry it. The settlement goes to the store alone (under
+    /// [`FailureMode::Local`](crate::FailureMode::Local), a reservation
+    /// the local fallback made cannot be told apart here: it is settled
+    /// in the store too).
     pub async fn settle(
         &self,
         key: &Key,
@@ -435,7 +438,10 @@ impl<St: Store> RateLimiter<St> {
         let settlement = Settlement::of(reservation, reserved, actual);
         let own = own_limits(self.overrides.as_deref(), key, &self.policy);
         let policy = own.as_ref().unwrap_or(&self.policy);
-        self.store.settle(key, policy, settlement).await
+        let store = &self.store;
+        store
+            .settle_reserved(Reserved::InStore, key, policy, settlement)
+            .await
     }
 
     /// Blocks `key` for `duration` under every policy of the limiter's
