@@ -224,7 +224,18 @@ impl Telemetry {
         let policy = &*self.policy;
         let mode = mode.map_or("returned", FailureMode::as_str);
         self.count_store_error(error);
-        if let Some(suppressed) = self.throttle.may_log(Instant::now()) {
+        let Some(suppressed) = self.throttle.may_log(Instant::now()) else {
+            return;
+        };
+        if error.is_own_load() {
+            // No failure mode applies: the app's own load is refused.
+            tracing::warn!(
+                error = error as &dyn std::error::Error,
+                policy,
+                suppressed,
+                "rate-limit store overloaded by this app; refused"
+            );
+        } else {
             tracing::warn!(
                 error = error as &dyn std::error::Error,
                 policy,
