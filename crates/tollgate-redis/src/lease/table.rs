@@ -78,14 +78,18 @@ impl Lease {
     }
 
     /// What to give back to the store at local time `now` (µs): the
-    /// unused part, as a settlement. Of a rate-based limit, no more than
-    /// can still be in the key's backlog: the grant's units drain from it
-    /// from the grant on, its unused ones last (after the spent ones), and
-    /// what drained is gone. Given back whole after that, they were handed
-    /// out again, at once, to whoever had filled the backlog since.
+    /// unused part, as a settlement. Of a single rate-based limit, no more
+    /// than can still be in the key's backlog: the grant's units drain
+    /// from it from the grant on, its unused ones last (after the spent
+    /// ones), and what drained is gone. Given back whole after that, they
+    /// were handed out again, at once, to whoever had filled the backlog
+    /// since. (A settlement gives the same units back to every limit of a
+    /// policy, and its limits drain at different rates: bounded by the
+    /// fastest, a return would keep back what the slower ones still hold,
+    /// so a policy of several limits gives its unused part back whole.)
     pub(crate) fn unused(&self, now: u64) -> Option<tollgate_core::Settlement> {
         let mut left = self.left;
-        if self.policy.algorithm().has_burst() {
+        if self.policy.algorithm().has_burst() && self.base.limits().len() == 1 {
             let elapsed = Duration::from_micros(now.saturating_sub(self.sent));
             for status in self.base.limits() {
                 // The emission interval, rounded up: never more units than
