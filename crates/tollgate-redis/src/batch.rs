@@ -373,6 +373,39 @@ mod tests {
         }
     }
 
+    /// Every place of `inner` taken by a request of `policy`.
+    fn every_place<S: WordCalls>(inner: &Arc<S>, policy: &Policy) -> Vec<Place<S>> {
+        let kind = Form::word_of(policy).unwrap();
+        (0..IN_FLIGHT)
+            .map(|_| match enter(inner, kind, request(policy)) {
+                Turn::Now(place) => place,
+                Turn::Queued(..) | Turn::Full => panic!("a place is free"),
+            })
+            .collect()
+    }
+
+    /// A request of `policy` queued in `inner`, whose places are taken.
+    fn queue<S: WordCalls>(
+        inner: &Arc<S>,
+        policy: &Policy,
+    ) -> (oneshot::Receiver<Result<Word, RedisStoreError>>, u64) {
+        let kind = Form::word_of(policy).unwrap();
+        match enter(inner, kind, request(policy)) {
+            Turn::Queued(reply, seq) => (reply, seq),
+            Turn::Now(_) | Turn::Full => panic!("every place is taken"),
+        }
+    }
+
+    fn request(policy: &Policy) -> Request<'_> {
+        Request {
+            key: "k",
+            period: 0,
+            step: 1,
+            slack: 0,
+            policy,
+        }
+    }
+
     /// A queued request taken into a call waits for that call's outcome,
     /// past its own deadline: Redis may decide it. It gave up at its
     /// deadline, and its caller's failure policy decided it again.
@@ -380,24 +413,8 @@ mod tests {
     async fn a_request_taken_into_a_call_waits_for_it_past_its_deadline() {
         let slow = Arc::new(Slow(Batcher::new(64)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
-        let kind = Form::word_of(&policy).unwrap();
-        let request = Request {
-            key: "k",
-            period: 0,
-            step: 1,
-            slack: 0,
-            policy: &policy,
-        };
-        let mut places: Vec<Place<Slow>> = (0..IN_FLIGHT)
-            .map(|_| match enter(&slow, kind, request) {
-                Turn::Now(place) => place,
-                Turn::Queued(..) | Turn::Full => panic!("a place is free"),
-            })
-            .collect();
-        let (reply, seq) = match enter(&slow, kind, request) {
-            Turn::Queued(reply, seq) => (reply, seq),
-            Turn::Now(_) | Turn::Full => panic!("every place is taken"),
-        };
+        let mut places = every_place(&slow, &policy);
+        let (reply, seq) = queue(&slow, &policy);
         let start = tokio::time::Instant::now();
         let deadline = Duration::from_millis(50);
         let waiting = {
@@ -419,24 +436,8 @@ mod tests {
     async fn a_request_still_queued_at_its_deadline_gives_up_and_leaves_the_queue() {
         let stuck = Arc::new(Stuck(Batcher::new(64)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
-        let kind = Form::word_of(&policy).unwrap();
-        let request = Request {
-            key: "k",
-            period: 0,
-            step: 1,
-            slack: 0,
-            policy: &policy,
-        };
-        let _places: Vec<Place<Stuck>> = (0..IN_FLIGHT)
-            .map(|_| match enter(&stuck, kind, request) {
-                Turn::Now(place) => place,
-                Turn::Queued(..) | Turn::Full => panic!("a place is free"),
-            })
-            .collect();
-        let (reply, seq) = match enter(&stuck, kind, request) {
-            Turn::Queued(reply, seq) => (reply, seq),
-            Turn::Now(_) | Turn::Full => panic!("every place is taken"),
-        };
+        let _places = every_place(&stuck, &policy);
+        let (reply, seq) = queue(&stuck, &policy);
         let deadline = Duration::from_millis(50);
         let waited = wait(&stuck.0, deadline, reply, seq).await;
         assert!(
@@ -452,25 +453,8 @@ mod tests {
         let stuck = Arc::new(Stuck(Batcher::new(1)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let kind = Form::word_of(&policy).unwrap();
-        let request = Request {
-            key: "k",
-            period: 0,
-            step: 1,
-            slack: 0,
-            policy: &policy,
-        };
-        let places: Vec<Place<Stuck>> = (0..IN_FLIGHT)
-            .map(|_| match enter(&stuck, kind, request) {
-                Turn::Now(place) => place,
-                Turn::Queued(..) | Turn::Full => panic!("a place is free"),
-            })
-            .collect();
-        let mut queued: Vec<_> = (0..5)
-            .map(|_| match enter(&stuck, kind, request) {
-                Turn::Queued(reply, _) => reply,
-                Turn::Now(_) | Turn::Full => panic!("every place is taken"),
-            })
-            .collect();
+        let places = every_place(&stuck, &policy);
+        let mut queued: Vec<_> = (0..5).map(|_| queue(&stuck, &policy).0).collect();
 
         // A place is given up in a runtime shutting down: it and the first
         // batch queued behind it go to a task that never runs. Dropped
@@ -498,7 +482,10 @@ mod tests {
             );
         }
         // The place is free again.
-        assert!(matches!(enter(&stuck, kind, request), Turn::Now(_)));
+        assert!(matches!(
+            enter(&stuck, kind, request(&policy)),
+            Turn::Now(_)
+        ));
         drop(places);
     }
 }
