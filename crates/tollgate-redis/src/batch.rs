@@ -34,6 +34,7 @@ use std::time::Duration;
 use std::future::Future;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tollgate_core::Policy;
 
 use crate::error::RedisStoreError;
@@ -76,6 +77,11 @@ pub(crate) struct Queued {
     reply: oneshot::Sender<Result<Word, RedisStoreError>>,
     /// Its place in the order of the queue, from 1.
     seq: u64,
+    /// When it queued, and how many calls of the queue had been answered
+    /// then: a request that waited a deadline with no call answered is
+    /// not taken into a call (see [`take`]).
+    queued: Instant,
+    seen: u64,
 }
 
 impl Queued {
@@ -105,11 +111,12 @@ pub(crate) struct Batchers {
 }
 
 impl Batchers {
-    /// Batchers of at most `max_keys` requests per call.
-    pub(crate) fn new(max_keys: usize) -> Self {
+    /// Batchers of at most `max_keys` requests per call, of a store whose
+    /// calls have `deadline`.
+    pub(crate) fn new(max_keys: usize, deadline: Duration) -> Self {
         Self {
-            tat: Batcher::new(max_keys),
-            window_word: Batcher::new(max_keys),
+            tat: Batcher::new(max_keys, deadline),
+            window_word: Batcher::new(max_keys, deadline),
         }
     }
 
@@ -125,6 +132,8 @@ impl Batchers {
 /// The queue of one store.
 pub(crate) struct Batcher {
     max_keys: usize,
+    /// The store's deadline.
+    deadline: Duration,
     queue: Mutex<Queue>,
     /// Calls of this batcher's kind that came back with Redis's reply.
     answered: AtomicU64,
@@ -167,10 +176,12 @@ impl<S: WordCalls> Drop for Place<S> {
 }
 
 impl Batcher {
-    /// A batcher of at most `max_keys` requests per call.
-    pub(crate) fn new(max_keys: usize) -> Self {
+    /// A batcher of at most `max_keys` requests per call, of a store
+    /// whose calls have `deadline`.
+    pub(crate) fn new(max_keys: usize, deadline: Duration) -> Self {
         Self {
             max_keys,
+            deadline,
             queue: Mutex::default(),
             answered: AtomicU64::new(0),
         }
@@ -209,6 +220,8 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
         policy: request.policy.clone(),
         reply,
         seq,
+        queued: Instant::now(),
+        seen: batcher.answered.load(Ordering::Relaxed),
     });
     Turn::Queued(receiver, seq)
 }
@@ -220,14 +233,17 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
 /// waits on. When it gives up, its caller stops waiting, so it is left out
 /// of the next call, never sent late. Once taken into a call it no longer
 /// gives up: that call's outcome is its own (Redis may have decided it),
-/// and the call ends within the store's ceiling.
+/// and the call ends within the store's ceiling. A call is sent only with
+/// requests that have not yet waited a deadline unanswered (see
+/// [`take`]), so while Redis answers nothing a request ends within a
+/// deadline and a ceiling of its queueing.
 pub(crate) async fn wait(
     batcher: &Batcher,
-    deadline: Duration,
     mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
     seq: u64,
 ) -> Result<Word, RedisStoreError> {
-    let queued = tokio::time::Instant::now();
+    let deadline = batcher.deadline;
+    let queued = Instant::now();
     let dropped = || RedisStoreError::Protocol("the batch of this request was dropped".into());
     loop {
         let seen = batcher.answered.load(Ordering::Relaxed);
@@ -285,9 +301,28 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
 
 /// The next batch from the queue, leaving out requests nobody waits for;
 /// an empty batch gives the place back.
+///
+/// A request that has waited a deadline in which no call of the queue was
+/// answered gives up here with [`RedisStoreError::Deadline`], as it would
+/// at its own deadline (see [`wait`]), rather than wait a whole call more:
+/// Redis is late, and the call it would join has a deadline of its own.
+/// Its own timer may not have fired yet, or fired late and waits on (our
+/// runtime was late); it is never taken into a call past its deadline
+/// unless the queue moved meanwhile.
 fn take(batcher: &Batcher) -> Vec<Queued> {
     let mut queue = batcher.queue();
-    queue.waiting.retain(|q| !q.reply.is_closed());
+    let now = Instant::now();
+    let answered = batcher.answered.load(Ordering::Relaxed);
+    let deadline = batcher.deadline;
+    let unanswered =
+        |q: &Queued| q.seen == answered && now.saturating_duration_since(q.queued) >= deadline;
+    for gone in queue
+        .waiting
+        .extract_if(.., |q| q.reply.is_closed() || unanswered(q))
+    {
+        let waited = now.saturating_duration_since(gone.queued);
+        let _ = gone.reply.send(Err(RedisStoreError::Deadline(waited)));
+    }
     let n = queue.waiting.len().min(batcher.max_keys);
     let batch: Vec<Queued> = queue.waiting.drain(..n).collect();
     if batch.is_empty() {
@@ -339,6 +374,9 @@ mod tests {
 
     use super::*;
     use crate::op::form::Form;
+
+    /// The deadline of the test batchers' store.
+    const DEADLINE: Duration = Duration::from_millis(50);
 
     /// A batcher whose calls never come back.
     struct Stuck(Batcher);
@@ -411,15 +449,14 @@ mod tests {
     /// deadline, and its caller's failure policy decided it again.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_request_taken_into_a_call_waits_for_it_past_its_deadline() {
-        let slow = Arc::new(Slow(Batcher::new(64)));
+        let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let mut places = every_place(&slow, &policy);
         let (reply, seq) = queue(&slow, &policy);
-        let start = tokio::time::Instant::now();
-        let deadline = Duration::from_millis(50);
+        let start = Instant::now();
         let waiting = {
             let slow = slow.clone();
-            tokio::spawn(async move { wait(&slow.0, deadline, reply, seq).await })
+            tokio::spawn(async move { wait(&slow.0, reply, seq).await })
         };
         // At 10 ms the call ahead fails (its place is given up unanswered):
         // the queued request is sent, and its call answers at 55 ms.
@@ -434,12 +471,11 @@ mod tests {
     /// leaves the queue: it is never sent late.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_request_still_queued_at_its_deadline_gives_up_and_leaves_the_queue() {
-        let stuck = Arc::new(Stuck(Batcher::new(64)));
+        let stuck = Arc::new(Stuck(Batcher::new(64, DEADLINE)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let _places = every_place(&stuck, &policy);
         let (reply, seq) = queue(&stuck, &policy);
-        let deadline = Duration::from_millis(50);
-        let waited = wait(&stuck.0, deadline, reply, seq).await;
+        let waited = wait(&stuck.0, reply, seq).await;
         assert!(
             matches!(waited, Err(RedisStoreError::Deadline(_))),
             "{waited:?}"
@@ -447,10 +483,38 @@ mod tests {
         assert!(stuck.0.queue().waiting.is_empty());
     }
 
+    /// A queued request that waited a deadline in which no call was
+    /// answered is not taken into the next call when the call ahead fails:
+    /// it gives up, rather than wait a whole call more (it was taken, and
+    /// waited up to a ceiling in the queue and another in the call). One
+    /// that waited as long while a call was answered is taken: the queue
+    /// was moving.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_request_that_waited_a_deadline_unanswered_is_not_taken() {
+        let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
+        let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+        let mut places = every_place(&slow, &policy);
+        let (mut moving, _) = queue(&slow, &policy);
+        tokio::time::advance(Duration::from_millis(30)).await;
+        places[0].answered();
+        let (mut stale, _) = queue(&slow, &policy);
+        // Their own timers are not polled here: only the call's return
+        // judges them.
+        tokio::time::advance(Duration::from_millis(60)).await;
+        drop(places.pop());
+        let gave_up = stale.try_recv();
+        assert!(
+            matches!(gave_up, Ok(Err(RedisStoreError::Deadline(waited))) if waited == Duration::from_millis(60)),
+            "{gave_up:?}"
+        );
+        assert_eq!((&mut moving).await.unwrap().unwrap(), (7, 0));
+        assert!(slow.0.queue().waiting.is_empty());
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_place_handed_to_a_task_that_never_runs_is_given_back() {
         // One request per call: each queued request is a batch of its own.
-        let stuck = Arc::new(Stuck(Batcher::new(1)));
+        let stuck = Arc::new(Stuck(Batcher::new(1, DEADLINE)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let kind = Form::word_of(&policy).unwrap();
         let places = every_place(&stuck, &policy);

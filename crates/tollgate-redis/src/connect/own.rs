@@ -104,7 +104,7 @@ impl RedisStoreBuilder {
                 names,
                 deadline: self.deadline,
                 batchers: (self.batch_size > 1 && connection_is_one_server)
-                    .then(|| Batchers::new(self.batch_size)),
+                    .then(|| Batchers::new(self.batch_size, self.deadline)),
                 breakers,
                 deny_cache: DenyCache::new(self.deny_cache),
                 last_known: LastKnown::new(self.deny_cache),

@@ -133,7 +133,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let (now, word) = match batch::enter(inner, form, request) {
             Turn::Full => return Err(RedisStoreError::QueueFull),
             Turn::Queued(reply, seq) => match inner.batcher(form) {
-                Some(batcher) => batch::wait(batcher, inner.deadline, reply, seq).await?,
+                Some(batcher) => batch::wait(batcher, reply, seq).await?,
                 None => {
                     return Err(RedisStoreError::Protocol(
                         "a queued request of a kind the store does not batch".into(),
