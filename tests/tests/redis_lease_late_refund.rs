@@ -14,18 +14,41 @@ use tollgate::{
 use tollgate_redis::{LeasedStore, RedisStore};
 use tollgate_tests::{require_redis, unique_prefix};
 
-/// A store that holds every settlement at a gate until it opens, and
-/// keeps what the settlements answered.
+/// What a [`Gated`] store holds at its gate.
+#[derive(Clone)]
+enum Gate {
+    /// Every settlement, until the gate opens; it keeps what they answered.
+    Settlements(Arc<Mutex<Vec<Result<Decision, String>>>>),
+    /// The checks of one key, while the gate is shut.
+    ChecksOf(Key),
+}
+
+/// A Redis store that holds some requests at a gate, and counts those
+/// that waited there.
 #[derive(Clone)]
 struct Gated {
     inner: RedisStore,
+    gate: Gate,
     open: watch::Receiver<bool>,
     waiting: Arc<AtomicUsize>,
-    settled: Arc<Mutex<Vec<Result<Decision, String>>>>,
+}
+
+impl Gated {
+    async fn wait_for_the_gate(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.clone();
+        open.wait_for(|open| *open).await.unwrap();
+    }
 }
 
 impl Store for Gated {
     async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        match &self.gate {
+            Gate::ChecksOf(gated) if gated == key && !*self.open.borrow() => {
+                self.wait_for_the_gate().await;
+            }
+            Gate::ChecksOf(_) | Gate::Settlements(_) => {}
+        }
         self.inner.check(key, policy, cost).await
     }
 
@@ -35,16 +58,19 @@ impl Store for Gated {
         policy: &Policy,
         settlement: Settlement,
     ) -> Result<Decision, StoreError> {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let mut open = self.open.clone();
-        open.wait_for(|open| *open).await.unwrap();
-        let settled = self.inner.settle(key, policy, settlement).await;
-        let kept = settled
-            .as_ref()
-            .map(Clone::clone)
-            .map_err(ToString::to_string);
-        self.settled.lock().unwrap().push(kept);
-        settled
+        match &self.gate {
+            Gate::Settlements(answers) => {
+                self.wait_for_the_gate().await;
+                let settled = self.inner.settle(key, policy, settlement).await;
+                let kept = settled
+                    .as_ref()
+                    .map(Clone::clone)
+                    .map_err(ToString::to_string);
+                answers.lock().unwrap().push(kept);
+                settled
+            }
+            Gate::ChecksOf(_) => self.inner.settle(key, policy, settlement).await,
+        }
     }
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
@@ -80,9 +106,9 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
     let settled = Arc::new(Mutex::new(Vec::new()));
     let gated = Gated {
         inner: redis.clone(),
+        gate: Gate::Settlements(settled.clone()),
         open,
         waiting: waiting.clone(),
-        settled: settled.clone(),
     };
     let leased = LeasedStore::builder()
         .interval(Duration::from_millis(8))
@@ -153,48 +179,6 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
     assert_eq!(admitted, 500, "one fresh allowance, and no more");
 }
 
-/// A store that holds the checks of one key at a gate while it is shut.
-#[derive(Clone)]
-struct GatedChecks {
-    inner: RedisStore,
-    key: Key,
-    open: watch::Receiver<bool>,
-    waiting: Arc<AtomicUsize>,
-}
-
-impl Store for GatedChecks {
-    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        if *key == self.key && !*self.open.borrow() {
-            self.waiting.fetch_add(1, Ordering::SeqCst);
-            let mut open = self.open.clone();
-            open.wait_for(|open| *open).await.unwrap();
-        }
-        self.inner.check(key, policy, cost).await
-    }
-
-    async fn settle(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        settlement: Settlement,
-    ) -> Result<Decision, StoreError> {
-        self.inner.settle(key, policy, settlement).await
-    }
-
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.inner.reset(key, policy).await
-    }
-
-    async fn block(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.block(key, policy, duration).await
-    }
-}
-
 /// A grant on its way when an operator resets another key is not kept
 /// (every invalidation ends the grants in flight), but its units go back:
 /// they were dropped, and the key kept them used until they aged out.
@@ -217,9 +201,9 @@ async fn a_grant_on_its_way_at_a_reset_of_another_key_gives_its_units_back() {
     let hot = Key::user("hot");
     let (gate, open) = watch::channel(true);
     let waiting = Arc::new(AtomicUsize::new(0));
-    let gated = GatedChecks {
+    let gated = Gated {
         inner: redis.clone(),
-        key: hot.clone(),
+        gate: Gate::ChecksOf(hot.clone()),
         open,
         waiting: waiting.clone(),
     };

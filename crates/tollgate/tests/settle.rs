@@ -3,9 +3,10 @@
 //! reservations that never overshoot.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+#[path = "support/flaky.rs"]
+mod flaky;
+
+use std::sync::atomic::Ordering;
 
 use axum::Extension;
 use axum::Router;
@@ -13,10 +14,12 @@ use axum::body::Body;
 use axum::routing::post;
 use http::{Request, Response, StatusCode, Uri};
 use tollgate::{
-    ActualCost, Algorithm, Decision, FailureMode, FakeClock, GlobalKey, Key, MemoryStore, Policy,
-    RateLimitLayer, Settle, Settlement, Store, StoreError, Timestamp,
+    ActualCost, Algorithm, FailureMode, FakeClock, GlobalKey, Key, MemoryStore, Policy,
+    RateLimitLayer, Settle, Store, Timestamp,
 };
 use tower::ServiceExt;
+
+use flaky::Flaky;
 
 /// 10:00:40 UTC on 2023-11-14; a whole minute.
 const T0: u64 = 1_700_000_040;
@@ -189,62 +192,6 @@ async fn concurrent_reservations_never_overshoot() {
     assert_eq!(status.remaining(), 90);
 }
 
-/// A memory store whose checks or settlements fail while told to: the
-/// shared store of an app whose Redis fails for a moment.
-#[derive(Clone)]
-struct Flaky {
-    inner: MemoryStore,
-    fail_check: Arc<AtomicBool>,
-    fail_settle: Arc<AtomicBool>,
-}
-
-impl Flaky {
-    fn new() -> Self {
-        Self {
-            inner: store(),
-            fail_check: Arc::default(),
-            fail_settle: Arc::default(),
-        }
-    }
-
-    fn failing(flag: &AtomicBool) -> Result<(), StoreError> {
-        match flag.load(Ordering::SeqCst) {
-            true => Err(StoreError::Timeout(Duration::from_millis(50))),
-            false => Ok(()),
-        }
-    }
-}
-
-impl Store for Flaky {
-    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        Self::failing(&self.fail_check)?;
-        self.inner.check(key, policy, cost).await
-    }
-
-    async fn settle(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        settlement: Settlement,
-    ) -> Result<Decision, StoreError> {
-        Self::failing(&self.fail_settle)?;
-        self.inner.settle(key, policy, settlement).await
-    }
-
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.inner.reset(key, policy).await
-    }
-
-    async fn block(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.block(key, policy, duration).await
-    }
-}
-
 /// A settling layer over `store` that falls back on `local`, reserving
 /// 500 tokens of 1,000 a minute per call.
 fn flaky_app(store: &Flaky, local: &MemoryStore) -> Router {
@@ -277,7 +224,7 @@ fn flaky_app(store: &Flaky, local: &MemoryStore) -> Router {
 #[tokio::test]
 async fn a_settlement_goes_where_its_reservation_was_made() {
     let policy = Policy::new("tokens", Algorithm::Gcra, "1000/min").unwrap();
-    let shared = Flaky::new();
+    let shared = Flaky::new(store());
     let local = store();
     let app = flaky_app(&shared, &local);
     // The shared store has nothing left for the minute.
@@ -299,7 +246,7 @@ async fn a_settlement_goes_where_its_reservation_was_made() {
     assert_eq!(here.remaining(), 990);
 
     // Reserved in a fresh shared store, used 900; the settlement fails.
-    let shared = Flaky::new();
+    let shared = Flaky::new(store());
     let local = store();
     let app = flaky_app(&shared, &local);
     shared.fail_settle.store(true, Ordering::SeqCst);
