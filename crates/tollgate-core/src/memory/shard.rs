@@ -385,18 +385,18 @@ impl Visit for Seed<'_> {
         if self.shard.blocked(self.base, policy, self.now).is_some() {
             return Ok(());
         }
-        if let Some(mine) = F::map(&mut self.shard.maps).get_mut(&hash) {
+        let map = F::map(&mut self.shard.maps);
+        if let Some(taken) = map.remove(&hash) {
             // Held already (this fallback decided the key before, in this
             // failure or an earlier one): each limit keeps the more used
             // of the two, so that neither what the store counted since an
             // earlier failure nor what was admitted here is forgotten.
-            let taken = std::mem::replace(mine, F::hold(state.clone(), policy).0);
             let merged = match F::state(taken, policy, self.now) {
                 Some(held) => held.more_used(state, policy, self.now),
                 None => state,
             };
             let (held, expires_at) = F::hold(merged, policy);
-            *mine = held;
+            map.insert(hash, held);
             self.shard.next_expiry = self.shard.next_expiry.min(expires_at);
             return Ok(());
         }
