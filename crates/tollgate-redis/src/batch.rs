@@ -21,7 +21,11 @@
 //! keep coming back with Redis's reply, since each one moves the queue
 //! ahead by a batch (see [`wait`]). It gives up at a deadline in which no
 //! call was answered: then Redis is late, and the calls ahead, which have
-//! the store's deadline and answer to the breaker, are failing too. The
+//! the store's deadline and answer to the breaker, are failing too. When
+//! a call fails, the next takes only the requests that have not waited a
+//! deadline since a call was last answered; the others give up then (see
+//! [`take`]), so that none waits a ceiling in the queue and another in a
+//! call. The
 //! queue holds at most [`MAX_QUEUED`] requests; one that finds it full
 //! fails at once with [`RedisStoreError::QueueFull`]. So a queued request
 //! waits at most for the calls ahead of it, each of which ends within the
@@ -77,11 +81,8 @@ pub(crate) struct Queued {
     reply: oneshot::Sender<Result<Word, RedisStoreError>>,
     /// Its place in the order of the queue, from 1.
     seq: u64,
-    /// When it queued, and how many calls of the queue had been answered
-    /// then: a request that waited a deadline with no call answered is
-    /// not taken into a call (see [`take`]).
+    /// When it queued (see [`take`]).
     queued: Instant,
-    seen: u64,
 }
 
 impl Queued {
@@ -137,6 +138,9 @@ pub(crate) struct Batcher {
     queue: Mutex<Queue>,
     /// Calls of this batcher's kind that came back with Redis's reply.
     answered: AtomicU64,
+    /// When the last of them came back, in microseconds since `origin`.
+    answered_at: AtomicU64,
+    origin: Instant,
 }
 
 /// Where a request goes: sent alone at once (holding a place, if the store
@@ -153,24 +157,39 @@ pub(crate) enum Turn<S: WordCalls> {
 /// returned, or its caller stopped waiting) hands it to the queue.
 pub(crate) struct Place<S: WordCalls> {
     inner: Option<(Arc<S>, Kind)>,
+    /// The call sent in this place failed.
+    failed: bool,
 }
 
 impl<S: WordCalls> Place<S> {
+    fn new(inner: Option<(Arc<S>, Kind)>) -> Self {
+        Self {
+            inner,
+            failed: false,
+        }
+    }
+
     /// Records that the call sent in this place came back with Redis's
     /// reply: the queue behind it is moving.
     pub(crate) fn answered(&self) {
         if let Some((inner, kind)) = &self.inner
             && let Some(batcher) = inner.batcher(*kind)
         {
-            batcher.answered.fetch_add(1, Ordering::Relaxed);
+            batcher.answered();
         }
+    }
+
+    /// Records that the call sent in this place failed: the queue behind
+    /// it is not moving (see [`take`]).
+    pub(crate) fn failed(&mut self) {
+        self.failed = true;
     }
 }
 
 impl<S: WordCalls> Drop for Place<S> {
     fn drop(&mut self) {
         if let Some((inner, kind)) = &self.inner {
-            release(inner, *kind);
+            release(inner, *kind, self.failed);
         }
     }
 }
@@ -184,7 +203,23 @@ impl Batcher {
             deadline,
             queue: Mutex::default(),
             answered: AtomicU64::new(0),
+            answered_at: AtomicU64::new(0),
+            origin: Instant::now(),
         }
+    }
+
+    /// Records a call that came back with Redis's reply.
+    fn answered(&self) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        let at = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.answered_at.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// When a call last came back with Redis's reply (the batcher's
+    /// creation if none has).
+    fn last_answered(&self) -> Instant {
+        let at = Duration::from_micros(self.answered_at.load(Ordering::Relaxed));
+        self.origin.checked_add(at).unwrap_or(self.origin)
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -195,16 +230,14 @@ impl Batcher {
 /// Takes a place for `request`, or queues it.
 pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'_>) -> Turn<S> {
     let Some(batcher) = inner.batcher(kind) else {
-        return Turn::Now(Place { inner: None });
+        return Turn::Now(Place::new(None));
     };
     let mut queue = batcher.queue();
     if queue.in_flight < IN_FLIGHT {
         // Nothing is queued while a place is free: a returning call that
         // finds a queue keeps its place for it.
         queue.in_flight += 1;
-        return Turn::Now(Place {
-            inner: Some((inner.clone(), kind)),
-        });
+        return Turn::Now(Place::new(Some((inner.clone(), kind))));
     }
     if queue.waiting.len() >= MAX_QUEUED {
         return Turn::Full;
@@ -221,7 +254,6 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
         reply,
         seq,
         queued: Instant::now(),
-        seen: batcher.answered.load(Ordering::Relaxed),
     });
     Turn::Queued(receiver, seq)
 }
@@ -233,10 +265,11 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
 /// waits on. When it gives up, its caller stops waiting, so it is left out
 /// of the next call, never sent late. Once taken into a call it no longer
 /// gives up: that call's outcome is its own (Redis may have decided it),
-/// and the call ends within the store's ceiling. A call is sent only with
-/// requests that have not yet waited a deadline unanswered (see
-/// [`take`]), so while Redis answers nothing a request ends within a
-/// deadline and a ceiling of its queueing.
+/// and the call ends within the store's ceiling. After a failed call, the
+/// next is sent only with requests that have not waited a deadline since
+/// the last answer (see [`take`]), so while Redis answers nothing a
+/// request ends within its ceiling in the queue, or a deadline and its
+/// call's ceiling if a call took it.
 pub(crate) async fn wait(
     batcher: &Batcher,
     mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
@@ -271,12 +304,13 @@ pub(crate) async fn wait(
     }
 }
 
-/// Gives a place back, or hands it to a task that sends the queue.
-fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
+/// Gives a place back, or hands it to a task that sends the queue; `failed`
+/// if the call sent in it failed.
+fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind, failed: bool) {
     let Some(batcher) = inner.batcher(kind) else {
         return;
     };
-    let batch = take(batcher);
+    let batch = take(batcher, failed);
     if batch.is_empty() {
         return;
     }
@@ -284,9 +318,7 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
         Some(runtime) => {
             // The place goes with the batch: the task hands it on when it
             // is dropped mid-call or unrun (a runtime shutting down).
-            let place = Place {
-                inner: Some((inner.clone(), kind)),
-            };
+            let place = Place::new(Some((inner.clone(), kind)));
             running::hand_on(&runtime, drive(place, batch));
         }
         // Outside a runtime (or inside a spawn that dropped the place
@@ -302,20 +334,23 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
 /// The next batch from the queue, leaving out requests nobody waits for;
 /// an empty batch gives the place back.
 ///
-/// A request that has waited a deadline in which no call of the queue was
-/// answered gives up here with [`RedisStoreError::Deadline`], as it would
-/// at its own deadline (see [`wait`]), rather than wait a whole call more:
-/// Redis is late, and the call it would join has a deadline of its own.
-/// Its own timer may not have fired yet, or fired late and waits on (our
-/// runtime was late); it is never taken into a call past its deadline
-/// unless the queue moved meanwhile.
-fn take(batcher: &Batcher) -> Vec<Queued> {
+/// After a failed call (`failed`), a request that has waited a deadline
+/// in which no call of the queue was answered gives up here with
+/// [`RedisStoreError::Deadline`], rather than wait for one call more:
+/// Redis failed the call ahead, and the queue has not moved for a
+/// deadline. Its own timer may have fired late, our runtime being busy,
+/// and let it wait on for a ceiling (see [`wait`]); taken then, it would
+/// have waited a ceiling in the queue and another in its call. A place
+/// given back without a failure (its caller stopped waiting) says nothing
+/// of Redis, and takes every request still waited for.
+fn take(batcher: &Batcher, failed: bool) -> Vec<Queued> {
     let mut queue = batcher.queue();
     let now = Instant::now();
-    let answered = batcher.answered.load(Ordering::Relaxed);
+    let last_answered = batcher.last_answered();
     let deadline = batcher.deadline;
-    let unanswered =
-        |q: &Queued| q.seen == answered && now.saturating_duration_since(q.queued) >= deadline;
+    let unanswered = |q: &Queued| {
+        failed && now.saturating_duration_since(q.queued.max(last_answered)) >= deadline
+    };
     for gone in queue
         .waiting
         .extract_if(.., |q| q.reply.is_closed() || unanswered(q))
@@ -346,9 +381,10 @@ async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
         // the breaker: one failed call is one failure, however many
         // requests it carried.
         let result = inner.call_queued(kind, &batch).await;
+        let failed = result.is_err();
         match result {
             Ok(words) => {
-                batcher.answered.fetch_add(1, Ordering::Relaxed);
+                batcher.answered();
                 for (queued, word) in batch.drain(..).zip(words) {
                     let _ = queued.reply.send(Ok(word));
                 }
@@ -359,7 +395,7 @@ async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
                 }
             }
         }
-        batch = take(batcher);
+        batch = take(batcher, failed);
         if batch.is_empty() {
             // `take` gave the place back.
             place.inner = None;
@@ -483,32 +519,68 @@ mod tests {
         assert!(stuck.0.queue().waiting.is_empty());
     }
 
-    /// A queued request that waited a deadline in which no call was
-    /// answered is not taken into the next call when the call ahead fails:
-    /// it gives up, rather than wait a whole call more (it was taken, and
+    /// After a failed call, a queued request that waited a deadline since
+    /// the last call was answered is not taken into the next call: it
+    /// gives up, rather than wait a whole call more (it was taken, and
     /// waited up to a ceiling in the queue and another in the call). One
-    /// that waited as long while a call was answered is taken: the queue
-    /// was moving.
+    /// that queued less than a deadline before is taken.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_request_that_waited_a_deadline_unanswered_is_not_taken() {
+    async fn after_a_failed_call_a_request_that_waited_a_deadline_unanswered_gives_up() {
         let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let mut places = every_place(&slow, &policy);
-        let (mut moving, _) = queue(&slow, &policy);
+        let (mut stale, _) = queue(&slow, &policy);
+        // A call is answered 30 ms later, and another request queues at 60.
         tokio::time::advance(Duration::from_millis(30)).await;
         places[0].answered();
-        let (mut stale, _) = queue(&slow, &policy);
-        // Their own timers are not polled here: only the call's return
-        // judges them.
-        tokio::time::advance(Duration::from_millis(60)).await;
-        drop(places.pop());
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let (mut fresh, _) = queue(&slow, &policy);
+        // At 90 ms the other call fails. The requests' own timers are not
+        // polled here: only the place's return judges them.
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let mut failed = places.pop().unwrap();
+        failed.failed();
+        drop(failed);
         let gave_up = stale.try_recv();
         assert!(
-            matches!(gave_up, Ok(Err(RedisStoreError::Deadline(waited))) if waited == Duration::from_millis(60)),
+            matches!(gave_up, Ok(Err(RedisStoreError::Deadline(waited))) if waited == Duration::from_millis(90)),
             "{gave_up:?}"
         );
-        assert_eq!((&mut moving).await.unwrap().unwrap(), (7, 0));
+        assert_eq!((&mut fresh).await.unwrap().unwrap(), (7, 0));
         assert!(slow.0.queue().waiting.is_empty());
+    }
+
+    /// A call answered less than a deadline before the failed one keeps
+    /// the queue moving: a request queued before it is taken, however long
+    /// ago it queued.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn after_a_failed_call_a_request_of_a_moving_queue_is_taken() {
+        let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
+        let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+        let mut places = every_place(&slow, &policy);
+        let (mut waiting, _) = queue(&slow, &policy);
+        tokio::time::advance(Duration::from_millis(60)).await;
+        places[0].answered();
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let mut failed = places.pop().unwrap();
+        failed.failed();
+        drop(failed);
+        assert_eq!((&mut waiting).await.unwrap().unwrap(), (7, 0));
+    }
+
+    /// A place given back without a failed call (its caller stopped
+    /// waiting, as when the app is overloaded and a timeout layer drops
+    /// the request) says nothing of Redis: the queue goes out however long
+    /// it waited, rather than to the failure policy.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_place_given_back_without_a_failure_takes_every_request() {
+        let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
+        let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+        let mut places = every_place(&slow, &policy);
+        let (mut waiting, _) = queue(&slow, &policy);
+        tokio::time::advance(Duration::from_millis(90)).await;
+        drop(places.pop());
+        assert_eq!((&mut waiting).await.unwrap().unwrap(), (7, 0));
     }
 
     #[tokio::test(flavor = "current_thread")]

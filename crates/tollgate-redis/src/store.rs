@@ -43,7 +43,10 @@ use crate::wire::Wire;
 ///   A deadline that fires late because the app's own runtime was too busy
 ///   to poll it is not Redis's failure: the decision waits on for its reply
 ///   (a reply already in is taken), up to 4 × the deadline, and only that
-///   ceiling counts as a failure.
+///   ceiling counts as a failure. A decision queued for a batch call waits
+///   while the calls ahead come back with Redis's reply; while none does,
+///   it gives up within that ceiling, or, taken into a call in its first
+///   deadline, waits for that call: at most 5 × the deadline.
 ///
 /// Keys are `<prefix>:<policy>:{<hash>}`, see [`RedisStoreBuilder::prefix`](crate::RedisStoreBuilder::prefix).
 ///

@@ -142,12 +142,13 @@ impl<C: RedisConnection> RedisStore<C> {
             },
             // Sent alone, exactly as without batching, holding its place
             // until the reply is in.
-            Turn::Now(place) => {
+            Turn::Now(mut place) => {
                 let words = inner
                     .guarded(state_key, inner.wire.send(form, &[request]))
                     .await;
-                if words.is_ok() {
-                    place.answered();
+                match &words {
+                    Ok(_) => place.answered(),
+                    Err(_) => place.failed(),
                 }
                 drop(place);
                 words?
