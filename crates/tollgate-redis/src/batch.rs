@@ -12,21 +12,21 @@
 //! decisions, and the client encodes, sends and parses one.
 //!
 //! Every request is still decided by exactly one script call, atomically,
-//! in the order it queued; requests whose callers stopped waiting (their
-//! deadline passed) are left out before a call is sent, and a request
-//! taken into a call waits for that call's outcome, which is its own.
+//! in the order it queued (but for the old requests [`take`] leaves
+//! behind); requests whose callers stopped waiting (their deadline passed)
+//! are left out before a call is sent, and a request taken into a call
+//! waits for that call's outcome, which is its own.
 //!
 //! Waiting in the queue is our own queueing, not Redis's lateness: a
 //! queued request waits on past its deadline as long as calls of its kind
 //! keep coming back with Redis's reply, since each one moves the queue
 //! ahead by a batch (see [`wait`]). It gives up at a deadline in which no
 //! call was answered: then Redis is late, and the calls ahead, which have
-//! the store's deadline and answer to the breaker, are failing too. When
-//! a call fails, the next takes only the requests that have not waited a
-//! deadline since a call was last answered; the others give up then (see
+//! the store's deadline and answer to the breaker, are failing too. A call
+//! takes only the requests that have not waited a deadline since the
+//! queue last moved, and leaves the older ones to their own wait (see
 //! [`take`]), so that none waits a ceiling in the queue and another in a
-//! call. The
-//! queue holds at most [`MAX_QUEUED`] requests; one that finds it full
+//! call. The queue holds at most [`MAX_QUEUED`] requests; one that finds it full
 //! fails at once with [`RedisStoreError::QueueFull`]. So a queued request
 //! waits at most for the calls ahead of it, each of which ends within the
 //! store's ceiling: `MAX_QUEUED / (batch size × IN_FLIGHT)` calls.
@@ -157,16 +157,11 @@ pub(crate) enum Turn<S: WordCalls> {
 /// returned, or its caller stopped waiting) hands it to the queue.
 pub(crate) struct Place<S: WordCalls> {
     inner: Option<(Arc<S>, Kind)>,
-    /// The call sent in this place failed.
-    failed: bool,
 }
 
 impl<S: WordCalls> Place<S> {
     fn new(inner: Option<(Arc<S>, Kind)>) -> Self {
-        Self {
-            inner,
-            failed: false,
-        }
+        Self { inner }
     }
 
     /// Records that the call sent in this place came back with Redis's
@@ -178,18 +173,12 @@ impl<S: WordCalls> Place<S> {
             batcher.answered();
         }
     }
-
-    /// Records that the call sent in this place failed: the queue behind
-    /// it is not moving (see [`take`]).
-    pub(crate) fn failed(&mut self) {
-        self.failed = true;
-    }
 }
 
 impl<S: WordCalls> Drop for Place<S> {
     fn drop(&mut self) {
         if let Some((inner, kind)) = &self.inner {
-            release(inner, *kind, self.failed);
+            release(inner, *kind);
         }
     }
 }
@@ -234,8 +223,9 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
     };
     let mut queue = batcher.queue();
     if queue.in_flight < IN_FLIGHT {
-        // Nothing is queued while a place is free: a returning call that
-        // finds a queue keeps its place for it.
+        // A returning call that finds a queue keeps its place for it; only
+        // requests it left behind, too old to send (see `take`), can be
+        // queued while a place is free, and this one goes before them.
         queue.in_flight += 1;
         return Turn::Now(Place::new(Some((inner.clone(), kind))));
     }
@@ -265,11 +255,11 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
 /// waits on. When it gives up, its caller stops waiting, so it is left out
 /// of the next call, never sent late. Once taken into a call it no longer
 /// gives up: that call's outcome is its own (Redis may have decided it),
-/// and the call ends within the store's ceiling. After a failed call, the
-/// next is sent only with requests that have not waited a deadline since
-/// the last answer (see [`take`]), so while Redis answers nothing a
-/// request ends within its ceiling in the queue, or a deadline and its
-/// call's ceiling if a call took it.
+/// and the call ends within the store's ceiling. A call takes it only
+/// within a deadline of the queue last moving (see [`take`]), so while
+/// Redis answers nothing a request ends within its ceiling in the queue,
+/// or a deadline and its call's ceiling if a call took it (and the
+/// runtime's lateness in running the call).
 pub(crate) async fn wait(
     batcher: &Batcher,
     mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
@@ -304,13 +294,12 @@ pub(crate) async fn wait(
     }
 }
 
-/// Gives a place back, or hands it to a task that sends the queue; `failed`
-/// if the call sent in it failed.
-fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind, failed: bool) {
+/// Gives a place back, or hands it to a task that sends the queue.
+fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
     let Some(batcher) = inner.batcher(kind) else {
         return;
     };
-    let batch = take(batcher, failed);
+    let batch = take(batcher);
     if batch.is_empty() {
         return;
     }
@@ -334,32 +323,27 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind, failed: bool) {
 /// The next batch from the queue, leaving out requests nobody waits for;
 /// an empty batch gives the place back.
 ///
-/// After a failed call (`failed`), a request that has waited a deadline
-/// in which no call of the queue was answered gives up here with
-/// [`RedisStoreError::Deadline`], rather than wait for one call more:
-/// Redis failed the call ahead, and the queue has not moved for a
-/// deadline. Its own timer may have fired late, our runtime being busy,
-/// and let it wait on for a ceiling (see [`wait`]); taken then, it would
-/// have waited a ceiling in the queue and another in its call. A place
-/// given back without a failure (its caller stopped waiting) says nothing
-/// of Redis, and takes every request still waited for.
-fn take(batcher: &Batcher, failed: bool) -> Vec<Queued> {
+/// A call takes only the requests that have not waited a deadline since
+/// the queue last moved (since they queued, or since a call was last
+/// answered, whichever is later). An older one stays queued, and its own
+/// wait decides it (see [`wait`]): it gives up within its ceiling unless
+/// a call is answered meanwhile, which makes it young again. Taken, it
+/// would wait for its call up to another ceiling: while Redis answers
+/// nothing, a request ends within a deadline and a call's ceiling of its
+/// queueing. So a place can be given back while old requests wait in the
+/// queue; a request that finds it free is sent at once, alone.
+fn take(batcher: &Batcher) -> Vec<Queued> {
     let mut queue = batcher.queue();
+    queue.waiting.retain(|q| !q.reply.is_closed());
     let now = Instant::now();
-    let last_answered = batcher.last_answered();
+    let moved = batcher.last_answered();
     let deadline = batcher.deadline;
-    let unanswered = |q: &Queued| {
-        failed && now.saturating_duration_since(q.queued.max(last_answered)) >= deadline
-    };
-    for gone in queue
+    let young = |q: &Queued| now.saturating_duration_since(q.queued.max(moved)) < deadline;
+    let batch: Vec<Queued> = queue
         .waiting
-        .extract_if(.., |q| q.reply.is_closed() || unanswered(q))
-    {
-        let waited = now.saturating_duration_since(gone.queued);
-        let _ = gone.reply.send(Err(RedisStoreError::Deadline(waited)));
-    }
-    let n = queue.waiting.len().min(batcher.max_keys);
-    let batch: Vec<Queued> = queue.waiting.drain(..n).collect();
+        .extract_if(.., |q| young(q))
+        .take(batcher.max_keys)
+        .collect();
     if batch.is_empty() {
         queue.in_flight -= 1;
     }
@@ -381,7 +365,6 @@ async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
         // the breaker: one failed call is one failure, however many
         // requests it carried.
         let result = inner.call_queued(kind, &batch).await;
-        let failed = result.is_err();
         match result {
             Ok(words) => {
                 batcher.answered();
@@ -395,7 +378,7 @@ async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
                 }
             }
         }
-        batch = take(batcher, failed);
+        batch = take(batcher);
         if batch.is_empty() {
             // `take` gave the place back.
             place.inner = None;
@@ -519,42 +502,55 @@ mod tests {
         assert!(stuck.0.queue().waiting.is_empty());
     }
 
-    /// After a failed call, a queued request that waited a deadline since
-    /// the last call was answered is not taken into the next call: it
-    /// gives up, rather than wait a whole call more (it was taken, and
-    /// waited up to a ceiling in the queue and another in the call). One
-    /// that queued less than a deadline before is taken.
+    /// `reply`'s answer, failing (rather than hanging, on the paused
+    /// clock) if none comes within a second.
+    async fn answer(
+        reply: &mut oneshot::Receiver<Result<Word, RedisStoreError>>,
+    ) -> Result<Word, RedisStoreError> {
+        tokio::time::timeout(Duration::from_secs(1), reply)
+            .await
+            .expect("answered")
+            .expect("sent")
+    }
+
+    /// A queued request that waited a deadline since the queue last moved
+    /// is not taken into the next call, which takes one that queued less
+    /// than a deadline before. Taken, it waited up to a ceiling in the
+    /// queue and another in the call. Once a call is answered, the queue
+    /// moves, and it is taken.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn after_a_failed_call_a_request_that_waited_a_deadline_unanswered_gives_up() {
+    async fn a_request_that_waited_a_deadline_since_the_queue_moved_is_left_behind() {
         let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let mut places = every_place(&slow, &policy);
-        let (mut stale, _) = queue(&slow, &policy);
+        let (mut old, _) = queue(&slow, &policy);
         // A call is answered 30 ms later, and another request queues at 60.
         tokio::time::advance(Duration::from_millis(30)).await;
         places[0].answered();
         tokio::time::advance(Duration::from_millis(30)).await;
-        let (mut fresh, _) = queue(&slow, &policy);
-        // At 90 ms the other call fails. The requests' own timers are not
-        // polled here: only the place's return judges them.
+        let (mut young, _) = queue(&slow, &policy);
+        // At 90 ms the other call returns unanswered. The requests' own
+        // timers are not polled here: only the place's return judges them.
         tokio::time::advance(Duration::from_millis(30)).await;
-        let mut failed = places.pop().unwrap();
-        failed.failed();
-        drop(failed);
-        let gave_up = stale.try_recv();
+        let start = Instant::now();
+        drop(places.pop());
+        assert_eq!(slow.0.queue().waiting.len(), 1);
         assert!(
-            matches!(gave_up, Ok(Err(RedisStoreError::Deadline(waited))) if waited == Duration::from_millis(90)),
-            "{gave_up:?}"
+            old.try_recv()
+                .is_err_and(|e| e == oneshot::error::TryRecvError::Empty)
         );
-        assert_eq!((&mut fresh).await.unwrap().unwrap(), (7, 0));
-        assert!(slow.0.queue().waiting.is_empty());
+        assert_eq!(answer(&mut young).await.unwrap(), (7, 0));
+        assert_eq!(start.elapsed(), Duration::from_millis(45));
+        // That answer moved the queue: the old request goes in the next call.
+        assert_eq!(answer(&mut old).await.unwrap(), (7, 0));
+        assert_eq!(start.elapsed(), Duration::from_millis(90));
     }
 
-    /// A call answered less than a deadline before the failed one keeps
+    /// A call answered less than a deadline before a place returns keeps
     /// the queue moving: a request queued before it is taken, however long
     /// ago it queued.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn after_a_failed_call_a_request_of_a_moving_queue_is_taken() {
+    async fn a_request_of_a_moving_queue_is_taken_however_long_it_waited() {
         let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let mut places = every_place(&slow, &policy);
@@ -562,25 +558,32 @@ mod tests {
         tokio::time::advance(Duration::from_millis(60)).await;
         places[0].answered();
         tokio::time::advance(Duration::from_millis(30)).await;
-        let mut failed = places.pop().unwrap();
-        failed.failed();
-        drop(failed);
-        assert_eq!((&mut waiting).await.unwrap().unwrap(), (7, 0));
+        drop(places.pop());
+        assert_eq!(answer(&mut waiting).await.unwrap(), (7, 0));
     }
 
-    /// A place given back without a failed call (its caller stopped
-    /// waiting, as when the app is overloaded and a timeout layer drops
-    /// the request) says nothing of Redis: the queue goes out however long
-    /// it waited, rather than to the failure policy.
+    /// A place that returns to a queue of old requests alone is given
+    /// back, free for the next request, and each old one is decided by its
+    /// own wait: it gives up at its deadline when no call was answered.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_place_given_back_without_a_failure_takes_every_request() {
-        let slow = Arc::new(Slow(Batcher::new(64, DEADLINE)));
+    async fn a_place_returning_to_old_requests_alone_is_free_and_they_give_up() {
+        let stuck = Arc::new(Stuck(Batcher::new(64, DEADLINE)));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
-        let mut places = every_place(&slow, &policy);
-        let (mut waiting, _) = queue(&slow, &policy);
-        tokio::time::advance(Duration::from_millis(90)).await;
+        let kind = Form::word_of(&policy).unwrap();
+        let mut places = every_place(&stuck, &policy);
+        let (reply, seq) = queue(&stuck, &policy);
+        tokio::time::advance(Duration::from_millis(60)).await;
         drop(places.pop());
-        assert_eq!((&mut waiting).await.unwrap().unwrap(), (7, 0));
+        assert!(matches!(
+            enter(&stuck, kind, request(&policy)),
+            Turn::Now(_)
+        ));
+        let waited = wait(&stuck.0, reply, seq).await;
+        assert!(
+            matches!(waited, Err(RedisStoreError::Deadline(_))),
+            "{waited:?}"
+        );
+        assert!(stuck.0.queue().waiting.is_empty());
     }
 
     #[tokio::test(flavor = "current_thread")]

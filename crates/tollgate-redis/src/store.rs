@@ -45,8 +45,9 @@ use crate::wire::Wire;
 ///   (a reply already in is taken), up to 4 × the deadline, and only that
 ///   ceiling counts as a failure. A decision queued for a batch call waits
 ///   while the calls ahead come back with Redis's reply; while none does,
-///   it gives up within that ceiling, or, taken into a call in its first
-///   deadline, waits for that call: at most 5 × the deadline.
+///   it gives up within that ceiling, or, taken into a call within a
+///   deadline of queueing, waits for that call: at most 5 × the deadline,
+///   and the app runtime's own lateness.
 ///
 /// Keys are `<prefix>:<policy>:{<hash>}`, see [`RedisStoreBuilder::prefix`](crate::RedisStoreBuilder::prefix).
 ///
