@@ -31,9 +31,26 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
 
     /// The status of a rejection (default 429). GitHub-compatible clients
     /// may expect 403.
-    pub fn rejection_status(mut self, status: StatusCode) -> Self {
-        self.responder_mut().status = status;
-        self
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidValue`] when `status` is not a client or
+    /// server error (4xx or 5xx): a client would take a rejection with
+    /// any other status for its answer.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::{Algorithm, GlobalKey, Policy, RateLimitLayer};
+    ///
+    /// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
+    /// let layer = RateLimitLayer::new(policy.clone(), GlobalKey).rejection_status(StatusCode::FORBIDDEN)?;
+    /// # let _ = layer;
+    /// assert!(RateLimitLayer::new(policy, GlobalKey).rejection_status(StatusCode::OK).is_err());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn rejection_status(mut self, status: StatusCode) -> Result<Self, ConfigError> {
+        self.responder_mut().status = an_error_status("rejection_status", status)?;
+        Ok(self)
     }
 
     /// Builds rejections with `f` instead of the problem+json response.
@@ -126,10 +143,33 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     }
 
     /// What to do with a request that yields no key (default
-    /// [`MissingKey::Error`]).
-    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.responder_mut().missing = missing;
-        self
+    /// [`MissingKey::ByCause`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidValue`] for a [`MissingKey::Reject`] whose
+    /// status is not a client or server error (4xx or 5xx).
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::{Algorithm, GlobalKey, MissingKey, Policy, RateLimitLayer};
+    ///
+    /// let policy = Policy::new("api", Algorithm::Gcra, "100/min")?;
+    /// let layer = RateLimitLayer::new(policy.clone(), GlobalKey)
+    ///     .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))?;
+    /// # let _ = layer;
+    /// let redirect = MissingKey::Reject(StatusCode::FOUND);
+    /// assert!(RateLimitLayer::new(policy, GlobalKey).on_missing_key(redirect).is_err());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Result<Self, ConfigError> {
+        self.responder_mut().missing = match missing {
+            MissingKey::Reject(status) => {
+                MissingKey::Reject(an_error_status("on_missing_key", status)?)
+            }
+            MissingKey::ByCause | MissingKey::Error | MissingKey::Allow => missing,
+        };
+        Ok(self)
     }
 
     failure_setters! {
@@ -148,5 +188,18 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
         /// The in-memory store [`FailureMode::Local`] decides with (default:
         /// [`shared_fallback`](crate::shared_fallback), one store for every layer of the process).
         local_fallback;
+    }
+}
+
+/// `status`, if it is a client or server error (4xx or 5xx): the status of
+/// an answer that refuses a request, as `setting` sets.
+fn an_error_status(setting: &'static str, status: StatusCode) -> Result<StatusCode, ConfigError> {
+    match status.is_client_error() || status.is_server_error() {
+        true => Ok(status),
+        false => Err(ConfigError::InvalidValue {
+            setting,
+            value: status.as_u16().to_string(),
+            reason: "a refusal's status must be a client or server error (4xx or 5xx)",
+        }),
     }
 }

@@ -163,7 +163,8 @@ async fn forbidden_mode_and_no_headers_mode() {
     let policy = Policy::new("gh", Algorithm::FixedWindow, "1/min").unwrap();
     let app403 = app(RateLimitLayer::new(policy.clone(), GlobalKey)
         .store(store.clone())
-        .rejection_status(StatusCode::FORBIDDEN));
+        .rejection_status(StatusCode::FORBIDDEN)
+        .unwrap());
     app403.clone().oneshot(get_root()).await.unwrap();
     let res = app403.oneshot(get_root()).await.unwrap();
     assert_eq!(res.status(), StatusCode::FORBIDDEN);

@@ -59,7 +59,8 @@ async fn a_request_without_a_key_is_answered_by_whose_mistake_it_is() {
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
             .store(store.clone())
-            .on_missing_key(MissingKey::Error),
+            .on_missing_key(MissingKey::Error)
+            .unwrap(),
     );
     assert_eq!(
         app.oneshot(get_root()).await.unwrap().status(),
@@ -69,7 +70,8 @@ async fn a_request_without_a_key_is_answered_by_whose_mistake_it_is() {
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
             .store(store.clone())
-            .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
+            .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN))
+            .unwrap(),
     );
     assert_eq!(
         app.oneshot(get_root()).await.unwrap().status(),
@@ -79,7 +81,8 @@ async fn a_request_without_a_key_is_answered_by_whose_mistake_it_is() {
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::new(policy, ExtensionKey::<String>::new())
             .store(store.clone())
-            .on_missing_key(MissingKey::Allow),
+            .on_missing_key(MissingKey::Allow)
+            .unwrap(),
     );
     for _ in 0..10 {
         let res = app.clone().oneshot(get_root()).await.unwrap();
@@ -111,6 +114,30 @@ impl<B> KeyExtractor<B> for AnyKey {
             AnyKey::Header(e) => e.missing(request),
             AnyKey::Peer(e) => e.missing(request),
         }
+    }
+}
+
+/// A refusal's status that a client would take for its answer (a
+/// success, a redirect) is a configuration error that names the setting,
+/// not a layer that answers 200 to a denied request.
+#[test]
+fn a_refusal_status_that_is_no_error_is_a_configuration_error() {
+    let policy = Policy::new("users", Algorithm::Gcra, "5/min").unwrap();
+    let layer = || RateLimitLayer::new(policy.clone(), GlobalKey);
+    let error = layer().rejection_status(StatusCode::OK).err().unwrap();
+    assert_eq!(
+        error.to_string(),
+        "invalid rejection_status \"200\": a refusal's status must be a client or server error (4xx or 5xx)"
+    );
+    let redirect = MissingKey::Reject(StatusCode::TEMPORARY_REDIRECT);
+    let error = layer().on_missing_key(redirect).err().unwrap();
+    assert_eq!(
+        error.to_string(),
+        "invalid on_missing_key \"307\": a refusal's status must be a client or server error (4xx or 5xx)"
+    );
+    for status in [StatusCode::BAD_REQUEST, StatusCode::SERVICE_UNAVAILABLE] {
+        assert!(layer().rejection_status(status).is_ok());
+        assert!(layer().on_missing_key(MissingKey::Reject(status)).is_ok());
     }
 }
 
