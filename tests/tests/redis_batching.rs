@@ -248,13 +248,13 @@ async fn requests_whose_deadline_passed_in_the_queue_are_dropped_not_sent_late()
             "{result:?}"
         );
         // A request gives up by its ceiling (four deadlines) in the queue,
-        // or is taken into a call before it waited a deadline unanswered
-        // and waits for that call, up to its ceiling: five deadlines. Then
+        // or is taken into a call within a deadline of queueing and waits
+        // for that call, up to its ceiling: five deadlines. Then
         // scheduling 1,000 requests on two workers, plus how long the
         // machine stalled the process. (When a request could be taken late
         // into a call, it waited up to two ceilings: 354 ms was seen. Since,
         // 215 ms at most in 12 runs, 6 of them beside two busy loops.)
-        let bound = Duration::from_millis(5 * 50 + 50) + stall;
+        let bound = Duration::from_millis(5 * 50 + 100) + stall;
         assert!(took < bound, "a request took {took:?}, bound {bound:?}");
     }
     assert!(started.elapsed() < Duration::from_millis(1_000));

@@ -7,7 +7,8 @@
 //! so an idle store adds no delay. A request that finds every place taken
 //! queues; when a call returns and requests are queued, the place is not
 //! given back but passed to a task that sends the queue (up to the batch
-//! size) in one `EVALSHA` and goes on until the queue is empty. Redis then
+//! size) in one `EVALSHA` and goes on until no request young enough to
+//! send is left (see [`take`]). Redis then
 //! reads one command, runs one script and writes one reply for many
 //! decisions, and the client encodes, sends and parses one.
 //!
@@ -25,8 +26,8 @@
 //! the store's deadline and answer to the breaker, are failing too. A call
 //! takes only the requests that have not waited a deadline since the
 //! queue last moved, and leaves the older ones to their own wait (see
-//! [`take`]), so that none waits a ceiling in the queue and another in a
-//! call. The queue holds at most [`MAX_QUEUED`] requests; one that finds it full
+//! [`take`]), so that while Redis answers nothing none waits a ceiling in
+//! the queue and another in a call. The queue holds at most [`MAX_QUEUED`] requests; one that finds it full
 //! fails at once with [`RedisStoreError::QueueFull`]. So a queued request
 //! waits at most for the calls ahead of it, each of which ends within the
 //! store's ceiling: `MAX_QUEUED / (batch size × IN_FLIGHT)` calls.
@@ -350,8 +351,8 @@ fn take(batcher: &Batcher) -> Vec<Queued> {
     batch
 }
 
-/// Sends batches in `place` until the queue is empty, then gives the
-/// place back. Dropped before (mid-call, or unrun), the place hands the
+/// Sends batches in `place` until no request young enough to send is
+/// queued (see [`take`]), then gives the place back. Dropped before (mid-call, or unrun), the place hands the
 /// queue on, or is given back.
 async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
     let Some((inner, kind)) = place.inner.clone() else {
@@ -589,7 +590,9 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_place_handed_to_a_task_that_never_runs_is_given_back() {
         // One request per call: each queued request is a batch of its own.
-        let stuck = Arc::new(Stuck(Batcher::new(1, DEADLINE)));
+        // A deadline far longer than the test, on the real clock: every
+        // queued request is young enough to be taken.
+        let stuck = Arc::new(Stuck(Batcher::new(1, Duration::from_secs(3_600))));
         let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
         let kind = Form::word_of(&policy).unwrap();
         let places = every_place(&stuck, &policy);
