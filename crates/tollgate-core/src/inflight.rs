@@ -133,10 +133,13 @@ pub struct Slots {
 /// What [`SlotStore::renew`] found.
 ///
 /// A running request cannot be un-run: when its slot is gone, the renewal
-/// takes it back if a slot is free, and otherwise the request runs on
-/// uncounted, and takes one back at a later renewal, as soon as one is
-/// free. Renewing every holder so is what makes the limit hold again for
-/// new requests within one renewal period after the store lost its slots.
+/// takes it back, past the limit if new requests took every slot
+/// meanwhile. Renewing every holder so is what makes the limit hold again
+/// for new requests within one renewal period after the store lost its
+/// slots: from then on every running request is counted, and no new one
+/// takes a slot until fewer than the limit run. (Taken back only when a
+/// slot was free, a lost holder stayed uncounted while new requests took
+/// each slot that freed between its renewals.)
 ///
 /// ```
 /// use tollgate_core::{InFlightLimit, Key, MemoryStore, Renewal, SlotStore};
@@ -147,13 +150,14 @@ pub struct Slots {
 /// let key = Key::user("ada");
 /// assert!(store.acquire(&key, &limit, 1).await?.acquired);
 /// assert_eq!(store.renew(&key, &limit, 1).await?, Renewal::Renewed);
-/// // Holder 2's slot is gone (never taken here), and the one slot is held.
-/// let lost = store.renew(&key, &limit, 2).await?;
-/// assert_eq!(lost, Renewal::Lost);
-/// assert!(!lost.holds());
+/// // Holder 2's slot is gone (never taken here), and the one slot is held:
+/// // holder 2 runs, so it counts, past the limit.
+/// let retaken = store.renew(&key, &limit, 2).await?;
+/// assert_eq!(retaken, Renewal::RetakenPastLimit);
+/// assert!(retaken.found_gone() && retaken.past_limit());
 /// store.release(&key, &limit, 1).await?;
-/// // Now there is room: holder 2 is counted again.
-/// assert_eq!(store.renew(&key, &limit, 2).await?, Renewal::Retaken);
+/// // Holder 2 still holds the one slot: a new request waits for it.
+/// assert_eq!(store.renew(&key, &limit, 2).await?, Renewal::Renewed);
 /// assert!(!store.acquire(&key, &limit, 3).await?.acquired);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
@@ -173,27 +177,29 @@ pub enum Renewal {
     /// replica that missed writes) and a slot was free: the holder took it
     /// back, and new requests count it again.
     Retaken,
-    /// The holder's slot was gone and every slot is held by others: the
-    /// request runs on without one, uncounted, until a renewal finds a
-    /// slot free.
-    Lost,
+    /// The holder's slot was gone and every slot was held by others (new
+    /// requests took them meanwhile): the holder took it back all the
+    /// same, past the limit. Its request runs, and counts, so no new
+    /// request takes a slot until fewer than the limit are held.
+    RetakenPastLimit,
 }
 
 impl Renewal {
-    /// Whether the holder holds a slot after the renewal.
-    pub fn holds(self) -> bool {
-        match self {
-            Renewal::Renewed | Renewal::Retaken => true,
-            Renewal::Lost => false,
-        }
-    }
-
-    /// Whether the renewal found the holder's slot gone (taken back or
-    /// not).
+    /// Whether the renewal found the holder's slot gone (and took it
+    /// back).
     pub fn found_gone(self) -> bool {
         match self {
             Renewal::Renewed => false,
-            Renewal::Retaken | Renewal::Lost => true,
+            Renewal::Retaken | Renewal::RetakenPastLimit => true,
+        }
+    }
+
+    /// Whether the renewal took the holder's slot back past the limit:
+    /// more than the limit are held now.
+    pub fn past_limit(self) -> bool {
+        match self {
+            Renewal::Renewed | Renewal::Retaken => false,
+            Renewal::RetakenPastLimit => true,
         }
     }
 }
@@ -219,10 +225,11 @@ pub trait SlotStore: Send + Sync + 'static {
 
     /// Extends `holder`'s lease, called while its request runs. A holder
     /// whose slot is gone (its lease ended, or the store lost it) takes it
-    /// back if fewer than `limit.max()` are held ([`Renewal::Retaken`]),
-    /// atomically as [`acquire`](SlotStore::acquire) does; if not, the
-    /// slot stays lost ([`Renewal::Lost`]) and the caller renews on, to
-    /// take one back once one is free.
+    /// back, atomically as [`acquire`](SlotStore::acquire) takes one:
+    /// within the limit if fewer than `limit.max()` are held
+    /// ([`Renewal::Retaken`]), and past it if not
+    /// ([`Renewal::RetakenPastLimit`]). Its request runs either way, and
+    /// counts, so no new request takes a slot until enough have ended.
     ///
     /// A renewal that races the holder's own release may take the slot
     /// back after it: the slot then frees itself when its lease ends.
@@ -326,11 +333,12 @@ impl MemorySlots {
         if holders.contains(&holder) {
             return Renewal::Renewed;
         }
-        if (holders.len() as u64) < limit.max {
-            holders.push(holder);
-            return Renewal::Retaken;
+        let within = (holders.len() as u64) < limit.max;
+        holders.push(holder);
+        match within {
+            true => Renewal::Retaken,
+            false => Renewal::RetakenPastLimit,
         }
-        Renewal::Lost
     }
 
     pub(crate) fn release(&self, key: &Key, limit: &InFlightLimit, holder: u64) {

@@ -37,8 +37,8 @@ async fn slot_op(
 }
 
 /// Acquire, renew and release give the same answers on memory and Redis,
-/// a renewal of a slot that is gone included: taken back while there is
-/// room, lost while there is none.
+/// a renewal of a slot that is gone included: taken back within the limit
+/// while there is room, past it while there is none.
 #[tokio::test]
 async fn memory_and_redis_hold_slots_alike() {
     let url = require_redis().await;
@@ -52,8 +52,10 @@ async fn memory_and_redis_hold_slots_alike() {
     let memory = MemoryStore::new();
     let limit = InFlightLimit::new("same", 3).unwrap();
     let key = Key::user("ada");
-    // Take 4 (3 fit), renew a holder and one that holds nothing (lost),
-    // release one, renew the one without a slot (taken back), take again.
+    // Take 4 (3 fit), renew a holder and one that holds nothing (taken
+    // back past the limit), release one (still 3 held: a new one is
+    // refused), release another, renew one without a slot (taken back
+    // within the limit), take again.
     let script = [
         (0, 1),
         (0, 2),
@@ -62,9 +64,10 @@ async fn memory_and_redis_hold_slots_alike() {
         (1, 2),
         (1, 4),
         (2, 2),
-        (1, 4),
         (0, 5),
-        (0, 6),
+        (2, 1),
+        (1, 6),
+        (0, 7),
         (2, 9),
     ];
     let (mut on_memory, mut on_redis) = (Vec::new(), Vec::new());
@@ -82,10 +85,11 @@ async fn memory_and_redis_hold_slots_alike() {
             slots(true, 3),
             slots(false, 3),
             Answer::Renewed(Renewal::Renewed),
-            Answer::Renewed(Renewal::Lost),
+            Answer::Renewed(Renewal::RetakenPastLimit),
+            Answer::Released,
+            slots(false, 3),
             Answer::Released,
             Answer::Renewed(Renewal::Retaken),
-            slots(false, 3),
             slots(false, 3),
             Answer::Released,
         ]
@@ -147,13 +151,15 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
     assert_eq!(
         renewals.len(),
         3,
-        "renewed, retaken and lost all met: {renewals:?}"
+        "renewed, retaken and retaken past the limit all met: {renewals:?}"
     );
 }
 
 /// The renewal script: after the slot set is deleted, a renewal re-adds
 /// its holder with a fresh lease; once the set is full of other holders, a
-/// renewal of a holder whose slot is gone adds nothing and says so.
+/// renewal of a holder whose slot is gone re-adds it past the limit, so
+/// that a new request waits until fewer than the limit are held. (It added
+/// nothing, and new requests took each slot freed between its renewals.)
 #[tokio::test]
 async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
     let url = require_redis().await;
@@ -199,14 +205,71 @@ async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
     let _: () = redis::cmd("DEL").arg(&set).query(&mut con).unwrap();
     assert!(store.acquire(&key, &limit, 12).await.unwrap().acquired);
     assert!(store.acquire(&key, &limit, 13).await.unwrap().acquired);
-    assert_eq!(store.renew(&key, &limit, 11).await.unwrap(), Renewal::Lost);
-    let held: u64 = redis::cmd("ZCARD").arg(&set).query(&mut con).unwrap();
-    assert_eq!(held, 2);
-    // Counted again once one is free.
-    store.release(&key, &limit, 12).await.unwrap();
     assert_eq!(
         store.renew(&key, &limit, 11).await.unwrap(),
-        Renewal::Retaken
+        Renewal::RetakenPastLimit
     );
+    let held: u64 = redis::cmd("ZCARD").arg(&set).query(&mut con).unwrap();
+    assert_eq!(held, 3);
+    // One of the others ends: 11 still runs, so a new request waits.
+    store.release(&key, &limit, 12).await.unwrap();
     assert!(!store.acquire(&key, &limit, 14).await.unwrap().acquired);
+    store.release(&key, &limit, 13).await.unwrap();
+    assert!(store.acquire(&key, &limit, 14).await.unwrap().acquired);
+}
+
+/// Holders of one limit's name with leases of different lengths (a
+/// deploy that changed the lease): the set lives as long as the longest.
+/// A shorter lease set the set's expiry to its own, and Redis dropped the
+/// longer holders' slots with it.
+#[tokio::test]
+async fn the_slots_live_as_long_as_the_longest_lease() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("inflight-leases");
+    let store = RedisStore::builder()
+        .prefix(prefix.as_str())
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let long = InFlightLimit::new("leases", 5)
+        .unwrap()
+        .lease(Duration::from_secs(60))
+        .unwrap();
+    let short = long.clone().lease(Duration::from_secs(1)).unwrap();
+    let key = Key::user("ada");
+    assert!(store.acquire(&key, &long, 1).await.unwrap().acquired);
+    let [set] = <[String; 1]>::try_from(slot_sets(&mut con, &prefix, "leases")).unwrap();
+    let ttl =
+        |con: &mut redis::Connection| -> i64 { redis::cmd("PTTL").arg(&set).query(con).unwrap() };
+    for holder in [2, 3] {
+        assert!(store.acquire(&key, &short, holder).await.unwrap().acquired);
+        assert!(
+            (59_000..=60_000).contains(&ttl(&mut con)),
+            "{}",
+            ttl(&mut con)
+        );
+        assert_eq!(
+            store.renew(&key, &short, holder).await.unwrap(),
+            Renewal::Renewed
+        );
+        assert!(
+            (59_000..=60_000).contains(&ttl(&mut con)),
+            "{}",
+            ttl(&mut con)
+        );
+    }
+    // Once the long lease is given back, the set lives as long as the
+    // short ones.
+    store.release(&key, &long, 1).await.unwrap();
+    assert_eq!(
+        store.renew(&key, &short, 2).await.unwrap(),
+        Renewal::Renewed
+    );
+    assert!((0..=1_000).contains(&ttl(&mut con)), "{}", ttl(&mut con));
 }

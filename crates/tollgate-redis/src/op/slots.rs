@@ -80,8 +80,8 @@ impl<C: RedisConnection> Wire<C> {
         Ok((acquired == 1, held))
     }
 
-    /// Extends `holder`'s lease, taking its slot back if it is gone and
-    /// fewer than `max` are held.
+    /// Extends `holder`'s lease, taking its slot back if it is gone (past
+    /// the limit if `max` are held).
     pub(crate) async fn renew_slot(
         &self,
         key: &str,
@@ -94,7 +94,7 @@ impl<C: RedisConnection> Wire<C> {
         match renewed {
             1 => Ok(Renewal::Renewed),
             2 => Ok(Renewal::Retaken),
-            0 => Ok(Renewal::Lost),
+            3 => Ok(Renewal::RetakenPastLimit),
             other => Err(RedisStoreError::Protocol(format!(
                 "a renewal replied {other}"
             ))),

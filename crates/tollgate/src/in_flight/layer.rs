@@ -32,10 +32,10 @@ use super::telemetry::Telemetry;
 /// dies frees itself when the lease ends; in memory a slot lives exactly
 /// as long as its request. A renewal that finds its slot gone (Redis
 /// restarted without persistence, was flushed, or failed over to a replica
-/// that missed writes) takes it back, so the limit holds again for new
-/// requests within a third of the lease; a running request that finds
-/// every slot taken meanwhile runs on uncounted and is counted again as
-/// soon as a slot is free (see [`Renewal`](tollgate_core::Renewal)).
+/// that missed writes) takes it back, past the limit if new requests took
+/// every slot meanwhile, so the limit holds again for new requests within
+/// a third of the lease: no new request takes a slot until fewer than the
+/// limit run (see [`Renewal`](tollgate_core::Renewal)).
 ///
 /// When the store fails, the layer follows its [`FailureMode`] as
 /// [`RateLimitLayer`](crate::RateLimitLayer) does: under

@@ -45,13 +45,11 @@ impl<St: SlotStore + Clone> Slot<St> {
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.tick().await;
-                // Renews until the slot is given back, even once its slot
-                // is found gone: the store takes it back if a slot is free,
-                // so that new requests count this one again within a
-                // renewal period of the store losing its slots; while
-                // every slot is held by others, the request runs on
-                // uncounted (it cannot be un-run), and takes one back as
-                // soon as one is free.
+                // Renews until the slot is given back. A slot found gone
+                // is taken back, past the limit if new requests hold every
+                // slot (the request cannot be un-run), so that new
+                // requests count this one again within a renewal period of
+                // the store losing its slots.
                 loop {
                     tick.tick().await;
                     if let Ok(renewal) = store.renew(&key, &limit, holder).await

@@ -57,15 +57,15 @@ impl Telemetry {
     /// out before the renewal came.
     pub(super) fn slot_gone(&self, renewal: Renewal) {
         if let Some(suppressed) = self.gone.may_log(tokio::time::Instant::now()) {
-            if renewal.holds() {
+            if renewal.past_limit() {
                 tracing::warn!(
                     suppressed,
-                    "in-flight limit: a running request's slot was gone; taken back"
+                    "in-flight limit: a running request's slot was gone and new requests held every slot; taken back past the limit, and no new request runs until fewer than the limit do"
                 );
             } else {
                 tracing::warn!(
                     suppressed,
-                    "in-flight limit: a running request's slot was gone and every slot is held; it runs uncounted until one is free"
+                    "in-flight limit: a running request's slot was gone; taken back"
                 );
             }
         }

@@ -13,18 +13,26 @@
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease = tonumber(ARGV[3])
+
+-- The set lives as long as its longest lease, whoever holds it: holders
+-- of one limit's name may have leases of different lengths (a deploy
+-- that changes the lease), and a shorter one must not end the others.
+local function live_as_long_as_the_longest_lease()
+  local last = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[1], last[2])
+end
+
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
 -- A holder that holds a slot already keeps it, its lease extended.
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], lease)
+  live_as_long_as_the_longest_lease()
   return { 1, held }
 end
 if held >= tonumber(ARGV[2]) then
   return { 0, held }
 end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
--- The set lives as long as its longest lease: this one, the newest.
-redis.call('PEXPIRE', KEYS[1], lease)
+live_as_long_as_the_longest_lease()
 return { 1, held + 1 }
