@@ -192,6 +192,44 @@ async fn an_expiry_restores_the_plan_by_the_clock_and_is_cleaned_up_in_redis() {
     every_key_has_a_ttl(&mut redis, &prefix);
 }
 
+/// An expiry as far as a caller can ask (an admin API's `seconds` of
+/// 2^64 - 1) is an override in force, not a panic (the key's TTL added
+/// past `Duration::MAX`) nor a half-written one (Redis refused the TTL
+/// after the script had set the override): the keys are kept a hundred
+/// years.
+#[tokio::test]
+async fn an_expiry_at_the_end_of_time_is_in_force_and_kept_a_hundred_years() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let prefix = unique_prefix("overrides-far");
+    let (a, b) = (
+        Instance::start(&prefix, &clock).await,
+        Instance::start(&prefix, &clock).await,
+    );
+    let api = api();
+    let raised = Override::limit("1000/min").unwrap();
+    for far in [Duration::MAX, Duration::from_secs(u64::MAX / 1_000)] {
+        a.overrides
+            .set(&Key::header("acme"), &api, raised.clone(), Some(far))
+            .await
+            .unwrap();
+    }
+    b.overrides.refresh().await.unwrap();
+    assert_eq!(b.request(&api, "acme").await.1, "1000");
+    let mut redis = redis::Client::open(require_redis().await)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let hash = a.overrides.hash_key().to_owned();
+    let ttl: i64 = redis::cmd("PTTL").arg(&hash).query(&mut redis).unwrap();
+    let century = 100 * 365 * 86_400 * 1_000;
+    assert!((century - 60_000..=century).contains(&ttl), "ttl {ttl}");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut redis)
+        .unwrap();
+    let _: () = redis::cmd("DEL").arg(&keys).query(&mut redis).unwrap();
+}
+
 #[tokio::test]
 async fn after_a_restart_the_override_is_still_in_force() {
     let clock = FakeClock::new(Timestamp::from_secs(T0));

@@ -29,6 +29,11 @@ use crate::store::RedisStore;
 /// the two keys' TTL, besides reading the version at every poll.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
+/// The longest the overrides' keys are kept (a hundred years): an
+/// override's expiry may be as far as a caller asks, but Redis refuses a
+/// TTL past its clock's range, and the script would fail after writing.
+const MAX_KEEP: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// Per-key overrides kept in Redis, on a [`RedisStore`]'s connection and
 /// prefix: set on one instance, honoured by every instance within its
 /// poll interval (default 250 ms, so within 250 ms plus a round trip),
@@ -261,7 +266,7 @@ impl<C: RedisConnection> Shared<C> {
         keep: Duration,
     ) -> Result<(), RedisStoreError> {
         let field = form::field(policy, key);
-        let keep = millis(keep.max(self.retention));
+        let keep = millis(keep.max(self.retention).min(MAX_KEEP));
         let inner = &*self.store.inner;
         inner
             .guarded(&self.hash, async {
@@ -340,7 +345,7 @@ impl<C: RedisConnection> OverrideStore for RedisOverrides<C> {
         rule.check(policy).map_err(OverrideError::Config)?;
         let expires_at = expires_in.map(|d| self.shared.clock.now() + d);
         let value = form::value(&rule, expires_at);
-        let keep = expires_in.unwrap_or_default() + SWEEP_EVERY;
+        let keep = expires_in.unwrap_or_default().saturating_add(SWEEP_EVERY);
         let written = self.shared.write(key, policy.name(), &value, keep).await;
         written.map_err(|e| OverrideError::Store(StoreError::from(e)))
     }
