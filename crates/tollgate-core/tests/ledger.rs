@@ -134,6 +134,26 @@ async fn huge_amounts_saturate() {
     ledger.record(&key, "p", Timestamp::from_secs(0), 1);
 }
 
+/// A record dated far ahead (a store clock that stepped, a reservation's
+/// time in the wrong unit) does not make the ledger's buckets look past
+/// their retention: the sweep it comes with keeps them. It swept them all,
+/// the month's billing of every key with them.
+#[tokio::test]
+async fn a_record_dated_far_ahead_does_not_sweep_the_ledger() {
+    let ledger = MemoryLedger::new();
+    let t = at("2026-01-01T00:00:00Z");
+    ledger.record(&Key::user("a"), "p", t, 7);
+    for _ in 0..4_094 {
+        ledger.record(&Key::user("b"), "p", t, 1);
+    }
+    // The 4,096th record, and a sweep with it.
+    ledger.record(&Key::user("c"), "p", at("8999-01-01T00:00:00Z"), 1);
+    let query = UsageQuery::new(Granularity::Month, t, at("2026-02-01T00:00:00Z")).unwrap();
+    let usage = ledger.usage(&Key::user("a"), "p", query).await.unwrap();
+    assert_eq!(usage.total(), 7);
+    assert_eq!(ledger.len(), 3);
+}
+
 #[tokio::test]
 async fn a_full_ledger_counts_what_it_dropped_and_old_buckets_go() {
     let settings = LedgerSettings::new()
@@ -145,9 +165,11 @@ async fn a_full_ledger_counts_what_it_dropped_and_old_buckets_go() {
     ledger.record(&Key::user("b"), "p", t, 1);
     ledger.record(&Key::user("c"), "p", t, 1);
     assert_eq!((ledger.len(), ledger.dropped()), (2, 1));
-    // A year on, after enough records to sweep, January's buckets are gone.
+    // A year on, after enough records to sweep twice, January's buckets
+    // are gone. (A sweep's now is the earliest instant recorded since the
+    // one before: the first one's is January's.)
     let later = at("2027-06-01T00:00:00Z");
-    for _ in 0..4_096 {
+    for _ in 0..8_192 {
         ledger.record(&Key::user("a"), "p", later, 1);
     }
     assert_eq!(ledger.len(), 1);

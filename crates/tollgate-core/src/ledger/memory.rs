@@ -69,8 +69,12 @@ struct Shared {
     keys: AtomicUsize,
     dropped: AtomicU64,
     records: AtomicU64,
-    /// The latest instant recorded, in seconds: the ledger's now.
-    latest: AtomicU64,
+    /// The earliest instant recorded since the last sweep, in seconds:
+    /// the ledger's now at the next sweep (`u64::MAX` before any record).
+    /// The earliest, not the latest: one record dated far ahead (a store
+    /// clock that stepped, a reservation's time in the wrong unit) made
+    /// every bucket look past its retention, and a sweep forgot them all.
+    earliest: AtomicU64,
 }
 
 #[derive(Default)]
@@ -155,7 +159,7 @@ impl MemoryLedger {
                 keys: AtomicUsize::new(0),
                 dropped: AtomicU64::new(0),
                 records: AtomicU64::new(0),
-                latest: AtomicU64::new(0),
+                earliest: AtomicU64::new(u64::MAX),
             }),
         }
     }
@@ -246,10 +250,10 @@ impl MemoryLedger {
         drop(state);
         let shared = &self.shared;
         shared
-            .latest
-            .fetch_max(at.max(0).unsigned_abs(), Ordering::Relaxed);
+            .earliest
+            .fetch_min(at.max(0).unsigned_abs(), Ordering::Relaxed);
         if shared.records.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            let now = shared.latest.load(Ordering::Relaxed);
+            let now = shared.earliest.swap(u64::MAX, Ordering::Relaxed);
             for shard in &shared.shards {
                 let removed = shard.lock().sweep(settings, now);
                 shared.keys.fetch_sub(removed, Ordering::Relaxed);
