@@ -204,7 +204,42 @@ pub struct Decision {
     aux: u32,
     binding: u16,
     kind: Kind,
+    decided_by: DecidedBy,
     limits: SmallVec<[LimitStatus; 2]>,
+}
+
+/// Who made a [`Decision`], and so where settling its request's cost
+/// goes (see `RateLimiter::settle` in the `tollgate` crate).
+///
+/// ```
+/// use tollgate_core::{Algorithm, DecidedBy, Key, MemoryStore, Policy, Store};
+///
+/// # block_on(async {
+/// let policy = Policy::new("api", Algorithm::Gcra, "10/s")?;
+/// let decision = MemoryStore::new().check(&Key::user("ada"), &policy, 1).await?;
+/// assert_eq!(decision.decided_by(), DecidedBy::Store);
+/// let local = decision.with_decided_by(DecidedBy::LocalFallback);
+/// assert_eq!(local.decided_by(), DecidedBy::LocalFallback);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum DecidedBy {
+    /// The store, which counted the request: its cost settles there. Every
+    /// store's own decisions.
+    #[default]
+    Store,
+    /// A local fallback, deciding while the store failed: its cost settles
+    /// in that fallback, as the store never counted it.
+    LocalFallback,
+    /// No one counted the request: let through while the store failed, or
+    /// exempt by an override. Settling it changes nothing anywhere.
+    NoOne,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,6 +318,7 @@ impl Decision {
             aux,
             binding: 0,
             kind,
+            decided_by: DecidedBy::Store,
             limits: SmallVec::from_buf_and_len([status, LimitStatus::EMPTY], 1),
         }
     }
@@ -338,6 +374,23 @@ impl Decision {
             Kind::Allowed | Kind::Limited => self.aux = narrow(cost),
             Kind::CostExceedsCapacity => {}
         }
+        self
+    }
+
+    /// Who made this decision: [`DecidedBy::Store`] unless a caller that
+    /// decided without the store said otherwise
+    /// ([`with_decided_by`](Decision::with_decided_by)).
+    #[inline]
+    pub fn decided_by(&self) -> DecidedBy {
+        self.decided_by
+    }
+
+    /// This decision, made by `by`: for a failure policy or an override
+    /// that decides in the store's place.
+    #[must_use]
+    #[inline]
+    pub fn with_decided_by(mut self, by: DecidedBy) -> Self {
+        self.decided_by = by;
         self
     }
 
@@ -418,6 +471,7 @@ impl fmt::Debug for Decision {
             .field("now", &self.now)
             .field("delay", &self.delay())
             .field("binding", &self.binding)
+            .field("decided_by", &self.decided_by)
             .field("limits", &self.limits)
             .finish()
     }

@@ -84,7 +84,7 @@ pub use algorithm::Algorithm;
 pub use boxed::BoxStore;
 pub use builder::{IntoLimit, PolicyBuilder};
 pub use calendar::Calendar;
-pub use decision::{Decision, LimitStatus, Outcome};
+pub use decision::{DecidedBy, Decision, LimitStatus, Outcome};
 pub use error::{ConfigError, OverrideError, StoreError};
 pub use family::PolicyFamily;
 pub use inflight::{InFlightLimit, Renewal, SlotStore, Slots};

@@ -141,9 +141,9 @@ pub use tollgate_core::{
     AdaptiveLimit, AdaptiveLimitBuilder, Completion, ConcurrencySnapshot, LimitAlgorithm, Priority,
 };
 pub use tollgate_core::{
-    Algorithm, Applied, BoxStore, Calendar, Clock, ConfigError, Decision, FakeClock, InFlightLimit,
-    Key, KeyKind, Limit, LimitStatus, MemoryOverrides, MemoryStore, Outcome, Override,
-    OverrideError, OverrideSource, OverrideStore, OverrideTable, Policy, PolicyBuilder,
+    Algorithm, Applied, BoxStore, Calendar, Clock, ConfigError, DecidedBy, Decision, FakeClock,
+    InFlightLimit, Key, KeyKind, Limit, LimitStatus, MemoryOverrides, MemoryStore, Outcome,
+    Override, OverrideError, OverrideSource, OverrideStore, OverrideTable, Policy, PolicyBuilder,
     PolicyFamily, Renewal, Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp,
     TypeTag,
 };

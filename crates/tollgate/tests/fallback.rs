@@ -1,5 +1,6 @@
 //! The local fallback across failures of the shared store: what the
-//! shared store counted between two failures carries into the second.
+//! shared store counted between two failures carries into the second,
+//! and a limiter's settlement goes where its reservation was made.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 #[path = "support/flaky.rs"]
@@ -8,8 +9,8 @@ mod flaky;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, FailureMode, FakeClock, FallbackStore, Key, MemoryStore, Policy, Store, StoreError,
-    Timestamp,
+    Algorithm, DecidedBy, FailureMode, FakeClock, FallbackStore, Key, MemoryOverrides, MemoryStore,
+    Override, OverrideStore, Policy, Store, StoreError, Timestamp,
 };
 
 use flaky::Flaky;
@@ -74,4 +75,77 @@ async fn a_limiters_failed_settlement_is_its_error() {
     assert!(local.is_empty(), "the local fallback took no charge");
     let status = shared.inner.check_sync(&key, &policy, 0).unwrap();
     assert_eq!(status.remaining(), 700, "the reservation stands");
+}
+
+/// A limiter's settlement goes where its reservation was made
+/// (`Decision::decided_by`): one the local fallback made while the shared
+/// store failed is settled in the fallback, one no one counted (let
+/// through under `Open`, or a key exempt by an override) nowhere. Each was
+/// refunded in the shared store, which never charged it: 300 tokens free
+/// for a key that had used 500 there.
+#[tokio::test]
+async fn a_limiters_settlement_goes_where_the_reservation_was_made() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
+    let memory = || MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/min").unwrap();
+    let key = Key::user("acme");
+    let shared_remaining = |shared: &Flaky| {
+        shared
+            .inner
+            .check_sync(&key, &policy, 0)
+            .unwrap()
+            .remaining()
+    };
+
+    // Reserved by the local fallback while the shared store failed.
+    let shared = Flaky::new(memory());
+    let local = memory();
+    let limiter = tollgate::RateLimiter::with_store(policy.clone(), shared.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(local.clone());
+    assert!(limiter.check_n(&key, 500).await.unwrap().is_allowed());
+    shared.fail(true);
+    let reservation = limiter.check_n(&key, 300).await.unwrap();
+    assert_eq!(reservation.decided_by(), DecidedBy::LocalFallback);
+    shared.fail(false);
+    let settled = limiter.settle(&key, &reservation, 300, 0).await.unwrap();
+    assert_eq!(settled.decided_by(), DecidedBy::Store);
+    assert_eq!(
+        shared_remaining(&shared),
+        500,
+        "the shared store's count stands"
+    );
+    assert!(
+        local.check_sync(&key, &policy, 0).unwrap().remaining() > 700,
+        "refunded in the fallback"
+    );
+
+    // Let through under `Open` while the shared store failed.
+    let shared = Flaky::new(memory());
+    let limiter = tollgate::RateLimiter::with_store(policy.clone(), shared.clone())
+        .on_store_error(FailureMode::Open);
+    assert!(limiter.check_n(&key, 500).await.unwrap().is_allowed());
+    shared.fail(true);
+    let reservation = limiter.check_n(&key, 300).await.unwrap();
+    assert_eq!(reservation.decided_by(), DecidedBy::NoOne);
+    shared.fail(false);
+    let settled = limiter.settle(&key, &reservation, 300, 0).await.unwrap();
+    assert_eq!(settled, reservation);
+    assert_eq!(shared_remaining(&shared), 500);
+
+    // Exempt by an override.
+    let shared = Flaky::new(memory());
+    let overrides = MemoryOverrides::new();
+    let limiter = tollgate::RateLimiter::with_store(policy.clone(), shared.clone())
+        .overrides(overrides.clone());
+    assert!(limiter.check_n(&key, 500).await.unwrap().is_allowed());
+    overrides
+        .set(&key, &policy, Override::Exempt, None)
+        .await
+        .unwrap();
+    let reservation = limiter.check_n(&key, 300).await.unwrap();
+    assert_eq!(reservation.decided_by(), DecidedBy::NoOne);
+    let settled = limiter.settle(&key, &reservation, 300, 0).await.unwrap();
+    assert_eq!(settled, reservation);
+    assert_eq!(shared_remaining(&shared), 500);
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tollgate_core::state::PolicyState;
 use tollgate_core::{
-    Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement, Store, StoreError,
+    DecidedBy, Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement, Store,
+    StoreError,
 };
 
 use crate::macros::failure_setters;
@@ -220,7 +221,7 @@ impl<S: Store> FallbackStore<S> {
                     false => Handled::LocalLimited,
                 });
             }
-            local
+            local.map(|decision| decision.with_decided_by(DecidedBy::LocalFallback))
         };
         self.settings.mode.apply(result, local, report)
     }
@@ -284,6 +285,7 @@ pub(crate) fn let_through(policy: &Policy) -> Decision {
         });
     let now = tollgate_core::Clock::now(&tollgate_core::SystemClock);
     Decision::new(policy, Outcome::Allowed, now, Duration::ZERO, statuses)
+        .with_decided_by(DecidedBy::NoOne)
 }
 
 impl<S: Store> Store for FallbackStore<S> {

@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use tollgate_core::{
-    ConfigError, Decision, Key, MemoryStore, OverrideSource, Policy, PolicyFamily, Settlement,
-    Store, StoreError,
+    ConfigError, DecidedBy, Decision, Key, MemoryStore, OverrideSource, Policy, PolicyFamily,
+    Settlement, Store, StoreError,
 };
 
 use crate::answer::headers::HeaderStyle;
@@ -424,10 +424,15 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// As [`RateLimiter::check`], except that no failure mode turns a
     /// failed settlement into a decision: the caller decides whether to
-    /// retry it. The settlement goes to the store alone (under
-    /// [`FailureMode::Local`](crate::FailureMode::Local), a reservation
-    /// the local fallback made cannot be told apart here: it is settled
-    /// in the store too).
+    /// retry it.
+    ///
+    /// The settlement goes where the reservation was made, as
+    /// [`Decision::decided_by`] tells: to the store alone, or to the local
+    /// fallback alone for a reservation it made while the store failed
+    /// (refunded in the store, it would be quota the store never charged).
+    /// A reservation no one counted (let through under
+    /// [`FailureMode::Open`](crate::FailureMode::Open), or a key exempt
+    /// by an override) settles nowhere: the reservation is returned.
     pub async fn settle(
         &self,
         key: &Key,
@@ -435,12 +440,17 @@ impl<St: Store> RateLimiter<St> {
         reserved: u64,
         actual: u64,
     ) -> Result<Decision, StoreError> {
+        let reserved_in = match reservation.decided_by() {
+            DecidedBy::Store => Reserved::InStore,
+            DecidedBy::LocalFallback => Reserved::Locally,
+            DecidedBy::NoOne => return Ok(reservation.clone()),
+        };
         let settlement = Settlement::of(reservation, reserved, actual);
         let own = own_limits(self.overrides.as_deref(), key, &self.policy);
         let policy = own.as_ref().unwrap_or(&self.policy);
         let store = &self.store;
         store
-            .settle_reserved(Reserved::InStore, key, policy, settlement)
+            .settle_reserved(reserved_in, key, policy, settlement)
             .await
     }
 

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Applied, Decision, Key, LimitStatus, Outcome, OverrideSource, Policy};
+use tollgate_core::{
+    Applied, DecidedBy, Decision, Key, LimitStatus, Outcome, OverrideSource, Policy,
+};
 
 use crate::fallback::let_through;
 
@@ -44,7 +46,9 @@ pub(super) fn checked(
                 });
             let now = tollgate_core::Clock::now(&tollgate_core::SystemClock);
             Checked::Decided(
-                Decision::new(policy, outcome, now, Duration::ZERO, empty).with_cost(cost),
+                Decision::new(policy, outcome, now, Duration::ZERO, empty)
+                    .with_cost(cost)
+                    .with_decided_by(DecidedBy::NoOne),
             )
         }
     })
