@@ -200,6 +200,23 @@ impl OverrideTable {
         Some((entry.rule.clone(), entry.expires_at))
     }
 
+    /// Whether the table holds an override of `key` under the policy named
+    /// `policy`, in force or not.
+    ///
+    /// ```
+    /// use tollgate_core::{Key, Override, OverrideTable};
+    ///
+    /// let table = OverrideTable::new();
+    /// table.set(Key::user("mallory"), "api", Override::Deny, None);
+    /// assert!(table.holds(&Key::user("mallory"), "api"));
+    /// assert!(!table.holds(&Key::user("mallory"), "search"));
+    /// ```
+    pub fn holds(&self, key: &Key, policy: &str) -> bool {
+        let map = self.map.read();
+        map.get(key)
+            .is_some_and(|entries| entries.iter().any(|(name, _)| **name == *policy))
+    }
+
     /// What `key`'s override under `policy`, if one is in force at `now`,
     /// makes of a request.
     #[inline]

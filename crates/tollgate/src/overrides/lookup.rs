@@ -76,8 +76,10 @@ pub trait OverrideLookup: Send + Sync + 'static {
 /// second.
 ///
 /// The cache holds at most `max_keys` keys and policies (default 100,000);
-/// past it, an arbitrary one is forgotten for each new one, so hostile
-/// keys cannot grow it. Needs a Tokio runtime for the background lookups.
+/// past it, another is forgotten for each new one, so hostile keys cannot
+/// grow it: one without an override, as a rule (of the first few the cache
+/// looks at), so that a flood of keys does not lift a deny. Needs a Tokio
+/// runtime for the background lookups.
 ///
 /// ```
 /// use std::time::Duration;
@@ -161,6 +163,10 @@ struct Asks {
     next_id: u64,
 }
 
+/// How many cached keys [`Asks::forget_one`] looks at for one without an
+/// override.
+const LOOK_AT: usize = 8;
+
 impl Asks {
     fn get_mut(&mut self, key: &Key, policy: &str) -> Option<&mut Asked> {
         let asked = self.by_key.get_mut(key)?.iter_mut();
@@ -171,7 +177,8 @@ impl Asks {
     }
 
     /// Records `asked` of `key` under `policy`; a new one past `max`
-    /// first forgets another (the first the map yields), in `table` too.
+    /// first forgets another (see [`forget_one`](Self::forget_one)), in
+    /// `table` too.
     fn put(&mut self, key: &Key, policy: &str, asked: Asked, max: usize, table: &OverrideTable) {
         if let Some(known) = self.get_mut(key, policy) {
             *known = asked;
@@ -185,8 +192,19 @@ impl Asks {
         self.len += 1;
     }
 
+    /// Forgets a key: the first of the first [`LOOK_AT`] the map yields
+    /// that has no override in `table`, or the first if each has one. So
+    /// a flood of keys without an override (hostile keys, met while the
+    /// cache is full) churns among themselves, and a deny or an exemption
+    /// is not dropped from the table for one, to be applied again only
+    /// once its lookup returns: meanwhile the denied key was admitted.
     fn forget_one(&mut self, table: &OverrideTable) {
-        let Some(key) = self.by_key.keys().next().cloned() else {
+        let has_none = |(key, asked): &(&Key, &Vec<(Box<str>, Asked)>)| {
+            asked.iter().all(|(policy, _)| !table.holds(key, policy))
+        };
+        let mut first = self.by_key.iter().take(LOOK_AT);
+        let chosen = first.clone().find(has_none).or_else(|| first.next());
+        let Some(key) = chosen.map(|(key, _)| key.clone()) else {
             return;
         };
         if let Some(forgotten) = self.by_key.remove(&key) {
