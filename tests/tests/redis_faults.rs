@@ -9,7 +9,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::Request;
-use tollgate::{Algorithm, FailureMode, HeaderKey, Key, Policy, RateLimitLayer, Store};
+use tollgate::{
+    Algorithm, FailureMode, HeaderKey, InFlightLimit, Key, Policy, RateLimitLayer, SlotStore, Store,
+};
 use tollgate_redis::{BreakerState, RedisStore, RedisStoreError};
 use tollgate_tests::{RedisServer, StallMeter};
 use tower::ServiceExt;
@@ -347,6 +349,17 @@ async fn readonly_and_oom_are_unavailable_and_health_checks_run_the_script() {
     let store = store(&server).await;
     let policy = Policy::new("classify", Algorithm::Gcra, "10/s").unwrap();
     assert!(store.health_check().await.is_ok());
+    // A store of its own for a slot, so that its failure below does not
+    // count towards this one's breaker.
+    let slot_store = self::store(&server).await;
+    let slots = InFlightLimit::new("classify", 1).unwrap();
+    assert!(
+        slot_store
+            .acquire(&Key::user("r"), &slots, 7)
+            .await
+            .unwrap()
+            .acquired
+    );
 
     // A demoted master: writes are refused with READONLY.
     let mut con = server.connection();
@@ -359,6 +372,18 @@ async fn readonly_and_oom_are_unavailable_and_health_checks_run_the_script() {
         Err(RedisStoreError::Unavailable { code, .. }) => assert_eq!(code, "READONLY"),
         other => panic!("expected READONLY, got {other:?}"),
     }
+    // A slot's give-back too (a plain command, not a script): it was a
+    // bare Redis error, which refreshes no connection.
+    let released = slot_store
+        .release(&Key::user("r"), &slots, 7)
+        .await
+        .unwrap_err();
+    let source =
+        std::error::Error::source(&released).and_then(|e| e.downcast_ref::<RedisStoreError>());
+    assert!(
+        matches!(source, Some(RedisStoreError::Unavailable { code, .. }) if code == "READONLY"),
+        "{released:?}"
+    );
     // PING would still answer; the health check runs the script, and fails.
     assert!(matches!(
         store.health_check().await,

@@ -365,3 +365,33 @@ async fn a_slot_taken_before_a_lost_reply_is_given_back() {
     }
     panic!("the slot taken before the lost reply is still held");
 }
+
+/// Outside a Tokio runtime (an executor of the app's own), a store of
+/// leases takes a slot without a panic, and gives it back; nothing renews
+/// it meanwhile. (Its renewal was spawned on Tokio, which panicked on the
+/// request path, after the slot was taken.)
+#[test]
+fn a_slot_of_leases_is_taken_and_given_back_outside_a_tokio_runtime() {
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+    let store = Leasing::default();
+    let limit = InFlightLimit::new("jobs", 1).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
+    let held = block_on(app.clone().oneshot(get_path("/"))).unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let refused = block_on(app.clone().oneshot(get_path("/"))).unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(held);
+    let again = block_on(app.oneshot(get_path("/"))).unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert!(store.renewals.lock().unwrap().is_empty());
+}

@@ -123,11 +123,17 @@ impl<C: RedisConnection> Wire<C> {
         T::from_redis_value(reply).map_err(|e| RedisStoreError::Protocol(e.to_string()))
     }
 
-    /// Gives `holder`'s slot back.
+    /// Gives `holder`'s slot back. Its errors are told apart as the
+    /// scripts' are: a demoted master's `READONLY` is
+    /// [`RedisStoreError::Unavailable`], which makes the store refresh its
+    /// connection (after a failover, a give-back on the old master failed
+    /// until a script call refreshed it, and the slot stayed held to the
+    /// end of its lease).
     pub(crate) async fn release_slot(&self, key: &str, holder: u64) -> Result<(), RedisStoreError> {
         let mut zrem = redis::cmd("ZREM");
         zrem.arg(key).arg(holder);
-        self.connection.query_for_key::<i64>(key, &zrem).await?;
+        let released = self.connection.query_for_key::<i64>(key, &zrem).await;
+        released.map_err(crate::wire::reclassify)?;
         Ok(())
     }
 }

@@ -103,7 +103,9 @@ impl<C: RedisConnection> Wire<C> {
     }
 }
 
-fn reclassify(error: RedisStoreError) -> RedisStoreError {
+/// `error`, with Redis's refusals that mean the server cannot serve now
+/// (`READONLY`, `OOM`, ...) told apart (see [`crate::error::classify`]).
+pub(crate) fn reclassify(error: RedisStoreError) -> RedisStoreError {
     match error {
         RedisStoreError::Redis(e) => crate::error::classify(e),
         other @ (RedisStoreError::Config(_)

@@ -38,28 +38,35 @@ impl<St: SlotStore + Clone> Slot<St> {
 
     fn take(store: St, key: Key, limit: InFlightLimit, holder: u64, telemetry: &Telemetry) -> Self {
         telemetry.held(1.0);
-        let renewal = store.leases().then(|| {
+        // Outside a runtime nothing renews: the slot is held until its
+        // lease ends, or it is given back.
+        let runtime = store
+            .leases()
+            .then(tokio::runtime::Handle::try_current)
+            .and_then(Result::ok);
+        let renewal = runtime.map(|runtime| {
             let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
             let telemetry = telemetry.clone();
             let every = limit.lease_duration() / 3;
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.tick().await;
-                // Renews until the slot is given back. A slot found gone
-                // is taken back, past the limit if new requests hold every
-                // slot (the request cannot be un-run), so that new
-                // requests count this one again within a renewal period of
-                // the store losing its slots.
-                loop {
+            runtime
+                .spawn(async move {
+                    let mut tick = tokio::time::interval(every);
                     tick.tick().await;
-                    if let Ok(renewal) = store.renew(&key, &limit, holder).await
-                        && renewal.found_gone()
-                    {
-                        telemetry.slot_gone(renewal);
+                    // Renews until the slot is given back. A slot found gone
+                    // is taken back, past the limit if new requests hold every
+                    // slot (the request cannot be un-run), so that new
+                    // requests count this one again within a renewal period of
+                    // the store losing its slots.
+                    loop {
+                        tick.tick().await;
+                        if let Ok(renewal) = store.renew(&key, &limit, holder).await
+                            && renewal.found_gone()
+                        {
+                            telemetry.slot_gone(renewal);
+                        }
                     }
-                }
-            })
-            .abort_handle()
+                })
+                .abort_handle()
         });
         Self {
             store,
