@@ -395,3 +395,108 @@ fn a_slot_of_leases_is_taken_and_given_back_outside_a_tokio_runtime() {
     assert_eq!(again.status(), StatusCode::OK);
     assert!(store.renewals.lock().unwrap().is_empty());
 }
+
+/// `Leasing` whose takes and renewals fail while told to, as a Redis
+/// store that is away.
+#[derive(Clone, Default)]
+struct Away {
+    slots: Leasing,
+    away: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Away {
+    fn failing(&self) -> Result<(), StoreError> {
+        match self.away.load(Ordering::SeqCst) {
+            true => Err(StoreError::CircuitOpen),
+            false => Ok(()),
+        }
+    }
+}
+
+impl SlotStore for Away {
+    async fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Slots, StoreError> {
+        self.failing()?;
+        self.slots.acquire(key, limit, holder).await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Renewal, StoreError> {
+        self.failing()?;
+        self.slots.renew(key, limit, holder).await
+    }
+
+    async fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<(), StoreError> {
+        self.slots.release(key, limit, holder).await
+    }
+
+    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        self.slots.release_now(key, limit, holder)
+    }
+
+    fn new_holder(&self) -> u64 {
+        self.slots.new_holder()
+    }
+}
+
+/// A request that the local fallback gave a slot while the store was
+/// away, and that runs on once it is back, counts in the store from its
+/// next renewal: another instance's request is refused there until it
+/// ends. (It was never in the store, and the limit ran twice over for as
+/// long as it ran.)
+#[tokio::test(start_paused = true)]
+async fn a_slot_taken_locally_while_the_store_was_away_counts_there_once_it_is_back() {
+    let store = Away::default();
+    let limit = InFlightLimit::new("exports", 1)
+        .unwrap()
+        .lease(Duration::from_secs(3))
+        .unwrap();
+    let slow = Slow::default();
+    let app = {
+        let slow = slow.clone();
+        Router::new()
+            .route(
+                "/export",
+                get(move || {
+                    let slow = slow.clone();
+                    async move {
+                        slow.started.fetch_add(1, Ordering::SeqCst);
+                        slow.go.acquire().await.unwrap().forget();
+                        "exported"
+                    }
+                }),
+            )
+            .route_layer(
+                InFlightLayer::new(limit.clone(), GlobalKey)
+                    .store(store.clone())
+                    .local_fallback(MemoryStore::new()),
+            )
+    };
+    store.away.store(true, Ordering::SeqCst);
+    let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
+    until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    store.away.store(false, Ordering::SeqCst);
+    let key = Key::global();
+    // Its renewal a second later registers it in the store.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!store.acquire(&key, &limit, 99).await.unwrap().acquired);
+    slow.go.add_permits(1);
+    let done = running.await.unwrap().unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    done.into_body().collect().await.unwrap();
+    // Given back in the store too.
+    assert!(store.acquire(&key, &limit, 99).await.unwrap().acquired);
+}

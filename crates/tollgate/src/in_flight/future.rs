@@ -96,9 +96,15 @@ where
             }
             Answer::Decided((Slots { acquired: true, .. }, Holds::Local))
             | Answer::Local((Slots { acquired: true, .. }, Holds::Local)) => {
-                let store = shared.local.clone();
-                let limit = &local_limit();
-                Some(Slot::boxed(store, key, limit, holder, &shared.telemetry))
+                Some(Slot::boxed_local(
+                    shared.local.clone(),
+                    &local_limit(),
+                    shared.store.clone(),
+                    key,
+                    &shared.limit,
+                    holder,
+                    &shared.telemetry,
+                ))
             }
             Answer::Decided((
                 Slots {

@@ -2,7 +2,7 @@
 
 use std::any::Any;
 
-use tollgate_core::{InFlightLimit, Key, SlotStore};
+use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore};
 
 use super::telemetry::Telemetry;
 /// Where a request's slot was taken: in the layer's store, or, while it
@@ -22,6 +22,9 @@ pub(super) struct Slot<St: SlotStore + Clone> {
     holder: u64,
     renewal: Option<tokio::task::AbortHandle>,
     telemetry: Telemetry,
+    /// A slot taken in the store, or the registration there of one the
+    /// local fallback gave.
+    taken: bool,
 }
 
 impl<St: SlotStore + Clone> Slot<St> {
@@ -33,11 +36,53 @@ impl<St: SlotStore + Clone> Slot<St> {
         holder: u64,
         telemetry: &Telemetry,
     ) -> Box<dyn Any + Send + Sync> {
-        Box::new(Self::take(store, key, limit.clone(), holder, telemetry))
+        Box::new(Self::take(
+            store,
+            key,
+            limit.clone(),
+            holder,
+            telemetry,
+            true,
+        ))
     }
 
-    fn take(store: St, key: Key, limit: InFlightLimit, holder: u64, telemetry: &Telemetry) -> Self {
-        telemetry.held(1.0);
+    /// A slot the local fallback gave in `local` (under `local_limit`)
+    /// while `store` failed, as the response body holds it: registered in
+    /// `store` too, by its renewals, once the store answers again (a
+    /// renewal takes a slot that is gone), so that a request that runs on
+    /// past the failure counts there; given back to both.
+    pub(super) fn boxed_local(
+        local: MemoryStore,
+        local_limit: &InFlightLimit,
+        store: St,
+        key: Key,
+        limit: &InFlightLimit,
+        holder: u64,
+        telemetry: &Telemetry,
+    ) -> Box<dyn Any + Send + Sync> {
+        let local = Slot::take(
+            local,
+            key.clone(),
+            local_limit.clone(),
+            holder,
+            telemetry,
+            true,
+        );
+        let registered = Self::take(store, key, limit.clone(), holder, telemetry, false);
+        Box::new((local, registered))
+    }
+
+    fn take(
+        store: St,
+        key: Key,
+        limit: InFlightLimit,
+        holder: u64,
+        telemetry: &Telemetry,
+        taken: bool,
+    ) -> Self {
+        if taken {
+            telemetry.held(1.0);
+        }
         // Outside a runtime nothing renews: the slot is held until its
         // lease ends, or it is given back.
         let runtime = store
@@ -57,12 +102,16 @@ impl<St: SlotStore + Clone> Slot<St> {
                     // slot (the request cannot be un-run), so that new
                     // requests count this one again within a renewal period of
                     // the store losing its slots.
+                    // A registration's first renewal finds its slot gone,
+                    // as it was never taken there: no news.
+                    let mut expected_gone = !taken;
                     loop {
                         tick.tick().await;
-                        if let Ok(renewal) = store.renew(&key, &limit, holder).await
-                            && renewal.found_gone()
-                        {
-                            telemetry.slot_gone(renewal);
+                        if let Ok(renewal) = store.renew(&key, &limit, holder).await {
+                            if renewal.found_gone() && !expected_gone {
+                                telemetry.slot_gone(renewal);
+                            }
+                            expected_gone = false;
                         }
                     }
                 })
@@ -75,6 +124,7 @@ impl<St: SlotStore + Clone> Slot<St> {
             holder,
             renewal,
             telemetry: telemetry.clone(),
+            taken,
         }
     }
 }
@@ -84,7 +134,9 @@ impl<St: SlotStore + Clone> Drop for Slot<St> {
         if let Some(renewal) = self.renewal.take() {
             renewal.abort();
         }
-        self.telemetry.held(-1.0);
+        if self.taken {
+            self.telemetry.held(-1.0);
+        }
         give_back(&self.store, &self.key, &self.limit, self.holder);
     }
 }
