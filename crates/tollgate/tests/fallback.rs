@@ -109,7 +109,7 @@ async fn a_limiters_settlement_goes_where_the_reservation_was_made() {
     assert_eq!(reservation.decided_by(), DecidedBy::LocalFallback);
     shared.fail(false);
     let settled = limiter.settle(&key, &reservation, 300, 0).await.unwrap();
-    assert_eq!(settled.decided_by(), DecidedBy::Store);
+    assert_eq!(settled.decided_by(), DecidedBy::LocalFallback);
     assert_eq!(
         shared_remaining(&shared),
         500,

@@ -261,7 +261,8 @@ async fn a_cached_lookup_answers_at_once_and_asks_again_after_its_cache_time() {
     );
 }
 
-/// A lookup that denies the keys named `denied-…` and knows no other.
+/// A lookup that denies the keys named `denied-0` to `denied-99` and
+/// knows no other.
 #[derive(Clone, Default)]
 struct DeniesSome {
     calls: Arc<AtomicUsize>,
@@ -275,34 +276,41 @@ impl OverrideLookup for DeniesSome {
         key: &Key,
         _: &str,
     ) -> Result<Option<(Override, Option<Timestamp>)>, Infallible> {
-        let denied = (0..4).any(|i| *key == Key::user(format!("denied-{i}")));
+        let denied = (0..DENIED).any(|i| *key == Key::user(format!("denied-{i}")));
         self.calls.fetch_add(usize::from(denied), Ordering::SeqCst);
         Ok(denied.then_some((Override::Deny, None)))
     }
 }
 
+/// The keys `DeniesSome` denies.
+const DENIED: usize = 100;
+
 /// A flood of new keys through a full cache does not evict the denied
 /// keys' entries: each stays denied at every request, and is looked up
 /// once. (The cache forgot whichever key its map yielded first, a deny
-/// with it four times in five here, and the denied key was admitted
-/// until its lookup came back.)
+/// with it a hundred times in a hundred and one here, and the denied key
+/// was admitted until its lookup came back.)
 #[tokio::test(flavor = "current_thread")]
 async fn a_flood_of_keys_through_a_full_cache_keeps_its_denies() {
     let clock = FakeClock::new(Timestamp::from_secs(T0));
     let db = DeniesSome::default();
-    // Room for the four denied keys and one more: each new key forgets one.
+    // Room for the denied keys and one more: each new key forgets one.
     let cached = CachedLookup::builder(db.clone())
-        .max_keys(5)
+        .max_keys(DENIED + 1)
         .clock(clock)
         .build()
         .unwrap();
     let api = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
-    let denied: Vec<Key> = (0..4).map(|i| Key::user(format!("denied-{i}"))).collect();
+    let denied: Vec<Key> = (0..DENIED)
+        .map(|i| Key::user(format!("denied-{i}")))
+        .collect();
     for key in &denied {
         assert!(cached.applied(key, &api).is_none());
     }
-    tokio::task::yield_now().await;
-    for i in 0..500 {
+    while db.calls.load(Ordering::SeqCst) < DENIED {
+        tokio::task::yield_now().await;
+    }
+    for i in 0..1_000 {
         for key in &denied {
             assert!(
                 matches!(cached.applied(key, &api), Some(Applied::Deny { .. })),
@@ -316,7 +324,7 @@ async fn a_flood_of_keys_through_a_full_cache_keeps_its_denies() {
         );
         tokio::task::yield_now().await;
     }
-    assert_eq!(db.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(db.calls.load(Ordering::SeqCst), DENIED);
 }
 
 /// An override of a calendar quota is a quota of the same calendar: a

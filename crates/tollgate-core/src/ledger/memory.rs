@@ -253,7 +253,12 @@ impl MemoryLedger {
             .earliest
             .fetch_min(at.max(0).unsigned_abs(), Ordering::Relaxed);
         if shared.records.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            // `u64::MAX` when another sweep, late, took this one's records
+            // (each bucket would look expired): nothing to sweep against.
             let now = shared.earliest.swap(u64::MAX, Ordering::Relaxed);
+            if now == u64::MAX {
+                return;
+            }
             for shard in &shared.shards {
                 let removed = shard.lock().sweep(settings, now);
                 shared.keys.fetch_sub(removed, Ordering::Relaxed);

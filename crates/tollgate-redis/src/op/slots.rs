@@ -15,8 +15,8 @@ use crate::wire::Wire;
 
 /// Slots are leases on Redis's clock, renewed by their holders: a slot of
 /// an app server that died frees itself when its lease ends, and a
-/// renewal that finds its slot gone (Redis lost its data) takes it back
-/// if there is room. Each call is one script call (`lua/inflight/`), under
+/// renewal that finds its slot gone (Redis lost its data) takes it back,
+/// past the limit if new requests hold every slot. Each call is one script call (`lua/inflight/`), under
 /// the store's deadline and circuit breaker.
 impl<C: RedisConnection> SlotStore for RedisStore<C> {
     async fn acquire(

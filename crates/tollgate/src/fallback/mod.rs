@@ -244,7 +244,8 @@ impl<S: Store> FallbackStore<S> {
             Reserved::InStore => self.store.settle(key, policy, settlement).await,
             Reserved::Locally => {
                 let share = self.settings.share(policy);
-                self.settings.local.settle_sync(key, &share, &settlement)
+                let settled = self.settings.local.settle_sync(key, &share, &settlement);
+                settled.map(|decision| decision.with_decided_by(DecidedBy::LocalFallback))
             }
         }
     }

@@ -108,7 +108,7 @@ impl<St: SlotStore + Clone> Slot<St> {
                     loop {
                         tick.tick().await;
                         if let Ok(renewal) = store.renew(&key, &limit, holder).await {
-                            if renewal.found_gone() && !expected_gone {
+                            if renewal.found_gone() && (!expected_gone || renewal.past_limit()) {
                                 telemetry.slot_gone(renewal);
                             }
                             expected_gone = false;

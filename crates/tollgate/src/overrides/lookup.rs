@@ -1,6 +1,6 @@
 //! [`CachedLookup`]: overrides from any async lookup (a database), cached.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -76,10 +76,10 @@ pub trait OverrideLookup: Send + Sync + 'static {
 /// second.
 ///
 /// The cache holds at most `max_keys` keys and policies (default 100,000);
-/// past it, another is forgotten for each new one, so hostile keys cannot
-/// grow it: one without an override, as a rule (of the first few the cache
-/// looks at), so that a flood of keys does not lift a deny. Needs a Tokio
-/// runtime for the background lookups.
+/// past it, the oldest key without an override is forgotten for each new
+/// one, so hostile keys cannot grow it, and a flood of them does not lift
+/// a deny (while the cache holds no more than 1,024 keys with overrides).
+/// Needs a Tokio runtime for the background lookups.
 ///
 /// ```
 /// use std::time::Duration;
@@ -158,14 +158,18 @@ impl Asked {
 #[derive(Default)]
 struct Asks {
     by_key: HashMap<Key, Vec<(Box<str>, Asked)>>,
+    /// Every key of `by_key` once, oldest first (see
+    /// [`forget_one`](Self::forget_one)).
+    order: VecDeque<Key>,
     len: usize,
     /// The id of the next lookup.
     next_id: u64,
 }
 
-/// How many cached keys [`Asks::forget_one`] looks at for one without an
-/// override.
-const LOOK_AT: usize = 8;
+/// How many keys with an override [`Asks::forget_one`] passes over, at
+/// most, before it forgets one of them: a cache that holds more than this
+/// many keys with overrides, oldest first, may forget one for a new key.
+const PASS_OVER: usize = 1_024;
 
 impl Asks {
     fn get_mut(&mut self, key: &Key, policy: &str) -> Option<&mut Asked> {
@@ -188,29 +192,50 @@ impl Asks {
             self.forget_one(table);
         }
         let entry = (Box::from(policy), asked);
-        self.by_key.entry(key.clone()).or_default().push(entry);
+        match self.by_key.get_mut(key) {
+            Some(entries) => entries.push(entry),
+            None => {
+                self.by_key.insert(key.clone(), vec![entry]);
+                self.order.push_back(key.clone());
+            }
+        }
         self.len += 1;
     }
 
-    /// Forgets a key: the first of the first [`LOOK_AT`] the map yields
-    /// that has no override in `table`, or the first if each has one. So
-    /// a flood of keys without an override (hostile keys, met while the
-    /// cache is full) churns among themselves, and a deny or an exemption
-    /// is not dropped from the table for one, to be applied again only
-    /// once its lookup returns: meanwhile the denied key was admitted.
+    /// Forgets the oldest key that has no override in `table`. A key with
+    /// one goes to the back of the order instead, at most [`PASS_OVER`]
+    /// of them a time (then the oldest goes, override or not), so each is
+    /// passed over once a round of the cache, and a forget costs a few
+    /// steps on average. So a flood of keys without an override (hostile
+    /// keys, met while the cache is full) churns among themselves, and a
+    /// deny or an exemption is not dropped from the table for one, to be
+    /// applied again only once its lookup returns: meanwhile the denied
+    /// key was admitted.
     fn forget_one(&mut self, table: &OverrideTable) {
-        let has_none = |(key, asked): &(&Key, &Vec<(Box<str>, Asked)>)| {
-            asked.iter().all(|(policy, _)| !table.holds(key, policy))
+        let overridden = |key: &Key, asked: &[(Box<str>, Asked)]| {
+            asked.iter().any(|(policy, _)| table.holds(key, policy))
         };
-        let mut first = self.by_key.iter().take(LOOK_AT);
-        let chosen = first.clone().find(has_none).or_else(|| first.next());
-        let Some(key) = chosen.map(|(key, _)| key.clone()) else {
-            return;
-        };
-        if let Some(forgotten) = self.by_key.remove(&key) {
+        for _ in 0..PASS_OVER.min(self.order.len()) {
+            let Some(key) = self.order.pop_front() else {
+                return;
+            };
+            match self.by_key.get(&key) {
+                Some(asked) if overridden(&key, asked) => self.order.push_back(key),
+                Some(_) => return self.forget(&key, table),
+                None => {}
+            }
+        }
+        if let Some(key) = self.order.pop_front() {
+            self.forget(&key, table);
+        }
+    }
+
+    /// Forgets `key`, in `table` too.
+    fn forget(&mut self, key: &Key, table: &OverrideTable) {
+        if let Some(forgotten) = self.by_key.remove(key) {
             self.len -= forgotten.len();
             for (policy, asked) in forgotten {
-                table.remove(&key, &policy);
+                table.remove(key, &policy);
                 // Its lookup is not waited for any more: so that hostile
                 // keys met while the source hangs cannot pile up lookups
                 // beyond `max`, it ends with the entry.
