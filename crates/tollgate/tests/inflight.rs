@@ -46,7 +46,7 @@ async fn panics() -> &'static str {
 }
 
 impl Slow {
-    fn app(&self, layer: InFlightLayer<GlobalKey, MemoryStore>) -> Router {
+    fn app<St: SlotStore + Clone + 'static>(&self, layer: InFlightLayer<GlobalKey, St>) -> Router {
         let slow = self.clone();
         Router::new()
             .route(
@@ -183,12 +183,23 @@ async fn a_grpc_server_refuses_with_resource_exhausted_and_a_pushback() {
 
 /// The memory store's slots, renewed as leases are (as on Redis), with
 /// holder ids in order from 1 and every renewal's answer recorded; given
-/// back at once, as in memory.
+/// back at once, as in memory. While `away`, takes and renewals fail, as
+/// on a Redis that is away.
 #[derive(Clone, Default)]
 struct Leasing {
     slots: MemoryStore,
     next: Arc<AtomicU64>,
     renewals: Arc<Mutex<Vec<Renewal>>>,
+    away: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Leasing {
+    fn failing(&self) -> Result<(), StoreError> {
+        match self.away.load(Ordering::SeqCst) {
+            true => Err(StoreError::CircuitOpen),
+            false => Ok(()),
+        }
+    }
 }
 
 impl SlotStore for Leasing {
@@ -198,6 +209,7 @@ impl SlotStore for Leasing {
         limit: &InFlightLimit,
         holder: u64,
     ) -> Result<Slots, StoreError> {
+        self.failing()?;
         self.slots.acquire(key, limit, holder).await
     }
 
@@ -207,6 +219,7 @@ impl SlotStore for Leasing {
         limit: &InFlightLimit,
         holder: u64,
     ) -> Result<Renewal, StoreError> {
+        self.failing()?;
         let renewal = self.slots.renew(key, limit, holder).await?;
         self.renewals.lock().unwrap().push(renewal);
         Ok(renewal)
@@ -244,22 +257,7 @@ async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal(
         .lease(Duration::from_secs(3))
         .unwrap();
     let slow = Slow::default();
-    let app = {
-        let slow = slow.clone();
-        Router::new()
-            .route(
-                "/export",
-                get(move || {
-                    let slow = slow.clone();
-                    async move {
-                        slow.started.fetch_add(1, Ordering::SeqCst);
-                        slow.go.acquire().await.unwrap().forget();
-                        "exported"
-                    }
-                }),
-            )
-            .route_layer(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()))
-    };
+    let app = slow.app(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
     let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
     until(|| slow.started.load(Ordering::SeqCst) == 1).await;
     let key = Key::global();
@@ -396,62 +394,6 @@ fn a_slot_of_leases_is_taken_and_given_back_outside_a_tokio_runtime() {
     assert!(store.renewals.lock().unwrap().is_empty());
 }
 
-/// `Leasing` whose takes and renewals fail while told to, as a Redis
-/// store that is away.
-#[derive(Clone, Default)]
-struct Away {
-    slots: Leasing,
-    away: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Away {
-    fn failing(&self) -> Result<(), StoreError> {
-        match self.away.load(Ordering::SeqCst) {
-            true => Err(StoreError::CircuitOpen),
-            false => Ok(()),
-        }
-    }
-}
-
-impl SlotStore for Away {
-    async fn acquire(
-        &self,
-        key: &Key,
-        limit: &InFlightLimit,
-        holder: u64,
-    ) -> Result<Slots, StoreError> {
-        self.failing()?;
-        self.slots.acquire(key, limit, holder).await
-    }
-
-    async fn renew(
-        &self,
-        key: &Key,
-        limit: &InFlightLimit,
-        holder: u64,
-    ) -> Result<Renewal, StoreError> {
-        self.failing()?;
-        self.slots.renew(key, limit, holder).await
-    }
-
-    async fn release(
-        &self,
-        key: &Key,
-        limit: &InFlightLimit,
-        holder: u64,
-    ) -> Result<(), StoreError> {
-        self.slots.release(key, limit, holder).await
-    }
-
-    fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
-        self.slots.release_now(key, limit, holder)
-    }
-
-    fn new_holder(&self) -> u64 {
-        self.slots.new_holder()
-    }
-}
-
 /// A request that the local fallback gave a slot while the store was
 /// away, and that runs on once it is back, counts in the store from its
 /// next renewal: another instance's request is refused there until it
@@ -459,32 +401,17 @@ impl SlotStore for Away {
 /// long as it ran.)
 #[tokio::test(start_paused = true)]
 async fn a_slot_taken_locally_while_the_store_was_away_counts_there_once_it_is_back() {
-    let store = Away::default();
+    let store = Leasing::default();
     let limit = InFlightLimit::new("exports", 1)
         .unwrap()
         .lease(Duration::from_secs(3))
         .unwrap();
     let slow = Slow::default();
-    let app = {
-        let slow = slow.clone();
-        Router::new()
-            .route(
-                "/export",
-                get(move || {
-                    let slow = slow.clone();
-                    async move {
-                        slow.started.fetch_add(1, Ordering::SeqCst);
-                        slow.go.acquire().await.unwrap().forget();
-                        "exported"
-                    }
-                }),
-            )
-            .route_layer(
-                InFlightLayer::new(limit.clone(), GlobalKey)
-                    .store(store.clone())
-                    .local_fallback(MemoryStore::new()),
-            )
-    };
+    let app = slow.app(
+        InFlightLayer::new(limit.clone(), GlobalKey)
+            .store(store.clone())
+            .local_fallback(MemoryStore::new()),
+    );
     store.away.store(true, Ordering::SeqCst);
     let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
     until(|| slow.started.load(Ordering::SeqCst) == 1).await;

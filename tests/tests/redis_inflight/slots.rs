@@ -155,15 +155,11 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
     );
 }
 
-/// The renewal script: after the slot set is deleted, a renewal re-adds
-/// its holder with a fresh lease; once the set is full of other holders, a
-/// renewal of a holder whose slot is gone re-adds it past the limit, so
-/// that a new request waits until fewer than the limit are held. (It added
-/// nothing, and new requests took each slot freed between its renewals.)
-#[tokio::test]
-async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
+/// A Redis store on a fresh prefix starting with `name`, the prefix, and
+/// a plain connection to read its keys.
+async fn store_and_connection(name: &str) -> (String, RedisStore, redis::Connection) {
     let url = require_redis().await;
-    let prefix = unique_prefix("inflight-renew");
+    let prefix = unique_prefix(name);
     let store = RedisStore::builder()
         .prefix(prefix.as_str())
         .deadline(Duration::from_secs(5))
@@ -171,10 +167,21 @@ async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
         .connect(url.as_str())
         .await
         .unwrap();
-    let mut con = redis::Client::open(url.as_str())
+    let con = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
         .unwrap();
+    (prefix, store, con)
+}
+
+/// The renewal script: after the slot set is deleted, a renewal re-adds
+/// its holder with a fresh lease; once the set is full of other holders, a
+/// renewal of a holder whose slot is gone re-adds it past the limit, so
+/// that a new request waits until fewer than the limit are held. (It added
+/// nothing, and new requests took each slot freed between its renewals.)
+#[tokio::test]
+async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
+    let (prefix, store, mut con) = store_and_connection("inflight-renew").await;
     let limit = InFlightLimit::new("renew", 2)
         .unwrap()
         .lease(Duration::from_secs(60))
@@ -224,19 +231,7 @@ async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
 /// longer holders' slots with it.
 #[tokio::test]
 async fn the_slots_live_as_long_as_the_longest_lease() {
-    let url = require_redis().await;
-    let prefix = unique_prefix("inflight-leases");
-    let store = RedisStore::builder()
-        .prefix(prefix.as_str())
-        .deadline(Duration::from_secs(5))
-        .response_timeout(Duration::from_secs(5))
-        .connect(url.as_str())
-        .await
-        .unwrap();
-    let mut con = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let (prefix, store, mut con) = store_and_connection("inflight-leases").await;
     let long = InFlightLimit::new("leases", 5)
         .unwrap()
         .lease(Duration::from_secs(60))
