@@ -200,21 +200,22 @@ impl OverrideTable {
         Some((entry.rule.clone(), entry.expires_at))
     }
 
-    /// Whether the table holds an override of `key` under the policy named
-    /// `policy`, in force or not.
+    /// Whether an override of `key` under the policy named `policy` is in
+    /// force at `now`.
     ///
     /// ```
-    /// use tollgate_core::{Key, Override, OverrideTable};
+    /// use tollgate_core::{Key, Override, OverrideTable, Timestamp};
     ///
     /// let table = OverrideTable::new();
-    /// table.set(Key::user("mallory"), "api", Override::Deny, None);
-    /// assert!(table.holds(&Key::user("mallory"), "api"));
-    /// assert!(!table.holds(&Key::user("mallory"), "search"));
+    /// let (mallory, now) = (Key::user("mallory"), Timestamp::from_secs(1_700_000_000));
+    /// let ends = Timestamp::from_secs(1_700_000_600);
+    /// table.set(mallory.clone(), "api", Override::Deny, Some(ends));
+    /// assert!(table.holds(&mallory, "api", now));
+    /// assert!(!table.holds(&mallory, "search", now));
+    /// assert!(!table.holds(&mallory, "api", ends));
     /// ```
-    pub fn holds(&self, key: &Key, policy: &str) -> bool {
-        let map = self.map.read();
-        map.get(key)
-            .is_some_and(|entries| entries.iter().any(|(name, _)| **name == *policy))
+    pub fn holds(&self, key: &Key, policy: &str, now: Timestamp) -> bool {
+        self.entry(key, policy, now).is_some()
     }
 
     /// What `key`'s override under `policy`, if one is in force at `now`,

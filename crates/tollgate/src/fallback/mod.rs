@@ -337,9 +337,9 @@ impl<S: Store> Store for FallbackStore<S> {
     ) -> Result<Decision, StoreError> {
         let result = self.store.settle(key, policy, settlement).await;
         let local = || {
-            self.settings
-                .local
-                .settle_sync(key, &self.settings.share(policy), &settlement)
+            let share = self.settings.share(policy);
+            let settled = self.settings.local.settle_sync(key, &share, &settlement);
+            settled.map(|decision| decision.with_decided_by(DecidedBy::LocalFallback))
         };
         self.settings.mode.apply(result, local, &()).into_result()
     }

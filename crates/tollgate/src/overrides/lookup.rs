@@ -76,9 +76,10 @@ pub trait OverrideLookup: Send + Sync + 'static {
 /// second.
 ///
 /// The cache holds at most `max_keys` keys and policies (default 100,000);
-/// past it, the oldest key without an override is forgotten for each new
-/// one, so hostile keys cannot grow it, and a flood of them does not lift
-/// a deny (while the cache holds no more than 1,024 keys with overrides).
+/// past it, the oldest key without an override in force is forgotten for
+/// each new one, so hostile keys cannot grow it, and a flood of them does
+/// not lift a deny (while no more than 1,024 keys with overrides come in
+/// a row in the order keys were first met).
 /// Needs a Tokio runtime for the background lookups.
 ///
 /// ```
@@ -167,8 +168,9 @@ struct Asks {
 }
 
 /// How many keys with an override [`Asks::forget_one`] passes over, at
-/// most, before it forgets one of them: a cache that holds more than this
-/// many keys with overrides, oldest first, may forget one for a new key.
+/// most, before it forgets the next key, override or not: a cache whose
+/// oldest keys include more than this many in a row with overrides may
+/// forget one for a new key.
 const PASS_OVER: usize = 1_024;
 
 impl Asks {
@@ -183,13 +185,21 @@ impl Asks {
     /// Records `asked` of `key` under `policy`; a new one past `max`
     /// first forgets another (see [`forget_one`](Self::forget_one)), in
     /// `table` too.
-    fn put(&mut self, key: &Key, policy: &str, asked: Asked, max: usize, table: &OverrideTable) {
+    fn put(
+        &mut self,
+        key: &Key,
+        policy: &str,
+        asked: Asked,
+        max: usize,
+        table: &OverrideTable,
+        now: Timestamp,
+    ) {
         if let Some(known) = self.get_mut(key, policy) {
             *known = asked;
             return;
         }
         if self.len >= max {
-            self.forget_one(table);
+            self.forget_one(table, now);
         }
         let entry = (Box::from(policy), asked);
         match self.by_key.get_mut(key) {
@@ -202,18 +212,21 @@ impl Asks {
         self.len += 1;
     }
 
-    /// Forgets the oldest key that has no override in `table`. A key with
-    /// one goes to the back of the order instead, at most [`PASS_OVER`]
-    /// of them a time (then the oldest goes, override or not), so each is
-    /// passed over once a round of the cache, and a forget costs a few
-    /// steps on average. So a flood of keys without an override (hostile
-    /// keys, met while the cache is full) churns among themselves, and a
-    /// deny or an exemption is not dropped from the table for one, to be
-    /// applied again only once its lookup returns: meanwhile the denied
-    /// key was admitted.
-    fn forget_one(&mut self, table: &OverrideTable) {
+    /// Forgets the oldest key (the first met) that has no override in
+    /// force in `table` at `now`. A key with one goes to the back of the
+    /// order instead, at most [`PASS_OVER`] of them a time, after which the
+    /// next key in the order is forgotten, override or not. So a flood of
+    /// keys without an override (hostile keys, met while the cache is
+    /// full) churns among themselves, and a deny or an exemption is not
+    /// dropped from the table for one, to be applied again only once its
+    /// lookup returns (meanwhile the denied key was admitted). With `k`
+    /// keys with overrides in a cache of `max`, a forget passes over about
+    /// `k / (max - k)` of them on average.
+    fn forget_one(&mut self, table: &OverrideTable, now: Timestamp) {
         let overridden = |key: &Key, asked: &[(Box<str>, Asked)]| {
-            asked.iter().any(|(policy, _)| table.holds(key, policy))
+            asked
+                .iter()
+                .any(|(policy, _)| table.holds(key, policy, now))
         };
         for _ in 0..PASS_OVER.min(self.order.len()) {
             let Some(key) = self.order.pop_front() else {
@@ -361,7 +374,14 @@ impl<L: OverrideLookup> Inner<L> {
             }
         }
         let mut asked = self.asked.lock();
-        asked.put(key, policy, Asked::ended(now), self.max_keys, &self.table);
+        asked.put(
+            key,
+            policy,
+            Asked::ended(now),
+            self.max_keys,
+            &self.table,
+            now,
+        );
         found.map(drop)
     }
 
@@ -383,7 +403,7 @@ impl<L: OverrideLookup> Inner<L> {
                 at: None,
                 pending: Some(began),
             };
-            asked.put(key, policy, first, self.max_keys, &self.table);
+            asked.put(key, policy, first, self.max_keys, &self.table, now);
             asked.next_id += 1;
             return Due::Yes { id, given_up: None };
         };
@@ -468,7 +488,14 @@ impl<L: OverrideLookup> Inner<L> {
             // No runtime to look up in: asked again after the cache time.
             Err(_) => {
                 let mut asked = self.asked.lock();
-                asked.put(key, policy, Asked::ended(now), self.max_keys, &self.table);
+                asked.put(
+                    key,
+                    policy,
+                    Asked::ended(now),
+                    self.max_keys,
+                    &self.table,
+                    now,
+                );
             }
         }
     }
