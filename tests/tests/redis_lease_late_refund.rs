@@ -87,11 +87,23 @@ impl Store for Gated {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing() {
+/// A Redis store on a fresh prefix starting with `name`, on `clock`, with
+/// no deny cache and deadlines no busy machine misses, and a leased store
+/// over it that holds what `gate` names at a gate: the two stores, the
+/// gate's sender (`true` opens it, as it starts) and how many requests
+/// waited at it.
+async fn gated_leases(
+    name: &str,
+    clock: &FakeClock,
+    gate: Gate,
+) -> (
+    RedisStore,
+    LeasedStore<Gated>,
+    watch::Sender<bool>,
+    Arc<AtomicUsize>,
+) {
     let url = require_redis().await;
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-    let prefix = unique_prefix("lease-late-refund");
+    let prefix = unique_prefix(name);
     let redis = RedisStore::builder()
         .prefix(&prefix)
         .test_clock(clock.clone())
@@ -101,12 +113,11 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
         .connect(url.as_str())
         .await
         .unwrap();
-    let (gate, open) = watch::channel(true);
+    let (sender, open) = watch::channel(true);
     let waiting = Arc::new(AtomicUsize::new(0));
-    let settled = Arc::new(Mutex::new(Vec::new()));
     let gated = Gated {
         inner: redis.clone(),
-        gate: Gate::Settlements(settled.clone()),
+        gate,
         open,
         waiting: waiting.clone(),
     };
@@ -118,6 +129,15 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
         .connect(gated, url.as_str())
         .await
         .unwrap();
+    (redis, leased, sender, waiting)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let settled = Arc::new(Mutex::new(Vec::new()));
+    let gate = Gate::Settlements(settled.clone());
+    let (redis, leased, gate, waiting) = gated_leases("lease-late-refund", &clock, gate).await;
     assert!(leased.is_listening());
     // 600 a minute, no refill while the fake clock stands still.
     let policy = Policy::new("late", Algorithm::TokenBucket, "600/min").unwrap();
@@ -186,35 +206,10 @@ async fn a_give_back_on_its_way_when_a_reset_lands_gives_the_fresh_state_nothing
 /// was admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_on_its_way_at_a_reset_of_another_key_gives_its_units_back() {
-    let url = require_redis().await;
     let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-    let prefix = unique_prefix("lease-grant-at-reset");
-    let redis = RedisStore::builder()
-        .prefix(&prefix)
-        .test_clock(clock.clone())
-        .deny_cache(0)
-        .deadline(Duration::from_secs(5))
-        .response_timeout(Duration::from_secs(5))
-        .connect(url.as_str())
-        .await
-        .unwrap();
     let hot = Key::user("hot");
-    let (gate, open) = watch::channel(true);
-    let waiting = Arc::new(AtomicUsize::new(0));
-    let gated = Gated {
-        inner: redis.clone(),
-        gate: Gate::ChecksOf(hot.clone()),
-        open,
-        waiting: waiting.clone(),
-    };
-    let leased = LeasedStore::builder()
-        .interval(Duration::from_millis(8))
-        .share(4)
-        .channel(format!("{prefix}:leases"))
-        .test_clock(clock.clone())
-        .connect(gated, url.as_str())
-        .await
-        .unwrap();
+    let gate = Gate::ChecksOf(hot.clone());
+    let (redis, leased, gate, waiting) = gated_leases("lease-grant-at-reset", &clock, gate).await;
     assert!(leased.is_listening());
     // 600 a minute, no refill while the fake clock stands still.
     let policy = Policy::new("grant-at-reset", Algorithm::TokenBucket, "600/min").unwrap();

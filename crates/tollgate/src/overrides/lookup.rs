@@ -373,15 +373,7 @@ impl<L: OverrideLookup> Inner<L> {
                 }
             }
         }
-        let mut asked = self.asked.lock();
-        asked.put(
-            key,
-            policy,
-            Asked::ended(now),
-            self.max_keys,
-            &self.table,
-            now,
-        );
+        self.asked_at(key, policy, now);
         found.map(drop)
     }
 
@@ -487,21 +479,21 @@ impl<L: OverrideLookup> Inner<L> {
             }
             // No runtime to look up in: asked again after the cache time.
             Err(_) => {
-                let mut asked = self.asked.lock();
-                asked.put(
-                    key,
-                    policy,
-                    Asked::ended(now),
-                    self.max_keys,
-                    &self.table,
-                    now,
-                );
+                self.asked_at(key, policy, now);
             }
         }
     }
 }
 
 impl<L> Inner<L> {
+    /// Records that `key` under `policy` was last asked at `now`, with no
+    /// lookup under way.
+    fn asked_at(&self, key: &Key, policy: &str, now: Timestamp) {
+        let mut asked = self.asked.lock();
+        let max = self.max_keys;
+        asked.put(key, policy, Asked::ended(now), max, &self.table, now);
+    }
+
     /// Logs a failed lookup, at most once a second.
     fn failed(&self, error: &dyn fmt::Display, policy: &str) {
         if let Some(suppressed) = self.failures.may_log(tokio::time::Instant::now()) {
