@@ -393,3 +393,66 @@ async fn beside_a_per_key_limit_a_request_refused_for_its_key_never_takes_a_slot
     assert_eq!((snapshot.admitted, snapshot.in_flight), (3, 0));
     assert_eq!(snapshot.refused_by_class, [0, 0, 0]);
 }
+
+/// AIMD over 100 ms, from 10, taking each window of one request in at
+/// once: one dropped request cuts the limit to 9.
+fn aimd_from_ten() -> AdaptiveLimit {
+    AdaptiveLimit::builder("api")
+        .algorithm(tollgate::LimitAlgorithm::Aimd {
+            latency_ceiling: Duration::from_millis(100),
+        })
+        .bounds(1, 100)
+        .initial(10)
+        .sample_window(Duration::ZERO, 1)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_whose_clients_gave_up_after_the_overload_latency_shrink_the_limit() {
+    let held = Held::default();
+    let layer = layer(aimd_from_ten());
+    let state = layer.handle();
+    let app = held.app(layer);
+    // A client that gives up within the ceiling: nothing learnt.
+    let (running, _) = send(&app, Priority::Default, 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    running.iter().for_each(|task| task.abort());
+    tokio::task::yield_now().await;
+    assert_eq!(
+        (state.snapshot().in_flight, state.snapshot().limit),
+        (0, 10)
+    );
+    // Ten clients time out after a second, none answered: an overload.
+    // The first, alone in its window, is a drop: 10 × 0.9.
+    let (running, shed) = send(&app, Priority::Default, 10).await;
+    assert_eq!((running.len(), shed), (10, 0));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.iter().for_each(|task| task.abort());
+    tokio::task::yield_now().await;
+    assert_eq!((state.snapshot().in_flight, state.snapshot().limit), (0, 9));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_after_the_overload_latency_shrinks_the_limit_a_quick_one_does_not() {
+    use tower::{Layer, Service};
+
+    let layer = layer(aimd_from_ten());
+    let state = layer.handle();
+    let mut service = layer.layer(tower::service_fn(|request: Request<Body>| async move {
+        // A timeout inside the service, after as long as the request says.
+        let wait: u64 = request.uri().query().unwrap().parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        Err::<http::Response<Body>, _>("timed out")
+    }));
+    for (wait, limit) in [(20, 10), (500, 9), (30, 9), (500, 8)] {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let request = Request::get(format!("/work?{wait}"))
+            .body(Body::empty())
+            .unwrap();
+        assert!(service.call(request).await.is_err());
+        assert_eq!(state.snapshot().limit, limit, "after an error at {wait} ms");
+    }
+}

@@ -39,8 +39,17 @@ pub enum Completion {
     /// It failed for want of capacity (the service said it was
     /// overloaded, or it timed out): the limit shrinks.
     Dropped,
-    /// It ended in a way that says nothing about capacity (an error
-    /// unrelated to load, or the client went away): not a sample.
+    /// It ended without the service's answer: its caller went away (a
+    /// client that timed out, a cancelled task), or the service failed
+    /// with an error. If it had run longer than the limit's algorithm
+    /// takes for overload (twice Vegas's no-load latency, 1.5 times
+    /// Gradient2's average, AIMD's latency ceiling), it counts as
+    /// [`Dropped`](Self::Dropped): in an overload, clients give up and
+    /// take their requests with them, and those requests must still
+    /// shrink the limit. One that ended sooner teaches nothing.
+    Abandoned,
+    /// It ended in a way that says nothing about capacity (it never ran,
+    /// or the caller knows its end is unrelated to load): not a sample.
     Ignored,
 }
 
@@ -215,14 +224,18 @@ impl Concurrency {
         self.see(now);
         let count = &mut self.in_flight[permit.class.index()];
         *count = count.saturating_sub(1);
+        let rtt = now
+            .as_micros()
+            .saturating_sub(permit.admitted.as_micros())
+            .max(1);
         let dropped = match completion {
             Completion::Served => Some(false),
             Completion::Dropped => Some(true),
+            Completion::Abandoned => self.estimator.overdue(rtt).then_some(true),
             Completion::Ignored => None,
         };
-        let rtt = now.as_micros().saturating_sub(permit.admitted.as_micros());
         let sample = dropped.map(|dropped| Sample {
-            rtt: rtt.max(1),
+            rtt,
             in_flight: permit.in_flight,
             dropped,
             held_back: false,
@@ -339,6 +352,55 @@ mod tests {
         assert_eq!(state.limit(T0), 10);
         assert_eq!(state.limit(T0 + Duration::from_secs(5)), 55);
         assert_eq!(state.limit(T0 + Duration::from_secs(10)), 100);
+    }
+
+    /// One request through `state`, admitted at `at` and ended `after`
+    /// later as `completion`: the limit then.
+    fn one(state: &mut Concurrency, at: Timestamp, after: Duration, completion: Completion) -> u32 {
+        let end = at + after;
+        if let Some(permit) = state.try_acquire(Priority::Default, at) {
+            state.release(permit, end, completion);
+        }
+        state.limit(end)
+    }
+
+    fn each_window_at_once(algorithm: super::super::LimitAlgorithm) -> AdaptiveLimit {
+        AdaptiveLimit::builder("test")
+            .algorithm(algorithm)
+            .bounds(1, 1_000)
+            .initial(100)
+            .sample_window(Duration::ZERO, 1)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"))
+    }
+
+    #[test]
+    fn an_abandoned_request_is_a_drop_once_it_ran_past_what_the_algorithm_takes_for_overload() {
+        use super::super::LimitAlgorithm;
+        let ms = Duration::from_millis;
+        // AIMD: past its ceiling of 10 ms, 10 % less.
+        let mut aimd = Concurrency::new(
+            &each_window_at_once(LimitAlgorithm::Aimd {
+                latency_ceiling: ms(10),
+            }),
+            T0,
+        );
+        assert_eq!(one(&mut aimd, T0, ms(10), Completion::Abandoned), 100);
+        assert_eq!(one(&mut aimd, T0, ms(11), Completion::Abandoned), 90);
+        // Vegas: past twice its no-load latency (10 ms, from a served
+        // request), one step (log10 of 100 = 2) less.
+        let mut vegas = Concurrency::new(&each_window_at_once(LimitAlgorithm::Vegas), T0);
+        assert_eq!(one(&mut vegas, T0, ms(500), Completion::Abandoned), 100); // nothing to compare with yet
+        assert_eq!(one(&mut vegas, T0, ms(10), Completion::Served), 100);
+        assert_eq!(one(&mut vegas, T0, ms(20), Completion::Abandoned), 100);
+        assert_eq!(one(&mut vegas, T0, ms(21), Completion::Abandoned), 98);
+        // Gradient2: past 1.5 times its average (10 ms).
+        let mut gradient = Concurrency::new(&each_window_at_once(LimitAlgorithm::Gradient2), T0);
+        assert_eq!(one(&mut gradient, T0, ms(10), Completion::Served), 100);
+        assert_eq!(one(&mut gradient, T0, ms(15), Completion::Abandoned), 100);
+        assert_eq!(one(&mut gradient, T0, ms(16), Completion::Abandoned), 90);
+        // An ignored one never is, however long it ran.
+        assert_eq!(one(&mut gradient, T0, ms(10_000), Completion::Ignored), 90);
     }
 
     #[test]

@@ -118,7 +118,8 @@ pub enum LimitAlgorithm {
     Vegas,
     /// Gradient2: the limit follows the ratio of a long-term average
     /// latency to the latest one, tolerating 1.5 times the average. Under a
-    /// standing queue the average drifts up with it.
+    /// standing queue the average drifts up with it. A drop lowers the
+    /// limit by about a tenth (Netflix's Gradient2 ignores drops).
     Gradient2,
     /// Additive increase, multiplicative decrease: the limit grows by one
     /// per sample while it is used, and is cut by 10 % when a request

@@ -63,6 +63,21 @@ impl Estimator {
         }
     }
 
+    /// Whether a request that ran `rtt` µs ran longer than this algorithm
+    /// takes for overload: twice Vegas's no-load latency (a queue of half
+    /// the limit), more than Gradient2 tolerates of its average, or above
+    /// AIMD's ceiling. Never before the algorithm has a latency to
+    /// compare with.
+    pub(super) fn overdue(&self, rtt: u64) -> bool {
+        match &self.kind {
+            Kind::Vegas(vegas) => vegas.rtt_noload > 0 && rtt > vegas.rtt_noload.saturating_mul(2),
+            Kind::Gradient2(gradient) => {
+                gradient.samples > 0 && rtt as f64 > Gradient2::TOLERANCE * gradient.long_rtt
+            }
+            Kind::Aimd { latency_ceiling } => rtt > *latency_ceiling,
+        }
+    }
+
     /// Takes in `sample`, keeping the limit within `min..=max`.
     pub(super) fn update(&mut self, sample: Sample, min: u32, max: u32) {
         let limit = self.limit;
@@ -175,13 +190,23 @@ impl Vegas {
     }
 
     fn update(&mut self, limit: f64, sample: Sample) -> Option<f64> {
+        // A window with a drop never gives the no-load latency: its
+        // latency may be that of fast refusals (a 503 from inside), or of
+        // requests whose callers gave up.
         if let Some(restore) = self.probing.take() {
+            self.probed_limit = restore;
+            if sample.dropped {
+                // Dropped even at half the limit: the limit, less a step.
+                return Some(restore - log10_step(restore));
+            }
             // Admitted under half the limit: no queue in front of it.
             self.rtt_noload = sample.rtt;
-            self.probed_limit = restore;
             return Some(restore);
         }
         if self.rtt_noload == 0 {
+            if sample.dropped {
+                return Some(limit - log10_step(limit));
+            }
             self.rtt_noload = sample.rtt;
             self.probed_limit = limit;
             return None;
@@ -191,7 +216,7 @@ impl Vegas {
             || limit >= self.probed_limit * Self::PROBE_ON_CHANGE;
         let due = self.probe_jitter * Self::PROBE_MULTIPLIER * limit <= self.probe_count as f64;
         if moved || due {
-            if f64::from(sample.in_flight) * 2.0 <= limit {
+            if f64::from(sample.in_flight) * 2.0 <= limit && !sample.dropped {
                 // This window ran at half the limit or less: it is the
                 // probe, and nothing had to be turned away for it.
                 self.new_jitter();
@@ -240,6 +265,10 @@ impl Vegas {
 
 /// Gradient2: the limit times the ratio of a long-term average latency to
 /// the latest, plus a little headroom, smoothed.
+///
+/// Unlike Netflix's, a window with a drop lowers the limit as latency at
+/// the gradient's floor would: a service that answers 503 at once, or
+/// whose callers give up, has no latency that says it is overloaded.
 #[derive(Debug, Clone)]
 struct Gradient2 {
     long_rtt: f64,
@@ -263,6 +292,13 @@ impl Gradient2 {
     }
 
     fn update(&mut self, limit: f64, sample: Sample) -> Option<f64> {
+        if sample.dropped {
+            // As latency at the gradient's floor, whatever the window's
+            // latency was (fast refusals, or requests whose callers gave
+            // up): about a tenth less, as AIMD. Not averaged in.
+            let next = limit * 0.5 + Self::QUEUE;
+            return Some(limit * (1.0 - Self::SMOOTHING) + next * Self::SMOOTHING);
+        }
         let short = sample.rtt as f64;
         if self.samples < Self::WARM_UP {
             self.samples += 1;
@@ -403,6 +439,67 @@ mod tests {
         assert_eq!(vegas.limit(), 21);
         vegas.update(sample(10_000, 21), 1, 1_000);
         assert_eq!(vegas.limit(), 27);
+    }
+
+    fn dropped(rtt: u64, in_flight: u32) -> Sample {
+        Sample {
+            dropped: true,
+            ..sample(rtt, in_flight)
+        }
+    }
+
+    #[test]
+    fn vegas_never_takes_its_no_load_latency_from_a_window_with_a_drop() {
+        // Fast refusals first: a step less, and nothing learnt.
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        vegas.update(dropped(1_000, 20), 1, 1_000);
+        assert_eq!(vegas.limit(), 19);
+        vegas.update(sample(10_000, 19), 1, 1_000); // learns 10 ms
+        vegas.update(sample(10_000, 19), 1, 1_000); // no queue: + 6
+        assert_eq!(vegas.limit(), 25);
+        // A probe whose window had fast refusals keeps the 10 ms, and
+        // puts the limit back less a step.
+        let mut probe = Estimator::new(LimitAlgorithm::Vegas, 20);
+        probe.update(sample(10_000, 20), 1, 1_000);
+        for _ in 0..8 {
+            probe.update(sample(100_000, 20), 1, 1_000);
+        }
+        assert!(probe.probing());
+        probe.update(dropped(1_000, 6), 1, 1_000);
+        assert!(!probe.probing());
+        assert_eq!(probe.limit(), 12);
+        // Still 10 ms: at 10 ms, no queue (against 1 ms, one of 11).
+        probe.update(sample(10_000, 12), 1, 1_000);
+        assert_eq!(probe.limit(), 18);
+        // A quiet window (a probe by itself) with a drop is no probe.
+        let mut quiet = Estimator::new(LimitAlgorithm::Vegas, 20);
+        quiet.update(sample(10_000, 20), 1, 1_000);
+        for _ in 0..7 {
+            quiet.update(sample(100_000, 20), 1, 1_000);
+        }
+        quiet.update(dropped(1_000, 6), 1, 1_000);
+        assert_eq!(quiet.limit(), 12);
+        // So the probe is still due: the next window that fills the
+        // limit is halved for it.
+        quiet.update(sample(10_000, 12), 1, 1_000);
+        assert!(quiet.probing());
+        assert_eq!(quiet.limit(), 6);
+    }
+
+    #[test]
+    fn gradient2_lowers_its_limit_on_a_drop_whatever_the_latency() {
+        let mut gradient = Estimator::new(LimitAlgorithm::Gradient2, 100);
+        for _ in 0..20 {
+            gradient.update(sample(10_000, 100), 1, 1_000);
+        }
+        let before = gradient.limit();
+        // 503s answered in 1 ms: a drop, not a fast service.
+        gradient.update(dropped(1_000, before), 1, 1_000);
+        let after = gradient.limit();
+        assert_eq!(after, (f64::from(before) * 0.9 + 0.8) as u32);
+        // Not averaged in: at the average latency, it grows again.
+        gradient.update(sample(10_000, after), 1, 1_000);
+        assert!(gradient.limit() > after, "{}", gradient.limit());
     }
 
     #[test]

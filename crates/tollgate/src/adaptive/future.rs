@@ -16,7 +16,8 @@ use super::gate::Gate;
 
 /// A slot held by a request: handed back when the response is ready, or,
 /// if the request is dropped first (even before its future was first
-/// polled), as teaching nothing.
+/// polled), as abandoned: a drop if it had run longer than the limit
+/// takes for overload.
 pub(super) struct Held {
     gate: Arc<Gate>,
     permit: Option<Permit>,
@@ -41,7 +42,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            self.gate.release(permit, Completion::Ignored);
+            self.gate.release(permit, Completion::Abandoned);
         }
     }
 }
@@ -58,7 +59,7 @@ where
     let result = inner.call(request).await;
     let completion = match &result {
         Ok(response) => completion_of(response),
-        Err(_) => Completion::Ignored,
+        Err(_) => Completion::Abandoned,
     };
     held.done(completion);
     result.map(|response| response.map(ResponseBody::inner))

@@ -40,8 +40,11 @@ use super::service::AdaptiveConcurrency;
 /// (not until its body is sent), and its latency is measured over the
 /// same span. A response of 503 or 504 from the inner service (or, in a
 /// trailers-only gRPC response, `UNAVAILABLE` or `DEADLINE_EXCEEDED`)
-/// counts as a drop (the limit shrinks); an error from it, or a request
-/// whose client went away, teaches the limit nothing.
+/// counts as a drop (the limit shrinks). An error from it, or a request
+/// whose client went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):
+/// a drop if it had run longer than the limit's algorithm takes for
+/// overload, as when clients time out in an overload; otherwise it teaches
+/// the limit nothing.
 ///
 /// Every service the layer makes shares one limit: apply the same layer
 /// to every route the limit protects.
