@@ -258,6 +258,94 @@ async fn a_freed_slot_goes_to_the_most_important_waiter_first() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_full_queue_sheds_the_newest_waiter_of_the_lowest_class_below_a_newcomer() {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
+    let layer = layer(limit).queue(3, Duration::from_secs(60)).unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    let (first, _) = send(&app, Priority::Default, 1).await;
+    let (default, _) = send(&app, Priority::Default, 1).await;
+    let (older, _) = send(&app, Priority::Sheddable, 1).await;
+    let (newer, _) = send(&app, Priority::Sheddable, 1).await;
+    assert_eq!(state.queued(), 3);
+    // A sheddable newcomer finds the queue full, and nothing below it.
+    let (_, shed) = send(&app, Priority::Sheddable, 1).await;
+    assert_eq!(shed, 1);
+    // A critical one takes the place of the newest sheddable one, which
+    // is told 503 at once; then a default one takes the older one's.
+    let (critical, shed) = send(&app, Priority::Critical, 1).await;
+    assert_eq!((critical.len(), shed), (1, 0));
+    for task in newer {
+        assert!(task.is_finished());
+        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let (second_default, shed) = send(&app, Priority::Default, 1).await;
+    assert_eq!((second_default.len(), shed), (1, 0));
+    for task in older {
+        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // Critical and default ones fill it now: another default one is shed.
+    let (_, shed) = send(&app, Priority::Default, 1).await;
+    assert_eq!(shed, 1);
+    assert_eq!(state.queued(), 3);
+    assert_eq!(state.snapshot().refused_by_class, [0, 1, 3]);
+    held.go.add_permits(4);
+    for task in first
+        .into_iter()
+        .chain(critical)
+        .chain(default)
+        .chain(second_default)
+    {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    let order = held.started.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        [
+            Priority::Default,
+            Priority::Critical,
+            Priority::Default,
+            Priority::Default,
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_of_a_class_closed_by_a_refusal_above_runs_when_it_reopens() {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
+    let layer = layer(limit).queue(2, Duration::from_secs(1)).unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    let (first, _) = send(&app, Priority::Critical, 1).await;
+    let (critical, _) = send(&app, Priority::Critical, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (sheddable, _) = send(&app, Priority::Sheddable, 1).await;
+    // The critical waiter gives up at 1 s: sheddable ones are closed
+    // until 1.1 s. The running request ends at 1.05 s, with the class
+    // still closed: nothing is in flight, and no release will come.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for task in critical {
+        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    held.go.add_permits(1);
+    for task in first {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!((state.snapshot().in_flight, state.queued()), (0, 1));
+    // It runs when its class reopens, not when its wait ends at 1.5 s.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!((state.snapshot().in_flight, state.queued()), (1, 0));
+    assert_eq!(held.started(), 2);
+    held.go.add_permits(1);
+    for task in sheddable {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_wait_ends_at_its_deadline_and_a_full_queue_sheds_at_once() {
     let held = Held::default();
     let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
@@ -455,4 +543,46 @@ async fn an_error_after_the_overload_latency_shrinks_the_limit_a_quick_one_does_
         assert!(service.call(request).await.is_err());
         assert_eq!(state.snapshot().limit, limit, "after an error at {wait} ms");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_a_tollgate_layer_inside_made_itself_is_not_the_services_overload() {
+    use tollgate::{Algorithm, HeaderKey, Policy, RateLimitLayer};
+
+    let protect = layer(aimd_from_ten());
+    let state = protect.handle();
+    let per_user = RateLimitLayer::new(
+        Policy::new("per-user", Algorithm::FixedWindow, "1/min").unwrap(),
+        HeaderKey::new(http::HeaderName::from_static("x-user")),
+    )
+    .rejection_status(StatusCode::SERVICE_UNAVAILABLE)
+    .unwrap();
+    let app = Router::new()
+        .route("/work", get(|| async { "done" }))
+        .route(
+            "/busy",
+            get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "busy") }),
+        )
+        .layer(per_user)
+        .layer(protect);
+    let send = |path: &'static str, user: &'static str| {
+        let request = Request::get(path)
+            .header("x-user", user)
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    assert_eq!(send("/work", "ada").await.unwrap().status(), StatusCode::OK);
+    // The per-user limit refuses with 503: a refusal, not an overload.
+    assert_eq!(
+        send("/work", "ada").await.unwrap().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(state.snapshot().limit, 10);
+    // The service's own 503 is one: 10 × 0.9.
+    assert_eq!(
+        send("/busy", "bob").await.unwrap().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(state.snapshot().limit, 9);
 }

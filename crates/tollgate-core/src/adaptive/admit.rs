@@ -41,12 +41,14 @@ pub enum Completion {
     Dropped,
     /// It ended without the service's answer: its caller went away (a
     /// client that timed out, a cancelled task), or the service failed
-    /// with an error. If it had run longer than the limit's algorithm
-    /// takes for overload (twice Vegas's no-load latency, 1.5 times
-    /// Gradient2's average, AIMD's latency ceiling), it counts as
-    /// [`Dropped`](Self::Dropped): in an overload, clients give up and
-    /// take their requests with them, and those requests must still
-    /// shrink the limit. One that ended sooner teaches nothing.
+    /// with an error. Its latency was at least the time it ran: once that
+    /// is longer than the limit's algorithm takes for overload (twice
+    /// Vegas's no-load latency, 1.5 times Gradient2's average, AIMD's
+    /// latency ceiling), it is a latency sample of that time, as a served
+    /// request that slow would be; in an overload, clients give up and
+    /// take their requests with them, and their latency must still count.
+    /// One that ended sooner teaches nothing (its latency is unknown, and
+    /// a short one would read as a fast service).
     Abandoned,
     /// It ended in a way that says nothing about capacity (it never ran,
     /// or the caller knows its end is unrelated to load): not a sample.
@@ -162,10 +164,28 @@ impl Concurrency {
     /// Whether a class above `class` was refused less than
     /// [`CLOSED_FOR`](Self::CLOSED_FOR) before `now`.
     fn closed(&self, class: Priority, now: Timestamp) -> bool {
-        class.above().iter().any(|&above| {
-            self.refused_at[above.index()]
-                .is_some_and(|at| now.as_micros().saturating_sub(at.as_micros()) < Self::CLOSED_FOR)
-        })
+        self.closed_until(class, now).is_some()
+    }
+
+    /// Until when `class` is closed by a refusal of a class above it, if
+    /// it still is at `now`: a request of `class` waiting meanwhile can be
+    /// admitted only then, whether or not a slot is released.
+    pub fn closed_until(&self, class: Priority, now: Timestamp) -> Option<Timestamp> {
+        let until = class
+            .above()
+            .iter()
+            .filter_map(|&above| self.refused_at[above.index()])
+            .map(|at| Timestamp::from_micros(at.as_micros().saturating_add(Self::CLOSED_FOR)))
+            .max()?;
+        (until > now).then_some(until)
+    }
+
+    /// Counts a request that waits for a slot, at `now`: the limit holds
+    /// requests back (as a refusal tells the window it ran under), but
+    /// nothing is refused and no class is closed.
+    pub fn count_waiting(&mut self, now: Timestamp) {
+        self.see(now);
+        self.windows.refused();
     }
 
     /// Whether a request of `class` would be admitted at `now`.
@@ -210,11 +230,12 @@ impl Concurrency {
     fn admit(&mut self, class: Priority, now: Timestamp) -> Permit {
         self.in_flight[class.index()] += 1;
         self.admitted += 1;
+        let in_flight = self.in_flight();
         Permit {
             class,
             admitted: now,
-            in_flight: self.in_flight(),
-            window: self.windows.admit(now.as_micros()),
+            in_flight,
+            window: self.windows.admit(now.as_micros(), in_flight),
         }
     }
 
@@ -231,7 +252,9 @@ impl Concurrency {
         let dropped = match completion {
             Completion::Served => Some(false),
             Completion::Dropped => Some(true),
-            Completion::Abandoned => self.estimator.overdue(rtt).then_some(true),
+            // Its latency was at least `rtt`: a sample of it, once that is
+            // long enough to raise the window's latency where it counts.
+            Completion::Abandoned => self.estimator.overdue(rtt).then_some(false),
             Completion::Ignored => None,
         };
         let sample = dropped.map(|dropped| Sample {
@@ -354,53 +377,155 @@ mod tests {
         assert_eq!(state.limit(T0 + Duration::from_secs(10)), 100);
     }
 
-    /// One request through `state`, admitted at `at` and ended `after`
-    /// later as `completion`: the limit then.
-    fn one(state: &mut Concurrency, at: Timestamp, after: Duration, completion: Completion) -> u32 {
-        let end = at + after;
-        if let Some(permit) = state.try_acquire(Priority::Default, at) {
-            state.release(permit, end, completion);
-        }
-        state.limit(end)
-    }
-
-    fn each_window_at_once(algorithm: super::super::LimitAlgorithm) -> AdaptiveLimit {
-        AdaptiveLimit::builder("test")
+    /// Windows of `size` requests from a limit of 20, admitted together:
+    /// the first served in 10 ms, each after ended `after` later as
+    /// `completion`. The limit after each window.
+    fn windows_of(
+        size: u32,
+        algorithm: super::super::LimitAlgorithm,
+        after: &[(Duration, Completion)],
+    ) -> Vec<u32> {
+        let config = AdaptiveLimit::builder("test")
             .algorithm(algorithm)
             .bounds(1, 1_000)
-            .initial(100)
-            .sample_window(Duration::ZERO, 1)
+            .initial(20)
+            .sample_window(Duration::ZERO, size)
             .build()
-            .unwrap_or_else(|error| unreachable!("{error}"))
+            .unwrap_or_else(|error| unreachable!("{error}"));
+        let mut state = Concurrency::new(&config, T0);
+        let mut at = T0;
+        let first = (Duration::from_millis(10), Completion::Served);
+        let mut limits = Vec::new();
+        for &(rtt, completion) in std::iter::once(&first).chain(after) {
+            let permits: Vec<Permit> = (0..size)
+                .filter_map(|_| state.try_acquire(Priority::Default, at))
+                .collect();
+            assert_eq!(permits.len(), size as usize);
+            for permit in permits {
+                state.release(permit, at + rtt, completion);
+            }
+            at = at + rtt;
+            limits.push(state.limit(at));
+        }
+        limits
     }
 
     #[test]
-    fn an_abandoned_request_is_a_drop_once_it_ran_past_what_the_algorithm_takes_for_overload() {
+    fn an_abandoned_request_counts_the_time_it_ran_once_that_is_past_what_reads_as_overload() {
         use super::super::LimitAlgorithm;
+        use Completion::{Abandoned, Ignored, Served};
         let ms = Duration::from_millis;
-        // AIMD: past its ceiling of 10 ms, 10 % less.
-        let mut aimd = Concurrency::new(
-            &each_window_at_once(LimitAlgorithm::Aimd {
-                latency_ceiling: ms(10),
-            }),
-            T0,
+        // Vegas, no-load latency 10 ms: abandoned at 20 ms, nothing; at
+        // 30 ms, a window of 30 ms, a queue of 14 of 20: one less.
+        assert_eq!(
+            windows_of(
+                10,
+                LimitAlgorithm::Vegas,
+                &[(ms(20), Abandoned), (ms(30), Abandoned)]
+            ),
+            [20, 20, 19]
         );
-        assert_eq!(one(&mut aimd, T0, ms(10), Completion::Abandoned), 100);
-        assert_eq!(one(&mut aimd, T0, ms(11), Completion::Abandoned), 90);
-        // Vegas: past twice its no-load latency (10 ms, from a served
-        // request), one step (log10 of 100 = 2) less.
-        let mut vegas = Concurrency::new(&each_window_at_once(LimitAlgorithm::Vegas), T0);
-        assert_eq!(one(&mut vegas, T0, ms(500), Completion::Abandoned), 100); // nothing to compare with yet
-        assert_eq!(one(&mut vegas, T0, ms(10), Completion::Served), 100);
-        assert_eq!(one(&mut vegas, T0, ms(20), Completion::Abandoned), 100);
-        assert_eq!(one(&mut vegas, T0, ms(21), Completion::Abandoned), 98);
-        // Gradient2: past 1.5 times its average (10 ms).
-        let mut gradient = Concurrency::new(&each_window_at_once(LimitAlgorithm::Gradient2), T0);
-        assert_eq!(one(&mut gradient, T0, ms(10), Completion::Served), 100);
-        assert_eq!(one(&mut gradient, T0, ms(15), Completion::Abandoned), 100);
-        assert_eq!(one(&mut gradient, T0, ms(16), Completion::Abandoned), 90);
-        // An ignored one never is, however long it ran.
-        assert_eq!(one(&mut gradient, T0, ms(10_000), Completion::Ignored), 90);
+        // The same 30 ms served reads the same; ignored, nothing.
+        assert_eq!(
+            windows_of(
+                10,
+                LimitAlgorithm::Vegas,
+                &[(ms(30), Served), (ms(900), Ignored)]
+            ),
+            [20, 19, 19]
+        );
+        // AIMD: abandoned past its ceiling of 15 ms, a tenth less.
+        let aimd = LimitAlgorithm::Aimd {
+            latency_ceiling: ms(15),
+        };
+        assert_eq!(
+            windows_of(10, aimd, &[(ms(15), Abandoned), (ms(16), Abandoned)]),
+            [21, 21, 18]
+        );
+        // Gradient2, once its average is 10 ms (ten windows; 15 in flight,
+        // so that latency counts up to a limit of 30): at 15 ms nothing;
+        // at 40 ms, past 1.5 times it, lower.
+        let mut after = vec![(ms(10), Served); 9];
+        after.extend([(ms(15), Abandoned), (ms(40), Abandoned)]);
+        let gradient = windows_of(15, LimitAlgorithm::Gradient2, &after);
+        assert_eq!(gradient[10], gradient[9], "{gradient:?}");
+        assert!(gradient[11] < gradient[10], "{gradient:?}");
+    }
+
+    #[test]
+    fn requests_that_run_until_their_clients_give_up_seconds_later_still_shrink_the_limit() {
+        // AIMD over 100 ms, windows of two: ten requests run until their
+        // clients give up at 5 s, the last admitted first. The window's
+        // two are still out when it is taken in (the first release comes
+        // past its patience of a second): they count as 5 s.
+        let config = AdaptiveLimit::builder("test")
+            .algorithm(super::super::LimitAlgorithm::Aimd {
+                latency_ceiling: Duration::from_millis(100),
+            })
+            .bounds(1, 100)
+            .initial(10)
+            .sample_window(Duration::ZERO, 2)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"));
+        let mut state = Concurrency::new(&config, T0);
+        let permits: Vec<Permit> = (0..10)
+            .filter_map(|_| state.try_acquire(Priority::Default, T0))
+            .collect();
+        assert_eq!(permits.len(), 10);
+        let gave_up = T0 + Duration::from_secs(5);
+        for permit in permits.into_iter().rev() {
+            state.release(permit, gave_up, Completion::Abandoned);
+        }
+        assert_eq!((state.in_flight(), state.limit(gave_up)), (0, 9));
+    }
+
+    #[test]
+    fn a_request_waiting_for_a_slot_tells_the_window_the_limit_holds_requests_back() {
+        // Vegas from 20, windows of ten requests: 10 ms without a queue,
+        // then 100 ms (a long queue) until the limit fell by a third, to
+        // 13: a probe is due, but with 10 of 13 in flight it waits until
+        // the limit holds requests back.
+        let config = AdaptiveLimit::builder("test")
+            .bounds(1, 1_000)
+            .initial(20)
+            .sample_window(Duration::ZERO, 10)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"));
+        let run = |waiting: bool| {
+            let mut state = Concurrency::new(&config, T0);
+            let mut at = T0;
+            for window in 0..9 {
+                let permits: Vec<Permit> = (0..10)
+                    .filter_map(|_| state.try_acquire(Priority::Default, at))
+                    .collect();
+                assert_eq!(permits.len(), 10);
+                if waiting && window == 8 {
+                    state.count_waiting(at);
+                }
+                let rtt = Duration::from_millis(if window == 0 { 10 } else { 100 });
+                for permit in permits {
+                    state.release(permit, at + rtt, Completion::Served);
+                }
+                at = at + rtt;
+            }
+            (state.limit(at), state.snapshot(at).refused_by_class)
+        };
+        assert_eq!(run(false), (12, [0, 0, 0]));
+        // One request waited in the last window: the probe halves it.
+        assert_eq!(run(true), (6, [0, 0, 0]));
+    }
+
+    #[test]
+    fn a_class_closed_by_a_refusal_above_says_until_when() {
+        let mut state = Concurrency::new(&fixed(10), T0);
+        assert_eq!(state.closed_until(Priority::Sheddable, T0), None);
+        state.count_refused(Priority::Default, T0);
+        let reopens = T0 + Duration::from_millis(100);
+        assert_eq!(state.closed_until(Priority::Sheddable, T0), Some(reopens));
+        assert_eq!(state.closed_until(Priority::Default, T0), None);
+        assert_eq!(state.ceiling_of(Priority::Sheddable, T0), 0);
+        assert_eq!(state.closed_until(Priority::Sheddable, reopens), None);
+        assert_eq!(state.ceiling_of(Priority::Sheddable, reopens), 7);
     }
 
     #[test]

@@ -63,11 +63,10 @@ impl Estimator {
         }
     }
 
-    /// Whether a request that ran `rtt` µs ran longer than this algorithm
-    /// takes for overload: twice Vegas's no-load latency (a queue of half
-    /// the limit), more than Gradient2 tolerates of its average, or above
-    /// AIMD's ceiling. Never before the algorithm has a latency to
-    /// compare with.
+    /// Whether a request that ran `rtt` µs, and was abandoned, ran long
+    /// enough to count: longer than twice Vegas's no-load latency, than
+    /// Gradient2 tolerates of its average, or than AIMD's ceiling. Never
+    /// before the algorithm has a latency to compare with.
     pub(super) fn overdue(&self, rtt: u64) -> bool {
         match &self.kind {
             Kind::Vegas(vegas) => vegas.rtt_noload > 0 && rtt > vegas.rtt_noload.saturating_mul(2),
@@ -266,9 +265,9 @@ impl Vegas {
 /// Gradient2: the limit times the ratio of a long-term average latency to
 /// the latest, plus a little headroom, smoothed.
 ///
-/// Unlike Netflix's, a window with a drop lowers the limit as latency at
-/// the gradient's floor would: a service that answers 503 at once, or
-/// whose callers give up, has no latency that says it is overloaded.
+/// Unlike Netflix's, a window with a drop lowers the limit by a tenth: a
+/// service that answers 503 at once has no latency that says it is
+/// overloaded.
 #[derive(Debug, Clone)]
 struct Gradient2 {
     long_rtt: f64,
@@ -293,11 +292,9 @@ impl Gradient2 {
 
     fn update(&mut self, limit: f64, sample: Sample) -> Option<f64> {
         if sample.dropped {
-            // As latency at the gradient's floor, whatever the window's
-            // latency was (fast refusals, or requests whose callers gave
-            // up): about a tenth less, as AIMD. Not averaged in.
-            let next = limit * 0.5 + Self::QUEUE;
-            return Some(limit * (1.0 - Self::SMOOTHING) + next * Self::SMOOTHING);
+            // A tenth less, as AIMD, whatever the window's latency was
+            // (fast refusals read as a fast service). Not averaged in.
+            return Some(limit * 0.9);
         }
         let short = sample.rtt as f64;
         if self.samples < Self::WARM_UP {
@@ -488,18 +485,27 @@ mod tests {
 
     #[test]
     fn gradient2_lowers_its_limit_on_a_drop_whatever_the_latency() {
+        // 503s answered in 1 ms: a drop, not a fast service. A tenth less.
         let mut gradient = Estimator::new(LimitAlgorithm::Gradient2, 100);
-        for _ in 0..20 {
-            gradient.update(sample(10_000, 100), 1, 1_000);
+        gradient.update(dropped(1_000, 100), 1, 1_000);
+        assert_eq!(gradient.limit(), 90);
+        // Not averaged in: against an average of 10 ms, 14 ms is within
+        // the tolerance and the limit grows (with the 1 ms in, the
+        // average would be 9.1 ms, and 14 ms past 1.5 times it).
+        for _ in 0..9 {
+            gradient.update(sample(10_000, 90), 1, 1_000);
         }
         let before = gradient.limit();
-        // 503s answered in 1 ms: a drop, not a fast service.
-        gradient.update(dropped(1_000, before), 1, 1_000);
-        let after = gradient.limit();
-        assert_eq!(after, (f64::from(before) * 0.9 + 0.8) as u32);
-        // Not averaged in: at the average latency, it grows again.
-        gradient.update(sample(10_000, after), 1, 1_000);
-        assert!(gradient.limit() > after, "{}", gradient.limit());
+        gradient.update(sample(14_000, 90), 1, 1_000);
+        assert!(
+            gradient.limit() > before,
+            "{} after {before}",
+            gradient.limit()
+        );
+        // Below 8 too (its headroom of 4 would raise a small limit).
+        let mut small = Estimator::new(LimitAlgorithm::Gradient2, 5);
+        small.update(dropped(1_000, 5), 1, 1_000);
+        assert_eq!(small.limit(), 4);
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub(super) struct Windows {
     rtt_sum: u128,
     rtt_squares: u128,
     max_in_flight: u32,
+    /// The most requests in flight at one of its admissions.
+    admitted_in_flight: u32,
     dropped: bool,
     /// A request was refused since the window opened.
     refused: bool,
@@ -53,8 +55,11 @@ impl Windows {
     const MAX_FACTOR: u32 = 50;
 
     /// A window whose requests are late by this many times their average
-    /// latency is taken in without them (a permit that was never
-    /// released, or an outlier far out), after at least `LATE_FLOOR`.
+    /// latency is taken in without waiting for them (a permit that was
+    /// never released, an outlier far out, or requests that run until
+    /// their clients give up), after at least `LATE_FLOOR`: each counts
+    /// as a sample of the time since the window stopped admitting, the
+    /// least it has run.
     const LATE_FACTOR: u64 = 10;
     /// The least a window waits for its late requests, in µs.
     const LATE_FLOOR: u64 = 1_000_000;
@@ -73,6 +78,7 @@ impl Windows {
             rtt_sum: 0,
             rtt_squares: 0,
             max_in_flight: 0,
+            admitted_in_flight: 0,
             dropped: false,
             refused: false,
         }
@@ -103,9 +109,10 @@ impl Windows {
         }
     }
 
-    /// A request admitted at `now` (µs): the number of the window it
-    /// counts in, if one is admitting.
-    pub(super) fn admit(&mut self, now: u64) -> Option<u64> {
+    /// A request admitted at `now` (µs), with `in_flight` requests in
+    /// flight (itself included): the number of the window it counts in,
+    /// if one is admitting.
+    pub(super) fn admit(&mut self, now: u64, in_flight: u32) -> Option<u64> {
         if self.sealed.is_some() {
             return None;
         }
@@ -113,6 +120,7 @@ impl Windows {
             self.opened = now;
         }
         self.admitted += 1;
+        self.admitted_in_flight = self.admitted_in_flight.max(in_flight);
         let min_time = u64::try_from(self.config.min_time.as_micros()).unwrap_or(u64::MAX);
         if self.admitted >= self.target && now.saturating_sub(self.opened) >= min_time {
             self.sealed = Some(now);
@@ -140,18 +148,27 @@ impl Windows {
             }
         }
         let sealed = self.sealed?;
-        let average = (self.samples > 0).then(|| {
-            let average = self.rtt_sum / u128::from(self.samples);
-            u64::try_from(average).unwrap_or(u64::MAX).max(1)
-        });
-        let patience = average
+        let patience = self
+            .average()
             .map_or(0, |rtt| rtt.saturating_mul(Self::LATE_FACTOR))
             .max(Self::LATE_FLOOR);
-        let late = now.saturating_sub(sealed) > patience;
+        let waited = now.saturating_sub(sealed);
+        let late = waited > patience;
         if self.returned < self.admitted && !late {
             return None;
         }
-        let taken = average.map(|rtt| Sample {
+        // Requests still out count at the least they ran: a window taken
+        // in without its slow requests would read fast, and in an overload
+        // whose requests run until their clients give up, every window is
+        // taken in that way, with nothing else in it.
+        let out = self.admitted.saturating_sub(self.returned);
+        if out > 0 {
+            self.samples = self.samples.saturating_add(out);
+            self.rtt_sum += u128::from(out) * u128::from(waited);
+            self.rtt_squares += u128::from(out) * u128::from(waited) * u128::from(waited);
+            self.max_in_flight = self.max_in_flight.max(self.admitted_in_flight);
+        }
+        let taken = self.average().map(|rtt| Sample {
             rtt,
             in_flight: self.max_in_flight,
             dropped: self.dropped,
@@ -171,6 +188,14 @@ impl Windows {
         };
         self.target = self.target(Self::PRECISION);
         taken
+    }
+
+    /// The average latency of the samples so far, in µs (at least 1).
+    fn average(&self) -> Option<u64> {
+        (self.samples > 0).then(|| {
+            let average = self.rtt_sum / u128::from(self.samples);
+            u64::try_from(average).unwrap_or(u64::MAX).max(1)
+        })
     }
 
     /// The weight of a window's spread in the running one.
@@ -213,7 +238,7 @@ mod tests {
     #[test]
     fn a_window_waits_for_its_slowest_request_and_averages_them_all() {
         let mut w = windows(3);
-        let tags: Vec<Option<u64>> = (0..4).map(|i| w.admit(i)).collect();
+        let tags: Vec<Option<u64>> = (0..4).map(|i| w.admit(i, 1)).collect();
         assert_eq!(tags, [Some(0), Some(0), Some(0), None]); // full after 3
         assert!(w.release(tags[1], sample(1_000, 2), 1_001).is_none());
         assert!(w.release(tags[3], sample(5, 4), 1_002).is_none()); // no window's
@@ -221,18 +246,18 @@ mod tests {
         let taken = w.release(tags[0], sample(9_000, 1), 9_000);
         let taken = taken.map(|s| (s.rtt, s.in_flight, s.dropped));
         assert_eq!(taken, Some((4_000, 3, false)));
-        assert_eq!(w.admit(9_001), Some(1)); // the next window
+        assert_eq!(w.admit(9_001, 1), Some(1)); // the next window
     }
 
     #[test]
     fn windows_hold_enough_requests_for_the_spread_of_latencies() {
         let mut w = windows(2);
         // Latencies of 1 and 3 ms: a spread (variance over mean²) of 1/4.
-        let (a, b) = (w.admit(0), w.admit(0));
+        let (a, b) = (w.admit(0, 1), w.admit(0, 1));
         assert!(w.release(a, sample(1_000, 1), 1_000).is_none());
         assert!(w.release(b, sample(3_000, 2), 3_000).is_some());
         // Then a window holds 0.25 / 0.1² = 25 requests,
-        let tags: Vec<Option<u64>> = (0..26).map(|i| w.admit(3_000 + i)).collect();
+        let tags: Vec<Option<u64>> = (0..26).map(|i| w.admit(3_000 + i, 1)).collect();
         assert_eq!((tags[24], tags[25]), (Some(1), None));
         for (i, tag) in tags.into_iter().enumerate() {
             let rtt = if i % 2 == 0 { 1_000 } else { 3_000 };
@@ -240,27 +265,35 @@ mod tests {
         }
         // and a probe's 0.25 / 0.05² = 100.
         w.probe_next();
-        let tags: Vec<Option<u64>> = (0..101).map(|i| w.admit(6_000 + i)).collect();
+        let tags: Vec<Option<u64>> = (0..101).map(|i| w.admit(6_000 + i, 1)).collect();
         assert_eq!((tags[99], tags[100]), (Some(2), None));
     }
 
     #[test]
     fn a_window_of_ignored_requests_teaches_nothing() {
         let mut w = windows(2);
-        let (a, b) = (w.admit(0), w.admit(0));
+        let (a, b) = (w.admit(0, 1), w.admit(0, 1));
         assert!(w.release(a, None, 10).is_none());
         assert!(w.release(b, None, 20).is_none()); // complete, but empty
-        assert_eq!(w.admit(30), Some(1));
+        assert_eq!(w.admit(30, 1), Some(1));
     }
 
     #[test]
-    fn a_request_that_never_comes_back_holds_its_window_only_so_long() {
+    fn a_request_still_out_holds_its_window_only_so_long_and_counts_the_time_it_ran() {
         let mut w = windows(2);
-        let (a, _lost) = (w.admit(0), w.admit(0));
+        let (a, _lost) = (w.admit(0, 1), w.admit(0, 2));
         assert!(w.release(a, sample(1_000, 1), 1_000).is_none());
         // Ten times the average latency, but at least a second.
         assert!(w.release(None, None, 1_000_000).is_none());
         let taken = w.release(None, None, 1_000_001);
-        assert_eq!(taken.map(|s| s.rtt), Some(1_000));
+        // The one still out ran 1,000,001 µs at least: the average of it
+        // and 1,000, with two in flight when it was admitted.
+        assert_eq!(taken.map(|s| (s.rtt, s.in_flight)), Some((500_500, 2)));
+        // A window of requests that are all still out, as when each runs
+        // until its client gives up, reads as long as they have run.
+        let mut w = windows(2);
+        let (_, _) = (w.admit(2_000_000, 7), w.admit(2_000_000, 8));
+        let taken = w.release(None, None, 3_500_000);
+        assert_eq!(taken.map(|s| (s.rtt, s.in_flight)), Some((1_500_000, 8)));
     }
 }

@@ -8,7 +8,7 @@ use http_body_util::Full;
 use tollgate_core::{Completion, Permit, Priority};
 use tower_service::Service;
 
-use crate::answer;
+use crate::answer::{self, OwnAnswer};
 use crate::body::ResponseBody;
 use crate::response::Responder;
 
@@ -16,8 +16,8 @@ use super::gate::Gate;
 
 /// A slot held by a request: handed back when the response is ready, or,
 /// if the request is dropped first (even before its future was first
-/// polled), as abandoned: a drop if it had run longer than the limit
-/// takes for overload.
+/// polled), as abandoned: a latency sample of the time it ran, if that is
+/// longer than the limit reads as overload.
 pub(super) struct Held {
     gate: Arc<Gate>,
     permit: Option<Permit>,
@@ -68,8 +68,14 @@ where
 /// What `response` teaches the limit: 503 and 504 say the service
 /// behind ran out of capacity or time, and so do gRPC's `UNAVAILABLE`
 /// (14) and `DEADLINE_EXCEEDED` (4) in a trailers-only response's
-/// headers. (A status in trailers comes after the slot is given back.)
+/// headers (a status in trailers comes after the slot is given back),
+/// unless a Tollgate layer inside made the answer itself: a limiter's
+/// refusal (a store failing closed, another adaptive layer) says nothing
+/// of this service's capacity, and its latency is not the service's.
 fn completion_of<B>(response: &Response<B>) -> Completion {
+    if response.extensions().get::<OwnAnswer>().is_some() {
+        return Completion::Ignored;
+    }
     let status = response.status();
     let grpc = response
         .headers()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tollgate_core::{
-    AdaptiveLimit, Clock, Completion, Concurrency, ConcurrencySnapshot, Permit, Priority,
+    AdaptiveLimit, Clock, Completion, Concurrency, ConcurrencySnapshot, Permit, Priority, Timestamp,
 };
 
 use super::telemetry::Telemetry;
@@ -37,6 +37,8 @@ struct Inner {
     /// The requests waiting, per class in [`Priority::ALL`]'s order, oldest
     /// first.
     waiting: [VecDeque<oneshot::Sender<Permit>>; 3],
+    /// A timer will dispatch when a closed class reopens.
+    timer_armed: bool,
 }
 
 /// One layer's gate, shared by its services and its handles.
@@ -56,6 +58,7 @@ impl Gate {
             inner: Mutex::new(Inner {
                 concurrency,
                 waiting: Default::default(),
+                timer_armed: false,
             }),
             clock,
             queue,
@@ -87,7 +90,7 @@ impl Gate {
             self.telemetry.shed(class);
             return Entry::Shed;
         };
-        if waiting(&inner) >= queue.max_waiting {
+        if waiting(&inner) >= queue.max_waiting && !make_room(&mut inner, class) {
             inner.concurrency.count_refused(class, now);
             drop(inner);
             self.telemetry.shed(class);
@@ -95,9 +98,11 @@ impl Gate {
         }
         let (sender, receiver) = oneshot::channel();
         inner.waiting[class.index()].push_back(sender);
+        inner.concurrency.count_waiting(now);
         // Nothing may be in flight to release a slot to it: serve what
         // can be served now (a class above stopped being refused, say).
-        dispatch(&mut inner, now);
+        let reopens = dispatch(&mut inner, now);
+        self.wake_at(&mut inner, reopens, now);
         let queued = waiting(&inner);
         drop(inner);
         self.telemetry.queued(queued);
@@ -110,11 +115,12 @@ impl Gate {
 
     /// Hands back `permit`, done as `completion` says, and passes the free
     /// slots to the requests waiting, the most important first.
-    pub(super) fn release(&self, permit: Permit, completion: Completion) {
+    pub(super) fn release(self: &Arc<Self>, permit: Permit, completion: Completion) {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
         inner.concurrency.release(permit, now, completion);
-        dispatch(&mut inner, now);
+        let reopens = dispatch(&mut inner, now);
+        self.wake_at(&mut inner, reopens, now);
         let limit = inner.concurrency.limit(now);
         let in_flight = inner.concurrency.in_flight();
         let queued = waiting(&inner);
@@ -128,6 +134,45 @@ impl Gate {
         let mut inner = self.inner.lock();
         purge(&mut inner);
         (inner.concurrency.snapshot(now), waiting(&inner))
+    }
+
+    /// Has the requests waiting served when the class `dispatch` stopped
+    /// at reopens (at `reopens`, if it stopped at a closed class): a
+    /// release is not what lets a closed class in, and none may come.
+    /// One timer at a time; none outside a Tokio runtime (a release from
+    /// a drop there), where the next release or entry dispatches.
+    fn wake_at(self: &Arc<Self>, inner: &mut Inner, reopens: Option<Timestamp>, now: Timestamp) {
+        let Some(reopens) = reopens else {
+            return;
+        };
+        if inner.timer_armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        inner.timer_armed = true;
+        let gate = self.clone();
+        let wait = reopens.saturating_duration_since(now);
+        runtime.spawn(async move {
+            tokio::time::sleep(wait).await;
+            gate.redispatch();
+        });
+    }
+
+    /// Passes the free slots to the requests waiting, as a release does,
+    /// when a closed class reopens.
+    fn redispatch(self: &Arc<Self>) {
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        inner.timer_armed = false;
+        let reopens = dispatch(&mut inner, now);
+        self.wake_at(&mut inner, reopens, now);
+        let in_flight = inner.concurrency.in_flight();
+        let queued = waiting(&inner);
+        drop(inner);
+        self.telemetry.in_flight(in_flight);
+        self.telemetry.queued(queued);
     }
 
     /// Counts a request of `class` that waited in vain.
@@ -145,11 +190,13 @@ impl Gate {
 
 /// Passes the free slots to the requests waiting, the most important
 /// first, the oldest first within a class; stops at the first that may
-/// not run yet (the classes below may use no more than it).
-fn dispatch(inner: &mut Inner, now: tollgate_core::Timestamp) {
+/// not run yet (the classes below may use no more than it). Returns when
+/// that one's class reopens, if a refusal above closed it.
+fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
     let Inner {
         concurrency,
         waiting,
+        timer_armed: _,
     } = inner;
     for class in Priority::ALL {
         let queue = &mut waiting[class.index()];
@@ -159,20 +206,30 @@ fn dispatch(inner: &mut Inner, now: tollgate_core::Timestamp) {
                 continue;
             }
             if !concurrency.would_admit(class, now) {
-                return;
+                return concurrency.closed_until(class, now);
             }
-            let Some(permit) = concurrency.try_acquire(class, now) else {
-                return;
-            };
-            let Some(waiter) = queue.pop_front() else {
-                return;
-            };
+            let permit = concurrency.try_acquire(class, now)?;
+            let waiter = queue.pop_front()?;
             if let Err(permit) = waiter.send(permit) {
                 // It gave up just now: the slot is free again.
                 concurrency.release(permit, now, Completion::Ignored);
             }
         }
     }
+    None
+}
+
+/// Makes room in a full queue for a request of `class`: the newest
+/// request waiting in the lowest class below it is shed (its channel
+/// closes, and it is counted as refused when it sees that). False if
+/// none waits below it.
+fn make_room(inner: &mut Inner, class: Priority) -> bool {
+    let below = &mut inner.waiting[class.index() + 1..];
+    below
+        .iter_mut()
+        .rev()
+        .find_map(VecDeque::pop_back)
+        .is_some()
 }
 
 /// Lets the requests that gave up leave from the front of each queue: the
@@ -202,7 +259,8 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
-    /// Waits at most `max_wait` for a slot: `None` if none came.
+    /// Waits at most `max_wait` for a slot: `None` if none came, or the
+    /// gate shed it to make room for a more important request.
     pub(super) async fn slot(mut self, max_wait: Duration) -> Option<Permit> {
         let receiver = self.receiver.as_mut()?;
         match tokio::time::timeout(max_wait, receiver).await {
@@ -211,8 +269,7 @@ impl Waiting {
                 Some(permit)
             }
             Ok(Err(_)) | Err(_) => {
-                // The gate never drops a waiter it has not served, but if
-                // it did, the request is shed as if its wait had passed.
+                // Shed to make room, or its wait passed.
                 let late = self.take_late();
                 if late.is_none() {
                     self.gate.gave_up(self.class);

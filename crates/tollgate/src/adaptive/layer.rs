@@ -40,11 +40,12 @@ use super::service::AdaptiveConcurrency;
 /// (not until its body is sent), and its latency is measured over the
 /// same span. A response of 503 or 504 from the inner service (or, in a
 /// trailers-only gRPC response, `UNAVAILABLE` or `DEADLINE_EXCEEDED`)
-/// counts as a drop (the limit shrinks). An error from it, or a request
-/// whose client went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):
-/// a drop if it had run longer than the limit's algorithm takes for
-/// overload, as when clients time out in an overload; otherwise it teaches
-/// the limit nothing.
+/// counts as a drop (the limit shrinks), unless a Tollgate layer inside
+/// made that answer itself. An error from it, or a request whose client
+/// went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):
+/// a latency sample of the time it ran, once that is longer than the
+/// limit's algorithm reads as overload (as when clients time out in an
+/// overload); otherwise it teaches the limit nothing.
 ///
 /// Every service the layer makes shares one limit: apply the same layer
 /// to every route the limit protects.
@@ -128,8 +129,11 @@ impl<C> AdaptiveConcurrencyLayer<C> {
     /// Lets a request that finds no slot wait for one, at most `max_wait`,
     /// with at most `max_waiting` requests waiting at once; a slot that
     /// frees goes to the most important class waiting, the oldest first.
-    /// A request still waiting at its deadline, or finding the queue full,
-    /// is shed.
+    /// A request still waiting at its deadline is shed. One that finds the
+    /// queue full takes the place of the newest request waiting in the
+    /// lowest class below its own, which is shed at once; with none below
+    /// it, it is shed itself. A class closed by a refusal above it is
+    /// served when it reopens, whether or not a slot was released since.
     ///
     /// # Errors
     ///

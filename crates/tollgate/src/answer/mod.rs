@@ -25,12 +25,14 @@ pub mod headers;
 mod http;
 mod missing;
 mod numbers;
+mod own;
 mod prebuilt;
 mod status;
 mod usage;
 mod wait;
 
 pub use missing::MissingKey;
+pub(crate) use own::OwnAnswer;
 pub use status::RateLimitReport;
 pub use usage::UsageReport;
 pub(crate) use usage::bad_usage_query;
