@@ -115,6 +115,13 @@ struct OverloadArgs {
     /// The seed of arrivals, classes and service times.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Clients go away at their deadline (the limit is told the request
+    /// was abandoned; the backend still finishes it).
+    #[arg(long)]
+    give_up: bool,
+    /// The limit's starting value (default the core's).
+    #[arg(long)]
+    initial: Option<u32>,
     /// AIMD's latency ceiling, in ms (default twice the service time).
     #[arg(long)]
     aimd_ceiling_ms: Option<f64>,
@@ -240,6 +247,7 @@ fn run_overload(args: &OverloadArgs) -> Result<(), Box<dyn std::error::Error>> {
         load: args.load,
         deadline: Duration::from_millis(args.deadline_ms),
         seed: args.seed,
+        give_up: args.give_up,
         ..OverloadOptions::default()
     };
     let plan = Plan::new(args.scenario, &options)?;
@@ -276,6 +284,9 @@ fn run_overload(args: &OverloadArgs) -> Result<(), Box<dyn std::error::Error>> {
             .algorithm(algorithm)
             .reserve(Priority::Critical, args.reserve_critical)
             .reserve(Priority::Default, args.reserve_default);
+        if let Some(initial) = args.initial {
+            builder = builder.initial(initial);
+        }
         let (min_time, min_samples) = builder.clone().build()?.sample_window();
         builder = builder.sample_window(
             args.window_ms.map_or(min_time, Duration::from_millis),

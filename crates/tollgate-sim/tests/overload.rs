@@ -183,3 +183,41 @@ fn the_committed_charts_are_these_runs() {
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     }
 }
+
+/// Clients that give up at 30 ms, while the service slows from 20 to
+/// 40 ms and back: in the slowed phase no answer comes in time, and every
+/// admitted request is abandoned, its work going on in the backend. The
+/// limit must still come down (requests abandoned in numbers are a drop),
+/// or the backlog left behind keeps every answer late once the service is
+/// back at speed.
+#[test]
+fn clients_giving_up_before_any_answer_still_bring_every_limit_down() {
+    let options = OverloadOptions {
+        deadline: std::time::Duration::from_millis(30),
+        give_up: true,
+        ..OverloadOptions::default()
+    };
+    let plan = Plan::new(Scenario::Slowdown, &options).unwrap();
+    let baselines = Baselines::new(&plan);
+    let aimd = LimitAlgorithm::Aimd {
+        latency_ceiling: std::time::Duration::from_millis(40),
+    };
+    for algorithm in [LimitAlgorithm::Vegas, LimitAlgorithm::Gradient2, aimd] {
+        let config = AdaptiveLimit::builder("backend")
+            .algorithm(algorithm)
+            .reserve(Priority::Critical, 0.2)
+            .reserve(Priority::Default, 0.1)
+            .build()
+            .unwrap();
+        let summary = summarize(&simulate(&plan, &Protection::Adaptive(config)), &baselines);
+        let slowed = summary.phase("slowed").unwrap();
+        let restored = summary.phase("restored").unwrap();
+        // Down to a few slots while nothing is answered in time,
+        assert!(
+            slowed.limit_median.unwrap() <= 8.0,
+            "{algorithm:?}: {slowed:?}"
+        );
+        // and back to the capacity once answers come in time again.
+        assert!(restored.goodput >= 0.85, "{algorithm:?}: {restored:?}");
+    }
+}

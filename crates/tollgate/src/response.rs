@@ -165,7 +165,11 @@ impl Responder {
     /// The response to a denied request.
     pub(crate) fn reject(&self, decision: &Decision) -> Response<Bytes> {
         let mut response = match &self.custom {
-            Some(custom) => custom(decision),
+            Some(custom) => {
+                let mut response = custom(decision);
+                answer::mark_own(&mut response);
+                response
+            }
             None => self.problem(decision),
         };
         let headers = response.headers_mut();

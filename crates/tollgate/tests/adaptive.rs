@@ -312,6 +312,39 @@ async fn a_full_queue_sheds_the_newest_waiter_of_the_lowest_class_below_a_newcom
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_full_queue_makes_room_from_requests_that_gave_up_before_shedding_a_waiter() {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
+    let layer = layer(limit).queue(3, Duration::from_secs(60)).unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    let (first, _) = send(&app, Priority::Default, 1).await;
+    let (critical, _) = send(&app, Priority::Critical, 1).await;
+    let (gone, _) = send(&app, Priority::Critical, 1).await;
+    let (sheddable, _) = send(&app, Priority::Sheddable, 1).await;
+    // The second critical one gives up behind the first: it still counts
+    // until it reaches the front, and the queue reads full.
+    gone.iter().for_each(|task| task.abort());
+    tokio::task::yield_now().await;
+    assert_eq!(state.queued(), 3);
+    // A default newcomer takes its place, not the sheddable one's.
+    let (default, shed) = send(&app, Priority::Default, 1).await;
+    assert_eq!((default.len(), shed), (1, 0));
+    assert!(sheddable.iter().all(|task| !task.is_finished()));
+    assert_eq!(state.queued(), 3);
+    assert_eq!(state.snapshot().refused_by_class, [0, 0, 0]);
+    held.go.add_permits(4);
+    for task in first
+        .into_iter()
+        .chain(critical)
+        .chain(default)
+        .chain(sheddable)
+    {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_waiter_of_a_class_closed_by_a_refusal_above_runs_when_it_reopens() {
     let held = Held::default();
     let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
@@ -482,16 +515,15 @@ async fn beside_a_per_key_limit_a_request_refused_for_its_key_never_takes_a_slot
     assert_eq!(snapshot.refused_by_class, [0, 0, 0]);
 }
 
-/// AIMD over 100 ms, from 10, taking each window of one request in at
-/// once: one dropped request cuts the limit to 9.
-fn aimd_from_ten() -> AdaptiveLimit {
+/// AIMD over 100 ms, from 10, taking windows of `size` requests in.
+fn aimd_from_ten(size: u32) -> AdaptiveLimit {
     AdaptiveLimit::builder("api")
         .algorithm(tollgate::LimitAlgorithm::Aimd {
             latency_ceiling: Duration::from_millis(100),
         })
         .bounds(1, 100)
         .initial(10)
-        .sample_window(Duration::ZERO, 1)
+        .sample_window(Duration::ZERO, size)
         .build()
         .unwrap()
 }
@@ -499,57 +531,93 @@ fn aimd_from_ten() -> AdaptiveLimit {
 #[tokio::test(start_paused = true)]
 async fn requests_whose_clients_gave_up_after_the_overload_latency_shrink_the_limit() {
     let held = Held::default();
-    let layer = layer(aimd_from_ten());
+    let layer = layer(aimd_from_ten(5));
     let state = layer.handle();
     let app = held.app(layer);
-    // A client that gives up within the ceiling: nothing learnt.
-    let (running, _) = send(&app, Priority::Default, 1).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    running.iter().for_each(|task| task.abort());
+    // A window of five: four served in 10 ms, one client gone at 50 ms,
+    // within the ceiling (the tail's): not a drop (that would be 9), and
+    // the four served ran at most four at once, under half the limit:
+    // unchanged.
+    let (running, _) = send(&app, Priority::Default, 5).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    held.go.add_permits(4);
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let mut gave_up = 0;
+    for task in running {
+        if task.is_finished() {
+            assert_eq!(task.await.unwrap(), StatusCode::OK);
+        } else {
+            task.abort();
+            gave_up += 1;
+        }
+    }
     tokio::task::yield_now().await;
-    assert_eq!(
-        (state.snapshot().in_flight, state.snapshot().limit),
-        (0, 10)
-    );
+    assert_eq!(gave_up, 1);
+    let snapshot = state.snapshot();
+    assert_eq!((snapshot.in_flight, snapshot.limit), (0, 10));
     // Ten clients time out after a second, none answered: an overload.
-    // The first, alone in its window, is a drop: 10 × 0.9.
+    // The window's five ran a second each: a tenth less.
     let (running, shed) = send(&app, Priority::Default, 10).await;
     assert_eq!((running.len(), shed), (10, 0));
     tokio::time::sleep(Duration::from_secs(1)).await;
     running.iter().for_each(|task| task.abort());
     tokio::task::yield_now().await;
-    assert_eq!((state.snapshot().in_flight, state.snapshot().limit), (0, 9));
+    let snapshot = state.snapshot();
+    assert_eq!((snapshot.in_flight, snapshot.limit), (0, 9));
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_error_after_the_overload_latency_shrinks_the_limit_a_quick_one_does_not() {
-    use tower::{Layer, Service};
+    use tower::Layer;
 
-    let layer = layer(aimd_from_ten());
+    let layer = layer(aimd_from_ten(5));
     let state = layer.handle();
-    let mut service = layer.layer(tower::service_fn(|request: Request<Body>| async move {
-        // A timeout inside the service, after as long as the request says.
-        let wait: u64 = request.uri().query().unwrap().parse().unwrap();
+    // Answers after as many ms as the query says, or fails then if it
+    // ends in '!' (a timeout inside the service).
+    let service = layer.layer(tower::service_fn(|request: Request<Body>| async move {
+        let query = request.uri().query().unwrap();
+        let wait: u64 = query.trim_end_matches('!').parse().unwrap();
         tokio::time::sleep(Duration::from_millis(wait)).await;
-        Err::<http::Response<Body>, _>("timed out")
+        if query.ends_with('!') {
+            Err("timed out")
+        } else {
+            Ok(http::Response::new(Body::empty()))
+        }
     }));
-    for (wait, limit) in [(20, 10), (500, 9), (30, 9), (500, 8)] {
-        std::future::poll_fn(|cx| service.poll_ready(cx))
-            .await
-            .unwrap();
-        let request = Request::get(format!("/work?{wait}"))
-            .body(Body::empty())
-            .unwrap();
-        assert!(service.call(request).await.is_err());
-        assert_eq!(state.snapshot().limit, limit, "after an error at {wait} ms");
-    }
+    let window = |queries: [&'static str; 5]| {
+        let calls = queries.map(|query| {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let request = Request::get(format!("/work?{query}"))
+                    .body(Body::empty())
+                    .unwrap();
+                service.oneshot(request).await.is_ok()
+            })
+        });
+        async move {
+            let mut ok = Vec::new();
+            for call in calls {
+                ok.push(call.await.unwrap());
+            }
+            ok
+        }
+    };
+    // One error at 20 ms among four answers in 10 ms: the tail's, and
+    // fast answers: one more.
+    let ok = window(["10", "10", "20!", "10", "10"]).await;
+    assert_eq!(ok, [true, true, false, true, true]);
+    assert_eq!(state.snapshot().limit, 11);
+    // Five errors after 500 ms: a tenth less.
+    let ok = window(["500!"; 5]).await;
+    assert_eq!(ok, [false; 5]);
+    assert_eq!(state.snapshot().limit, 9);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_503_a_tollgate_layer_inside_made_itself_is_not_the_services_overload() {
     use tollgate::{Algorithm, HeaderKey, Policy, RateLimitLayer};
 
-    let protect = layer(aimd_from_ten());
+    let protect = layer(aimd_from_ten(1));
     let state = protect.handle();
     let per_user = RateLimitLayer::new(
         Policy::new("per-user", Algorithm::FixedWindow, "1/min").unwrap(),
@@ -557,17 +625,29 @@ async fn a_503_a_tollgate_layer_inside_made_itself_is_not_the_services_overload(
     )
     .rejection_status(StatusCode::SERVICE_UNAVAILABLE)
     .unwrap();
+    // And a limit with an answer of its own, 503 too.
+    let per_team = RateLimitLayer::new(
+        Policy::new("per-team", Algorithm::FixedWindow, "1/min").unwrap(),
+        HeaderKey::new(http::HeaderName::from_static("x-team")),
+    )
+    .rejection(|_| {
+        let mut response = http::Response::new(bytes::Bytes::from_static(b"come back later"));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        response
+    });
     let app = Router::new()
         .route("/work", get(|| async { "done" }))
         .route(
             "/busy",
             get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "busy") }),
         )
+        .layer(per_team)
         .layer(per_user)
         .layer(protect);
     let send = |path: &'static str, user: &'static str| {
         let request = Request::get(path)
             .header("x-user", user)
+            .header("x-team", if user == "cy" { "red" } else { user })
             .body(Body::empty())
             .unwrap();
         app.clone().oneshot(request)
@@ -577,6 +657,16 @@ async fn a_503_a_tollgate_layer_inside_made_itself_is_not_the_services_overload(
     assert_eq!(
         send("/work", "ada").await.unwrap().status(),
         StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(state.snapshot().limit, 10);
+    // So does the per-team one, with its own answer ("red" used up by
+    // its first request, "cy"'s second).
+    assert_eq!(send("/work", "red").await.unwrap().status(), StatusCode::OK);
+    let response = send("/work", "cy").await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        response.into_body().collect().await.unwrap().to_bytes(),
+        "come back later"
     );
     assert_eq!(state.snapshot().limit, 10);
     // The service's own 503 is one: 10 × 0.9.

@@ -2,6 +2,8 @@
 //! limit, who may be admitted, and what each finished request teaches the
 //! limit.
 
+use std::time::Duration;
+
 use super::config::{AdaptiveLimit, Priority};
 use super::estimate::{Estimator, Sample};
 use super::window::Windows;
@@ -42,13 +44,14 @@ pub enum Completion {
     /// It ended without the service's answer: its caller went away (a
     /// client that timed out, a cancelled task), or the service failed
     /// with an error. Its latency was at least the time it ran: once that
-    /// is longer than the limit's algorithm takes for overload (twice
-    /// Vegas's no-load latency, 1.5 times Gradient2's average, AIMD's
-    /// latency ceiling), it is a latency sample of that time, as a served
-    /// request that slow would be; in an overload, clients give up and
-    /// take their requests with them, and their latency must still count.
-    /// One that ended sooner teaches nothing (its latency is unknown, and
-    /// a short one would read as a fast service).
+    /// is longer than the latency the limit's algorithm knows (Vegas's
+    /// no-load latency, Gradient2's average, AIMD's latency ceiling), it
+    /// is a latency sample of that time, as a served request that slow
+    /// would be; sooner, it is none (it would read as a faster service
+    /// than is known). And a window of samples a quarter or more of whose
+    /// requests were abandoned counts as [`Dropped`](Self::Dropped):
+    /// clients giving up in numbers is overload, even where their
+    /// deadline is shorter than the latency the algorithm aims for.
     Abandoned,
     /// It ended in a way that says nothing about capacity (it never ran,
     /// or the caller knows its end is unrelated to load): not a sample.
@@ -141,7 +144,8 @@ impl Concurrency {
     }
 
     /// How long a refusal closes the classes below the refused one.
-    const CLOSED_FOR: u64 = 100_000;
+    pub const CLOSED_FOR: Duration = Duration::from_micros(Self::CLOSED_FOR_US);
+    const CLOSED_FOR_US: u64 = 100_000;
 
     /// How many requests of `class` may be in flight in all, at `now`:
     /// the limit less the share of it reserved for each class above, or
@@ -175,7 +179,7 @@ impl Concurrency {
             .above()
             .iter()
             .filter_map(|&above| self.refused_at[above.index()])
-            .map(|at| Timestamp::from_micros(at.as_micros().saturating_add(Self::CLOSED_FOR)))
+            .map(|at| Timestamp::from_micros(at.as_micros().saturating_add(Self::CLOSED_FOR_US)))
             .max()?;
         (until > now).then_some(until)
     }
@@ -253,8 +257,8 @@ impl Concurrency {
             Completion::Served => Some(false),
             Completion::Dropped => Some(true),
             // Its latency was at least `rtt`: a sample of it, once that is
-            // long enough to raise the window's latency where it counts.
-            Completion::Abandoned => self.estimator.overdue(rtt).then_some(false),
+            // longer than the latency the algorithm knows.
+            Completion::Abandoned => self.estimator.longer_than_known(rtt).then_some(false),
             Completion::Ignored => None,
         };
         let sample = dropped.map(|dropped| Sample {
@@ -262,8 +266,12 @@ impl Concurrency {
             in_flight: permit.in_flight,
             dropped,
             held_back: false,
+            censored: false,
         });
-        let taken = self.windows.release(permit.window, sample, now.as_micros());
+        let abandoned = completion == Completion::Abandoned;
+        let taken = self
+            .windows
+            .release(permit.window, sample, abandoned, now.as_micros());
         if let Some(window) = taken {
             let ceiling = self.ceiling(now).max(self.config.min);
             self.estimator.update(window, self.config.min, ceiling);
@@ -377,79 +385,73 @@ mod tests {
         assert_eq!(state.limit(T0 + Duration::from_secs(10)), 100);
     }
 
-    /// Windows of `size` requests from a limit of 20, admitted together:
-    /// the first served in 10 ms, each after ended `after` later as
-    /// `completion`. The limit after each window.
-    fn windows_of(
-        size: u32,
+    /// Windows of ten requests from a limit of 20, admitted together: the
+    /// first all served in 10 ms; in each after, `n` end `after` later as
+    /// `completion`, and the rest are served in 10 ms. The limit after
+    /// each window.
+    fn windows_of_ten(
         algorithm: super::super::LimitAlgorithm,
-        after: &[(Duration, Completion)],
+        after: &[(usize, Duration, Completion)],
     ) -> Vec<u32> {
         let config = AdaptiveLimit::builder("test")
             .algorithm(algorithm)
             .bounds(1, 1_000)
             .initial(20)
-            .sample_window(Duration::ZERO, size)
+            .sample_window(Duration::ZERO, 10)
             .build()
             .unwrap_or_else(|error| unreachable!("{error}"));
         let mut state = Concurrency::new(&config, T0);
         let mut at = T0;
-        let first = (Duration::from_millis(10), Completion::Served);
+        let served = Duration::from_millis(10);
+        let first = (0, served, Completion::Served);
         let mut limits = Vec::new();
-        for &(rtt, completion) in std::iter::once(&first).chain(after) {
-            let permits: Vec<Permit> = (0..size)
+        for &(n, rtt, completion) in std::iter::once(&first).chain(after) {
+            let permits: Vec<Permit> = (0..10)
                 .filter_map(|_| state.try_acquire(Priority::Default, at))
                 .collect();
-            assert_eq!(permits.len(), size as usize);
-            for permit in permits {
-                state.release(permit, at + rtt, completion);
+            assert_eq!(permits.len(), 10);
+            for (i, permit) in permits.into_iter().enumerate() {
+                if i < n {
+                    state.release(permit, at + rtt, completion);
+                } else {
+                    state.release(permit, at + served, Completion::Served);
+                }
             }
-            at = at + rtt;
+            at = at + rtt.max(served);
             limits.push(state.limit(at));
         }
         limits
     }
 
     #[test]
-    fn an_abandoned_request_counts_the_time_it_ran_once_that_is_past_what_reads_as_overload() {
+    fn an_abandoned_request_is_a_latency_sample_once_past_the_latency_known_and_a_quarter_a_drop() {
         use super::super::LimitAlgorithm;
-        use Completion::{Abandoned, Ignored, Served};
+        use Completion::{Abandoned, Ignored};
         let ms = Duration::from_millis;
-        // Vegas, no-load latency 10 ms: abandoned at 20 ms, nothing; at
-        // 30 ms, a window of 30 ms, a queue of 14 of 20: one less.
-        assert_eq!(
-            windows_of(
-                10,
-                LimitAlgorithm::Vegas,
-                &[(ms(20), Abandoned), (ms(30), Abandoned)]
-            ),
-            [20, 20, 19]
-        );
-        // The same 30 ms served reads the same; ignored, nothing.
-        assert_eq!(
-            windows_of(
-                10,
-                LimitAlgorithm::Vegas,
-                &[(ms(30), Served), (ms(900), Ignored)]
-            ),
-            [20, 19, 19]
-        );
-        // AIMD: abandoned past its ceiling of 15 ms, a tenth less.
-        let aimd = LimitAlgorithm::Aimd {
-            latency_ceiling: ms(15),
+        // Vegas, no-load latency 10 ms, from 20 with ten in flight.
+        let vegas = |window| windows_of_ten(LimitAlgorithm::Vegas, &[window]);
+        // One abandoned at 16 ms is a sample, not a drop: an average of
+        // 10.6 ms, a queue of 2, one more (a drop would be one less).
+        assert_eq!(vegas((1, ms(16), Abandoned)), [20, 21]);
+        // One at 60 ms: an average of 15 ms, a queue of 7, one less (not
+        // counted, no queue and one more).
+        assert_eq!(vegas((1, ms(60), Abandoned)), [20, 19]);
+        // Three of ten abandoned, however soon, are a drop: one less.
+        assert_eq!(vegas((3, ms(9), Abandoned)), [20, 19]);
+        // Ignored ones never count, however many or long.
+        assert_eq!(vegas((10, ms(500), Ignored)), [20, 20]);
+        // AIMD over 15 ms, 21 after the first window: one abandoned at
+        // 100 ms makes an average of 19 ms, above it (a tenth less); three
+        // at 12 ms, below it, are a drop all the same.
+        let aimd = |window| {
+            let algorithm = LimitAlgorithm::Aimd {
+                latency_ceiling: ms(15),
+            };
+            windows_of_ten(algorithm, &[window])
         };
-        assert_eq!(
-            windows_of(10, aimd, &[(ms(15), Abandoned), (ms(16), Abandoned)]),
-            [21, 21, 18]
-        );
-        // Gradient2, once its average is 10 ms (ten windows; 15 in flight,
-        // so that latency counts up to a limit of 30): at 15 ms nothing;
-        // at 40 ms, past 1.5 times it, lower.
-        let mut after = vec![(ms(10), Served); 9];
-        after.extend([(ms(15), Abandoned), (ms(40), Abandoned)]);
-        let gradient = windows_of(15, LimitAlgorithm::Gradient2, &after);
-        assert_eq!(gradient[10], gradient[9], "{gradient:?}");
-        assert!(gradient[11] < gradient[10], "{gradient:?}");
+        assert_eq!(aimd((1, ms(100), Abandoned)), [21, 18]);
+        assert_eq!(aimd((3, ms(12), Abandoned)), [21, 18]);
+        assert_eq!(aimd((2, ms(12), Abandoned)), [21, 21]);
     }
 
     #[test]

@@ -14,9 +14,12 @@ pub(super) struct Sample {
     pub(super) in_flight: u32,
     /// It was dropped: it failed for want of capacity, or timed out.
     pub(super) dropped: bool,
-    /// Requests were turned away while it ran (a window's: from its
-    /// first admission until it was taken in).
+    /// Requests were turned away, or waited for a slot, while it ran (a
+    /// window's: from its first admission until it was taken in).
     pub(super) held_back: bool,
+    /// Its latency is a lower bound: requests still out when it was taken
+    /// in count at the least they had run.
+    pub(super) censored: bool,
 }
 
 /// An estimator's state, with the limit it has found so far.
@@ -64,15 +67,16 @@ impl Estimator {
     }
 
     /// Whether a request that ran `rtt` µs, and was abandoned, ran long
-    /// enough to count: longer than twice Vegas's no-load latency, than
-    /// Gradient2 tolerates of its average, or than AIMD's ceiling. Never
-    /// before the algorithm has a latency to compare with.
-    pub(super) fn overdue(&self, rtt: u64) -> bool {
+    /// enough to count as a latency sample of `rtt` (its latency was at
+    /// least that): longer than Vegas's no-load latency or Gradient2's
+    /// average (so that it never reads as a faster service than the
+    /// algorithm knows), or than AIMD's ceiling (below it, AIMD learns
+    /// nothing from latency). Never before the algorithm has a latency to
+    /// compare with.
+    pub(super) fn longer_than_known(&self, rtt: u64) -> bool {
         match &self.kind {
-            Kind::Vegas(vegas) => vegas.rtt_noload > 0 && rtt > vegas.rtt_noload.saturating_mul(2),
-            Kind::Gradient2(gradient) => {
-                gradient.samples > 0 && rtt as f64 > Gradient2::TOLERANCE * gradient.long_rtt
-            }
+            Kind::Vegas(vegas) => vegas.rtt_noload > 0 && rtt > vegas.rtt_noload,
+            Kind::Gradient2(gradient) => gradient.samples > 0 && rtt as f64 > gradient.long_rtt,
             Kind::Aimd { latency_ceiling } => rtt > *latency_ceiling,
         }
     }
@@ -189,14 +193,20 @@ impl Vegas {
     }
 
     fn update(&mut self, limit: f64, sample: Sample) -> Option<f64> {
-        // A window with a drop never gives the no-load latency: its
-        // latency may be that of fast refusals (a 503 from inside), or of
-        // requests whose callers gave up.
+        // A window with a drop never gives the no-load latency (its
+        // latency may be that of fast refusals, a 503 from inside), nor
+        // one whose latency is only a lower bound.
+        let unknown = sample.dropped || sample.censored;
         if let Some(restore) = self.probing.take() {
             self.probed_limit = restore;
             if sample.dropped {
                 // Dropped even at half the limit: the limit, less a step.
                 return Some(restore - log10_step(restore));
+            }
+            if sample.censored {
+                // Requests still out at half the limit: the limit is
+                // put back, and the no-load latency kept.
+                return Some(restore);
             }
             // Admitted under half the limit: no queue in front of it.
             self.rtt_noload = sample.rtt;
@@ -205,6 +215,9 @@ impl Vegas {
         if self.rtt_noload == 0 {
             if sample.dropped {
                 return Some(limit - log10_step(limit));
+            }
+            if sample.censored {
+                return None;
             }
             self.rtt_noload = sample.rtt;
             self.probed_limit = limit;
@@ -215,7 +228,7 @@ impl Vegas {
             || limit >= self.probed_limit * Self::PROBE_ON_CHANGE;
         let due = self.probe_jitter * Self::PROBE_MULTIPLIER * limit <= self.probe_count as f64;
         if moved || due {
-            if f64::from(sample.in_flight) * 2.0 <= limit && !sample.dropped {
+            if f64::from(sample.in_flight) * 2.0 <= limit && !unknown {
                 // This window ran at half the limit or less: it is the
                 // probe, and nothing had to be turned away for it.
                 self.new_jitter();
@@ -297,6 +310,10 @@ impl Gradient2 {
             return Some(limit * 0.9);
         }
         let short = sample.rtt as f64;
+        if sample.censored {
+            // A lower bound: compared, not averaged in.
+            return self.next(limit, sample);
+        }
         if self.samples < Self::WARM_UP {
             self.samples += 1;
             self.long_rtt += (short - self.long_rtt) / f64::from(self.samples);
@@ -308,10 +325,15 @@ impl Gradient2 {
             // Latency fell a long way: let the average follow faster.
             self.long_rtt *= 0.95;
         }
-        if f64::from(sample.in_flight) < limit / 2.0 {
+        self.next(limit, sample)
+    }
+
+    /// The limit after `sample`, against the long-term average.
+    fn next(&self, limit: f64, sample: Sample) -> Option<f64> {
+        if f64::from(sample.in_flight) < limit / 2.0 || self.samples == 0 {
             return None;
         }
-        let gradient = (Self::TOLERANCE * self.long_rtt / short).clamp(0.5, 1.0);
+        let gradient = (Self::TOLERANCE * self.long_rtt / sample.rtt as f64).clamp(0.5, 1.0);
         let next = limit * gradient + Self::QUEUE;
         Some(limit * (1.0 - Self::SMOOTHING) + next * Self::SMOOTHING)
     }
@@ -339,6 +361,7 @@ mod tests {
             in_flight,
             dropped: false,
             held_back: false,
+            censored: false,
         }
     }
 
@@ -481,6 +504,42 @@ mod tests {
         quiet.update(sample(10_000, 12), 1, 1_000);
         assert!(quiet.probing());
         assert_eq!(quiet.limit(), 6);
+    }
+
+    fn censored(rtt: u64, in_flight: u32) -> Sample {
+        Sample {
+            censored: true,
+            ..sample(rtt, in_flight)
+        }
+    }
+
+    #[test]
+    fn a_window_whose_latency_is_a_lower_bound_is_compared_never_learnt() {
+        // Vegas learns no no-load latency from it: the next window does.
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        vegas.update(censored(1_000_000, 20), 1, 1_000);
+        assert_eq!(vegas.limit(), 20);
+        vegas.update(sample(10_000, 20), 1, 1_000); // learns 10 ms
+        vegas.update(sample(10_000, 20), 1, 1_000); // no queue: + 6
+        assert_eq!(vegas.limit(), 26);
+        // Against 10 ms, a lower bound of 1 s is a long queue.
+        vegas.update(censored(1_000_000, 26), 1, 1_000);
+        assert_eq!(vegas.limit(), 25);
+        // Gradient2 compares it with its average and shrinks, but does
+        // not take it in.
+        let mut gradient = Estimator::new(LimitAlgorithm::Gradient2, 100);
+        for _ in 0..10 {
+            gradient.update(sample(10_000, 100), 1, 1_000);
+        }
+        let before = gradient.limit();
+        gradient.update(censored(1_000_000, before), 1, 1_000);
+        let after = gradient.limit();
+        assert!(after < before, "{after} after {before}");
+        let long_rtt = |estimator: &Estimator| match &estimator.kind {
+            Kind::Gradient2(gradient) => gradient.long_rtt,
+            Kind::Vegas(_) | Kind::Aimd { .. } => f64::NAN,
+        };
+        assert_eq!(long_rtt(&gradient), 10_000.0);
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub(super) struct Windows {
     /// variance over their mean squared), averaged over windows; 0 until
     /// a window of two or more samples was taken in.
     spread: f64,
+    /// The latency of the last window taken in, in µs.
+    last_average: Option<u64>,
     /// The current window's number, which its permits carry.
     number: u64,
     /// When it admitted its first request, in µs.
@@ -36,6 +38,8 @@ pub(super) struct Windows {
     rtt_sum: u128,
     rtt_squares: u128,
     max_in_flight: u32,
+    /// Its requests whose callers gave up, or that failed.
+    abandoned: u32,
     /// The most requests in flight at one of its admissions.
     admitted_in_flight: u32,
     dropped: bool,
@@ -61,6 +65,10 @@ impl Windows {
     /// as a sample of the time since the window stopped admitting, the
     /// least it has run.
     const LATE_FACTOR: u64 = 10;
+    /// A window one request in this many of which was abandoned counts
+    /// as dropped.
+    const ABANDONED_SHARE: u32 = 4;
+
     /// The least a window waits for its late requests, in µs.
     const LATE_FLOOR: u64 = 1_000_000;
 
@@ -69,6 +77,7 @@ impl Windows {
             config,
             target: config.min_samples,
             spread: 0.0,
+            last_average: None,
             number: 0,
             opened: 0,
             admitted: 0,
@@ -78,6 +87,7 @@ impl Windows {
             rtt_sum: 0,
             rtt_squares: 0,
             max_in_flight: 0,
+            abandoned: 0,
             admitted_in_flight: 0,
             dropped: false,
             refused: false,
@@ -129,16 +139,19 @@ impl Windows {
     }
 
     /// A request of window `window` came back at `now` (µs), telling
-    /// `sample` (none if its completion says nothing about capacity):
-    /// the window's sample, when this completes it.
+    /// `sample` (none if its completion says nothing about capacity), and
+    /// whether it was `abandoned`: the window's sample, when this
+    /// completes it.
     pub(super) fn release(
         &mut self,
         window: Option<u64>,
         sample: Option<Sample>,
+        abandoned: bool,
         now: u64,
     ) -> Option<Sample> {
         if window == Some(self.number) {
             self.returned += 1;
+            self.abandoned += u32::from(abandoned);
             if let Some(sample) = sample {
                 self.samples += 1;
                 self.rtt_sum += u128::from(sample.rtt);
@@ -148,32 +161,18 @@ impl Windows {
             }
         }
         let sealed = self.sealed?;
+        // Measured against the latency known, this window's or the last
+        // one's: a window of slow requests none of which is back yet is
+        // not late at the floor.
         let patience = self
             .average()
+            .or(self.last_average)
             .map_or(0, |rtt| rtt.saturating_mul(Self::LATE_FACTOR))
             .max(Self::LATE_FLOOR);
-        let waited = now.saturating_sub(sealed);
-        let late = waited > patience;
+        let late = now.saturating_sub(sealed) > patience;
         if self.returned < self.admitted && !late {
             return None;
         }
-        // Requests still out count at the least they ran: a window taken
-        // in without its slow requests would read fast, and in an overload
-        // whose requests run until their clients give up, every window is
-        // taken in that way, with nothing else in it.
-        let out = self.admitted.saturating_sub(self.returned);
-        if out > 0 {
-            self.samples = self.samples.saturating_add(out);
-            self.rtt_sum += u128::from(out) * u128::from(waited);
-            self.rtt_squares += u128::from(out) * u128::from(waited) * u128::from(waited);
-            self.max_in_flight = self.max_in_flight.max(self.admitted_in_flight);
-        }
-        let taken = self.average().map(|rtt| Sample {
-            rtt,
-            in_flight: self.max_in_flight,
-            dropped: self.dropped,
-            held_back: self.refused,
-        });
         let spread = self.window_spread().map_or(self.spread, |spread| {
             if self.spread == 0.0 {
                 spread
@@ -181,9 +180,46 @@ impl Windows {
                 self.spread + (spread - self.spread) * Self::SPREAD_SMOOTHING
             }
         });
+        // Requests still out count at the patience: each was admitted by
+        // the time the window stopped admitting, so it has run that long
+        // at least (however long the wait for a release that shows it was
+        // late). A window taken in without them would read fast, and in an
+        // overload whose requests run until their clients give up after
+        // more than the patience, every window is taken in that way.
+        let out = self.admitted.saturating_sub(self.returned);
+        if out > 0 {
+            self.samples = self.samples.saturating_add(out);
+            self.rtt_sum += u128::from(out) * u128::from(patience);
+            self.max_in_flight = self.max_in_flight.max(self.admitted_in_flight);
+        }
+        // Clients giving up in numbers is overload, whatever the latency
+        // of what was served (a deadline shorter than the latency the
+        // algorithm aims for hides it); a few are the tail's.
+        let given_up = self.abandoned.saturating_mul(Self::ABANDONED_SHARE) >= self.admitted;
+        let dropped = self.dropped || (self.abandoned > 0 && given_up);
+        let taken = match self.average() {
+            Some(rtt) => Some(Sample {
+                rtt,
+                in_flight: self.max_in_flight,
+                dropped,
+                held_back: self.refused,
+                censored: out > 0,
+            }),
+            // Every request given up on before its latency could tell:
+            // a drop, whose latency no algorithm reads.
+            None => dropped.then_some(Sample {
+                rtt: 1,
+                in_flight: self.admitted_in_flight,
+                dropped,
+                held_back: self.refused,
+                censored: true,
+            }),
+        };
+        let last_average = taken.map_or(self.last_average, |sample| Some(sample.rtt));
         *self = Self {
             number: self.number.wrapping_add(1),
             spread,
+            last_average,
             ..Self::new(self.config)
         };
         self.target = self.target(Self::PRECISION);
@@ -225,6 +261,7 @@ mod tests {
             in_flight,
             dropped: false,
             held_back: false,
+            censored: false,
         })
     }
 
@@ -240,10 +277,10 @@ mod tests {
         let mut w = windows(3);
         let tags: Vec<Option<u64>> = (0..4).map(|i| w.admit(i, 1)).collect();
         assert_eq!(tags, [Some(0), Some(0), Some(0), None]); // full after 3
-        assert!(w.release(tags[1], sample(1_000, 2), 1_001).is_none());
-        assert!(w.release(tags[3], sample(5, 4), 1_002).is_none()); // no window's
-        assert!(w.release(tags[2], sample(2_000, 3), 2_002).is_none());
-        let taken = w.release(tags[0], sample(9_000, 1), 9_000);
+        assert!(w.release(tags[1], sample(1_000, 2), false, 1_001).is_none());
+        assert!(w.release(tags[3], sample(5, 4), false, 1_002).is_none()); // no window's
+        assert!(w.release(tags[2], sample(2_000, 3), false, 2_002).is_none());
+        let taken = w.release(tags[0], sample(9_000, 1), false, 9_000);
         let taken = taken.map(|s| (s.rtt, s.in_flight, s.dropped));
         assert_eq!(taken, Some((4_000, 3, false)));
         assert_eq!(w.admit(9_001, 1), Some(1)); // the next window
@@ -254,14 +291,14 @@ mod tests {
         let mut w = windows(2);
         // Latencies of 1 and 3 ms: a spread (variance over mean²) of 1/4.
         let (a, b) = (w.admit(0, 1), w.admit(0, 1));
-        assert!(w.release(a, sample(1_000, 1), 1_000).is_none());
-        assert!(w.release(b, sample(3_000, 2), 3_000).is_some());
+        assert!(w.release(a, sample(1_000, 1), false, 1_000).is_none());
+        assert!(w.release(b, sample(3_000, 2), false, 3_000).is_some());
         // Then a window holds 0.25 / 0.1² = 25 requests,
         let tags: Vec<Option<u64>> = (0..26).map(|i| w.admit(3_000 + i, 1)).collect();
         assert_eq!((tags[24], tags[25]), (Some(1), None));
         for (i, tag) in tags.into_iter().enumerate() {
             let rtt = if i % 2 == 0 { 1_000 } else { 3_000 };
-            let _ = w.release(tag, sample(rtt, 1), 10_000);
+            let _ = w.release(tag, sample(rtt, 1), false, 10_000);
         }
         // and a probe's 0.25 / 0.05² = 100.
         w.probe_next();
@@ -273,27 +310,68 @@ mod tests {
     fn a_window_of_ignored_requests_teaches_nothing() {
         let mut w = windows(2);
         let (a, b) = (w.admit(0, 1), w.admit(0, 1));
-        assert!(w.release(a, None, 10).is_none());
-        assert!(w.release(b, None, 20).is_none()); // complete, but empty
+        assert!(w.release(a, None, false, 10).is_none());
+        assert!(w.release(b, None, false, 20).is_none()); // complete, but empty
         assert_eq!(w.admit(30, 1), Some(1));
     }
 
     #[test]
-    fn a_request_still_out_holds_its_window_only_so_long_and_counts_the_time_it_ran() {
+    fn a_request_still_out_holds_its_window_only_so_long_and_counts_at_its_patience() {
         let mut w = windows(2);
         let (a, _lost) = (w.admit(0, 1), w.admit(0, 2));
-        assert!(w.release(a, sample(1_000, 1), 1_000).is_none());
+        assert!(w.release(a, sample(1_000, 1), false, 1_000).is_none());
         // Ten times the average latency, but at least a second.
-        assert!(w.release(None, None, 1_000_000).is_none());
-        let taken = w.release(None, None, 1_000_001);
-        // The one still out ran 1,000,001 µs at least: the average of it
-        // and 1,000, with two in flight when it was admitted.
-        assert_eq!(taken.map(|s| (s.rtt, s.in_flight)), Some((500_500, 2)));
-        // A window of requests that are all still out, as when each runs
-        // until its client gives up, reads as long as they have run.
+        assert!(w.release(None, None, false, 1_000_000).is_none());
+        let taken = w.release(None, None, false, 1_000_001);
+        // The one still out ran a second at least: the average of that
+        // and 1,000 µs, a lower bound, with two in flight at admission.
+        let seen = |taken: Option<Sample>| taken.map(|s| (s.rtt, s.in_flight, s.censored));
+        assert_eq!(seen(taken), Some((500_500, 2, true)));
+        // Requests all still out, as when each runs until its client gives
+        // up, read as the patience, however long the wait for a release
+        // that shows them late (an idle minute here).
         let mut w = windows(2);
         let (_, _) = (w.admit(2_000_000, 7), w.admit(2_000_000, 8));
-        let taken = w.release(None, None, 3_500_000);
-        assert_eq!(taken.map(|s| (s.rtt, s.in_flight)), Some((1_500_000, 8)));
+        let taken = w.release(None, None, false, 62_000_000);
+        assert_eq!(seen(taken), Some((1_000_000, 8, true)));
+    }
+
+    #[test]
+    fn the_patience_follows_the_latency_of_the_last_window() {
+        // A service whose requests take 3 s: the window after the first
+        // is not late at 2.5 s, with none of its requests back yet.
+        let mut w = windows(1);
+        let a = w.admit(0, 1);
+        let taken = w.release(a, sample(3_000_000, 1), false, 3_000_000);
+        assert_eq!(taken.map(|s| (s.rtt, s.censored)), Some((3_000_000, false)));
+        let b = w.admit(3_000_000, 1);
+        assert!(w.release(None, None, false, 5_500_000).is_none());
+        let taken = w.release(b, sample(3_000_000, 1), false, 6_000_000);
+        assert_eq!(taken.map(|s| (s.rtt, s.censored)), Some((3_000_000, false)));
+    }
+
+    #[test]
+    fn a_window_a_quarter_of_whose_requests_were_abandoned_is_dropped() {
+        // Of five requests, one abandoned is the tail's; two are not.
+        let run = |abandoned: usize| {
+            let mut w = windows(5);
+            let tags: Vec<Option<u64>> = (0..5).map(|i| w.admit(i, 1)).collect();
+            let mut taken = None;
+            for (i, tag) in tags.into_iter().enumerate() {
+                // An abandoned one too short to be a latency sample.
+                let (sample, gave_up) = if i < abandoned {
+                    (None, true)
+                } else {
+                    (sample(1_000, 5), false)
+                };
+                taken = w.release(tag, sample, gave_up, 1_000);
+            }
+            taken.map(|s| (s.rtt, s.dropped))
+        };
+        assert_eq!(run(0), Some((1_000, false)));
+        assert_eq!(run(1), Some((1_000, false)));
+        assert_eq!(run(2), Some((1_000, true)));
+        // All of them: a drop with no latency to read.
+        assert_eq!(run(5), Some((1, true)));
     }
 }

@@ -15,7 +15,9 @@ pub enum Protection {
     None,
     /// A [`Concurrency`] under these settings: a request is admitted by
     /// [`Concurrency::try_acquire`] or refused at once, and released as
-    /// [`Completion::Served`] when the backend has finished it.
+    /// [`Completion::Served`] when the backend has finished it, or as
+    /// [`Completion::Abandoned`] at its deadline if its client gives up
+    /// first ([`OverloadOptions::give_up`](super::OverloadOptions::give_up)).
     Adaptive(AdaptiveLimit),
 }
 
@@ -103,12 +105,16 @@ enum Event {
     Arrival,
     /// A job is done.
     Done(usize),
+    /// The client of a job (its index and serial number) gives up.
+    GiveUp(usize, u64),
     /// The state is sampled.
     Tick,
 }
 
 #[derive(Debug)]
 struct Job {
+    /// Its number among every job of the run.
+    serial: u64,
     class: Priority,
     arrived_us: u64,
     /// Its service time as a multiple of the backend's.
@@ -157,6 +163,8 @@ struct Sim {
     ticks: Vec<Tick>,
     responses: Vec<Response>,
     deadline_us: u64,
+    give_up: bool,
+    serials: u64,
 }
 
 /// Runs `plan` with `protection` in front of the backend.
@@ -204,6 +212,8 @@ pub fn simulate(plan: &Plan, protection: &Protection) -> OverloadRun {
         ticks: Vec::with_capacity((end_us / TICK_US) as usize + 1),
         responses: Vec::new(),
         deadline_us: micros(plan.options.deadline),
+        give_up: plan.options.give_up,
+        serials: 0,
     };
     for (index, phase) in plan.phases.iter().enumerate().skip(1) {
         sim.schedule(phase.start_us, Event::Phase(index));
@@ -249,6 +259,7 @@ pub fn simulate(plan: &Plan, protection: &Protection) -> OverloadRun {
                 }
             }
             Event::Done(id) => sim.finish(now, id),
+            Event::GiveUp(id, serial) => sim.give_up(now, id, serial),
             Event::Tick => {
                 sim.tick(now);
                 sim.schedule(now + TICK_US, Event::Tick);
@@ -313,7 +324,11 @@ impl Sim {
             window.offered[index] += 1;
             window.admitted[index] += 1;
         }
+        let serial = self.serials;
+        self.serials += 1;
+        let abandoned = self.give_up && permit.is_some();
         let job = Job {
+            serial,
             class,
             arrived_us: now,
             factor,
@@ -332,7 +347,25 @@ impl Sim {
             }
         };
         self.queue.push_back(id);
+        if abandoned {
+            self.schedule(now + self.deadline_us, Event::GiveUp(id, serial));
+        }
         self.dispatch(now);
+    }
+
+    /// The client of job `id` gives up at `now`, if that job (numbered
+    /// `serial`) is still running: its slot is handed back as abandoned,
+    /// and the backend goes on with it.
+    fn give_up(&mut self, now: u64, id: usize, serial: u64) {
+        let Some(job) = self.jobs.get_mut(id).and_then(Option::as_mut) else {
+            return;
+        };
+        if job.serial != serial {
+            return;
+        }
+        if let (Some(state), Some(permit)) = (&mut self.state, job.permit.take()) {
+            state.release(permit, ORIGIN + from_micros(now), Completion::Abandoned);
+        }
     }
 
     /// Starts queued jobs on idle workers.

@@ -109,6 +109,12 @@ pub struct OverloadOptions {
     /// The shares of critical, default and sheddable requests (default
     /// 0.2, 0.5 and 0.3).
     pub mix: [f64; 3],
+    /// Clients go away at their deadline (default false): the limit is
+    /// told then that the request was abandoned
+    /// ([`Completion::Abandoned`](tollgate_core::Completion::Abandoned)),
+    /// and the backend still finishes it, as a service whose work is not
+    /// cancelled with its caller does. Otherwise every client waits.
+    pub give_up: bool,
     /// The seed of arrivals, classes and service times (default 1): the
     /// same seed gives every protection the same requests.
     pub seed: u64,
@@ -123,6 +129,7 @@ impl Default for OverloadOptions {
             load: 3.0,
             deadline: Duration::from_secs(1),
             mix: [0.2, 0.5, 0.3],
+            give_up: false,
             seed: 1,
         }
     }

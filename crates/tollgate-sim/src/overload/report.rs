@@ -29,9 +29,14 @@ pub fn setup(plan: &Plan) -> String {
         .iter()
         .map(|m| format!("{:.0}", m / total * 100.0))
         .collect();
+    let clients = if o.give_up {
+        " (clients give up at it)"
+    } else {
+        ""
+    };
     format!(
         "scenario {}: {} workers × {} ms ({jitter}), capacity C = {:.0}/s; load up to {}× C; \
-         deadline {} ms; mix critical/default/sheddable {} %; seed {}",
+         deadline {} ms{clients}; mix critical/default/sheddable {} %; seed {}",
         plan.scenario,
         o.workers,
         o.service.as_secs_f64() * 1e3,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body_util::Full;
 use tollgate_core::{Completion, Permit, Priority};
 use tower_service::Service;
@@ -16,8 +16,7 @@ use super::gate::Gate;
 
 /// A slot held by a request: handed back when the response is ready, or,
 /// if the request is dropped first (even before its future was first
-/// polled), as abandoned: a latency sample of the time it ran, if that is
-/// longer than the limit reads as overload.
+/// polled), as abandoned (see [`Completion::Abandoned`]).
 pub(super) struct Held {
     gate: Arc<Gate>,
     permit: Option<Permit>,
@@ -65,26 +64,16 @@ where
     result.map(|response| response.map(ResponseBody::inner))
 }
 
-/// What `response` teaches the limit: 503 and 504 say the service
-/// behind ran out of capacity or time, and so do gRPC's `UNAVAILABLE`
-/// (14) and `DEADLINE_EXCEEDED` (4) in a trailers-only response's
-/// headers (a status in trailers comes after the slot is given back),
-/// unless a Tollgate layer inside made the answer itself: a limiter's
-/// refusal (a store failing closed, another adaptive layer) says nothing
-/// of this service's capacity, and its latency is not the service's.
+/// What `response` teaches the limit: an answer that reads as overload
+/// (503, 504, or their gRPC codes) says the service behind ran out of
+/// capacity or time, unless a Tollgate layer inside made it itself: a
+/// limiter's refusal (a store failing closed, a rejection status of 503,
+/// another adaptive layer) says nothing of this service's capacity, and
+/// its latency is not the service's.
 fn completion_of<B>(response: &Response<B>) -> Completion {
     if response.extensions().get::<OwnAnswer>().is_some() {
-        return Completion::Ignored;
-    }
-    let status = response.status();
-    let grpc = response
-        .headers()
-        .get("grpc-status")
-        .map(|value| value.as_bytes());
-    let overloaded = status == StatusCode::SERVICE_UNAVAILABLE
-        || status == StatusCode::GATEWAY_TIMEOUT
-        || matches!(grpc, Some(b"14" | b"4"));
-    if overloaded {
+        Completion::Ignored
+    } else if answer::reads_as_overload(response) {
         Completion::Dropped
     } else {
         Completion::Served
@@ -99,6 +88,8 @@ pub(super) fn shed<B>(responder: &Responder, class: Priority) -> Response<Respon
 
 #[cfg(test)]
 mod tests {
+    use http::StatusCode;
+
     use super::*;
 
     fn response(status: u16, grpc: Option<&'static str>) -> Response<()> {
@@ -131,5 +122,9 @@ mod tests {
             completion_of(&response(200, Some("13"))),
             Completion::Served
         );
+        // A layer's own 503 (a custom one too) is no sign of overload.
+        let mut own = response(503, None);
+        crate::answer::mark_own(&mut own);
+        assert_eq!(completion_of(&own), Completion::Ignored);
     }
 }

@@ -37,8 +37,9 @@ struct Inner {
     /// The requests waiting, per class in [`Priority::ALL`]'s order, oldest
     /// first.
     waiting: [VecDeque<oneshot::Sender<Permit>>; 3],
-    /// A timer will dispatch when a closed class reopens.
-    timer_armed: bool,
+    /// When the timer that dispatches as a closed class reopens fires, if
+    /// one is set.
+    timer_at: Option<Timestamp>,
 }
 
 /// One layer's gate, shared by its services and its handles.
@@ -58,7 +59,7 @@ impl Gate {
             inner: Mutex::new(Inner {
                 concurrency,
                 waiting: Default::default(),
-                timer_armed: false,
+                timer_at: None,
             }),
             clock,
             queue,
@@ -90,7 +91,8 @@ impl Gate {
             self.telemetry.shed(class);
             return Entry::Shed;
         };
-        if waiting(&inner) >= queue.max_waiting && !make_room(&mut inner, class) {
+        if waiting(&inner) >= queue.max_waiting && !make_room(&mut inner, class, queue.max_waiting)
+        {
             inner.concurrency.count_refused(class, now);
             drop(inner);
             self.telemetry.shed(class);
@@ -138,22 +140,28 @@ impl Gate {
 
     /// Has the requests waiting served when the class `dispatch` stopped
     /// at reopens (at `reopens`, if it stopped at a closed class): a
-    /// release is not what lets a closed class in, and none may come.
-    /// One timer at a time; none outside a Tokio runtime (a release from
-    /// a drop there), where the next release or entry dispatches.
+    /// release is not what lets a closed class in, and none may come. A
+    /// timer is set unless one fires sooner; it sleeps at most the 100 ms
+    /// of a closure (a clock stepped back would put the reopening far
+    /// away), and one past its time without firing (its runtime gone) is
+    /// replaced. None outside a Tokio runtime (a release from a drop
+    /// there): the next release or entry dispatches.
     fn wake_at(self: &Arc<Self>, inner: &mut Inner, reopens: Option<Timestamp>, now: Timestamp) {
         let Some(reopens) = reopens else {
             return;
         };
-        if inner.timer_armed {
+        let wait = reopens
+            .saturating_duration_since(now)
+            .min(Concurrency::CLOSED_FOR);
+        let fires = now + wait;
+        if inner.timer_at.is_some_and(|at| at > now && at <= fires) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        inner.timer_armed = true;
+        inner.timer_at = Some(fires);
         let gate = self.clone();
-        let wait = reopens.saturating_duration_since(now);
         runtime.spawn(async move {
             tokio::time::sleep(wait).await;
             gate.redispatch();
@@ -165,7 +173,9 @@ impl Gate {
     fn redispatch(self: &Arc<Self>) {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
-        inner.timer_armed = false;
+        if inner.timer_at.is_some_and(|at| at <= now) {
+            inner.timer_at = None;
+        }
         let reopens = dispatch(&mut inner, now);
         self.wake_at(&mut inner, reopens, now);
         let in_flight = inner.concurrency.in_flight();
@@ -196,7 +206,7 @@ fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
     let Inner {
         concurrency,
         waiting,
-        timer_armed: _,
+        timer_at: _,
     } = inner;
     for class in Priority::ALL {
         let queue = &mut waiting[class.index()];
@@ -208,8 +218,11 @@ fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
             if !concurrency.would_admit(class, now) {
                 return concurrency.closed_until(class, now);
             }
-            let permit = concurrency.try_acquire(class, now)?;
             let waiter = queue.pop_front()?;
+            let Some(permit) = concurrency.try_acquire(class, now) else {
+                queue.push_front(waiter);
+                return None;
+            };
             if let Err(permit) = waiter.send(permit) {
                 // It gave up just now: the slot is free again.
                 concurrency.release(permit, now, Completion::Ignored);
@@ -219,11 +232,19 @@ fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
     None
 }
 
-/// Makes room in a full queue for a request of `class`: the newest
-/// request waiting in the lowest class below it is shed (its channel
-/// closes, and it is counted as refused when it sees that). False if
-/// none waits below it.
-fn make_room(inner: &mut Inner, class: Priority) -> bool {
+/// Makes room in a full queue of at most `max_waiting` for a request of
+/// `class`: requests that gave up leave, or else the newest request
+/// waiting in the lowest class below it is shed (its channel closes, and
+/// it is counted as refused when it sees that). False if none of either.
+fn make_room(inner: &mut Inner, class: Priority, max_waiting: usize) -> bool {
+    // Requests that gave up behind one still waiting count until they
+    // reach the front: gone, they leave room without shedding anyone.
+    for queue in &mut inner.waiting {
+        queue.retain(|waiter| !waiter.is_closed());
+    }
+    if waiting(inner) < max_waiting {
+        return true;
+    }
     let below = &mut inner.waiting[class.index() + 1..];
     below
         .iter_mut()

@@ -43,9 +43,9 @@ use super::service::AdaptiveConcurrency;
 /// counts as a drop (the limit shrinks), unless a Tollgate layer inside
 /// made that answer itself. An error from it, or a request whose client
 /// went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):
-/// a latency sample of the time it ran, once that is longer than the
-/// limit's algorithm reads as overload (as when clients time out in an
-/// overload); otherwise it teaches the limit nothing.
+/// a latency sample of the time it ran once that is longer than the
+/// latency the limit's algorithm knows, and a drop when a quarter of a
+/// window's requests end so (clients giving up in numbers).
 ///
 /// Every service the layer makes shares one limit: apply the same layer
 /// to every route the limit protects.

@@ -80,9 +80,7 @@ pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
     if let Ok(message) = HeaderValue::from_str(&encoded) {
         headers.insert("grpc-message", message);
     }
-    if code == Code::Unavailable {
-        super::own::mark(&mut response);
-    }
+    super::own::mark(&mut response);
     response
 }
 

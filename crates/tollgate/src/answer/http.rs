@@ -120,9 +120,7 @@ fn problem_response(status: StatusCode, body: String) -> Response<Bytes> {
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::GATEWAY_TIMEOUT {
-        super::own::mark(&mut response);
-    }
+    super::own::mark(&mut response);
     response
 }
 

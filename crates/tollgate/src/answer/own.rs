@@ -1,15 +1,32 @@
-//! The mark on the answers a layer makes by itself that read as an
-//! overloaded service (503 and 504; gRPC `UNAVAILABLE`): an adaptive
-//! layer around it takes them for what they are, a limiter's refusal, not
-//! the service's overload.
+//! What reads as an overloaded service in a response, and the mark on
+//! the answers a layer makes by itself that read so: an adaptive layer
+//! around it takes those for what they are, a limiter's refusal, not the
+//! service's overload.
 
-use http::Response;
+use http::{Response, StatusCode};
 
 /// In a response's extensions: a Tollgate layer made this answer itself.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OwnAnswer;
 
-/// Marks `response` as a layer's own answer.
-pub(super) fn mark<B>(response: &mut Response<B>) {
-    response.extensions_mut().insert(OwnAnswer);
+/// Whether `response` says the service ran out of capacity or time: 503
+/// or 504, or gRPC's `UNAVAILABLE` (14) or `DEADLINE_EXCEEDED` (4) in a
+/// trailers-only response's headers. (A status in trailers comes later.)
+pub(crate) fn reads_as_overload<B>(response: &Response<B>) -> bool {
+    let status = response.status();
+    let grpc = response
+        .headers()
+        .get("grpc-status")
+        .map(|value| value.as_bytes());
+    status == StatusCode::SERVICE_UNAVAILABLE
+        || status == StatusCode::GATEWAY_TIMEOUT
+        || matches!(grpc, Some(b"14" | b"4"))
+}
+
+/// Marks `response`, a layer's own answer, if it reads as overload (only
+/// then: the mark costs an allocation).
+pub(crate) fn mark<B>(response: &mut Response<B>) {
+    if reads_as_overload(response) {
+        response.extensions_mut().insert(OwnAnswer);
+    }
 }
