@@ -173,12 +173,16 @@ impl Concurrency {
 
     /// Until when `class` is closed by a refusal of a class above it, if
     /// it still is at `now`: a request of `class` waiting meanwhile can be
-    /// admitted only then, whether or not a slot is released.
+    /// admitted only then, whether or not a slot is released. A refusal
+    /// dated more than [`CLOSED_FOR`](Self::CLOSED_FOR) after `now` (a
+    /// clock that stepped back) closes nothing.
     pub fn closed_until(&self, class: Priority, now: Timestamp) -> Option<Timestamp> {
+        let horizon = now.as_micros().saturating_add(Self::CLOSED_FOR_US);
         let until = class
             .above()
             .iter()
             .filter_map(|&above| self.refused_at[above.index()])
+            .filter(|at| at.as_micros() < horizon)
             .map(|at| Timestamp::from_micros(at.as_micros().saturating_add(Self::CLOSED_FOR_US)))
             .max()?;
         (until > now).then_some(until)
@@ -528,6 +532,16 @@ mod tests {
         assert_eq!(state.ceiling_of(Priority::Sheddable, T0), 0);
         assert_eq!(state.closed_until(Priority::Sheddable, reopens), None);
         assert_eq!(state.ceiling_of(Priority::Sheddable, reopens), 7);
+        // A clock stepped back by a second closes nothing for that second.
+        let later = T0 + Duration::from_secs(10);
+        state.count_refused(Priority::Default, later);
+        let back = later - Duration::from_secs(1);
+        assert_eq!(state.closed_until(Priority::Sheddable, back), None);
+        assert_eq!(state.ceiling_of(Priority::Sheddable, back), 7);
+        // Stepped back by less than the closure: closed until it ends.
+        let just_back = later - Duration::from_millis(50);
+        let reopens = later + Duration::from_millis(100);
+        assert_eq!(state.closed_until(Priority::Sheddable, just_back), Some(reopens));
     }
 
     #[test]
