@@ -49,8 +49,9 @@ pub enum Completion {
     /// is a latency sample of that time, as a served request that slow
     /// would be; sooner, it is none (it would read as a faster service
     /// than is known). And a window of samples a quarter or more of whose
-    /// requests were abandoned counts as [`Dropped`](Self::Dropped):
-    /// clients giving up in numbers is overload, even where their
+    /// requests (two at least) were abandoned after half that latency
+    /// counts as [`Dropped`](Self::Dropped) if it ran at half the limit or
+    /// more: clients giving up in numbers is overload, even where their
     /// deadline is shorter than the latency the algorithm aims for.
     Abandoned,
     /// It ended in a way that says nothing about capacity (it never ran,
@@ -257,22 +258,28 @@ impl Concurrency {
             .as_micros()
             .saturating_sub(permit.admitted.as_micros())
             .max(1);
+        let known = self.estimator.known_latency();
         let dropped = match completion {
             Completion::Served => Some(false),
             Completion::Dropped => Some(true),
             // Its latency was at least `rtt`: a sample of it, once that is
             // longer than the latency the algorithm knows.
-            Completion::Abandoned => self.estimator.longer_than_known(rtt).then_some(false),
+            Completion::Abandoned => known.filter(|&known| rtt > known).map(|_| false),
             Completion::Ignored => None,
         };
+        // Given up on after half the latency known at least: it counts
+        // towards a window's share of requests given up on (sooner, it is
+        // a fast error or a client's own haste).
+        let abandoned = completion == Completion::Abandoned
+            && known.is_some_and(|known| rtt.saturating_mul(2) >= known);
         let sample = dropped.map(|dropped| Sample {
             rtt,
             in_flight: permit.in_flight,
             dropped,
             held_back: false,
             censored: false,
+            given_up: false,
         });
-        let abandoned = completion == Completion::Abandoned;
         let taken = self
             .windows
             .release(permit.window, sample, abandoned, now.as_micros());
@@ -389,18 +396,19 @@ mod tests {
         assert_eq!(state.limit(T0 + Duration::from_secs(10)), 100);
     }
 
-    /// Windows of ten requests from a limit of 20, admitted together: the
+    /// Windows of ten requests from a limit of `initial`, admitted together: the
     /// first all served in 10 ms; in each after, `n` end `after` later as
     /// `completion`, and the rest are served in 10 ms. The limit after
     /// each window.
     fn windows_of_ten(
         algorithm: super::super::LimitAlgorithm,
+        initial: u32,
         after: &[(usize, Duration, Completion)],
     ) -> Vec<u32> {
         let config = AdaptiveLimit::builder("test")
             .algorithm(algorithm)
             .bounds(1, 1_000)
-            .initial(20)
+            .initial(initial)
             .sample_window(Duration::ZERO, 10)
             .build()
             .unwrap_or_else(|error| unreachable!("{error}"));
@@ -433,7 +441,7 @@ mod tests {
         use Completion::{Abandoned, Ignored};
         let ms = Duration::from_millis;
         // Vegas, no-load latency 10 ms, from 20 with ten in flight.
-        let vegas = |window| windows_of_ten(LimitAlgorithm::Vegas, &[window]);
+        let vegas = |window| windows_of_ten(LimitAlgorithm::Vegas, 20, &[window]);
         // One abandoned at 16 ms is a sample, not a drop: an average of
         // 10.6 ms, a queue of 2, one more (a drop would be one less).
         assert_eq!(vegas((1, ms(16), Abandoned)), [20, 21]);
@@ -444,18 +452,25 @@ mod tests {
         assert_eq!(vegas((3, ms(9), Abandoned)), [20, 19]);
         // Ignored ones never count, however many or long.
         assert_eq!(vegas((10, ms(500), Ignored)), [20, 20]);
-        // AIMD over 15 ms, 21 after the first window: one abandoned at
-        // 100 ms makes an average of 19 ms, above it (a tenth less); three
-        // at 12 ms, below it, are a drop all the same.
-        let aimd = |window| {
+        // AIMD over 15 ms, from 19: 20 after the first window, where ten
+        // in flight are near the limit. One abandoned at 100 ms makes an
+        // average of 19 ms, above the ceiling: a tenth less. Three at
+        // 12 ms, below it but past half of it, are a drop all the same;
+        // three at 5 ms (fast errors, hasty clients) or two at 12 ms are
+        // not: one more.
+        let aimd = |initial, window| {
             let algorithm = LimitAlgorithm::Aimd {
                 latency_ceiling: ms(15),
             };
-            windows_of_ten(algorithm, &[window])
+            windows_of_ten(algorithm, initial, &[window])
         };
-        assert_eq!(aimd((1, ms(100), Abandoned)), [21, 18]);
-        assert_eq!(aimd((3, ms(12), Abandoned)), [21, 18]);
-        assert_eq!(aimd((2, ms(12), Abandoned)), [21, 21]);
+        assert_eq!(aimd(19, (1, ms(100), Abandoned)), [20, 18]);
+        assert_eq!(aimd(19, (3, ms(12), Abandoned)), [20, 18]);
+        assert_eq!(aimd(19, (3, ms(5), Abandoned)), [20, 21]);
+        assert_eq!(aimd(19, (2, ms(12), Abandoned)), [20, 21]);
+        // From 20 (21 after the first window), ten in flight are under
+        // half the limit: given up on, but not for the limit's sake.
+        assert_eq!(aimd(20, (3, ms(12), Abandoned)), [21, 21]);
     }
 
     #[test]
@@ -541,7 +556,10 @@ mod tests {
         // Stepped back by less than the closure: closed until it ends.
         let just_back = later - Duration::from_millis(50);
         let reopens = later + Duration::from_millis(100);
-        assert_eq!(state.closed_until(Priority::Sheddable, just_back), Some(reopens));
+        assert_eq!(
+            state.closed_until(Priority::Sheddable, just_back),
+            Some(reopens)
+        );
     }
 
     #[test]

@@ -18,8 +18,12 @@ pub(super) struct Sample {
     /// window's: from its first admission until it was taken in).
     pub(super) held_back: bool,
     /// Its latency is a lower bound: requests still out when it was taken
-    /// in count at the least they had run.
+    /// in count at the least they had run. It can only lower the limit.
     pub(super) censored: bool,
+    /// Clients gave up on a quarter or more of its requests, each after
+    /// half the latency known at least: a drop, if the window ran near the
+    /// limit (far below it, the cause is not the limit).
+    pub(super) given_up: bool,
 }
 
 /// An estimator's state, with the limit it has found so far.
@@ -66,24 +70,26 @@ impl Estimator {
         }
     }
 
-    /// Whether a request that ran `rtt` µs, and was abandoned, ran long
-    /// enough to count as a latency sample of `rtt` (its latency was at
-    /// least that): longer than Vegas's no-load latency or Gradient2's
-    /// average (so that it never reads as a faster service than the
-    /// algorithm knows), or than AIMD's ceiling (below it, AIMD learns
-    /// nothing from latency). Never before the algorithm has a latency to
-    /// compare with.
-    pub(super) fn longer_than_known(&self, rtt: u64) -> bool {
+    /// The latency the algorithm knows, in µs, to weigh an abandoned
+    /// request against: Vegas's no-load latency, Gradient2's average, or
+    /// AIMD's ceiling. None before the algorithm has one.
+    pub(super) fn known_latency(&self) -> Option<u64> {
         match &self.kind {
-            Kind::Vegas(vegas) => vegas.rtt_noload > 0 && rtt > vegas.rtt_noload,
-            Kind::Gradient2(gradient) => gradient.samples > 0 && rtt as f64 > gradient.long_rtt,
-            Kind::Aimd { latency_ceiling } => rtt > *latency_ceiling,
+            Kind::Vegas(vegas) => (vegas.rtt_noload > 0).then_some(vegas.rtt_noload),
+            // A latency in µs, positive and far below u64::MAX.
+            Kind::Gradient2(gradient) => (gradient.samples > 0).then_some(gradient.long_rtt as u64),
+            Kind::Aimd { latency_ceiling } => Some(*latency_ceiling),
         }
     }
 
     /// Takes in `sample`, keeping the limit within `min..=max`.
     pub(super) fn update(&mut self, sample: Sample, min: u32, max: u32) {
         let limit = self.limit;
+        let near = f64::from(sample.in_flight) * 2.0 >= limit;
+        let sample = Sample {
+            dropped: sample.dropped || (sample.given_up && near),
+            ..sample
+        };
         let next = match &mut self.kind {
             Kind::Vegas(vegas) => vegas.update(limit, sample),
             Kind::Gradient2(gradient) => gradient.update(limit, sample),
@@ -258,6 +264,10 @@ impl Vegas {
         }
         let queue = (limit * (1.0 - self.rtt_noload as f64 / sample.rtt as f64)).ceil();
         let (threshold, alpha, beta) = (step, 3.0 * step, 6.0 * step);
+        if sample.censored {
+            // A lower bound says only that latency is at least this.
+            return (queue > beta).then_some(limit - step);
+        }
         // The requests filled the limit, and no queue formed: it is too
         // low. (Refusals alone do not say so: with capacity reserved for
         // the classes above, the classes below are refused under the
@@ -311,8 +321,10 @@ impl Gradient2 {
         }
         let short = sample.rtt as f64;
         if sample.censored {
-            // A lower bound: compared, not averaged in.
-            return self.next(limit, sample);
+            // A lower bound: not averaged in, and only a latency past the
+            // tolerance says anything.
+            let past = short > Self::TOLERANCE * self.long_rtt;
+            return if past { self.next(limit, sample) } else { None };
         }
         if self.samples < Self::WARM_UP {
             self.samples += 1;
@@ -344,6 +356,9 @@ impl Gradient2 {
 fn aimd(limit: f64, sample: Sample, latency_ceiling: u64) -> Option<f64> {
     if sample.dropped || sample.rtt > latency_ceiling {
         Some((limit * 0.9).floor())
+    } else if sample.censored {
+        // A lower bound under the ceiling says nothing.
+        None
     } else if f64::from(sample.in_flight) * 2.0 >= limit {
         Some(limit + 1.0)
     } else {
@@ -362,6 +377,7 @@ mod tests {
             dropped: false,
             held_back: false,
             censored: false,
+            given_up: false,
         }
     }
 
@@ -522,9 +538,28 @@ mod tests {
         vegas.update(sample(10_000, 20), 1, 1_000); // learns 10 ms
         vegas.update(sample(10_000, 20), 1, 1_000); // no queue: + 6
         assert_eq!(vegas.limit(), 26);
+        // A lower bound at or a little over the no-load latency says
+        // nothing (it would grow the limit, or keep it, as a sample).
+        vegas.update(censored(1, 26), 1, 1_000);
+        vegas.update(censored(10_000, 26), 1, 1_000);
+        vegas.update(censored(12_000, 26), 1, 1_000);
+        assert_eq!(vegas.limit(), 26);
         // Against 10 ms, a lower bound of 1 s is a long queue.
         vegas.update(censored(1_000_000, 26), 1, 1_000);
         assert_eq!(vegas.limit(), 25);
+        // AIMD: a lower bound under the ceiling says nothing; over it, a
+        // tenth less.
+        let mut aimd = Estimator::new(
+            LimitAlgorithm::Aimd {
+                latency_ceiling: Duration::from_millis(50),
+            },
+            20,
+        );
+        aimd.update(censored(1, 20), 1, 100);
+        aimd.update(censored(40_000, 20), 1, 100);
+        assert_eq!(aimd.limit(), 20);
+        aimd.update(censored(60_000, 20), 1, 100);
+        assert_eq!(aimd.limit(), 18);
         // Gradient2 compares it with its average and shrinks, but does
         // not take it in.
         let mut gradient = Estimator::new(LimitAlgorithm::Gradient2, 100);

@@ -24,7 +24,7 @@ pub(super) struct Windows {
     /// variance over their mean squared), averaged over windows; 0 until
     /// a window of two or more samples was taken in.
     spread: f64,
-    /// The latency of the last window taken in, in µs.
+    /// The latency of the last window taken in with one, in µs.
     last_average: Option<u64>,
     /// The current window's number, which its permits carry.
     number: u64,
@@ -38,7 +38,8 @@ pub(super) struct Windows {
     rtt_sum: u128,
     rtt_squares: u128,
     max_in_flight: u32,
-    /// Its requests whose callers gave up, or that failed.
+    /// Its requests given up on (their callers went away, or they failed)
+    /// after half the latency known at least.
     abandoned: u32,
     /// The most requests in flight at one of its admissions.
     admitted_in_flight: u32,
@@ -59,15 +60,17 @@ impl Windows {
     const MAX_FACTOR: u32 = 50;
 
     /// A window whose requests are late by this many times their average
-    /// latency is taken in without waiting for them (a permit that was
-    /// never released, an outlier far out, or requests that run until
-    /// their clients give up), after at least `LATE_FLOOR`: each counts
-    /// as a sample of the time since the window stopped admitting, the
-    /// least it has run.
+    /// latency (or the last window's, if none of its own is back) is taken
+    /// in without waiting for them (a permit that was never released, an
+    /// outlier far out, or requests that run until their clients give
+    /// up), after at least `LATE_FLOOR`: each counts as a sample of that
+    /// patience, the least it has run, and the window's latency is a
+    /// lower bound.
     const LATE_FACTOR: u64 = 10;
-    /// A window one request in this many of which was abandoned counts
-    /// as dropped.
+    /// A window one request in this many of which was given up on (and at
+    /// least `ABANDONED_LEAST`) tells that clients give up in numbers.
     const ABANDONED_SHARE: u32 = 4;
+    const ABANDONED_LEAST: u32 = 2;
 
     /// The least a window waits for its late requests, in µs.
     const LATE_FLOOR: u64 = 1_000_000;
@@ -195,27 +198,31 @@ impl Windows {
         // Clients giving up in numbers is overload, whatever the latency
         // of what was served (a deadline shorter than the latency the
         // algorithm aims for hides it); a few are the tail's.
-        let given_up = self.abandoned.saturating_mul(Self::ABANDONED_SHARE) >= self.admitted;
-        let dropped = self.dropped || (self.abandoned > 0 && given_up);
-        let taken = match self.average() {
+        let given_up = self.abandoned >= Self::ABANDONED_LEAST
+            && self.abandoned.saturating_mul(Self::ABANDONED_SHARE) >= self.admitted;
+        let average = self.average();
+        let taken = match average {
             Some(rtt) => Some(Sample {
                 rtt,
                 in_flight: self.max_in_flight,
-                dropped,
+                dropped: self.dropped,
                 held_back: self.refused,
                 censored: out > 0,
+                given_up,
             }),
-            // Every request given up on before its latency could tell:
-            // a drop, whose latency no algorithm reads.
-            None => dropped.then_some(Sample {
+            // Every request given up on before its latency could tell: a
+            // drop if near the limit, with a latency (a lower bound of
+            // 1 µs) that tells nothing.
+            None => given_up.then_some(Sample {
                 rtt: 1,
                 in_flight: self.admitted_in_flight,
-                dropped,
+                dropped: false,
                 held_back: self.refused,
                 censored: true,
+                given_up,
             }),
         };
-        let last_average = taken.map_or(self.last_average, |sample| Some(sample.rtt));
+        let last_average = average.or(self.last_average);
         *self = Self {
             number: self.number.wrapping_add(1),
             spread,
@@ -262,6 +269,7 @@ mod tests {
             dropped: false,
             held_back: false,
             censored: false,
+            given_up: false,
         })
     }
 
@@ -351,14 +359,14 @@ mod tests {
     }
 
     #[test]
-    fn a_window_a_quarter_of_whose_requests_were_abandoned_is_dropped() {
-        // Of five requests, one abandoned is the tail's; two are not.
+    fn a_window_a_quarter_of_whose_requests_were_given_up_on_says_so() {
+        // Of five requests, one given up on is the tail's; two are not.
         let run = |abandoned: usize| {
             let mut w = windows(5);
             let tags: Vec<Option<u64>> = (0..5).map(|i| w.admit(i, 1)).collect();
             let mut taken = None;
             for (i, tag) in tags.into_iter().enumerate() {
-                // An abandoned one too short to be a latency sample.
+                // One given up on, too short to be a latency sample.
                 let (sample, gave_up) = if i < abandoned {
                     (None, true)
                 } else {
@@ -366,12 +374,43 @@ mod tests {
                 };
                 taken = w.release(tag, sample, gave_up, 1_000);
             }
-            taken.map(|s| (s.rtt, s.dropped))
+            taken.map(|s| (s.rtt, s.given_up, s.censored))
         };
-        assert_eq!(run(0), Some((1_000, false)));
-        assert_eq!(run(1), Some((1_000, false)));
-        assert_eq!(run(2), Some((1_000, true)));
-        // All of them: a drop with no latency to read.
-        assert_eq!(run(5), Some((1, true)));
+        assert_eq!(run(0), Some((1_000, false, false)));
+        assert_eq!(run(1), Some((1_000, false, false)));
+        assert_eq!(run(2), Some((1_000, true, false)));
+        // All of them: no latency to read, a lower bound of 1 µs.
+        assert_eq!(run(5), Some((1, true, true)));
+    }
+
+    #[test]
+    fn a_window_with_no_latency_leaves_the_last_ones_as_the_patience() {
+        // Two requests of 3 s each.
+        let mut w = windows(2);
+        let (a, b) = (w.admit(0, 1), w.admit(0, 2));
+        assert!(
+            w.release(a, sample(3_000_000, 1), false, 3_000_000)
+                .is_none()
+        );
+        assert!(
+            w.release(b, sample(3_000_000, 2), false, 3_000_000)
+                .is_some()
+        );
+        // Two given up on at once, with no latency: 1 µs, a lower bound.
+        let (c, d) = (w.admit(3_000_000, 1), w.admit(3_000_000, 2));
+        assert!(w.release(c, None, true, 3_001_000).is_none());
+        let taken = w.release(d, None, true, 3_001_000);
+        assert_eq!(taken.map(|s| (s.rtt, s.given_up)), Some((1, true)));
+        // The next window's requests, out for 25 s, are not late: the
+        // patience is still ten times 3 s (not a second, the floor over
+        // ten times 1 µs).
+        let (e, f) = (w.admit(4_000_000, 1), w.admit(4_000_000, 2));
+        assert!(w.release(None, None, false, 29_000_000).is_none());
+        assert!(
+            w.release(e, sample(3_000_000, 1), false, 29_000_001)
+                .is_none()
+        );
+        let taken = w.release(f, sample(3_000_000, 2), false, 29_000_002);
+        assert_eq!(taken.map(|s| (s.rtt, s.censored)), Some((3_000_000, false)));
     }
 }

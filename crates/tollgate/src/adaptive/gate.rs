@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -45,6 +46,10 @@ struct Inner {
 /// One layer's gate, shared by its services and its handles.
 pub(super) struct Gate {
     inner: Mutex<Inner>,
+    /// Requests that gave up while waiting since the queues were last
+    /// swept: a full queue is swept only then (in constant time
+    /// otherwise, as every entry asks).
+    gone: AtomicUsize,
     clock: Arc<dyn Clock>,
     pub(super) queue: Option<Queue>,
     pub(super) telemetry: Telemetry,
@@ -61,6 +66,7 @@ impl Gate {
                 waiting: Default::default(),
                 timer_at: None,
             }),
+            gone: AtomicUsize::new(0),
             clock,
             queue,
             telemetry,
@@ -91,7 +97,8 @@ impl Gate {
             self.telemetry.shed(class);
             return Entry::Shed;
         };
-        if waiting(&inner) >= queue.max_waiting && !make_room(&mut inner, class, queue.max_waiting)
+        if waiting(&inner) >= queue.max_waiting
+            && !self.make_room(&mut inner, class, queue.max_waiting)
         {
             inner.concurrency.count_refused(class, now);
             drop(inner);
@@ -164,16 +171,16 @@ impl Gate {
         let gate = self.clone();
         runtime.spawn(async move {
             tokio::time::sleep(wait).await;
-            gate.redispatch();
+            gate.redispatch(fires);
         });
     }
 
     /// Passes the free slots to the requests waiting, as a release does,
-    /// when a closed class reopens.
-    fn redispatch(self: &Arc<Self>) {
+    /// when a closed class reopens: the timer set to fire at `fired`.
+    fn redispatch(self: &Arc<Self>, fired: Timestamp) {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
-        if inner.timer_at.is_some_and(|at| at <= now) {
+        if inner.timer_at == Some(fired) {
             inner.timer_at = None;
         }
         let reopens = dispatch(&mut inner, now);
@@ -185,8 +192,34 @@ impl Gate {
         self.telemetry.queued(queued);
     }
 
+    /// Makes room in a full queue of at most `max_waiting` for a request
+    /// of `class`: requests that gave up leave, or else the newest request
+    /// waiting in the lowest class below it is shed (its channel closes,
+    /// and it is counted as refused when it sees that). False if none of
+    /// either.
+    fn make_room(&self, inner: &mut Inner, class: Priority, max_waiting: usize) -> bool {
+        // Requests that gave up behind one still waiting count until they
+        // reach the front: gone, they leave room without shedding anyone.
+        // Swept only when some gave up since the last sweep.
+        if self.gone.swap(0, Ordering::Relaxed) > 0 {
+            for queue in &mut inner.waiting {
+                queue.retain(|waiter| !waiter.is_closed());
+            }
+            if waiting(inner) < max_waiting {
+                return true;
+            }
+        }
+        let below = &mut inner.waiting[class.index() + 1..];
+        below
+            .iter_mut()
+            .rev()
+            .find_map(VecDeque::pop_back)
+            .is_some()
+    }
+
     /// Counts a request of `class` that waited in vain.
     fn gave_up(&self, class: Priority) {
+        self.gone.fetch_add(1, Ordering::Relaxed);
         let now = self.clock.now();
         let mut inner = self.inner.lock();
         inner.concurrency.count_refused(class, now);
@@ -230,27 +263,6 @@ fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
         }
     }
     None
-}
-
-/// Makes room in a full queue of at most `max_waiting` for a request of
-/// `class`: requests that gave up leave, or else the newest request
-/// waiting in the lowest class below it is shed (its channel closes, and
-/// it is counted as refused when it sees that). False if none of either.
-fn make_room(inner: &mut Inner, class: Priority, max_waiting: usize) -> bool {
-    // Requests that gave up behind one still waiting count until they
-    // reach the front: gone, they leave room without shedding anyone.
-    for queue in &mut inner.waiting {
-        queue.retain(|waiter| !waiter.is_closed());
-    }
-    if waiting(inner) < max_waiting {
-        return true;
-    }
-    let below = &mut inner.waiting[class.index() + 1..];
-    below
-        .iter_mut()
-        .rev()
-        .find_map(VecDeque::pop_back)
-        .is_some()
 }
 
 /// Lets the requests that gave up leave from the front of each queue: the
@@ -310,8 +322,14 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        if let Some(permit) = self.take_late() {
-            self.gate.release(permit, Completion::Ignored);
+        if self.receiver.is_none() {
+            return;
+        }
+        match self.take_late() {
+            Some(permit) => self.gate.release(permit, Completion::Ignored),
+            None => {
+                self.gate.gone.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }

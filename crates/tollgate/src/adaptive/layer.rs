@@ -45,7 +45,8 @@ use super::service::AdaptiveConcurrency;
 /// went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):
 /// a latency sample of the time it ran once that is longer than the
 /// latency the limit's algorithm knows, and a drop when a quarter of a
-/// window's requests end so (clients giving up in numbers).
+/// window's requests end so after half that latency, near the limit
+/// (clients giving up in numbers).
 ///
 /// Every service the layer makes shares one limit: apply the same layer
 /// to every route the limit protects.
@@ -130,9 +131,9 @@ impl<C> AdaptiveConcurrencyLayer<C> {
     /// with at most `max_waiting` requests waiting at once; a slot that
     /// frees goes to the most important class waiting, the oldest first.
     /// A request still waiting at its deadline is shed. One that finds the
-    /// queue full takes the place of the newest request waiting in the
-    /// lowest class below its own, which is shed at once; with none below
-    /// it, it is shed itself. A class closed by a refusal above it is
+    /// queue full takes the place of a request that gave up while waiting,
+    /// or else of the newest request waiting in the lowest class below its
+    /// own, which is shed at once; with neither, it is shed itself. A class closed by a refusal above it is
     /// served when it reopens, whether or not a slot was released since.
     ///
     /// # Errors

@@ -3,7 +3,7 @@
 //! around it takes those for what they are, a limiter's refusal, not the
 //! service's overload.
 
-use http::{Response, StatusCode};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 /// In a response's extensions: a Tollgate layer made this answer itself.
 #[derive(Debug, Clone, Copy)]
@@ -13,15 +13,18 @@ pub(crate) struct OwnAnswer;
 /// or 504, or gRPC's `UNAVAILABLE` (14) or `DEADLINE_EXCEEDED` (4) in a
 /// trailers-only response's headers. (A status in trailers comes later.)
 pub(crate) fn reads_as_overload<B>(response: &Response<B>) -> bool {
-    let status = response.status();
-    let grpc = response
-        .headers()
-        .get("grpc-status")
-        .map(|value| value.as_bytes());
-    status == StatusCode::SERVICE_UNAVAILABLE
-        || status == StatusCode::GATEWAY_TIMEOUT
-        || matches!(grpc, Some(b"14" | b"4"))
+    match response.status() {
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => true,
+        // gRPC answers every call with 200; its status is in a header.
+        StatusCode::OK => {
+            let grpc = response.headers().get(GRPC_STATUS);
+            matches!(grpc.map(HeaderValue::as_bytes), Some(b"14" | b"4"))
+        }
+        _ => false,
+    }
 }
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Marks `response`, a layer's own answer, if it reads as overload (only
 /// then: the mark costs an allocation).
