@@ -25,6 +25,26 @@ fn default_limit(critical: f64, default: f64) -> Protection {
     Protection::Adaptive(config)
 }
 
+/// Each algorithm as the command line runs it: 20 % kept for critical
+/// requests, 10 % more for default ones, AIMD over twice the service time.
+fn the_three_limits() -> Vec<Protection> {
+    let aimd = LimitAlgorithm::Aimd {
+        latency_ceiling: std::time::Duration::from_millis(40),
+    };
+    [LimitAlgorithm::Vegas, LimitAlgorithm::Gradient2, aimd]
+        .into_iter()
+        .map(|algorithm| {
+            let config = AdaptiveLimit::builder("backend")
+                .algorithm(algorithm)
+                .reserve(Priority::Critical, 0.2)
+                .reserve(Priority::Default, 0.1)
+                .build()
+                .unwrap();
+            Protection::Adaptive(config)
+        })
+        .collect()
+}
+
 fn run(scenario: Scenario, protection: &Protection) -> Summary {
     let plan = Plan::new(scenario, &OverloadOptions::default()).unwrap();
     summarize(&simulate(&plan, protection), &Baselines::new(&plan))
@@ -149,24 +169,11 @@ fn a_run_is_the_same_every_time() {
 /// --chart docs/overload-SCENARIO`.
 #[test]
 fn the_committed_charts_are_these_runs() {
-    use std::time::Duration;
     use tollgate_sim::overload::{chart, report};
 
     for scenario in [Scenario::Ramp, Scenario::Halving, Scenario::Slowdown] {
         let plan = Plan::new(scenario, &OverloadOptions::default()).unwrap();
-        let aimd = LimitAlgorithm::Aimd {
-            latency_ceiling: Duration::from_millis(40),
-        };
-        let mut protections = Vec::new();
-        for algorithm in [LimitAlgorithm::Vegas, LimitAlgorithm::Gradient2, aimd] {
-            let config = AdaptiveLimit::builder("backend")
-                .algorithm(algorithm)
-                .reserve(Priority::Critical, 0.2)
-                .reserve(Priority::Default, 0.1)
-                .build()
-                .unwrap();
-            protections.push(Protection::Adaptive(config));
-        }
+        let mut protections = the_three_limits();
         protections.push(Protection::None);
         let baselines = Baselines::new(&plan);
         let runs: Vec<_> = protections.iter().map(|p| simulate(&plan, p)).collect();
@@ -199,17 +206,9 @@ fn clients_giving_up_before_any_answer_still_bring_every_limit_down() {
     };
     let plan = Plan::new(Scenario::Slowdown, &options).unwrap();
     let baselines = Baselines::new(&plan);
-    let aimd = LimitAlgorithm::Aimd {
-        latency_ceiling: std::time::Duration::from_millis(40),
-    };
-    for algorithm in [LimitAlgorithm::Vegas, LimitAlgorithm::Gradient2, aimd] {
-        let config = AdaptiveLimit::builder("backend")
-            .algorithm(algorithm)
-            .reserve(Priority::Critical, 0.2)
-            .reserve(Priority::Default, 0.1)
-            .build()
-            .unwrap();
-        let summary = summarize(&simulate(&plan, &Protection::Adaptive(config)), &baselines);
+    for protection in the_three_limits() {
+        let algorithm = protection.name();
+        let summary = summarize(&simulate(&plan, &protection), &baselines);
         let slowed = summary.phase("slowed").unwrap();
         let restored = summary.phase("restored").unwrap();
         // Down to a few slots while nothing is answered in time,
@@ -218,6 +217,6 @@ fn clients_giving_up_before_any_answer_still_bring_every_limit_down() {
             "{algorithm:?}: {slowed:?}"
         );
         // and back to the capacity once answers come in time again.
-        assert!(restored.goodput >= 0.85, "{algorithm:?}: {restored:?}");
+        assert!(restored.goodput >= 0.85, "{algorithm}: {restored:?}");
     }
 }

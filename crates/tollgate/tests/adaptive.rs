@@ -89,6 +89,17 @@ fn layer(limit: AdaptiveLimit) -> AdaptiveConcurrencyLayer<fn(&Request<Body>) ->
     AdaptiveConcurrencyLayer::new(limit).classify(by_header as fn(&Request<Body>) -> Priority)
 }
 
+/// A route held until the test lets it go, behind a limit of one request
+/// at a time with a queue of at most `max_waiting` for `max_wait`.
+fn one_at_a_time(max_waiting: usize, max_wait: Duration) -> (Held, AdaptiveHandle, Router) {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
+    let layer = layer(limit).queue(max_waiting, max_wait).unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    (held, state, app)
+}
+
 /// Sends `count` requests of `class` and lets every task run: returns the
 /// running ones' handles and how many were shed at once.
 async fn send(
@@ -217,11 +228,7 @@ async fn a_grpc_service_sheds_with_unavailable_and_a_pushback() {
 
 #[tokio::test(start_paused = true)]
 async fn a_freed_slot_goes_to_the_most_important_waiter_first() {
-    let held = Held::default();
-    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
-    let layer = layer(limit).queue(10, Duration::from_secs(60)).unwrap();
-    let state = layer.handle();
-    let app = held.app(layer);
+    let (held, state, app) = one_at_a_time(10, Duration::from_secs(60));
     let (first, _) = send(&app, Priority::Default, 1).await;
     let mut waiting = Vec::new();
     for class in [
@@ -259,11 +266,7 @@ async fn a_freed_slot_goes_to_the_most_important_waiter_first() {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_sheds_the_newest_waiter_of_the_lowest_class_below_a_newcomer() {
-    let held = Held::default();
-    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
-    let layer = layer(limit).queue(3, Duration::from_secs(60)).unwrap();
-    let state = layer.handle();
-    let app = held.app(layer);
+    let (held, state, app) = one_at_a_time(3, Duration::from_secs(60));
     let (first, _) = send(&app, Priority::Default, 1).await;
     let (default, _) = send(&app, Priority::Default, 1).await;
     let (older, _) = send(&app, Priority::Sheddable, 1).await;
@@ -313,11 +316,7 @@ async fn a_full_queue_sheds_the_newest_waiter_of_the_lowest_class_below_a_newcom
 
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_makes_room_from_requests_that_gave_up_before_shedding_a_waiter() {
-    let held = Held::default();
-    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
-    let layer = layer(limit).queue(3, Duration::from_secs(60)).unwrap();
-    let state = layer.handle();
-    let app = held.app(layer);
+    let (held, state, app) = one_at_a_time(3, Duration::from_secs(60));
     let (first, _) = send(&app, Priority::Default, 1).await;
     let (critical, _) = send(&app, Priority::Critical, 1).await;
     let (gone, _) = send(&app, Priority::Critical, 1).await;
@@ -346,11 +345,7 @@ async fn a_full_queue_makes_room_from_requests_that_gave_up_before_shedding_a_wa
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_of_a_class_closed_by_a_refusal_above_runs_when_it_reopens() {
-    let held = Held::default();
-    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
-    let layer = layer(limit).queue(2, Duration::from_secs(1)).unwrap();
-    let state = layer.handle();
-    let app = held.app(layer);
+    let (held, state, app) = one_at_a_time(2, Duration::from_secs(1));
     let (first, _) = send(&app, Priority::Critical, 1).await;
     let (critical, _) = send(&app, Priority::Critical, 1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -380,11 +375,7 @@ async fn a_waiter_of_a_class_closed_by_a_refusal_above_runs_when_it_reopens() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_ends_at_its_deadline_and_a_full_queue_sheds_at_once() {
-    let held = Held::default();
-    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
-    let layer = layer(limit).queue(1, Duration::from_millis(100)).unwrap();
-    let state = layer.handle();
-    let app = held.app(layer);
+    let (held, state, app) = one_at_a_time(1, Duration::from_millis(100));
     let (first, _) = send(&app, Priority::Default, 1).await;
     let (waiter, shed) = send(&app, Priority::Critical, 1).await;
     assert_eq!((waiter.len(), shed), (1, 0));
@@ -406,11 +397,7 @@ async fn a_wait_ends_at_its_deadline_and_a_full_queue_sheds_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_waiting_or_running_frees_its_slot() {
-    let held = Held::default();
-    let limit = AdaptiveLimit::builder("api").fixed(1).build().unwrap();
-    let layer = layer(limit).queue(10, Duration::from_secs(5)).unwrap();
-    let state = layer.handle();
-    let app = held.app(layer);
+    let (held, state, app) = one_at_a_time(10, Duration::from_secs(5));
     let (running, _) = send(&app, Priority::Default, 1).await;
     let (waiting, _) = send(&app, Priority::Default, 1).await;
     assert_eq!((state.snapshot().in_flight, state.queued()), (1, 1));

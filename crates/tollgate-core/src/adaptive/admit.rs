@@ -49,10 +49,12 @@ pub enum Completion {
     /// is a latency sample of that time, as a served request that slow
     /// would be; sooner, it is none (it would read as a faster service
     /// than is known). And a window of samples a quarter or more of whose
-    /// requests (two at least) were abandoned after half that latency
-    /// counts as [`Dropped`](Self::Dropped) if it ran at half the limit or
-    /// more: clients giving up in numbers is overload, even where their
-    /// deadline is shorter than the latency the algorithm aims for.
+    /// requests (two at least) were abandoned after half their typical
+    /// latency (that one, or the last window's if lower; any time while
+    /// none is known) counts as [`Dropped`](Self::Dropped) if it ran at
+    /// half the limit or more: clients giving up in numbers is overload,
+    /// even where their deadline is shorter than the latency the
+    /// algorithm aims for.
     Abandoned,
     /// It ended in a way that says nothing about capacity (it never ran,
     /// or the caller knows its end is unrelated to load): not a sample.
@@ -267,11 +269,18 @@ impl Concurrency {
             Completion::Abandoned => known.filter(|&known| rtt > known).map(|_| false),
             Completion::Ignored => None,
         };
-        // Given up on after half the latency known at least: it counts
-        // towards a window's share of requests given up on (sooner, it is
-        // a fast error or a client's own haste).
+        // Given up on after half the typical latency at least (the one
+        // known, or the last window's if lower: an AIMD ceiling may be far
+        // above it): it counts towards a window's share of requests given
+        // up on (sooner, it is a fast error or a client's own haste). With
+        // no latency known yet, every one counts.
+        let typical = known.map(|known| {
+            self.windows
+                .last_average()
+                .map_or(known, |last| last.min(known))
+        });
         let abandoned = completion == Completion::Abandoned
-            && known.is_some_and(|known| rtt.saturating_mul(2) >= known);
+            && typical.is_none_or(|typical| rtt.saturating_mul(2) >= typical);
         let sample = dropped.map(|dropped| Sample {
             rtt,
             in_flight: permit.in_flight,
@@ -448,16 +457,18 @@ mod tests {
         // One at 60 ms: an average of 15 ms, a queue of 7, one less (not
         // counted, no queue and one more).
         assert_eq!(vegas((1, ms(60), Abandoned)), [20, 19]);
-        // Three of ten abandoned, however soon, are a drop: one less.
+        // Three of ten abandoned after half the no-load latency or more
+        // are a drop: one less.
         assert_eq!(vegas((3, ms(9), Abandoned)), [20, 19]);
         // Ignored ones never count, however many or long.
         assert_eq!(vegas((10, ms(500), Ignored)), [20, 20]);
         // AIMD over 15 ms, from 19: 20 after the first window, where ten
         // in flight are near the limit. One abandoned at 100 ms makes an
         // average of 19 ms, above the ceiling: a tenth less. Three at
-        // 12 ms, below it but past half of it, are a drop all the same;
-        // three at 5 ms (fast errors, hasty clients) or two at 12 ms are
-        // not: one more.
+        // 12 ms, below it, are a drop all the same, and so are three at
+        // 5 ms: half the latency of the last window (10 ms, far below the
+        // ceiling). Three at 4 ms (fast errors, hasty clients) or two at
+        // 12 ms are not: one more.
         let aimd = |initial, window| {
             let algorithm = LimitAlgorithm::Aimd {
                 latency_ceiling: ms(15),
@@ -466,7 +477,8 @@ mod tests {
         };
         assert_eq!(aimd(19, (1, ms(100), Abandoned)), [20, 18]);
         assert_eq!(aimd(19, (3, ms(12), Abandoned)), [20, 18]);
-        assert_eq!(aimd(19, (3, ms(5), Abandoned)), [20, 21]);
+        assert_eq!(aimd(19, (3, ms(5), Abandoned)), [20, 18]);
+        assert_eq!(aimd(19, (3, ms(4), Abandoned)), [20, 21]);
         assert_eq!(aimd(19, (2, ms(12), Abandoned)), [20, 21]);
         // From 20 (21 after the first window), ten in flight are under
         // half the limit: given up on, but not for the limit's sake.
@@ -474,11 +486,34 @@ mod tests {
     }
 
     #[test]
+    fn clients_giving_up_before_any_answer_at_the_start_are_a_drop() {
+        // Vegas from 20, nothing known yet: ten requests, all given up on
+        // after a second. No latency, but given up on in numbers near the
+        // limit: one less.
+        let config = AdaptiveLimit::builder("test")
+            .bounds(1, 1_000)
+            .initial(20)
+            .sample_window(Duration::ZERO, 10)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"));
+        let mut state = Concurrency::new(&config, T0);
+        let permits: Vec<Permit> = (0..10)
+            .filter_map(|_| state.try_acquire(Priority::Default, T0))
+            .collect();
+        assert_eq!(permits.len(), 10);
+        let later = T0 + Duration::from_secs(1);
+        for permit in permits {
+            state.release(permit, later, Completion::Abandoned);
+        }
+        assert_eq!(state.limit(later), 19);
+    }
+
+    #[test]
     fn requests_that_run_until_their_clients_give_up_seconds_later_still_shrink_the_limit() {
         // AIMD over 100 ms, windows of two: ten requests run until their
         // clients give up at 5 s, the last admitted first. The window's
         // two are still out when it is taken in (the first release comes
-        // past its patience of a second): they count as 5 s.
+        // past its patience of a second): they count as that second.
         let config = AdaptiveLimit::builder("test")
             .algorithm(super::super::LimitAlgorithm::Aimd {
                 latency_ceiling: Duration::from_millis(100),

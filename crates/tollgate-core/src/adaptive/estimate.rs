@@ -202,7 +202,7 @@ impl Vegas {
         // A window with a drop never gives the no-load latency (its
         // latency may be that of fast refusals, a 503 from inside), nor
         // one whose latency is only a lower bound.
-        let unknown = sample.dropped || sample.censored;
+        let unknown = sample.dropped || sample.censored || sample.given_up;
         if let Some(restore) = self.probing.take() {
             self.probed_limit = restore;
             if sample.dropped {
@@ -324,7 +324,9 @@ impl Gradient2 {
             // A lower bound: not averaged in, and only a latency past the
             // tolerance says anything.
             let past = short > Self::TOLERANCE * self.long_rtt;
-            return if past { self.next(limit, sample) } else { None };
+            let next = if past { self.next(limit, sample) } else { None };
+            // Its headroom would raise a small limit.
+            return next.filter(|&next| next < limit);
         }
         if self.samples < Self::WARM_UP {
             self.samples += 1;
@@ -575,6 +577,14 @@ mod tests {
             Kind::Vegas(_) | Kind::Aimd { .. } => f64::NAN,
         };
         assert_eq!(long_rtt(&gradient), 10_000.0);
+        // Past the tolerance but near it, or at a small limit, its
+        // headroom of 4 would raise the limit: it stays.
+        let mut small = Estimator::new(LimitAlgorithm::Gradient2, 6);
+        small.update(sample(10_000, 6), 1, 1_000);
+        let before = small.limit;
+        small.update(censored(16_000, 6), 1, 1_000);
+        small.update(censored(12_000, 6), 1, 1_000);
+        assert_eq!(small.limit, before);
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub(super) struct Windows {
     /// variance over their mean squared), averaged over windows; 0 until
     /// a window of two or more samples was taken in.
     spread: f64,
-    /// The latency of the last window taken in with one, in µs.
+    /// The latency of the requests back in the last window taken in with
+    /// any, in µs.
     last_average: Option<u64>,
     /// The current window's number, which its permits carry.
     number: u64,
@@ -176,6 +177,10 @@ impl Windows {
         if self.returned < self.admitted && !late {
             return None;
         }
+        // The latency of the requests back, for the next window's
+        // patience (with those still out at this one's patience in it,
+        // each window's patience could be ten times the last's).
+        let returned = self.average();
         let spread = self.window_spread().map_or(self.spread, |spread| {
             if self.spread == 0.0 {
                 spread
@@ -200,11 +205,17 @@ impl Windows {
         // algorithm aims for hides it); a few are the tail's.
         let given_up = self.abandoned >= Self::ABANDONED_LEAST
             && self.abandoned.saturating_mul(Self::ABANDONED_SHARE) >= self.admitted;
-        let average = self.average();
-        let taken = match average {
+        // Requests given up on at the peak count towards how near the
+        // limit the window ran, though they left no sample.
+        let in_flight = if given_up {
+            self.max_in_flight.max(self.admitted_in_flight)
+        } else {
+            self.max_in_flight
+        };
+        let taken = match self.average() {
             Some(rtt) => Some(Sample {
                 rtt,
-                in_flight: self.max_in_flight,
+                in_flight,
                 dropped: self.dropped,
                 held_back: self.refused,
                 censored: out > 0,
@@ -222,7 +233,7 @@ impl Windows {
                 given_up,
             }),
         };
-        let last_average = average.or(self.last_average);
+        let last_average = returned.or(self.last_average);
         *self = Self {
             number: self.number.wrapping_add(1),
             spread,
@@ -231,6 +242,11 @@ impl Windows {
         };
         self.target = self.target(Self::PRECISION);
         taken
+    }
+
+    /// The latency of the last window's requests that came back, in µs.
+    pub(super) fn last_average(&self) -> Option<u64> {
+        self.last_average
     }
 
     /// The average latency of the samples so far, in µs (at least 1).
@@ -381,6 +397,14 @@ mod tests {
         assert_eq!(run(2), Some((1_000, true, false)));
         // All of them: no latency to read, a lower bound of 1 µs.
         assert_eq!(run(5), Some((1, true, true)));
+        // Of four, one is a quarter, but two at least are needed.
+        let mut w = windows(4);
+        let tags: Vec<Option<u64>> = (0..4).map(|i| w.admit(i, 1)).collect();
+        let mut taken = None;
+        for (i, tag) in tags.into_iter().enumerate() {
+            taken = w.release(tag, sample(1_000, 4), i == 0, 1_000);
+        }
+        assert_eq!(taken.map(|s| s.given_up), Some(false));
     }
 
     #[test]

@@ -122,6 +122,11 @@ mod tests {
             completion_of(&response(200, Some("13"))),
             Completion::Served
         );
+        // A gRPC status is read on a 200 only, as gRPC answers.
+        assert_eq!(
+            completion_of(&response(429, Some("14"))),
+            Completion::Served
+        );
         // A layer's own 503 (a custom one too) is no sign of overload.
         let mut own = response(503, None);
         crate::answer::mark_own(&mut own);

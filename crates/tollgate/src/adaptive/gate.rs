@@ -201,7 +201,7 @@ impl Gate {
         // Requests that gave up behind one still waiting count until they
         // reach the front: gone, they leave room without shedding anyone.
         // Swept only when some gave up since the last sweep.
-        if self.gone.swap(0, Ordering::Relaxed) > 0 {
+        if self.gone.swap(0, Ordering::Acquire) > 0 {
             for queue in &mut inner.waiting {
                 queue.retain(|waiter| !waiter.is_closed());
             }
@@ -219,7 +219,8 @@ impl Gate {
 
     /// Counts a request of `class` that waited in vain.
     fn gave_up(&self, class: Priority) {
-        self.gone.fetch_add(1, Ordering::Relaxed);
+        // Not counted as gone: every wait has the same deadline, so one
+        // whose wait ended is at the front, and leaves with `purge`.
         let now = self.clock.now();
         let mut inner = self.inner.lock();
         inner.concurrency.count_refused(class, now);
@@ -328,7 +329,7 @@ impl Drop for Waiting {
         match self.take_late() {
             Some(permit) => self.gate.release(permit, Completion::Ignored),
             None => {
-                self.gate.gone.fetch_add(1, Ordering::Relaxed);
+                self.gate.gone.fetch_add(1, Ordering::Release);
             }
         }
     }

@@ -11,7 +11,8 @@ pub(crate) struct OwnAnswer;
 
 /// Whether `response` says the service ran out of capacity or time: 503
 /// or 504, or gRPC's `UNAVAILABLE` (14) or `DEADLINE_EXCEEDED` (4) in a
-/// trailers-only response's headers. (A status in trailers comes later.)
+/// trailers-only response's headers, read only on a 200 (gRPC answers
+/// every call so). (A status in trailers comes later.)
 pub(crate) fn reads_as_overload<B>(response: &Response<B>) -> bool {
     match response.status() {
         StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => true,
