@@ -441,6 +441,35 @@ async fn a_response_future_dropped_before_its_first_poll_frees_its_slot() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_wait_is_counted_from_the_requests_entry_not_its_first_poll() {
+    use tower::{Layer, Service};
+
+    let layer = layer(AdaptiveLimit::builder("api").fixed(1).build().unwrap())
+        .queue(10, Duration::from_secs(1))
+        .unwrap();
+    let state = layer.handle();
+    let mut service = layer.layer(tower::service_fn(|_: Request<Body>| async {
+        std::future::pending::<()>().await;
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    }));
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let running = tokio::spawn(service.call(request(Priority::Default)));
+    tokio::task::yield_now().await;
+    // Queued now, polled first 3 s later (behind a buffer, say): its
+    // wait of a second ended long ago, and it is shed at once.
+    let waiting = service.call(request(Priority::Default));
+    assert_eq!(state.queued(), 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let start = tokio::time::Instant::now();
+    let response = waiting.await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    running.abort();
+}
+
+#[tokio::test(start_paused = true)]
 async fn warm_up_ramps_the_limit_from_its_start_to_the_maximum() {
     let limit = AdaptiveLimit::builder("api")
         .bounds(4, 104)

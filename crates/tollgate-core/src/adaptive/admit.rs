@@ -50,8 +50,8 @@ pub enum Completion {
     /// would be; sooner, it is none (it would read as a faster service
     /// than is known). And a window of samples a quarter or more of whose
     /// requests (two at least) were abandoned after half their typical
-    /// latency (that one, or the last window's if lower; any time while
-    /// none is known) counts as [`Dropped`](Self::Dropped) if it ran at
+    /// latency (that one, or the last window's if lower; any time before
+    /// any request came back) counts as [`Dropped`](Self::Dropped) if it ran at
     /// half the limit or more: clients giving up in numbers is overload,
     /// even where their deadline is shorter than the latency the
     /// algorithm aims for.
@@ -273,12 +273,12 @@ impl Concurrency {
         // known, or the last window's if lower: an AIMD ceiling may be far
         // above it): it counts towards a window's share of requests given
         // up on (sooner, it is a fast error or a client's own haste). With
-        // no latency known yet, every one counts.
-        let typical = known.map(|known| {
-            self.windows
-                .last_average()
-                .map_or(known, |last| last.min(known))
-        });
+        // neither yet, before any request came back, every one counts.
+        let last = self.windows.last_average();
+        let typical = match (known, last) {
+            (Some(known), Some(last)) => Some(known.min(last)),
+            (known, last) => known.or(last),
+        };
         let abandoned = completion == Completion::Abandoned
             && typical.is_none_or(|typical| rtt.saturating_mul(2) >= typical);
         let sample = dropped.map(|dropped| Sample {
@@ -506,6 +506,40 @@ mod tests {
             state.release(permit, later, Completion::Abandoned);
         }
         assert_eq!(state.limit(later), 19);
+    }
+
+    #[test]
+    fn fast_failures_at_the_start_count_only_until_a_latency_is_known() {
+        // Vegas from 20, windows of ten, each with three requests failing
+        // in 1 ms and seven served in 10 ms. The first window, with no
+        // latency known, is a drop; from then on the last window's 10 ms
+        // is the typical latency, 1 ms is far under half of it, and the
+        // no-load latency is learnt.
+        let config = AdaptiveLimit::builder("test")
+            .bounds(1, 1_000)
+            .initial(20)
+            .sample_window(Duration::ZERO, 10)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}"));
+        let mut state = Concurrency::new(&config, T0);
+        let mut at = T0;
+        let mut limits = Vec::new();
+        for _ in 0..3 {
+            let permits: Vec<Permit> = (0..10)
+                .filter_map(|_| state.try_acquire(Priority::Default, at))
+                .collect();
+            assert_eq!(permits.len(), 10);
+            for (i, permit) in permits.into_iter().enumerate() {
+                if i < 3 {
+                    state.release(permit, at + Duration::from_millis(1), Completion::Abandoned);
+                } else {
+                    state.release(permit, at + Duration::from_millis(10), Completion::Served);
+                }
+            }
+            at = at + Duration::from_millis(10);
+            limits.push(state.limit(at));
+        }
+        assert_eq!(limits, [19, 19, 20]);
     }
 
     #[test]

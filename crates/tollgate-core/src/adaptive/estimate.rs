@@ -20,9 +20,10 @@ pub(super) struct Sample {
     /// Its latency is a lower bound: requests still out when it was taken
     /// in count at the least they had run. It can only lower the limit.
     pub(super) censored: bool,
-    /// Clients gave up on a quarter or more of its requests, each after
-    /// half the latency known at least: a drop, if the window ran near the
-    /// limit (far below it, the cause is not the limit).
+    /// Clients gave up on a quarter or more of its requests (two at
+    /// least), each after half their typical latency at least: a drop, if
+    /// the window ran near the limit (far below it, the cause is not the
+    /// limit).
     pub(super) given_up: bool,
 }
 
@@ -209,9 +210,9 @@ impl Vegas {
                 // Dropped even at half the limit: the limit, less a step.
                 return Some(restore - log10_step(restore));
             }
-            if sample.censored {
-                // Requests still out at half the limit: the limit is
-                // put back, and the no-load latency kept.
+            if sample.censored || sample.given_up {
+                // Requests still out, or given up on, at half the limit:
+                // the limit is put back, and the no-load latency kept.
                 return Some(restore);
             }
             // Admitted under half the limit: no queue in front of it.
@@ -222,7 +223,7 @@ impl Vegas {
             if sample.dropped {
                 return Some(limit - log10_step(limit));
             }
-            if sample.censored {
+            if sample.censored || sample.given_up {
                 return None;
             }
             self.rtt_noload = sample.rtt;

@@ -40,7 +40,7 @@ pub(super) struct Windows {
     rtt_squares: u128,
     max_in_flight: u32,
     /// Its requests given up on (their callers went away, or they failed)
-    /// after half the latency known at least.
+    /// after half their typical latency at least.
     abandoned: u32,
     /// The most requests in flight at one of its admissions.
     admitted_in_flight: u32,

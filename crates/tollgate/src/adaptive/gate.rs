@@ -119,6 +119,9 @@ impl Gate {
             gate: self.clone(),
             class,
             receiver: Some(receiver),
+            // From its entry, not its first poll: waits end in the order
+            // they began, so one whose wait ended is at the front.
+            deadline: tokio::time::Instant::now() + queue.max_wait,
         })
     }
 
@@ -290,14 +293,16 @@ pub(super) struct Waiting {
     gate: Arc<Gate>,
     class: Priority,
     receiver: Option<oneshot::Receiver<Permit>>,
+    deadline: tokio::time::Instant,
 }
 
 impl Waiting {
-    /// Waits at most `max_wait` for a slot: `None` if none came, or the
-    /// gate shed it to make room for a more important request.
-    pub(super) async fn slot(mut self, max_wait: Duration) -> Option<Permit> {
+    /// Waits for a slot until the queue's `max_wait` after it entered:
+    /// `None` if none came, or the gate shed it to make room for a more
+    /// important request.
+    pub(super) async fn slot(mut self) -> Option<Permit> {
         let receiver = self.receiver.as_mut()?;
-        match tokio::time::timeout(max_wait, receiver).await {
+        match tokio::time::timeout_at(self.deadline, receiver).await {
             Ok(Ok(permit)) => {
                 self.receiver = None;
                 Some(permit)

@@ -45,8 +45,8 @@ use super::service::AdaptiveConcurrency;
 /// went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):
 /// a latency sample of the time it ran once that is longer than the
 /// latency the limit's algorithm knows, and a drop when a quarter of a
-/// window's requests (two at least) end so after half that latency, near
-/// the limit (clients giving up in numbers).
+/// window's requests (two at least) end so after half their typical
+/// latency, near the limit (clients giving up in numbers).
 ///
 /// Every service the layer makes shares one limit: apply the same layer
 /// to every route the limit protects.

@@ -78,8 +78,7 @@ where
                 let gate = self.gate.clone();
                 let responder = self.responder.clone();
                 Box::pin(async move {
-                    let max_wait = gate.queue.map(|queue| queue.max_wait).unwrap_or_default();
-                    match waiting.slot(max_wait).await {
+                    match waiting.slot().await {
                         Some(permit) => respond(inner, Held::new(gate, permit), request).await,
                         None => Ok(shed(&responder, class)),
                     }
