@@ -589,6 +589,22 @@ mod tests {
     }
 
     #[test]
+    fn vegas_takes_no_no_load_latency_from_a_window_given_up_on() {
+        // Given up on far from the limit (not a drop): the 1 ms of what
+        // came back is not the no-load latency. The next window sets it.
+        let mut vegas = Estimator::new(LimitAlgorithm::Vegas, 20);
+        let given_up = Sample {
+            given_up: true,
+            ..sample(1_000, 5)
+        };
+        vegas.update(given_up, 1, 1_000);
+        assert_eq!(vegas.limit(), 20);
+        vegas.update(sample(10_000, 20), 1, 1_000); // learns 10 ms
+        vegas.update(sample(10_000, 20), 1, 1_000); // no queue: + 6
+        assert_eq!(vegas.limit(), 26);
+    }
+
+    #[test]
     fn gradient2_lowers_its_limit_on_a_drop_whatever_the_latency() {
         // 503s answered in 1 ms: a drop, not a fast service. A tenth less.
         let mut gradient = Estimator::new(LimitAlgorithm::Gradient2, 100);
