@@ -148,14 +148,14 @@ impl Gate {
         (inner.concurrency.snapshot(now), waiting(&inner))
     }
 
-    /// Has the requests waiting served when the class `dispatch` stopped
-    /// at reopens (at `reopens`, if it stopped at a closed class): a
-    /// release is not what lets a closed class in, and none may come. A
-    /// timer is set unless one fires sooner; it sleeps at most the 100 ms
-    /// of a closure (a clock stepped back would put the reopening far
-    /// away), and one past its time without firing (its runtime gone) is
-    /// replaced. None outside a Tokio runtime (a release from a drop
-    /// there): the next release or entry dispatches.
+    /// Sets a timer to serve the requests waiting when the class
+    /// `dispatch` stopped at reopens (at `reopens`, if it stopped at a
+    /// closed class): a release is not what lets a closed class in, and
+    /// none may come. No timer is set if one fires sooner; one sleeps at
+    /// most the 100 ms of a closure (a clock stepped back would put the
+    /// reopening far away), and one past its time without firing (its
+    /// runtime gone) is replaced. None outside a Tokio runtime (a release
+    /// from a drop there): the next release or entry dispatches.
     fn wake_at(self: &Arc<Self>, inner: &mut Inner, reopens: Option<Timestamp>, now: Timestamp) {
         let Some(reopens) = reopens else {
             return;
