@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::super::LimitAlgorithm;
 use super::*;
 
 fn fixed(limit: u32) -> AdaptiveLimit {
@@ -13,6 +14,27 @@ fn fixed(limit: u32) -> AdaptiveLimit {
         .reserve(Priority::Default, 0.1)
         .build()
         .unwrap_or_else(|error| unreachable!("{error}"))
+}
+
+/// A limit found by `algorithm` from `initial`, between 1 and 1,000,
+/// taking in windows of `size` requests.
+fn windowed(algorithm: LimitAlgorithm, initial: u32, size: u32) -> AdaptiveLimit {
+    AdaptiveLimit::builder("test")
+        .algorithm(algorithm)
+        .bounds(1, 1_000)
+        .initial(initial)
+        .sample_window(Duration::ZERO, size)
+        .build()
+        .unwrap_or_else(|error| unreachable!("{error}"))
+}
+
+/// `n` default requests admitted at `at`: every one of them.
+fn admit_all(state: &mut Concurrency, n: usize, at: Timestamp) -> Vec<Permit> {
+    let permits: Vec<Permit> = (0..n)
+        .filter_map(|_| state.try_acquire(Priority::Default, at))
+        .collect();
+    assert_eq!(permits.len(), n);
+    permits
 }
 
 const T0: Timestamp = Timestamp::from_secs(1_000);
@@ -91,27 +113,17 @@ fn warm_up_raises_the_ceiling_linearly() {
 /// `completion`, and the rest are served in 10 ms. The limit after
 /// each window.
 fn windows_of_ten(
-    algorithm: super::super::LimitAlgorithm,
+    algorithm: LimitAlgorithm,
     initial: u32,
     after: &[(usize, Duration, Completion)],
 ) -> Vec<u32> {
-    let config = AdaptiveLimit::builder("test")
-        .algorithm(algorithm)
-        .bounds(1, 1_000)
-        .initial(initial)
-        .sample_window(Duration::ZERO, 10)
-        .build()
-        .unwrap_or_else(|error| unreachable!("{error}"));
-    let mut state = Concurrency::new(&config, T0);
+    let mut state = Concurrency::new(&windowed(algorithm, initial, 10), T0);
     let mut at = T0;
     let served = Duration::from_millis(10);
     let first = (0, served, Completion::Served);
     let mut limits = Vec::new();
     for &(n, rtt, completion) in std::iter::once(&first).chain(after) {
-        let permits: Vec<Permit> = (0..10)
-            .filter_map(|_| state.try_acquire(Priority::Default, at))
-            .collect();
-        assert_eq!(permits.len(), 10);
+        let permits = admit_all(&mut state, 10, at);
         for (i, permit) in permits.into_iter().enumerate() {
             if i < n {
                 state.release(permit, at + rtt, completion);
@@ -127,8 +139,8 @@ fn windows_of_ten(
 
 #[test]
 fn an_abandoned_request_is_a_latency_sample_once_past_the_latency_known_and_a_quarter_a_drop() {
-    use super::super::LimitAlgorithm;
     use Completion::{Abandoned, Ignored};
+    use LimitAlgorithm;
     let ms = Duration::from_millis;
     // Vegas, no-load latency 10 ms, from 20 with ten in flight.
     let vegas = |window| windows_of_ten(LimitAlgorithm::Vegas, 20, &[window]);
@@ -171,17 +183,9 @@ fn clients_giving_up_before_any_answer_at_the_start_are_a_drop() {
     // Vegas from 20, nothing known yet: ten requests, all given up on
     // after a second. No latency, but given up on in numbers near the
     // limit: one less.
-    let config = AdaptiveLimit::builder("test")
-        .bounds(1, 1_000)
-        .initial(20)
-        .sample_window(Duration::ZERO, 10)
-        .build()
-        .unwrap_or_else(|error| unreachable!("{error}"));
+    let config = windowed(LimitAlgorithm::Vegas, 20, 10);
     let mut state = Concurrency::new(&config, T0);
-    let permits: Vec<Permit> = (0..10)
-        .filter_map(|_| state.try_acquire(Priority::Default, T0))
-        .collect();
-    assert_eq!(permits.len(), 10);
+    let permits = admit_all(&mut state, 10, T0);
     let later = T0 + Duration::from_secs(1);
     for permit in permits {
         state.release(permit, later, Completion::Abandoned);
@@ -196,20 +200,12 @@ fn fast_failures_at_the_start_count_only_until_a_latency_is_known() {
     // latency known, is a drop; from then on the last window's 10 ms
     // is the typical latency, 1 ms is far under half of it, and the
     // no-load latency is learnt.
-    let config = AdaptiveLimit::builder("test")
-        .bounds(1, 1_000)
-        .initial(20)
-        .sample_window(Duration::ZERO, 10)
-        .build()
-        .unwrap_or_else(|error| unreachable!("{error}"));
+    let config = windowed(LimitAlgorithm::Vegas, 20, 10);
     let mut state = Concurrency::new(&config, T0);
     let mut at = T0;
     let mut limits = Vec::new();
     for _ in 0..3 {
-        let permits: Vec<Permit> = (0..10)
-            .filter_map(|_| state.try_acquire(Priority::Default, at))
-            .collect();
-        assert_eq!(permits.len(), 10);
+        let permits = admit_all(&mut state, 10, at);
         for (i, permit) in permits.into_iter().enumerate() {
             if i < 3 {
                 state.release(permit, at + Duration::from_millis(1), Completion::Abandoned);
@@ -229,20 +225,12 @@ fn requests_that_run_until_their_clients_give_up_seconds_later_still_shrink_the_
     // clients give up at 5 s, the last admitted first. The window's
     // two are still out when it is taken in (the first release comes
     // past its patience of a second): they count as that second.
-    let config = AdaptiveLimit::builder("test")
-        .algorithm(super::super::LimitAlgorithm::Aimd {
-            latency_ceiling: Duration::from_millis(100),
-        })
-        .bounds(1, 100)
-        .initial(10)
-        .sample_window(Duration::ZERO, 2)
-        .build()
-        .unwrap_or_else(|error| unreachable!("{error}"));
+    let aimd = LimitAlgorithm::Aimd {
+        latency_ceiling: Duration::from_millis(100),
+    };
+    let config = windowed(aimd, 10, 2);
     let mut state = Concurrency::new(&config, T0);
-    let permits: Vec<Permit> = (0..10)
-        .filter_map(|_| state.try_acquire(Priority::Default, T0))
-        .collect();
-    assert_eq!(permits.len(), 10);
+    let permits = admit_all(&mut state, 10, T0);
     let gave_up = T0 + Duration::from_secs(5);
     for permit in permits.into_iter().rev() {
         state.release(permit, gave_up, Completion::Abandoned);
@@ -256,20 +244,12 @@ fn a_request_waiting_for_a_slot_tells_the_window_the_limit_holds_requests_back()
     // then 100 ms (a long queue) until the limit fell by a third, to
     // 13: a probe is due, but with 10 of 13 in flight it waits until
     // the limit holds requests back.
-    let config = AdaptiveLimit::builder("test")
-        .bounds(1, 1_000)
-        .initial(20)
-        .sample_window(Duration::ZERO, 10)
-        .build()
-        .unwrap_or_else(|error| unreachable!("{error}"));
+    let config = windowed(LimitAlgorithm::Vegas, 20, 10);
     let run = |waiting: bool| {
         let mut state = Concurrency::new(&config, T0);
         let mut at = T0;
         for window in 0..9 {
-            let permits: Vec<Permit> = (0..10)
-                .filter_map(|_| state.try_acquire(Priority::Default, at))
-                .collect();
-            assert_eq!(permits.len(), 10);
+            let permits = admit_all(&mut state, 10, at);
             if waiting && window == 8 {
                 state.count_waiting(at);
             }
@@ -314,17 +294,12 @@ fn a_class_closed_by_a_refusal_above_says_until_when() {
 
 #[test]
 fn an_ignored_completion_frees_its_slot_and_teaches_nothing() {
-    let config = AdaptiveLimit::builder("test")
-        .algorithm(super::super::LimitAlgorithm::Aimd {
-            latency_ceiling: Duration::from_millis(10),
-        })
-        .bounds(1, 100)
-        .initial(10)
-        // One sample is taken in at once, so that the one served
-        // request below moves the limit by itself.
-        .sample_window(Duration::ZERO, 1)
-        .build()
-        .unwrap_or_else(|error| unreachable!("{error}"));
+    // One sample is taken in at once, so that the one served request
+    // below moves the limit by itself.
+    let aimd = LimitAlgorithm::Aimd {
+        latency_ceiling: Duration::from_millis(10),
+    };
+    let config = windowed(aimd, 10, 1);
     let mut state = Concurrency::new(&config, T0);
     let permit = state.try_acquire(Priority::Default, T0);
     let later = T0 + Duration::from_secs(1);
