@@ -19,9 +19,22 @@ pub struct Permit {
     in_flight: u32,
     /// The window of samples it counts in, if any.
     window: Option<u64>,
+    /// Its request waited in a queue before it was admitted.
+    waited: bool,
 }
 
 impl Permit {
+    /// Marks a permit given to a request that waited in a queue first. If
+    /// its client gives up, that says nothing of the service: its budget
+    /// was partly spent in the queue, which a low limit makes long. So it
+    /// never counts towards a window's share of requests given up on
+    /// (see [`Completion::Abandoned`]); the time it ran after admission
+    /// is still a latency sample once long enough.
+    pub fn after_waiting(mut self) -> Self {
+        self.waited = true;
+        self
+    }
+
     /// The class the request was admitted as.
     pub fn class(&self) -> Priority {
         self.class
@@ -49,12 +62,13 @@ pub enum Completion {
     /// is a latency sample of that time, as a served request that slow
     /// would be; sooner, it is none (it would read as a faster service
     /// than is known). And a window of samples a quarter or more of whose
-    /// requests (two at least) were abandoned after half their typical
-    /// latency (that one, or the last window's if lower; any time before
-    /// any request came back) counts as [`Dropped`](Self::Dropped) if it ran at
-    /// half the limit or more: clients giving up in numbers is overload,
-    /// even where their deadline is shorter than the latency the
-    /// algorithm aims for.
+    /// requests (two at least, none admitted
+    /// [`after_waiting`](Permit::after_waiting)) were abandoned after half
+    /// their typical latency (that one, or the last window's if lower; any
+    /// time before any request came back) counts as
+    /// [`Dropped`](Self::Dropped) if it ran at half the limit or more:
+    /// clients giving up in numbers is overload, even where their deadline
+    /// is shorter than the latency the algorithm aims for.
     Abandoned,
     /// It ended in a way that says nothing about capacity (it never ran,
     /// or the caller knows its end is unrelated to load): not a sample.
@@ -247,6 +261,7 @@ impl Concurrency {
             admitted: now,
             in_flight,
             window: self.windows.admit(now.as_micros(), in_flight),
+            waited: false,
         }
     }
 
@@ -280,6 +295,7 @@ impl Concurrency {
             (known, last) => known.or(last),
         };
         let abandoned = completion == Completion::Abandoned
+            && !permit.waited
             && typical.is_none_or(|typical| rtt.saturating_mul(2) >= typical);
         let sample = dropped.map(|dropped| Sample {
             rtt,

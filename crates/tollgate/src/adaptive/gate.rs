@@ -260,7 +260,7 @@ fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
                 queue.push_front(waiter);
                 return None;
             };
-            if let Err(permit) = waiter.send(permit) {
+            if let Err(permit) = waiter.send(permit.after_waiting()) {
                 // It gave up just now: the slot is free again.
                 concurrency.release(permit, now, Completion::Ignored);
             }

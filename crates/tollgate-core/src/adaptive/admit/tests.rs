@@ -220,6 +220,37 @@ fn fast_failures_at_the_start_count_only_until_a_latency_is_known() {
 }
 
 #[test]
+fn a_request_that_waited_in_a_queue_never_counts_towards_the_given_up_share() {
+    // Vegas from 20, windows of ten: the first served in 10 ms. In the
+    // second, three of ten given up on at 9 ms are a drop, unless they
+    // had waited in a queue first (its length, not the service, may have
+    // spent their clients' budget): then no queue, one more.
+    let run = |waited: bool| {
+        let mut state = Concurrency::new(&windowed(LimitAlgorithm::Vegas, 20, 10), T0);
+        let served = Duration::from_millis(10);
+        for permit in admit_all(&mut state, 10, T0) {
+            state.release(permit, T0 + served, Completion::Served);
+        }
+        let at = T0 + served;
+        for (i, permit) in admit_all(&mut state, 10, at).into_iter().enumerate() {
+            if i < 3 {
+                let permit = if waited {
+                    permit.after_waiting()
+                } else {
+                    permit
+                };
+                state.release(permit, at + Duration::from_millis(9), Completion::Abandoned);
+            } else {
+                state.release(permit, at + served, Completion::Served);
+            }
+        }
+        state.limit(at + served)
+    };
+    assert_eq!(run(false), 19);
+    assert_eq!(run(true), 21);
+}
+
+#[test]
 fn requests_that_run_until_their_clients_give_up_seconds_later_still_shrink_the_limit() {
     // AIMD over 100 ms, windows of two: ten requests run until their
     // clients give up at 5 s, the last admitted first. The window's
