@@ -91,6 +91,16 @@ fn layer(limit: AdaptiveLimit) -> AdaptiveConcurrencyLayer<fn(&Request<Body>) ->
     AdaptiveConcurrencyLayer::new(limit).classify(by_header as fn(&Request<Body>) -> Priority)
 }
 
+/// Waits for every one of `tasks`, asserting each was answered `status`.
+async fn answered(
+    tasks: impl IntoIterator<Item = tokio::task::JoinHandle<StatusCode>>,
+    status: StatusCode,
+) {
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), status);
+    }
+}
+
 /// Sends `count` requests of `class` and lets every task run: returns the
 /// running ones' handles and how many were shed at once.
 async fn send(
@@ -146,17 +156,13 @@ async fn each_class_is_shed_at_the_limit_less_what_is_kept_for_the_classes_above
     // default's 8.
     let mut sheddable = sheddable.into_iter();
     held.go.add_permits(2);
-    for task in sheddable.by_ref().take(2) {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(sheddable.by_ref().take(2), StatusCode::OK).await;
     assert_eq!(send(&app, Priority::Sheddable, 1).await.1, 1);
     assert_eq!(send(&app, Priority::Default, 1).await.1, 1);
     // One more: 7 in flight. Critical requests were refused a moment
     // ago, so for 100 ms the classes below are closed, whatever the room.
     held.go.add_permits(1);
-    for task in sheddable.by_ref().take(1) {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(sheddable.by_ref().take(1), StatusCode::OK).await;
     assert_eq!(send(&app, Priority::Default, 1).await.1, 1);
     // Then a default request may run, a sheddable one not.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -164,9 +170,11 @@ async fn each_class_is_shed_at_the_limit_less_what_is_kept_for_the_classes_above
     let (last, shed) = send(&app, Priority::Default, 1).await;
     assert_eq!((last.len(), shed), (1, 0));
     held.go.add_permits(8);
-    for task in sheddable.chain(default).chain(critical).chain(last) {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(
+        sheddable.chain(default).chain(critical).chain(last),
+        StatusCode::OK,
+    )
+    .await;
     assert_eq!(state.snapshot().in_flight, 0);
 }
 
@@ -192,9 +200,7 @@ async fn a_shed_request_is_told_503_when_to_come_back_and_why() {
     assert_eq!(body["policy"], "api");
     assert_eq!(body["priority"], "sheddable");
     held.go.add_permits(1);
-    for task in running {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(running, StatusCode::OK).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -275,28 +275,14 @@ impl Concurrency {
             .as_micros()
             .saturating_sub(permit.admitted.as_micros())
             .max(1);
-        let known = self.estimator.known_latency();
-        let dropped = match completion {
-            Completion::Served => Some(false),
-            Completion::Dropped => Some(true),
-            // Its latency was at least `rtt`: a sample of it, once that is
-            // longer than the latency the algorithm knows.
-            Completion::Abandoned => known.filter(|&known| rtt > known).map(|_| false),
-            Completion::Ignored => None,
+        // The sample it is (dropped or not), if any, and whether it
+        // counts towards its window's share of requests given up on.
+        let (dropped, abandoned) = match completion {
+            Completion::Served => (Some(false), false),
+            Completion::Dropped => (Some(true), false),
+            Completion::Abandoned => self.abandoned(&permit, rtt),
+            Completion::Ignored => (None, false),
         };
-        // Given up on after half the typical latency at least (the one
-        // known, or the last window's if lower: an AIMD ceiling may be far
-        // above it): it counts towards a window's share of requests given
-        // up on (sooner, it is a fast error or a client's own haste). With
-        // neither yet, before any request came back, every one counts.
-        let last = self.windows.last_average();
-        let typical = match (known, last) {
-            (Some(known), Some(last)) => Some(known.min(last)),
-            (known, last) => known.or(last),
-        };
-        let abandoned = completion == Completion::Abandoned
-            && !permit.waited
-            && typical.is_none_or(|typical| rtt.saturating_mul(2) >= typical);
         let sample = dropped.map(|dropped| Sample {
             rtt,
             in_flight: permit.in_flight,
@@ -315,6 +301,26 @@ impl Concurrency {
                 self.windows.probe_next();
             }
         }
+    }
+
+    /// What a request abandoned after `rtt` µs tells: a latency sample
+    /// of `rtt` (its latency was at least that) once it is longer than
+    /// the latency the algorithm knows; and whether it counts towards its
+    /// window's share of requests given up on: after half the typical
+    /// latency at least (the one known, or the last window's if lower: an
+    /// AIMD ceiling may be far above it; sooner, it is a fast error or a
+    /// client's own haste), any time before any request came back, and
+    /// never after waiting in a queue.
+    fn abandoned(&self, permit: &Permit, rtt: u64) -> (Option<bool>, bool) {
+        let known = self.estimator.known_latency();
+        let sample = known.filter(|&known| rtt > known).map(|_| false);
+        let typical = match (known, self.windows.last_average()) {
+            (Some(known), Some(last)) => Some(known.min(last)),
+            (known, last) => known.or(last),
+        };
+        let given_up =
+            !permit.waited && typical.is_none_or(|typical| rtt.saturating_mul(2) >= typical);
+        (sample, given_up)
     }
 
     /// What the state holds at `now`.

@@ -27,6 +27,22 @@ pub(super) struct Sample {
     pub(super) given_up: bool,
 }
 
+#[cfg(test)]
+impl Sample {
+    /// A window of served requests, averaging `rtt` µs, with at most
+    /// `in_flight` in flight: nothing dropped, held back or given up on.
+    pub(super) fn served(rtt: u64, in_flight: u32) -> Self {
+        Self {
+            rtt,
+            in_flight,
+            dropped: false,
+            held_back: false,
+            censored: false,
+            given_up: false,
+        }
+    }
+}
+
 /// An estimator's state, with the limit it has found so far.
 #[derive(Debug, Clone)]
 pub(super) struct Estimator {

@@ -279,14 +279,7 @@ mod tests {
     use super::*;
 
     fn sample(rtt: u64, in_flight: u32) -> Option<Sample> {
-        Some(Sample {
-            rtt,
-            in_flight,
-            dropped: false,
-            held_back: false,
-            censored: false,
-            given_up: false,
-        })
+        Some(Sample::served(rtt, in_flight))
     }
 
     fn windows(min_samples: u32) -> Windows {

@@ -37,9 +37,7 @@ async fn a_freed_slot_goes_to_the_most_important_waiter_first() {
         held.go.add_permits(1);
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    for task in first.into_iter().chain(waiting) {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(first.into_iter().chain(waiting), StatusCode::OK).await;
     let order = held.started.lock().unwrap().clone();
     assert_eq!(
         order,
@@ -75,23 +73,22 @@ async fn a_full_queue_sheds_the_newest_waiter_of_the_lowest_class_below_a_newcom
     }
     let (second_default, shed) = send(&app, Priority::Default, 1).await;
     assert_eq!((second_default.len(), shed), (1, 0));
-    for task in older {
-        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
-    }
+    answered(older, StatusCode::SERVICE_UNAVAILABLE).await;
     // Critical and default ones fill it now: another default one is shed.
     let (_, shed) = send(&app, Priority::Default, 1).await;
     assert_eq!(shed, 1);
     assert_eq!(state.queued(), 3);
     assert_eq!(state.snapshot().refused_by_class, [0, 1, 3]);
     held.go.add_permits(4);
-    for task in first
-        .into_iter()
-        .chain(critical)
-        .chain(default)
-        .chain(second_default)
-    {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(
+        first
+            .into_iter()
+            .chain(critical)
+            .chain(default)
+            .chain(second_default),
+        StatusCode::OK,
+    )
+    .await;
     let order = held.started.lock().unwrap().clone();
     assert_eq!(
         order,
@@ -123,14 +120,15 @@ async fn a_full_queue_makes_room_from_requests_that_gave_up_before_shedding_a_wa
     assert_eq!(state.queued(), 3);
     assert_eq!(state.snapshot().refused_by_class, [0, 0, 0]);
     held.go.add_permits(4);
-    for task in first
-        .into_iter()
-        .chain(critical)
-        .chain(default)
-        .chain(sheddable)
-    {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(
+        first
+            .into_iter()
+            .chain(critical)
+            .chain(default)
+            .chain(sheddable),
+        StatusCode::OK,
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -144,23 +142,17 @@ async fn a_waiter_of_a_class_closed_by_a_refusal_above_runs_when_it_reopens() {
     // until 1.1 s. The running request ends at 1.05 s, with the class
     // still closed: nothing is in flight, and no release will come.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    for task in critical {
-        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
-    }
+    answered(critical, StatusCode::SERVICE_UNAVAILABLE).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     held.go.add_permits(1);
-    for task in first {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(first, StatusCode::OK).await;
     assert_eq!((state.snapshot().in_flight, state.queued()), (0, 1));
     // It runs when its class reopens, not when its wait ends at 1.5 s.
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!((state.snapshot().in_flight, state.queued()), (1, 0));
     assert_eq!(held.started(), 2);
     held.go.add_permits(1);
-    for task in sheddable {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(sheddable, StatusCode::OK).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -173,16 +165,12 @@ async fn a_wait_ends_at_its_deadline_and_a_full_queue_sheds_at_once() {
     let (_, shed) = send(&app, Priority::Critical, 1).await;
     assert_eq!(shed, 1);
     let start = tokio::time::Instant::now();
-    for task in waiter {
-        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
-    }
+    answered(waiter, StatusCode::SERVICE_UNAVAILABLE).await;
     assert_eq!(start.elapsed(), Duration::from_millis(100));
     assert_eq!(state.snapshot().refused_by_class, [2, 0, 0]);
     assert_eq!((state.queued(), state.snapshot().in_flight), (0, 1));
     held.go.add_permits(1);
-    for task in first {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(first, StatusCode::OK).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -205,9 +193,7 @@ async fn a_request_dropped_while_waiting_or_running_frees_its_slot() {
     let (next, shed) = send(&app, Priority::Default, 1).await;
     assert_eq!((next.len(), shed), (1, 0));
     held.go.add_permits(1);
-    for task in next {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    answered(next, StatusCode::OK).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -4,14 +4,7 @@
 use super::*;
 
 fn sample(rtt: u64, in_flight: u32) -> Sample {
-    Sample {
-        rtt,
-        in_flight,
-        dropped: false,
-        held_back: false,
-        censored: false,
-        given_up: false,
-    }
+    Sample::served(rtt, in_flight)
 }
 
 #[test]
