@@ -129,11 +129,7 @@ impl RedisStoreBuilder {
     }
 
     /// How long a request waits for a pooled connection (default 25 ms,
-    /// never bb8's 30 s). A wait that ends while the pool served other
-    /// calls is the app's own load
-    /// ([`RedisStoreError::PoolBusy`](crate::RedisStoreError::PoolBusy)), not
-    /// a failure; keep it under the [`deadline`](Self::deadline), which
-    /// counts as a failure when it fires first.
+    /// never bb8's 30 s).
     pub fn pool_checkout_timeout(mut self, timeout: Duration) -> Self {
         self.checkout_timeout = timeout;
         self

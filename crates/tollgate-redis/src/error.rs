@@ -40,21 +40,9 @@ pub enum RedisStoreError {
         /// Why the last attempt to connect failed.
         reason: String,
     },
-    /// No pooled connection became free within the pool's checkout timeout,
-    /// and the pool handed none to anyone else meanwhile: its connections
-    /// cannot be made, or are held by calls that Redis does not answer. It
-    /// counts towards the circuit breaker.
+    /// No pooled connection became free within the pool's checkout timeout.
     #[error("no pooled Redis connection became free within the checkout timeout")]
     PoolTimeout,
-    /// No pooled connection became free within the pool's checkout timeout,
-    /// while the pool handed connections to other calls: every connection
-    /// was in use, and this call queued behind them for too long. It is the
-    /// app's own load, so, as [`QueueFull`](Self::QueueFull), no failure
-    /// policy decides it (as a `StoreError` it is
-    /// [`Overloaded`](tollgate_core::StoreError::Overloaded)) and the
-    /// circuit breaker does not count it.
-    #[error("every pooled Redis connection stayed in use for the whole checkout timeout")]
-    PoolBusy,
     /// More requests are waiting for Redis than the store queues: more of
     /// one key behind its call than its lane holds, or more single-limit
     /// requests than the batch queue holds (see the Redis guide,
@@ -92,7 +80,6 @@ impl RedisStoreError {
             | Self::Unavailable { .. }
             | Self::CircuitOpen
             | Self::PoolTimeout
-            | Self::PoolBusy
             | Self::QueueFull
             | Self::Deadline(_)
             | Self::UnsupportedVersion { .. }
@@ -114,7 +101,6 @@ impl RedisStoreError {
                 reason: reason.clone(),
             },
             Self::PoolTimeout => Self::PoolTimeout,
-            Self::PoolBusy => Self::PoolBusy,
             Self::QueueFull => Self::QueueFull,
             Self::Deadline(d) => Self::Deadline(*d),
             Self::UnsupportedVersion { version } => Self::UnsupportedVersion {
@@ -130,9 +116,9 @@ impl From<RedisStoreError> for StoreError {
         match error {
             RedisStoreError::Deadline(d) => StoreError::Timeout(d),
             RedisStoreError::CircuitOpen => StoreError::CircuitOpen,
-            // The store's own queue, or the pool's: the app's load, which
-            // no failure policy decides.
-            RedisStoreError::QueueFull | RedisStoreError::PoolBusy => StoreError::Overloaded,
+            // The store's own queue: the app's load, which no failure
+            // policy decides.
+            RedisStoreError::QueueFull => StoreError::Overloaded,
             other @ (RedisStoreError::Config(_)
             | RedisStoreError::Unavailable { .. }
             | RedisStoreError::Redis(_)

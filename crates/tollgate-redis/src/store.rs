@@ -190,8 +190,7 @@ impl<C: RedisConnection> Inner<C> {
     /// outcome counts towards the breaker. A deadline that fired late,
     /// because our own runtime was too busy to run the call, is not
     /// counted: the call waits on for its reply, up to the hard ceiling
-    /// (see [`patience`]); nor is a call that queued in a busy pool
-    /// ([`RedisStoreError::PoolBusy`]).
+    /// (see [`patience`]).
     pub(crate) async fn guarded<T>(
         &self,
         state_key: &str,
@@ -216,10 +215,6 @@ impl<C: RedisConnection> Inner<C> {
         };
         match &result {
             Ok(_) => permit.success(),
-            // Queued behind the app's own calls in the pool: Redis was not
-            // asked, so the permit reports nothing (a probe's lets the next
-            // call probe).
-            Err(RedisStoreError::PoolBusy) => drop(permit),
             Err(error) => {
                 permit.failure();
                 if matches!(error, RedisStoreError::Unavailable { .. }) {

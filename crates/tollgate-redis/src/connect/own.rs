@@ -135,11 +135,9 @@ fn unreachable(error: &RedisStoreError) -> bool {
         | RedisStoreError::NotConnected { .. }
         | RedisStoreError::PoolTimeout => true,
         RedisStoreError::Redis(e) => e.is_timeout() || error.is_connection_lost(),
-        // (`PoolBusy`: the pool served other calls meanwhile.)
         RedisStoreError::Config(_)
         | RedisStoreError::Unavailable { .. }
         | RedisStoreError::CircuitOpen
-        | RedisStoreError::PoolBusy
         | RedisStoreError::QueueFull
         | RedisStoreError::UnsupportedVersion { .. }
         | RedisStoreError::Protocol(_) => false,

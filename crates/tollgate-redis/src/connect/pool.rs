@@ -39,20 +39,10 @@ impl RedisConnection for Pool {
     }
 
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        let before = handed_out(self);
         let mut con = self.get().await.map_err(|e| match e {
             bb8::RunError::User(e) => RedisStoreError::Redis(e),
-            // Others were served while this call waited: the pool works,
-            // and every connection was in use by the app's own calls.
-            bb8::RunError::TimedOut if handed_out(self) > before => RedisStoreError::PoolBusy,
             bb8::RunError::TimedOut => RedisStoreError::PoolTimeout,
         })?;
         Ok(cmd.query_async(&mut *con).await?)
     }
-}
-
-/// How many checkouts of `pool` have got a connection so far.
-fn handed_out(pool: &Pool) -> u64 {
-    let statistics = pool.state().statistics;
-    statistics.get_direct + statistics.get_waited
 }

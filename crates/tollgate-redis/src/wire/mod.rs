@@ -113,7 +113,6 @@ pub(crate) fn reclassify(error: RedisStoreError) -> RedisStoreError {
         | RedisStoreError::CircuitOpen
         | RedisStoreError::NotConnected { .. }
         | RedisStoreError::PoolTimeout
-        | RedisStoreError::PoolBusy
         | RedisStoreError::QueueFull
         | RedisStoreError::Deadline(_)
         | RedisStoreError::UnsupportedVersion { .. }
