@@ -303,7 +303,10 @@ async fn a_paused_redis_opens_the_circuit_and_it_closes_after_the_pause() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
+/// A request waits for a pooled connection at most the ceiling and one more
+/// checkout (the pool serving the app's other calls meanwhile), then its
+/// call at most the ceiling.
+async fn a_small_pool_under_load_never_waits_past_its_bounds() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::spawn();
     let checkout = Duration::from_millis(25);
@@ -334,7 +337,7 @@ async fn a_small_pool_under_load_never_waits_past_checkout_plus_deadline() {
     let mut ok = 0;
     for (latency, success) in results {
         assert!(
-            latency <= checkout + CEILING + SLACK + stall,
+            latency <= CEILING + checkout + CEILING + SLACK + stall,
             "waited {latency:?} (the machine stalled the process for up to {stall:?})"
         );
         ok += usize::from(success);

@@ -1,9 +1,12 @@
 //! Our own overload is not a store failure: on an app runtime too busy to
-//! poll its requests in time, a healthy Redis keeps deciding, the breaker
-//! stays closed and nothing is decided locally.
+//! poll its requests in time, or with every pooled connection in use by the
+//! app's own calls, the breaker stays closed and nothing is decided
+//! locally.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -11,8 +14,8 @@ use metrics::{SharedString, Unit};
 use metrics_util::CompositeKey;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tollgate::telemetry::{FALLBACKS, STORE_ERRORS, STORE_LATENCY};
-use tollgate::{Algorithm, FailureMode, Key, Policy, RateLimiter};
-use tollgate_redis::{BreakerState, RedisStore};
+use tollgate::{Algorithm, DecidedBy, FailureMode, Key, Policy, RateLimiter, StoreError};
+use tollgate_redis::{BreakerState, Pool, RedisStore};
 use tollgate_tests::{RedisServer, unique_prefix};
 
 /// The store's deadline: its default.
@@ -129,4 +132,143 @@ fn a_starved_runtime_neither_opens_the_breaker_nor_decides_locally() {
             .all(|&s| s >= STALL.as_secs_f64() && s < (DEADLINE * 4).as_secs_f64()),
         "{latencies:?}"
     );
+}
+
+/// A bb8 pool whose every connection the app's own calls hold is the app's
+/// load too. A decision that queues for a connection while the pool hands
+/// connections to other calls waits on, and is decided by Redis once it
+/// has one, or refused as overloaded at the store's ceiling: the breaker
+/// never counts it, and the failure policy never decides it locally. A
+/// pool that cannot get a connection at all, Redis being down, is a store
+/// failure: it opens the breaker, and the failure policy decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
+    const HOLDERS: usize = 8;
+    const CALLERS: usize = 8;
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("busy-pool"))
+        .pool_size(1)
+        .pool_checkout_timeout(Duration::from_millis(25))
+        .deadline(DEADLINE)
+        // One failure opens it.
+        .circuit_breaker(1, Duration::from_secs(60))
+        .connect_pool(server.url())
+        .await
+        .unwrap();
+    let policy = Policy::new("busy-pool", Algorithm::Gcra, "1000/h").unwrap();
+    let limiter = RateLimiter::with_store(policy, store.clone()).on_store_error(FailureMode::Local);
+    let key = Key::user("queued");
+    assert_eq!(limiter.check(&key).await.unwrap().remaining(), 999);
+
+    // First, a queue of the app's own calls ahead of the store's, each
+    // taking the one connection once for 4 ms: the store's calls wait for
+    // their turn, past the pool's checkout timeout, and are decided.
+    let (mut admitted, mut refused) = (0_u64, 0_u64);
+    for _ in 0..3 {
+        let pool = store.connection().clone();
+        let started = pool.state().statistics.get_started;
+        let holders: Vec<_> = (0..HOLDERS)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    // A checkout that times out asks again, at the back.
+                    loop {
+                        if let Ok(connection) = pool.get().await {
+                            tokio::time::sleep(Duration::from_millis(4)).await;
+                            return drop(connection);
+                        }
+                    }
+                })
+            })
+            .collect();
+        while pool.state().statistics.get_started < started + HOLDERS as u64 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (served, turned_away) = decide_together(&limiter, &key, CALLERS).await;
+        assert_eq!((served, turned_away), (CALLERS as u64, 0));
+        admitted += served;
+        assert_eq!(store.breaker_state(), BreakerState::Closed);
+        for holder in holders {
+            holder.await.unwrap();
+        }
+    }
+    // Then holders that ask again at once after each turn, so that they
+    // take every turn: the store's calls wait until the ceiling, and are
+    // refused.
+    let busy = Arc::new(AtomicBool::new(true));
+    let holders: Vec<_> = (0..HOLDERS)
+        .map(|_| {
+            let (pool, busy) = (store.connection().clone(), busy.clone());
+            tokio::spawn(async move {
+                while busy.load(Ordering::Relaxed) {
+                    if let Ok(connection) = pool.get().await {
+                        tokio::time::sleep(Duration::from_millis(4)).await;
+                        drop(connection);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..3 {
+        let (served, turned_away) = decide_together(&limiter, &key, CALLERS).await;
+        admitted += served;
+        refused += turned_away;
+        assert_eq!(store.breaker_state(), BreakerState::Closed);
+    }
+    busy.store(false, Ordering::Relaxed);
+    for holder in holders {
+        holder.await.unwrap();
+    }
+    assert_eq!(admitted + refused, 6 * CALLERS as u64);
+    // The pool free again, Redis decides, having counted exactly the
+    // decisions it made.
+    let decision = limiter.check(&key).await.unwrap();
+    assert_eq!(decision.decided_by(), DecidedBy::Store);
+    assert_eq!(decision.remaining(), 998 - admitted);
+
+    // Redis down: no connection can be had, the breaker opens and the
+    // failure policy decides every caller.
+    server.kill();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move { limiter.check(&key).await })
+        })
+        .collect();
+    for caller in callers {
+        let decision = caller.await.unwrap().unwrap();
+        assert_eq!(decision.decided_by(), DecidedBy::LocalFallback);
+    }
+    assert_eq!(store.breaker_state(), BreakerState::Open);
+}
+
+/// `callers` decisions of `key` at once, so that some queue in the store's
+/// batch queue behind calls that wait in the pool: how many Redis decided
+/// and how many were refused as the app's own load. Panics on any other
+/// outcome (a failure, or a decision made locally).
+async fn decide_together(
+    limiter: &RateLimiter<RedisStore<Pool>>,
+    key: &Key,
+    callers: usize,
+) -> (u64, u64) {
+    let callers: Vec<_> = (0..callers)
+        .map(|_| {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move { limiter.check(&key).await })
+        })
+        .collect();
+    let (mut decided, mut refused) = (0, 0);
+    for caller in callers {
+        match caller.await.unwrap() {
+            Ok(decision) => {
+                assert_eq!(decision.decided_by(), DecidedBy::Store, "{decision:?}");
+                decided += 1;
+            }
+            Err(StoreError::Overloaded) => refused += 1,
+            Err(other) => panic!("queued behind the app's own calls: {other}"),
+        }
+    }
+    (decided, refused)
 }

@@ -261,32 +261,46 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
 /// Redis answers nothing a request ends within its ceiling in the queue,
 /// or a deadline and its call's ceiling if a call took it (and the
 /// runtime's lateness in running the call).
+///
+/// On a pool ([`handed_out`](crate::RedisConnection::handed_out) is
+/// `Some`), the batcher's calls may themselves wait for a connection while
+/// the pool serves the app's other calls: a deadline in which the pool
+/// handed out connections is the app's own load too, and the request waits
+/// on, up to the store's ceiling, then fails with
+/// [`RedisStoreError::PoolBusy`].
 pub(crate) async fn wait(
     batcher: &Batcher,
     mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
     seq: u64,
+    handed_out: impl Fn() -> Option<u64>,
 ) -> Result<Word, RedisStoreError> {
     let deadline = batcher.deadline;
     let queued = Instant::now();
     let dropped = || RedisStoreError::Protocol("the batch of this request was dropped".into());
     loop {
         let seen = batcher.answered.load(Ordering::Relaxed);
+        let pool = handed_out();
         match patience::within(deadline, &mut reply).await {
             Ok(Ok(word)) => return word,
             Ok(Err(_)) => return Err(dropped()),
             Err(Missed::Deadline | Missed::Ceiling) => {}
         }
+        let pool_served = pool.is_some() && handed_out() != pool;
         // Still queued (looked up under the queue's lock, so that no call
         // takes it meanwhile), or taken into a call.
         let taken = {
             let mut queue = batcher.queue();
             match queue.waiting.iter().position(|q| q.seq == seq) {
                 None => true,
-                Some(at) if batcher.answered.load(Ordering::Relaxed) == seen => {
+                Some(_) if batcher.answered.load(Ordering::Relaxed) != seen => false,
+                Some(_) if pool_served && queued.elapsed() < patience::ceiling(deadline) => false,
+                Some(at) => {
                     queue.waiting.remove(at);
-                    return Err(RedisStoreError::Deadline(queued.elapsed()));
+                    return Err(match pool_served {
+                        true => RedisStoreError::PoolBusy,
+                        false => RedisStoreError::Deadline(queued.elapsed()),
+                    });
                 }
-                Some(_) => false,
             }
         };
         if taken {

@@ -128,8 +128,12 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a request waits for a pooled connection (default 25 ms,
-    /// never bb8's 30 s).
+    /// How long one checkout of a pooled connection waits (default 25 ms,
+    /// never bb8's 30 s). A checkout that times out while the pool handed
+    /// out no connection is a failure; one that times out while the pool
+    /// served the app's other calls is the app's own load, and the request
+    /// waits again, up to the store's ceiling (see
+    /// [`RedisStoreError::PoolBusy`](crate::RedisStoreError::PoolBusy)).
     pub fn pool_checkout_timeout(mut self, timeout: Duration) -> Self {
         self.checkout_timeout = timeout;
         self

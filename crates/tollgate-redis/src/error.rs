@@ -40,9 +40,20 @@ pub enum RedisStoreError {
         /// Why the last attempt to connect failed.
         reason: String,
     },
-    /// No pooled connection became free within the pool's checkout timeout.
+    /// No pooled connection became free within the pool's checkout timeout,
+    /// while the pool handed none to any other call and our runtime ran its
+    /// timer on time: the pool's connections cannot be made, or do not
+    /// answer its checks. It counts towards the circuit breaker.
     #[error("no pooled Redis connection became free within the checkout timeout")]
     PoolTimeout,
+    /// Every pooled connection stayed in use by the app's other calls for
+    /// the store's ceiling (four deadlines), while the pool kept handing
+    /// them out: this call queued behind the app's own load. As
+    /// [`QueueFull`](Self::QueueFull), no failure policy decides it (as a
+    /// `StoreError` it is [`Overloaded`](tollgate_core::StoreError::Overloaded))
+    /// and the circuit breaker does not count it.
+    #[error("every pooled Redis connection stayed in use by the app's other calls")]
+    PoolBusy,
     /// More requests are waiting for Redis than the store queues: more of
     /// one key behind its call than its lane holds, or more single-limit
     /// requests than the batch queue holds (see the Redis guide,
@@ -80,6 +91,7 @@ impl RedisStoreError {
             | Self::Unavailable { .. }
             | Self::CircuitOpen
             | Self::PoolTimeout
+            | Self::PoolBusy
             | Self::QueueFull
             | Self::Deadline(_)
             | Self::UnsupportedVersion { .. }
@@ -101,6 +113,7 @@ impl RedisStoreError {
                 reason: reason.clone(),
             },
             Self::PoolTimeout => Self::PoolTimeout,
+            Self::PoolBusy => Self::PoolBusy,
             Self::QueueFull => Self::QueueFull,
             Self::Deadline(d) => Self::Deadline(*d),
             Self::UnsupportedVersion { version } => Self::UnsupportedVersion {
@@ -116,9 +129,9 @@ impl From<RedisStoreError> for StoreError {
         match error {
             RedisStoreError::Deadline(d) => StoreError::Timeout(d),
             RedisStoreError::CircuitOpen => StoreError::CircuitOpen,
-            // The store's own queue: the app's load, which no failure
-            // policy decides.
-            RedisStoreError::QueueFull => StoreError::Overloaded,
+            // The store's own queue, or the pool's: the app's load, which
+            // no failure policy decides.
+            RedisStoreError::QueueFull | RedisStoreError::PoolBusy => StoreError::Overloaded,
             other @ (RedisStoreError::Config(_)
             | RedisStoreError::Unavailable { .. }
             | RedisStoreError::Redis(_)

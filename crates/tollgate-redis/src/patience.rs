@@ -51,6 +51,11 @@ pub(crate) fn ceiling(deadline: Duration) -> Duration {
     deadline.saturating_mul(CEILING)
 }
 
+/// How late a timer of `wait` may fire and still count as on time.
+pub(crate) fn slack(wait: Duration) -> Duration {
+    (wait / SLACK_DIVISOR).max(MIN_SLACK)
+}
+
 /// The connection's own response timeout under `deadline`, by default:
 /// one deadline past the ceiling, so that the store's judgment comes first
 /// and a reply that waited in the socket while our process was not
@@ -69,7 +74,7 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
     let start = Instant::now();
     let last = after(start, ceiling(deadline));
-    let slack = (deadline / SLACK_DIVISOR).max(MIN_SLACK);
+    let slack = slack(deadline);
     let mut call = std::pin::pin!(call);
     let mut due = after(start, deadline);
     loop {

@@ -10,7 +10,7 @@ use tollgate_core::{Key, Policy};
 use crate::batch::Batchers;
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::builder::RedisStoreBuilder;
-use crate::connect::{ManagedConnection, RedisConnection};
+use crate::connect::{ManagedConnection, RedisConnection, after_checkout};
 use crate::deny_cache::DenyCache;
 use crate::error::RedisStoreError;
 use crate::identity::ServerIdentity;
@@ -190,7 +190,10 @@ impl<C: RedisConnection> Inner<C> {
     /// outcome counts towards the breaker. A deadline that fired late,
     /// because our own runtime was too busy to run the call, is not
     /// counted: the call waits on for its reply, up to the hard ceiling
-    /// (see [`patience`]).
+    /// (see [`patience`]). On a pool, the deadline starts once the call has
+    /// its connection; a wait for one that the app's own calls made too
+    /// long is not counted either ([`RedisStoreError::PoolBusy`]; see
+    /// [`RedisConnection::handed_out`]).
     pub(crate) async fn guarded<T>(
         &self,
         state_key: &str,
@@ -200,8 +203,14 @@ impl<C: RedisConnection> Inner<C> {
             .breaker(state_key)
             .and_then(CircuitBreaker::try_acquire)
             .ok_or(RedisStoreError::CircuitOpen)?;
-        let sent = tokio::time::Instant::now();
-        let result = match patience::within(self.deadline, call).await {
+        let mut sent = tokio::time::Instant::now();
+        let outcome = match self.wire.connection.handed_out() {
+            None => patience::within(self.deadline, call).await,
+            Some(_) => after_checkout(self.deadline, &mut sent, call).await,
+        };
+        let result = match outcome {
+            // No connection was had: Redis was not asked.
+            Ok(result @ Err(RedisStoreError::PoolBusy | RedisStoreError::PoolTimeout)) => result,
             Ok(result) => {
                 // Redis answered (a reply or an error reply): its latency,
                 // as this app observed it.
@@ -215,6 +224,10 @@ impl<C: RedisConnection> Inner<C> {
         };
         match &result {
             Ok(_) => permit.success(),
+            // Queued behind the app's own calls in the pool: Redis was not
+            // asked, so the permit reports nothing (a probe's lets the next
+            // call probe).
+            Err(RedisStoreError::PoolBusy) => drop(permit),
             Err(error) => {
                 permit.failure();
                 if matches!(error, RedisStoreError::Unavailable { .. }) {

@@ -44,6 +44,22 @@ pub trait RedisConnection: Send + Sync + 'static {
         false
     }
 
+    /// For a pool, whose calls can queue in the app for a connection: how
+    /// many calls it has handed a connection so far. `None` (the default):
+    /// calls do not queue for this connection.
+    ///
+    /// While the count grows, the pool is serving the app's calls, and a
+    /// call that waits for a connection meanwhile waits on the app's own
+    /// load, not on Redis: its wait does not count towards the store's
+    /// deadline, up to the store's ceiling of four deadlines, after which
+    /// it fails with [`RedisStoreError::PoolBusy`], which the circuit breaker
+    /// does not count. The bb8 [`Pool`](crate::Pool) tells the store when a
+    /// call has its connection, and its deadline starts then; for any other
+    /// connection that returns `Some`, at the ceiling.
+    fn handed_out(&self) -> Option<u64> {
+        None
+    }
+
     /// Called after a reply that says this connection reaches the wrong
     /// server (`READONLY`, `MASTERDOWN`, ...): replace it if you can. The
     /// default does nothing; cluster connections refresh their slot map by

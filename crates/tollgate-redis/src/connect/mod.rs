@@ -17,4 +17,5 @@ pub use cluster::ClusterConnection;
 pub use connection::RedisConnection;
 pub use managed::ManagedConnection;
 pub use pool::Pool;
+pub(crate) use pool::after_checkout;
 pub use sentinel::SentinelConnection;

@@ -133,7 +133,9 @@ fn unreachable(error: &RedisStoreError) -> bool {
         // build time nothing else holds one.
         RedisStoreError::Deadline(_)
         | RedisStoreError::NotConnected { .. }
-        | RedisStoreError::PoolTimeout => true,
+        | RedisStoreError::PoolTimeout
+        // A pool the app's own calls kept busy: no answer yet either.
+        | RedisStoreError::PoolBusy => true,
         RedisStoreError::Redis(e) => e.is_timeout() || error.is_connection_lost(),
         RedisStoreError::Config(_)
         | RedisStoreError::Unavailable { .. }

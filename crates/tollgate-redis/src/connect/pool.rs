@@ -1,16 +1,34 @@
 //! A bb8 pool of multiplexed connections: [`Pool`], and
 //! [`RedisStoreBuilder::connect_pool`].
+//!
+//! A call that waits for a pooled connection while the pool serves the
+//! app's other calls waits on the app's own load, not on Redis: its wait
+//! is not counted towards the store's deadline (see [`after_checkout`]),
+//! and it gives up only when the pool serves no one for a checkout timeout
+//! ([`RedisStoreError::PoolTimeout`], a failure) or at the store's ceiling
+//! ([`RedisStoreError::PoolBusy`], the app's own load).
 
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use bb8::{PooledConnection, RunError};
+use bb8_redis::RedisConnectionManager;
 use redis::IntoConnectionInfo;
 use redis::{Cmd, FromRedisValue};
+use tokio::time::Instant;
 
 use crate::builder::RedisStoreBuilder;
 use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
+use crate::patience::{self, Missed};
 use crate::store::RedisStore;
 
 /// A bb8 pool of multiplexed Redis connections (from `bb8-redis`).
-pub type Pool = bb8::Pool<bb8_redis::RedisConnectionManager>;
+pub type Pool = bb8::Pool<RedisConnectionManager>;
 
 impl RedisStoreBuilder {
     /// Connects through a bb8 pool of multiplexed connections.
@@ -23,7 +41,7 @@ impl RedisStoreBuilder {
         url: impl IntoConnectionInfo,
     ) -> Result<RedisStore<Pool>, RedisStoreError> {
         self.check()?;
-        let manager = bb8_redis::RedisConnectionManager::new(url)?;
+        let manager = RedisConnectionManager::new(url)?;
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
             .connection_timeout(self.checkout_timeout)
@@ -39,10 +57,113 @@ impl RedisConnection for Pool {
     }
 
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, RedisStoreError> {
-        let mut con = self.get().await.map_err(|e| match e {
-            bb8::RunError::User(e) => RedisStoreError::Redis(e),
-            bb8::RunError::TimedOut => RedisStoreError::PoolTimeout,
-        })?;
+        let mut con = checkout(self).await?;
         Ok(cmd.query_async(&mut *con).await?)
     }
+
+    fn handed_out(&self) -> Option<u64> {
+        Some(handed_out(self))
+    }
+}
+
+tokio::task_local! {
+    /// The checkout of the store call being polled, if the store waits for
+    /// its connection (see [`after_checkout`]).
+    static CHECKOUT: Arc<Checkout>;
+}
+
+/// A store call's wait for a pooled connection.
+struct Checkout {
+    /// Set once the call has its connection: its deadline starts then.
+    in_hand: AtomicBool,
+    /// When the call stops waiting for a connection while the pool serves
+    /// others: the store's ceiling.
+    until: Instant,
+}
+
+/// Runs `call` under the store's `deadline`, which starts once the call
+/// has its pooled connection (or at the ceiling, whichever comes first):
+/// until then, the pool's own rule bounds its wait (see [`checkout`]).
+/// `sent` is moved to when the deadline started.
+pub(crate) async fn after_checkout<F: Future>(
+    deadline: Duration,
+    sent: &mut Instant,
+    call: F,
+) -> Result<F::Output, Missed> {
+    let checkout = Arc::new(Checkout {
+        in_hand: AtomicBool::new(false),
+        until: Instant::now() + patience::ceiling(deadline),
+    });
+    let mut call = pin!(CHECKOUT.scope(checkout.clone(), call));
+    let mut bound = pin!(tokio::time::sleep_until(checkout.until));
+    let waited = poll_fn(|cx| match call.as_mut().poll(cx) {
+        Poll::Ready(output) => Poll::Ready(Some(output)),
+        Poll::Pending if checkout.in_hand.load(Ordering::Relaxed) => Poll::Ready(None),
+        Poll::Pending => bound.as_mut().poll(cx).map(|()| None),
+    })
+    .await;
+    match waited {
+        Some(output) => Ok(output),
+        None => {
+            *sent = Instant::now();
+            patience::within(deadline, call).await
+        }
+    }
+}
+
+/// A connection from `pool`. A checkout that times out while the pool
+/// handed connections to other calls, or whose timer our own runtime ran
+/// late, met the app's own load: it waits again, until the store's ceiling.
+/// One that times out while the pool handed out nothing, with our runtime
+/// on time, fails with [`RedisStoreError::PoolTimeout`]: the pool's
+/// connections cannot be made, or do not answer its checks. At the
+/// ceiling, a wait during which the pool served others fails with
+/// [`RedisStoreError::PoolBusy`] (the app's own load), and one during which
+/// it served no one, with `PoolTimeout` (as [`patience`]'s ceiling is a
+/// failure).
+async fn checkout(
+    pool: &Pool,
+) -> Result<PooledConnection<'_, RedisConnectionManager>, RedisStoreError> {
+    let checkout = CHECKOUT.try_with(Arc::clone).ok();
+    let mut served_others = false;
+    loop {
+        let before = handed_out(pool);
+        let asked = Instant::now();
+        match pool.get().await {
+            Ok(connection) => {
+                if let Some(checkout) = &checkout {
+                    checkout.in_hand.store(true, Ordering::Relaxed);
+                }
+                return Ok(connection);
+            }
+            Err(RunError::User(e)) => return Err(RedisStoreError::Redis(e)),
+            Err(RunError::TimedOut) => {
+                let served = handed_out(pool) > before;
+                served_others |= served;
+                if !served && !ran_late(pool, asked) {
+                    return Err(RedisStoreError::PoolTimeout);
+                }
+                if checkout.as_ref().is_none_or(|c| Instant::now() >= c.until) {
+                    return Err(match served_others {
+                        true => RedisStoreError::PoolBusy,
+                        false => RedisStoreError::PoolTimeout,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// How many checkouts of `pool` have got a connection so far.
+fn handed_out(pool: &Pool) -> u64 {
+    let statistics = pool.state().statistics;
+    statistics.get_direct + statistics.get_waited
+}
+
+/// Whether a checkout asked for at `asked` timed out late: our runtime did
+/// not run its timer (nor, likely, the calls that would have given a
+/// connection back) in time. The slack is [`patience`]'s.
+fn ran_late(pool: &Pool, asked: Instant) -> bool {
+    let timeout = pool.config().connection_timeout;
+    asked.elapsed() > timeout + patience::slack(timeout)
 }

@@ -133,7 +133,10 @@ impl<C: RedisConnection> RedisStore<C> {
         let (now, word) = match batch::enter(inner, form, request) {
             Turn::Full => return Err(RedisStoreError::QueueFull),
             Turn::Queued(reply, seq) => match inner.batcher(form) {
-                Some(batcher) => batch::wait(batcher, reply, seq).await?,
+                Some(batcher) => {
+                    let handed_out = || inner.wire.connection.handed_out();
+                    batch::wait(batcher, reply, seq, handed_out).await?
+                }
                 None => {
                     return Err(RedisStoreError::Protocol(
                         "a queued request of a kind the store does not batch".into(),

@@ -113,6 +113,7 @@ pub(crate) fn reclassify(error: RedisStoreError) -> RedisStoreError {
         | RedisStoreError::CircuitOpen
         | RedisStoreError::NotConnected { .. }
         | RedisStoreError::PoolTimeout
+        | RedisStoreError::PoolBusy
         | RedisStoreError::QueueFull
         | RedisStoreError::Deadline(_)
         | RedisStoreError::UnsupportedVersion { .. }
