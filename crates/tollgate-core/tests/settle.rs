@@ -84,6 +84,44 @@ fn a_charge_past_the_allowance_is_debt_that_delays_the_next_admission() {
     }
 }
 
+/// A local fallback seeds a key's state from the last decision the shared
+/// store made of it. A rate-based limit in debt reports nothing remaining
+/// and its debt in its reset: seeded from what remains alone, the debt was
+/// forgotten, and the seeded state admitted after one period (10 s here)
+/// where the key owes 42.
+#[test]
+fn a_state_seeded_from_a_key_in_debt_keeps_the_debt() {
+    let waits = [
+        (Algorithm::Gcra, 42),
+        (Algorithm::TokenBucket, 42),
+        (Algorithm::LeakyBucket, 42),
+        (Algorithm::FixedWindow, 60),
+        // The seed holds one window's count at most: the 6 past it no
+        // longer weigh on the next window (87 s in the store).
+        (Algorithm::SlidingWindow, 66),
+        (Algorithm::SlidingLog, 60),
+    ];
+    for (algorithm, wait) in waits {
+        let policy = policy(algorithm);
+        let mut state = PolicyState::new(&policy, at(0));
+        let reserved = state.decide(&policy, at(0), 1);
+        state.settle(&policy, at(0), &Settlement::of(&reserved, 1, 16));
+        let last = state.decide(&policy, at(0), 0);
+        let mut seeded = PolicyState::seeded(&policy, &last);
+        let next = seeded.clone().decide(&policy, at(0), 1);
+        let retry = next.retry_after().unwrap().as_secs_f64().ceil() as u64;
+        assert_eq!(retry, wait, "{algorithm}");
+        assert!(
+            !seeded.clone().decide(&policy, at(wait - 1), 1).is_allowed(),
+            "{algorithm}"
+        );
+        assert!(
+            seeded.decide(&policy, at(wait), 1).is_allowed(),
+            "{algorithm}"
+        );
+    }
+}
+
 #[test]
 fn windows_refund_only_the_window_the_request_was_reserved_in() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {

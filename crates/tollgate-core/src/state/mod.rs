@@ -292,10 +292,22 @@ impl PolicyState {
             };
             let seen_cap = seen.capacity().max(1);
             let used = seen_cap.saturating_sub(seen.remaining());
-            let used = u64::try_from(
+            let mut used = u64::try_from(
                 (u128::from(used) * u128::from(p.capacity)).div_ceil(u128::from(seen_cap)),
             )
             .unwrap_or(u64::MAX);
+            // A rate-based limit's reset is its backlog, the time until it
+            // is whole again, which holds its debt too (a settlement charged
+            // past the allowance), where what remains stops at nothing: the
+            // backlog in this limit's units keeps it.
+            match policy.algorithm() {
+                Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                    let backlog = seen.reset().as_micros();
+                    let owed = backlog.div_ceil(u128::from(p.interval_us.max(1)));
+                    used = used.max(u64::try_from(owed).unwrap_or(u64::MAX));
+                }
+                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {}
+            }
             if used > 0 {
                 let fresh = LimitState::fresh(policy.algorithm(), p, t0);
                 *limit = fresh.seeded(p, used, t0);
