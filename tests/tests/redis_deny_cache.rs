@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::routing::get;
 use tollgate::{
     Algorithm, ExtensionKey, FailureMode, FakeClock, Key, MemoryStore, Policy, RateLimitLayer,
-    Store, ToKey,
+    Settlement, Store, StoreError, ToKey,
 };
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, command_calls};
@@ -234,4 +234,33 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
         assert_eq!(after, [200, 429, 429, 429, 429, 429], "{algorithm}");
         assert_eq!(fresh, [200, 200, 200, 200, 200, 429], "{algorithm}");
     }
+}
+
+/// A refund whose call missed its deadline may still have run in Redis:
+/// the key's denial here is dropped all the same, so that the room the
+/// refund made is not denied locally until the denial's retry time.
+#[tokio::test]
+async fn a_refund_whose_call_missed_its_deadline_drops_the_denial() {
+    let server = RedisServer::spawn();
+    let store = live_store(&server, Duration::from_millis(50)).await;
+    let policy = Policy::new("late-refund", Algorithm::FixedWindow, "2/day").unwrap();
+    let key = Key::user("refunded");
+    assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    let second = store.check(&key, &policy, 1).await.unwrap();
+    assert_eq!(second.remaining(), 0);
+    assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(store.deny_cache_len(), 1);
+    // Redis holds writes for 300 ms: the refund misses its deadline, and
+    // runs once the pause ends.
+    server.pause_writes(300);
+    let refund = store
+        .settle(&key, &policy, Settlement::of(&second, 1, 0))
+        .await;
+    assert!(matches!(refund, Err(StoreError::Timeout(_))), "{refund:?}");
+    assert_eq!(store.deny_cache_len(), 0);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Redis decides, with the refunded unit: one more is admitted.
+    let after = store.check(&key, &policy, 1).await.unwrap();
+    assert!(after.is_allowed(), "{after:?}");
+    assert_eq!(after.remaining(), 0);
 }

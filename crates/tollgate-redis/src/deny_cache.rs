@@ -144,6 +144,12 @@ impl DenyCache {
         let retry = u64::try_from(retry.as_micros()).unwrap_or(u64::MAX);
         let until = sent_at.saturating_add(retry.min(u64::MAX / 2));
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        // Again under the lock: a removal counts before it takes the lock,
+        // so one between the look above and this lock is seen here, and
+        // one after it removes what is inserted below.
+        if self.removals.load(Ordering::Acquire) != removals {
+            return;
+        }
         if entries.len() >= self.max_entries && !entries.contains_key(state_key) {
             // Full of denials still in force: a scan before the first of
             // them ends would free nothing, so hostile keys denied one

@@ -99,6 +99,23 @@ impl RedisStoreError {
         }
     }
 
+    /// Whether Redis may have run the call before this error: it missed
+    /// its deadline, the connection failed on the way, or Redis answered
+    /// something other than a reply. Not when the call was never sent.
+    pub(crate) fn may_have_acted(&self) -> bool {
+        match self {
+            Self::Deadline(_) | Self::Redis(_) | Self::Protocol(_) => true,
+            Self::Config(_)
+            | Self::Unavailable { .. }
+            | Self::CircuitOpen
+            | Self::NotConnected { .. }
+            | Self::PoolTimeout
+            | Self::PoolBusy
+            | Self::QueueFull
+            | Self::UnsupportedVersion { .. } => false,
+        }
+    }
+
     /// The same error again, for each request of a failed batch.
     pub(crate) fn duplicate(&self) -> Self {
         match self {

@@ -19,7 +19,8 @@ impl<C: RedisConnection> RedisStore<C> {
     /// nor queued behind the key's decisions, which it need not wait for:
     /// every call is atomic), under the store's deadline and breaker. A
     /// denial of the key in the local deny cache is dropped, since a
-    /// refund may have made room.
+    /// refund may have made room: also when the call failed after Redis
+    /// may have run it (a missed deadline, a connection lost on the way).
     ///
     /// # Errors
     ///
@@ -33,12 +34,32 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &*self.inner;
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
+        let settled = self.settled(policy, &state_key, settlement).await;
+        if settled.as_ref().is_err_and(|e| e.may_have_acted()) && settlement.refund() > 0 {
+            inner.deny_cache.remove(&state_key);
+        }
+        let decision = settled?;
+        inner.deny_cache.remove(&state_key);
+        inner
+            .last_known
+            .record(&state_key, policy, &decision, sent_at);
+        Ok(decision)
+    }
+
+    /// [`RedisStore::settle_key`]'s call.
+    async fn settled(
+        &self,
+        policy: &Policy,
+        state_key: &str,
+        settlement: &Settlement,
+    ) -> Result<Decision, RedisStoreError> {
+        let inner = &*self.inner;
         let wire = &inner.wire;
-        let decision = match Form::word_of(policy) {
+        Ok(match Form::word_of(policy) {
             Some(form) => {
                 let args = settle_args(form, policy, settlement);
-                let call = wire.settle_word(form, &state_key, policy, &args);
-                let (now, word) = inner.guarded(&state_key, call).await?;
+                let call = wire.settle_word(form, state_key, policy, &args);
+                let (now, word) = inner.guarded(state_key, call).await?;
                 decision(form, policy, now, word, WordOp::Settle(settlement))
                     .ok_or_else(|| RedisStoreError::Protocol("no decision".into()))?
             }
@@ -47,15 +68,10 @@ impl<C: RedisConnection> RedisStore<C> {
                     Some(_) => settle_request(settlement),
                     None => "0".to_owned(),
                 };
-                let call = wire.settle_general(&state_key, policy, &request);
-                inner.guarded(&state_key, call).await?
+                let call = wire.settle_general(state_key, policy, &request);
+                inner.guarded(state_key, call).await?
             }
-        };
-        inner.deny_cache.remove(&state_key);
-        inner
-            .last_known
-            .record(&state_key, policy, &decision, sent_at);
-        Ok(decision)
+        })
     }
 }
 
