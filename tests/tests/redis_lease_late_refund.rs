@@ -337,3 +337,69 @@ async fn a_lease_given_back_after_it_drained_gives_nothing_twice() {
         "{unspent} units handed out again: {after:?}"
     );
 }
+
+/// A request spent from a lease and refunded gives its units back to the
+/// lease, not to Redis. In Redis the refund shortened the backlog the grant
+/// left there, so that the lease's unspent units drained sooner than the
+/// lease counted them; given back after they drained, they were handed out
+/// a second time, past the limit (a burst of 1,000 admitted 1,010 here).
+#[tokio::test]
+async fn a_refund_of_a_leased_request_goes_back_into_the_lease() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let prefix = unique_prefix("lease-refund");
+    let redis = RedisStore::builder()
+        .prefix(&prefix)
+        .test_clock(clock.clone())
+        .deny_cache(0)
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let leased = LeasedStore::builder()
+        .interval(Duration::from_millis(8))
+        .share(4)
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(redis.clone(), url.as_str())
+        .await
+        .unwrap();
+    // A burst of 1,000, one unit back each millisecond.
+    let policy = Policy::new("refunded", Algorithm::Gcra, "1000/s").unwrap();
+    let key = Key::user("ada");
+    for _ in 0..10 {
+        for _ in 0..10 {
+            assert!(leased.check(&key, &policy, 1).await.unwrap().is_allowed());
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    leased.wait_for_grants().await;
+    let (leases, unspent) = leased.outstanding();
+    assert_eq!(leases, 1, "{unspent} units");
+    // Where the grant's backlog ends in Redis.
+    let backlog = redis.status(&key, &policy).await.unwrap().reset();
+    // Ten requests spent from the lease, each refunded whole.
+    for _ in 0..10 {
+        let spent = leased.check(&key, &policy, 1).await.unwrap();
+        let settled = leased
+            .settle(&key, &policy, Settlement::of(&spent, 1, 0))
+            .await;
+        assert_eq!(settled.unwrap().remaining(), spent.remaining() + 1);
+    }
+    leased.wait_for_grants().await;
+    assert_eq!(leased.outstanding(), (1, unspent));
+    assert_eq!(redis.status(&key, &policy).await.unwrap().reset(), backlog);
+    // 5 ms before that backlog ends, another instance takes all Redis
+    // admits; then the lease is given back: a burst in all, no more.
+    clock.advance(backlog - Duration::from_millis(5));
+    let mut admitted = 0;
+    while redis.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+    }
+    leased.return_leases().await;
+    while redis.check(&key, &policy, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 1_000);
+}
