@@ -157,7 +157,8 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
         .await
         .unwrap();
     let policy = Policy::new("busy-pool", Algorithm::Gcra, "1000/h").unwrap();
-    let limiter = RateLimiter::with_store(policy, store.clone()).on_store_error(FailureMode::Local);
+    let limiter =
+        RateLimiter::with_store(policy.clone(), store.clone()).on_store_error(FailureMode::Local);
     let key = Key::user("queued");
     assert_eq!(limiter.check(&key).await.unwrap().remaining(), 999);
 
@@ -195,11 +196,24 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
     }
     // Then holders that ask again at once after each turn, so that they
     // take every turn: the store's calls wait until the ceiling, and are
-    // refused.
+    // refused. On a store of the same keys whose deadline is shorter than
+    // a checkout: a checkout still under way at the ceiling ends the wait,
+    // not the deadline (which would count as a failure).
+    let short = RedisStore::builder()
+        .prefix(store.prefix())
+        .pool_size(1)
+        .pool_checkout_timeout(Duration::from_millis(25))
+        .deadline(Duration::from_millis(20))
+        .circuit_breaker(1, Duration::from_secs(60))
+        .connect_pool(server.url())
+        .await
+        .unwrap();
+    let short_limiter =
+        RateLimiter::with_store(policy.clone(), short.clone()).on_store_error(FailureMode::Local);
     let busy = Arc::new(AtomicBool::new(true));
     let holders: Vec<_> = (0..HOLDERS)
         .map(|_| {
-            let (pool, busy) = (store.connection().clone(), busy.clone());
+            let (pool, busy) = (short.connection().clone(), busy.clone());
             tokio::spawn(async move {
                 while busy.load(Ordering::Relaxed) {
                     if let Ok(connection) = pool.get().await {
@@ -212,10 +226,10 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..3 {
-        let (served, turned_away) = decide_together(&limiter, &key, CALLERS).await;
+        let (served, turned_away) = decide_together(&short_limiter, &key, CALLERS).await;
         admitted += served;
         refused += turned_away;
-        assert_eq!(store.breaker_state(), BreakerState::Closed);
+        assert_eq!(short.breaker_state(), BreakerState::Closed);
     }
     busy.store(false, Ordering::Relaxed);
     for holder in holders {

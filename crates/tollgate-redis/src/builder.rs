@@ -71,7 +71,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The longest a decision may take, from call to reply (default 50 ms).
+    /// The longest a decision may take, from call to reply (default 50 ms);
+    /// on a bb8 pool, from the moment the call has its connection.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self

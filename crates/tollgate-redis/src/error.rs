@@ -42,13 +42,16 @@ pub enum RedisStoreError {
     },
     /// No pooled connection became free within the pool's checkout timeout,
     /// while the pool handed none to any other call and our runtime ran its
-    /// timer on time: the pool's connections cannot be made, or do not
-    /// answer its checks. It counts towards the circuit breaker.
+    /// timer on time (or, at the store's ceiling, none during the whole
+    /// wait): the pool's connections cannot be made, or do not answer its
+    /// checks. It counts towards the circuit breaker.
     #[error("no pooled Redis connection became free within the checkout timeout")]
     PoolTimeout,
     /// Every pooled connection stayed in use by the app's other calls for
     /// the store's ceiling (four deadlines), while the pool kept handing
-    /// them out: this call queued behind the app's own load. As
+    /// them out: this call queued behind the app's own load. (A call made
+    /// outside a decision, such as a health check or a ledger flush, gives
+    /// up after one checkout timeout.) As
     /// [`QueueFull`](Self::QueueFull), no failure policy decides it (as a
     /// `StoreError` it is [`Overloaded`](tollgate_core::StoreError::Overloaded))
     /// and the circuit breaker does not count it.

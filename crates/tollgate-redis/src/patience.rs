@@ -104,11 +104,11 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
 /// and the connection's task that would read Redis's reply waits behind
 /// them, while the deadline's timer still fires on time. Such a deadline
 /// is our own queueing too.
-fn backlogged() -> bool {
+pub(crate) fn backlogged() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
 }
 
-fn after(start: Instant, wait: Duration) -> Instant {
+pub(crate) fn after(start: Instant, wait: Duration) -> Instant {
     const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
     start
         .checked_add(wait)

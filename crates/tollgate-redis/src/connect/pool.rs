@@ -82,20 +82,26 @@ struct Checkout {
 }
 
 /// Runs `call` under the store's `deadline`, which starts once the call
-/// has its pooled connection (or at the ceiling, whichever comes first):
-/// until then, the pool's own rule bounds its wait (see [`checkout`]).
-/// `sent` is moved to when the deadline started.
+/// has its pooled connection: until then, the pool's own rule bounds its
+/// wait, which ends by the store's ceiling (see [`checkout`]). A
+/// connection of another kind, which cannot say when it has one, gets its
+/// deadline at the ceiling. `sent` is moved to when the deadline started.
 pub(crate) async fn after_checkout<F: Future>(
     deadline: Duration,
     sent: &mut Instant,
     call: F,
 ) -> Result<F::Output, Missed> {
+    let start = Instant::now();
     let checkout = Arc::new(Checkout {
         in_hand: AtomicBool::new(false),
-        until: Instant::now() + patience::ceiling(deadline),
+        until: patience::after(start, patience::ceiling(deadline)),
     });
     let mut call = pin!(CHECKOUT.scope(checkout.clone(), call));
-    let mut bound = pin!(tokio::time::sleep_until(checkout.until));
+    // For the pool, a margin past its own end of the wait, so that the
+    // wait's outcome is its own (a deadline shorter than a checkout would
+    // otherwise cut a checkout still under way at the ceiling).
+    let margin = patience::ceiling(deadline) + patience::slack(deadline);
+    let mut bound = pin!(tokio::time::sleep_until(patience::after(start, margin)));
     let waited = poll_fn(|cx| match call.as_mut().poll(cx) {
         Poll::Ready(output) => Poll::Ready(Some(output)),
         Poll::Pending if checkout.in_hand.load(Ordering::Relaxed) => Poll::Ready(None),
@@ -129,7 +135,14 @@ async fn checkout(
     loop {
         let before = handed_out(pool);
         let asked = Instant::now();
-        match pool.get().await {
+        // Within the store's ceiling, however long a checkout may wait.
+        let got = match &checkout {
+            Some(checkout) => tokio::time::timeout_at(checkout.until, pool.get())
+                .await
+                .unwrap_or(Err(RunError::TimedOut)),
+            None => pool.get().await,
+        };
+        match got {
             Ok(connection) => {
                 if let Some(checkout) = &checkout {
                     checkout.in_hand.store(true, Ordering::Relaxed);
@@ -140,10 +153,12 @@ async fn checkout(
             Err(RunError::TimedOut) => {
                 let served = handed_out(pool) > before;
                 served_others |= served;
-                if !served && !ran_late(pool, asked) {
+                let ceiling = checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
+                // (A checkout the ceiling cut short says nothing by itself.)
+                if !served && !ceiling && !ran_late(pool, asked) {
                     return Err(RedisStoreError::PoolTimeout);
                 }
-                if checkout.as_ref().is_none_or(|c| Instant::now() >= c.until) {
+                if ceiling || checkout.is_none() {
                     return Err(match served_others {
                         true => RedisStoreError::PoolBusy,
                         false => RedisStoreError::PoolTimeout,
@@ -160,10 +175,11 @@ fn handed_out(pool: &Pool) -> u64 {
     statistics.get_direct + statistics.get_waited
 }
 
-/// Whether a checkout asked for at `asked` timed out late: our runtime did
-/// not run its timer (nor, likely, the calls that would have given a
-/// connection back) in time. The slack is [`patience`]'s.
+/// Whether a checkout asked for at `asked` timed out late, or with tasks
+/// of our runtime waiting for a worker: our runtime did not run its timer
+/// (nor, likely, the calls that would have given a connection back) in
+/// time. The slack and the backlog are [`patience`]'s.
 fn ran_late(pool: &Pool, asked: Instant) -> bool {
     let timeout = pool.config().connection_timeout;
-    asked.elapsed() > timeout + patience::slack(timeout)
+    asked.elapsed() > timeout + patience::slack(timeout) || patience::backlogged()
 }
