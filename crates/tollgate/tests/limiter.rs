@@ -202,3 +202,22 @@ fn a_store_failure_says_why() {
         "rate-limit store failed: store backend failed: refused"
     );
 }
+
+/// A denied reservation reserved nothing: settling it refunds nothing,
+/// whatever the caller says it reserved (an app that settles every call
+/// would let a client mint quota by being denied), and charges what the
+/// work cost if it ran anyway.
+#[tokio::test(start_paused = true)]
+async fn settling_a_denial_refunds_nothing() {
+    let limiter = limiter(Policy::new("settled", Algorithm::Gcra, "1/min").unwrap());
+    let key = Key::user("denied");
+    assert!(limiter.check(&key).await.unwrap().is_allowed());
+    let denied = limiter.check(&key).await.unwrap();
+    assert!(!denied.is_allowed());
+    let after = limiter.settle(&key, &denied, 1, 0).await.unwrap();
+    assert_eq!(after.remaining(), 0);
+    assert!(!limiter.check(&key).await.unwrap().is_allowed());
+    // Work that ran anyway is charged: one more minute to wait.
+    let charged = limiter.settle(&key, &denied, 1, 1).await.unwrap();
+    assert_eq!(charged.reset(), Duration::from_secs(120));
+}

@@ -432,7 +432,9 @@ impl<St: Store> RateLimiter<St> {
     /// (refunded in the store, it would be quota the store never charged).
     /// A reservation no one counted (let through under
     /// [`FailureMode::Open`](crate::FailureMode::Open), or a key exempt
-    /// by an override) settles nowhere: the reservation is returned.
+    /// by an override) settles nowhere: the reservation is returned. A
+    /// denied reservation reserved nothing, whatever `reserved` says: only
+    /// a charge of `actual` (work that ran anyway) is settled.
     pub async fn settle(
         &self,
         key: &Key,
@@ -444,6 +446,13 @@ impl<St: Store> RateLimiter<St> {
             DecidedBy::Store => Reserved::InStore,
             DecidedBy::LocalFallback => Reserved::Locally,
             DecidedBy::NoOne => return Ok(reservation.clone()),
+        };
+        // A refund of a denial would be quota no one reserved: a client
+        // could mint it by being denied.
+        let reserved = if reservation.is_allowed() {
+            reserved
+        } else {
+            0
         };
         let settlement = Settlement::of(reservation, reserved, actual);
         let own = own_limits(self.overrides.as_deref(), key, &self.policy);
