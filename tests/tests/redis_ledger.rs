@@ -444,3 +444,68 @@ async fn a_flush_dropped_on_its_way_loses_nothing_and_counts_nothing_twice() {
     }
     assert_eq!(ledger.dropped(), 0);
 }
+
+/// A key whose batch keeps failing holds back its own records only: every
+/// other key's records are written, and read, meanwhile; its own wait, in
+/// order, and are written once its batch is. A failing batch stopped every
+/// key's flush, and every key's usage failed with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_batch_keeps_failing_holds_back_no_other_key() {
+    let server = RedisServer::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let prefix = unique_prefix("ledger-held");
+    let store = store(&server.url(), &prefix, &clock).await;
+    let ledger = RedisLedger::builder(&store)
+        .flush_interval(Duration::from_secs(3_600))
+        .unwrap()
+        .build()
+        .unwrap();
+    let (ada, bob) = (Key::user("ada"), Key::user("bob"));
+    ledger.record(&ada, "api", clock.now(), 1);
+    ledger.record(&bob, "api", clock.now(), 1);
+    ledger.flush().await.unwrap();
+    // Ada's marker made a list: each batch of hers fails (WRONGTYPE).
+    let month = ledger
+        .settings()
+        .bucket_start(Granularity::Month, clock.now());
+    let bucket = ledger.bucket_key(&ada, "api", Granularity::Month, month);
+    let stem = bucket.rsplit_once(':').unwrap().0;
+    let mut admin = server.connection();
+    let markers: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{stem}:f*"))
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    let () = redis::cmd("DEL")
+        .arg(&markers[0])
+        .query(&mut admin)
+        .unwrap();
+    let () = redis::cmd("RPUSH")
+        .arg(&markers[0])
+        .arg("broken")
+        .query(&mut admin)
+        .unwrap();
+
+    ledger.record(&ada, "api", clock.now(), 2);
+    ledger.record(&bob, "api", clock.now(), 3);
+    assert!(ledger.flush().await.is_err());
+    ledger.record(&ada, "api", clock.now(), 4);
+    ledger.record(&bob, "api", clock.now(), 5);
+    assert!(ledger.flush().await.is_err());
+    let bobs = ledger.usage(&bob, "api", month_query()).await.unwrap();
+    assert_eq!(bobs.total(), 9);
+    assert!(ledger.usage(&ada, "api", month_query()).await.is_err());
+
+    let () = redis::cmd("DEL")
+        .arg(&markers[0])
+        .query(&mut admin)
+        .unwrap();
+    ledger.flush().await.unwrap();
+    assert_eq!(ledger.pending(), 0);
+    let adas = ledger.usage(&ada, "api", month_query()).await.unwrap();
+    assert_eq!(
+        adas.total(),
+        7,
+        "the failed batch and the records held behind it, once each"
+    );
+}

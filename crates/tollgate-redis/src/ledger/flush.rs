@@ -1,7 +1,7 @@
 //! Flushing a ledger's records to Redis (one script call per key, all sent
 //! at once), and reading buckets back (one `MGET` per query).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -42,19 +42,31 @@ pub(super) struct Batch {
     entries: Vec<LedgerEntry>,
 }
 
-/// Sends the batches a failed flush left, then, once none is left, every
-/// pending record. A batch whose call failed is kept as it is, number
-/// included, for the next flush, so that a batch Redis applied but whose
-/// reply was lost is not applied twice; new records wait in the pending
-/// ones meanwhile. The first error is returned.
+/// Sends the batches a failed flush left, then every pending record but
+/// those of keys whose earlier batch is still to be sent again. A batch
+/// whose call failed is kept as it is, number included, for the next
+/// flush, so that a batch Redis applied but whose reply was lost is not
+/// applied twice; its key's new records wait in the pending ones
+/// meanwhile (written first under a later number, they would make Redis
+/// skip the earlier batch: a key's marker keeps the last number applied).
+/// Every other key's records are written whatever fails. The first error
+/// is returned.
 pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
     let left = std::mem::take(&mut *shared.retry.lock());
-    if !left.is_empty() {
-        send(shared, left).await?;
+    let retried = match left.is_empty() {
+        true => Ok(()),
+        false => send(shared, left).await,
+    };
+    let held: HashSet<(Box<str>, Key)> = (shared.retry.lock().iter())
+        .map(|b| (b.policy.clone(), b.key.clone()))
+        .collect();
+    let (waiting, entries): (Vec<_>, Vec<_>) = (shared.pending.take_all().into_iter())
+        .partition(|e| held.contains(&(e.policy().into(), e.key().clone())));
+    if !waiting.is_empty() {
+        shared.pending.put_back(waiting);
     }
-    let entries = shared.pending.take_all();
     if entries.is_empty() {
-        return Ok(());
+        return retried;
     }
     let mut by_key: HashMap<(Box<str>, Key), Vec<LedgerEntry>> = HashMap::new();
     for entry in entries {
@@ -72,7 +84,14 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
             entries,
         })
         .collect();
-    send(shared, batches).await
+    let sent = send(shared, batches).await;
+    retried.and(sent)
+}
+
+/// Whether records of `key` under `policy` wait to be written: in a batch
+/// to be sent again, and perhaps behind it.
+pub(super) fn holds<C: RedisConnection>(shared: &Shared<C>, policy: &str, key: &Key) -> bool {
+    (shared.retry.lock().iter()).any(|b| &*b.policy == policy && b.key == *key)
 }
 
 /// Sends `batches` at once; those that failed go back to the retry list.

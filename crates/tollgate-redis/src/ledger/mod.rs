@@ -198,12 +198,16 @@ impl<C: RedisConnection> Ledger for RedisLedger<C> {
     }
 
     /// Flushes this instance's records first, so that the answer includes
-    /// them; other instances' records are included once they flushed.
+    /// them; other instances' records are included once they flushed. It
+    /// fails while records of this key could not be written, not for
+    /// another key's.
     async fn usage(&self, key: &Key, policy: &str, query: UsageQuery) -> Result<Usage, StoreError> {
         let _flushing = self.shared.flushing.lock().await;
         let flushed = flush::flush(&self.shared).await;
         let read = flush::read(&self.shared, key, policy, &query).await;
-        flushed?;
+        if flush::holds(&self.shared, policy, key) {
+            flushed?;
+        }
         Ok(read?)
     }
 
