@@ -358,15 +358,26 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let current = Reloadable(Arc::new(RwLock::new(build(&config, &parts))));
     reload_on_sighup(args.config.clone(), current.clone(), parts);
-    axum::serve(
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let signalled = stopping.clone();
+    let serve = axum::serve(
         listener,
         axum_app::serve_layers(Router::new().fallback_service(current))
             .into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
+    .with_graceful_shutdown(async move {
+        stop_signal().await;
+        signalled.notify_one();
+    });
+    // Connections still open a grace period after the signal are closed,
+    // so that the last usage is flushed before the orchestrator kills us.
+    tokio::select! {
+        served = serve => served?,
+        () = async {
+            stopping.notified().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => say!("shutdown: connections still open after {SHUTDOWN_GRACE:?} are closed"),
+    }
     // The usage recorded since the last flush (at most a second of it).
     if let Err(e) = ledger.flush().await {
         say!(
@@ -375,6 +386,30 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// How long connections may stay open after a stop signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Ctrl-C, or SIGTERM (what `docker stop`, Kubernetes and systemd send).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; Ctrl-C stops the demo")
+            }
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// The URL without credentials.
