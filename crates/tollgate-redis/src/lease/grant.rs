@@ -204,7 +204,6 @@ impl<S> Drop for Settled<S> {
 
 /// Puts `lease` in the first free place of `entry`, or hands it back.
 fn install(entry: &mut Entry, lease: Lease) -> Option<Lease> {
-    entry.leased_since.get_or_insert(lease.base.now());
     match (&entry.lease, &entry.next) {
         (None, _) => entry.lease = Some(lease),
         (Some(_), None) => entry.next = Some(lease),

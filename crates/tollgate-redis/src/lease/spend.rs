@@ -191,39 +191,13 @@ impl<S: Store> Store for LeasedStore<S> {
         self.shared.store.status(key, policy)
     }
 
-    /// A refund of a request reserved since the key's first lease goes
-    /// back into the key's live lease on this instance, as far as it has
-    /// spent, rather than to the store, where it would shorten the backlog
-    /// the grant left and let the lease give back later units that had
-    /// drained; the rest of it, and a charge, go to the store.
-    async fn settle(
+    fn settle(
         &self,
         key: &Key,
         policy: &Policy,
         settlement: Settlement,
-    ) -> Result<Decision, StoreError> {
-        let shared = &self.shared;
-        let refund = settlement.refund();
-        if refund == 0 || !Leasing::of(policy).leases() {
-            return shared.store.settle(key, policy, settlement).await;
-        }
-        let now = shared.now();
-        let hash = shared.table.hash(key, policy);
-        let taken = {
-            let mut shard = shared.table.shard(hash);
-            shard
-                .get_mut(&hash)
-                .filter(|e| e.fingerprint == policy.fingerprint())
-                .and_then(|entry| entry.take_back(refund, settlement.reserved_at(), now))
-        };
-        match taken {
-            None => shared.store.settle(key, policy, settlement).await,
-            Some((taken, decision)) if taken == refund => Ok(decision),
-            Some((taken, _)) => {
-                let rest = Settlement::new(refund - taken, 0, settlement.reserved_at());
-                shared.store.settle(key, policy, rest).await
-            }
-        }
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.shared.store.settle(key, policy, settlement)
     }
 
     /// Resets the key in the store, then ends every instance's lease of

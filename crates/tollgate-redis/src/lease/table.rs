@@ -40,23 +40,6 @@ impl Lease {
             (self.began, self.first) = (now, cost);
         }
         self.left -= cost;
-        self.decision(now).with_cost(cost)
-    }
-
-    /// Takes back up to `units` a refund gives back, as far as the lease
-    /// has spent: how many it took. The store never hears of them, so the
-    /// backlog the grant left in it stays as [`Self::unused`] counts it
-    /// (a refund there would shorten it, and the units this lease gives
-    /// back later would be counted as still in it after they drained).
-    pub(crate) fn take_back(&mut self, units: u64) -> u64 {
-        let taken = units.min(self.granted - self.left);
-        self.left += taken;
-        taken
-    }
-
-    /// The decision of an admission from this lease at local time `now`
-    /// (see [`Self::spend`]), with no cost.
-    pub(crate) fn decision(&self, now: u64) -> Decision {
         let elapsed = now.saturating_sub(self.sent);
         let statuses = self.base.limits().iter().map(|s| {
             LimitStatus::new(
@@ -76,6 +59,7 @@ impl Lease {
             Duration::ZERO,
             statuses,
         )
+        .with_cost(cost)
     }
 
     /// The size of the lease after this one at `now`: the units this one
@@ -166,10 +150,6 @@ pub(crate) struct Entry {
     /// were spent: spent once the current one is used up, so that a hot
     /// key never waits for a grant.
     pub(crate) next: Option<Lease>,
-    /// The store's time of the first lease this entry held: a refund of a
-    /// request reserved since then (after any reset or block of the key,
-    /// which drops the entry) may go back into a lease.
-    pub(crate) leased_since: Option<Timestamp>,
     /// Local time (µs) until which the store's last answer says the key
     /// holds too little for a lease (0: not known to be low). Until then
     /// no grant is asked for: the key's requests go to the store, whose
@@ -197,7 +177,6 @@ impl Entry {
             refilling: None,
             lease: None,
             next: None,
-            leased_since: None,
             low_until: 0,
         }
     }
@@ -255,25 +234,6 @@ impl Entry {
             return Some(self.lease.insert(next).spend(cost, now));
         }
         None
-    }
-
-    /// Takes `units` a refund gives back into the lease being spent, if it
-    /// is still live at `now` and the refunded request was reserved at
-    /// `reserved_at`, since this entry's first lease (see
-    /// [`Lease::take_back`]): how many it took, and the key's decision
-    /// after.
-    pub(crate) fn take_back(
-        &mut self,
-        units: u64,
-        reserved_at: Timestamp,
-        now: u64,
-    ) -> Option<(u64, Decision)> {
-        if self.leased_since.is_none_or(|since| reserved_at < since) {
-            return None;
-        }
-        let lease = self.lease.as_mut().filter(|l| l.expires > now)?;
-        let taken = lease.take_back(units);
-        (taken > 0).then(|| (taken, lease.decision(now)))
     }
 
     /// When neither lease could serve `cost` at `now` (see [`Self::spend`])
