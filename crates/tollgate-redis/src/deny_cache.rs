@@ -190,6 +190,18 @@ impl DenyCache {
         self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Stops the denial of `state_key` from answering for Redis, which may
+    /// have room for the key now (a refund whose call may have run there);
+    /// it still stands while Redis cannot answer. A denial decided before
+    /// is not cached over it (see [`DenyCache::insert`]).
+    pub(crate) fn demote(&self, state_key: &str) {
+        self.removals.fetch_add(1, Ordering::AcqRel);
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = entries.get_mut(state_key) {
+            entry.exact = false;
+        }
+    }
+
     /// Drops the denial of `state_key`, whose state was reset: it no
     /// longer stands, not even while Redis cannot answer.
     pub(crate) fn remove(&self, state_key: &str) {

@@ -107,7 +107,8 @@ impl RedisStoreError {
     /// something other than a reply. Not when the call was never sent.
     pub(crate) fn may_have_acted(&self) -> bool {
         match self {
-            Self::Deadline(_) | Self::Redis(_) | Self::Protocol(_) => true,
+            Self::Redis(e) => !e.is_connection_refusal(),
+            Self::Deadline(_) | Self::Protocol(_) => true,
             Self::Config(_)
             | Self::Unavailable { .. }
             | Self::CircuitOpen

@@ -19,8 +19,10 @@ impl<C: RedisConnection> RedisStore<C> {
     /// nor queued behind the key's decisions, which it need not wait for:
     /// every call is atomic), under the store's deadline and breaker. A
     /// denial of the key in the local deny cache is dropped, since a
-    /// refund may have made room: also when the call failed after Redis
-    /// may have run it (a missed deadline, a connection lost on the way).
+    /// refund may have made room. When a refund's call failed after Redis
+    /// may have run it (a missed deadline, a connection lost on the way),
+    /// the denial stops answering for Redis, and stands only while Redis
+    /// cannot answer.
     ///
     /// # Errors
     ///
@@ -36,7 +38,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let sent_at = inner.local_now();
         let settled = self.settled(policy, &state_key, settlement).await;
         if settled.as_ref().is_err_and(|e| e.may_have_acted()) && settlement.refund() > 0 {
-            inner.deny_cache.remove(&state_key);
+            inner.deny_cache.demote(&state_key);
         }
         let decision = settled?;
         inner.deny_cache.remove(&state_key);
