@@ -122,6 +122,33 @@ fn a_state_seeded_from_a_key_in_debt_keeps_the_debt() {
     }
 }
 
+/// A local fallback that already holds a key seeds it again on the next
+/// failure, keeping the more used of the two states: a key in debt and one
+/// merely exhausted both leave nothing remaining, and the debt must win
+/// (it kept the held state on the tie: 6 s to wait instead of 42).
+#[test]
+fn a_seed_in_debt_wins_over_a_held_state_with_nothing_remaining() {
+    let policy = policy(Algorithm::Gcra);
+    let clock = FakeClock::new(at(0));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let key = Key::user("ada");
+    let mut exhausted = PolicyState::new(&policy, at(0));
+    exhausted.decide(&policy, at(0), 10);
+    let last = exhausted.decide(&policy, at(0), 0);
+    store
+        .seed(&key, &policy, PolicyState::seeded(&policy, &last))
+        .unwrap();
+    let mut in_debt = PolicyState::new(&policy, at(0));
+    let reserved = in_debt.decide(&policy, at(0), 1);
+    in_debt.settle(&policy, at(0), &Settlement::of(&reserved, 1, 16));
+    let last = in_debt.decide(&policy, at(0), 0);
+    store
+        .seed(&key, &policy, PolicyState::seeded(&policy, &last))
+        .unwrap();
+    let next = store.check_sync(&key, &policy, 1).unwrap();
+    assert_eq!(next.retry_after(), Some(Duration::from_secs(42)));
+}
+
 #[test]
 fn windows_refund_only_the_window_the_request_was_reserved_in() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {

@@ -317,8 +317,9 @@ impl PolicyState {
     }
 
     /// This state and `other` (both of `policy`) in one: each limit as
-    /// the one of the two that leaves less remaining at `now` (this one's
-    /// where they tie).
+    /// the one of the two that leaves less remaining at `now`, or, where
+    /// both leave the same, the later to be whole again (a debt past the
+    /// allowance leaves nothing remaining too); this one's where they tie.
     pub(crate) fn more_used(mut self, mut other: Self, policy: &Policy, now: Timestamp) -> Self {
         let mine = self.decide(policy, now, 0);
         let theirs = other.decide(policy, now, 0);
@@ -327,7 +328,14 @@ impl PolicyState {
             .into_iter()
             .zip(other.limits)
             .zip(mine.limits().iter().zip(theirs.limits()))
-            .map(|((a, b), (m, t))| if t.remaining() < m.remaining() { b } else { a })
+            .map(|((a, b), (m, t))| {
+                let theirs = (t.remaining(), std::cmp::Reverse(t.reset()));
+                if theirs < (m.remaining(), std::cmp::Reverse(m.reset())) {
+                    b
+                } else {
+                    a
+                }
+            })
             .collect();
         Self {
             policy: self.policy,
