@@ -264,4 +264,18 @@ async fn a_refund_whose_call_missed_its_deadline_lifts_the_denial() {
     let after = store.check(&key, &policy, 1).await.unwrap();
     assert!(after.is_allowed(), "{after:?}");
     assert_eq!(after.remaining(), 0);
+
+    // A refund whose call is dropped on its way (its caller went away)
+    // lifts the denial as well.
+    assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    server.pause_writes(1_000);
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        store.settle(&key, &policy, Settlement::of(&after, 1, 0)),
+    )
+    .await;
+    assert!(dropped.is_err(), "still on its way: {dropped:?}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let after = store.check(&key, &policy, 1).await.unwrap();
+    assert!(after.is_allowed(), "{after:?}");
 }

@@ -369,8 +369,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         stop_signal().await;
         signalled.notify_one();
     });
-    // Connections still open a grace period after the signal are closed,
-    // so that the last usage is flushed before the orchestrator kills us.
+    // No longer than a grace period after the signal is spent waiting for
+    // connections still open (they go on, on their own tasks, until the
+    // runtime stops): the last usage is flushed well before `docker
+    // stop`'s kill, 10 s after its signal.
     tokio::select! {
         served = serve => served?,
         () = async {
@@ -388,8 +390,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// How long connections may stay open after a stop signal.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the demo waits for open connections after a stop signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Ctrl-C, or SIGTERM (what `docker stop`, Kubernetes and systemd send).
 async fn stop_signal() {

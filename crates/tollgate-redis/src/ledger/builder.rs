@@ -165,13 +165,13 @@ async fn flush_every<C: RedisConnection>(
 ) {
     let mut failing = false;
     loop {
-        // After a failed flush, a whole interval: records piling up wake
-        // the flush early, which would send the failing batches again and
-        // again.
-        match failing {
-            true => tokio::time::sleep(interval).await,
-            false => drop(tokio::time::timeout(interval, wake.notified()).await),
+        // After a failed flush, a quarter of an interval before records
+        // piling up may wake it early: a batch that fails at once (Redis
+        // refusing connections) would otherwise be sent again and again.
+        if failing {
+            tokio::time::sleep(interval / 4).await;
         }
+        let _ = tokio::time::timeout(interval, wake.notified()).await;
         let Some(shared) = ledger.upgrade() else {
             return;
         };

@@ -42,40 +42,63 @@ pub(super) struct Batch {
     entries: Vec<LedgerEntry>,
 }
 
-/// Sends the batches a failed flush left, then every pending record but
-/// those of keys whose earlier batch is still to be sent again. A batch
-/// whose call failed is kept as it is, number included, for the next
-/// flush, so that a batch Redis applied but whose reply was lost is not
-/// applied twice; its key's new records wait in the pending ones
-/// meanwhile (written first under a later number, they would make Redis
-/// skip the earlier batch: a key's marker keeps the last number applied).
-/// Every other key's records are written whatever fails. The first error
-/// is returned.
+impl Batch {
+    /// The policy and key whose records the batch holds.
+    fn owner(&self) -> (Box<str>, Key) {
+        (self.policy.clone(), self.key.clone())
+    }
+}
+
+/// Sends the batches a failed flush left, and every pending record but
+/// those of keys whose earlier batch is still to be sent again, all at
+/// once. A batch whose call failed is kept as it is, number included, for
+/// the next flush, so that a batch Redis applied but whose reply was lost
+/// is not applied twice; its key's new records wait until it went through
+/// (written first under a later number, they would make Redis skip it: a
+/// key's marker keeps the last number applied), then follow in the same
+/// flush. Every other key's records are written whatever fails. The first
+/// error is returned.
 pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
-    let left = std::mem::take(&mut *shared.retry.lock());
-    let retried = match left.is_empty() {
+    let mut batches = std::mem::take(&mut *shared.retry.lock());
+    let held: HashSet<(Box<str>, Key)> = batches.iter().map(Batch::owner).collect();
+    batches.extend(pending_batches(shared, |owner| !held.contains(owner)));
+    if batches.is_empty() {
+        return Ok(());
+    }
+    let sent = send(shared, batches).await;
+    // The held keys whose batch went through: their records now.
+    let still: HashSet<(Box<str>, Key)> = shared.retry.lock().iter().map(Batch::owner).collect();
+    let released: Vec<_> = held.difference(&still).collect();
+    if released.is_empty() {
+        return sent;
+    }
+    let batches = pending_batches(shared, |owner| released.contains(&owner));
+    let followed = match batches.is_empty() {
         true => Ok(()),
-        false => send(shared, left).await,
+        false => send(shared, batches).await,
     };
-    let held: HashSet<(Box<str>, Key)> = (shared.retry.lock().iter())
-        .map(|b| (b.policy.clone(), b.key.clone()))
-        .collect();
-    let (waiting, entries): (Vec<_>, Vec<_>) = (shared.pending.take_all().into_iter())
-        .partition(|e| held.contains(&(e.policy().into(), e.key().clone())));
-    if !waiting.is_empty() {
-        shared.pending.put_back(waiting);
-    }
-    if entries.is_empty() {
-        return retried;
-    }
+    sent.and(followed)
+}
+
+/// The pending records of the keys `take` picks, as one batch per key
+/// under a new number; the others stay pending.
+fn pending_batches<C: RedisConnection>(
+    shared: &Shared<C>,
+    take: impl Fn(&(Box<str>, Key)) -> bool,
+) -> Vec<Batch> {
     let mut by_key: HashMap<(Box<str>, Key), Vec<LedgerEntry>> = HashMap::new();
-    for entry in entries {
-        by_key
-            .entry((entry.policy().into(), entry.key().clone()))
-            .or_default()
-            .push(entry);
+    let mut left = Vec::new();
+    for entry in shared.pending.take_all() {
+        let owner = (entry.policy().into(), entry.key().clone());
+        match take(&owner) {
+            true => by_key.entry(owner).or_default().push(entry),
+            false => left.push(entry),
+        }
     }
-    let batches = by_key
+    if !left.is_empty() {
+        shared.pending.put_back(left);
+    }
+    by_key
         .into_iter()
         .map(|((policy, key), entries)| Batch {
             seq: shared.seq.fetch_add(1, Ordering::Relaxed),
@@ -83,9 +106,7 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
             key,
             entries,
         })
-        .collect();
-    let sent = send(shared, batches).await;
-    retried.and(sent)
+        .collect()
 }
 
 /// Whether records of `key` under `policy` wait to be written: in a batch

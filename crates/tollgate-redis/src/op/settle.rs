@@ -36,11 +36,21 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &*self.inner;
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
+        let refund = settlement.refund() > 0;
+        // A refund dropped on its way (its caller went away) may have run.
+        let mut on_drop = DemoteOnDrop {
+            store: self,
+            state_key: &state_key,
+            armed: refund,
+        };
         let settled = self.settled(policy, &state_key, settlement).await;
-        if settled.as_ref().is_err_and(|e| e.may_have_acted()) && settlement.refund() > 0 {
+        on_drop.armed = false;
+        if settled.as_ref().is_err_and(|e| e.may_have_acted()) && refund {
             inner.deny_cache.demote(&state_key);
         }
         let decision = settled?;
+        // A refund may have made room; a charge moved the end of the
+        // denial, which the cached one would answer unchanged.
         inner.deny_cache.remove(&state_key);
         inner
             .last_known
@@ -74,6 +84,22 @@ impl<C: RedisConnection> RedisStore<C> {
                 inner.guarded(state_key, call).await?
             }
         })
+    }
+}
+
+/// Demotes a key's cached denial when dropped armed: a refund whose call
+/// was dropped on its way may have run in Redis.
+struct DemoteOnDrop<'a, C> {
+    store: &'a RedisStore<C>,
+    state_key: &'a str,
+    armed: bool,
+}
+
+impl<C> Drop for DemoteOnDrop<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.store.inner.deny_cache.demote(self.state_key);
+        }
     }
 }
 

@@ -448,11 +448,12 @@ impl<St: Store> RateLimiter<St> {
             DecidedBy::NoOne => return Ok(reservation.clone()),
         };
         // A refund of a denial would be quota no one reserved: a client
-        // could mint it by being denied.
-        let reserved = if reservation.is_allowed() {
-            reserved
-        } else {
-            0
+        // could mint it by being denied. With nothing to charge either, the
+        // store is not asked.
+        let reserved = match reservation.is_allowed() {
+            true => reserved,
+            false if actual == 0 => return Ok(reservation.clone()),
+            false => 0,
         };
         let settlement = Settlement::of(reservation, reserved, actual);
         let own = own_limits(self.overrides.as_deref(), key, &self.policy);
