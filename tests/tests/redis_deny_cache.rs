@@ -275,6 +275,7 @@ async fn a_refund_whose_call_missed_its_deadline_lifts_the_denial() {
     )
     .await;
     assert!(dropped.is_err(), "still on its way: {dropped:?}");
+    assert_eq!(store.deny_cache_len(), 1, "kept, for an outage");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let after = store.check(&key, &policy, 1).await.unwrap();
     assert!(after.is_allowed(), "{after:?}");

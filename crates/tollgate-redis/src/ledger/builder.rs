@@ -168,10 +168,12 @@ async fn flush_every<C: RedisConnection>(
         // After a failed flush, a quarter of an interval before records
         // piling up may wake it early: a batch that fails at once (Redis
         // refusing connections) would otherwise be sent again and again.
+        let mut wait = interval;
         if failing {
             tokio::time::sleep(interval / 4).await;
+            wait -= interval / 4;
         }
-        let _ = tokio::time::timeout(interval, wake.notified()).await;
+        let _ = tokio::time::timeout(wait, wake.notified()).await;
         let Some(shared) = ledger.upgrade() else {
             return;
         };

@@ -68,7 +68,7 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
     let sent = send(shared, batches).await;
     // The held keys whose batch went through: their records now.
     let still: HashSet<(Box<str>, Key)> = shared.retry.lock().iter().map(Batch::owner).collect();
-    let released: Vec<_> = held.difference(&still).collect();
+    let released: HashSet<_> = held.difference(&still).collect();
     if released.is_empty() {
         return sent;
     }

@@ -434,7 +434,9 @@ impl<St: Store> RateLimiter<St> {
     /// [`FailureMode::Open`](crate::FailureMode::Open), or a key exempt
     /// by an override) settles nowhere: the reservation is returned. A
     /// denied reservation reserved nothing, whatever `reserved` says: only
-    /// a charge of `actual` (work that ran anyway) is settled.
+    /// a charge of `actual` (work that ran anyway) is settled, and with
+    /// `actual` of 0 the store is not asked and the reservation is
+    /// returned.
     pub async fn settle(
         &self,
         key: &Key,
