@@ -47,6 +47,21 @@ fn a_refund_gives_back_exactly_the_unused_part() {
     }
 }
 
+/// A key of `policy` (10 a minute) that reserved 1 at `at(0)` and cost 16:
+/// its state, and the settlement's decision.
+fn in_debt(policy: &Policy) -> (PolicyState, Decision) {
+    let mut state = PolicyState::new(policy, at(0));
+    let reserved = state.decide(policy, at(0), 1);
+    let settled = state.settle(policy, at(0), &Settlement::of(&reserved, 1, 16));
+    (state, settled)
+}
+
+/// Seconds until `state` admits one more at `at(0)`, rounded up.
+fn wait_for_one(state: &PolicyState, policy: &Policy) -> u64 {
+    let next = state.clone().decide(policy, at(0), 1);
+    next.retry_after().unwrap().as_secs_f64().ceil() as u64
+}
+
 #[test]
 fn a_charge_past_the_allowance_is_debt_that_delays_the_next_admission() {
     // 10 a minute: one unit every 6 s. A request reserved 1 and cost 16:
@@ -66,17 +81,13 @@ fn a_charge_past_the_allowance_is_debt_that_delays_the_next_admission() {
     ];
     for (algorithm, wait) in waits {
         let policy = policy(algorithm);
-        let mut state = PolicyState::new(&policy, at(0));
-        let reserved = state.decide(&policy, at(0), 1);
-        let settled = state.settle(&policy, at(0), &Settlement::of(&reserved, 1, 16));
+        let (mut state, settled) = in_debt(&policy);
         assert!(
             settled.is_allowed(),
             "a charge is never denied: {algorithm}"
         );
         assert_eq!(settled.remaining(), 0, "{algorithm}");
-        let next = state.decide(&policy, at(0), 1);
-        let retry = next.retry_after().unwrap().as_secs_f64().ceil() as u64;
-        assert_eq!(retry, wait, "{algorithm}");
+        assert_eq!(wait_for_one(&state, &policy), wait, "{algorithm}");
         assert!(
             state.decide(&policy, at(wait), 1).is_allowed(),
             "{algorithm}"
@@ -103,14 +114,10 @@ fn a_state_seeded_from_a_key_in_debt_keeps_the_debt() {
     ];
     for (algorithm, wait) in waits {
         let policy = policy(algorithm);
-        let mut state = PolicyState::new(&policy, at(0));
-        let reserved = state.decide(&policy, at(0), 1);
-        state.settle(&policy, at(0), &Settlement::of(&reserved, 1, 16));
+        let (mut state, _) = in_debt(&policy);
         let last = state.decide(&policy, at(0), 0);
         let mut seeded = PolicyState::seeded(&policy, &last);
-        let next = seeded.clone().decide(&policy, at(0), 1);
-        let retry = next.retry_after().unwrap().as_secs_f64().ceil() as u64;
-        assert_eq!(retry, wait, "{algorithm}");
+        assert_eq!(wait_for_one(&seeded, &policy), wait, "{algorithm}");
         assert!(
             !seeded.clone().decide(&policy, at(wait - 1), 1).is_allowed(),
             "{algorithm}"
@@ -138,10 +145,8 @@ fn a_seed_in_debt_wins_over_a_held_state_with_nothing_remaining() {
     store
         .seed(&key, &policy, PolicyState::seeded(&policy, &last))
         .unwrap();
-    let mut in_debt = PolicyState::new(&policy, at(0));
-    let reserved = in_debt.decide(&policy, at(0), 1);
-    in_debt.settle(&policy, at(0), &Settlement::of(&reserved, 1, 16));
-    let last = in_debt.decide(&policy, at(0), 0);
+    let (mut owing, _) = in_debt(&policy);
+    let last = owing.decide(&policy, at(0), 0);
     store
         .seed(&key, &policy, PolicyState::seeded(&policy, &last))
         .unwrap();
