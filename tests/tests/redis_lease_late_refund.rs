@@ -1,6 +1,7 @@
-//! A lease's unused part that is still on its way back when an operator
-//! resets the key lands behind the reset's fence: it gives nothing to the
-//! fresh state, which admits exactly one fresh allowance.
+//! What a lease gives back, where it meets resets and refunds: a return
+//! on its way when an operator resets the key gives the fresh state
+//! nothing, and a return after the lease's units drained from the key's
+//! backlog (with time, or sooner, by refunds) gives nothing twice.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -279,16 +280,12 @@ async fn a_grant_on_its_way_at_a_reset_of_another_key_gives_its_units_back() {
     );
 }
 
-/// A lease's unused part given back after it drained from the key's
-/// backlog gives nothing twice. The lease's units drained (a GCRA frees a
-/// unit each interval, spent or not); another instance then spent the
-/// whole burst; the lease's late return handed its units out again, at
-/// once, past the limit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_given_back_after_it_drained_gives_nothing_twice() {
+/// A Redis store on a fresh prefix starting with `name`, on `clock`, with
+/// no deny cache and deadlines no busy machine misses, and a leased store
+/// over it.
+async fn leases_on(name: &str, clock: &FakeClock) -> (RedisStore, LeasedStore<RedisStore>) {
     let url = require_redis().await;
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-    let prefix = unique_prefix("lease-drained");
+    let prefix = unique_prefix(name);
     let redis = RedisStore::builder()
         .prefix(&prefix)
         .test_clock(clock.clone())
@@ -306,12 +303,20 @@ async fn a_lease_given_back_after_it_drained_gives_nothing_twice() {
         .connect(redis.clone(), url.as_str())
         .await
         .unwrap();
-    // A burst of 1,000, one unit back each millisecond.
-    let policy = Policy::new("drained", Algorithm::Gcra, "1000/s").unwrap();
-    let key = Key::user("ada");
+    (redis, leased)
+}
+
+/// A hundred requests of `key` over 10 ms, through `leased`: the key is
+/// hot, and holds a lease with units left, how many returned.
+async fn take_a_lease(
+    leased: &LeasedStore<RedisStore>,
+    clock: &FakeClock,
+    key: &Key,
+    policy: &Policy,
+) -> u64 {
     for _ in 0..10 {
         for _ in 0..10 {
-            assert!(leased.check(&key, &policy, 1).await.unwrap().is_allowed());
+            assert!(leased.check(key, policy, 1).await.unwrap().is_allowed());
         }
         clock.advance(Duration::from_millis(1));
     }
@@ -321,19 +326,170 @@ async fn a_lease_given_back_after_it_drained_gives_nothing_twice() {
         leases >= 1 && unspent > 0,
         "{leases} leases, {unspent} units"
     );
+    unspent
+}
+
+/// How many requests of 1 `store` admits before its first denial.
+async fn admit_all(store: &RedisStore, key: &Key, policy: &Policy) -> u64 {
+    let mut admitted = 0;
+    while store.check(key, policy, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+    }
+    admitted
+}
+
+/// A lease's unused part given back after it drained from the key's
+/// backlog gives nothing twice. The lease's units drained (a GCRA frees a
+/// unit each interval, spent or not); another instance then spent the
+/// whole burst; the lease's late return handed its units out again, at
+/// once, past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_given_back_after_it_drained_gives_nothing_twice() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let (redis, leased) = leases_on("lease-drained", &clock).await;
+    // A burst of 1,000, one unit back each millisecond.
+    let policy = Policy::new("drained", Algorithm::Gcra, "1000/s").unwrap();
+    let key = Key::user("ada");
+    let unspent = take_a_lease(&leased, &clock, &key, &policy).await;
     // Two seconds on, everything this instance took has drained; another
     // instance spends the whole burst.
     clock.advance(Duration::from_secs(2));
-    let mut spent = 0;
-    while redis.check(&key, &policy, 1).await.unwrap().is_allowed() {
-        spent += 1;
-    }
-    assert_eq!(spent, 1_000);
+    assert_eq!(admit_all(&redis, &key, &policy).await, 1_000);
     leased.return_leases().await;
     assert_eq!(leased.outstanding(), (0, 0));
     let after = redis.check(&key, &policy, 1).await.unwrap();
     assert!(
         !after.is_allowed(),
         "{unspent} units handed out again: {after:?}"
+    );
+}
+
+/// Requests spent from a lease and refunded shorten, in Redis, the
+/// backlog the grant left there, and with it the time the lease's unused
+/// units stay in it: they drain sooner, by the units refunded. Given back
+/// after they drained, they were handed out a second time, past the
+/// limit (1,005 of a burst of 1,000 here). The lease counts the refunds
+/// of its key sent through its instance, and gives back that much less.
+/// GCRA and the token bucket, the rate-based algorithms that lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_of_leased_requests_shorten_what_the_lease_gives_back() {
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let (redis, leased) = leases_on("lease-refund", &clock).await;
+        // A burst of 1,000, one unit back each millisecond.
+        let policy = Policy::new("refunded", algorithm, "1000/s").unwrap();
+        let key = Key::user("ada");
+        let unspent = take_a_lease(&leased, &clock, &key, &policy).await;
+        // Where the grant's backlog ends in Redis.
+        let backlog = redis.status(&key, &policy).await.unwrap().reset();
+        // Ten requests spent from the lease, each refunded whole: the
+        // backlog in Redis ends 10 ms sooner.
+        for _ in 0..10 {
+            let spent = leased.check(&key, &policy, 1).await.unwrap();
+            assert!(spent.is_allowed());
+            let refund = Settlement::of(&spent, 1, 0);
+            leased.settle(&key, &policy, refund).await.unwrap();
+        }
+        leased.wait_for_grants().await;
+        assert!(unspent > 10, "{algorithm:?}: a lease of {unspent} units");
+        assert_eq!(leased.outstanding().1, unspent - 10, "{algorithm:?}");
+        let shortened = redis.status(&key, &policy).await.unwrap().reset();
+        assert_eq!(
+            shortened,
+            backlog - Duration::from_millis(10),
+            "{algorithm:?}"
+        );
+        // 5 ms before the grant's backlog would have ended, another
+        // instance takes all Redis admits; then the lease is given back:
+        // its unused units drained with the shortened backlog, 5 ms ago.
+        clock.advance(backlog - Duration::from_millis(5));
+        let mut admitted = admit_all(&redis, &key, &policy).await;
+        leased.return_leases().await;
+        admitted += admit_all(&redis, &key, &policy).await;
+        assert_eq!(admitted, 1_000, "{algorithm:?}: a burst in all, no more");
+    }
+}
+
+/// The bound of a refund sent by another instance, which this one does not
+/// see: a lease's return gives back no more than the grant's backlog
+/// still held, less this instance's refunds, so another instance's refund
+/// of a request reserved before the grant can hand out at most that many
+/// units a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instances_refund_hands_out_at_most_its_units_again() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let (redis, leased) = leases_on("lease-refund-elsewhere", &clock).await;
+    let policy = Policy::new("elsewhere", Algorithm::Gcra, "1000/s").unwrap();
+    let key = Key::user("ada");
+    // Another instance reserves 3 before the grant, and refunds them
+    // while the lease is held.
+    let reserved = redis.check(&key, &policy, 3).await.unwrap();
+    take_a_lease(&leased, &clock, &key, &policy).await;
+    let backlog = redis.status(&key, &policy).await.unwrap().reset();
+    redis
+        .settle(&key, &policy, Settlement::of(&reserved, 3, 0))
+        .await
+        .unwrap();
+    clock.advance(backlog - Duration::from_millis(5));
+    let mut admitted = admit_all(&redis, &key, &policy).await;
+    leased.return_leases().await;
+    admitted += admit_all(&redis, &key, &policy).await;
+    assert!(
+        (1_000..=1_003).contains(&admitted),
+        "{admitted} admitted of a burst of 1,000, after a refund of 3 elsewhere"
+    );
+}
+
+/// A lease's return is a refund too: it shortens the backlog the key's
+/// later grant left, and that lease's unused units drain sooner. The key
+/// holds a lease and the next one, asked for ahead; a request the first
+/// cannot serve ends it, and it gives back what it held; the second,
+/// given back later, gives back that much less. Given back whole, it
+/// handed its drained units out a second time, past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leases_return_shortens_what_the_next_one_gives_back() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let (redis, leased) = leases_on("lease-return-then-return", &clock).await;
+    let policy = Policy::new("returned", Algorithm::Gcra, "1000/s").unwrap();
+    let key = Key::user("ada");
+    take_a_lease(&leased, &clock, &key, &policy).await;
+    // Spent on until the next lease is asked for ahead, and held.
+    for _ in 0..1_000 {
+        if leased.outstanding().0 == 2 {
+            break;
+        }
+        assert!(leased.check(&key, &policy, 1).await.unwrap().is_allowed());
+        leased.wait_for_grants().await;
+    }
+    let (leases, both) = leased.outstanding();
+    assert_eq!(leases, 2, "a lease and the next, {both} units");
+    // Where the later grant's backlog ends in Redis.
+    let backlog = redis.status(&key, &policy).await.unwrap().reset();
+    // Half of what both hold: more than the first, asked ahead of its last
+    // eighth, still holds; the next one serves it, and the first goes back.
+    let cost = both / 2;
+    assert!(
+        leased
+            .check(&key, &policy, cost)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    leased.wait_for_grants().await;
+    let (leases, left) = leased.outstanding();
+    assert_eq!(leases, 1);
+    let returned = both - cost - left;
+    assert!(returned > 0, "the first lease gave nothing back");
+    let shortened = redis.status(&key, &policy).await.unwrap().reset();
+    assert_eq!(shortened, backlog - Duration::from_millis(returned));
+    // 5 ms before the later grant's backlog would have ended, another
+    // instance takes all Redis admits; then the lease is given back.
+    clock.advance(backlog - Duration::from_millis(5));
+    let mut admitted = admit_all(&redis, &key, &policy).await;
+    leased.return_leases().await;
+    admitted += admit_all(&redis, &key, &policy).await;
+    assert_eq!(
+        admitted, 1_000,
+        "{returned} returned first: a burst, no more"
     );
 }

@@ -6,14 +6,16 @@ use std::sync::atomic::Ordering;
 
 use tollgate_core::{Decision, Key, Policy, Store, StoreError};
 
-use super::table::{Entry, Lease, identity, micros};
+use super::table::{self, Entry, Lease, Refunds, identity, micros};
 use super::{LIFETIME_INTERVALS, LeasedStore, Shared};
 use crate::algorithm::Leasing;
 
 impl<S: Store> Shared<S> {
     /// A lease of `units`, granted by the store's answer `base` to a grant
-    /// asked for at local time `sent`; `capped` when its size was held to
-    /// the limit's share.
+    /// asked for at local time `sent`, when the key's refunds had done
+    /// as many units as `refunds` says; `capped` when its size was held
+    /// to the limit's share.
+    #[allow(clippy::too_many_arguments)]
     fn lease(
         &self,
         key: &Key,
@@ -22,6 +24,7 @@ impl<S: Store> Shared<S> {
         units: u64,
         sent: u64,
         capped: bool,
+        refunds: Option<(Arc<Refunds>, u64)>,
     ) -> Lease {
         let lifetime = Leasing::of(policy).lifetime(
             policy,
@@ -40,6 +43,7 @@ impl<S: Store> Shared<S> {
             identity: identity(key, policy),
             key: key.clone(),
             policy: policy.clone(),
+            refunds,
         }
     }
 
@@ -104,6 +108,22 @@ impl<S: Store> Shared<S> {
         settled: Settled<S>,
     ) -> Result<Option<Decision>, StoreError> {
         let generation = self.bus.generation.load(Ordering::Acquire);
+        // The key's refunds known done before the grant is asked for: the
+        // store took them before it. Any other, it may take after, where
+        // it shortens the lease's backlog (see `Lease::unused`).
+        let refunds = if table::drains(policy) {
+            self.table
+                .shard(hash)
+                .get_mut(&hash)
+                .filter(|e| e.fingerprint == policy.fingerprint())
+                .map(|e| {
+                    let refunds = Arc::clone(e.refunds.get_or_insert_with(Arc::default));
+                    let done = refunds.done();
+                    (refunds, done)
+                })
+        } else {
+            None
+        };
         self.calls.grants.fetch_add(1, Ordering::Relaxed);
         self.metrics.count(super::Call::Grant, policy.name());
         let answer = self.store.check(key, policy, size).await;
@@ -125,7 +145,7 @@ impl<S: Store> Shared<S> {
             answer
         };
         let capped = size >= self.cap(policy);
-        let mut lease = self.lease(key, policy, base, size - cost, sent, capped);
+        let mut lease = self.lease(key, policy, base, size - cost, sent, capped, refunds);
         let decision = lease.spend(0, sent);
         let unkept = {
             let mut shard = self.table.shard(hash);
@@ -149,10 +169,16 @@ impl<S: Store> Shared<S> {
                 Some(_) | None => Some(lease),
             }
         };
-        drop(settled);
         if let Some(lease) = unkept {
-            self.give_back(vec![lease]).await;
+            // Granted last, its units follow those of the key's leases held
+            // here: its return shifts none of theirs, and is not counted
+            // against them (counted, each would give back that much less).
+            // The key's next grant waits for it (`settled` is kept until
+            // then): asked for before the return lands, its units would
+            // follow this one's, and the return would shift them.
+            self.return_unused(lease, false).await;
         }
+        drop(settled);
         Ok(Some(decision))
     }
 }

@@ -60,6 +60,24 @@ use telemetry::{Call, LeaseMetrics};
 /// before the requests that used them; a leaky bucket delays each request
 /// by when it comes.
 ///
+/// **Refunds.** A [`Settlement`](tollgate_core::Settlement) refund goes
+/// to the store as without leases. Of GCRA or a token bucket with one
+/// limit, it also shortens the backlog the key's grants left there, so a
+/// lease's unused units drain from it sooner, as does another lease's
+/// return. A lease gives back only what can still be in that backlog,
+/// less the key's refunds and returns sent through this instance and not
+/// known done when its grant was asked for. A refund that timed out,
+/// failed in the backend or was dropped may still land: it counts as not
+/// done for 10 s (the leases asked for meanwhile give back that much
+/// less, under-admission). Not counted: a refund sent by another
+/// instance, or by this one while the lease's return is on its way, or
+/// before this instance tracked the key (new, or its table was full). A
+/// return
+/// after the lease's units drained can hand such units out again, once:
+/// at most the units other instances refunded or gave back for the key
+/// between the grant's ask and the return, and the few refunds this
+/// instance sent in a return's round trip.
+///
 /// **Headers.** A request spent from a lease reports the store's answer
 /// to the grant, plus what the lease still holds: `remaining` is the
 /// store's remaining at the grant plus the lease's unspent units (what
@@ -301,17 +319,56 @@ impl<S: Store> Shared<S> {
 
     async fn give_back(&self, ended: Vec<Lease>) {
         for lease in ended {
-            if let Some(settlement) = lease.unused(self.now()) {
-                self.calls.returns.fetch_add(1, Ordering::Relaxed);
-                self.metrics.count(Call::Return, lease.policy.name());
-                // A return that fails leaves the units used until the
-                // store forgets them: under-admission, never over.
-                let _ = self
-                    .store
-                    .settle(&lease.key, &lease.policy, settlement)
-                    .await;
-            }
+            self.return_unused(lease, true).await;
         }
+    }
+
+    /// Gives back what `lease` did not spend. A return shortens the key's
+    /// backlog like any refund: `counted` against the key's other leases,
+    /// granted after it, since a key's older lease ends first. (Rarely, a
+    /// grant takes the place of a current lease that ended while an older
+    /// next one, too small for the request that ended it, holds on: a
+    /// return of the newer one is then counted against the older one too,
+    /// which can only under-admit.) One that fails leaves the units used
+    /// until the store forgets them: under-admission, never over.
+    async fn return_unused(&self, lease: Lease, counted: bool) {
+        let Some(settlement) = lease.unused(self.now()) else {
+            return;
+        };
+        self.calls.returns.fetch_add(1, Ordering::Relaxed);
+        self.metrics.count(Call::Return, lease.policy.name());
+        let refunds = lease.refunds.as_ref().filter(|_| counted);
+        let _ = self
+            .refunding(
+                refunds.map(|(refunds, _)| refunds),
+                settlement.refund(),
+                || self.store.settle(&lease.key, &lease.policy, settlement),
+            )
+            .await;
+    }
+
+    /// Sends a refund of `units` of a key whose refunds are counted in
+    /// `refunds` (see [`table::Refunds`]).
+    async fn refunding<F>(
+        &self,
+        refunds: Option<&Arc<table::Refunds>>,
+        units: u64,
+        send: impl FnOnce() -> F,
+    ) -> Result<Decision, StoreError>
+    where
+        F: Future<Output = Result<Decision, StoreError>>,
+    {
+        let refunding = refunds.map(|refunds| table::Refunding::start(refunds, units));
+        let answer = send().await;
+        // Answered, or never reached the store: done. Otherwise it may
+        // still land, and the guard counts it done later.
+        let known = answer
+            .as_ref()
+            .map_or_else(|error| !error.may_have_acted(), |_| true);
+        if known && let Some(refunding) = refunding {
+            refunding.done();
+        }
+        answer
     }
 
     /// Sets the gauges of leases held to what the table holds now.

@@ -108,16 +108,18 @@ impl<S: Store> Store for LeasedStore<S> {
                         Plan::Spent(Box::new(decision))
                     } else {
                         let cap = shared.cap(policy);
-                        // Neither lease can serve the request: they end.
-                        if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
-                            ended.extend(entry.next.take());
-                        }
+                        // Neither lease can serve the request: they end,
+                        // the older first (its return is counted against
+                        // the later one's, see `Shared::return_unused`).
                         match entry.lease.take() {
                             Some(lease) => {
                                 entry.resize(&lease, now, shared.interval, cap);
                                 ended.push(lease);
                             }
                             None => entry.observe(cost, now, shared.interval, cap),
+                        }
+                        if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
+                            ended.extend(entry.next.take());
                         }
                         if let Some(waiting) = &entry.refilling {
                             Plan::Wait(Arc::clone(waiting))
@@ -191,13 +193,35 @@ impl<S: Store> Store for LeasedStore<S> {
         self.shared.store.status(key, policy)
     }
 
-    fn settle(
+    /// A refund of a key whose leases drain (see [`LeasedStore`],
+    /// "Refunds") is counted against the key's leases before it goes to
+    /// the store: there it shortens the backlog their grants left, and
+    /// they give back that much less.
+    async fn settle(
         &self,
         key: &Key,
         policy: &Policy,
         settlement: Settlement,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.shared.store.settle(key, policy, settlement)
+    ) -> Result<Decision, StoreError> {
+        let shared = &self.shared;
+        let refund = settlement.refund();
+        if refund == 0 || !Leasing::of(policy).leases() || !table::drains(policy) {
+            return shared.store.settle(key, policy, settlement).await;
+        }
+        let hash = shared.table.hash(key, policy);
+        // Whatever the entry's configuration: the store keeps the key's
+        // state under the policy's name, so a refund settled under an old
+        // one shortens the new one's backlog too.
+        let refunds = shared
+            .table
+            .shard(hash)
+            .get_mut(&hash)
+            .map(|e| Arc::clone(e.refunds.get_or_insert_with(Arc::default)));
+        shared
+            .refunding(refunds.as_ref(), refund, || {
+                shared.store.settle(key, policy, settlement)
+            })
+            .await
     }
 
     /// Resets the key in the store, then ends every instance's lease of

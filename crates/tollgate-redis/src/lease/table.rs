@@ -3,9 +3,14 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_core::{Decision, Key, LimitStatus, Outcome, Policy, Timestamp};
+
+#[cfg(doc)]
+use tollgate_core::StoreError;
 
 /// Units of a key's allowance that the store has counted as used and this
 /// instance spends locally.
@@ -29,6 +34,10 @@ pub(crate) struct Lease {
     pub(crate) identity: [u8; 16],
     pub(crate) key: Key,
     pub(crate) policy: Policy,
+    /// The key's refunds sent by this instance, and how many of their
+    /// units were known done when the grant was asked for (see
+    /// [`Lease::unused`]); none for a lease whose return does not drain.
+    pub(crate) refunds: Option<(Arc<Refunds>, u64)>,
 }
 
 impl Lease {
@@ -87,9 +96,21 @@ impl Lease {
     /// policy, and its limits drain at different rates: bounded by the
     /// fastest, a return would keep back what the slower ones still hold,
     /// so a policy of several limits gives its unused part back whole.)
+    ///
+    /// A refund of the key's that the store took after the grant (of a
+    /// request spent from this lease or reserved before it, or another
+    /// lease's return) shortened that backlog, and the unused units with
+    /// it: they drained sooner, by as many units as were refunded. So the
+    /// refunds this instance sent for the key that were not known done
+    /// when the grant was asked for (the store may have taken them after
+    /// the grant) come off what can still be in the backlog.
     pub(crate) fn unused(&self, now: u64) -> Option<tollgate_core::Settlement> {
         let mut left = self.left;
-        if self.policy.algorithm().has_burst() && self.base.limits().len() == 1 {
+        if drains(&self.policy) {
+            let refunded = self
+                .refunds
+                .as_ref()
+                .map_or(0, |(refunds, done_before)| refunds.since(*done_before));
             let elapsed = Duration::from_micros(now.saturating_sub(self.sent));
             for status in self.base.limits() {
                 // The emission interval, rounded up: never more units than
@@ -98,7 +119,8 @@ impl Lease {
                 let interval = limit.period_micros().div_ceil(limit.count().max(1)).max(1);
                 let draining = status.reset().saturating_sub(elapsed).as_micros();
                 let still = draining / u128::from(interval);
-                left = left.min(u64::try_from(still).unwrap_or(u64::MAX));
+                let still = u64::try_from(still).unwrap_or(u64::MAX);
+                left = left.min(still.saturating_sub(refunded));
             }
         }
         (left > 0).then(|| {
@@ -131,6 +153,102 @@ fn covering(cost: u64, elapsed: u64, interval: Duration) -> u64 {
 /// more than it costs.
 pub(crate) const LEASE_MIN_SPARE: u64 = 3;
 
+/// Whether the unused part of a lease of `policy` is bounded by what
+/// drains from the key's backlog, and so by the key's refunds
+/// ([`Lease::unused`]): one limit of a rate-based algorithm.
+pub(crate) fn drains(policy: &Policy) -> bool {
+    policy.algorithm().has_burst() && policy.params().len() == 1
+}
+
+/// The units of a key's refunds that this instance sent to the store
+/// (settlements and lease returns): those started, and those known done.
+/// A lease counts every unit started and not known done when its grant
+/// was asked for as shortening its backlog ([`Lease::unused`]).
+///
+/// A refund is done once the store answered it, or failed in a way that
+/// never reached it ([`StoreError::may_have_acted`]). One that timed out,
+/// failed in its backend, or whose call was dropped may still land: it
+/// stays not done for [`LATE_REFUND`], so that the leases asked for
+/// meanwhile give back that much less (under-admission), then is counted
+/// done.
+#[derive(Default)]
+pub(crate) struct Refunds {
+    started: AtomicU64,
+    done: AtomicU64,
+}
+
+impl Refunds {
+    /// The units done so far: a grant asked for now counts every later
+    /// one against its lease.
+    pub(crate) fn done(&self) -> u64 {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// The units started but not yet done when the done count read
+    /// `done_before`: every one, once the started count saturates.
+    fn since(&self, done_before: u64) -> u64 {
+        match self.started.load(Ordering::Acquire) {
+            u64::MAX => u64::MAX,
+            started => started.saturating_sub(done_before),
+        }
+    }
+}
+
+/// How long a refund whose call may have reached the store, and failed
+/// or was dropped, counts as possibly still landing there (see
+/// [`Refunds`]).
+pub(crate) const LATE_REFUND: Duration = Duration::from_secs(10);
+
+/// A refund of a key's on its way to the store, counted in the key's
+/// [`Refunds`] as started: [`done`](Self::done) once the store answered,
+/// and done after [`LATE_REFUND`] if dropped before that (the call failed
+/// in a way that may have reached the store, or was dropped itself).
+pub(crate) struct Refunding {
+    refunds: Option<Arc<Refunds>>,
+    units: u64,
+}
+
+impl Refunding {
+    /// Counts a refund of `units` as started in `refunds`.
+    pub(crate) fn start(refunds: &Arc<Refunds>, units: u64) -> Self {
+        add(&refunds.started, units);
+        Self {
+            refunds: Some(Arc::clone(refunds)),
+            units,
+        }
+    }
+
+    /// The store answered the refund, or it never reached the store.
+    pub(crate) fn done(mut self) {
+        if let Some(refunds) = self.refunds.take() {
+            add(&refunds.done, self.units);
+        }
+    }
+}
+
+impl Drop for Refunding {
+    fn drop(&mut self) {
+        let Some(refunds) = self.refunds.take() else {
+            return;
+        };
+        let units = self.units;
+        // Without a runtime to wait on, it stays not done: under-admission.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::time::sleep(LATE_REFUND).await;
+                add(&refunds.done, units);
+            });
+        }
+    }
+}
+
+/// Adds `units` to `counter`, saturating.
+fn add(counter: &AtomicU64, units: u64) {
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some(n.saturating_add(units))
+    });
+}
+
 /// What one instance knows of one key under one policy.
 pub(crate) struct Entry {
     pub(crate) fingerprint: u64,
@@ -156,6 +274,9 @@ pub(crate) struct Entry {
     /// own cache answers its denials, so an exhausted key costs no more
     /// calls than without leases.
     low_until: u64,
+    /// The key's refunds sent through this instance, from its first grant
+    /// or refund on (made then: a key that had neither allocates nothing).
+    pub(crate) refunds: Option<Arc<Refunds>>,
 }
 
 impl Entry {
@@ -178,7 +299,20 @@ impl Entry {
             lease: None,
             next: None,
             low_until: 0,
+            refunds: None,
         }
+    }
+
+    /// Whether the key's refunds are counted beyond this entry and its
+    /// leases: by a lease ended and on its way back, or a grant or a
+    /// refund on its way. The entry is then kept: forgotten and made
+    /// again, it would count the key's next refunds apart from them.
+    pub(crate) fn refunds_elsewhere(&self) -> bool {
+        self.refunds.as_ref().is_some_and(|refunds| {
+            let leases = [&self.lease, &self.next].into_iter().flatten();
+            let held = 1 + leases.filter(|lease| lease.refunds.is_some()).count();
+            Arc::strong_count(refunds) > held
+        })
     }
 
     /// Whether the store's last answer said the key holds too little for
@@ -357,7 +491,8 @@ impl Table {
     ) -> Option<&'a mut Entry> {
         if !shard.contains_key(&hash) && shard.len() >= self.per_shard {
             shard.retain(|_, e| {
-                let keep = e.last_seen >= idle_before || e.refilling.is_some();
+                let keep =
+                    e.last_seen >= idle_before || e.refilling.is_some() || e.refunds_elsewhere();
                 if !keep {
                     ended.extend(e.lease.take());
                     ended.extend(e.next.take());
@@ -407,6 +542,7 @@ impl Table {
                     || e.refilling.is_some()
                     || e.lease.is_some()
                     || e.next.is_some()
+                    || e.refunds_elsewhere()
             });
         }
         ended
@@ -448,4 +584,82 @@ pub(crate) fn identity(key: &Key, policy: &Policy) -> [u8; 16] {
     let mut id = [0; 16];
     id.copy_from_slice(&digest.finalize()[..16]);
     id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::state::PolicyState;
+    use tollgate_core::{Algorithm, Timestamp};
+
+    /// A GCRA lease of 100 units at 1,000 a second, granted from an empty
+    /// key at local time 0, with 50 left, whose key's refunds are
+    /// `refunds` as they stood when the grant was asked for.
+    fn lease(refunds: &Arc<Refunds>) -> Lease {
+        let policy = Policy::new("refunds", Algorithm::Gcra, "1000/s").unwrap();
+        let now = Timestamp::from_secs(1_700_000_000);
+        let base = PolicyState::new(&policy, now).decide(&policy, now, 100);
+        Lease {
+            granted: 100,
+            left: 50,
+            sent: 0,
+            expires: u64::MAX,
+            began: 0,
+            first: 0,
+            capped: false,
+            base,
+            identity: [0; 16],
+            key: Key::user("ada"),
+            policy,
+            refunds: Some((Arc::clone(refunds), refunds.done())),
+        }
+    }
+
+    /// What `lease` gives back at local time `now` (µs).
+    fn given_back(lease: &Lease, now: u64) -> u64 {
+        lease
+            .unused(now)
+            .map_or(0, |settlement| settlement.refund())
+    }
+
+    #[test]
+    fn refunds_not_known_done_at_the_grant_come_off_what_a_lease_gives_back() {
+        let refunds = Arc::new(Refunds::default());
+        // Done before the grant was asked for: the store took it before.
+        Refunding::start(&refunds, 7).done();
+        // On its way when the grant was asked for: it may land after it.
+        let on_its_way = Refunding::start(&refunds, 5);
+        let lease = lease(&refunds);
+        // Early, the lease's 50 are all still in the 100 ms backlog.
+        assert_eq!(given_back(&lease, 0), 50);
+        // 90 ms on, 10 units of the backlog remain, 5 of them refunded.
+        assert_eq!(given_back(&lease, 90_000), 5);
+        on_its_way.done();
+        assert_eq!(given_back(&lease, 90_000), 5, "done after the grant");
+        // A refund after the grant that failed, or was dropped, without a
+        // runtime to count it done later: never done.
+        drop(Refunding::start(&refunds, 3));
+        assert_eq!(given_back(&lease, 90_000), 2);
+        // A lease asked for after it still counts it: it may yet run.
+        assert_eq!(given_back(&self::lease(&refunds), 90_000), 7);
+        // Counts past `u64::MAX` saturate, and leave nothing to give back.
+        Refunding::start(&refunds, u64::MAX).done();
+        assert_eq!(given_back(&lease, 0), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_that_may_still_land_is_done_after_its_grace() {
+        let refunds = Arc::new(Refunds::default());
+        let lease = lease(&refunds);
+        // Failed in a way that may have reached the store, or dropped.
+        drop(Refunding::start(&refunds, 4));
+        tokio::time::sleep(LATE_REFUND - Duration::from_millis(1)).await;
+        assert_eq!(given_back(&lease, 90_000), 6, "it may still land");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
+        // Done, it still counts against the lease asked for before it...
+        assert_eq!(given_back(&lease, 90_000), 6);
+        // ...and no longer against one asked for after.
+        assert_eq!(given_back(&self::lease(&refunds), 90_000), 10);
+    }
 }
