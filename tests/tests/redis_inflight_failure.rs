@@ -1,7 +1,7 @@
 //! The in-flight limit while Redis is down follows the failure policy as
 //! the rate limit does: `closed` refuses with 503, `open` lets every
 //! request run, and `local` enforces the limit in memory, this instance's
-//! share of it.
+//! share of it. A give-back the store fails is tried again.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::num::NonZeroU64;
@@ -15,7 +15,9 @@ use axum::routing::get;
 use futures::future::join_all;
 use http::Request;
 use tokio::sync::Semaphore;
-use tollgate::{FailureMode, GlobalKey, InFlightLayer, InFlightLimit, MemoryStore};
+use tollgate::{
+    FailureMode, GlobalKey, InFlightLayer, InFlightLimit, Key, MemoryStore, SlotStore, StoreError,
+};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, unique_prefix};
 use tower::ServiceExt;
@@ -106,4 +108,88 @@ async fn the_in_flight_limit_follows_the_failure_policy_while_redis_is_down() {
     let (at_once, refused) = ten_at_once(&store, FailureMode::Closed).await;
     assert_eq!(at_once, 0);
     assert_eq!(refused, vec![503; 10], "closed: every request refused");
+}
+
+/// A slot whose give-back finds the store's breaker open is given back
+/// once the breaker closes. Sent once and lost, it held the key's only
+/// slot for the rest of its lease (30 s): every request of the key was
+/// refused long after Redis was fine again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_that_finds_the_breaker_open_is_tried_again() {
+    let server = RedisServer::spawn();
+    // One failure opens the breaker, for 2 s.
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("inflight-breaker"))
+        .deadline(Duration::from_millis(100))
+        .circuit_breaker(1, Duration::from_secs(2))
+        .connect(server.url().as_str())
+        .await
+        .unwrap();
+    let limit = InFlightLimit::new("exports", 1).unwrap();
+    assert_eq!(limit.lease_duration(), Duration::from_secs(30));
+    let layer = InFlightLayer::new(limit.clone(), GlobalKey)
+        .store(store.clone())
+        .on_store_error(FailureMode::Closed);
+    let running = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(Semaphore::new(0));
+    let app = {
+        let (running, go) = (running.clone(), go.clone());
+        Router::new()
+            .route(
+                "/export",
+                get(move || {
+                    let (running, go) = (running.clone(), go.clone());
+                    async move {
+                        running.fetch_add(1, Ordering::SeqCst);
+                        go.acquire().await.unwrap().forget();
+                        "exported"
+                    }
+                }),
+            )
+            .route_layer(layer)
+    };
+    // An export takes the key's only slot, and runs.
+    let export = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let request = Request::get("/export").body(Body::empty()).unwrap();
+            let response = app.oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let _ = axum::body::to_bytes(response.into_body(), 1 << 20).await;
+            status
+        }
+    });
+    let started = std::time::Instant::now();
+    while running.load(Ordering::SeqCst) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "export stuck");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Redis stalls for 600 ms: a call misses its deadline, and the breaker
+    // opens (another limit's slot, so as not to touch the export's).
+    server.pause_writes(600);
+    let other = InFlightLimit::new("other", 1).unwrap();
+    let tripped = SlotStore::acquire(&store, &Key::global(), &other, 1).await;
+    assert!(tripped.is_err(), "{tripped:?}");
+    let refused = SlotStore::acquire(&store, &Key::global(), &other, 2).await;
+    assert!(
+        matches!(refused, Err(StoreError::CircuitOpen)),
+        "{refused:?}"
+    );
+    // The export ends while the breaker is open: its give-back is refused.
+    go.add_permits(1);
+    assert_eq!(export.await.unwrap(), 200);
+    // Once the breaker closes, the slot is given back: a new holder takes
+    // it, within seconds, not the 30 s of the lease.
+    let freed = std::time::Instant::now();
+    loop {
+        let slots = SlotStore::acquire(&store, &Key::global(), &limit, 3).await;
+        if slots.as_ref().is_ok_and(|slots| slots.acquired) {
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(8),
+            "the export's slot is still held: {slots:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

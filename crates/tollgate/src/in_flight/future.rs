@@ -57,19 +57,25 @@ where
         holder,
     };
     let acquired = shared.store.acquire(&key, &shared.limit, holder).await;
+    std::mem::forget(taking);
     // A failure that may have come after the store took the slot (a reply
-    // past the deadline, or lost on its way back): given back. Any other
-    // answer is the slot's whole story (an error before the call, such as
-    // an open breaker, took nothing).
-    if acquired
+    // past the deadline, or lost on its way back): the slot is given back,
+    // unless the local fallback lets the request run, whose registration
+    // holds it in the store while the request runs and gives it back when
+    // it ends (given back now, it would be taken back by the
+    // registration's renewal, and a give-back tried again after that
+    // would take the running request out of the count). Any other answer
+    // is the slot's whole story (an error before the call, such as an open
+    // breaker, took nothing).
+    let lost = acquired
         .as_ref()
         .err()
-        .is_some_and(StoreError::may_have_acted)
-    {
-        drop(taking);
-    } else {
-        std::mem::forget(taking);
-    }
+        .is_some_and(StoreError::may_have_acted);
+    let unheld = || {
+        if lost {
+            give_back(&shared.store, &key, &shared.limit, holder);
+        }
+    };
     let taken = acquired.map(|slots| (slots, Holds::Store));
     // This instance's share of the limit, under the count of now.
     let local_limit = || shared.limit.divided(shared.instances.get());
@@ -118,13 +124,18 @@ where
                 },
                 Holds::Store | Holds::Local,
             )) => {
+                unheld();
                 shared.telemetry.rejected();
                 let protocol = shared.responder.protocol;
                 let response = answer::in_flight_full(&shared.limit, protocol);
                 return Ok(response.map(InFlightBody::own));
             }
-            Answer::LetThrough(_) => None,
+            Answer::LetThrough(_) => {
+                unheld();
+                None
+            }
             Answer::Refused(refusal) => {
+                unheld();
                 let response = shared.responder.refused(&refusal);
                 return Ok(response.map(InFlightBody::own));
             }
@@ -137,8 +148,8 @@ where
 
 /// A slot being taken in the store: if the request is dropped before the
 /// store's answer (its client went away), the store may hold the slot
-/// already, and it is given back rather than held until its lease ends;
-/// so it is when the reply comes past the deadline. Forgotten otherwise.
+/// already, and it is given back rather than held until its lease ends.
+/// Forgotten once the store answers.
 struct Taking<'a, St: SlotStore + Clone> {
     store: &'a St,
     key: &'a Key,

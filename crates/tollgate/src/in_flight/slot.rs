@@ -1,6 +1,8 @@
 //! A slot held by a request, renewed while it runs and given back when dropped.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore};
 
@@ -141,9 +143,15 @@ impl<St: SlotStore + Clone> Drop for Slot<St> {
     }
 }
 
-/// Gives `holder`'s slot back: at once if the store needs no I/O, else in
-/// the background. Outside a runtime the lease frees the slot. Giving back
-/// a slot the store never took changes nothing: slots are held by holder.
+/// Gives `holder`'s slot back, for good (the request ended, or will never
+/// hold it): at once if the store needs no I/O, else in the background.
+/// Giving back a slot the store never took changes nothing: slots are
+/// held by holder. A give-back the store fails (its breaker is open, it
+/// missed its deadline) is tried again, each wait twice the last, until
+/// the slot's lease would have ended anyway; lost, it would hold the slot
+/// until then, refusing the key's requests for up to a lease. At most
+/// [`MAX_RETRYING`] give-backs are tried again at once; past that, and
+/// outside a runtime, the lease frees the slot.
 pub(super) fn give_back<St: SlotStore + Clone>(
     store: &St,
     key: &Key,
@@ -156,7 +164,56 @@ pub(super) fn give_back<St: SlotStore + Clone>(
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
         runtime.spawn(async move {
-            let _ = store.release(&key, &limit, holder).await;
+            let lease = limit.lease_duration();
+            let until = tokio::time::Instant::now() + lease;
+            if store.release(&key, &limit, holder).await.is_ok() {
+                return;
+            }
+            let Some(_retrying) = Retrying::new() else {
+                return;
+            };
+            let mut wait = FIRST_RETRY;
+            loop {
+                let next = tokio::time::Instant::now() + wait;
+                if next >= until {
+                    return;
+                }
+                tokio::time::sleep_until(next).await;
+                if store.release(&key, &limit, holder).await.is_ok() {
+                    return;
+                }
+                wait = wait.saturating_mul(2).min(lease / 3).max(FIRST_RETRY);
+            }
         });
+    }
+}
+
+/// The wait before a failed give-back is tried again the first time.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// The most give-backs tried again at once, in the process: in a long
+/// outage, every request that ends fails its give-back.
+pub(super) const MAX_RETRYING: usize = 4096;
+
+static RETRYING: AtomicUsize = AtomicUsize::new(0);
+
+/// A give-back being tried again, counted in [`RETRYING`] until dropped.
+struct Retrying;
+
+impl Retrying {
+    /// Counts one more, if fewer than [`MAX_RETRYING`] are.
+    fn new() -> Option<Self> {
+        RETRYING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_RETRYING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self)
+    }
+}
+
+impl Drop for Retrying {
+    fn drop(&mut self) {
+        RETRYING.fetch_sub(1, Ordering::AcqRel);
     }
 }
