@@ -280,3 +280,53 @@ async fn a_refund_whose_call_missed_its_deadline_lifts_the_denial() {
     let after = store.check(&key, &policy, 1).await.unwrap();
     assert!(after.is_allowed(), "{after:?}");
 }
+
+/// What another app server does to a key reaches this one's cached denial
+/// within a second: a reset lifts it, and a block replaces it, with the
+/// block's own retry time. Before, the denial answered until its own retry
+/// time: a key reset elsewhere was denied here for up to an hour, and a
+/// blocked client was told to come back far too early.
+#[tokio::test]
+async fn a_cached_denial_learns_of_another_servers_reset_and_block_within_a_second() {
+    let server = RedisServer::spawn();
+    let clock = FakeClock::default();
+    let (here, there) = (
+        store(&server, &clock, 10_000).await,
+        store(&server, &clock, 10_000).await,
+    );
+    let policy = Policy::new("elsewhere", Algorithm::Gcra, "2/h").unwrap();
+    let key = Key::user("ada");
+    let mut con = server.connection();
+    for _ in 0..2 {
+        assert!(here.check(&key, &policy, 1).await.unwrap().is_allowed());
+    }
+    let denied = here.check(&key, &policy, 1).await.unwrap();
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(1_800)));
+
+    // Reset elsewhere: for under a second the cache still answers...
+    there.reset(&key, &policy).await.unwrap();
+    clock.advance(Duration::from_millis(999));
+    let before = command_calls(&mut con, "evalsha");
+    assert!(!here.check(&key, &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(command_calls(&mut con, "evalsha"), before, "from the cache");
+    // ...then Redis does: the fresh allowance, all of it.
+    clock.advance(Duration::from_millis(1));
+    for _ in 0..2 {
+        assert!(here.check(&key, &policy, 1).await.unwrap().is_allowed());
+    }
+    let denied = here.check(&key, &policy, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+
+    // Blocked elsewhere for a day: within a second, the client is told so.
+    there
+        .block(&key, &policy, Duration::from_secs(86_400))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(1));
+    let blocked = here.check(&key, &policy, 1).await.unwrap();
+    assert_eq!(blocked.retry_after(), Some(Duration::from_secs(86_399)));
+    // And a block lifted elsewhere (a reset) is lifted here within a second.
+    there.reset(&key, &policy).await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert!(here.check(&key, &policy, 1).await.unwrap().is_allowed());
+}

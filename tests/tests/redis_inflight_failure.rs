@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use tollgate::{
     FailureMode, GlobalKey, InFlightLayer, InFlightLimit, Key, MemoryStore, SlotStore, StoreError,
 };
-use tollgate_redis::RedisStore;
+use tollgate_redis::{BreakerState, RedisStore};
 use tollgate_tests::{RedisServer, unique_prefix};
 use tower::ServiceExt;
 
@@ -164,9 +164,9 @@ async fn a_give_back_that_finds_the_breaker_open_is_tried_again() {
         assert!(started.elapsed() < Duration::from_secs(10), "export stuck");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Redis stalls for 600 ms: a call misses its deadline, and the breaker
+    // Redis stalls for 1.5 s: a call misses its deadline, and the breaker
     // opens (another limit's slot, so as not to touch the export's).
-    server.pause_writes(600);
+    server.pause_writes(1_500);
     let other = InFlightLimit::new("other", 1).unwrap();
     let tripped = SlotStore::acquire(&store, &Key::global(), &other, 1).await;
     assert!(tripped.is_err(), "{tripped:?}");
@@ -178,6 +178,7 @@ async fn a_give_back_that_finds_the_breaker_open_is_tried_again() {
     // The export ends while the breaker is open: its give-back is refused.
     go.add_permits(1);
     assert_eq!(export.await.unwrap(), 200);
+    assert_eq!(store.breaker_state(), BreakerState::Open);
     // Once the breaker closes, the slot is given back: a new holder takes
     // it, within seconds, not the 30 s of the lease.
     let freed = std::time::Instant::now();

@@ -7,6 +7,15 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
 
+/// How long a cached denial answers for Redis after its call was sent
+/// (see [`DenyCache`]).
+pub(crate) const ANSWERS_FOR: Duration = Duration::from_secs(1);
+
+/// `span` in whole µs, the unit of the cache's times.
+fn micros(span: Duration) -> u64 {
+    u64::try_from(span.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Remembers, per key, that Redis denied a request until a time.
 ///
 /// A denial of a cost-1 request to a single-limit policy denies such
@@ -21,6 +30,13 @@ use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
 /// their denials still stand ([`DenyCache::lookup_on_failure`]): a key that
 /// Redis cut off stays cut off through an outage, rather than getting a
 /// fresh quota from the failure policy.
+///
+/// A denial answers for Redis for at most [`ANSWERS_FOR`] after its call
+/// was sent; then the key's next request asks Redis again, and its answer
+/// takes the denial's place. What only another app server did to the key
+/// (a reset, a block or its end, a changed configuration) reaches this
+/// cache that way: within a second, not at the end of a denial that may
+/// last hours (a block's).
 pub(crate) struct DenyCache {
     max_entries: usize,
     entries: Mutex<HashMap<String, Entry>>,
@@ -93,7 +109,11 @@ impl DenyCache {
             entries.remove(state_key);
             return None;
         }
-        if !entry.exact || !cacheable(policy, cost) || entry.epoch != self.epoch() {
+        if !entry.exact
+            || !cacheable(policy, cost)
+            || entry.epoch != self.epoch()
+            || now.saturating_sub(entry.sent_at) >= micros(ANSWERS_FOR)
+        {
             return None;
         }
         Some(entry.at(policy, now))

@@ -15,8 +15,8 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
 use tollgate::{
-    GlobalKey, InFlightLayer, InFlightLimit, Key, MemoryStore, Renewal, SlotStore, Slots,
-    StoreError,
+    FailureMode, GlobalKey, InFlightLayer, InFlightLimit, Key, MemoryStore, Renewal, SlotStore,
+    Slots, StoreError,
 };
 use tower::ServiceExt;
 
@@ -342,26 +342,40 @@ impl SlotStore for LostReply {
 /// A backend failure may come after the store took the slot (its reply
 /// lost on the way back): the slot is given back, as after a timeout. It
 /// was held until its lease ended, and with a limit of one the key could
-/// run nothing in the store for that long.
+/// run nothing in the store for that long. Under the local fallback, the
+/// request's registration holds it in the store while the request runs,
+/// and gives it back when it ends; refused (closed) or let through (open),
+/// the request never holds it, and it is given back at once.
 #[tokio::test]
 async fn a_slot_taken_before_a_lost_reply_is_given_back() {
-    let store = LostReply::default();
-    let limit = InFlightLimit::new("exports", 1).unwrap();
-    let app = Router::new()
-        .route("/export", get(|| async { "exported" }))
-        .route_layer(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
-    let res = app.oneshot(get_path("/export")).await.unwrap();
-    // Decided by the failure policy (the local fallback, by default).
-    assert_eq!(res.status(), StatusCode::OK);
-    res.into_body().collect().await.unwrap();
-    let key = Key::global();
-    for _ in 0..1_000 {
-        if store.0.acquire(&key, &limit, 99).await.unwrap().acquired {
-            return;
-        }
-        tokio::task::yield_now().await;
+    for (mode, status) in [
+        (FailureMode::Local, StatusCode::OK),
+        (FailureMode::Closed, StatusCode::SERVICE_UNAVAILABLE),
+        (FailureMode::Open, StatusCode::OK),
+    ] {
+        let store = LostReply::default();
+        let limit = InFlightLimit::new("exports", 1).unwrap();
+        let layer = InFlightLayer::new(limit.clone(), GlobalKey)
+            .store(store.clone())
+            .on_store_error(mode);
+        let app = Router::new()
+            .route("/export", get(|| async { "exported" }))
+            .route_layer(layer);
+        let res = app.oneshot(get_path("/export")).await.unwrap();
+        assert_eq!(res.status(), status, "{mode:?}");
+        res.into_body().collect().await.unwrap();
+        let key = Key::global();
+        let freed = async {
+            for _ in 0..1_000 {
+                if store.0.acquire(&key, &limit, 99).await.unwrap().acquired {
+                    return true;
+                }
+                tokio::task::yield_now().await;
+            }
+            false
+        };
+        assert!(freed.await, "{mode:?}: the slot is still held");
     }
-    panic!("the slot taken before the lost reply is still held");
 }
 
 /// Outside a Tokio runtime (an executor of the app's own), a store of

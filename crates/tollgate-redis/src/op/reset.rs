@@ -17,8 +17,9 @@ impl<C: RedisConnection> RedisStore<C> {
     /// [`Settlement`](tollgate_core::Settlement)), under the store's
     /// deadline and breaker; then this store drops what it remembers of the
     /// key locally (a cached denial, the last decision). Other app servers'
-    /// deny caches may still deny the key until their cached denial runs
-    /// out: at most that denial's `Retry-After`.
+    /// deny caches may still deny the key for up to a second: a cached
+    /// denial answers for Redis for at most that long before the key's
+    /// next request asks Redis again.
     ///
     /// # Errors
     ///

@@ -166,7 +166,10 @@ pub(super) fn give_back<St: SlotStore + Clone>(
         runtime.spawn(async move {
             let lease = limit.lease_duration();
             let until = tokio::time::Instant::now() + lease;
-            if store.release(&key, &limit, holder).await.is_ok() {
+            // Each try ends with the lease too, on a store with no deadline
+            // of its own.
+            let released = || tokio::time::timeout_at(until, store.release(&key, &limit, holder));
+            if matches!(released().await, Ok(Ok(()))) {
                 return;
             }
             let Some(_retrying) = Retrying::new() else {
@@ -179,7 +182,7 @@ pub(super) fn give_back<St: SlotStore + Clone>(
                     return;
                 }
                 tokio::time::sleep_until(next).await;
-                if store.release(&key, &limit, holder).await.is_ok() {
+                if matches!(released().await, Ok(Ok(()))) {
                     return;
                 }
                 wait = wait.saturating_mul(2).min(lease / 3).max(FIRST_RETRY);
