@@ -342,10 +342,10 @@ impl SlotStore for LostReply {
 /// A backend failure may come after the store took the slot (its reply
 /// lost on the way back): the slot is given back, as after a timeout. It
 /// was held until its lease ended, and with a limit of one the key could
-/// run nothing in the store for that long. Under the local fallback, the
-/// request's registration holds it in the store while the request runs,
-/// and gives it back when it ends; refused (closed) or let through (open),
-/// the request never holds it, and it is given back at once.
+/// run nothing in the store for that long. Under the local fallback, or
+/// let through (open), the request's registration holds it in the store
+/// while the request runs, and gives it back when it ends; refused
+/// (closed), the request never holds it, and it is given back at once.
 #[tokio::test]
 async fn a_slot_taken_before_a_lost_reply_is_given_back() {
     for (mode, status) in [
@@ -412,9 +412,15 @@ fn a_slot_of_leases_is_taken_and_given_back_outside_a_tokio_runtime() {
 /// away, and that runs on once it is back, counts in the store from its
 /// next renewal: another instance's request is refused there until it
 /// ends. (It was never in the store, and the limit ran twice over for as
-/// long as it ran.)
+/// long as it ran.) So does one let through under `FailureMode::Open`.
 #[tokio::test(start_paused = true)]
 async fn a_slot_taken_locally_while_the_store_was_away_counts_there_once_it_is_back() {
+    for mode in [FailureMode::Local, FailureMode::Open] {
+        taken_while_away_counts_once_back(mode).await;
+    }
+}
+
+async fn taken_while_away_counts_once_back(mode: FailureMode) {
     let store = Leasing::default();
     let limit = InFlightLimit::new("exports", 1)
         .unwrap()
@@ -424,6 +430,7 @@ async fn a_slot_taken_locally_while_the_store_was_away_counts_there_once_it_is_b
     let app = slow.app(
         InFlightLayer::new(limit.clone(), GlobalKey)
             .store(store.clone())
+            .on_store_error(mode)
             .local_fallback(MemoryStore::new()),
     );
     store.away.store(true, Ordering::SeqCst);
@@ -433,7 +440,8 @@ async fn a_slot_taken_locally_while_the_store_was_away_counts_there_once_it_is_b
     let key = Key::global();
     // Its renewal a second later registers it in the store.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert!(!store.acquire(&key, &limit, 99).await.unwrap().acquired);
+    let other = store.acquire(&key, &limit, 99).await.unwrap();
+    assert!(!other.acquired, "{mode:?}");
     slow.go.add_permits(1);
     let done = running.await.unwrap().unwrap();
     assert_eq!(done.status(), StatusCode::OK);

@@ -60,9 +60,9 @@ where
     std::mem::forget(taking);
     // A failure that may have come after the store took the slot (a reply
     // past the deadline, or lost on its way back): the slot is given back,
-    // unless the local fallback lets the request run, whose registration
-    // holds it in the store while the request runs and gives it back when
-    // it ends (given back now, it would be taken back by the
+    // unless the failure policy lets the request run (locally, or open),
+    // whose registration holds it in the store while the request runs and
+    // gives it back when it ends (given back now, it would be taken back by the
     // registration's renewal, and a give-back tried again after that
     // would take the running request out of the count). Any other answer
     // is the slot's whole story (an error before the call, such as an open
@@ -130,10 +130,13 @@ where
                 let response = answer::in_flight_full(&shared.limit, protocol);
                 return Ok(response.map(InFlightBody::own));
             }
-            Answer::LetThrough(_) => {
-                unheld();
-                None
-            }
+            Answer::LetThrough(_) => Some(Slot::registered(
+                shared.store.clone(),
+                key,
+                &shared.limit,
+                holder,
+                &shared.telemetry,
+            )),
             Answer::Refused(refusal) => {
                 unheld();
                 let response = shared.responder.refused(&refusal);

@@ -42,7 +42,10 @@ use super::telemetry::Telemetry;
 /// [`FailureMode::Local`] (the default) the slots are taken in memory,
 /// with this instance's share of the limit ([`InFlightLayer::local_divisor`]);
 /// [`FailureMode::Open`] lets the request through unlimited;
-/// [`FailureMode::Closed`] answers 503.
+/// [`FailureMode::Closed`] answers 503. A request that runs under either of
+/// the first two is registered in the store by its renewals once the store
+/// answers again, so that one that runs on past the failure counts there
+/// (past the limit, if new requests took every slot meanwhile).
 ///
 /// ```
 /// use axum::{Router, routing::get};

@@ -48,6 +48,27 @@ impl<St: SlotStore + Clone> Slot<St> {
         ))
     }
 
+    /// A request let through while `store` failed ([`FailureMode::Open`](crate::FailureMode::Open)),
+    /// as the response body holds it: registered in `store` by its
+    /// renewals once the store answers again, so that a request that runs
+    /// on past the failure counts there; given back when it ends.
+    pub(super) fn registered(
+        store: St,
+        key: Key,
+        limit: &InFlightLimit,
+        holder: u64,
+        telemetry: &Telemetry,
+    ) -> Box<dyn Any + Send + Sync> {
+        Box::new(Self::take(
+            store,
+            key,
+            limit.clone(),
+            holder,
+            telemetry,
+            false,
+        ))
+    }
+
     /// A slot the local fallback gave in `local` (under `local_limit`)
     /// while `store` failed, as the response body holds it: registered in
     /// `store` too, by its renewals, once the store answers again (a
