@@ -24,6 +24,19 @@ async fn live_store(server: &RedisServer, deadline: Duration) -> RedisStore {
         .unwrap()
 }
 
+/// A store with a short deadline on `clock`, which the test does not move:
+/// a cached denial answers for Redis for a second of it (see
+/// `a_cached_denial_learns_of_another_servers_reset_and_block_within_a_second`),
+/// so here only what the test is about can stop it.
+async fn frozen_store(server: &RedisServer, deadline: Duration, clock: &FakeClock) -> RedisStore {
+    RedisStore::builder()
+        .deadline(deadline)
+        .test_clock(clock.clone())
+        .connect(server.url())
+        .await
+        .unwrap()
+}
+
 /// A route limited by `policy` per user on `store`, falling back to a
 /// memory store of its own with `1 / divisor` of the limit.
 fn local_app(store: &RedisStore, policy: &Policy, divisor: u64) -> Router {
@@ -114,7 +127,8 @@ async fn hammering_an_exhausted_key_drops_redis_calls_by_over_90_percent() {
 #[tokio::test]
 async fn a_denial_does_not_outlive_a_restarted_redis() {
     let mut server = RedisServer::spawn();
-    let store = live_store(&server, Duration::from_secs(2)).await;
+    let clock = FakeClock::default();
+    let store = frozen_store(&server, Duration::from_secs(2), &clock).await;
     let policy = Policy::new("restart", Algorithm::FixedWindow, "1/h").unwrap();
     let key = Key::user("denied");
     assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
@@ -243,7 +257,8 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
 #[tokio::test]
 async fn a_refund_whose_call_missed_its_deadline_lifts_the_denial() {
     let server = RedisServer::spawn();
-    let store = live_store(&server, Duration::from_millis(200)).await;
+    let clock = FakeClock::default();
+    let store = frozen_store(&server, Duration::from_millis(200), &clock).await;
     let policy = Policy::new("late-refund", Algorithm::FixedWindow, "2/day").unwrap();
     let key = Key::user("refunded");
     assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
@@ -288,7 +303,7 @@ async fn a_refund_whose_call_missed_its_deadline_lifts_the_denial() {
 /// blocked client was told to come back far too early.
 #[tokio::test]
 async fn a_cached_denial_learns_of_another_servers_reset_and_block_within_a_second() {
-    let server = RedisServer::spawn();
+    let mut server = RedisServer::spawn();
     let clock = FakeClock::default();
     let (here, there) = (
         store(&server, &clock, 10_000).await,
@@ -329,4 +344,9 @@ async fn a_cached_denial_learns_of_another_servers_reset_and_block_within_a_seco
     there.reset(&key, &policy).await.unwrap();
     clock.advance(Duration::from_secs(1));
     assert!(here.check(&key, &policy, 1).await.unwrap().is_allowed());
+    // For good: Redis's admission ended the cached block, which no longer
+    // stands when Redis fails (the failure policy decides).
+    server.kill();
+    let failed = here.check(&key, &policy, 1).await;
+    assert!(failed.is_err(), "{failed:?}");
 }

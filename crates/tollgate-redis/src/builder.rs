@@ -153,9 +153,10 @@ impl RedisStoreBuilder {
 
     /// The most denials the local deny cache holds (default 10,000; 0
     /// turns it off). A key denied until a time is denied locally until
-    /// then, without asking Redis more than once a second: a client
-    /// hammering an exhausted limit costs Redis next to nothing, and
-    /// decisions stay exact. The store remembers
+    /// then, asking Redis again about once a second: a client hammering
+    /// an exhausted limit costs Redis next to nothing, and decisions stay
+    /// exact, but for a reset or block on another app server, which
+    /// reaches this one within a second. The store remembers
     /// the last decision of as many keys for a local fallback to take over
     /// ([`Store::last_known`](tollgate_core::Store::last_known)).
     pub fn deny_cache(mut self, max_entries: usize) -> Self {

@@ -1,7 +1,7 @@
 //! A bounded local cache of denials.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -19,17 +19,20 @@ fn micros(span: Duration) -> u64 {
 /// Remembers, per key, that Redis denied a request until a time.
 ///
 /// A denial of a cost-1 request to a single-limit policy denies such
-/// requests locally until then ([`DenyCache::lookup`]). Exact: a denial only
-/// gets later when others consume, never earlier, and the expiry counts
-/// from when the denied call was *sent* (before Redis decided), so the
-/// cache never denies a request Redis would admit. The rest of the decision
+/// requests locally until then ([`DenyCache::lookup`]). Exact for what
+/// this app server does: a denial only gets later when others consume,
+/// never earlier, and the expiry counts from when the denied call was
+/// *sent* (before Redis decided), so the cache never denies a request
+/// Redis would admit, but for what another app server did to the key in
+/// the last second (below). The rest of the decision
 /// is exact too: while a cost-1 request is denied, `remaining` stays 0 and
 /// the reset time stays put under every algorithm. That does not hold for
 /// other costs (a bucket refills towards them) or for a policy's other
 /// limits, so those always go to Redis while it answers. When it does not,
 /// their denials still stand ([`DenyCache::lookup_on_failure`]): a key that
 /// Redis cut off stays cut off through an outage, rather than getting a
-/// fresh quota from the failure policy.
+/// fresh quota from the failure policy, until Redis admits the key a
+/// request of that cost ([`DenyCache::admitted`]).
 ///
 /// A denial answers for Redis for at most [`ANSWERS_FOR`] after its call
 /// was sent; then the key's next request asks Redis again, and its answer
@@ -52,6 +55,11 @@ pub(crate) struct DenyCache {
     /// denial decided while one was removed may be of the state before
     /// the reset, and is not taken in.
     removals: AtomicU64,
+    /// Whether the cache may hold a denial: set under `entries`' lock
+    /// when one is taken in, cleared there when it is found empty. An
+    /// admission of a key looks for its denial only while set, so that a
+    /// store whose keys are not denied pays no lock for them.
+    held: AtomicBool,
 }
 
 struct Entry {
@@ -87,6 +95,7 @@ impl DenyCache {
             full_until: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             removals: AtomicU64::new(0),
+            held: AtomicBool::new(false),
         }
     }
 
@@ -189,6 +198,7 @@ impl DenyCache {
         // one that fills the room a reset made, or replaces a key's
         // denial, can end earlier than those the last scan saw.
         self.full_until.fetch_min(until, Ordering::Relaxed);
+        self.held.store(true, Ordering::Release);
         entries.insert(
             state_key.to_owned(),
             Entry {
@@ -201,6 +211,28 @@ impl DenyCache {
                 decision: decision.clone(),
             },
         );
+    }
+
+    /// Redis admitted a request of `cost` for `state_key`, sent at local
+    /// time `sent_at` (µs): the key's denial of that cost or less, sent
+    /// before, no longer stands, not even while Redis cannot answer (a
+    /// key reset, unblocked or refunded since, by this app server or
+    /// another, would be denied through an outage until the old denial's
+    /// end).
+    pub(crate) fn admitted(&self, state_key: &str, cost: u64, sent_at: u64) {
+        if !self.held.load(Ordering::Acquire) {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries
+            .get(state_key)
+            .is_some_and(|e| e.cost <= cost && e.sent_at <= sent_at)
+        {
+            entries.remove(state_key);
+        }
+        if entries.is_empty() {
+            self.held.store(false, Ordering::Release);
+        }
     }
 
     /// Stops every denial held now from answering for Redis: Redis's state

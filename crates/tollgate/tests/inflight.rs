@@ -183,14 +183,15 @@ async fn a_grpc_server_refuses_with_resource_exhausted_and_a_pushback() {
 
 /// The memory store's slots, renewed as leases are (as on Redis), with
 /// holder ids in order from 1 and every renewal's answer recorded; given
-/// back at once, as in memory. While `away`, takes and renewals fail, as
-/// on a Redis that is away.
+/// back at once, as in memory, and the give-backs counted. While `away`,
+/// takes and renewals fail, as on a Redis that is away.
 #[derive(Clone, Default)]
 struct Leasing {
     slots: MemoryStore,
     next: Arc<AtomicU64>,
     renewals: Arc<Mutex<Vec<Renewal>>>,
     away: Arc<std::sync::atomic::AtomicBool>,
+    given_back: Arc<AtomicUsize>,
 }
 
 impl Leasing {
@@ -231,10 +232,12 @@ impl SlotStore for Leasing {
         limit: &InFlightLimit,
         holder: u64,
     ) -> Result<(), StoreError> {
+        self.given_back.fetch_add(1, Ordering::SeqCst);
         self.slots.release(key, limit, holder).await
     }
 
     fn release_now(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> bool {
+        self.given_back.fetch_add(1, Ordering::SeqCst);
         self.slots.release_now(key, limit, holder)
     }
 
@@ -448,4 +451,37 @@ async fn taken_while_away_counts_once_back(mode: FailureMode) {
     done.into_body().collect().await.unwrap();
     // Given back in the store too.
     assert!(store.acquire(&key, &limit, 99).await.unwrap().acquired);
+}
+
+/// A request the failure policy let run while the store was away for all
+/// of it never reached the store: nothing of it is given back there. (Its
+/// give-back would fail, and be tried again through the outage, taking
+/// the place of give-backs that matter.)
+#[tokio::test(start_paused = true)]
+async fn a_request_that_never_reached_the_store_gives_nothing_back_there() {
+    for mode in [FailureMode::Local, FailureMode::Open] {
+        let store = Leasing::default();
+        let limit = InFlightLimit::new("exports", 1)
+            .unwrap()
+            .lease(Duration::from_secs(3))
+            .unwrap();
+        let slow = Slow::default();
+        let app = slow.app(
+            InFlightLayer::new(limit.clone(), GlobalKey)
+                .store(store.clone())
+                .on_store_error(mode)
+                .local_fallback(MemoryStore::new()),
+        );
+        store.away.store(true, Ordering::SeqCst);
+        let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
+        until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+        // Its renewals, a second apart, fail too.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        slow.go.add_permits(1);
+        let done = running.await.unwrap().unwrap();
+        assert_eq!(done.status(), StatusCode::OK, "{mode:?}");
+        done.into_body().collect().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(store.given_back.load(Ordering::SeqCst), 0, "{mode:?}");
+    }
 }

@@ -19,12 +19,14 @@ impl<C: RedisConnection> RedisStore<C> {
     ///
     /// A cost-1 request to a single-limit policy whose key Redis recently
     /// denied is denied from the local deny cache until that denial
-    /// expires, or until the store finds that Redis restarted or the
-    /// connection failed (see the Redis guide); anything else is one round
-    /// trip, unless the circuit breaker is open. When Redis cannot decide,
-    /// a denial it made that is still in force (of this cost or less) is
-    /// the answer rather than the error: a key Redis cut off is not handed
-    /// a fresh quota by the failure policy.
+    /// expires, for at most a second after the denial's call was sent, or
+    /// until the store finds that Redis restarted or the connection failed
+    /// (see the Redis guide); anything else is one round trip, unless the
+    /// circuit breaker is open. When Redis cannot decide, a denial it made
+    /// that is still in force (of this cost or less, and not followed by
+    /// an admission of such a cost) is the answer rather than the error: a
+    /// key Redis cut off is not handed a fresh quota by the failure
+    /// policy.
     ///
     /// # Errors
     ///
@@ -63,9 +65,17 @@ impl<C: RedisConnection> RedisStore<C> {
         };
         match result {
             Ok(decision) => {
-                inner
-                    .deny_cache
-                    .insert(&state_key, policy, cost, (sent_at, removals), &decision);
+                if decision.is_allowed() {
+                    inner.deny_cache.admitted(&state_key, cost, sent_at);
+                } else {
+                    inner.deny_cache.insert(
+                        &state_key,
+                        policy,
+                        cost,
+                        (sent_at, removals),
+                        &decision,
+                    );
+                }
                 inner
                     .last_known
                     .record(&state_key, policy, &decision, sent_at);

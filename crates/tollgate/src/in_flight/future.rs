@@ -102,15 +102,15 @@ where
             }
             Answer::Decided((Slots { acquired: true, .. }, Holds::Local))
             | Answer::Local((Slots { acquired: true, .. }, Holds::Local)) => {
-                Some(Slot::boxed_local(
-                    shared.local.clone(),
-                    &local_limit(),
+                let registered = Slot::registered(
                     shared.store.clone(),
                     key,
                     &shared.limit,
                     holder,
                     &shared.telemetry,
-                ))
+                    lost,
+                );
+                Some(registered.with_local(shared.local.clone(), &local_limit()))
             }
             Answer::Decided((
                 Slots {
@@ -130,13 +130,14 @@ where
                 let response = answer::in_flight_full(&shared.limit, protocol);
                 return Ok(response.map(InFlightBody::own));
             }
-            Answer::LetThrough(_) => Some(Slot::registered(
+            Answer::LetThrough(_) => Some(Box::new(Slot::registered(
                 shared.store.clone(),
                 key,
                 &shared.limit,
                 holder,
                 &shared.telemetry,
-            )),
+                lost,
+            ))),
             Answer::Refused(refusal) => {
                 unheld();
                 let response = shared.responder.refused(&refusal);

@@ -1,7 +1,8 @@
 //! A slot held by a request, renewed while it runs and given back when dropped.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore};
@@ -27,6 +28,12 @@ pub(super) struct Slot<St: SlotStore + Clone> {
     /// A slot taken in the store, or the registration there of one the
     /// local fallback gave.
     taken: bool,
+    /// Of a registration: whether the store may hold its slot (the
+    /// acquire's reply was lost, or a renewal reached the store), so
+    /// that it is given back (see `Registered`). One that never reached the
+    /// store holds nothing there, and its give-back, which would fail and
+    /// be tried again through an outage, is not sent.
+    registered: Arc<AtomicU8>,
 }
 
 impl<St: SlotStore + Clone> Slot<St> {
@@ -44,65 +51,62 @@ impl<St: SlotStore + Clone> Slot<St> {
             limit.clone(),
             holder,
             telemetry,
-            true,
+            (true, false),
         ))
     }
 
-    /// A request let through while `store` failed ([`FailureMode::Open`](crate::FailureMode::Open)),
-    /// as the response body holds it: registered in `store` by its
-    /// renewals once the store answers again, so that a request that runs
-    /// on past the failure counts there; given back when it ends.
+    /// A request that runs while `store` failed, by the local fallback's
+    /// slot ([`Slot::with_local`]) or let through
+    /// ([`FailureMode::Open`](crate::FailureMode::Open)): registered in
+    /// `store` by its renewals once the store answers again (a renewal
+    /// takes a slot that is gone), so that a request that runs on past the
+    /// failure counts there; given back when it ends. `lost`: the
+    /// acquire's reply was lost, and the store may hold the slot already.
     pub(super) fn registered(
         store: St,
         key: Key,
         limit: &InFlightLimit,
         holder: u64,
         telemetry: &Telemetry,
-    ) -> Box<dyn Any + Send + Sync> {
-        Box::new(Self::take(
-            store,
-            key,
-            limit.clone(),
-            holder,
-            telemetry,
-            false,
-        ))
+        lost: bool,
+    ) -> Self {
+        Self::take(store, key, limit.clone(), holder, telemetry, (false, lost))
     }
 
-    /// A slot the local fallback gave in `local` (under `local_limit`)
-    /// while `store` failed, as the response body holds it: registered in
-    /// `store` too, by its renewals, once the store answers again (a
-    /// renewal takes a slot that is gone), so that a request that runs on
-    /// past the failure counts there; given back to both.
-    pub(super) fn boxed_local(
+    /// This registration with the slot the local fallback gave in `local`
+    /// (under `local_limit`), as the response body holds them: given back
+    /// to both.
+    pub(super) fn with_local(
+        self,
         local: MemoryStore,
         local_limit: &InFlightLimit,
-        store: St,
-        key: Key,
-        limit: &InFlightLimit,
-        holder: u64,
-        telemetry: &Telemetry,
     ) -> Box<dyn Any + Send + Sync> {
         let local = Slot::take(
             local,
-            key.clone(),
+            self.key.clone(),
             local_limit.clone(),
-            holder,
-            telemetry,
-            true,
+            self.holder,
+            &self.telemetry,
+            (true, false),
         );
-        let registered = Self::take(store, key, limit.clone(), holder, telemetry, false);
-        Box::new((local, registered))
+        Box::new((local, self))
     }
 
+    /// A slot `taken` in `store`, or registered there (`lost`: the
+    /// acquire's reply was lost, and the store may hold it already).
     fn take(
         store: St,
         key: Key,
         limit: InFlightLimit,
         holder: u64,
         telemetry: &Telemetry,
-        taken: bool,
+        (taken, lost): (bool, bool),
     ) -> Self {
+        let registered = Arc::new(AtomicU8::new(if lost {
+            Registered::MAY_HOLD
+        } else {
+            Registered::NOT_YET
+        }));
         if taken {
             telemetry.held(1.0);
         }
@@ -114,7 +118,7 @@ impl<St: SlotStore + Clone> Slot<St> {
             .and_then(Result::ok);
         let renewal = runtime.map(|runtime| {
             let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
-            let telemetry = telemetry.clone();
+            let (telemetry, reached) = (telemetry.clone(), Arc::clone(&registered));
             let every = limit.lease_duration() / 3;
             runtime
                 .spawn(async move {
@@ -130,7 +134,27 @@ impl<St: SlotStore + Clone> Slot<St> {
                     let mut expected_gone = !taken;
                     loop {
                         tick.tick().await;
-                        if let Ok(renewal) = store.renew(&key, &limit, holder).await {
+                        // Counted as reaching the store while on its way
+                        // (a slot dropped meanwhile is given back after
+                        // it), and after, unless it never did; none is
+                        // sent once the slot was dropped.
+                        let Ok(before) =
+                            reached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                                (state != Registered::DROPPED).then_some(Registered::MAY_HOLD)
+                            })
+                        else {
+                            return;
+                        };
+                        let renewed = store.renew(&key, &limit, holder).await;
+                        if renewed.as_ref().err().is_some_and(|e| !e.may_have_acted()) {
+                            let _ = reached.compare_exchange(
+                                Registered::MAY_HOLD,
+                                before,
+                                Ordering::AcqRel,
+                                Ordering::Acquire,
+                            );
+                        }
+                        if let Ok(renewal) = renewed {
                             if renewal.found_gone() && (!expected_gone || renewal.past_limit()) {
                                 telemetry.slot_gone(renewal);
                             }
@@ -148,6 +172,7 @@ impl<St: SlotStore + Clone> Slot<St> {
             renewal,
             telemetry: telemetry.clone(),
             taken,
+            registered,
         }
     }
 }
@@ -160,8 +185,24 @@ impl<St: SlotStore + Clone> Drop for Slot<St> {
         if self.taken {
             self.telemetry.held(-1.0);
         }
-        give_back(&self.store, &self.key, &self.limit, self.holder);
+        let registered = self.registered.swap(Registered::DROPPED, Ordering::AcqRel);
+        if self.taken || registered == Registered::MAY_HOLD {
+            give_back(&self.store, &self.key, &self.limit, self.holder);
+        }
     }
+}
+
+/// The states of a registration (a `Slot`'s `registered`).
+struct Registered;
+
+impl Registered {
+    /// No call of it reached the store: the store holds nothing of it.
+    const NOT_YET: u8 = 0;
+    /// The acquire's reply was lost, or a renewal is on its way or
+    /// reached the store: it may hold the slot.
+    const MAY_HOLD: u8 = 1;
+    /// The slot was dropped: no renewal is sent after.
+    const DROPPED: u8 = 2;
 }
 
 /// Gives `holder`'s slot back, for good (the request ended, or will never
