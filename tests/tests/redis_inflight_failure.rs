@@ -22,16 +22,12 @@ use tollgate_redis::{BreakerState, RedisStore};
 use tollgate_tests::{RedisServer, unique_prefix};
 use tower::ServiceExt;
 
-/// Ten requests of one key at once, through an in-flight limit of 4
-/// shared by two instances, on a Redis that is down: how many ran at once,
-/// and the status of each answer the layer gave itself.
-async fn ten_at_once(store: &RedisStore, mode: FailureMode) -> (usize, Vec<u16>) {
-    let limit = InFlightLimit::new("exports", 4).unwrap();
-    let layer = InFlightLayer::new(limit, GlobalKey)
-        .store(store.clone())
-        .on_store_error(mode)
-        .local_divisor(NonZeroU64::new(2).unwrap())
-        .local_fallback(MemoryStore::new());
+/// A route `/export` under `layer` whose handler counts itself running,
+/// then waits for a permit of the semaphore returned: the route, how many
+/// ran, and the semaphore.
+fn exports(
+    layer: InFlightLayer<GlobalKey, RedisStore>,
+) -> (Router, Arc<AtomicUsize>, Arc<Semaphore>) {
     let running = Arc::new(AtomicUsize::new(0));
     let go = Arc::new(Semaphore::new(0));
     let app = {
@@ -50,6 +46,20 @@ async fn ten_at_once(store: &RedisStore, mode: FailureMode) -> (usize, Vec<u16>)
             )
             .route_layer(layer)
     };
+    (app, running, go)
+}
+
+/// Ten requests of one key at once, through an in-flight limit of 4
+/// shared by two instances, on a Redis that is down: how many ran at once,
+/// and the status of each answer the layer gave itself.
+async fn ten_at_once(store: &RedisStore, mode: FailureMode) -> (usize, Vec<u16>) {
+    let limit = InFlightLimit::new("exports", 4).unwrap();
+    let layer = InFlightLayer::new(limit, GlobalKey)
+        .store(store.clone())
+        .on_store_error(mode)
+        .local_divisor(NonZeroU64::new(2).unwrap())
+        .local_fallback(MemoryStore::new());
+    let (app, running, go) = exports(layer);
     let answered = Arc::new(AtomicUsize::new(0));
     let requests: Vec<_> = (0..10)
         .map(|_| {
@@ -130,24 +140,7 @@ async fn a_give_back_that_finds_the_breaker_open_is_tried_again() {
     let layer = InFlightLayer::new(limit.clone(), GlobalKey)
         .store(store.clone())
         .on_store_error(FailureMode::Closed);
-    let running = Arc::new(AtomicUsize::new(0));
-    let go = Arc::new(Semaphore::new(0));
-    let app = {
-        let (running, go) = (running.clone(), go.clone());
-        Router::new()
-            .route(
-                "/export",
-                get(move || {
-                    let (running, go) = (running.clone(), go.clone());
-                    async move {
-                        running.fetch_add(1, Ordering::SeqCst);
-                        go.acquire().await.unwrap().forget();
-                        "exported"
-                    }
-                }),
-            )
-            .route_layer(layer)
-    };
+    let (app, running, go) = exports(layer);
     // An export takes the key's only slot, and runs.
     let export = tokio::spawn({
         let app = app.clone();

@@ -338,6 +338,22 @@ async fn admit_all(store: &RedisStore, key: &Key, policy: &Policy) -> u64 {
     admitted
 }
 
+/// 5 ms before `backlog` from now ends, another instance takes every
+/// unit Redis admits of the key; then `leased` gives its leases back, and
+/// it takes what they gave: all it admitted.
+async fn admitted_around_the_return(
+    redis: &RedisStore,
+    leased: &LeasedStore<RedisStore>,
+    clock: &FakeClock,
+    backlog: Duration,
+    (key, policy): (&Key, &Policy),
+) -> u64 {
+    clock.advance(backlog - Duration::from_millis(5));
+    let admitted = admit_all(redis, key, policy).await;
+    leased.return_leases().await;
+    admitted + admit_all(redis, key, policy).await
+}
+
 /// A lease's unused part given back after it drained from the key's
 /// backlog gives nothing twice. The lease's units drained (a GCRA frees a
 /// unit each interval, spent or not); another instance then spent the
@@ -402,10 +418,8 @@ async fn refunds_of_leased_requests_shorten_what_the_lease_gives_back() {
         // 5 ms before the grant's backlog would have ended, another
         // instance takes all Redis admits; then the lease is given back:
         // its unused units drained with the shortened backlog, 5 ms ago.
-        clock.advance(backlog - Duration::from_millis(5));
-        let mut admitted = admit_all(&redis, &key, &policy).await;
-        leased.return_leases().await;
-        admitted += admit_all(&redis, &key, &policy).await;
+        let admitted =
+            admitted_around_the_return(&redis, &leased, &clock, backlog, (&key, &policy)).await;
         assert_eq!(admitted, 1_000, "{algorithm:?}: a burst in all, no more");
     }
 }
@@ -430,10 +444,8 @@ async fn another_instances_refund_hands_out_at_most_its_units_again() {
         .settle(&key, &policy, Settlement::of(&reserved, 3, 0))
         .await
         .unwrap();
-    clock.advance(backlog - Duration::from_millis(5));
-    let mut admitted = admit_all(&redis, &key, &policy).await;
-    leased.return_leases().await;
-    admitted += admit_all(&redis, &key, &policy).await;
+    let admitted =
+        admitted_around_the_return(&redis, &leased, &clock, backlog, (&key, &policy)).await;
     assert!(
         (1_000..=1_003).contains(&admitted),
         "{admitted} admitted of a burst of 1,000, after a refund of 3 elsewhere"
@@ -484,10 +496,8 @@ async fn a_leases_return_shortens_what_the_next_one_gives_back() {
     assert_eq!(shortened, backlog - Duration::from_millis(returned));
     // 5 ms before the later grant's backlog would have ended, another
     // instance takes all Redis admits; then the lease is given back.
-    clock.advance(backlog - Duration::from_millis(5));
-    let mut admitted = admit_all(&redis, &key, &policy).await;
-    leased.return_leases().await;
-    admitted += admit_all(&redis, &key, &policy).await;
+    let admitted =
+        admitted_around_the_return(&redis, &leased, &clock, backlog, (&key, &policy)).await;
     assert_eq!(
         admitted, 1_000,
         "{returned} returned first: a burst, no more"

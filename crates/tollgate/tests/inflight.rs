@@ -423,7 +423,17 @@ async fn a_slot_taken_locally_while_the_store_was_away_counts_there_once_it_is_b
     }
 }
 
-async fn taken_while_away_counts_once_back(mode: FailureMode) {
+/// An export of limit 1 (a lease of 3 s) on a `Leasing` store, under
+/// `mode`, started while the store is away: the store, the limit, the
+/// export's handler, and the request running.
+async fn exporting_while_away(
+    mode: FailureMode,
+) -> (
+    Leasing,
+    InFlightLimit,
+    Slow,
+    tokio::task::JoinHandle<Result<http::Response<axum::body::Body>, std::convert::Infallible>>,
+) {
     let store = Leasing::default();
     let limit = InFlightLimit::new("exports", 1)
         .unwrap()
@@ -439,6 +449,11 @@ async fn taken_while_away_counts_once_back(mode: FailureMode) {
     store.away.store(true, Ordering::SeqCst);
     let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
     until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    (store, limit, slow, running)
+}
+
+async fn taken_while_away_counts_once_back(mode: FailureMode) {
+    let (store, limit, slow, running) = exporting_while_away(mode).await;
     store.away.store(false, Ordering::SeqCst);
     let key = Key::global();
     // Its renewal a second later registers it in the store.
@@ -460,21 +475,7 @@ async fn taken_while_away_counts_once_back(mode: FailureMode) {
 #[tokio::test(start_paused = true)]
 async fn a_request_that_never_reached_the_store_gives_nothing_back_there() {
     for mode in [FailureMode::Local, FailureMode::Open] {
-        let store = Leasing::default();
-        let limit = InFlightLimit::new("exports", 1)
-            .unwrap()
-            .lease(Duration::from_secs(3))
-            .unwrap();
-        let slow = Slow::default();
-        let app = slow.app(
-            InFlightLayer::new(limit.clone(), GlobalKey)
-                .store(store.clone())
-                .on_store_error(mode)
-                .local_fallback(MemoryStore::new()),
-        );
-        store.away.store(true, Ordering::SeqCst);
-        let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
-        until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+        let (store, _, slow, running) = exporting_while_away(mode).await;
         // Its renewals, a second apart, fail too.
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         slow.go.add_permits(1);

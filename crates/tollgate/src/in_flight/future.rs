@@ -76,6 +76,11 @@ where
             give_back(&shared.store, &key, &shared.limit, holder);
         }
     };
+    // A request that runs while the store fails, registered there.
+    let registered = |key| {
+        let store = shared.store.clone();
+        Slot::registered(store, key, &shared.limit, holder, &shared.telemetry, lost)
+    };
     let taken = acquired.map(|slots| (slots, Holds::Store));
     // This instance's share of the limit, under the count of now.
     let local_limit = || shared.limit.divided(shared.instances.get());
@@ -102,15 +107,7 @@ where
             }
             Answer::Decided((Slots { acquired: true, .. }, Holds::Local))
             | Answer::Local((Slots { acquired: true, .. }, Holds::Local)) => {
-                let registered = Slot::registered(
-                    shared.store.clone(),
-                    key,
-                    &shared.limit,
-                    holder,
-                    &shared.telemetry,
-                    lost,
-                );
-                Some(registered.with_local(shared.local.clone(), &local_limit()))
+                Some(registered(key).with_local(shared.local.clone(), &local_limit()))
             }
             Answer::Decided((
                 Slots {
@@ -130,14 +127,7 @@ where
                 let response = answer::in_flight_full(&shared.limit, protocol);
                 return Ok(response.map(InFlightBody::own));
             }
-            Answer::LetThrough(_) => Some(Box::new(Slot::registered(
-                shared.store.clone(),
-                key,
-                &shared.limit,
-                holder,
-                &shared.telemetry,
-                lost,
-            ))),
+            Answer::LetThrough(_) => Some(Box::new(registered(key))),
             Answer::Refused(refusal) => {
                 unheld();
                 let response = shared.responder.refused(&refusal);
