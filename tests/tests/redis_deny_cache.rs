@@ -122,8 +122,11 @@ async fn hammering_an_exhausted_key_drops_redis_calls_by_over_90_percent() {
     assert!(cached.deny_cache_len() > 0);
 }
 
-/// A denied key, then Redis restarted with no data: the same store asks
-/// Redis again within a second, and Redis admits the key.
+/// A denied key, then Redis restarted with no data: the same store notices
+/// (its connection failed, or Redis's `run_id` changed) and asks Redis
+/// again within 2.5 s of the restart, and Redis admits the key. On a test
+/// clock that stands still, so that the denial's one second as an answer
+/// for Redis never passes.
 #[tokio::test]
 async fn a_denial_does_not_outlive_a_restarted_redis() {
     let mut server = RedisServer::spawn();

@@ -155,8 +155,9 @@ impl RedisStoreBuilder {
     /// turns it off). A key denied until a time is denied locally until
     /// then, asking Redis again about once a second: a client hammering
     /// an exhausted limit costs Redis next to nothing, and decisions stay
-    /// exact, but for a reset or block on another app server, which
-    /// reaches this one within a second. The store remembers
+    /// exact, but for what another app server did to the key (a reset, a
+    /// block, a refund, a changed configuration), which reaches this one
+    /// within a second. The store remembers
     /// the last decision of as many keys for a local fallback to take over
     /// ([`Store::last_known`](tollgate_core::Store::last_known)).
     pub fn deny_cache(mut self, max_entries: usize) -> Self {

@@ -1,7 +1,7 @@
 //! A bounded local cache of denials.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -51,15 +51,22 @@ pub(crate) struct DenyCache {
     /// connection failed, or Redis restarted since): they no longer answer
     /// for Redis, but still stand while it cannot answer.
     epoch: AtomicU64,
-    /// How many denials were removed (their keys reset or blocked): a
-    /// denial decided while one was removed may be of the state before
-    /// the reset, and is not taken in.
+    /// How many denials were removed (their keys reset or blocked, or
+    /// admitted since): a denial decided while one was removed may be of
+    /// the state before, and is not taken in.
     removals: AtomicU64,
-    /// Whether the cache may hold a denial: set under `entries`' lock
-    /// when one is taken in, cleared there when it is found empty. An
-    /// admission of a key looks for its denial only while set, so that a
-    /// store whose keys are not denied pays no lock for them.
-    held: AtomicBool,
+}
+
+/// What the deny cache holds of a key, for a request.
+pub(crate) enum Cached {
+    /// A denial that answers for Redis.
+    Denial(Decision),
+    /// A denial that no longer answers for Redis, but stands while it
+    /// cannot answer ([`DenyCache::lookup_on_failure`]): an admission by
+    /// Redis ends it ([`DenyCache::admitted`]).
+    Standing,
+    /// No denial.
+    Nothing,
 }
 
 struct Entry {
@@ -95,37 +102,33 @@ impl DenyCache {
             full_until: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             removals: AtomicU64::new(0),
-            held: AtomicBool::new(false),
         }
     }
 
-    /// A local denial of `cost` for `state_key` at local time `now` (µs).
-    pub(crate) fn lookup(
-        &self,
-        state_key: &str,
-        policy: &Policy,
-        cost: u64,
-        now: u64,
-    ) -> Option<Decision> {
+    /// A local denial of `cost` for `state_key` at local time `now` (µs),
+    /// or whether the key holds a denial that does not answer for Redis.
+    pub(crate) fn lookup(&self, state_key: &str, policy: &Policy, cost: u64, now: u64) -> Cached {
         if self.max_entries == 0 {
-            return None;
+            return Cached::Nothing;
         }
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = entries.get(state_key)?;
+        let Some(entry) = entries.get(state_key) else {
+            return Cached::Nothing;
+        };
         // A request under another configuration of the policy (which may
         // drop the denying limit) makes the denial stale, whatever it costs.
         if now >= entry.until || entry.fingerprint != policy.fingerprint() {
             entries.remove(state_key);
-            return None;
+            return Cached::Nothing;
         }
         if !entry.exact
             || !cacheable(policy, cost)
             || entry.epoch != self.epoch()
             || now.saturating_sub(entry.sent_at) >= micros(ANSWERS_FOR)
         {
-            return None;
+            return Cached::Standing;
         }
-        Some(entry.at(policy, now))
+        Cached::Denial(entry.at(policy, now))
     }
 
     /// A denial of `cost` for `state_key` at local time `now` (µs) that
@@ -198,7 +201,6 @@ impl DenyCache {
         // one that fills the room a reset made, or replaces a key's
         // denial, can end earlier than those the last scan saw.
         self.full_until.fetch_min(until, Ordering::Relaxed);
-        self.held.store(true, Ordering::Release);
         entries.insert(
             state_key.to_owned(),
             Entry {
@@ -214,24 +216,22 @@ impl DenyCache {
     }
 
     /// Redis admitted a request of `cost` for `state_key`, sent at local
-    /// time `sent_at` (µs): the key's denial of that cost or less, sent
-    /// before, no longer stands, not even while Redis cannot answer (a
-    /// key reset, unblocked or refunded since, by this app server or
-    /// another, would be denied through an outage until the old denial's
-    /// end).
+    /// time `sent_at` (µs), whose lookup found a denial [standing](Cached::Standing):
+    /// the key's denial of that cost or less, sent before, no longer
+    /// stands, not even while Redis cannot answer (a key reset, unblocked
+    /// or refunded since, by this app server or another, would be denied
+    /// through an outage until the old denial's end). A denial decided
+    /// while it is removed may be the old one, and is not taken in (see
+    /// [`DenyCache::insert`]).
     pub(crate) fn admitted(&self, state_key: &str, cost: u64, sent_at: u64) {
-        if !self.held.load(Ordering::Acquire) {
-            return;
-        }
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if entries
             .get(state_key)
             .is_some_and(|e| e.cost <= cost && e.sent_at <= sent_at)
         {
+            // Under the lock, which `insert` checks the count under.
+            self.removals.fetch_add(1, Ordering::AcqRel);
             entries.remove(state_key);
-        }
-        if entries.is_empty() {
-            self.held.store(false, Ordering::Release);
         }
     }
 
@@ -345,9 +345,15 @@ mod tests {
         let sent = (10, cache.removals());
         cache.remove("k");
         cache.insert("k", &policy, 1, sent, &denied);
-        assert!(cache.lookup("k", &policy, 1, 20).is_none());
+        assert!(!matches!(
+            cache.lookup("k", &policy, 1, 20),
+            Cached::Denial(_)
+        ));
         cache.insert("k", &policy, 1, (30, cache.removals()), &denied);
-        assert!(cache.lookup("k", &policy, 1, 40).is_some());
+        assert!(matches!(
+            cache.lookup("k", &policy, 1, 40),
+            Cached::Denial(_)
+        ));
     }
 
     /// A cache full of denials in force turns new keys away until the
@@ -374,23 +380,38 @@ mod tests {
         // Every denial in force: turned away, again and again.
         for sent_at in [30, 40, retry - 1] {
             cache.insert("new", &policy, 1, (sent_at, cache.removals()), &denied);
-            assert!(cache.lookup("new", &policy, 1, sent_at).is_none());
+            assert!(!matches!(
+                cache.lookup("new", &policy, 1, sent_at),
+                Cached::Denial(_)
+            ));
         }
         // k0's denial ended at `retry`: its room goes to the new key.
         cache.insert("new", &policy, 1, (retry, cache.removals()), &denied);
-        assert!(cache.lookup("new", &policy, 1, retry).is_some());
+        assert!(matches!(
+            cache.lookup("new", &policy, 1, retry),
+            Cached::Denial(_)
+        ));
         assert_eq!(cache.len(), 3);
         // Full again until k1's denial ends; a reset of k2 makes room.
         cache.insert("other", &policy, 1, (retry + 1, cache.removals()), &denied);
-        assert!(cache.lookup("other", &policy, 1, retry + 1).is_none());
+        assert!(!matches!(
+            cache.lookup("other", &policy, 1, retry + 1),
+            Cached::Denial(_)
+        ));
         cache.remove("k2");
         cache.insert("other", &policy, 1, (retry + 2, cache.removals()), &denied);
-        assert!(cache.lookup("other", &policy, 1, retry + 2).is_some());
+        assert!(matches!(
+            cache.lookup("other", &policy, 1, retry + 2),
+            Cached::Denial(_)
+        ));
         // Full again. A denial that ends sooner than every other, put in
         // k1's place (its key denied anew, as by a clock behind the
         // others): once it ends, its room is taken before k1's old end.
         cache.insert("k1", &policy, 1, (0, cache.removals()), &denied);
         cache.insert("late", &policy, 1, (retry + 3, cache.removals()), &denied);
-        assert!(cache.lookup("late", &policy, 1, retry + 3).is_some());
+        assert!(matches!(
+            cache.lookup("late", &policy, 1, retry + 3),
+            Cached::Denial(_)
+        ));
     }
 }

@@ -6,6 +6,7 @@ use tollgate_core::{Decision, Key, Policy};
 
 use crate::batch::{self, Batcher, Queued, Turn, WordCalls};
 use crate::connect::RedisConnection;
+use crate::deny_cache::Cached;
 use crate::error::RedisStoreError;
 use crate::identity::{run_id, server_time};
 use crate::lanes::{self, GeneralCalls, Lanes};
@@ -53,12 +54,16 @@ impl<C: RedisConnection> RedisStore<C> {
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
         let removals = inner.deny_cache.removals();
-        if let Some(denied) = inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
-            #[cfg(feature = "metrics")]
-            inner.count_hit(policy.name());
-            self.check_server_identity();
-            return Ok(denied);
-        }
+        let standing = match inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
+            Cached::Denial(denied) => {
+                #[cfg(feature = "metrics")]
+                inner.count_hit(policy.name());
+                self.check_server_identity();
+                return Ok(denied);
+            }
+            Cached::Standing => true,
+            Cached::Nothing => false,
+        };
         let result = match Form::word_of(policy) {
             Some(form) => self.decide_word(form, &state_key, policy, cost).await,
             None => lanes::decide(&self.inner, &state_key, policy, cost).await,
@@ -66,7 +71,9 @@ impl<C: RedisConnection> RedisStore<C> {
         match result {
             Ok(decision) => {
                 if decision.is_allowed() {
-                    inner.deny_cache.admitted(&state_key, cost, sent_at);
+                    if standing {
+                        inner.deny_cache.admitted(&state_key, cost, sent_at);
+                    }
                 } else {
                     inner.deny_cache.insert(
                         &state_key,

@@ -135,9 +135,10 @@ impl<St: SlotStore + Clone> Slot<St> {
                     loop {
                         tick.tick().await;
                         // Counted as reaching the store while on its way
-                        // (a slot dropped meanwhile is given back after
-                        // it), and after, unless it never did; none is
-                        // sent once the slot was dropped.
+                        // (a slot dropped meanwhile is given back; on a
+                        // pool the give-back may still overtake it, see
+                        // `SlotStore::renew`), and after, unless it never
+                        // did; none is sent once the slot was dropped.
                         let Ok(before) =
                             reached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
                                 (state != Registered::DROPPED).then_some(Registered::MAY_HOLD)
