@@ -7,14 +7,9 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
 
-/// How long a cached denial answers for Redis after its call was sent
-/// (see [`DenyCache`]).
-pub(crate) const ANSWERS_FOR: Duration = Duration::from_secs(1);
-
-/// `span` in whole µs, the unit of the cache's times.
-fn micros(span: Duration) -> u64 {
-    u64::try_from(span.as_micros()).unwrap_or(u64::MAX)
-}
+/// How long a cached denial answers for Redis after its call was sent, in
+/// µs, the unit of the cache's times: a second (see [`DenyCache`]).
+const ANSWERS_FOR_US: u64 = 1_000_000;
 
 /// Remembers, per key, that Redis denied a request until a time.
 ///
@@ -34,7 +29,7 @@ fn micros(span: Duration) -> u64 {
 /// fresh quota from the failure policy, until Redis admits the key a
 /// request of that cost ([`DenyCache::admitted`]).
 ///
-/// A denial answers for Redis for at most [`ANSWERS_FOR`] after its call
+/// A denial answers for Redis for at most [`ANSWERS_FOR_US`] after its call
 /// was sent; then the key's next request asks Redis again, and its answer
 /// takes the denial's place. What only another app server did to the key
 /// (a reset, a block or its end, a changed configuration) reaches this
@@ -124,7 +119,7 @@ impl DenyCache {
         if !entry.exact
             || !cacheable(policy, cost)
             || entry.epoch != self.epoch()
-            || now.saturating_sub(entry.sent_at) >= micros(ANSWERS_FOR)
+            || now.saturating_sub(entry.sent_at) >= ANSWERS_FOR_US
         {
             return Cached::Standing;
         }

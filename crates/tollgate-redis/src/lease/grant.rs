@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use tollgate_core::{Decision, Key, Policy, Store, StoreError};
 
-use super::table::{self, Entry, Lease, Refunds, identity, micros};
+use super::refunds::Refunds;
+use super::table::{self, Entry, Lease, identity, micros};
 use super::{LIFETIME_INTERVALS, LeasedStore, Shared};
 use crate::algorithm::Leasing;
 

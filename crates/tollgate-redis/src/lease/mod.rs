@@ -4,6 +4,7 @@ mod builder;
 mod bus;
 mod grant;
 mod pubsub;
+mod refunds;
 mod spend;
 mod table;
 mod telemetry;
@@ -348,17 +349,17 @@ impl<S: Store> Shared<S> {
     }
 
     /// Sends a refund of `units` of a key whose refunds are counted in
-    /// `refunds` (see [`table::Refunds`]).
+    /// `refunds` (see [`Refunds`](refunds::Refunds)).
     async fn refunding<F>(
         &self,
-        refunds: Option<&Arc<table::Refunds>>,
+        refunds: Option<&Arc<refunds::Refunds>>,
         units: u64,
         send: impl FnOnce() -> F,
     ) -> Result<Decision, StoreError>
     where
         F: Future<Output = Result<Decision, StoreError>>,
     {
-        let refunding = refunds.map(|refunds| table::Refunding::start(refunds, units));
+        let refunding = refunds.map(|refunds| refunds::Refunding::start(refunds, units));
         let answer = send().await;
         // Answered, or never reached the store: done. Otherwise it may
         // still land, and the guard counts it done later.
