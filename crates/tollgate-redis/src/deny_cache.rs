@@ -47,9 +47,29 @@ pub(crate) struct DenyCache {
     /// for Redis, but still stand while it cannot answer.
     epoch: AtomicU64,
     /// How many denials were removed (their keys reset or blocked, or
-    /// admitted since): a denial decided while one was removed may be of
-    /// the state before, and is not taken in.
-    removals: AtomicU64,
+    /// admitted since), counted in the stripe of each key's name (see
+    /// [`stripe`]): a denial decided while one of its stripe was removed
+    /// may be of the state before, and is not taken in. Striped, so that
+    /// the removals of other keys (a settlement removes one) rarely turn
+    /// away a hammered key's denial.
+    removals: [AtomicU64; STRIPES],
+}
+
+/// How many stripes count removals (see [`DenyCache::removals`]).
+const STRIPES: usize = 64;
+
+/// The stripe that counts removals of `state_key`: FNV-1a over its bytes,
+/// mixed by MurmurHash3's finalizer (FNV alone leaves the top bits of names
+/// that differ in their last bytes alike).
+fn stripe(state_key: &str) -> usize {
+    let mut hash = state_key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    // `STRIPES` is a power of two: its bits from the top.
+    (hash >> (64 - STRIPES.trailing_zeros())) as usize
 }
 
 /// What the deny cache holds of a key, for a request.
@@ -96,7 +116,7 @@ impl DenyCache {
             entries: Mutex::new(HashMap::new()),
             full_until: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
-            removals: AtomicU64::new(0),
+            removals: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -147,10 +167,10 @@ impl DenyCache {
     /// Remembers `decision`, a denial of `cost` for a call sent at local
     /// time `sent_at` (µs).
     ///
-    /// `removals` is what [`DenyCache::removals`] said when the decision
-    /// was sent: if a key was reset or blocked since, the decision may
-    /// predate it, and caching it would deny the reset key here until
-    /// the old denial ended.
+    /// `removals` is what [`DenyCache::removals`] said of the key when the
+    /// decision was sent: if the key was reset or blocked since, the
+    /// decision may predate it, and caching it would deny the reset key
+    /// here until the old denial ended.
     pub(crate) fn insert(
         &self,
         state_key: &str,
@@ -162,7 +182,8 @@ impl DenyCache {
         let Some(retry) = decision.retry_after() else {
             return;
         };
-        if self.removals.load(Ordering::Acquire) != removals {
+        let removed = &self.removals[stripe(state_key)];
+        if removed.load(Ordering::Acquire) != removals {
             return;
         }
         if self.max_entries == 0 || cost == 0 {
@@ -174,7 +195,7 @@ impl DenyCache {
         // Again under the lock: a removal counts before it takes the lock,
         // so one between the look above and this lock is seen here, and
         // one after it removes what is inserted below.
-        if self.removals.load(Ordering::Acquire) != removals {
+        if removed.load(Ordering::Acquire) != removals {
             return;
         }
         if entries.len() >= self.max_entries && !entries.contains_key(state_key) {
@@ -225,7 +246,7 @@ impl DenyCache {
             .is_some_and(|e| e.cost <= cost && e.sent_at <= sent_at)
         {
             // Under the lock, which `insert` checks the count under.
-            self.removals.fetch_add(1, Ordering::AcqRel);
+            self.removed(state_key);
             entries.remove(state_key);
         }
     }
@@ -242,7 +263,7 @@ impl DenyCache {
     /// it still stands while Redis cannot answer. A denial decided before
     /// is not cached over it (see [`DenyCache::insert`]).
     pub(crate) fn demote(&self, state_key: &str) {
-        self.removals.fetch_add(1, Ordering::AcqRel);
+        self.removed(state_key);
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = entries.get_mut(state_key) {
             entry.exact = false;
@@ -252,17 +273,22 @@ impl DenyCache {
     /// Drops the denial of `state_key`, whose state was reset: it no
     /// longer stands, not even while Redis cannot answer.
     pub(crate) fn remove(&self, state_key: &str) {
-        self.removals.fetch_add(1, Ordering::AcqRel);
+        self.removed(state_key);
         self.entries
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(state_key);
     }
 
-    /// How many denials were removed so far: read when a decision is sent,
-    /// and passed to [`DenyCache::insert`] with it.
-    pub(crate) fn removals(&self) -> u64 {
-        self.removals.load(Ordering::Acquire)
+    /// How many denials of `state_key`'s stripe were removed so far: read
+    /// when a decision is sent, and passed to [`DenyCache::insert`] with it.
+    pub(crate) fn removals(&self, state_key: &str) -> u64 {
+        self.removals[stripe(state_key)].load(Ordering::Acquire)
+    }
+
+    /// Counts a removal of `state_key`'s denial, before it is made.
+    fn removed(&self, state_key: &str) {
+        self.removals[stripe(state_key)].fetch_add(1, Ordering::AcqRel);
     }
 
     fn epoch(&self) -> u64 {
@@ -337,15 +363,49 @@ mod tests {
         let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
         let denied = denial(&policy);
         let cache = DenyCache::new(10);
-        let sent = (10, cache.removals());
+        let sent = (10, cache.removals("k"));
         cache.remove("k");
         cache.insert("k", &policy, 1, sent, &denied);
         assert!(!matches!(
             cache.lookup("k", &policy, 1, 20),
             Cached::Denial(_)
         ));
-        cache.insert("k", &policy, 1, (30, cache.removals()), &denied);
+        cache.insert("k", &policy, 1, (30, cache.removals("k")), &denied);
         assert!(matches!(
+            cache.lookup("k", &policy, 1, 40),
+            Cached::Denial(_)
+        ));
+    }
+
+    /// Removals of other keys' denials (a settlement removes one) do not
+    /// turn away a denial decided meanwhile, but for a key of the same
+    /// stripe: a hammered key stays cached beside other keys' settlements.
+    #[test]
+    fn other_keys_removals_do_not_turn_away_a_denial() {
+        let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
+        let denied = denial(&policy);
+        let cache = DenyCache::new(10);
+        let sent = (10, cache.removals("k"));
+        let others: Vec<String> = (0..1_000).map(|i| format!("other-{i}")).collect();
+        let elsewhere: Vec<&String> = others.iter().filter(|o| stripe(o) != stripe("k")).collect();
+        // The stripes spread keys: about 1 in 64 shares k's.
+        assert!(elsewhere.len() > 950, "{}", elsewhere.len());
+        for other in &elsewhere {
+            cache.remove(other);
+        }
+        cache.insert("k", &policy, 1, sent, &denied);
+        assert!(matches!(
+            cache.lookup("k", &policy, 1, 20),
+            Cached::Denial(_)
+        ));
+        // A removal in k's stripe still turns a denial away, as k's own
+        // would.
+        let same = others.iter().find(|o| stripe(o) == stripe("k")).unwrap();
+        cache.remove("k");
+        let sent = (30, cache.removals("k"));
+        cache.remove(same);
+        cache.insert("k", &policy, 1, sent, &denied);
+        assert!(!matches!(
             cache.lookup("k", &policy, 1, 40),
             Cached::Denial(_)
         ));
@@ -367,34 +427,46 @@ mod tests {
                 &format!("k{i}"),
                 &policy,
                 1,
-                (sent_at, cache.removals()),
+                (sent_at, cache.removals(&format!("k{i}"))),
                 &denied,
             );
         }
         assert_eq!(cache.len(), 3);
         // Every denial in force: turned away, again and again.
         for sent_at in [30, 40, retry - 1] {
-            cache.insert("new", &policy, 1, (sent_at, cache.removals()), &denied);
+            cache.insert("new", &policy, 1, (sent_at, cache.removals("new")), &denied);
             assert!(!matches!(
                 cache.lookup("new", &policy, 1, sent_at),
                 Cached::Denial(_)
             ));
         }
         // k0's denial ended at `retry`: its room goes to the new key.
-        cache.insert("new", &policy, 1, (retry, cache.removals()), &denied);
+        cache.insert("new", &policy, 1, (retry, cache.removals("new")), &denied);
         assert!(matches!(
             cache.lookup("new", &policy, 1, retry),
             Cached::Denial(_)
         ));
         assert_eq!(cache.len(), 3);
         // Full again until k1's denial ends; a reset of k2 makes room.
-        cache.insert("other", &policy, 1, (retry + 1, cache.removals()), &denied);
+        cache.insert(
+            "other",
+            &policy,
+            1,
+            (retry + 1, cache.removals("other")),
+            &denied,
+        );
         assert!(!matches!(
             cache.lookup("other", &policy, 1, retry + 1),
             Cached::Denial(_)
         ));
         cache.remove("k2");
-        cache.insert("other", &policy, 1, (retry + 2, cache.removals()), &denied);
+        cache.insert(
+            "other",
+            &policy,
+            1,
+            (retry + 2, cache.removals("other")),
+            &denied,
+        );
         assert!(matches!(
             cache.lookup("other", &policy, 1, retry + 2),
             Cached::Denial(_)
@@ -402,8 +474,14 @@ mod tests {
         // Full again. A denial that ends sooner than every other, put in
         // k1's place (its key denied anew, as by a clock behind the
         // others): once it ends, its room is taken before k1's old end.
-        cache.insert("k1", &policy, 1, (0, cache.removals()), &denied);
-        cache.insert("late", &policy, 1, (retry + 3, cache.removals()), &denied);
+        cache.insert("k1", &policy, 1, (0, cache.removals("k1")), &denied);
+        cache.insert(
+            "late",
+            &policy,
+            1,
+            (retry + 3, cache.removals("late")),
+            &denied,
+        );
         assert!(matches!(
             cache.lookup("late", &policy, 1, retry + 3),
             Cached::Denial(_)

@@ -53,7 +53,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &*self.inner;
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
-        let removals = inner.deny_cache.removals();
+        let removals = inner.deny_cache.removals(&state_key);
         let standing = match inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
             Cached::Denial(denied) => {
                 #[cfg(feature = "metrics")]
