@@ -44,7 +44,10 @@ async fn a_limiter_on_a_redis_that_is_down_follows_its_failure_policy() {
         assert!(
             matches!(
                 error,
-                StoreError::Backend(_) | StoreError::Timeout(_) | StoreError::CircuitOpen
+                StoreError::Backend(_)
+                    | StoreError::Unavailable(_)
+                    | StoreError::Timeout(_)
+                    | StoreError::CircuitOpen
             ),
             "{error:?}"
         );

@@ -269,6 +269,15 @@ pub enum StoreError {
     /// error is kept as the [`source`](std::error::Error::source).
     #[error("store backend failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The store's backend could not take the request: no connection to it
+    /// could be made (refused, or none yet), or it turned the request away
+    /// whole before running it (Redis read-only, loading or out of
+    /// memory). Unlike [`Backend`](StoreError::Backend), the request was
+    /// not applied. The failure policy decides it, and it counts towards a
+    /// circuit breaker. The backend's error is kept as the
+    /// [`source`](std::error::Error::source).
+    #[error("store unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The store's own queue of requests is full: the app's own load, not
     /// a failure of the backend. The request was never sent. A failure
     /// policy never decides it (no local quota, never let through): it is
@@ -284,6 +293,22 @@ impl StoreError {
         Self::Backend(Box::new(error))
     }
 
+    /// Wraps a backend error after which the request was not applied (see
+    /// [`Unavailable`](StoreError::Unavailable)), keeping it as the
+    /// [`source`](std::error::Error::source).
+    ///
+    /// ```
+    /// use tollgate_core::StoreError;
+    ///
+    /// let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+    /// let error = StoreError::unavailable(refused);
+    /// assert_eq!(error.to_string(), "store unavailable: refused");
+    /// assert!(!error.may_have_acted());
+    /// ```
+    pub fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Unavailable(Box::new(error))
+    }
+
     /// Every [`kind`](StoreError::kind), in a fixed order: the labels a
     /// metric of store errors can have, to register them all up front.
     ///
@@ -292,14 +317,21 @@ impl StoreError {
     ///
     /// assert_eq!(
     ///     StoreError::KINDS,
-    ///     ["full", "circuit_open", "timeout", "backend", "overloaded"]
+    ///     ["full", "circuit_open", "timeout", "backend", "unavailable", "overloaded"]
     /// );
     /// ```
-    pub const KINDS: [&'static str; 5] =
-        ["full", "circuit_open", "timeout", "backend", "overloaded"];
+    pub const KINDS: [&'static str; 6] = [
+        "full",
+        "circuit_open",
+        "timeout",
+        "backend",
+        "unavailable",
+        "overloaded",
+    ];
 
     /// A short name of the kind of failure, as used in metrics labels:
-    /// `full`, `circuit_open`, `timeout`, `backend` or `overloaded`.
+    /// `full`, `circuit_open`, `timeout`, `backend`, `unavailable` or
+    /// `overloaded`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -313,6 +345,7 @@ impl StoreError {
             Self::CircuitOpen => "circuit_open",
             Self::Timeout(_) => "timeout",
             Self::Backend(_) => "backend",
+            Self::Unavailable(_) => "unavailable",
             Self::Overloaded => "overloaded",
         }
     }
@@ -332,7 +365,11 @@ impl StoreError {
     pub fn is_own_load(&self) -> bool {
         match self {
             Self::Overloaded => true,
-            Self::Full { .. } | Self::CircuitOpen | Self::Timeout(_) | Self::Backend(_) => false,
+            Self::Full { .. }
+            | Self::CircuitOpen
+            | Self::Timeout(_)
+            | Self::Backend(_)
+            | Self::Unavailable(_) => false,
         }
     }
 
@@ -341,7 +378,7 @@ impl StoreError {
     /// [`Backend`](StoreError::Backend) failure may come after the store
     /// applied it (a reply lost on its way back). The other kinds were
     /// never applied: the request was not sent, or the store refused it
-    /// whole. What a caller took, such as an in-flight slot, is given back
+    /// whole ([`Unavailable`](StoreError::Unavailable) among them). What a caller took, such as an in-flight slot, is given back
     /// after an error that may have acted.
     ///
     /// ```
@@ -355,7 +392,9 @@ impl StoreError {
     pub fn may_have_acted(&self) -> bool {
         match self {
             Self::Timeout(_) | Self::Backend(_) => true,
-            Self::Full { .. } | Self::CircuitOpen | Self::Overloaded => false,
+            Self::Full { .. } | Self::CircuitOpen | Self::Unavailable(_) | Self::Overloaded => {
+                false
+            }
         }
     }
 }
@@ -387,6 +426,7 @@ mod kinds {
             StoreError::CircuitOpen,
             StoreError::Timeout(Duration::ZERO),
             StoreError::backend(std::fmt::Error),
+            StoreError::unavailable(std::fmt::Error),
             StoreError::Overloaded,
         ];
         for error in &all {
@@ -395,6 +435,7 @@ mod kinds {
                 | StoreError::CircuitOpen
                 | StoreError::Timeout(_)
                 | StoreError::Backend(_)
+                | StoreError::Unavailable(_)
                 | StoreError::Overloaded => {}
             }
         }

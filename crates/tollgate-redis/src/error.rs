@@ -153,11 +153,15 @@ impl From<RedisStoreError> for StoreError {
             // The store's own queue, or the pool's: the app's load, which
             // no failure policy decides.
             RedisStoreError::QueueFull | RedisStoreError::PoolBusy => StoreError::Overloaded,
-            other @ (RedisStoreError::Config(_)
-            | RedisStoreError::Unavailable { .. }
-            | RedisStoreError::Redis(_)
+            // Never run: no connection, or Redis turned the call away.
+            other @ (RedisStoreError::Unavailable { .. }
             | RedisStoreError::NotConnected { .. }
-            | RedisStoreError::PoolTimeout
+            | RedisStoreError::PoolTimeout) => StoreError::unavailable(other),
+            RedisStoreError::Redis(e) if e.is_connection_refusal() => {
+                StoreError::unavailable(RedisStoreError::Redis(e))
+            }
+            other @ (RedisStoreError::Config(_)
+            | RedisStoreError::Redis(_)
             | RedisStoreError::UnsupportedVersion { .. }
             | RedisStoreError::Protocol(_)) => StoreError::backend(other),
         }
@@ -264,6 +268,59 @@ mod tests {
             store.to_string(),
             "store backend failed: invalid Redis store configuration: burst must be at least 1, got 0"
         );
+    }
+
+    /// The store error a layer sees says what the Redis error says of
+    /// whether Redis may have run the call, for every error a call can end
+    /// with: a refused connection, no connection yet, an empty pool or a
+    /// call Redis turned away ran nowhere (they were all `Backend`, which
+    /// "may have acted": a refused refund counted against a lease for
+    /// 10 s, and a refused in-flight acquire was given back).
+    #[test]
+    fn a_store_error_may_have_acted_as_its_redis_error_says() {
+        let io = |kind, message| {
+            RedisStoreError::from(redis::RedisError::from(std::io::Error::new(kind, message)))
+        };
+        let readonly = classify(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        )));
+        let script = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "ERR user_script:1: boom",
+        ));
+        let calls = [
+            (
+                io(std::io::ErrorKind::ConnectionRefused, "refused"),
+                "unavailable",
+            ),
+            (io(std::io::ErrorKind::ConnectionReset, "reset"), "backend"),
+            (io(std::io::ErrorKind::BrokenPipe, "broken pipe"), "backend"),
+            (readonly, "unavailable"),
+            (RedisStoreError::Redis(script), "backend"),
+            (
+                RedisStoreError::NotConnected {
+                    reason: "refused".into(),
+                },
+                "unavailable",
+            ),
+            (RedisStoreError::PoolTimeout, "unavailable"),
+            (
+                RedisStoreError::Deadline(Duration::from_millis(5)),
+                "timeout",
+            ),
+            (RedisStoreError::Protocol("no decision".into()), "backend"),
+            (RedisStoreError::CircuitOpen, "circuit_open"),
+            (RedisStoreError::QueueFull, "overloaded"),
+            (RedisStoreError::PoolBusy, "overloaded"),
+        ];
+        for (error, kind) in calls {
+            let acted = error.may_have_acted();
+            let message = error.to_string();
+            let store = StoreError::from(error);
+            assert_eq!(store.kind(), kind, "{message}");
+            assert_eq!(store.may_have_acted(), acted, "{message}");
+        }
     }
 
     /// A server that is not there: the operating system's reason, whatever

@@ -184,22 +184,30 @@ async fn a_grpc_server_refuses_with_resource_exhausted_and_a_pushback() {
 /// The memory store's slots, renewed as leases are (as on Redis), with
 /// holder ids in order from 1 and every renewal's answer recorded; given
 /// back at once, as in memory, and the give-backs counted. While `away`,
-/// takes and renewals fail, as on a Redis that is away.
+/// takes and renewals fail, as on a Redis that is away: its breaker open,
+/// or, while `refused`, its connection refused.
 #[derive(Clone, Default)]
 struct Leasing {
     slots: MemoryStore,
     next: Arc<AtomicU64>,
     renewals: Arc<Mutex<Vec<Renewal>>>,
     away: Arc<std::sync::atomic::AtomicBool>,
+    refused: Arc<std::sync::atomic::AtomicBool>,
     given_back: Arc<AtomicUsize>,
 }
 
 impl Leasing {
     fn failing(&self) -> Result<(), StoreError> {
-        match self.away.load(Ordering::SeqCst) {
-            true => Err(StoreError::CircuitOpen),
-            false => Ok(()),
+        if !self.away.load(Ordering::SeqCst) {
+            return Ok(());
         }
+        Err(match self.refused.load(Ordering::SeqCst) {
+            true => StoreError::unavailable(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "refused",
+            )),
+            false => StoreError::CircuitOpen,
+        })
     }
 }
 
@@ -428,6 +436,7 @@ async fn a_slot_taken_locally_while_the_store_was_away_counts_there_once_it_is_b
 /// export's handler, and the request running.
 async fn exporting_while_away(
     mode: FailureMode,
+    refused: bool,
 ) -> (
     Leasing,
     InFlightLimit,
@@ -447,13 +456,14 @@ async fn exporting_while_away(
             .local_fallback(MemoryStore::new()),
     );
     store.away.store(true, Ordering::SeqCst);
+    store.refused.store(refused, Ordering::SeqCst);
     let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
     until(|| slow.started.load(Ordering::SeqCst) == 1).await;
     (store, limit, slow, running)
 }
 
 async fn taken_while_away_counts_once_back(mode: FailureMode) {
-    let (store, limit, slow, running) = exporting_while_away(mode).await;
+    let (store, limit, slow, running) = exporting_while_away(mode, false).await;
     store.away.store(false, Ordering::SeqCst);
     let key = Key::global();
     // Its renewal a second later registers it in the store.
@@ -471,11 +481,13 @@ async fn taken_while_away_counts_once_back(mode: FailureMode) {
 /// A request the failure policy let run while the store was away for all
 /// of it never reached the store: nothing of it is given back there. (Its
 /// give-back would fail, and be tried again through the outage, taking
-/// the place of give-backs that matter.)
+/// the place of give-backs that matter.) Away with its breaker open, or
+/// its connection refused (which was a `Backend` error, "may have acted").
 #[tokio::test(start_paused = true)]
 async fn a_request_that_never_reached_the_store_gives_nothing_back_there() {
-    for mode in [FailureMode::Local, FailureMode::Open] {
-        let (store, _, slow, running) = exporting_while_away(mode).await;
+    let away = [FailureMode::Local, FailureMode::Open].map(|mode| [(mode, false), (mode, true)]);
+    for (mode, refused) in away.into_iter().flatten() {
+        let (store, _, slow, running) = exporting_while_away(mode, refused).await;
         // Its renewals, a second apart, fail too.
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         slow.go.add_permits(1);
@@ -483,6 +495,7 @@ async fn a_request_that_never_reached_the_store_gives_nothing_back_there() {
         assert_eq!(done.status(), StatusCode::OK, "{mode:?}");
         done.into_body().collect().await.unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(store.given_back.load(Ordering::SeqCst), 0, "{mode:?}");
+        let given_back = store.given_back.load(Ordering::SeqCst);
+        assert_eq!(given_back, 0, "{mode:?}, refused: {refused}");
     }
 }
