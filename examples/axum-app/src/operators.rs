@@ -9,7 +9,9 @@
 //! the user's state. A route's policy name (`export`) stands for the
 //! route's [`PolicyFamily`]: the route's policy and every plan's
 //! (`export-pro`), so that a block holds whichever plan the user is on; a
-//! plan's policy name stands for that policy alone.
+//! plan's policy name stands for that policy alone. Resets and blocks go
+//! through the layers' failure settings, so that a user blocked here stays
+//! blocked on this app server through a Redis outage.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +23,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
-use tollgate::{BoxStore, PolicyFamily, RateLimitReport, RateLimitStatus, ToKey};
+use tollgate::{BoxStore, FallbackStore, PolicyFamily, RateLimitReport, RateLimitStatus, ToKey};
 
 use crate::{AppConfig, AppOverrides, KeySpec, RouteConfig, UserId, app_key, demo_auth};
 
@@ -51,9 +53,17 @@ pub(crate) fn routes(
     let Some(token) = admin else {
         return router;
     };
+    // Resets and blocks go through the layers' failure settings, so that
+    // they reach the local fallback the layers decide with while the store
+    // fails (the process's shared one): a user blocked here stays blocked
+    // through a Redis outage, and a reset lifts a block there too.
+    let acting = FallbackStore::new(store.clone())
+        .on_store_error(config.failure)
+        .local_divisor(config.instances);
     let admin = Admin {
         entries,
         store: store.clone(),
+        acting: BoxStore::new(acting),
         token,
     };
     let reset = {
@@ -153,7 +163,11 @@ struct Block {
 #[derive(Clone)]
 struct Admin {
     entries: Entries,
+    /// The store the layers decide with: what the status shows.
     store: BoxStore,
+    /// That store within the layers' failure settings: what resets and
+    /// blocks go through.
+    acting: BoxStore,
     token: AdminToken,
 }
 
@@ -196,10 +210,10 @@ impl Admin {
         };
         let key = UserId(user).to_key();
         let done = match block {
-            None => family.reset(&self.store, &key).await,
+            None => family.reset(&self.acting, &key).await,
             Some(Block { seconds }) => {
                 let duration = Duration::from_secs(seconds);
-                family.block(&self.store, &key, duration).await
+                family.block(&self.acting, &key, duration).await
             }
         };
         match done {
