@@ -405,11 +405,11 @@ mod tests {
 
     #[test]
     fn a_backend_failure_says_why_and_keeps_its_source() {
-        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        let error = StoreError::backend(refused);
-        assert_eq!(error.to_string(), "store backend failed: refused");
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let error = StoreError::backend(reset);
+        assert_eq!(error.to_string(), "store backend failed: reset");
         let source = std::error::Error::source(&error).map(ToString::to_string);
-        assert_eq!(source.as_deref(), Some("refused"));
+        assert_eq!(source.as_deref(), Some("reset"));
     }
 }
 

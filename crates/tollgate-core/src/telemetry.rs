@@ -9,7 +9,7 @@
 //! | name | kind | labels | counts |
 //! |---|---|---|---|
 //! | [`DECISIONS`] | counter | `policy`, `outcome` | requests decided: `allowed`, `limited` (rejected), `shadow_limited` (would have been rejected; let through by shadow mode) |
-//! | [`STORE_ERRORS`] | counter | `policy`, `outcome` | store failures by kind: `timeout`, `circuit_open`, `full`, `backend`, `overloaded` |
+//! | [`STORE_ERRORS`] | counter | `policy`, `outcome` | store failures by kind: `timeout`, `circuit_open`, `full`, `backend`, `unavailable`, `overloaded` |
 //! | [`FALLBACKS`] | counter | `policy`, `outcome` | requests the failure policy handled: `open` (let through), `closed` (503), `local_allowed`, `local_limited` |
 //! | [`DENY_CACHE_HITS`] | counter | `policy` | denials the Redis store answered from its deny cache, without a round trip |
 //! | [`MEMORY_STORE_KEYS`] | gauge | none | keys held by the process's memory stores |
@@ -40,7 +40,7 @@
 pub const DECISIONS: &str = "tollgate_decisions_total";
 
 /// Counter of store failures, labelled `policy` and `outcome`, the kind of
-/// failure (`timeout`, `circuit_open`, `full`, `backend`, `overloaded`; see
+/// failure (`timeout`, `circuit_open`, `full`, `backend`, `unavailable`, `overloaded`; see
 /// [`StoreError::kind`](crate::StoreError::kind)).
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 
@@ -246,7 +246,7 @@ pub const ALL: &[Metric] = {
             STORE_ERRORS,
             Counter,
             &["policy", "outcome"],
-            "Rate-limit store failures, by policy and kind: timeout, circuit_open, full, backend, overloaded",
+            "Rate-limit store failures, by policy and kind: timeout, circuit_open, full, backend, unavailable, overloaded",
         ),
         Metric::new(
             FALLBACKS,

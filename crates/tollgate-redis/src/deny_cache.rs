@@ -59,16 +59,15 @@ pub(crate) struct DenyCache {
 const STRIPES: usize = 64;
 
 /// The stripe that counts removals of `state_key`: FNV-1a over its bytes,
-/// mixed by MurmurHash3's finalizer (FNV alone leaves the top bits of names
-/// that differ in their last bytes alike).
+/// then a xorshift and a multiply (FNV alone leaves the top bits of names
+/// that differ in their last bytes alike), and the top bits of that.
 fn stripe(state_key: &str) -> usize {
     let mut hash = state_key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     hash ^= hash >> 33;
     hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    hash ^= hash >> 33;
-    // `STRIPES` is a power of two: its bits from the top.
+    // `STRIPES` is a power of two: that many from the top bits.
     (hash >> (64 - STRIPES.trailing_zeros())) as usize
 }
 

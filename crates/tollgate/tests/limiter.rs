@@ -195,11 +195,11 @@ async fn a_refused_reservation_says_how_much_it_needed() {
 
 #[test]
 fn a_store_failure_says_why() {
-    let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-    let error = WaitError::from(tollgate::StoreError::backend(refused));
+    let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+    let error = WaitError::from(tollgate::StoreError::backend(reset));
     assert_eq!(
         error.to_string(),
-        "rate-limit store failed: store backend failed: refused"
+        "rate-limit store failed: store backend failed: reset"
     );
 }
 

@@ -18,7 +18,7 @@ use tower::ServiceExt;
 struct Down;
 
 fn down() -> StoreError {
-    StoreError::backend(std::io::Error::new(
+    StoreError::unavailable(std::io::Error::new(
         std::io::ErrorKind::ConnectionRefused,
         "connection refused",
     ))
