@@ -58,11 +58,15 @@ pub(crate) struct DenyCache {
 /// How many stripes count removals (see [`DenyCache::removals`]).
 const STRIPES: usize = 64;
 
-/// The stripe that counts removals of `state_key`: FNV-1a over its bytes,
+/// The stripe that counts removals of `state_key`: FNV-1a over its last 16
+/// bytes (a state key ends in hex digits of a SHA-256, see `keys.rs`, which
+/// spread keys as well as the whole name would, at a third of the cost),
 /// then a xorshift and a multiply (FNV alone leaves the top bits of names
 /// that differ in their last bytes alike), and the top bits of that.
 fn stripe(state_key: &str) -> usize {
-    let mut hash = state_key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+    let bytes = state_key.as_bytes();
+    let tail = &bytes[bytes.len().saturating_sub(16)..];
+    let mut hash = tail.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     hash ^= hash >> 33;
