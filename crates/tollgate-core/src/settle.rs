@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::decision::Decision;
+use crate::decision::{DecidedBy, Decision};
 use crate::policy::{MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
 
@@ -83,6 +83,7 @@ pub struct Settlement {
     reserved: u64,
     actual: u64,
     reserved_at: Timestamp,
+    decided_by: DecidedBy,
 }
 
 /// What a settlement does to a key's state.
@@ -99,18 +100,43 @@ pub(crate) enum Change {
 impl Settlement {
     /// A request that reserved `reserved` at `reserved_at` (the store's
     /// time of the reservation, [`Decision::now`]) and cost `actual`.
+    /// Its reservation is taken as made by the store it is settled in
+    /// ([`DecidedBy::Store`]).
     pub fn new(reserved: u64, actual: u64, reserved_at: Timestamp) -> Self {
         Self {
             reserved,
             actual,
             reserved_at,
+            decided_by: DecidedBy::Store,
         }
     }
 
     /// The settlement of the request `reservation` admitted at cost
-    /// `reserved`, which cost `actual`.
+    /// `reserved`, which cost `actual`. It keeps who decided the
+    /// reservation ([`Decision::decided_by`]), so that a store with a local
+    /// fallback settles it where it was made.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, DecidedBy, MemoryStore, Key, Policy, Settlement};
+    ///
+    /// let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/min")?;
+    /// let reservation = MemoryStore::new().check_sync(&Key::user("acme"), &policy, 300)?;
+    /// let local = reservation.clone().with_decided_by(DecidedBy::LocalFallback);
+    /// assert_eq!(Settlement::of(&reservation, 300, 0).decided_by(), DecidedBy::Store);
+    /// assert_eq!(Settlement::of(&local, 300, 0).decided_by(), DecidedBy::LocalFallback);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn of(reservation: &Decision, reserved: u64, actual: u64) -> Self {
-        Self::new(reserved, actual, reservation.now())
+        Self {
+            decided_by: reservation.decided_by(),
+            ..Self::new(reserved, actual, reservation.now())
+        }
+    }
+
+    /// Who decided the reservation: the store it is settled in, unless it
+    /// was made [of](Settlement::of) a decision that says otherwise.
+    pub fn decided_by(&self) -> DecidedBy {
+        self.decided_by
     }
 
     /// The cost reserved before the request ran.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tollgate::{
     Algorithm, DecidedBy, FailureMode, FakeClock, FallbackStore, Key, MemoryOverrides, MemoryStore,
-    Override, OverrideStore, Policy, Store, StoreError, Timestamp,
+    Override, OverrideStore, Policy, Settlement, Store, StoreError, Timestamp,
 };
 
 use flaky::Flaky;
@@ -148,4 +148,65 @@ async fn a_limiters_settlement_goes_where_the_reservation_was_made() {
     let settled = limiter.settle(&key, &reservation, 300, 0).await.unwrap();
     assert_eq!(settled, reservation);
     assert_eq!(shared_remaining(&shared), 500);
+}
+
+/// A `FallbackStore` asked directly settles where the reservation was made,
+/// as `Settlement::of` keeps it from the decision: one its local fallback
+/// made while the shared store failed is refunded in the fallback, not in
+/// the shared store, which never charged it (300 tokens free there for a
+/// key that had used 500: it settled every settlement in the shared store
+/// first); one the shared store made is settled there or not at all.
+#[tokio::test]
+async fn a_fallback_stores_settlement_goes_where_the_reservation_was_made() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
+    let memory = || MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/min").unwrap();
+    let key = Key::user("acme");
+    let shared = Flaky::new(memory());
+    let local = memory();
+    let store = FallbackStore::new(shared.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(local.clone());
+    let shared_remaining = || {
+        shared
+            .inner
+            .check_sync(&key, &policy, 0)
+            .unwrap()
+            .remaining()
+    };
+
+    let in_store = store.check(&key, &policy, 500).await.unwrap();
+    assert_eq!(in_store.decided_by(), DecidedBy::Store);
+    shared.fail(true);
+    let locally = store.check(&key, &policy, 300).await.unwrap();
+    assert_eq!(locally.decided_by(), DecidedBy::LocalFallback);
+    shared.fail(false);
+    let settled = store
+        .settle(&key, &policy, Settlement::of(&locally, 300, 0))
+        .await
+        .unwrap();
+    assert_eq!(settled.decided_by(), DecidedBy::LocalFallback);
+    assert_eq!(shared_remaining(), 500, "the shared store's count stands");
+    assert!(
+        local.check_sync(&key, &policy, 0).unwrap().remaining() > 700,
+        "refunded in the fallback"
+    );
+
+    // The shared store's reservation, while it fails: its failure, and the
+    // fallback takes nothing.
+    shared.fail(true);
+    let local_before = local.check_sync(&key, &policy, 0).unwrap().remaining();
+    let failed = store
+        .settle(&key, &policy, Settlement::of(&in_store, 500, 900))
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    let local_after = local.check_sync(&key, &policy, 0).unwrap().remaining();
+    assert_eq!(local_after, local_before, "the fallback took no charge");
+    shared.fail(false);
+    let refunded = store
+        .settle(&key, &policy, Settlement::of(&in_store, 500, 100))
+        .await
+        .unwrap();
+    assert_eq!(refunded.decided_by(), DecidedBy::Store);
+    assert_eq!(shared_remaining(), 900);
 }

@@ -277,6 +277,18 @@ pub(crate) enum Reserved {
     Locally,
 }
 
+impl Reserved {
+    /// Where the reservation `decided_by` made it was made; `None` when no
+    /// one counted it, and its settlement changes nothing anywhere.
+    pub(crate) fn by(decided_by: DecidedBy) -> Option<Self> {
+        match decided_by {
+            DecidedBy::Store => Some(Self::InStore),
+            DecidedBy::LocalFallback => Some(Self::Locally),
+            DecidedBy::NoOne => None,
+        }
+    }
+}
+
 /// An admitting decision that reports every limit of `policy` full: what
 /// [`FailureMode::Open`] answers a caller that needs a decision.
 pub(crate) fn let_through(policy: &Policy) -> Decision {
@@ -324,24 +336,29 @@ impl<S: Store> Store for FallbackStore<S> {
         self.store.reset(key, policy).await
     }
 
-    /// Settles in the wrapped store; when that fails, under
-    /// [`FailureMode::Local`], in the local fallback, which decided the
-    /// request if the store was failing then too (a refund of a
-    /// reservation it does not hold changes nothing there; a charge is
-    /// debt there too).
+    /// Settles where the reservation was made, as
+    /// [`Settlement::decided_by`] says (kept from the decision by
+    /// [`Settlement::of`]): one the wrapped store made is settled there or
+    /// not at all (its failure is returned, and the reservation stands),
+    /// one the local fallback made is settled in the fallback (the store
+    /// never charged it: a refund there would be quota for free), and one
+    /// no one counted changes nothing; the key's status is returned for it.
     async fn settle(
         &self,
         key: &Key,
         policy: &Policy,
         settlement: Settlement,
     ) -> Result<Decision, StoreError> {
-        let result = self.store.settle(key, policy, settlement).await;
-        let local = || {
-            let share = self.settings.share(policy);
-            let settled = self.settings.local.settle_sync(key, &share, &settlement);
-            settled.map(|decision| decision.with_decided_by(DecidedBy::LocalFallback))
-        };
-        self.settings.mode.apply(result, local, &()).into_result()
+        match Reserved::by(settlement.decided_by()) {
+            Some(reserved) => {
+                self.settle_reserved(reserved, key, policy, settlement)
+                    .await
+            }
+            None => {
+                let status = self.status(key, policy).await?;
+                Ok(status.with_decided_by(DecidedBy::NoOne))
+            }
+        }
     }
 
     /// Blocks the key in the local fallback and in the wrapped store, so

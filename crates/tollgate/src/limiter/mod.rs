@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use tollgate_core::{
-    ConfigError, DecidedBy, Decision, Key, MemoryStore, OverrideSource, Policy, PolicyFamily,
-    Settlement, Store, StoreError,
+    ConfigError, Decision, Key, MemoryStore, OverrideSource, Policy, PolicyFamily, Settlement,
+    Store, StoreError,
 };
 
 use crate::answer::headers::HeaderStyle;
@@ -444,10 +444,8 @@ impl<St: Store> RateLimiter<St> {
         reserved: u64,
         actual: u64,
     ) -> Result<Decision, StoreError> {
-        let reserved_in = match reservation.decided_by() {
-            DecidedBy::Store => Reserved::InStore,
-            DecidedBy::LocalFallback => Reserved::Locally,
-            DecidedBy::NoOne => return Ok(reservation.clone()),
+        let Some(reserved_in) = Reserved::by(reservation.decided_by()) else {
+            return Ok(reservation.clone());
         };
         // A refund of a denial would be quota no one reserved: a client
         // could mint it by being denied. With nothing to charge either, the
