@@ -2,6 +2,8 @@
 //! the in-memory store and on Redis, and over real TCP.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+#[path = "../../crates/tollgate/tests/support/flaky.rs"]
+mod flaky;
 #[path = "axum_app/operators.rs"]
 mod operators;
 #[path = "axum_app/routes.rs"]

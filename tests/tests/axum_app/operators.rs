@@ -3,22 +3,18 @@
 //! on Redis alike.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum_app::app;
 use http::Request;
-use tollgate::{
-    BoxStore, Decision, FakeClock, Key, MemoryStore, Policy, Settlement, Store, StoreError,
-    Timestamp,
-};
+use tollgate::{BoxStore, FakeClock, MemoryStore, Timestamp};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
 use tower::ServiceExt;
 
+use super::flaky::Flaky;
 use super::{T0, burst, config, json};
 
 /// `GET /rate_limit` shows what the headers show, only user-keyed limits,
@@ -307,66 +303,15 @@ async fn rate_limit_and_operator_reset_on_memory_and_the_same_on_redis() {
     assert_eq!(on_memory, on_redis);
 }
 
-/// The store the app decides with, switched off at will: while `down`,
-/// every call fails as on a Redis whose connection is refused.
-#[derive(Clone, Default)]
-struct Switched {
-    memory: MemoryStore,
-    down: Arc<AtomicBool>,
-}
-
-impl Switched {
-    fn up(&self) -> Result<(), StoreError> {
-        match self.down.load(Ordering::SeqCst) {
-            true => Err(StoreError::unavailable(std::io::Error::new(
-                std::io::ErrorKind::ConnectionRefused,
-                "refused",
-            ))),
-            false => Ok(()),
-        }
-    }
-}
-
-impl Store for Switched {
-    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.up()?;
-        self.memory.check(key, policy, cost).await
-    }
-
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.up()?;
-        self.memory.reset(key, policy).await
-    }
-
-    async fn settle(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        settlement: Settlement,
-    ) -> Result<Decision, StoreError> {
-        self.up()?;
-        self.memory.settle(key, policy, settlement).await
-    }
-
-    async fn block(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.up()?;
-        self.memory.block(key, policy, duration).await
-    }
-}
-
 /// An operator's block holds on the app server that made it through an
 /// outage of the store: it reaches the local fallback the layers decide
-/// with while the store fails (`failure = "local"`). It went to the store
+/// with while the store fails (`failure = "local"`; the store's checks
+/// time out meanwhile, its blocks and resets do not fail). It went to the store
 /// alone, and the fallback admitted the blocked user from a fresh quota.
 /// A reset lifts it there too.
 #[tokio::test]
 async fn an_operators_block_holds_through_an_outage_and_a_reset_lifts_it() {
-    let store = Switched::default();
+    let store = Flaky::new(MemoryStore::new());
     let admin = axum_app::AdminToken::new("s3cret");
     let app = axum_app::app_with_admin(&config(), BoxStore::new(store.clone()), admin).layer(
         MockConnectInfo(SocketAddr::from(([198, 51, 100, 10], 5555))),
@@ -384,7 +329,7 @@ async fn an_operators_block_holds_through_an_outage_and_a_reset_lifts_it() {
     let blocking = format!("/admin/rate_limit/items-read/{user}/block?seconds=3600");
     assert_eq!(json(&app, admin("POST", &blocking)).await.0, 204);
 
-    store.down.store(true, Ordering::SeqCst);
+    store.fail(true);
     let (admitted, denied) = burst(&app, "/api/items", user, 3).await;
     assert_eq!((admitted, denied.status), (0, 429));
     let retry: u64 = denied.get("retry-after").unwrap().parse().unwrap();
@@ -392,9 +337,9 @@ async fn an_operators_block_holds_through_an_outage_and_a_reset_lifts_it() {
     // Other users are decided by the fallback as before.
     assert_eq!(burst(&app, "/api/items", other, 3).await.0, 3);
 
-    store.down.store(false, Ordering::SeqCst);
+    store.fail(false);
     let lifting = format!("/admin/rate_limit/items-read/{user}");
     assert_eq!(json(&app, admin("DELETE", &lifting)).await.0, 204);
-    store.down.store(true, Ordering::SeqCst);
+    store.fail(true);
     assert_eq!(burst(&app, "/api/items", user, 3).await.0, 3);
 }
