@@ -145,14 +145,6 @@ async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> 
     let app = axum_app::app_with_admin(&config(), store, admin).layer(MockConnectInfo(
         SocketAddr::from(([198, 51, 100, 11], 5555)),
     ));
-    let admin = |method: &str, path: &str| {
-        Request::builder()
-            .method(method)
-            .uri(path)
-            .header("authorization", "Bearer s3cret")
-            .body(Body::empty())
-            .unwrap()
-    };
     let shown = |user: &str| {
         Request::get("/rate_limit")
             .header("authorization", format!("Bearer demo-{user}"))
@@ -168,7 +160,7 @@ async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> 
     // per-IP limit, the tightest; the admin status shows each policy.)
     assert_eq!(burst(&app, "/api/export", "bob", 1).await.0, 1);
     assert_eq!(burst(&app, "/api/export", "pro-bob", 2).await.0, 2);
-    let (status, before) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    let (status, before) = json(&app, as_admin("GET", "/admin/rate_limit/export/bob")).await;
     assert_eq!(status, 200);
     let names: Vec<&String> = before["resources"].as_object().unwrap().keys().collect();
     assert_eq!(names, ["export", "export-pro"]);
@@ -178,12 +170,12 @@ async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> 
 
     // Reset `export/bob`: both plans' state is forgotten.
     assert_eq!(
-        json(&app, admin("DELETE", "/admin/rate_limit/export/bob"))
+        json(&app, as_admin("DELETE", "/admin/rate_limit/export/bob"))
             .await
             .0,
         204
     );
-    let (_, reset) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    let (_, reset) = json(&app, as_admin("GET", "/admin/rate_limit/export/bob")).await;
     assert_eq!(remaining(&reset, "export"), 50);
     assert_eq!(remaining(&reset, "export-pro"), 200);
     out.push(reset);
@@ -191,7 +183,7 @@ async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> 
     // Block `export/bob` for 90 s: on the pro plan too, with the rest of
     // the block as Retry-After.
     let blocking = "/admin/rate_limit/export/bob/block?seconds=90";
-    assert_eq!(json(&app, admin("POST", blocking)).await.0, 204);
+    assert_eq!(json(&app, as_admin("POST", blocking)).await.0, 204);
     let (admitted, denied) = burst(&app, "/api/export", "pro-bob", 1).await;
     assert_eq!((admitted, denied.status), (0, 429));
     assert_eq!(denied.get("retry-after"), Some("90"));
@@ -210,7 +202,7 @@ async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> 
     );
     assert_eq!(export["limits"][0]["rate"], "200/h");
     assert!(pro["resources"].get("export").is_none());
-    let (_, blocked) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    let (_, blocked) = json(&app, as_admin("GET", "/admin/rate_limit/export/bob")).await;
     for policy in ["export", "export-pro"] {
         assert_eq!(remaining(&blocked, policy), 0, "{policy}");
         assert_eq!(blocked["resources"][policy]["reset"], T0 + 90, "{policy}");
@@ -219,27 +211,27 @@ async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> 
     out.push(blocked);
     // A reset of the route lifts the block on every plan.
     assert_eq!(
-        json(&app, admin("DELETE", "/admin/rate_limit/export/bob"))
+        json(&app, as_admin("DELETE", "/admin/rate_limit/export/bob"))
             .await
             .0,
         204
     );
     assert_eq!(burst(&app, "/api/export", "pro-bob", 1).await.0, 1);
-    let (_, after) = json(&app, admin("GET", "/admin/rate_limit/export/bob")).await;
+    let (_, after) = json(&app, as_admin("GET", "/admin/rate_limit/export/bob")).await;
     assert_eq!(remaining(&after, "export"), 50);
     assert_eq!(remaining(&after, "export-pro"), 195);
     assert_eq!(burst(&app, "/api/export", "bob", 6).await.0, 5);
 
     // A plan's policy named directly is that policy alone, as before.
     let blocking = "/admin/rate_limit/export-pro/cleo/block?seconds=60";
-    assert_eq!(json(&app, admin("POST", blocking)).await.0, 204);
+    assert_eq!(json(&app, as_admin("POST", blocking)).await.0, 204);
     let (_, denied) = burst(&app, "/api/export", "pro-cleo", 1).await;
     assert_eq!(
         (denied.status, denied.get("retry-after")),
         (429, Some("60"))
     );
     assert_eq!(burst(&app, "/api/export", "cleo", 1).await.0, 1);
-    let (_, cleo) = json(&app, admin("GET", "/admin/rate_limit/export-pro/cleo")).await;
+    let (_, cleo) = json(&app, as_admin("GET", "/admin/rate_limit/export-pro/cleo")).await;
     let names: Vec<&String> = cleo["resources"].as_object().unwrap().keys().collect();
     assert_eq!(names, ["export-pro"]);
     // Status is for operators only, and for user-keyed policies of the file.
@@ -248,7 +240,7 @@ async fn families(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> 
         .unwrap();
     assert_eq!(json(&app, unauthenticated).await.0, 401);
     assert_eq!(
-        json(&app, admin("GET", "/admin/rate_limit/api-ip/bob"))
+        json(&app, as_admin("GET", "/admin/rate_limit/api-ip/bob"))
             .await
             .0,
         404
@@ -303,6 +295,16 @@ async fn rate_limit_and_operator_reset_on_memory_and_the_same_on_redis() {
     assert_eq!(on_memory, on_redis);
 }
 
+/// A request of an admin route, with the admin token of these tests.
+fn as_admin(method: &str, path: &str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", "Bearer s3cret")
+        .body(Body::empty())
+        .unwrap()
+}
+
 /// An operator's block holds on the app server that made it through an
 /// outage of the store: it reaches the local fallback the layers decide
 /// with while the store fails (`failure = "local"`; the store's checks
@@ -316,18 +318,10 @@ async fn an_operators_block_holds_through_an_outage_and_a_reset_lifts_it() {
     let app = axum_app::app_with_admin(&config(), BoxStore::new(store.clone()), admin).layer(
         MockConnectInfo(SocketAddr::from(([198, 51, 100, 10], 5555))),
     );
-    let admin = |method: &str, path: &str| {
-        Request::builder()
-            .method(method)
-            .uri(path)
-            .header("authorization", "Bearer s3cret")
-            .body(Body::empty())
-            .unwrap()
-    };
     // Unique users: the fallback is the process's, shared by every test.
     let (user, other) = ("blocked-in-outage", "free-in-outage");
     let blocking = format!("/admin/rate_limit/items-read/{user}/block?seconds=3600");
-    assert_eq!(json(&app, admin("POST", &blocking)).await.0, 204);
+    assert_eq!(json(&app, as_admin("POST", &blocking)).await.0, 204);
 
     store.fail(true);
     let (admitted, denied) = burst(&app, "/api/items", user, 3).await;
@@ -339,7 +333,7 @@ async fn an_operators_block_holds_through_an_outage_and_a_reset_lifts_it() {
 
     store.fail(false);
     let lifting = format!("/admin/rate_limit/items-read/{user}");
-    assert_eq!(json(&app, admin("DELETE", &lifting)).await.0, 204);
+    assert_eq!(json(&app, as_admin("DELETE", &lifting)).await.0, 204);
     store.fail(true);
     assert_eq!(burst(&app, "/api/items", user, 3).await.0, 3);
 }
