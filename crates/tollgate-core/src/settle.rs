@@ -193,7 +193,10 @@ impl Settlement {
     /// ```
     pub fn behind_fence(&self) -> Self {
         if self.actual < self.reserved {
-            Self::new(self.reserved, self.reserved, self.reserved_at)
+            Self {
+                actual: self.reserved,
+                ..*self
+            }
         } else {
             *self
         }

@@ -155,7 +155,8 @@ async fn a_limiters_settlement_goes_where_the_reservation_was_made() {
 /// made while the shared store failed is refunded in the fallback, not in
 /// the shared store, which never charged it (300 tokens free there for a
 /// key that had used 500: it settled every settlement in the shared store
-/// first); one the shared store made is settled there or not at all.
+/// first); one the shared store made is settled there or not at all; one
+/// no one counted, nowhere.
 #[tokio::test]
 async fn a_fallback_stores_settlement_goes_where_the_reservation_was_made() {
     let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
@@ -208,5 +209,18 @@ async fn a_fallback_stores_settlement_goes_where_the_reservation_was_made() {
         .await
         .unwrap();
     assert_eq!(refunded.decided_by(), DecidedBy::Store);
+    assert_eq!(shared_remaining(), 900);
+
+    // One no one counted (as a limiter's let through under `Open` while
+    // the shared store failed): settled nowhere, and without asking the
+    // store, which may still fail.
+    let let_through = refunded.with_decided_by(DecidedBy::NoOne);
+    shared.fail(true);
+    let settled = store
+        .settle(&key, &policy, Settlement::of(&let_through, 300, 0))
+        .await
+        .unwrap();
+    assert_eq!(settled.decided_by(), DecidedBy::NoOne);
+    shared.fail(false);
     assert_eq!(shared_remaining(), 900);
 }

@@ -342,7 +342,8 @@ impl<S: Store> Store for FallbackStore<S> {
     /// not at all (its failure is returned, and the reservation stands),
     /// one the local fallback made is settled in the fallback (the store
     /// never charged it: a refund there would be quota for free), and one
-    /// no one counted changes nothing; the key's status is returned for it.
+    /// no one counted changes nothing, and asks no store: it is answered
+    /// as the failure policy lets a request through.
     async fn settle(
         &self,
         key: &Key,
@@ -354,10 +355,7 @@ impl<S: Store> Store for FallbackStore<S> {
                 self.settle_reserved(reserved, key, policy, settlement)
                     .await
             }
-            None => {
-                let status = self.status(key, policy).await?;
-                Ok(status.with_decided_by(DecidedBy::NoOne))
-            }
+            None => Ok(let_through(policy)),
         }
     }
 
