@@ -378,8 +378,9 @@ impl StoreError {
     /// [`Backend`](StoreError::Backend) failure may come after the store
     /// applied it (a reply lost on its way back). The other kinds were
     /// never applied: the request was not sent, or the store refused it
-    /// whole ([`Unavailable`](StoreError::Unavailable) among them). What a caller took, such as an in-flight slot, is given back
-    /// after an error that may have acted.
+    /// whole ([`Unavailable`](StoreError::Unavailable) among them). What a
+    /// caller took, such as an in-flight slot, is given back after an
+    /// error that may have acted.
     ///
     /// ```
     /// use std::time::Duration;

@@ -40,8 +40,8 @@
 pub const DECISIONS: &str = "tollgate_decisions_total";
 
 /// Counter of store failures, labelled `policy` and `outcome`, the kind of
-/// failure (`timeout`, `circuit_open`, `full`, `backend`, `unavailable`, `overloaded`; see
-/// [`StoreError::kind`](crate::StoreError::kind)).
+/// failure (`timeout`, `circuit_open`, `full`, `backend`, `unavailable`,
+/// `overloaded`; see [`StoreError::kind`](crate::StoreError::kind)).
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 
 /// Counter of requests handled by the failure policy, labelled `policy`
