@@ -55,7 +55,7 @@ pub(crate) struct DenyCache {
     removals: [AtomicU64; STRIPES],
 }
 
-/// How many stripes count removals (see [`DenyCache::removals`]).
+/// How many stripes count removals (see [`DenyCache::sent`]).
 const STRIPES: usize = 64;
 
 /// The stripe that counts removals of `state_key`: FNV-1a over its last 16
@@ -73,6 +73,18 @@ fn stripe(state_key: &str) -> usize {
     hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
     // `STRIPES` is a power of two: that many from the top bits.
     (hash >> (64 - STRIPES.trailing_zeros())) as usize
+}
+
+/// What the deny cache's counts were when a decision was sent
+/// ([`DenyCache::sent`]): a denial is cached as of then
+/// ([`DenyCache::insert`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Sent {
+    /// The key's stripe's removals.
+    removals: u64,
+    /// The epoch: a denial sent in an earlier one is cached as of it, and
+    /// does not answer for Redis.
+    epoch: u64,
 }
 
 /// What the deny cache holds of a key, for a request.
@@ -170,23 +182,25 @@ impl DenyCache {
     /// Remembers `decision`, a denial of `cost` for a call sent at local
     /// time `sent_at` (µs).
     ///
-    /// `removals` is what [`DenyCache::removals`] said of the key when the
-    /// decision was sent: if the key was reset or blocked since, the
-    /// decision may predate it, and caching it would deny the reset key
-    /// here until the old denial ended.
+    /// `sent` is what [`DenyCache::sent`] said of the key when the decision
+    /// was sent: if the key was reset or blocked since, the decision may
+    /// predate it, and caching it would deny the reset key here until the
+    /// old denial ended; if the epoch moved since (Redis restarted, or the
+    /// connection failed), it is cached as of its own, and stands only
+    /// while Redis cannot answer.
     pub(crate) fn insert(
         &self,
         state_key: &str,
         policy: &Policy,
         cost: u64,
-        (sent_at, removals): (u64, u64),
+        (sent_at, sent): (u64, Sent),
         decision: &Decision,
     ) {
         let Some(retry) = decision.retry_after() else {
             return;
         };
         let removed = &self.removals[stripe(state_key)];
-        if removed.load(Ordering::Acquire) != removals {
+        if removed.load(Ordering::Acquire) != sent.removals {
             return;
         }
         if self.max_entries == 0 || cost == 0 {
@@ -198,7 +212,7 @@ impl DenyCache {
         // Again under the lock: a removal counts before it takes the lock,
         // so one between the look above and this lock is seen here, and
         // one after it removes what is inserted below.
-        if removed.load(Ordering::Acquire) != removals {
+        if removed.load(Ordering::Acquire) != sent.removals {
             return;
         }
         if entries.len() >= self.max_entries && !entries.contains_key(state_key) {
@@ -226,7 +240,7 @@ impl DenyCache {
                 fingerprint: policy.fingerprint(),
                 cost,
                 exact: cacheable(policy, cost),
-                epoch: self.epoch(),
+                epoch: sent.epoch,
                 sent_at,
                 until,
                 decision: decision.clone(),
@@ -283,10 +297,13 @@ impl DenyCache {
             .remove(state_key);
     }
 
-    /// How many denials of `state_key`'s stripe were removed so far: read
-    /// when a decision is sent, and passed to [`DenyCache::insert`] with it.
-    pub(crate) fn removals(&self, state_key: &str) -> u64 {
-        self.removals[stripe(state_key)].load(Ordering::Acquire)
+    /// The counts a denial of `state_key` is cached as of: read when a
+    /// decision is sent, and passed to [`DenyCache::insert`] with it.
+    pub(crate) fn sent(&self, state_key: &str) -> Sent {
+        Sent {
+            removals: self.removals[stripe(state_key)].load(Ordering::Acquire),
+            epoch: self.epoch(),
+        }
     }
 
     /// Counts a removal of `state_key`'s denial, before it is made.
@@ -366,14 +383,39 @@ mod tests {
         let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
         let denied = denial(&policy);
         let cache = DenyCache::new(10);
-        let sent = (10, cache.removals("k"));
+        let sent = (10, cache.sent("k"));
         cache.remove("k");
         cache.insert("k", &policy, 1, sent, &denied);
         assert!(!matches!(
             cache.lookup("k", &policy, 1, 20),
             Cached::Denial(_)
         ));
-        cache.insert("k", &policy, 1, (30, cache.removals("k")), &denied);
+        cache.insert("k", &policy, 1, (30, cache.sent("k")), &denied);
+        assert!(matches!(
+            cache.lookup("k", &policy, 1, 40),
+            Cached::Denial(_)
+        ));
+    }
+
+    /// A denial sent before the cache forgot its denials (Redis restarted,
+    /// or the connection failed) and answered after is cached as of the
+    /// epoch it was sent in: it stands while Redis cannot answer, and does
+    /// not answer for Redis. It was cached as current, and denied the key
+    /// here for up to a second of Redis's new state.
+    #[test]
+    fn a_denial_sent_before_the_cache_forgot_does_not_answer_for_redis() {
+        let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
+        let denied = denial(&policy);
+        let cache = DenyCache::new(10);
+        let sent = (10, cache.sent("k"));
+        cache.forget();
+        cache.insert("k", &policy, 1, sent, &denied);
+        assert!(matches!(
+            cache.lookup("k", &policy, 1, 20),
+            Cached::Standing
+        ));
+        assert!(cache.lookup_on_failure("k", &policy, 1, 20).is_some());
+        cache.insert("k", &policy, 1, (30, cache.sent("k")), &denied);
         assert!(matches!(
             cache.lookup("k", &policy, 1, 40),
             Cached::Denial(_)
@@ -388,7 +430,7 @@ mod tests {
         let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
         let denied = denial(&policy);
         let cache = DenyCache::new(10);
-        let sent = (10, cache.removals("k"));
+        let sent = (10, cache.sent("k"));
         let others: Vec<String> = (0..1_000).map(|i| format!("other-{i}")).collect();
         let elsewhere: Vec<&String> = others.iter().filter(|o| stripe(o) != stripe("k")).collect();
         // The stripes spread keys: about 1 in 64 shares k's.
@@ -405,7 +447,7 @@ mod tests {
         // would.
         let same = others.iter().find(|o| stripe(o) == stripe("k")).unwrap();
         cache.remove("k");
-        let sent = (30, cache.removals("k"));
+        let sent = (30, cache.sent("k"));
         cache.remove(same);
         cache.insert("k", &policy, 1, sent, &denied);
         assert!(!matches!(
@@ -430,21 +472,21 @@ mod tests {
                 &format!("k{i}"),
                 &policy,
                 1,
-                (sent_at, cache.removals(&format!("k{i}"))),
+                (sent_at, cache.sent(&format!("k{i}"))),
                 &denied,
             );
         }
         assert_eq!(cache.len(), 3);
         // Every denial in force: turned away, again and again.
         for sent_at in [30, 40, retry - 1] {
-            cache.insert("new", &policy, 1, (sent_at, cache.removals("new")), &denied);
+            cache.insert("new", &policy, 1, (sent_at, cache.sent("new")), &denied);
             assert!(!matches!(
                 cache.lookup("new", &policy, 1, sent_at),
                 Cached::Denial(_)
             ));
         }
         // k0's denial ended at `retry`: its room goes to the new key.
-        cache.insert("new", &policy, 1, (retry, cache.removals("new")), &denied);
+        cache.insert("new", &policy, 1, (retry, cache.sent("new")), &denied);
         assert!(matches!(
             cache.lookup("new", &policy, 1, retry),
             Cached::Denial(_)
@@ -455,7 +497,7 @@ mod tests {
             "other",
             &policy,
             1,
-            (retry + 1, cache.removals("other")),
+            (retry + 1, cache.sent("other")),
             &denied,
         );
         assert!(!matches!(
@@ -467,7 +509,7 @@ mod tests {
             "other",
             &policy,
             1,
-            (retry + 2, cache.removals("other")),
+            (retry + 2, cache.sent("other")),
             &denied,
         );
         assert!(matches!(
@@ -477,14 +519,8 @@ mod tests {
         // Full again. A denial that ends sooner than every other, put in
         // k1's place (its key denied anew, as by a clock behind the
         // others): once it ends, its room is taken before k1's old end.
-        cache.insert("k1", &policy, 1, (0, cache.removals("k1")), &denied);
-        cache.insert(
-            "late",
-            &policy,
-            1,
-            (retry + 3, cache.removals("late")),
-            &denied,
-        );
+        cache.insert("k1", &policy, 1, (0, cache.sent("k1")), &denied);
+        cache.insert("late", &policy, 1, (retry + 3, cache.sent("late")), &denied);
         assert!(matches!(
             cache.lookup("late", &policy, 1, retry + 3),
             Cached::Denial(_)

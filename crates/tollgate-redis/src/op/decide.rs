@@ -53,7 +53,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let inner = &*self.inner;
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
-        let removals = inner.deny_cache.removals(&state_key);
+        let sent = inner.deny_cache.sent(&state_key);
         let standing = match inner.deny_cache.lookup(&state_key, policy, cost, sent_at) {
             Cached::Denial(denied) => {
                 #[cfg(feature = "metrics")]
@@ -75,13 +75,9 @@ impl<C: RedisConnection> RedisStore<C> {
                         inner.deny_cache.admitted(&state_key, cost, sent_at);
                     }
                 } else {
-                    inner.deny_cache.insert(
-                        &state_key,
-                        policy,
-                        cost,
-                        (sent_at, removals),
-                        &decision,
-                    );
+                    inner
+                        .deny_cache
+                        .insert(&state_key, policy, cost, (sent_at, sent), &decision);
                 }
                 inner
                     .last_known
