@@ -139,6 +139,24 @@ impl Settlement {
         self.decided_by
     }
 
+    /// The same settlement, of a reservation `by` decided (as
+    /// [`Settlement::of`] keeps it from a decision).
+    ///
+    /// ```
+    /// use tollgate_core::{DecidedBy, Settlement, Timestamp};
+    ///
+    /// let settlement = Settlement::new(300, 0, Timestamp::from_secs(5));
+    /// let local = settlement.with_decided_by(DecidedBy::LocalFallback);
+    /// assert_eq!(local.decided_by(), DecidedBy::LocalFallback);
+    /// assert_eq!((local.reserved(), local.actual()), (300, 0));
+    /// ```
+    pub fn with_decided_by(self, by: DecidedBy) -> Self {
+        Self {
+            decided_by: by,
+            ..self
+        }
+    }
+
     /// The cost reserved before the request ran.
     pub fn reserved(&self) -> u64 {
         self.reserved

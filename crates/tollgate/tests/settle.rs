@@ -14,8 +14,8 @@ use axum::body::Body;
 use axum::routing::post;
 use http::{Request, Response, StatusCode, Uri};
 use tollgate::{
-    ActualCost, Algorithm, FailureMode, FakeClock, GlobalKey, Key, MemoryStore, Policy,
-    RateLimitLayer, Settle, Store, Timestamp,
+    ActualCost, Algorithm, FailureMode, FakeClock, FallbackStore, GlobalKey, Key, MemoryStore,
+    Policy, RateLimitLayer, Settle, Store, Timestamp,
 };
 use tower::ServiceExt;
 
@@ -30,7 +30,7 @@ fn store() -> MemoryStore {
 }
 
 /// `POST /complete?tokens=N` reports N tokens used.
-fn tokens_app(layer: RateLimitLayer<GlobalKey, MemoryStore>) -> Router {
+fn tokens_app<St: Store>(layer: RateLimitLayer<GlobalKey, St>) -> Router {
     Router::new()
         .route(
             "/complete",
@@ -202,16 +202,7 @@ fn flaky_app(store: &Flaky, local: &MemoryStore) -> Router {
         .local_fallback(local.clone())
         .cost(500)
         .settle(Settle::actual_cost());
-    Router::new()
-        .route(
-            "/complete",
-            post(|uri: Uri| async move {
-                let tokens = uri.query().and_then(|q| q.strip_prefix("tokens="));
-                let tokens = tokens.and_then(|n| n.parse().ok()).unwrap_or(0);
-                (Extension(ActualCost(tokens)), "done")
-            }),
-        )
-        .route_layer(layer)
+    tokens_app(layer)
 }
 
 /// A settlement goes where its reservation was made. Reserved by the local
@@ -256,4 +247,41 @@ async fn a_settlement_goes_where_its_reservation_was_made() {
     let reserved = shared.inner.status(&Key::global(), &policy).await.unwrap();
     assert_eq!(reserved.remaining(), 500, "the reservation stands");
     assert!(local.is_empty(), "the local fallback took no charge");
+}
+
+/// A layer over a `FallbackStore` of the app's own, with a local fallback
+/// of its own: a request that fallback reserved while the shared store
+/// failed is settled in it, as its decision says (`decided_by`). The
+/// layer's settlement said that the store it was given made the
+/// reservation, so that store settled it in the shared store, which never
+/// charged it: 490 tokens for free.
+#[tokio::test]
+async fn a_settlement_reaches_the_fallback_of_the_store_the_layer_was_given() {
+    let policy = Policy::new("tokens", Algorithm::Gcra, "1000/min").unwrap();
+    let shared = Flaky::new(store());
+    let inner_local = store();
+    let given = FallbackStore::new(shared.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(inner_local.clone());
+    let layer = RateLimitLayer::new(policy.clone(), GlobalKey)
+        .store(given)
+        .cost(500)
+        .settle(Settle::actual_cost());
+    let app = tokens_app(layer);
+    let spent = shared
+        .inner
+        .check_sync(&Key::global(), &policy, 1_000)
+        .unwrap();
+    assert_eq!(spent.remaining(), 0);
+
+    // Reserved by the given store's fallback (500 of its 1,000), used 10.
+    shared.fail_check.store(true, Ordering::SeqCst);
+    let res = app.clone().oneshot(complete(10)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "990");
+    shared.fail_check.store(false, Ordering::SeqCst);
+    let after = shared.inner.status(&Key::global(), &policy).await.unwrap();
+    assert_eq!(after.remaining(), 0, "the shared store got nothing back");
+    let there = inner_local.status(&Key::global(), &policy).await.unwrap();
+    assert_eq!(there.remaining(), 990);
 }

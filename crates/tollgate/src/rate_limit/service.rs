@@ -297,12 +297,13 @@ where
 {
     let (shared, rule) = (shared.clone(), rule.clone());
     let (key, policy) = (key.clone(), policy.clone());
-    Box::new(move |reserved_at, place, status, extensions| {
+    Box::new(move |reservation, place, status, extensions| {
         let actual = rule.actual(status, extensions, reserved);
         if actual == reserved {
             return None;
         }
-        let settlement = Settlement::new(reserved, actual, reserved_at);
+        let settlement =
+            Settlement::new(reserved, actual, reservation.at).with_decided_by(reservation.by);
         Some(Box::pin(async move {
             let store = &shared.store;
             store

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Extensions, StatusCode};
-use tollgate_core::{Decision, StoreError, Timestamp};
+use tollgate_core::{DecidedBy, Decision, StoreError, Timestamp};
 
 use crate::fallback::Reserved;
 
@@ -98,16 +98,25 @@ impl fmt::Debug for Settle {
 /// What an admitted request of a settling layer carries to settle its
 /// cost once its response is in.
 pub(crate) struct Settling {
-    reserved_at: Timestamp,
+    reservation: Reservation,
     reserved: Reserved,
     call: SettleCall,
 }
 
-/// The store call of a settlement: given the reservation's time and where
-/// it was made, the response's status and extensions, the call to await,
-/// or `None` when the request cost what it reserved.
+/// Of a reservation, what its settlement carries: its time, and who
+/// decided it (which a store with a fallback of its own, under the layer's,
+/// settles by).
+#[derive(Clone, Copy)]
+pub(crate) struct Reservation {
+    pub(crate) at: Timestamp,
+    pub(crate) by: DecidedBy,
+}
+
+/// The store call of a settlement: given the reservation and where it was
+/// made, the response's status and extensions, the call to await, or
+/// `None` when the request cost what it reserved.
 pub(crate) type SettleCall =
-    Box<dyn FnOnce(Timestamp, Reserved, StatusCode, &Extensions) -> Option<Settled> + Send>;
+    Box<dyn FnOnce(Reservation, Reserved, StatusCode, &Extensions) -> Option<Settled> + Send>;
 
 /// A settlement on its way to the store.
 pub(crate) type Settled = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
@@ -117,7 +126,10 @@ impl Settling {
     /// `reserved` says.
     pub(crate) fn new(reservation: &Decision, reserved: Reserved, call: SettleCall) -> Self {
         Self {
-            reserved_at: reservation.now(),
+            reservation: Reservation {
+                at: reservation.now(),
+                by: reservation.decided_by(),
+            },
             reserved,
             call,
         }
@@ -126,6 +138,6 @@ impl Settling {
     /// The settlement of a response with `status` and `extensions`, if one
     /// is due.
     pub(crate) fn start(self, status: StatusCode, extensions: &Extensions) -> Option<Settled> {
-        (self.call)(self.reserved_at, self.reserved, status, extensions)
+        (self.call)(self.reservation, self.reserved, status, extensions)
     }
 }
