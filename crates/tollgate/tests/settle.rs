@@ -205,6 +205,31 @@ fn flaky_app(store: &Flaky, local: &MemoryStore) -> Router {
     tokens_app(layer)
 }
 
+/// With nothing left in `shared` for the minute, a request `app` reserves
+/// 500 for while `shared` fails its checks, and that used 10: reserved in
+/// `local`, it is settled there (990 left), and `shared` gets nothing back.
+async fn reserved_locally_settled_there(
+    app: &Router,
+    shared: &Flaky,
+    local: &MemoryStore,
+    policy: &Policy,
+) {
+    let spent = shared
+        .inner
+        .check_sync(&Key::global(), policy, 1_000)
+        .unwrap();
+    assert_eq!(spent.remaining(), 0);
+    shared.fail_check.store(true, Ordering::SeqCst);
+    let res = app.clone().oneshot(complete(10)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "990");
+    shared.fail_check.store(false, Ordering::SeqCst);
+    let after = shared.inner.status(&Key::global(), policy).await.unwrap();
+    assert_eq!(after.remaining(), 0, "the shared store got nothing back");
+    let here = local.status(&Key::global(), policy).await.unwrap();
+    assert_eq!(here.remaining(), 990, "settled where it was reserved");
+}
+
 /// A settlement goes where its reservation was made. Reserved by the local
 /// fallback while the shared store failed, it is settled there: the
 /// refund went to the shared store, which never charged it, and handed
@@ -218,23 +243,7 @@ async fn a_settlement_goes_where_its_reservation_was_made() {
     let shared = Flaky::new(store());
     let local = store();
     let app = flaky_app(&shared, &local);
-    // The shared store has nothing left for the minute.
-    let spent = shared
-        .inner
-        .check_sync(&Key::global(), &policy, 1_000)
-        .unwrap();
-    assert_eq!(spent.remaining(), 0);
-
-    // Reserved locally (500 of the local 1,000), used 10.
-    shared.fail_check.store(true, Ordering::SeqCst);
-    let res = app.clone().oneshot(complete(10)).await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(header(&res, "x-ratelimit-remaining"), "990");
-    shared.fail_check.store(false, Ordering::SeqCst);
-    let after = shared.inner.status(&Key::global(), &policy).await.unwrap();
-    assert_eq!(after.remaining(), 0, "the shared store got nothing back");
-    let here = local.status(&Key::global(), &policy).await.unwrap();
-    assert_eq!(here.remaining(), 990);
+    reserved_locally_settled_there(&app, &shared, &local, &policy).await;
 
     // Reserved in a fresh shared store, used 900; the settlement fails.
     let shared = Flaky::new(store());
@@ -268,20 +277,5 @@ async fn a_settlement_reaches_the_fallback_of_the_store_the_layer_was_given() {
         .cost(500)
         .settle(Settle::actual_cost());
     let app = tokens_app(layer);
-    let spent = shared
-        .inner
-        .check_sync(&Key::global(), &policy, 1_000)
-        .unwrap();
-    assert_eq!(spent.remaining(), 0);
-
-    // Reserved by the given store's fallback (500 of its 1,000), used 10.
-    shared.fail_check.store(true, Ordering::SeqCst);
-    let res = app.clone().oneshot(complete(10)).await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(header(&res, "x-ratelimit-remaining"), "990");
-    shared.fail_check.store(false, Ordering::SeqCst);
-    let after = shared.inner.status(&Key::global(), &policy).await.unwrap();
-    assert_eq!(after.remaining(), 0, "the shared store got nothing back");
-    let there = inner_local.status(&Key::global(), &policy).await.unwrap();
-    assert_eq!(there.remaining(), 990);
+    reserved_locally_settled_there(&app, &shared, &inner_local, &policy).await;
 }
