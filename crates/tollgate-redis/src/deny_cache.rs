@@ -374,6 +374,12 @@ mod tests {
         denied
     }
 
+    /// Whether `cache` answers for Redis with a denial of a cost-1 request
+    /// for `key` at `now`.
+    fn answers(cache: &DenyCache, key: &str, policy: &Policy, now: u64) -> bool {
+        matches!(cache.lookup(key, policy, 1, now), Cached::Denial(_))
+    }
+
     /// A denial decided while a key was reset (its reply on its way when
     /// the reset removed the key's denial) is not taken in: it may be of
     /// the state before the reset, and would deny the key here until it
@@ -386,15 +392,9 @@ mod tests {
         let sent = (10, cache.sent("k"));
         cache.remove("k");
         cache.insert("k", &policy, 1, sent, &denied);
-        assert!(!matches!(
-            cache.lookup("k", &policy, 1, 20),
-            Cached::Denial(_)
-        ));
+        assert!(!answers(&cache, "k", &policy, 20));
         cache.insert("k", &policy, 1, (30, cache.sent("k")), &denied);
-        assert!(matches!(
-            cache.lookup("k", &policy, 1, 40),
-            Cached::Denial(_)
-        ));
+        assert!(answers(&cache, "k", &policy, 40));
     }
 
     /// A denial sent before the cache forgot its denials (Redis restarted,
@@ -416,10 +416,7 @@ mod tests {
         ));
         assert!(cache.lookup_on_failure("k", &policy, 1, 20).is_some());
         cache.insert("k", &policy, 1, (30, cache.sent("k")), &denied);
-        assert!(matches!(
-            cache.lookup("k", &policy, 1, 40),
-            Cached::Denial(_)
-        ));
+        assert!(answers(&cache, "k", &policy, 40));
     }
 
     /// Removals of other keys' denials (a settlement removes one) do not
@@ -439,10 +436,7 @@ mod tests {
             cache.remove(other);
         }
         cache.insert("k", &policy, 1, sent, &denied);
-        assert!(matches!(
-            cache.lookup("k", &policy, 1, 20),
-            Cached::Denial(_)
-        ));
+        assert!(answers(&cache, "k", &policy, 20));
         // A removal in k's stripe still turns a denial away, as k's own
         // would.
         let same = others.iter().find(|o| stripe(o) == stripe("k")).unwrap();
@@ -450,10 +444,7 @@ mod tests {
         let sent = (30, cache.sent("k"));
         cache.remove(same);
         cache.insert("k", &policy, 1, sent, &denied);
-        assert!(!matches!(
-            cache.lookup("k", &policy, 1, 40),
-            Cached::Denial(_)
-        ));
+        assert!(!answers(&cache, "k", &policy, 40));
     }
 
     /// A cache full of denials in force turns new keys away until the
@@ -480,17 +471,11 @@ mod tests {
         // Every denial in force: turned away, again and again.
         for sent_at in [30, 40, retry - 1] {
             cache.insert("new", &policy, 1, (sent_at, cache.sent("new")), &denied);
-            assert!(!matches!(
-                cache.lookup("new", &policy, 1, sent_at),
-                Cached::Denial(_)
-            ));
+            assert!(!answers(&cache, "new", &policy, sent_at));
         }
         // k0's denial ended at `retry`: its room goes to the new key.
         cache.insert("new", &policy, 1, (retry, cache.sent("new")), &denied);
-        assert!(matches!(
-            cache.lookup("new", &policy, 1, retry),
-            Cached::Denial(_)
-        ));
+        assert!(answers(&cache, "new", &policy, retry));
         assert_eq!(cache.len(), 3);
         // Full again until k1's denial ends; a reset of k2 makes room.
         cache.insert(
@@ -500,10 +485,7 @@ mod tests {
             (retry + 1, cache.sent("other")),
             &denied,
         );
-        assert!(!matches!(
-            cache.lookup("other", &policy, 1, retry + 1),
-            Cached::Denial(_)
-        ));
+        assert!(!answers(&cache, "other", &policy, retry + 1));
         cache.remove("k2");
         cache.insert(
             "other",
@@ -512,18 +494,12 @@ mod tests {
             (retry + 2, cache.sent("other")),
             &denied,
         );
-        assert!(matches!(
-            cache.lookup("other", &policy, 1, retry + 2),
-            Cached::Denial(_)
-        ));
+        assert!(answers(&cache, "other", &policy, retry + 2));
         // Full again. A denial that ends sooner than every other, put in
         // k1's place (its key denied anew, as by a clock behind the
         // others): once it ends, its room is taken before k1's old end.
         cache.insert("k1", &policy, 1, (0, cache.sent("k1")), &denied);
         cache.insert("late", &policy, 1, (retry + 3, cache.sent("late")), &denied);
-        assert!(matches!(
-            cache.lookup("late", &policy, 1, retry + 3),
-            Cached::Denial(_)
-        ));
+        assert!(answers(&cache, "late", &policy, retry + 3));
     }
 }
