@@ -67,6 +67,9 @@ impl Lease {
             statuses,
         )
         .with_cost(cost)
+        // Spent from the units of whoever granted them: a lease a local
+        // fallback granted is settled there, not in the store behind it.
+        .with_decided_by(self.base.decided_by())
     }
 
     /// The size of the lease after this one at `now`: the units this one
@@ -122,7 +125,9 @@ impl Lease {
             }
         }
         (left > 0).then(|| {
-            tollgate_core::Settlement::new(self.granted, self.granted - left, self.base.now())
+            // Given back where the grant was made (`Settlement::of` keeps
+            // who decided it), at the store's time of the grant.
+            tollgate_core::Settlement::of(&self.base, self.granted, self.granted - left)
         })
     }
 }
