@@ -246,6 +246,9 @@ pub enum DecidedBy {
 enum Kind {
     Allowed,
     Limited,
+    /// Limited by an operator's block ([`Store::block`](crate::Store::block)):
+    /// `Limited` in every respect but [`Decision::is_blocked`].
+    Blocked,
     CostExceedsCapacity,
 }
 
@@ -327,7 +330,7 @@ impl Decision {
     pub fn outcome(&self) -> Outcome {
         match self.kind {
             Kind::Allowed => Outcome::Allowed,
-            Kind::Limited => Outcome::Limited {
+            Kind::Limited | Kind::Blocked => Outcome::Limited {
                 retry_after: Duration::from_micros(self.arg),
             },
             Kind::CostExceedsCapacity => Outcome::CostExceedsCapacity {
@@ -359,7 +362,7 @@ impl Decision {
     /// ```
     pub fn cost(&self) -> u64 {
         match self.kind {
-            Kind::Allowed | Kind::Limited => u64::from(self.aux),
+            Kind::Allowed | Kind::Limited | Kind::Blocked => u64::from(self.aux),
             Kind::CostExceedsCapacity => self.arg,
         }
     }
@@ -371,7 +374,7 @@ impl Decision {
     #[must_use]
     pub fn with_cost(mut self, cost: u64) -> Self {
         match self.kind {
-            Kind::Allowed | Kind::Limited => self.aux = narrow(cost),
+            Kind::Allowed | Kind::Limited | Kind::Blocked => self.aux = narrow(cost),
             Kind::CostExceedsCapacity => {}
         }
         self
@@ -417,7 +420,49 @@ impl Decision {
     /// [`Decision::now`] at which the same request would be admitted.
     #[inline]
     pub fn retry_after(&self) -> Option<Duration> {
-        (self.kind == Kind::Limited).then(|| Duration::from_micros(self.arg))
+        matches!(self.kind, Kind::Limited | Kind::Blocked).then(|| Duration::from_micros(self.arg))
+    }
+
+    /// `true` when the request was denied because an operator blocked its
+    /// key ([`Store::block`](crate::Store::block)), until the block ends
+    /// ([`retry_after`](Decision::retry_after)). Such a denial is one a
+    /// dry run does not waive: the `tollgate` layer's shadow mode lets
+    /// requests over the limit through, and rejects a blocked key's.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Algorithm, FakeClock, Key, MemoryStore, Policy, Store, Timestamp};
+    ///
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    /// let store = MemoryStore::builder().clock(clock).build()?;
+    /// let policy = Policy::new("api", Algorithm::Gcra, "1/min")?;
+    /// let (ada, bob) = (Key::user("ada"), Key::user("bob"));
+    /// store.check_sync(&ada, &policy, 1)?;
+    /// let over = store.check_sync(&ada, &policy, 1)?;
+    /// assert!(!over.is_allowed() && !over.is_blocked());
+    ///
+    /// block_on(store.block(&bob, &policy, Duration::from_secs(3600)))?;
+    /// let blocked = store.check_sync(&bob, &policy, 1)?;
+    /// assert!(blocked.is_blocked());
+    /// assert_eq!(blocked.retry_after(), Some(Duration::from_secs(3600)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn is_blocked(&self) -> bool {
+        self.kind == Kind::Blocked
+    }
+
+    /// This denial as an operator's block's (see [`Decision::is_blocked`]).
+    pub(crate) fn into_blocked(mut self) -> Self {
+        if self.kind == Kind::Limited {
+            self.kind = Kind::Blocked;
+        }
+        self
     }
 
     /// The binding limit's state.
@@ -471,6 +516,7 @@ impl fmt::Debug for Decision {
             .field("now", &self.now)
             .field("delay", &self.delay())
             .field("binding", &self.binding)
+            .field("blocked", &self.is_blocked())
             .field("decided_by", &self.decided_by)
             .field("limits", &self.limits)
             .finish()

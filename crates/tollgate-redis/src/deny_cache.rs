@@ -329,6 +329,12 @@ fn cacheable(policy: &Policy, cost: u64) -> bool {
 
 /// `decision` as it stands `elapsed` µs later, with `retry` µs to go.
 fn shift(policy: &Policy, decision: &Decision, elapsed: u64, retry: u64) -> Decision {
+    let now = Timestamp::from_micros(decision.now().as_micros() + elapsed);
+    if decision.is_blocked() {
+        // A block's denial stays one (a shadow mode enforces it).
+        let until = Timestamp::from_micros(now.as_micros().saturating_add(retry));
+        return tollgate_core::state::blocked(policy, now, until);
+    }
     let elapsed_d = Duration::from_micros(elapsed);
     let statuses = decision.limits().iter().map(|s| {
         LimitStatus::new(
@@ -345,7 +351,7 @@ fn shift(policy: &Policy, decision: &Decision, elapsed: u64, retry: u64) -> Deci
         Outcome::Limited {
             retry_after: Duration::from_micros(retry),
         },
-        Timestamp::from_micros(decision.now().as_micros() + elapsed),
+        now,
         Duration::ZERO,
         statuses,
     )

@@ -165,3 +165,45 @@ async fn the_store_writes_first_while_keys_are_idle_and_reads_first_once_they_ar
     assert_eq!(command_calls(&mut con, "get"), 89);
     assert_eq!(command_calls(&mut con, "incrby"), 0);
 }
+
+/// A blocked key's decisions say so ([`Decision::is_blocked`]), from
+/// every script (the word scripts' and the general one's, of one limit
+/// and of two), from the deny cache, and in its status; a denial over
+/// the limit does not.
+#[tokio::test]
+async fn a_blocked_keys_decisions_say_it_is_blocked_from_every_script() {
+    let url = require_redis().await;
+    let clock = FakeClock::default();
+    let redis = store(&url, &unique_prefix("blocked"), Some(clock.clone())).await;
+    for algorithm in Algorithm::ALL {
+        for limits in [&["2/min"][..], &["2/min", "100/h"][..]] {
+            let mut builder = Policy::builder("blocked").algorithm(algorithm);
+            for limit in limits {
+                builder = builder.limit(*limit);
+            }
+            let policy = builder.build().unwrap();
+            let case = format!("{algorithm:?} {limits:?}");
+            let (over, blocked) = (Key::user(format!("over {case}")), Key::user(case.clone()));
+            // Checks until one is denied over the limit (a leaky bucket's
+            // second limit queues, and denies sooner).
+            let mut denials = 0;
+            for _ in 0..6 {
+                let decided = redis.check(&over, &policy, 1).await.unwrap();
+                assert!(!decided.is_blocked(), "{case}: {decided:?}");
+                denials += usize::from(!decided.is_allowed());
+            }
+            assert!(denials >= 2, "{case}");
+            redis
+                .block(&blocked, &policy, Duration::from_secs(600))
+                .await
+                .unwrap();
+            // The second check of one limit is the deny cache's answer.
+            for _ in 0..2 {
+                let denied = redis.check(&blocked, &policy, 1).await.unwrap();
+                assert!(denied.is_blocked(), "{case}: {denied:?}");
+                assert_eq!(denied.retry_after(), Some(Duration::from_secs(600)));
+            }
+            assert!(redis.status(&blocked, &policy).await.unwrap().is_blocked());
+        }
+    }
+}

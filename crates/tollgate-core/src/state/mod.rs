@@ -56,7 +56,8 @@ pub use saved::{KeyState, SavedStateError};
 /// `until` (see [`Store::block`](crate::Store::block)), at `now`, before
 /// then: denied, whatever its cost (a peek included), with a `Retry-After`
 /// of exactly the rest of the block; every limit shows nothing remaining
-/// and resets when the block ends, when the key starts afresh.
+/// and resets when the block ends, when the key starts afresh. It says so
+/// ([`Decision::is_blocked`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -69,6 +70,7 @@ pub use saved::{KeyState, SavedStateError};
 /// let decision = blocked(&policy, now, until);
 /// assert_eq!(decision.retry_after(), Some(Duration::from_secs(90)));
 /// assert_eq!(decision.remaining(), 0);
+/// assert!(decision.is_blocked());
 /// # Ok::<(), tollgate_core::ConfigError>(())
 /// ```
 pub fn blocked(policy: &Policy, now: Timestamp, until: Timestamp) -> Decision {
@@ -79,7 +81,7 @@ pub fn blocked(policy: &Policy, now: Timestamp, until: Timestamp) -> Decision {
         .enumerate()
         .map(|(i, p)| LimitStatus::new(i, p.limit, p.capacity, 0, rest, Some(rest)));
     let outcome = Outcome::Limited { retry_after: rest };
-    Decision::new(policy, outcome, now, Duration::ZERO, statuses)
+    Decision::new(policy, outcome, now, Duration::ZERO, statuses).into_blocked()
 }
 
 /// One key's state for one policy: the state of each limit, and the

@@ -245,6 +245,11 @@ fn decision_from_reply(
                 .find(|p| cost > p.capacity)
                 .map_or(0, |p| p.capacity),
         },
+        // An operator's block: every limit waits for its end.
+        3 => {
+            let until = Timestamp::from_micros(now.as_micros().saturating_add(longest_retry));
+            return Ok(tollgate_core::state::blocked(policy, now, until));
+        }
         _ => return Err(bad()),
     };
     Ok(Decision::new(policy, outcome, now, delay, statuses))

@@ -86,6 +86,12 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// event each, so a new policy can be tried on real traffic before it
     /// is enforced. The same as `enforce_percent(0)`.
     ///
+    /// What an operator decided is enforced all the same: a key blocked
+    /// with [`Store::block`](tollgate_core::Store::block) (or
+    /// [`RateLimiter::block`](crate::RateLimiter::block)) is rejected until
+    /// the block ends, and an override's deny answers 403, as without
+    /// shadow mode.
+    ///
     /// ```
     /// use axum::{Router, body::Body, routing::get};
     /// use http::{Request, StatusCode};

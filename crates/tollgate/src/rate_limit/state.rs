@@ -90,7 +90,8 @@ impl Finish {
 }
 
 /// What follows a store's answer. A denial of a key that is not
-/// `enforce`d (shadow mode) lets the request through with its headers.
+/// `enforce`d (shadow mode) lets the request through with its headers,
+/// unless an operator blocked the key.
 /// An admitted request of a settling layer settles its cost once its
 /// response is in; nothing else does.
 pub(super) fn next_state<F, R>(
@@ -162,7 +163,8 @@ fn any_state<F, R>(
                 }
             }
         }
-        Ok(decision) if !enforce => {
+        // A dry run waives the limit's denials, not an operator's block.
+        Ok(decision) if !enforce && !decision.is_blocked() => {
             responder.decided(&decision, Verdict::ShadowLimited);
             State::Calling {
                 future: next.call(),

@@ -8,7 +8,7 @@ use axum::routing::get;
 use http::{HeaderName, Request, Response, StatusCode};
 use tollgate::{
     Algorithm, ExtensionKey, GlobalKey, HeaderKey, HeaderStyle, Key, KeyExtractor, MissingCause,
-    MissingKey, PeerIp, Policy, RateLimitLayer,
+    MissingKey, PeerIp, Policy, RateLimitLayer, Store,
 };
 use tower::ServiceExt;
 
@@ -259,4 +259,49 @@ async fn a_middleware_over_rate_limiter_answers_exactly_as_the_layer() {
         let body = to_bytes(from_layer.into_body(), 10_000).await.unwrap();
         assert_eq!(body, by_hand.into_body(), "{style:?}");
     }
+}
+
+#[tokio::test]
+async fn shadow_mode_waives_the_limit_but_not_an_operators_block() {
+    let (clock, store) = clock_and_store();
+    let policy = Policy::new("trial", Algorithm::FixedWindow, "2/min").unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(
+            policy.clone(),
+            HeaderKey::new(HeaderName::from_static("x-client")),
+        )
+        .store(store.clone())
+        .shadow(),
+    );
+    let from = |client: &str| {
+        Request::get("/")
+            .header("x-client", client)
+            .body(Body::empty())
+            .unwrap()
+    };
+    // Over the limit: let through, as a dry run does.
+    for _ in 0..5 {
+        let res = app.clone().oneshot(from("ada")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    // Blocked by an operator: rejected until the block ends, with the
+    // rest of the block to wait.
+    let bob = Key::header("bob");
+    store
+        .block(&bob, &policy, std::time::Duration::from_secs(600))
+        .await
+        .unwrap();
+    clock.advance(std::time::Duration::from_secs(120));
+    let res = app.clone().oneshot(from("bob")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("480"));
+    // Ada's key is over its limit again in this window, and let through.
+    for _ in 0..3 {
+        let res = app.clone().oneshot(from("ada")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    // The block ends: Bob is in again.
+    clock.advance(std::time::Duration::from_secs(480));
+    let res = app.oneshot(from("bob")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
 }

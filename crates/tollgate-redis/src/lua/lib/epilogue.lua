@@ -3,9 +3,10 @@
 -- ARGV[2]), all limits atomically, persists a committed change with its
 -- TTL, and replies per request
 --   outcome, now, delay, then per limit: remaining, reset, retry or -1
--- with outcome 0 = allowed, 1 = limited, 2 = cost above capacity. A
--- settlement's reply is that of an allowed request, with the state after
--- it; a blocked key's is a denial until the block ends.
+-- with outcome 0 = allowed, 1 = limited, 2 = cost above capacity, 3 =
+-- limited by an operator's block. A settlement's reply is that of an
+-- allowed request, with the state after it; a blocked key's is a denial
+-- until the block ends (outcome 3).
 
 for i = 1, n do
   if S[i] == nil then S[i] = init(i, P[i]) end
@@ -19,7 +20,7 @@ for each in string.gmatch(costs, '%S+') do
   if blocked then
     -- Denied until the block ends, whatever the request.
     local rest = blocked - now
-    reply[#reply + 1] = 1
+    reply[#reply + 1] = 3
     reply[#reply + 1] = now
     reply[#reply + 1] = 0
     for i = 1, n do
