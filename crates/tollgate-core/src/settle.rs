@@ -3,12 +3,17 @@
 
 use std::time::Duration;
 
+use crate::Algorithm;
 use crate::decision::{DecidedBy, Decision};
 use crate::policy::{MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
 
 /// The shortest fence a reset or a block leaves (see [`Settlement::fence`]).
 const SHORTEST_FENCE: Duration = Duration::from_secs(60);
+
+/// How much longer than its nominal period a calendar period can last: a
+/// change of daylight saving time (two hours at most, in any zone).
+const CALENDAR_SHIFT_US: u64 = 2 * 3600 * 1_000_000;
 
 /// A request's actual cost, settled against what it reserved: the store
 /// refunds the unused part or charges the rest (see
@@ -20,11 +25,11 @@ const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 ///
 /// | algorithm | charge beyond the allowance | refund |
 /// |---|---|---|
-/// | GCRA, leaky bucket | the backlog grows past capacity: the next request waits until it drains | the backlog shrinks, never below empty |
-/// | token bucket | the bucket goes below empty: refills pay the debt first | tokens come back, never above capacity |
+/// | GCRA, leaky bucket | the backlog grows past capacity: the next request waits until it drains | the backlog shrinks, never below empty, by no more than the reservation's units still in it (they are gone capacity × interval after it) |
+/// | token bucket | the bucket goes below empty: refills pay the debt first | tokens come back, never above capacity, and no more than the reservation's that have not refilled (all have, capacity × interval after it) |
 /// | fixed window | the window counts past its limit and denies until it ends; the debt ends with the window | taken from the window the request was reserved in, if it is still the current one |
 /// | sliding window | the current window counts past its limit, which also weighs on the next window | taken from the window the request was reserved in, current or previous |
-/// | sliding log | an entry of the charged cost, now; it ages out after the period | taken from the newest entries since the reservation |
+/// | sliding log | an entry of the charged cost, now; it ages out after the period | taken from the entries of the reservation's own time, while they have not aged out |
 ///
 /// Every amount and every debt saturates at 2^50 (a backlog of at most
 /// about 35 years): a charge that would take a backlog beyond it takes it
@@ -42,7 +47,9 @@ const SHORTEST_FENCE: Duration = Duration::from_secs(60);
 /// requests reserved at or before the reset or the block's start, on the
 /// store's clock, that come within [`Settlement::fence`] after the reset,
 /// or after the block ends (a later reset or block never shortens a fence
-/// already there). A charge is work done, and lands whenever it comes. So
+/// already there). A charge is work done, and lands whenever it comes,
+/// but on a key still blocked, whose state holds nothing until the block
+/// ends (the settlement's decision is the block's denial). So
 /// a refund that was on its way when an operator reset a key (the unused
 /// part of a quota lease given back, a request that reserved more than it
 /// used) gives the fresh state nothing; one that comes after the fence
@@ -174,8 +181,14 @@ impl Settlement {
 
     /// How long after a reset of a key under `policy` (or after a block of
     /// it ends) a refund of a request reserved at or before the reset or
-    /// block is dropped: the policy's longest period, and at least a
-    /// minute. Each reset or block keeps a small record of its fence that
+    /// block is dropped: as long as a refund can give back anything of a
+    /// request reserved then, and at least a minute. That is, per limit,
+    /// its period for a fixed window or a sliding log (a calendar day,
+    /// week or month two hours more, for a change of daylight saving
+    /// time), two periods for a sliding window (whose refund may come from
+    /// the previous window), and capacity × interval for a rate-based
+    /// algorithm (when its burst is above its count, longer than the
+    /// period). Each reset or block keeps a small record of its fence that
     /// long, in either store, even of a key that held no state.
     ///
     /// ```
@@ -186,10 +199,27 @@ impl Settlement {
     /// assert_eq!(Settlement::fence(&per_second), Duration::from_secs(60));
     /// let per_hour = Policy::new("api", Algorithm::FixedWindow, "5000/h")?;
     /// assert_eq!(Settlement::fence(&per_hour), Duration::from_secs(3600));
+    /// let sliding = Policy::new("api", Algorithm::SlidingWindow, "5000/h")?;
+    /// assert_eq!(Settlement::fence(&sliding), Duration::from_secs(7200));
+    /// let bursty = Policy::builder("api").algorithm(Algorithm::Gcra).limit("10/min").burst(100).build()?;
+    /// assert_eq!(Settlement::fence(&bursty), Duration::from_secs(600));
     /// # Ok::<(), tollgate_core::ConfigError>(())
     /// ```
     pub fn fence(policy: &Policy) -> Duration {
-        let longest = policy.params().iter().map(|p| p.period_us).max();
+        let reach = |p: &crate::policy::LimitParams| {
+            let period = match p.calendar {
+                Some(_) => p.period_us.saturating_add(CALENDAR_SHIFT_US),
+                None => p.period_us,
+            };
+            match policy.algorithm() {
+                Algorithm::FixedWindow | Algorithm::SlidingLog => period,
+                Algorithm::SlidingWindow => period.saturating_mul(2),
+                Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket => {
+                    p.capacity.saturating_mul(p.interval_us)
+                }
+            }
+        };
+        let longest = policy.params().iter().map(reach).max();
         let longest = Duration::from_micros(longest.unwrap_or(0).min(MAX_SPAN_US));
         longest.max(SHORTEST_FENCE)
     }

@@ -44,20 +44,34 @@ fn op(
 }
 
 /// Each algorithm, with one limit (the compact forms where it has one)
-/// and with two (the general script).
+/// and with two (the general script); a rate-based one also with a burst
+/// above its count, whose backlog outlasts its period.
 fn policies() -> Vec<Policy> {
     Algorithm::ALL
         .into_iter()
         .flat_map(|algorithm| {
-            [
-                Policy::new("fence", algorithm, "10/min").unwrap(),
-                Policy::builder("fence2")
+            let bursty = algorithm.has_burst().then(|| {
+                Policy::builder("fence3")
                     .algorithm(algorithm)
                     .limit("10/min")
-                    .limit("100/h")
+                    .burst(30)
                     .build()
-                    .unwrap(),
+                    .unwrap()
+            });
+            [
+                Some(Policy::new("fence", algorithm, "10/min").unwrap()),
+                Some(
+                    Policy::builder("fence2")
+                        .algorithm(algorithm)
+                        .limit("10/min")
+                        .limit("100/h")
+                        .build()
+                        .unwrap(),
+                ),
+                bursty,
             ]
+            .into_iter()
+            .flatten()
         })
         .collect()
 }
@@ -132,8 +146,10 @@ fn a_refund_of_a_request_reserved_before_a_reset_or_a_block_changes_nothing_unti
             // The fence's bound: it ends the fence's span after the key
             // was reset, or after its block ended. Just before, with the
             // key spent again, a refund of A still changes nothing; from
-            // then on, it lands as on any key (the reference's
-            // settlement).
+            // then on, it is settled as on any key (the reference's
+            // settlement), and gives nothing back either: A's units are
+            // gone by then, from every algorithm's state (a window past,
+            // an entry aged out, a backlog drained).
             let until = fresh_at + Settlement::fence(&policy);
             let before = until - Duration::from_micros(1);
             harness.clock.set(before);
@@ -147,11 +163,7 @@ fn a_refund_of_a_request_reserved_before_a_reset_or_a_block_changes_nothing_unti
             let landed = reference.settle(&policy, until, &refund_a);
             let settled = settle(&harness, &memory, &key, &policy, refund_a);
             assert_eq!(settled, landed, "{policy}: after the fence");
-            if policy.algorithm().has_burst() && policy.params().len() == 1 {
-                // A single rate-based limit gives A's 4 back to the spent
-                // key: the fence held them back until then.
-                assert!(settled.remaining() > 0, "{policy}");
-            }
+            assert_eq!(settled.remaining(), 0, "{policy}: A's units are gone");
         }
     }
 }
@@ -192,5 +204,58 @@ fn the_fence_drops_refunds_of_requests_reserved_at_the_reset_and_no_later() {
         if policy.params().len() == 1 {
             assert_eq!(settled.remaining(), status.remaining() + 2, "{policy}");
         }
+    }
+}
+
+/// A refund that comes after its request's units have left the key's
+/// state (a backlog drained, a log entry aged out) gives nothing back:
+/// what it would take off is a later request's, admitted a second time.
+/// A reserves the whole minute at 0 s and B the next at 61 s; A's refund
+/// of all 10 at 70 s leaves exactly what B left: one unit drained from a
+/// rate-based backlog (9 s at 6 s a unit), none from the log, whose
+/// entries are all B's. (Before, 10 more were admitted at 70 s.)
+#[test]
+fn a_refund_after_its_units_are_gone_takes_nothing_of_later_requests() {
+    let harness = Harness::new("late-refund");
+    let start = Timestamp::from_secs(1_700_002_800);
+    let secs = |s: u64| Duration::from_secs(s);
+    for policy in policies() {
+        let algorithm = policy.algorithm();
+        let left_for_one = match algorithm {
+            Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket => 1,
+            Algorithm::SlidingLog => 0,
+            // A window's refund has no backlog to outlive: the fixed window
+            // drops one of a window past, and the sliding window weighs the
+            // previous window's count, A's own, which its refund lowers.
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => continue,
+        };
+        // A burst of 30 leaves room beside B's 10; a leaky bucket's hourly
+        // queue holds B's 10 back.
+        let two_leaky = algorithm == Algorithm::LeakyBucket && policy.params().len() > 1;
+        if policy.name() == "fence3" || two_leaky {
+            continue;
+        }
+        let memory = MemoryStore::builder()
+            .clock(harness.clock.clone())
+            .build()
+            .unwrap();
+        let key = Key::user(format!("late-refund-{policy}"));
+        harness.clock.set(start);
+        let a = op(&harness, &memory, &key, &policy, Op::Check(10));
+        assert!(a.is_allowed(), "{policy}");
+        harness.clock.set(start + secs(61));
+        let b = op(&harness, &memory, &key, &policy, Op::Check(10));
+        assert!(b.is_allowed(), "{policy}");
+        harness.clock.set(start + secs(70));
+        settle(&harness, &memory, &key, &policy, Settlement::of(&a, 10, 0));
+        let mut admitted = 0;
+        while op(&harness, &memory, &key, &policy, Op::Check(1)).is_allowed() {
+            admitted += 1;
+            assert!(admitted <= 10, "{policy}");
+        }
+        assert_eq!(
+            admitted, left_for_one,
+            "{policy}: A's refund took B's units"
+        );
     }
 }

@@ -40,8 +40,8 @@ impl Rule for Gcra {
         self.tat = charged(p, self.tat, now, n);
     }
 
-    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {
-        self.tat = refunded(p, self.tat, now, n);
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, since: u64) {
+        self.tat = refunded(p, self.tat, now, n, since);
     }
 
     fn expires_at(&self, _p: &LimitParams) -> u64 {

@@ -36,8 +36,8 @@ impl Rule for LeakyBucket {
         self.free_at = charged(p, queue_free, now, n);
     }
 
-    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {
-        self.free_at = refunded(p, self.free_at, now, n);
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, since: u64) {
+        self.free_at = refunded(p, self.free_at, now, n, since);
     }
 
     fn expires_at(&self, _p: &LimitParams) -> u64 {

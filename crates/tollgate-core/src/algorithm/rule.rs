@@ -118,12 +118,28 @@ pub(crate) fn charged(p: &LimitParams, at: u64, now: u64, n: u64) -> u64 {
     grown.min(now.saturating_add(MAX_SPAN_US)).max(at)
 }
 
-/// A backlog that clears at `at`, `n` units smaller, never below empty.
-pub(crate) fn refunded(p: &LimitParams, at: u64, now: u64, n: u64) -> u64 {
+/// A backlog that clears at `at`, at most `n` units smaller, never below
+/// empty, for a refund of a request reserved at `since` (µs): no more than
+/// that request's units can still be in the backlog ([`still_held`]).
+/// The rest of the backlog is later requests', and a refund that took it
+/// would admit them a second time.
+pub(crate) fn refunded(p: &LimitParams, at: u64, now: u64, n: u64, since: u64) -> u64 {
     if at <= now {
         return at;
     }
+    let n = n.min(still_held(p, since, now));
     at.saturating_sub(backlog(p, n)).max(now)
+}
+
+/// The most units of a request reserved at `since` (µs) that can still be
+/// in a rate-based limit's backlog at `now`: it was admitted into a
+/// backlog of at most capacity × interval, which drains from then on, so
+/// its units are gone by `since` + capacity × interval (whatever was
+/// charged after it, which queues behind it). Rounded up: a unit partly
+/// drained is still held.
+pub(crate) fn still_held(p: &LimitParams, since: u64, now: u64) -> u64 {
+    let gone_at = since.saturating_add(backlog(p, p.capacity));
+    gone_at.saturating_sub(now).div_ceil(p.interval_us.max(1))
 }
 
 /// `(remaining, backlog)` of a limit whose state is the time `at` its

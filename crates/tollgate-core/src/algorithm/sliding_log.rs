@@ -73,12 +73,18 @@ impl Rule for SlidingLog {
         }
     }
 
-    /// From the newest entries back to `since`.
+    /// From the entries recorded at `since`, the reserved request's own
+    /// time. Once they have aged out its units are gone, and the entries
+    /// after them are later requests', which a refund must not take: their
+    /// units would be admitted a second time within the period.
     fn refund(&mut self, _p: &LimitParams, _now: u64, mut n: u64, since: u64) {
-        while n > 0 {
-            let Some((at, c)) = self.entries.back_mut() else {
-                break;
-            };
+        let mut i = self.entries.len();
+        while n > 0 && i > 0 {
+            i -= 1;
+            let (at, c) = &mut self.entries[i];
+            if *at > since {
+                continue;
+            }
             if *at < since {
                 break;
             }
@@ -87,7 +93,7 @@ impl Rule for SlidingLog {
             n -= taken;
             self.used -= taken;
             if *c == 0 {
-                self.entries.pop_back();
+                self.entries.remove(i);
             }
         }
     }

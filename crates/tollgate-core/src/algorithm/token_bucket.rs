@@ -77,10 +77,10 @@ impl Rule for TokenBucket {
         *self = TokenBucket::full_at(charged(p, self.expires_at(p), now, n), p, now);
     }
 
-    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, _since: u64) {
+    fn refund(&mut self, p: &LimitParams, now: u64, n: u64, since: u64) {
         let full = self.expires_at(p);
         if full > now {
-            *self = TokenBucket::full_at(refunded(p, full, now, n), p, now);
+            *self = TokenBucket::full_at(refunded(p, full, now, n, since), p, now);
         }
     }
 

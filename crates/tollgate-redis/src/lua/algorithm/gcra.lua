@@ -14,5 +14,5 @@ commit = function(i, p, s, qf) s.a = max(s.a, now) + cost * p.interval end
 expires = function(i, p, s) return s.a end
 charge = function(i, p, s, amount, qf) s.a = charged(s.a, amount, p.interval) end
 refund = function(i, p, s, amount, since)
-  if s.a > now then s.a = max(s.a - span(amount, p.interval), now) end
+  if s.a > now then s.a = max(s.a - span(min(amount, still_held(p, since)), p.interval), now) end
 end

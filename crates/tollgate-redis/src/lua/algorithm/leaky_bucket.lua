@@ -21,5 +21,5 @@ expires = function(i, p, s) return s.a end
 -- A charge queues like a request, from the joint departure.
 charge = function(i, p, s, amount, qf) s.a = charged(qf, amount, p.interval) end
 refund = function(i, p, s, amount, since)
-  if s.a > now then s.a = max(s.a - span(amount, p.interval), now) end
+  if s.a > now then s.a = max(s.a - span(min(amount, still_held(p, since)), p.interval), now) end
 end

@@ -59,11 +59,13 @@ charge = function(i, p, s, amount, qf)
   commit(i, p, s, qf)
   cost = saved
 end
--- From the newest entries back to `since`.
+-- From the entries recorded at `since`, the reserved request's own time
+-- (as tollgate-core's sliding log): once they have aged out its units are
+-- gone, and later entries are other requests'.
 refund = function(i, p, s, amount, since)
   if s.a == 0 then return end
   local log = KEYS[1 + i]
-  for _, m in ipairs(redis.call('ZREVRANGEBYSCORE', log, '+inf', fmt(since))) do
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', log, fmt(since), fmt(since))) do
     if amount <= 0 then break end
     local t, c = parse(m)
     local taken = min(amount, c)

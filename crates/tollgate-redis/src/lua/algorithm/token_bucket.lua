@@ -36,5 +36,7 @@ charge = function(i, p, s, amount, qf)
 end
 refund = function(i, p, s, amount, since)
   local full = full_time(p, s)
-  if full > now then from_full(p, s, max(full - span(amount, p.interval), now)) end
+  if full > now then
+    from_full(p, s, max(full - span(min(amount, still_held(p, since)), p.interval), now))
+  end
 end

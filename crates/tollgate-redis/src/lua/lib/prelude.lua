@@ -42,6 +42,16 @@ if now <= 0 then
   local t = redis.call('TIME')
   now = num(t[1]) * 1000000 + num(t[2])
 end
+
+-- The most units of a request reserved at `since` that can still be in
+-- the backlog of rate-based limit p: they are gone by since + capacity x
+-- interval, rounded up (tollgate-core's rule::still_held). A refund gives
+-- back no more: the rest is later requests' backlog.
+local function still_held(p, since)
+  local gone = since + span(p.cap, p.interval) - now
+  if gone <= 0 then return 0 end
+  return idiv(gone + p.interval - 1, p.interval)
+end
 -- A backlog that clears at `at`, charged n intervals of `interval` µs
 -- more (Store::settle): it grows from now if it had cleared, and
 -- saturates at MAX_SPAN from now, never below `at` (as tollgate-core's

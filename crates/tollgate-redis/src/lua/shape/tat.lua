@@ -203,8 +203,24 @@ for i = 1, n do
     elseif step < 0 then
       -- A refund: the backlog shrinks, never below now (as tollgate-core's
       -- rule::refunded; a time before now would be below 0 under a test
-      -- clock before 2005).
-      write = old + step
+      -- clock before 2005), and by no more than the units of the request
+      -- reserved at `slack - MAX_SPAN` still in it: they are gone by then
+      -- plus capacity x interval, rounded up to whole units (its
+      -- rule::still_held); the rest is later requests' backlog.
+      local _, interval, cap = string.match(descriptor, '(%d+)/(%d+)/(%d+)')
+      interval, cap = tonumber(interval), tonumber(cap)
+      local whole = cap * interval
+      if whole > MAX_SPAN then whole = MAX_SPAN end
+      local gone = slack - MAX_SPAN + whole - now + interval - 1
+      local most = 0
+      if gone >= interval then
+        most = math.floor(gone / interval)
+        while most * interval > gone do most = most - 1 end
+        while (most + 1) * interval <= gone do most = most + 1 end
+      end
+      local refund = -step
+      if refund > most * interval then refund = most * interval end
+      write = old - refund
       if write < now then write = now end
     elseif step ~= 0 and old - now <= slack then
       -- A charge saturates: with a slack of 2^50 it always gets here, and
