@@ -97,3 +97,35 @@ async fn values_of_the_decimal_layout_read_as_the_same_state() {
         assert!(value.starts_with("0x"), "{algorithm}: {value}");
     }
 }
+
+/// A refund of a request reserved in a window past writes nothing: the
+/// key keeps the word of that window, as the memory store keeps its
+/// state (it wrote a stray word before the new window's start).
+#[tokio::test]
+async fn a_refund_in_a_new_window_leaves_the_word_as_it_was() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(Timestamp::from_micros(T0));
+    let store = store(&url, &unique_prefix("layout-refund"), Some(clock.clone())).await;
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = Key::user("late");
+    let policy = Policy::new("layout-refund", Algorithm::FixedWindow, "10/s").unwrap();
+    let reserved = store.check(&key, &policy, 3).await.unwrap();
+    let state_key = store.state_key(&policy, &key);
+    let before: String = con.get(&state_key).await.unwrap();
+    clock.advance(std::time::Duration::from_secs(1));
+    let settled = store
+        .settle(
+            &key,
+            &policy,
+            tollgate_core::Settlement::of(&reserved, 3, 0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.remaining(), 10, "the new window is whole");
+    let after: String = con.get(&state_key).await.unwrap();
+    assert_eq!(after, before);
+}

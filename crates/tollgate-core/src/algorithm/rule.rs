@@ -138,7 +138,9 @@ pub(crate) fn refunded(p: &LimitParams, at: u64, now: u64, n: u64, since: u64) -
 /// charged after it, which queues behind it). Rounded up: a unit partly
 /// drained is still held.
 pub(crate) fn still_held(p: &LimitParams, since: u64, now: u64) -> u64 {
-    let gone_at = since.saturating_add(backlog(p, p.capacity));
+    // At most 2^52 µs (in 2112), as the Redis scripts read it, whose
+    // arithmetic on it must stay exact in a double.
+    let gone_at = since.min(1 << 52).saturating_add(backlog(p, p.capacity));
     gone_at.saturating_sub(now).div_ceil(p.interval_us.max(1))
 }
 

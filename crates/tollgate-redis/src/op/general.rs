@@ -158,7 +158,9 @@ impl<C: RedisConnection> Wire<C> {
 /// of a request reserved at a time, or nothing.
 pub(crate) fn settle_request(settlement: &Settlement) -> String {
     let (charge, refund) = (settlement.charge(), settlement.refund());
-    let since = settlement.reserved_at().as_micros();
+    // At most 2^52 µs, as the word scripts read it: the script's
+    // arithmetic on it stays below 2^53, exact in a Lua double.
+    let since = super::word::reserved_at(settlement);
     if charge > 0 {
         format!("+{charge}")
     } else if refund > 0 {

@@ -80,8 +80,8 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     }
 
     /// Shadow mode, a dry run: the policy decides, records and adds its
-    /// headers, but never rejects. Requests it would have rejected are
-    /// served and counted as `shadow_limited` in
+    /// headers, but never rejects over the limit. Requests it would have
+    /// rejected are served and counted as `shadow_limited` in
     /// [`telemetry::DECISIONS`](crate::telemetry::DECISIONS), with a debug
     /// event each, so a new policy can be tried on real traffic before it
     /// is enforced. The same as `enforce_percent(0)`.

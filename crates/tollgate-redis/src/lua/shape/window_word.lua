@@ -184,9 +184,10 @@ for i = 1, n do
     end
   else
     -- A new window: admit and write its start plus the step, expiring in
-    -- the millisecond the window ends.
+    -- the millisecond the window ends. A refund (a negative step) is of a
+    -- window past, and changes nothing.
     if olds then olds[i + 1] = 0 end
-    if step ~= 0 then
+    if step > 0 then
       write, ends = start + step, start + period
     elseif carried then
       call('DEL', key)
