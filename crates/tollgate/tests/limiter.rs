@@ -221,3 +221,36 @@ async fn settling_a_denial_refunds_nothing() {
     let charged = limiter.settle(&key, &denied, 1, 1).await.unwrap();
     assert_eq!(charged.reset(), Duration::from_secs(120));
 }
+
+/// A reset of a key whose override gives it a daily limit under a
+/// per-second plan fences the refunds of its earlier requests for the
+/// day, not for the plan's minute: one that comes two minutes after the
+/// reset gives the fresh state nothing.
+#[tokio::test]
+async fn a_reset_fences_refunds_for_as_long_as_the_keys_own_limits_reach() {
+    // The start of a UTC day.
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let plan = Policy::new("api", Algorithm::FixedWindow, "10/s").unwrap();
+    let overrides = tollgate::MemoryOverrides::with_clock(clock.clone());
+    let key = Key::user("acme");
+    let daily: tollgate::Override = "1000/day".parse().unwrap();
+    tollgate::OverrideStore::set(&overrides, &key, &plan, daily, None)
+        .await
+        .unwrap();
+    let limiter = RateLimiter::with_store(plan, store).overrides(overrides);
+    let reserved = limiter.check_n(&key, 500).await.unwrap();
+    assert!(reserved.is_allowed());
+    clock.advance(Duration::from_secs(1));
+    limiter.reset(&key).await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert!(limiter.check_n(&key, 1000).await.unwrap().is_allowed());
+    clock.advance(Duration::from_secs(120));
+    let settled = limiter.settle(&key, &reserved, 500, 0).await.unwrap();
+    assert_eq!(
+        settled.remaining(),
+        0,
+        "the reservation before the reset is fenced"
+    );
+    assert!(!limiter.check(&key).await.unwrap().is_allowed());
+}

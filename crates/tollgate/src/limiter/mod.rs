@@ -372,7 +372,10 @@ impl<St: Store> RateLimiter<St> {
     /// Forgets what `key` has used under every policy of the limiter's
     /// [family](RateLimiter::in_family) (by default, its policy alone): it
     /// starts afresh, in the store and in the local fallback. For
-    /// operators, to let a customer in again.
+    /// operators, to let a customer in again. A key with limits of its own
+    /// (an [override](RateLimiter::overrides) in force) is reset under
+    /// them too, so that the refunds of its requests reserved before are
+    /// fenced as long as those limits reach.
     ///
     /// ```
     /// use tollgate::{Algorithm, Key, Policy, RateLimiter};
@@ -396,7 +399,24 @@ impl<St: Store> RateLimiter<St> {
     /// whatever the failure mode; the family's members after the failing
     /// one are not tried (see [`PolicyFamily::block`]).
     pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
-        self.family.reset(&self.store, key).await
+        self.family.reset(&self.store, key).await?;
+        for own in self.own_limits_in_family(key) {
+            self.store.reset(key, &own).await?;
+        }
+        Ok(())
+    }
+
+    /// The limits of `key`'s own (its overrides in force) under each
+    /// member of the family that has them. A reset or a block of the key
+    /// is made under them too: its requests were reserved under them, and
+    /// the fence that keeps their refunds out of the fresh state must
+    /// reach as far as theirs (a daily override of a per-second plan,
+    /// say), where a later reset or block never shortens a fence.
+    fn own_limits_in_family(&self, key: &Key) -> Vec<Policy> {
+        let source = self.overrides.as_deref();
+        (self.family.members().iter())
+            .filter_map(|policy| own_limits(source, key, policy))
+            .collect()
     }
 
     /// Settles what a piece of work admitted earlier really cost: checked
@@ -469,7 +489,8 @@ impl<St: Store> RateLimiter<St> {
     /// its state is forgotten and every check
     /// is denied, with `Retry-After` exactly the rest of the block, until
     /// it ends; then the key starts afresh. [`RateLimiter::reset`] lifts
-    /// it. Blocks the key in the local fallback too.
+    /// it. Blocks the key in the local fallback too, and under its own
+    /// limits as well as the family's (see [`RateLimiter::reset`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -496,7 +517,11 @@ impl<St: Store> RateLimiter<St> {
     /// whatever the failure mode; the family's members after the failing
     /// one are not tried (see [`PolicyFamily::block`]).
     pub async fn block(&self, key: &Key, duration: Duration) -> Result<(), StoreError> {
-        self.family.block(&self.store, key, duration).await
+        self.family.block(&self.store, key, duration).await?;
+        for own in self.own_limits_in_family(key) {
+            self.store.block(key, &own, duration).await?;
+        }
+        Ok(())
     }
 }
 
