@@ -215,7 +215,7 @@ impl Settlement {
                 Algorithm::FixedWindow | Algorithm::SlidingLog => period,
                 Algorithm::SlidingWindow => period.saturating_mul(2),
                 Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket => {
-                    p.capacity.saturating_mul(p.interval_us)
+                    crate::algorithm::rule::backlog(p, p.capacity)
                 }
             }
         };

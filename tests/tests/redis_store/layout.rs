@@ -4,7 +4,9 @@
 //! version hands no key a fresh quota.
 
 use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
 use tollgate_core::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
+use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
 
 use super::{store, stored_time};
@@ -12,16 +14,23 @@ use super::{store, stored_time};
 /// The start of an hour, so that every window is whole.
 const T0: u64 = 1_700_002_800_000_000;
 
-#[tokio::test]
-async fn a_word_value_is_its_time_in_hexadecimal_then_its_descriptor() {
+/// A store under a prefix of `test`'s on a clock at [`T0`], and a
+/// connection to its Redis to read the values it writes.
+async fn at_t0(test: &str) -> (FakeClock, RedisStore, MultiplexedConnection) {
     let url = require_redis().await;
     let clock = FakeClock::new(Timestamp::from_micros(T0));
-    let store = store(&url, &unique_prefix("layout"), Some(clock)).await;
-    let mut con = redis::Client::open(url.as_str())
+    let store = store(&url, &unique_prefix(test), Some(clock.clone())).await;
+    let con = redis::Client::open(url.as_str())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
+    (clock, store, con)
+}
+
+#[tokio::test]
+async fn a_word_value_is_its_time_in_hexadecimal_then_its_descriptor() {
+    let (_, store, mut con) = at_t0("layout").await;
     let key = Key::user("golden");
     for (algorithm, expected) in [
         // Now plus one interval of 100 ms.
@@ -50,14 +59,7 @@ async fn a_word_value_is_its_time_in_hexadecimal_then_its_descriptor() {
 
 #[tokio::test]
 async fn values_of_the_decimal_layout_read_as_the_same_state() {
-    let url = require_redis().await;
-    let clock = FakeClock::new(Timestamp::from_micros(T0));
-    let store = store(&url, &unique_prefix("layout-old"), Some(clock.clone())).await;
-    let mut con = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let (clock, store, mut con) = at_t0("layout-old").await;
     for algorithm in [
         Algorithm::Gcra,
         Algorithm::LeakyBucket,
@@ -103,14 +105,7 @@ async fn values_of_the_decimal_layout_read_as_the_same_state() {
 /// state (it wrote a stray word before the new window's start).
 #[tokio::test]
 async fn a_refund_in_a_new_window_leaves_the_word_as_it_was() {
-    let url = require_redis().await;
-    let clock = FakeClock::new(Timestamp::from_micros(T0));
-    let store = store(&url, &unique_prefix("layout-refund"), Some(clock.clone())).await;
-    let mut con = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let (clock, store, mut con) = at_t0("layout-refund").await;
     let key = Key::user("late");
     let policy = Policy::new("layout-refund", Algorithm::FixedWindow, "10/s").unwrap();
     let reserved = store.check(&key, &policy, 3).await.unwrap();
