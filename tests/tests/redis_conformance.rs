@@ -11,6 +11,8 @@ mod fence;
 mod harness;
 #[path = "redis_conformance/layer_and_suite.rs"]
 mod layer_and_suite;
+#[path = "redis_conformance/moved_on.rs"]
+mod moved_on;
 #[path = "redis_conformance/properties.rs"]
 mod properties;
 #[path = "redis_conformance/strategies.rs"]

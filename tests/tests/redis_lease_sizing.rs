@@ -313,3 +313,27 @@ async fn a_lease_of_an_old_configuration_does_not_undo_the_new_one() {
         "the hour keeps the other instance's 100 and this request: {status:?}"
     );
 }
+
+/// A lease that another instance's configuration overtook: its return
+/// settles under the configuration it was granted under, which the key
+/// has moved on from, and changes nothing. (It used to carry the key back
+/// to the minute, which dropped the hour and the other instance's 100.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_returned_after_another_instance_moved_the_key_on_takes_nothing_from_it() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let store = leased(&url, "lease-moved", &clock).await;
+    let minute = Policy::new("moved", Algorithm::FixedWindow, "600000/min").unwrap();
+    let hour = Policy::new("moved", Algorithm::FixedWindow, "1000000/h").unwrap();
+    let key = Key::user("overtaken");
+    steady(&store, &clock, &key, &minute, INTERVAL / 10, 100).await;
+    assert!(store.outstanding().1 > 0, "{:?}", store.outstanding());
+    // Another instance, on the new limits, spends 100 of the hour; then
+    // this one gives its lease of the minute back.
+    let other = store.get_ref();
+    assert!(other.check(&key, &hour, 100).await.unwrap().is_allowed());
+    store.return_leases().await;
+    assert_eq!(store.outstanding(), (0, 0));
+    let status = other.status(&key, &hour).await.unwrap();
+    assert_eq!(1_000_000 - status.remaining(), 100, "{status:?}");
+}

@@ -227,7 +227,9 @@ impl Settlement {
     /// What the fence of a reset or a block leaves of this settlement (see
     /// [`Settlement::fence`]): a refund becomes the request settled at
     /// what it reserved, which changes nothing; a charge, or a request
-    /// that cost what it reserved, stays as it is.
+    /// that cost what it reserved, stays as it is. (Tollgate's stores also
+    /// settle so a refund of a key kept under another configuration that
+    /// does not carry over whole: see [`Store::settle`](crate::Store::settle).)
     ///
     /// ```
     /// use tollgate_core::{Settlement, Timestamp};

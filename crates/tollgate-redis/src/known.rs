@@ -109,6 +109,22 @@ impl LastKnown {
         shard.entries.insert(hash, known);
     }
 
+    /// Records `decision`, a refund's, as [`record`](Self::record) does,
+    /// only over a record of `policy`'s configuration: a refund of a key
+    /// kept under another configuration may have changed nothing (see
+    /// `lib/carry.lua`), and the record of the one the key is kept under
+    /// stays. Without a record, it makes none: the last check's, which a
+    /// refund would have lowered, can only count more used.
+    pub(crate) fn refresh(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
+        let (shard, hash) = self.shard(state_key);
+        let same =
+            (shard.entries.get(&hash)).is_some_and(|k| k.fingerprint == policy.fingerprint());
+        drop(shard);
+        if same {
+            self.record(state_key, policy, decision, now);
+        }
+    }
+
     /// The last decision for `state_key` under `policy`, unless every limit
     /// has reset since local time `now` (µs).
     pub(crate) fn get(&self, state_key: &str, policy: &Policy, now: u64) -> Option<Decision> {
@@ -190,6 +206,22 @@ mod tests {
         assert!(known.get("k", &slow, 3).is_none());
         assert!(known.get("k", &fast, 2).is_some());
         assert_eq!(held(&known), 1);
+    }
+
+    #[test]
+    fn a_refund_refreshes_only_a_record_of_its_own_configuration() {
+        let plan = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
+        let own = Policy::new("p", Algorithm::Gcra, "2/s").unwrap_or_else(|_| unreachable!());
+        let known = LastKnown::new(160);
+        known.refresh("k", &plan, &decision(&plan), 0);
+        assert_eq!(held(&known), 0);
+        known.record("k", &own, &decision(&own), 0);
+        known.refresh("k", &plan, &decision(&plan), 1);
+        assert!(known.get("k", &own, 2).is_some());
+        assert!(known.get("k", &plan, 2).is_none());
+        known.record("k", &plan, &decision(&plan), 3);
+        known.refresh("k", &plan, &decision(&plan), 4);
+        assert!(known.get("k", &plan, 5).is_some());
     }
 
     /// A full shard waits, without a scan, until its first entry goes

@@ -9,39 +9,7 @@ use std::time::Duration;
 use tollgate_core::state::PolicyState;
 use tollgate_core::{Algorithm, Clock, Key, MemoryStore, Policy, Settlement, Timestamp};
 
-use super::harness::{Harness, Op, RT};
-
-/// Memory and Redis (both script orders) settle `settlement` of `key`
-/// alike; returns the decision.
-fn settle(
-    harness: &Harness,
-    memory: &MemoryStore,
-    key: &Key,
-    policy: &Policy,
-    settlement: Settlement,
-) -> tollgate_core::Decision {
-    let (m, r) = RT.block_on(harness.apply(
-        memory,
-        key,
-        policy,
-        Op::Settle(settlement.actual()),
-        Some((settlement.reserved(), settlement.reserved_at())),
-    ));
-    assert_eq!(m, r, "{policy}: settling {settlement:?}");
-    r
-}
-
-fn op(
-    harness: &Harness,
-    memory: &MemoryStore,
-    key: &Key,
-    policy: &Policy,
-    op: Op,
-) -> tollgate_core::Decision {
-    let (m, r) = RT.block_on(harness.apply(memory, key, policy, op, None));
-    assert_eq!(m, r, "{policy}: {op:?}");
-    r
-}
+use super::harness::{Harness, Op, op, settle};
 
 /// Each algorithm, with one limit (the compact forms where it has one)
 /// and with two (the general script); a rate-based one also with a burst

@@ -235,3 +235,37 @@ pub(crate) struct SettleCase {
     pub(crate) costs: (u64, u64),
     pub(crate) next: (u64, u64),
 }
+
+/// Memory and Redis (both script orders) settle `settlement` of `key`
+/// alike; returns the decision.
+pub(crate) fn settle(
+    harness: &Harness,
+    memory: &MemoryStore,
+    key: &Key,
+    policy: &Policy,
+    settlement: Settlement,
+) -> Decision {
+    let (m, r) = RT.block_on(harness.apply(
+        memory,
+        key,
+        policy,
+        Op::Settle(settlement.actual()),
+        Some((settlement.reserved(), settlement.reserved_at())),
+    ));
+    assert_eq!(m, r, "{policy}: settling {settlement:?}");
+    r
+}
+
+/// Memory and Redis (both script orders) do `op` of `key` alike;
+/// returns the decision.
+pub(crate) fn op(
+    harness: &Harness,
+    memory: &MemoryStore,
+    key: &Key,
+    policy: &Policy,
+    op: Op,
+) -> Decision {
+    let (m, r) = RT.block_on(harness.apply(memory, key, policy, op, None));
+    assert_eq!(m, r, "{policy}: {op:?}");
+    r
+}

@@ -43,11 +43,13 @@ pub(super) struct Fence {
     pub(super) until: u64,
 }
 
+#[derive(Clone)]
 pub(super) struct Window {
     word: u64,
     expires_at: u64,
 }
 
+#[derive(Clone)]
 pub(super) struct Entry {
     state: PolicyState,
     expires_at: u64,
@@ -89,7 +91,7 @@ fn live(at: u64, now: u64, earliest: &mut u64) -> bool {
 /// How the shard keeps, decides and converts the state of one shape.
 pub(super) trait Form {
     /// What the shard holds per key.
-    type Held;
+    type Held: Clone;
 
     fn map(maps: &mut Maps) -> &mut HashedMap<Self::Held>;
 

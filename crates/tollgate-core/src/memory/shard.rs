@@ -196,6 +196,7 @@ impl Shared {
                 shard,
                 hash: base ^ config.config_mix(),
                 now,
+                keep: false,
             };
             if dispatch(&config, take).is_some() {
                 self.keys_gauge.sub(1);
@@ -306,7 +307,8 @@ impl Check<'_> {
         }
         let carried = self
             .shard
-            .take_other(self.shared, self.base, policy, self.now);
+            .other(self.shared, self.base, policy, self.now, false)
+            .map(|(state, _)| state);
         let (decision, held, expires_at) = F::decide_new(carried, policy, self.now, self.cost);
         // A peek, or a request that can never be admitted, leaves nothing to keep.
         if expires_at > self.now.as_micros() {
@@ -349,10 +351,22 @@ impl Visit for Settle<'_> {
         if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
             return Ok(blocked);
         }
-        let state = self
-            .shard
-            .take_other(self.shared, self.base, policy, self.now)
-            .unwrap_or_else(|| PolicyState::new(policy, self.now));
+        // A refund of a key kept under a configuration that does not carry
+        // over to the refund's whole (a plan, an override or a deploy the
+        // key has moved on from) changes nothing: carrying the key over
+        // would drop what its own limits hold. It reports the key's state
+        // as the refund's configuration reads it.
+        let refund = self.settlement.refund() > 0;
+        let other = (self.shard).other(self.shared, self.base, policy, self.now, refund);
+        let state = match other {
+            Some((state, false)) => state,
+            Some((state, true)) => {
+                let (mut held, _) = F::hold(state, policy);
+                let nothing = settlement.behind_fence();
+                return Ok(F::settle(&mut held, policy, self.now, &nothing));
+            }
+            None => PolicyState::new(policy, self.now),
+        };
         // In the form it is kept in first, then settled, as the Redis
         // scripts do: a compact form bounds what it holds (a window word
         // its count), and the bound applies before the settlement.
@@ -410,18 +424,24 @@ impl Visit for Seed<'_> {
     }
 }
 
-/// Takes a key's state under another configuration out of the shard.
+/// Takes a key's state under another configuration out of the shard, or
+/// (`keep`) a copy of it, leaving it held.
 struct Take<'a> {
     shard: &'a mut Shard,
     hash: KeyHash,
     now: Timestamp,
+    keep: bool,
 }
 
 impl Visit for Take<'_> {
     type Out = Option<PolicyState>;
 
     fn visit<F: Form>(self, policy: &Policy) -> Self::Out {
-        let held = F::map(&mut self.shard.maps).remove(&self.hash)?;
+        let map = F::map(&mut self.shard.maps);
+        let held = match self.keep {
+            true => map.get(&self.hash)?.clone(),
+            false => map.remove(&self.hash)?,
+        };
         F::state(held, policy, self.now)
     }
 }
@@ -490,26 +510,33 @@ impl Shard {
         settlement.fenced_by(Timestamp::from_micros(fence.at))
     }
 
-    /// Takes the state the key of `base` holds under another configuration
-    /// of `policy`'s name, carried over to `policy`.
-    fn take_other(
+    /// The state the key of `base` holds under another configuration of
+    /// `policy`'s name, carried over to `policy`, taken out of the shard;
+    /// for a `refund`, a copy if the other configuration does not carry
+    /// over whole (see [`PolicyState::carries_whole`]), the shard keeping
+    /// it as it was. Also says whether it is such a copy.
+    fn other(
         &mut self,
         shared: &Shared,
         base: KeyHash,
         policy: &Policy,
         now: Timestamp,
-    ) -> Option<PolicyState> {
+        refund: bool,
+    ) -> Option<(PolicyState, bool)> {
         for other in shared.other_configs(policy) {
-            let hash = base ^ other.config_mix();
+            let keep = refund && !PolicyState::carries_whole(&other, policy);
             let take = Take {
                 shard: self,
-                hash,
+                hash: base ^ other.config_mix(),
                 now,
+                keep,
             };
             if let Some(mut state) = dispatch(&other, take) {
-                shared.keys_gauge.sub(1);
+                if !keep {
+                    shared.keys_gauge.sub(1);
+                }
                 state.carry_to(policy, now);
-                return Some(state);
+                return Some((state, keep));
             }
         }
         None

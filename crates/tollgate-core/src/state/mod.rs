@@ -163,6 +163,16 @@ impl PolicyState {
         }
     }
 
+    /// Whether state kept under `from` carries over to `to` whole: the
+    /// same algorithm, and every limit of `from` has one of its period in
+    /// `to`, so that [`carry_to`](Self::carry_to) drops nothing. (As
+    /// tollgate-redis's carry.lua tells it from two descriptors.)
+    pub(crate) fn carries_whole(from: &Policy, to: &Policy) -> bool {
+        from.algorithm() == to.algorithm()
+            && (from.params().iter())
+                .all(|q| to.params().iter().any(|p| p.period_us == q.period_us))
+    }
+
     /// The state of a policy of [`Shape::Tat`](crate::Shape::Tat) whose
     /// compact form is `word` (see [`decide_tat`]); `None` for a policy of
     /// another shape. With [`PolicyState::tat`], this lets a store that

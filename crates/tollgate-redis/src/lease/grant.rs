@@ -155,8 +155,7 @@ impl<S: Store> Shared<S> {
             // before the sweep, which drops it, or sees the new generation.
             match shard.get_mut(&hash) {
                 // The configuration changed while the grant was on its way:
-                // dropped, as the table drops the old one's leases (a
-                // return under the old one would undo the new one's count).
+                // dropped, as the table drops the old one's leases.
                 Some(entry) if entry.fingerprint != policy.fingerprint() => None,
                 // An invalidation came while the grant was on its way (of
                 // this key or another), or the instance stopped hearing of

@@ -211,7 +211,8 @@ impl<S: Store> Store for LeasedStore<S> {
         let hash = shared.table.hash(key, policy);
         // Whatever the entry's configuration: the store keeps the key's
         // state under the policy's name, so a refund settled under an old
-        // one shortens the new one's backlog too.
+        // one may shorten the new one's backlog too (where the new one's
+        // state carries over to it whole: see `lua/lib/carry.lua`).
         let refunds = shared
             .table
             .shard(hash)

@@ -424,10 +424,11 @@ impl Table {
             // The policy's configuration changed: the rate carries over,
             // and the old one's leases are dropped, not given back. A
             // return settles under the configuration it was granted
-            // under, which would write the key back under the old one
-            // and lose the new one's use (all of it, where the period
-            // changed); the units left stay counted until they age out,
-            // which can only under-admit, by at most a lease.
+            // under: it would carry the key back to the old one where the
+            // new one's state carries over whole, and change nothing
+            // elsewhere (see `lua/lib/carry.lua`). The units left stay
+            // counted until they age out, which can only under-admit, by
+            // at most a lease.
             drop(entry.lease.take());
             drop(entry.next.take());
             entry.fingerprint = fingerprint;

@@ -52,9 +52,14 @@ impl<C: RedisConnection> RedisStore<C> {
         // A refund may have made room; a charge moved the end of the
         // denial, which the cached one would answer unchanged.
         inner.deny_cache.remove(&state_key);
-        inner
-            .last_known
-            .record(&state_key, policy, &decision, sent_at);
+        match refund {
+            true => inner
+                .last_known
+                .refresh(&state_key, policy, &decision, sent_at),
+            false => inner
+                .last_known
+                .record(&state_key, policy, &decision, sent_at),
+        }
         Ok(decision)
     }
 

@@ -15,7 +15,9 @@ use crate::wire::{RedisClock, Wire, WriteOrder};
 pub(crate) const BLOCKED: u64 = 1 << 63;
 
 /// The flag of a word script's word that a settlement's refund left as it
-/// was, behind the fence of a reset or a block (see `lua/lib/fence.lua`).
+/// was: behind the fence of a reset or a block (see `lua/lib/fence.lua`),
+/// or of a key kept under a configuration that does not carry over to the
+/// refund's whole (see `lua/lib/carry.lua`).
 pub(crate) const FENCED: u64 = 1 << 62;
 
 /// When the request a settlement settles was reserved, in µs, as a word

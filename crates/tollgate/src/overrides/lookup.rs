@@ -67,7 +67,11 @@ pub trait OverrideLookup: Send + Sync + 'static {
 /// is for a key not seen before, the last answer for the others. So an
 /// override set in your database applies within the cache time plus one
 /// lookup, and the first request of a key on an instance is decided
-/// before its lookup returns. Expiries apply at once, by the clock.
+/// before its lookup returns. That request carries the key's state over
+/// to the plan's limits: an override's limit whose period the plan lacks
+/// starts afresh after it (see the failure-modes guide, "When a policy
+/// changes"), so keep an override's periods among its plan's. Expiries
+/// apply at once, by the clock.
 ///
 /// A lookup that fails or panics leaves the key what it had, and the key
 /// is looked up again after the cache time. One still under way a cache

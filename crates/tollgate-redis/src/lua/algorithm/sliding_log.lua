@@ -6,8 +6,9 @@ local function parse(member)
   return num(t), num(c)
 end
 init = function(i, p)
-  -- Entries of another configuration are dropped.
-  redis.call('DEL', KEYS[1 + i])
+  -- Entries of another configuration are dropped (not by a refund that
+  -- changes nothing of it: see carry.lua).
+  if not adrift then redis.call('DEL', KEYS[1 + i]) end
   return { a = 0, b = 0, c = 0, s = 0 }
 end
 advance = function(i, p, s)
@@ -19,7 +20,9 @@ advance = function(i, p, s)
       local _, c = parse(m)
       s.a = s.a - c
     end
-    redis.call('ZREMRANGEBYSCORE', KEYS[1 + i], '-inf', cutoff)
+    -- Kept by a refund that changes nothing of the key: its hash still
+    -- counts them.
+    if not adrift then redis.call('ZREMRANGEBYSCORE', KEYS[1 + i], '-inf', cutoff) end
     changed = true
   end
 end

@@ -18,9 +18,18 @@
 --   intervals, rescaled to the new interval (rounded up, at most 2^50 µs);
 -- - another algorithm starts every limit afresh.
 --
+-- A refund is not carried where the carry is not whole (another
+-- algorithm, or an old limit without a match): it changes nothing of the
+-- key and writes nothing, since the request was reserved under a plan, an
+-- override or a deploy that the key has moved on from, and carrying the
+-- key over would drop what its own limits hold. It replies with the state
+-- carried over, as a fenced refund does.
+--
 -- carry_over(alg, P, flat, value, now) returns nil when the key holds no
 -- state of this policy at all, else the carried state of each limit of P
--- in the general scripts' fields { a, b, c, s } (nil where none carries).
+-- in the general scripts' fields { a, b, c, s } (nil where none carries)
+-- and whether the carry is whole (tollgate-core's
+-- PolicyState::carries_whole).
 -- `flat` is the key's hash as HGETALL returned it, or nil and `value` its
 -- string. Defined inside one function, so that a script pays for it only
 -- when a key changed configuration.
@@ -91,10 +100,12 @@ local function carry_over(alg, P, flat, value, now)
   end
 
   local S = {}
-  if old_alg ~= alg then return S end
+  if old_alg ~= alg then return S, false end
+  local matched = 0
   for i, p in ipairs(P) do
     for _, o in ipairs(O) do
       if o.period == p.period then
+        matched = matched + 1
         if alg == 'gcra' or alg == 'leaky_bucket' then
           S[i] = { a = rescale(o.a, o.interval, p.interval), b = 0, c = 0, s = 0 }
         elseif alg == 'token_bucket' then
@@ -109,7 +120,8 @@ local function carry_over(alg, P, flat, value, now)
       end
     end
   end
-  return S
+  -- Periods are unique in a policy: every old limit matched one of P.
+  return S, matched == #O
 end
 
 -- The compact form of S, carried state of a single limit p of `alg` (see

@@ -92,6 +92,8 @@ local blocked = nil
 -- S[i]: the state of limit i, fields a, b, c (and s for the log's
 -- sequence); nil for a new one.
 local S = {}
+-- Whether S, if carried over, was carried whole (see carry.lua).
+local whole = true
 do
   local flat = redis.pcall('HGETALL', key)
   if flat.err then
@@ -102,7 +104,8 @@ do
     local value = redis.call('GET', key)
     local ends = block_end(value)
     if not ends then
-      S = carry_over(string.match(descriptor, '^(%S+)'), P, nil, value, now) or {}
+      local carried, all = carry_over(string.match(descriptor, '^(%S+)'), P, nil, value, now)
+      S, whole = carried or {}, all ~= false
     elseif ends > now then
       blocked = ends
     end
@@ -115,11 +118,16 @@ do
         S[i] = { a = num(H[i .. 'a']), b = num(H[i .. 'b']), c = num(H[i .. 'c']), s = num(H[i .. 's']) }
       end
     elseif #flat > 0 then
-      S = carry_over(string.match(descriptor, '^(%S+)'), P, flat, nil, now) or {}
+      local carried, all = carry_over(string.match(descriptor, '^(%S+)'), P, flat, nil, now)
+      S, whole = carried or {}, all ~= false
       changed = true
     end
   end
 end
+
+-- A refund of a key kept under another configuration that does not carry
+-- over whole changes nothing and writes nothing (see carry.lua).
+local adrift = not whole and string.byte(costs) == 45
 
 local function window_start(t, period)
   return t - (t - idiv(t, period) * period)

@@ -4,5 +4,6 @@
 --
 -- The word of `key` under `descriptor` (a single limit), carried over from
 -- `value`, the string it holds under another configuration, or (value =
--- nil) from its hash; nil when nothing carries over.
+-- nil) from its hash; nil when nothing carries over. Then whether the
+-- carry is whole (see carry_over): true for a key holding no state.
 local function carried_word(key, value, descriptor, now)

@@ -33,7 +33,8 @@
 --              before the fence of a reset or a block (lib/fence.lua)
 --   descriptor a key written under another one (another count, or
 --              another layout) is carried over and written back in this
---              one's terms, even when denied
+--              one's terms, even when denied (a refund, only where it
+--              carries over whole: see lib/carry.lua)
 -- ARGV[n+1]    (test clock only) now in µs since the Unix epoch; without it
 --              the script reads Redis TIME
 -- ARGV[n+2]    (test clock only) the shortest TTL to set, in ms
@@ -49,8 +50,8 @@
 -- no count of the current window, minus the end of the block for a key
 -- blocked until then). The client
 -- repeats the reference arithmetic (tollgate_core::state::decide_window_word)
--- on each word. A refund that the fence drops (a settlement is sent alone)
--- changes nothing and replies {now, word, 0}: three items, the word as
+-- on each word. A refund that the fence or another configuration drops (a
+-- settlement is sent alone) changes nothing and replies {now, word, 0}: three items, the word as
 -- above.
 --
 -- Per call: TIME. Per request: a GET, then, if admitted, a SET: of a new
@@ -93,7 +94,8 @@ local olds, only
 -- The request read last, and its numbers (see tat.lua): a request equal to
 -- the one before is not read again. The slack is read only when needed.
 local last, step, refund, period, start, slack, descriptor
--- The word of a refund that the fence dropped, if any.
+-- The word of a refund that the fence or another configuration dropped,
+-- if any.
 local held
 for i = 1, n do
   local key = KEYS[i]
@@ -136,7 +138,15 @@ for i = 1, n do
       -- descriptor, a block or a hash: carried_word reads them all.
       blocked = block_end(raw)
       if not blocked then
-        old, carried = carried_word(key, raw, descriptor, now), true
+        local word, whole = carried_word(key, raw, descriptor, now)
+        if refund and not whole then
+          -- A refund of a key kept under a configuration that does not
+          -- carry over whole changes nothing (see lib/carry.lua), and
+          -- replies as a fenced one does, with the word carried over.
+          held = word or 0
+        else
+          old, carried = word, true
+        end
       elseif blocked <= now then
         -- A block that has ended: as a key never seen.
         blocked = nil
@@ -207,7 +217,7 @@ end
 
 if held then
   -- A settlement is sent alone.
-  if n ~= 1 then error('tollgate: a fenced refund among other requests') end
+  if n ~= 1 then error('tollgate: a dropped refund among other requests') end
   return { now, held, 0 }
 end
 if n == 1 and olds and olds[2] >= 0 then

@@ -1,0 +1,90 @@
+//! A refund of a request reserved under a configuration that the key has
+//! moved on from (a plan before its override was known, a lease of the
+//! plan returned after an override, a deploy) changes nothing where the
+//! key's own configuration has a limit whose period the refund's lacks
+//! (or another algorithm), on memory and Redis alike, in every compact
+//! form and the general scripts. Carrying the key over to the refund's
+//! configuration used to drop what those limits held, and hand out a
+//! fresh quota. Where the key's state carries over whole, the refund
+//! lands as before.
+
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Key, MemoryStore, Policy, Settlement, Timestamp};
+
+use super::harness::{Harness, Op, op, settle};
+
+fn policy(algorithm: Algorithm, limits: &[&str]) -> Policy {
+    let mut builder = Policy::builder("moved").algorithm(algorithm);
+    for limit in limits {
+        builder = builder.limit(*limit);
+    }
+    builder.build().unwrap()
+}
+
+/// The configuration a request was reserved under, the one the key moved
+/// on to, and how many units the refund of one gives the spent key back:
+/// none where the key's limits include another period (another period
+/// alone, two limits against one, or two of which one period is kept),
+/// one where they carry over whole (the same period with another count,
+/// or one limit of the two: a compact form's string against the general
+/// script's hash, both ways).
+const MOVES: [(&[&str], &[&str], u64); 5] = [
+    (&["10/min"], &["10/h"], 0),
+    (&["10/min"], &["20/min"], 1),
+    (&["10/min", "100/h"], &["10/min", "100/d"], 0),
+    (&["10/min"], &["10/min", "100/h"], 0),
+    (&["10/min", "100/h"], &["10/min"], 1),
+];
+
+#[test]
+fn a_refund_under_a_configuration_the_key_moved_on_from_drops_none_of_its_limits() {
+    let harness = Harness::new("moved-on");
+    let start = Timestamp::from_secs(1_700_002_800);
+    for algorithm in Algorithm::ALL {
+        for (i, (before, after, freed)) in MOVES.into_iter().enumerate() {
+            let (reserved_under, moved_to) = (policy(algorithm, before), policy(algorithm, after));
+            let memory = MemoryStore::builder()
+                .clock(harness.clock.clone())
+                .build()
+                .unwrap();
+            let key = Key::user(format!("moved-{algorithm:?}-{i}"));
+            let case = format!("{reserved_under} then {moved_to}");
+            harness.clock.set(start);
+            let a = op(&harness, &memory, &key, &reserved_under, Op::Check(1));
+            assert!(a.is_allowed(), "{case}");
+            // The key moves on, and its new configuration is spent.
+            harness.clock.set(start + Duration::from_secs(1));
+            let mut admitted = 0;
+            while op(&harness, &memory, &key, &moved_to, Op::Check(1)).is_allowed() {
+                admitted += 1;
+                assert!(admitted <= 20, "{case}");
+            }
+            assert!(admitted > 0, "{case}");
+            // A's refund under the configuration it was reserved under
+            // starts nothing afresh: it gives the spent key back its own
+            // unit, or nothing.
+            settle(
+                &harness,
+                &memory,
+                &key,
+                &reserved_under,
+                Settlement::of(&a, 1, 0),
+            );
+            let mut more = 0;
+            while op(&harness, &memory, &key, &moved_to, Op::Check(1)).is_allowed() {
+                more += 1;
+                assert!(more <= 20, "{case}");
+            }
+            assert_eq!(more, freed, "{case}: what the refund freed");
+            // A minute on, the key's units have left its minute's limit.
+            // A refund then leaves the key's own state whole (a sliding
+            // log's entries with the sums its hash keeps of them) for the
+            // decisions after it.
+            harness.clock.set(start + Duration::from_secs(62));
+            let settled = Settlement::of(&a, 1, 0);
+            settle(&harness, &memory, &key, &reserved_under, settled);
+            op(&harness, &memory, &key, &moved_to, Op::Check(1));
+        }
+    }
+}
