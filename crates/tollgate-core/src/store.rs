@@ -197,8 +197,10 @@ pub trait Store: Send + Sync + 'static {
     /// an override or a deploy that the key has moved on from) changes
     /// nothing either, unless the key's state carries over to `policy`
     /// whole (the same algorithm, and a limit of each of its periods), and
-    /// reports the key's state as `policy` reads it: carrying the key over
-    /// would drop a limit of its own, and what that limit holds.
+    /// reports the key's state as `policy` reads it (the memory store
+    /// knows the last eight configurations of a name: of a key kept under
+    /// an older one, a fresh state): carrying the key over would drop a
+    /// limit of its own, and what that limit holds.
     ///
     /// # Errors
     ///

@@ -65,6 +65,21 @@ impl LastKnown {
     /// Remembers `decision`, made for `state_key` under `policy` at local
     /// time `now` (µs).
     pub(crate) fn record(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
+        self.put(state_key, policy, decision, now, false);
+    }
+
+    /// Records `decision`, a refund's, as [`record`](Self::record) does,
+    /// only over a record of `policy`'s configuration: a refund of a key
+    /// kept under another configuration may have changed nothing (see
+    /// `lib/carry.lua`), and the record of the one the key is kept under
+    /// stays. Without a record, it makes none: the last check's, which a
+    /// refund would have lowered, can only count more used.
+    pub(crate) fn refresh(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
+        self.put(state_key, policy, decision, now, true);
+    }
+
+    /// [`record`](Self::record), or (`refund`) [`refresh`](Self::refresh).
+    fn put(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64, refund: bool) {
         if self.per_shard == 0 {
             return;
         }
@@ -76,7 +91,12 @@ impl LastKnown {
             .unwrap_or(0);
         let stale_at = now.saturating_add(reset);
         let (mut shard, hash) = self.shard(state_key);
-        if let Some(known) = shard.entries.get_mut(&hash) {
+        let held = shard.entries.get_mut(&hash);
+        let same = |k: &&mut Known| k.fingerprint == policy.fingerprint();
+        if refund && held.as_ref().is_none_or(|k| !same(k)) {
+            return;
+        }
+        if let Some(known) = held {
             // The common case: a key seen before, updated in place.
             known.fingerprint = policy.fingerprint();
             known.decision.clone_from(decision);
@@ -107,22 +127,6 @@ impl LastKnown {
         };
         shard.full_until = shard.full_until.min(stale_at);
         shard.entries.insert(hash, known);
-    }
-
-    /// Records `decision`, a refund's, as [`record`](Self::record) does,
-    /// only over a record of `policy`'s configuration: a refund of a key
-    /// kept under another configuration may have changed nothing (see
-    /// `lib/carry.lua`), and the record of the one the key is kept under
-    /// stays. Without a record, it makes none: the last check's, which a
-    /// refund would have lowered, can only count more used.
-    pub(crate) fn refresh(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
-        let (shard, hash) = self.shard(state_key);
-        let same =
-            (shard.entries.get(&hash)).is_some_and(|k| k.fingerprint == policy.fingerprint());
-        drop(shard);
-        if same {
-            self.record(state_key, policy, decision, now);
-        }
     }
 
     /// The last decision for `state_key` under `policy`, unless every limit
