@@ -199,6 +199,44 @@ async fn a_block_or_reset_on_one_instance_ends_the_leases_of_all() {
     assert_eq!(admitted + held, 600);
 }
 
+/// A block this instance hears nothing of (made through a plain store,
+/// by an admin process, say): once the store answers one of its grants
+/// blocked, the instance spends none of the leases it holds, and every
+/// request is denied with the block's Retry-After. It went on spending
+/// the lease it held after that answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_answer_from_the_store_ends_the_leases_it_never_heard_of() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let stores = instances(&url, "lease-unheard", &clock, 1, 4, 0).await;
+    let a = &stores[0];
+    let policy = Policy::new("ops", Algorithm::TokenBucket, "600/min").unwrap();
+    let key = Key::user("eve");
+    warm(a, &clock, &key, &policy).await;
+    a.wait_for_grants().await;
+    assert!(a.outstanding().1 > 0, "{:?}", a.outstanding());
+    a.get_ref()
+        .block(&key, &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Requests spend the lease until a grant is asked for, and refused.
+    let grants = a.calls().grants;
+    for spent in 0.. {
+        assert!(spent < 200, "no grant asked for");
+        let decision = a.check(&key, &policy, 1).await.unwrap();
+        a.wait_for_grants().await;
+        if a.calls().grants > grants || !decision.is_allowed() {
+            break;
+        }
+    }
+    assert_eq!(a.outstanding(), (0, 0));
+    for _ in 0..20 {
+        let denied = a.check(&key, &policy, 1).await.unwrap();
+        assert!(denied.is_blocked(), "{denied:?}");
+        assert_eq!(denied.retry_after(), Some(Duration::from_secs(60)));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_failure_during_a_lease_follows_the_failure_policy() {
     let mut server = RedisServer::spawn();

@@ -224,3 +224,48 @@ async fn a_fallback_stores_settlement_goes_where_the_reservation_was_made() {
     shared.fail(false);
     assert_eq!(shared_remaining(), 900);
 }
+
+/// A key the shared store answered blocked (an operator blocked it from
+/// another instance) stays blocked in the local fallback while the store
+/// fails, whatever the cost. The fallback seeded the key from the blocked
+/// decision instead, which held a fixed window's key back only until its
+/// minute turned: with eight minutes of the block to run, the key was
+/// admitted from local quota. Once the store answers the key lifted, a
+/// later failure decides it as any other.
+#[tokio::test]
+async fn a_key_blocked_in_the_shared_store_stays_blocked_in_the_local_fallback() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
+    let memory = || MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let shared = Flaky::remembering(memory());
+    let fallback = FallbackStore::new(shared.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(memory());
+    let policy = Policy::new("minute", Algorithm::FixedWindow, "10/min").unwrap();
+    let key = Key::user("ada");
+
+    shared
+        .block(&key, &policy, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let blocked = fallback.check(&key, &policy, 1).await.unwrap();
+    assert!(blocked.is_blocked(), "{blocked:?}");
+    // Two minutes on, the shared store fails.
+    shared.fail(true);
+    clock.advance(Duration::from_secs(120));
+    for cost in [1, 3] {
+        let local = fallback.check(&key, &policy, cost).await.unwrap();
+        assert!(local.is_blocked(), "{local:?}");
+        assert_eq!(local.cost(), cost);
+        assert_eq!(local.decided_by(), DecidedBy::LocalFallback);
+        assert_eq!(local.retry_after(), Some(Duration::from_secs(480)));
+    }
+    // The store is back, and an operator lifts the block (a reset from
+    // another instance); the next failure admits the key from its share.
+    shared.fail(false);
+    shared.reset(&key, &policy).await.unwrap();
+    assert!(fallback.check(&key, &policy, 1).await.unwrap().is_allowed());
+    shared.fail(true);
+    let after = fallback.check(&key, &policy, 1).await.unwrap();
+    assert!(after.is_allowed(), "{after:?}");
+    assert_eq!(after.decided_by(), DecidedBy::LocalFallback);
+}

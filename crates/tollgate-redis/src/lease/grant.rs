@@ -146,6 +146,7 @@ impl<S: Store> Shared<S> {
             answer
         };
         let capped = size >= self.cap(policy);
+        let granted_at = base.now();
         let mut lease = self.lease(key, policy, base, size - cost, sent, capped, refunds);
         let decision = lease.spend(0, sent);
         let unkept = {
@@ -157,6 +158,12 @@ impl<S: Store> Shared<S> {
                 // The configuration changed while the grant was on its way:
                 // dropped, as the table drops the old one's leases.
                 Some(entry) if entry.fingerprint != policy.fingerprint() => None,
+                // The store answered the key blocked after it granted this,
+                // and that answer dropped the key's leases: not kept, and
+                // its units go back (behind the block's fence, the return
+                // changes nothing; it counts only if Redis's clock stepped
+                // back meanwhile).
+                Some(entry) if !entry.keeps_grant(granted_at) => Some(lease),
                 // An invalidation came while the grant was on its way (of
                 // this key or another), or the instance stopped hearing of
                 // them: the lease is not kept, and its units go back. Of a

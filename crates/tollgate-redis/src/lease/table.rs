@@ -188,6 +188,10 @@ pub(crate) struct Entry {
     /// own cache answers its denials, so an exhausted key costs no more
     /// calls than without leases.
     low_until: u64,
+    /// When (µs, by the store's clock) the store last answered the key
+    /// blocked; 0 if never. A grant it decided before then was decided
+    /// before the block: it is not kept.
+    blocked_at: u64,
     /// The key's refunds sent through this instance, from its first grant
     /// or refund on (made then: a key that had neither allocates nothing).
     pub(crate) refunds: Option<Arc<Refunds>>,
@@ -213,6 +217,7 @@ impl Entry {
             lease: None,
             next: None,
             low_until: 0,
+            blocked_at: 0,
             refunds: None,
         }
     }
@@ -238,14 +243,32 @@ impl Entry {
     /// Remembers what the store answered at `now` for this key (a grant,
     /// refused or not, or a request it decided): a key left with less
     /// than a lease's worth is low until its denial's retry time, or
-    /// until its limits reset.
+    /// until its limits reset. A key the store answered blocked (an
+    /// operator blocked it, and this instance missed or never had the
+    /// invalidation) drops its leases: no request is admitted from them
+    /// any more. They are not given back: the block forgot the key's
+    /// state, and their return would land behind its fence.
     pub(crate) fn store_answered(&mut self, decision: &Decision, now: u64) {
+        if decision.is_blocked() {
+            drop(self.lease.take());
+            drop(self.next.take());
+            self.blocked_at = self.blocked_at.max(decision.now().as_micros());
+        }
         self.low_until = if decision.is_allowed() && !is_low(decision) {
             0
         } else {
             let wait = decision.retry_after().unwrap_or_else(|| decision.reset());
             now.saturating_add(micros(wait))
         };
+    }
+
+    /// Whether to keep a lease that the store granted at `granted_at` (by
+    /// its clock): not one granted before the store last answered the key
+    /// blocked (that answer, on another connection, came back first, and
+    /// dropped the key's leases). One granted since was granted once the
+    /// block ended or was lifted.
+    pub(crate) fn keeps_grant(&self, granted_at: Timestamp) -> bool {
+        granted_at.as_micros() >= self.blocked_at
     }
 
     /// Counts a request of `cost` decided by the store at `now`, and
@@ -502,80 +525,4 @@ pub(crate) fn identity(key: &Key, policy: &Policy) -> [u8; 16] {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::lease::refunds::{LATE_REFUND, Refunding};
-    use tollgate_core::state::PolicyState;
-    use tollgate_core::{Algorithm, Timestamp};
-
-    /// A GCRA lease of 100 units at 1,000 a second, granted from an empty
-    /// key at local time 0, with 50 left, whose key's refunds are
-    /// `refunds` as they stood when the grant was asked for.
-    fn lease(refunds: &Arc<Refunds>) -> Lease {
-        let policy = Policy::new("refunds", Algorithm::Gcra, "1000/s").unwrap();
-        let now = Timestamp::from_secs(1_700_000_000);
-        let base = PolicyState::new(&policy, now).decide(&policy, now, 100);
-        Lease {
-            granted: 100,
-            left: 50,
-            sent: 0,
-            expires: u64::MAX,
-            began: 0,
-            first: 0,
-            capped: false,
-            base,
-            identity: [0; 16],
-            key: Key::user("ada"),
-            policy,
-            refunds: Some((Arc::clone(refunds), refunds.done())),
-        }
-    }
-
-    /// What `lease` gives back at local time `now` (µs).
-    fn given_back(lease: &Lease, now: u64) -> u64 {
-        lease
-            .unused(now)
-            .map_or(0, |settlement| settlement.refund())
-    }
-
-    #[test]
-    fn refunds_not_known_done_at_the_grant_come_off_what_a_lease_gives_back() {
-        let refunds = Arc::new(Refunds::default());
-        // Done before the grant was asked for: the store took it before.
-        Refunding::start(&refunds, 7).done();
-        // On its way when the grant was asked for: it may land after it.
-        let on_its_way = Refunding::start(&refunds, 5);
-        let lease = lease(&refunds);
-        // Early, the lease's 50 are all still in the 100 ms backlog.
-        assert_eq!(given_back(&lease, 0), 50);
-        // 90 ms on, 10 units of the backlog remain, 5 of them refunded.
-        assert_eq!(given_back(&lease, 90_000), 5);
-        on_its_way.done();
-        assert_eq!(given_back(&lease, 90_000), 5, "done after the grant");
-        // A refund after the grant that failed, or was dropped, without a
-        // runtime to count it done later: never done.
-        drop(Refunding::start(&refunds, 3));
-        assert_eq!(given_back(&lease, 90_000), 2);
-        // A lease asked for after it still counts it: it may yet run.
-        assert_eq!(given_back(&self::lease(&refunds), 90_000), 7);
-        // Counts past `u64::MAX` saturate, and leave nothing to give back.
-        Refunding::start(&refunds, u64::MAX).done();
-        assert_eq!(given_back(&lease, 0), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_refund_that_may_still_land_is_done_after_its_grace() {
-        let refunds = Arc::new(Refunds::default());
-        let lease = lease(&refunds);
-        // Failed in a way that may have reached the store, or dropped.
-        drop(Refunding::start(&refunds, 4));
-        tokio::time::sleep(LATE_REFUND - Duration::from_millis(1)).await;
-        assert_eq!(given_back(&lease, 90_000), 6, "it may still land");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        tokio::task::yield_now().await;
-        // Done, it still counts against the lease asked for before it...
-        assert_eq!(given_back(&lease, 90_000), 6);
-        // ...and no longer against one asked for after.
-        assert_eq!(given_back(&self::lease(&refunds), 90_000), 10);
-    }
-}
+mod tests;

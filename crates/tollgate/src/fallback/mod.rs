@@ -5,10 +5,10 @@ use std::num::NonZeroU64;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use tollgate_core::state::PolicyState;
+use tollgate_core::state::{self, PolicyState};
 use tollgate_core::{
     DecidedBy, Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement, Store,
-    StoreError,
+    StoreError, Timestamp,
 };
 
 use crate::macros::failure_setters;
@@ -209,12 +209,16 @@ impl<S: Store> FallbackStore<S> {
     ) -> Answer<Decision> {
         let local = || {
             let share = self.settings.share(policy);
-            if let Some(last) = self.store.last_known(key, policy) {
-                let state = PolicyState::seeded(&share, &last);
-                // A full fallback decides below as it would anyway.
-                let _ = self.settings.local.seed(key, &share, state);
-            }
-            let local = self.settings.local.check_sync(key, &share, cost);
+            let local = match self.store.last_known(key, policy) {
+                Some(last) if last.is_blocked() => self.blocked(key, &share, cost, last.reset_at()),
+                Some(last) => {
+                    let state = PolicyState::seeded(&share, &last);
+                    // A full fallback decides below as it would anyway.
+                    let _ = self.settings.local.seed(key, &share, state);
+                    self.settings.local.check_sync(key, &share, cost)
+                }
+                None => self.settings.local.check_sync(key, &share, cost),
+            };
             if let Ok(decision) = &local {
                 report.handled(match decision.is_allowed() {
                     true => Handled::LocalAllowed,
@@ -224,6 +228,29 @@ impl<S: Store> FallbackStore<S> {
             local.map(|decision| decision.with_decided_by(DecidedBy::LocalFallback))
         };
         self.settings.mode.apply(result, local, report)
+    }
+
+    /// The local decision of a key the store last answered blocked until
+    /// `until` (by its clock): blocked here too while the block lasts,
+    /// whatever the cost. A seeded state would hold the key back only for
+    /// its current window. The block leaves no trace in the local store, so
+    /// that once the store answers the key lifted, a later failure seeds
+    /// it as any other.
+    fn blocked(
+        &self,
+        key: &Key,
+        share: &Policy,
+        cost: u64,
+        until: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let local = &self.settings.local;
+        // A peek, for the local store's time.
+        let now = local.check_sync(key, share, 0)?.now();
+        if until > now {
+            Ok(state::blocked(share, now, until).with_cost(cost))
+        } else {
+            local.check_sync(key, share, cost)
+        }
     }
 
     /// Settles a request whose reservation was made `where`: in the

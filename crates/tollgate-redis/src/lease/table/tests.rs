@@ -1,0 +1,98 @@
+//! The lease table's units: refunds counted against leases, and what a
+//! store's answer does to a key's entry.
+
+use super::*;
+use crate::lease::refunds::{LATE_REFUND, Refunding};
+use tollgate_core::state::PolicyState;
+use tollgate_core::{Algorithm, Timestamp};
+
+/// A GCRA lease of 100 units at 1,000 a second, granted from an empty
+/// key at local time 0, with 50 left, whose key's refunds are
+/// `refunds` as they stood when the grant was asked for.
+fn lease(refunds: &Arc<Refunds>) -> Lease {
+    let policy = Policy::new("refunds", Algorithm::Gcra, "1000/s").unwrap();
+    let now = Timestamp::from_secs(1_700_000_000);
+    let base = PolicyState::new(&policy, now).decide(&policy, now, 100);
+    Lease {
+        granted: 100,
+        left: 50,
+        sent: 0,
+        expires: u64::MAX,
+        began: 0,
+        first: 0,
+        capped: false,
+        base,
+        identity: [0; 16],
+        key: Key::user("ada"),
+        policy,
+        refunds: Some((Arc::clone(refunds), refunds.done())),
+    }
+}
+
+/// What `lease` gives back at local time `now` (µs).
+fn given_back(lease: &Lease, now: u64) -> u64 {
+    lease
+        .unused(now)
+        .map_or(0, |settlement| settlement.refund())
+}
+
+#[test]
+fn refunds_not_known_done_at_the_grant_come_off_what_a_lease_gives_back() {
+    let refunds = Arc::new(Refunds::default());
+    // Done before the grant was asked for: the store took it before.
+    Refunding::start(&refunds, 7).done();
+    // On its way when the grant was asked for: it may land after it.
+    let on_its_way = Refunding::start(&refunds, 5);
+    let lease = lease(&refunds);
+    // Early, the lease's 50 are all still in the 100 ms backlog.
+    assert_eq!(given_back(&lease, 0), 50);
+    // 90 ms on, 10 units of the backlog remain, 5 of them refunded.
+    assert_eq!(given_back(&lease, 90_000), 5);
+    on_its_way.done();
+    assert_eq!(given_back(&lease, 90_000), 5, "done after the grant");
+    // A refund after the grant that failed, or was dropped, without a
+    // runtime to count it done later: never done.
+    drop(Refunding::start(&refunds, 3));
+    assert_eq!(given_back(&lease, 90_000), 2);
+    // A lease asked for after it still counts it: it may yet run.
+    assert_eq!(given_back(&self::lease(&refunds), 90_000), 7);
+    // Counts past `u64::MAX` saturate, and leave nothing to give back.
+    Refunding::start(&refunds, u64::MAX).done();
+    assert_eq!(given_back(&lease, 0), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refund_that_may_still_land_is_done_after_its_grace() {
+    let refunds = Arc::new(Refunds::default());
+    let lease = lease(&refunds);
+    // Failed in a way that may have reached the store, or dropped.
+    drop(Refunding::start(&refunds, 4));
+    tokio::time::sleep(LATE_REFUND - Duration::from_millis(1)).await;
+    assert_eq!(given_back(&lease, 90_000), 6, "it may still land");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    tokio::task::yield_now().await;
+    // Done, it still counts against the lease asked for before it...
+    assert_eq!(given_back(&lease, 90_000), 6);
+    // ...and no longer against one asked for after.
+    assert_eq!(given_back(&self::lease(&refunds), 90_000), 10);
+}
+
+/// A store's blocked answer drops the key's leases, and a grant the store
+/// decided before that answer (answered after it, on another connection)
+/// is not kept; one decided since (the block lifted, or over) is.
+#[test]
+fn a_blocked_answer_drops_the_leases_and_the_grants_decided_before_it() {
+    let refunds = Arc::new(Refunds::default());
+    let policy = Policy::new("blocked", Algorithm::Gcra, "1000/s").unwrap();
+    let at = Timestamp::from_secs(1_700_000_000);
+    let until = Timestamp::from_secs(1_700_000_060);
+    let mut entry = Entry::new(policy.fingerprint(), 0);
+    entry.lease = Some(lease(&refunds));
+    entry.next = Some(lease(&refunds));
+    assert!(entry.keeps_grant(at));
+    entry.store_answered(&tollgate_core::state::blocked(&policy, at, until), 0);
+    assert!(entry.lease.is_none() && entry.next.is_none());
+    assert!(!entry.keeps_grant(at - std::time::Duration::from_micros(1)));
+    assert!(entry.keeps_grant(at));
+    assert!(entry.keeps_grant(until));
+}
