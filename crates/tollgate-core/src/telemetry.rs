@@ -8,7 +8,7 @@
 //!
 //! | name | kind | labels | counts |
 //! |---|---|---|---|
-//! | [`DECISIONS`] | counter | `policy`, `outcome` | requests decided: `allowed`, `limited` (rejected), `shadow_limited` (would have been rejected; let through by shadow mode) |
+//! | [`DECISIONS`] | counter | `policy`, `outcome` | requests decided: `allowed`, `limited` (rejected, an operator's block included), `shadow_limited` (would have been rejected; let through by shadow mode, which never waives a block) |
 //! | [`STORE_ERRORS`] | counter | `policy`, `outcome` | store failures by kind: `timeout`, `circuit_open`, `full`, `backend`, `unavailable`, `overloaded` |
 //! | [`FALLBACKS`] | counter | `policy`, `outcome` | requests the failure policy handled: `open` (let through), `closed` (503), `local_allowed`, `local_limited` |
 //! | [`DENY_CACHE_HITS`] | counter | `policy` | denials the Redis store answered from its deny cache, without a round trip |

@@ -15,6 +15,19 @@ use tollgate::{
 
 use flaky::Flaky;
 
+/// A fallback store over a shared store that fails on demand and
+/// remembers its last decisions, with a local fallback; both memory stores
+/// on one fake clock.
+fn local_fallback() -> (FakeClock, Flaky, FallbackStore<Flaky>) {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
+    let memory = || MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let shared = Flaky::remembering(memory());
+    let fallback = FallbackStore::new(shared.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(memory());
+    (clock, shared, fallback)
+}
+
 /// A key the fallback decided in a first failure keeps its local state
 /// until it expires; in a second failure later in the window it is
 /// seeded again with what the shared store counted meanwhile, and each
@@ -24,12 +37,7 @@ use flaky::Flaky;
 /// 1,000 a day.
 #[tokio::test]
 async fn a_second_failure_carries_what_the_store_counted_since_the_first() {
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
-    let memory = || MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let shared = Flaky::remembering(memory());
-    let fallback = FallbackStore::new(shared.clone())
-        .on_store_error(FailureMode::Local)
-        .local_fallback(memory());
+    let (clock, shared, fallback) = local_fallback();
     let policy = Policy::new("daily", Algorithm::FixedWindow, "1000/day").unwrap();
     let key = Key::user("ada");
 
@@ -234,12 +242,7 @@ async fn a_fallback_stores_settlement_goes_where_the_reservation_was_made() {
 /// later failure decides it as any other.
 #[tokio::test]
 async fn a_key_blocked_in_the_shared_store_stays_blocked_in_the_local_fallback() {
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
-    let memory = || MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let shared = Flaky::remembering(memory());
-    let fallback = FallbackStore::new(shared.clone())
-        .on_store_error(FailureMode::Local)
-        .local_fallback(memory());
+    let (clock, shared, fallback) = local_fallback();
     let policy = Policy::new("minute", Algorithm::FixedWindow, "10/min").unwrap();
     let key = Key::user("ada");
 
