@@ -23,8 +23,9 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 pub const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
 
 /// `tollgate-exceeded`, on a refusal only: the policy and the limit of
-/// it that fired, as `<policy>; limit=<limit>` (`api; limit=10/s`), in
-/// every header style and in gRPC metadata.
+/// it that fired, as `<policy>; limit=<limit>` (`api; limit=10/s`), or
+/// `<policy>; blocked` for a key an operator blocked, in every header
+/// style and in gRPC metadata.
 pub const TOLLGATE_EXCEEDED: HeaderName = HeaderName::from_static("tollgate-exceeded");
 
 /// `RateLimit-Policy` (IETF draft): every limit of the policy.

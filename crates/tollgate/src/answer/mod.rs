@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | rate limit | 429 (or the layer's status), `problem+json` quota-exceeded naming the policy and the limit that fired, `Retry-After`, `tollgate-exceeded` | `RESOURCE_EXHAUSTED`, pushback and `RetryInfo` of the wait, a `QuotaFailure` naming the limit, `retry-after`, `tollgate-exceeded` |
 //! | cost exceeds capacity | the same, without `Retry-After` | `RESOURCE_EXHAUSTED`, pushback -1, the `QuotaFailure` |
+//! | key blocked by an operator (`Store::block`) | as a rate limit, for the rest of the block; the body, the header (`<policy>; blocked`) and the `QuotaFailure` say it is a block instead of naming a limit | as a rate limit, likewise |
 //! | store unavailable | 503, `Retry-After: 1` | `UNAVAILABLE`, `retry-after: 1`, pushback 1000 |
 //! | in-flight limit full | 429, `Retry-After: 1`, `x-concurrency-limit` | `RESOURCE_EXHAUSTED`, pushback 1000, `RetryInfo` of 1 s, a `QuotaFailure` naming the limit, `retry-after: 1`, `x-concurrency-limit` |
 //! | no key | 400, 401, 500 or the layer's status | the code nearest the status: `INVALID_ARGUMENT` (any client error without a code of its own), `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`, `RESOURCE_EXHAUSTED`, `UNAVAILABLE` for a 503, or `INTERNAL` for the server's doing |
@@ -78,21 +79,33 @@ pub(crate) fn denied(
 ) -> Response<Bytes> {
     let refusal = Refusal::of(decision);
     let detail = refusal.detail(policy);
-    // The limit that fired, as it is written in a policy: `10/s`.
+    // The limit that fired, as it is written in a policy (`10/s`): for an
+    // operator's block, which no limit made, `blocked` instead.
     let limit = decision.binding().limit().to_string();
+    let (named, exceeded) = match refusal {
+        Refusal::Blocked { .. } => ("blocked", format!("{policy}; blocked")),
+        Refusal::Limited { .. } | Refusal::Never { .. } => {
+            (limit.as_str(), format!("{policy}; limit={limit}"))
+        }
+    };
     let mut response = match protocol {
-        Protocol::Http => http::quota_exceeded(&detail, policy, &limit, status),
-        Protocol::Grpc => grpc::exhausted(
-            &detail,
-            refusal.pushback_wait(),
-            &grpc::Violation {
+        Protocol::Http => http::quota_exceeded(&detail, policy, named, status),
+        Protocol::Grpc => {
+            let description = match refusal {
+                Refusal::Blocked { .. } => String::from("key blocked by an operator"),
+                Refusal::Limited { .. } | Refusal::Never { .. } => {
+                    format!("limit {limit} exceeded")
+                }
+            };
+            let violation = grpc::Violation {
                 subject: policy,
-                description: &format!("limit {limit} exceeded"),
-            },
-        ),
+                description: &description,
+            };
+            grpc::exhausted(&detail, refusal.pushback_wait(), &violation)
+        }
     };
     // A policy's name is a header value already (`x-ratelimit-resource`).
-    if let Ok(value) = HeaderValue::from_str(&format!("{policy}; limit={limit}")) {
+    if let Ok(value) = HeaderValue::from_str(&exceeded) {
         response
             .headers_mut()
             .insert(headers::TOLLGATE_EXCEEDED, value);
@@ -263,6 +276,11 @@ enum Refusal {
         /// what it needed and what was left: `(cost, remaining)`.
         short: Option<(u64, u64)>,
     },
+    /// An operator blocked the key: it is admitted once the block ends.
+    Blocked {
+        /// The rest of the block.
+        wait: Duration,
+    },
     /// The request costs more than a limit's capacity: no wait cures it.
     Never {
         /// The request's cost.
@@ -277,6 +295,11 @@ impl Refusal {
     /// admitted; any other refusal is a wait, as long as the decision's
     /// own (an admitting decision refused by a custom rule has none).
     fn of(decision: &Decision) -> Self {
+        if decision.is_blocked() {
+            return Self::Blocked {
+                wait: decision.retry_after().unwrap_or(Duration::ZERO),
+            };
+        }
         match decision.outcome() {
             Outcome::CostExceedsCapacity { cost, capacity } => Self::Never { cost, capacity },
             Outcome::Limited { retry_after } => Self::Limited {
@@ -295,6 +318,10 @@ impl Refusal {
         match *self {
             Self::Never { cost, capacity } => format!(
                 "request cost {cost} exceeds the capacity {capacity} of limit '{policy}'; it can never be admitted"
+            ),
+            Self::Blocked { wait } => format!(
+                "this key is blocked under '{policy}' by an operator, retry in {} s",
+                retry_after_secs(wait)
             ),
             Self::Limited { wait, short } => {
                 let mut detail = format!("limit '{policy}' exceeded");
@@ -320,6 +347,7 @@ impl Refusal {
     fn pushback_wait(&self) -> Option<Duration> {
         match *self {
             Self::Never { .. } => None,
+            Self::Blocked { wait } => Some(wait),
             Self::Limited { wait, .. } => Some(wait.unwrap_or(Duration::ZERO)),
         }
     }

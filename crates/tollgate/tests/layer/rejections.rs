@@ -231,6 +231,34 @@ async fn a_grpc_request_that_can_never_fit_is_told_not_to_retry() {
     );
 }
 
+/// A gRPC client of a key an operator blocked is pushed back for the rest
+/// of the block, and told it is a block rather than which limit fired.
+#[tokio::test]
+async fn a_grpc_client_of_a_blocked_key_is_told_so_and_when_to_return() {
+    let (_, store) = clock_and_store();
+    let policy = Policy::new("greeter", Algorithm::FixedWindow, "5/min").unwrap();
+    store
+        .block(
+            &tollgate::Key::global(),
+            &policy,
+            std::time::Duration::from_secs(90),
+        )
+        .await
+        .unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey).store(store).grpc());
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("90000"));
+    assert_eq!(header(&res, "tollgate-exceeded"), Some("greeter; blocked"));
+    use base64::Engine as _;
+    let details = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(header(&res, "grpc-status-details-bin").unwrap())
+        .unwrap();
+    let has = |needle: &[u8]| details.windows(needle.len()).any(|w| w == needle);
+    assert!(has(b"google.rpc.RetryInfo") && has(b"key blocked by an operator"));
+    assert!(!has(b"exceeded"));
+}
+
 #[tokio::test]
 async fn a_middleware_over_rate_limiter_answers_exactly_as_the_layer() {
     let policy = Policy::builder("export")
@@ -295,6 +323,14 @@ async fn shadow_mode_waives_the_limit_but_not_an_operators_block() {
     let res = app.clone().oneshot(from("bob")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "retry-after"), Some("480"));
+    // The client is told it is a block, not which limit fired.
+    assert_eq!(header(&res, "tollgate-exceeded"), Some("trial; blocked"));
+    let body = body_json(res).await;
+    assert_eq!(
+        body["detail"],
+        "this key is blocked under 'trial' by an operator, retry in 480 s"
+    );
+    assert_eq!(body["limit"], "blocked");
     // Ada's key is over its limit again in this window, and let through.
     for _ in 0..3 {
         let res = app.clone().oneshot(from("ada")).await.unwrap();
