@@ -64,7 +64,8 @@
 -- blocked until then, which nothing changes). The client repeats the
 -- arithmetic (tollgate_core::state::decide_tat) to build each decision.
 -- A refund that the fence or another configuration drops (a settlement
--- is sent alone) changes nothing and replies {now, time, 0}: three items, the time as above.
+-- is sent alone) changes nothing and replies {now, time, 0}: three
+-- items, the time as above.
 -- Every number stays below 2^53, which Lua doubles hold exactly.
 --
 -- Written for Redis's CPU, which every decision of every app server
