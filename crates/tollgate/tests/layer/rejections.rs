@@ -218,17 +218,23 @@ async fn a_grpc_request_that_can_never_fit_is_told_not_to_retry() {
     // gRFC A6: a negative pushback means do not retry.
     assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("-1"));
     // The details name the limit (a QuotaFailure), and hold no RetryInfo.
-    use base64::Engine as _;
-    let details = base64::engine::general_purpose::STANDARD_NO_PAD
-        .decode(header(&res, "grpc-status-details-bin").unwrap())
-        .unwrap();
-    let has = |needle: &[u8]| details.windows(needle.len()).any(|w| w == needle);
+    let has = grpc_details(&res);
     assert!(has(b"google.rpc.QuotaFailure") && has(b"limit 5/min exceeded"));
     assert!(!has(b"google.rpc.RetryInfo"));
     assert_eq!(
         header(&res, "tollgate-exceeded"),
         Some("greeter; limit=5/min")
     );
+}
+
+/// Whether the gRPC status details of `res` (`grpc-status-details-bin`,
+/// base64) hold a given run of bytes.
+fn grpc_details(res: &Response<impl Sized>) -> impl Fn(&[u8]) -> bool {
+    use base64::Engine as _;
+    let details = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(header(res, "grpc-status-details-bin").unwrap())
+        .unwrap();
+    move |needle: &[u8]| details.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A gRPC client of a key an operator blocked is pushed back for the rest
@@ -250,11 +256,7 @@ async fn a_grpc_client_of_a_blocked_key_is_told_so_and_when_to_return() {
     assert_eq!(header(&res, "grpc-status"), Some("8"));
     assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("90000"));
     assert_eq!(header(&res, "tollgate-exceeded"), Some("greeter; blocked"));
-    use base64::Engine as _;
-    let details = base64::engine::general_purpose::STANDARD_NO_PAD
-        .decode(header(&res, "grpc-status-details-bin").unwrap())
-        .unwrap();
-    let has = |needle: &[u8]| details.windows(needle.len()).any(|w| w == needle);
+    let has = grpc_details(&res);
     assert!(has(b"google.rpc.RetryInfo") && has(b"key blocked by an operator"));
     assert!(!has(b"exceeded"));
 }

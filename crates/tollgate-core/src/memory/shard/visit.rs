@@ -106,7 +106,9 @@ impl Visit for Settle<'_> {
         // would drop what its own limits hold. It reports the key's state
         // as the refund's configuration reads it.
         let refund = self.settlement.refund() > 0;
-        let other = (self.shard).other(self.shared, self.base, policy, self.now, refund);
+        let other = self
+            .shard
+            .other(self.shared, self.base, policy, self.now, refund);
         let state = match other {
             Some((state, false)) => state,
             Some((state, true)) => {
