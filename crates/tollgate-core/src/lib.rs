@@ -92,7 +92,7 @@ pub use key::{Key, KeyKind, TypeTag};
 pub use limit::Limit;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use overrides::{
-    Applied, MemoryOverrides, Override, OverrideSource, OverrideStore, OverrideTable,
+    Applied, FirstAnswer, MemoryOverrides, Override, OverrideSource, OverrideStore, OverrideTable,
 };
 pub use policy::Policy;
 #[doc(hidden)] // storage encodings, shared with tollgate-redis: not part of the API

@@ -142,10 +142,10 @@ pub use tollgate_core::{
 };
 pub use tollgate_core::{
     Algorithm, Applied, BoxStore, Calendar, Clock, ConfigError, DecidedBy, Decision, FakeClock,
-    InFlightLimit, Key, KeyKind, Limit, LimitStatus, MemoryOverrides, MemoryStore, Outcome,
-    Override, OverrideError, OverrideSource, OverrideStore, OverrideTable, Policy, PolicyBuilder,
-    PolicyFamily, Renewal, Settlement, SlotStore, Slots, Store, StoreError, SystemClock, Timestamp,
-    TypeTag,
+    FirstAnswer, InFlightLimit, Key, KeyKind, Limit, LimitStatus, MemoryOverrides, MemoryStore,
+    Outcome, Override, OverrideError, OverrideSource, OverrideStore, OverrideTable, Policy,
+    PolicyBuilder, PolicyFamily, Renewal, Settlement, SlotStore, Slots, Store, StoreError,
+    SystemClock, Timestamp, TypeTag,
 };
 
 /// Guides: how to choose, key, run, observe and roll out limits.

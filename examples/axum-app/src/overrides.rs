@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use serde::Deserialize;
 use tollgate::{
-    Applied, Key, MemoryOverrides, Override, OverrideError, OverrideSource, OverrideTable, Policy,
-    PolicyFamily, ToKey,
+    Applied, FirstAnswer, Key, MemoryOverrides, Override, OverrideError, OverrideSource,
+    OverrideTable, Policy, PolicyFamily, ToKey,
 };
 use tollgate_redis::RedisOverrides;
 
@@ -51,6 +51,13 @@ impl OverrideSource for AppOverrides {
         match self {
             Self::Memory(memory) => memory.is_empty(),
             Self::Redis(redis) => redis.is_empty(),
+        }
+    }
+
+    fn first_answer(&self, key: &Key, policy: &Policy) -> Option<FirstAnswer> {
+        match self {
+            Self::Memory(memory) => memory.first_answer(key, policy),
+            Self::Redis(redis) => redis.first_answer(key, policy),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Live per-key overrides: a key's own limits under a policy (raise,
 //! lower), or exempt, or deny, set at runtime with an optional expiry.
 //!
-//! An [`OverrideSource`] is what a layer or limiter asks, per request,
-//! without waiting: a local lookup, never a round trip. An
+//! An [`OverrideSource`] is what a layer or limiter asks, per request: a
+//! local lookup, never a round trip (a key's first requests may wait for
+//! a source's first lookup of it, see [`Applied::Pending`]). An
 //! [`OverrideStore`] is a source operators write to as well:
 //! [`MemoryOverrides`] for tests and single instances, the Redis store's
 //! source (in `tollgate-redis`) for a fleet. [`Override`] says what an
@@ -17,6 +18,7 @@ mod rule;
 mod table;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +34,10 @@ pub use table::OverrideTable;
 /// Where a layer or limiter finds a key's override under a policy, per
 /// request: a local lookup that never waits. A source kept fresh from
 /// elsewhere (Redis, a database) refreshes its local view in the
-/// background and answers from it.
+/// background and answers from it; one that has yet to hear of a key
+/// answers [`Applied::Pending`], and hands callers that can wait its
+/// [`first_answer`](OverrideSource::first_answer). A source that wraps
+/// others forwards both.
 ///
 /// Implemented by [`MemoryOverrides`], by the Redis store's source, and by
 /// `tollgate`'s cached lookup of any async source. A source of your own
@@ -74,7 +79,21 @@ pub trait OverrideSource: Send + Sync + 'static {
     fn is_empty(&self) -> bool {
         false
     }
+
+    /// When [`applied`](Self::applied) answered [`Applied::Pending`] for
+    /// `key` under `policy`: a future that ends once the source's first
+    /// answer about them is in, or once the source stops waiting for it
+    /// (its own bound), after which `applied` says what to do. `None` when
+    /// there is nothing to wait for. The default says `None`: a source
+    /// that never answers `Pending` need not implement it.
+    fn first_answer(&self, key: &Key, policy: &Policy) -> Option<FirstAnswer> {
+        let _ = (key, policy);
+        None
+    }
 }
+
+/// What [`OverrideSource::first_answer`] hands a caller to wait on.
+pub type FirstAnswer = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl<T: OverrideSource + ?Sized> OverrideSource for Arc<T> {
     #[inline]
@@ -85,6 +104,10 @@ impl<T: OverrideSource + ?Sized> OverrideSource for Arc<T> {
     #[inline]
     fn is_empty(&self) -> bool {
         (**self).is_empty()
+    }
+
+    fn first_answer(&self, key: &Key, policy: &Policy) -> Option<FirstAnswer> {
+        (**self).first_answer(key, policy)
     }
 }
 

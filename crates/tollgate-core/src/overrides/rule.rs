@@ -189,4 +189,15 @@ pub enum Applied {
         /// How long the deny lasts still, if it expires.
         ends_in: Option<Duration>,
     },
+    /// Not known yet: the source has yet to hear what applies to this key.
+    /// A caller that can wait awaits
+    /// [`OverrideSource::first_answer`](crate::OverrideSource::first_answer)
+    /// (there may be none, if the answer came in meanwhile) and asks
+    /// again; one that cannot decides under the policy as it is.
+    ///
+    /// Deciding a key that has limits of its own under its plan's carries
+    /// the key's state over to the plan's limits, and a limit of its own
+    /// whose period the plan lacks starts afresh after that: waiting is
+    /// what keeps a restarted instance from giving the key a fresh quota.
+    Pending,
 }

@@ -20,10 +20,11 @@ use tollgate_core::{
 use crate::answer::headers::HeaderStyle;
 use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, Reserved, let_through};
 use crate::macros::failure_setters;
+use crate::overrides::{own_limits, own_limits_under};
 use crate::report::{Telemetry, Verdict};
 use jitter::Draws;
 pub use jitter::Jitter;
-use overridden::{Checked, checked, own_limits};
+use overridden::{Checked, checked};
 pub use wait::WaitError;
 
 /// A rate limiter for code that is not an HTTP handler: background jobs,
@@ -316,13 +317,23 @@ impl<St: Store> RateLimiter<St> {
     /// Checks and consumes `cost` units for `key`, without counting the
     /// decision; `true` with a decision that counts in
     /// [`telemetry::DECISIONS`](crate::telemetry::DECISIONS) (the store's or
-    /// the local fallback's, not an override's or a let-through).
+    /// the local fallback's, not an override's or a let-through). A key
+    /// whose override is not known yet waits for it, up to the source's
+    /// bound (whatever the caller's own wait: decided under its plan, the
+    /// key would lose the state of its own limits).
     async fn decide(&self, key: &Key, cost: u64) -> Result<(Decision, bool), StoreError> {
+        let found = match self.overrides.as_deref() {
+            None => None,
+            Some(source) => match checked(source, key, &self.policy, cost) {
+                // Boxed: only the rare request that waits pays for the
+                // wait's room in the future.
+                Some(Checked::Pending) => Box::pin(self.first_answer(source, key, cost)).await,
+                found @ (None | Some(Checked::Limits(_) | Checked::Decided(_))) => found,
+            },
+        };
         let own;
-        let policy = match (self.overrides.as_deref())
-            .and_then(|source| checked(source, key, &self.policy, cost))
-        {
-            None => &self.policy,
+        let policy = match found {
+            None | Some(Checked::Pending) => &self.policy,
             Some(Checked::Limits(policy)) => {
                 own = policy;
                 &own
@@ -345,6 +356,21 @@ impl<St: Store> RateLimiter<St> {
         }
     }
 
+    /// What `source` says of `key` once its first answer about it is in,
+    /// or once `source` stops waiting for it.
+    async fn first_answer(
+        &self,
+        source: &dyn OverrideSource,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Checked> {
+        // `None`: the answer came in meanwhile.
+        if let Some(first) = source.first_answer(key, &self.policy) {
+            first.await;
+        }
+        checked(source, key, &self.policy, cost)
+    }
+
     /// The state of `key`, consuming nothing: every limit's limit,
     /// remaining, used and reset, as a request of cost 0 sees it.
     ///
@@ -352,7 +378,7 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// As [`RateLimiter::check`].
     pub async fn status(&self, key: &Key) -> Result<Decision, StoreError> {
-        let own = own_limits(self.overrides.as_deref(), key, &self.policy);
+        let own = own_limits(self.overrides.as_deref(), key, &self.policy).await;
         self.store
             .status(key, own.as_ref().unwrap_or(&self.policy))
             .await
@@ -399,8 +425,9 @@ impl<St: Store> RateLimiter<St> {
     /// whatever the failure mode; the family's members after the failing
     /// one are not tried (see [`PolicyFamily::block`]).
     pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
+        let owns = self.own_limits_in_family(key).await;
         self.family.reset(&self.store, key).await?;
-        for own in self.own_limits_in_family(key) {
+        for own in owns {
             self.store.reset(key, &own).await?;
         }
         Ok(())
@@ -412,11 +439,9 @@ impl<St: Store> RateLimiter<St> {
     /// the fence that keeps their refunds out of the fresh state must
     /// reach as far as theirs (a daily override of a per-second plan,
     /// say), where a later reset or block never shortens a fence.
-    fn own_limits_in_family(&self, key: &Key) -> Vec<Policy> {
-        let source = self.overrides.as_deref();
-        (self.family.members().iter())
-            .filter_map(|policy| own_limits(source, key, policy))
-            .collect()
+    async fn own_limits_in_family(&self, key: &Key) -> Vec<Policy> {
+        let members = self.family.members();
+        own_limits_under(self.overrides.as_deref(), key, members).await
     }
 
     /// Settles what a piece of work admitted earlier really cost: checked
@@ -476,7 +501,7 @@ impl<St: Store> RateLimiter<St> {
             false => 0,
         };
         let settlement = Settlement::of(reservation, reserved, actual);
-        let own = own_limits(self.overrides.as_deref(), key, &self.policy);
+        let own = own_limits(self.overrides.as_deref(), key, &self.policy).await;
         let policy = own.as_ref().unwrap_or(&self.policy);
         let store = &self.store;
         store
@@ -517,8 +542,9 @@ impl<St: Store> RateLimiter<St> {
     /// whatever the failure mode; the family's members after the failing
     /// one are not tried (see [`PolicyFamily::block`]).
     pub async fn block(&self, key: &Key, duration: Duration) -> Result<(), StoreError> {
+        let owns = self.own_limits_in_family(key).await;
         self.family.block(&self.store, key, duration).await?;
-        for own in self.own_limits_in_family(key) {
+        for own in owns {
             self.store.block(key, &own, duration).await?;
         }
         Ok(())

@@ -15,6 +15,8 @@ pub(super) enum Checked {
     Limits(Policy),
     /// Decided without the store.
     Decided(Decision),
+    /// Not known yet: the source's first lookup of the key is under way.
+    Pending,
 }
 
 /// What `source` says of `key` under `policy`, for a check of `cost`: an
@@ -51,18 +53,6 @@ pub(super) fn checked(
                     .with_decided_by(DecidedBy::NoOne),
             )
         }
+        Applied::Pending => Checked::Pending,
     })
-}
-
-/// `key`'s own limits under `policy`, if `source` has an override of
-/// them in force: what its status and settlements are read under.
-pub(super) fn own_limits(
-    source: Option<&dyn OverrideSource>,
-    key: &Key,
-    policy: &Policy,
-) -> Option<Policy> {
-    match source?.applied(key, policy)? {
-        Applied::Limits(own) => Some(own),
-        Applied::Exempt | Applied::Deny { .. } => None,
-    }
 }

@@ -62,7 +62,11 @@ impl<St: Store> RateLimiter<St> {
     /// together, and none where it frees one unit at a time (GCRA, the
     /// buckets, the sliding window). It never takes the wait past
     /// `max_wait`. It gives up at once, without sleeping, when admission
-    /// cannot come within `max_wait`.
+    /// cannot come within `max_wait`. (A key's first check on an instance
+    /// under a [`CachedLookup`](crate::CachedLookup) of overrides first
+    /// waits for the key's lookup, up to the lookup's first wait, whatever
+    /// `max_wait`: decided under its plan, the key would lose the state of
+    /// its own limits.)
     ///
     /// Only the final answer counts in
     /// [`telemetry::DECISIONS`](crate::telemetry::DECISIONS): `allowed` once

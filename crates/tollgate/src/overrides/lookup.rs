@@ -1,23 +1,26 @@
 //! [`CachedLookup`]: overrides from any async lookup (a database), cached.
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tollgate_core::{
-    Applied, Clock, ConfigError, Key, Override, OverrideSource, OverrideTable, Policy, SystemClock,
-    Timestamp,
+    Applied, Clock, ConfigError, FirstAnswer, Key, Override, OverrideSource, OverrideTable, Policy,
+    SystemClock, Timestamp,
 };
 
 use crate::report::Throttle;
 
+use asks::{Asked, Asks, First, Pending};
+
 /// One key's override under one policy, from wherever you keep them: a
 /// database, a configuration service. [`CachedLookup`] asks it in the
-/// background and caches the answer, so a request never waits for it.
+/// background and caches the answer, so that only a key's first requests
+/// on an instance wait for it.
 ///
 /// ```
 /// use std::collections::HashMap;
@@ -60,18 +63,25 @@ pub trait OverrideLookup: Send + Sync + 'static {
 }
 
 /// An [`OverrideSource`] over any [`OverrideLookup`], cached per key and
-/// policy for a stated cache time (default 10 s): a request never waits
-/// for the lookup. A key seen for the first time, or whose answer is older
-/// than the cache time, is looked up in the background (once at a time),
-/// and the request is decided by what is known meanwhile: the policy as it
-/// is for a key not seen before, the last answer for the others. So an
-/// override set in your database applies within the cache time plus one
-/// lookup, and the first request of a key on an instance is decided
-/// before its lookup returns. That request carries the key's state over
-/// to the plan's limits: an override's limit whose period the plan lacks
+/// policy for a stated cache time (default 10 s). A key seen for the first
+/// time, or whose answer is older than the cache time, is looked up in the
+/// background (once at a time). A key with an answer is decided by it
+/// meanwhile, without waiting: so an override set in your database applies
+/// within the cache time plus one lookup. Expiries apply at once, by the
+/// clock.
+///
+/// A key without an answer yet (the first requests of a key on an
+/// instance, or of one the cache forgot) waits for its first lookup, up to
+/// the [first wait](CachedLookupBuilder::first_wait) (default 100 ms)
+/// counted from when the lookup began: the source answers
+/// [`Applied::Pending`], and the layer and the limiter wait. That is what
+/// keeps a restart from giving a key with limits of its own a fresh quota:
+/// a request decided under the plan carries the key's state over to the
+/// plan's limits, and an override's limit whose period the plan lacks
 /// starts afresh after it (see the failure-modes guide, "When a policy
-/// changes"), so keep an override's periods among its plan's. Expiries
-/// apply at once, by the clock.
+/// changes"). Past the first wait (a slow or failing lookup), or with a
+/// first wait of zero, requests are decided under the policy as it is:
+/// keep an override's periods among its plan's where that matters.
 ///
 /// A lookup that fails or panics leaves the key what it had, and the key
 /// is looked up again after the cache time. One still under way a cache
@@ -84,7 +94,8 @@ pub trait OverrideLookup: Send + Sync + 'static {
 /// each new one, so hostile keys cannot grow it, and a flood of them does
 /// not lift a deny (while no more than 1,024 keys with overrides come in
 /// a row in the order keys were first met).
-/// Needs a Tokio runtime for the background lookups.
+/// Needs a Tokio runtime for the background lookups, with its timer for
+/// the first wait (as `#[tokio::main]` builds it).
 ///
 /// ```
 /// use std::time::Duration;
@@ -116,9 +127,13 @@ pub struct CachedLookup<L> {
     inner: Arc<Inner<L>>,
 }
 
+/// The longest first wait: requests are held for it.
+const MAX_FIRST_WAIT: Duration = Duration::from_secs(5);
+
 struct Inner<L> {
     lookup: L,
     time: Duration,
+    first_wait: Duration,
     max_keys: usize,
     clock: Arc<dyn Clock>,
     /// The overrides found, in force until their expiry.
@@ -131,139 +146,6 @@ struct Inner<L> {
     failures: Throttle,
 }
 
-struct Asked {
-    /// When the last lookup ended.
-    at: Option<Timestamp>,
-    /// The lookup under way, if any.
-    pending: Option<Pending>,
-}
-
-/// A lookup under way: when it began, which lookup it is, and its task
-/// once spawned.
-struct Pending {
-    since: Timestamp,
-    /// Tells this lookup from any other of the same key and policy, also
-    /// one begun at the same time (a key forgotten and met again).
-    id: u64,
-    task: Option<AbortHandle>,
-}
-
-impl Asked {
-    /// Asked at `at`, with no lookup under way.
-    fn ended(at: Timestamp) -> Self {
-        Self {
-            at: Some(at),
-            pending: None,
-        }
-    }
-}
-
-/// When each key and policy was last asked: by key, then by policy name,
-/// so that a request's question borrows its key and allocates nothing.
-#[derive(Default)]
-struct Asks {
-    by_key: HashMap<Key, Vec<(Box<str>, Asked)>>,
-    /// Every key of `by_key` once, oldest first (see
-    /// [`forget_one`](Self::forget_one)).
-    order: VecDeque<Key>,
-    len: usize,
-    /// The id of the next lookup.
-    next_id: u64,
-}
-
-/// How many keys with an override [`Asks::forget_one`] passes over, at
-/// most, before it forgets the next key, override or not: a cache whose
-/// oldest keys include more than this many in a row with overrides may
-/// forget one for a new key.
-const PASS_OVER: usize = 1_024;
-
-impl Asks {
-    fn get_mut(&mut self, key: &Key, policy: &str) -> Option<&mut Asked> {
-        let asked = self.by_key.get_mut(key)?.iter_mut();
-        asked
-            .filter(|(name, _)| **name == *policy)
-            .map(|(_, a)| a)
-            .next()
-    }
-
-    /// Records `asked` of `key` under `policy`; a new one past `max`
-    /// first forgets another (see [`forget_one`](Self::forget_one)), in
-    /// `table` too.
-    fn put(
-        &mut self,
-        key: &Key,
-        policy: &str,
-        asked: Asked,
-        max: usize,
-        table: &OverrideTable,
-        now: Timestamp,
-    ) {
-        if let Some(known) = self.get_mut(key, policy) {
-            *known = asked;
-            return;
-        }
-        if self.len >= max {
-            self.forget_one(table, now);
-        }
-        let entry = (Box::from(policy), asked);
-        match self.by_key.get_mut(key) {
-            Some(entries) => entries.push(entry),
-            None => {
-                self.by_key.insert(key.clone(), vec![entry]);
-                self.order.push_back(key.clone());
-            }
-        }
-        self.len += 1;
-    }
-
-    /// Forgets the oldest key (the first met) that has no override in
-    /// force in `table` at `now`. A key with one goes to the back of the
-    /// order instead, at most [`PASS_OVER`] of them a time, after which the
-    /// next key in the order is forgotten, override or not. So a flood of
-    /// keys without an override (hostile keys, met while the cache is
-    /// full) churns among themselves, and a deny or an exemption is not
-    /// dropped from the table for one, to be applied again only once its
-    /// lookup returns (meanwhile the denied key was admitted). With `k`
-    /// keys with overrides in a cache of `max`, a forget passes over about
-    /// `k / (max - k)` of them on average.
-    fn forget_one(&mut self, table: &OverrideTable, now: Timestamp) {
-        let overridden = |key: &Key, asked: &[(Box<str>, Asked)]| {
-            asked
-                .iter()
-                .any(|(policy, _)| table.holds(key, policy, now))
-        };
-        for _ in 0..PASS_OVER.min(self.order.len()) {
-            let Some(key) = self.order.pop_front() else {
-                return;
-            };
-            match self.by_key.get(&key) {
-                Some(asked) if overridden(&key, asked) => self.order.push_back(key),
-                Some(_) => return self.forget(&key, table),
-                None => {}
-            }
-        }
-        if let Some(key) = self.order.pop_front() {
-            self.forget(&key, table);
-        }
-    }
-
-    /// Forgets `key`, in `table` too.
-    fn forget(&mut self, key: &Key, table: &OverrideTable) {
-        if let Some(forgotten) = self.by_key.remove(key) {
-            self.len -= forgotten.len();
-            for (policy, asked) in forgotten {
-                table.remove(key, &policy);
-                // Its lookup is not waited for any more: so that hostile
-                // keys met while the source hangs cannot pile up lookups
-                // beyond `max`, it ends with the entry.
-                if let Some(task) = asked.pending.and_then(|pending| pending.task) {
-                    task.abort();
-                }
-            }
-        }
-    }
-}
-
 impl<L: OverrideLookup> CachedLookup<L> {
     /// The settings of overrides looked up by `lookup`: cached 10 s, at
     /// most 100,000 keys and policies, on the system clock.
@@ -271,6 +153,7 @@ impl<L: OverrideLookup> CachedLookup<L> {
         CachedLookupBuilder {
             lookup,
             time: Duration::from_secs(10),
+            first_wait: Duration::from_millis(100),
             max_keys: 100_000,
             clock: Arc::new(SystemClock),
         }
@@ -297,6 +180,7 @@ impl<L: OverrideLookup> CachedLookup<L> {
 pub struct CachedLookupBuilder<L> {
     lookup: L,
     time: Duration,
+    first_wait: Duration,
     max_keys: usize,
     clock: Arc<dyn Clock>,
 }
@@ -307,6 +191,16 @@ impl<L: OverrideLookup> CachedLookupBuilder<L> {
     /// apply, plus one lookup.
     pub fn cache_time(mut self, time: Duration) -> Self {
         self.time = time;
+        self
+    }
+
+    /// How long the requests of a key wait for its first answer, counted
+    /// from when its lookup began, on Tokio's clock (default 100 ms; at
+    /// most the cache time, and 5 s). Past it, or with zero, they are decided under
+    /// the policy as it is until the answer is in; see [`CachedLookup`] for
+    /// what that does to a key with limits of its own.
+    pub fn first_wait(mut self, wait: Duration) -> Self {
+        self.first_wait = wait;
         self
     }
 
@@ -327,7 +221,8 @@ impl<L: OverrideLookup> CachedLookupBuilder<L> {
     /// # Errors
     ///
     /// [`ConfigError::InvalidSetting`] for a zero cache time (which would
-    /// look up every request) or a zero `max_keys`.
+    /// look up every request), a zero `max_keys`, or a first wait longer
+    /// than the cache time or 5 s.
     pub fn build(self) -> Result<CachedLookup<L>, ConfigError> {
         if self.time.is_zero() {
             return Err(ConfigError::InvalidSetting {
@@ -341,10 +236,23 @@ impl<L: OverrideLookup> CachedLookupBuilder<L> {
                 reason: "must be at least 1",
             });
         }
+        if self.first_wait > self.time {
+            return Err(ConfigError::InvalidSetting {
+                setting: "first_wait",
+                reason: "must not exceed the cache time, after which a lookup is given up on",
+            });
+        }
+        if self.first_wait > MAX_FIRST_WAIT {
+            return Err(ConfigError::InvalidSetting {
+                setting: "first_wait",
+                reason: "must not exceed 5 s: requests are held for it",
+            });
+        }
         Ok(CachedLookup {
             inner: Arc::new(Inner {
                 lookup: self.lookup,
                 time: self.time,
+                first_wait: self.first_wait,
                 max_keys: self.max_keys,
                 clock: self.clock,
                 table: OverrideTable::new(),
@@ -359,6 +267,7 @@ impl<L> fmt::Debug for CachedLookupBuilder<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachedLookupBuilder")
             .field("time", &self.time)
+            .field("first_wait", &self.first_wait)
             .field("max_keys", &self.max_keys)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
@@ -383,42 +292,81 @@ impl<L: OverrideLookup> Inner<L> {
 
     /// Whether `key` under `policy` needs a lookup now: its last answer is
     /// older than the cache time, and no lookup began within it. If so,
-    /// marks one under way since `now`, and hands back its id and the task
-    /// of the one it gives up on, to abort.
-    fn due(&self, key: &Key, policy: &str, now: Timestamp) -> Due {
+    /// marks one under way since `now`, and hands back its id, what to
+    /// close when it ends, and the task of the one it gives up on, to
+    /// abort. With it, whether the key waits for its first answer: it has
+    /// none, and its lookup began less than the first wait ago.
+    fn due(&self, key: &Key, policy: &str, now: Timestamp) -> (Due, bool) {
         let stale = |at: Timestamp| now.saturating_duration_since(at) >= self.time;
         let mut asked = self.asked.lock();
         let id = asked.next_id;
-        let began = Pending {
-            since: now,
-            id,
-            task: None,
-        };
         let Some(entry) = asked.get_mut(key, policy) else {
+            let (began, ended) = self.began(now, id, !self.first_wait.is_zero());
             let first = Asked {
                 at: None,
                 pending: Some(began),
             };
             asked.put(key, policy, first, self.max_keys, &self.table, now);
             asked.next_id += 1;
-            return Due::Yes { id, given_up: None };
+            let first = ended.is_some();
+            let due = Due::Yes {
+                id,
+                ended,
+                given_up: None,
+            };
+            return (due, first);
         };
         let due = match &entry.pending {
             Some(pending) => stale(pending.since),
             None => entry.at.is_none_or(stale),
         };
         if !due {
-            return Due::No;
+            let first = entry.first_pending().is_some();
+            return (Due::No, first);
         }
+        // Only a key's first lookup is waited for: not a refresh, nor the
+        // lookup that replaces a first one given up on (requests waited
+        // for that one already).
+        let (began, ended) = self.began(now, id, false);
         let given_up = entry.pending.replace(began).and_then(|old| old.task);
         asked.next_id += 1;
-        Due::Yes { id, given_up }
+        let due = Due::Yes {
+            id,
+            ended,
+            given_up,
+        };
+        (due, false)
+    }
+
+    /// A lookup under way since `now`, as lookup `id`; if requests are to
+    /// wait for it (`first`), with what to close when it ends.
+    fn began(&self, now: Timestamp, id: u64, first: bool) -> (Pending, Option<watch::Sender<()>>) {
+        let (first, ended) = if first {
+            let (ended, waiting) = watch::channel(());
+            let until = crate::clock::instant_after(self.first_wait);
+            (
+                Some(First {
+                    ended: waiting,
+                    until,
+                }),
+                Some(ended),
+            )
+        } else {
+            (None, None)
+        };
+        let pending = Pending {
+            since: now,
+            id,
+            task: None,
+            first,
+        };
+        (pending, ended)
     }
 
     /// Records the task of lookup `id`; aborts it if it already ended, or
     /// was given up on or forgotten meanwhile. (An abort only schedules
     /// the task's drop, which takes this lock later.)
-    fn began(&self, key: &Key, policy: &str, id: u64, task: AbortHandle) {
+    fn spawned(&self, key: &Key, policy: &str, id: u64, task: AbortHandle) {
         let mut asked = self.asked.lock();
         match asked
             .get_mut(key, policy)
@@ -434,10 +382,11 @@ impl<L: OverrideLookup> Inner<L> {
 /// Whether a request should start a lookup.
 enum Due {
     No,
-    /// Yes, as lookup `id`, giving up on the lookup of this task if there
-    /// is one.
+    /// Yes, as lookup `id`, closing `ended` (if requests wait for it) when
+    /// it ends, and giving up on the lookup of this task if there is one.
     Yes {
         id: u64,
+        ended: Option<watch::Sender<()>>,
         given_up: Option<AbortHandle>,
     },
 }
@@ -446,24 +395,41 @@ impl<L: OverrideLookup> OverrideSource for CachedLookup<L> {
     fn applied(&self, key: &Key, policy: &Policy) -> Option<Applied> {
         let inner = &self.inner;
         let now = inner.clock.now();
-        match inner.due(key, policy.name(), now) {
+        let (due, first) = inner.due(key, policy.name(), now);
+        match due {
             Due::No => {}
-            Due::Yes { id, given_up } => inner.ask(key, policy.name(), now, id, given_up),
+            Due::Yes {
+                id,
+                ended,
+                given_up,
+            } => inner.ask(key, policy.name(), now, (id, ended), given_up),
         }
-        inner.table.applied(key, policy, now)
+        let applied = inner.table.applied(key, policy, now);
+        applied.or(first.then_some(Applied::Pending))
+    }
+
+    fn first_answer(&self, key: &Key, policy: &Policy) -> Option<FirstAnswer> {
+        let mut asked = self.inner.asked.lock();
+        let first = asked.get_mut(key, policy.name())?.first_pending()?;
+        let (mut ended, until) = (first.ended.clone(), first.until);
+        drop(asked);
+        Some(Box::pin(async move {
+            // Closed when the lookup ends: `Err` then, as nothing is sent.
+            let _ = tokio::time::timeout_at(until, ended.changed()).await;
+        }))
     }
 }
 
 impl<L: OverrideLookup> Inner<L> {
     /// Looks `key` up under `policy` in the background as lookup `id`,
-    /// marked as under way since `now`, first aborting the lookup
-    /// `given_up`, if any.
+    /// marked as under way since `now`, closing `ended` when it ends,
+    /// first aborting the lookup `given_up`, if any.
     fn ask(
         self: &Arc<Self>,
         key: &Key,
         policy: &str,
         now: Timestamp,
-        id: u64,
+        (id, ended): (u64, Option<watch::Sender<()>>),
         given_up: Option<AbortHandle>,
     ) {
         if let Some(task) = given_up {
@@ -477,9 +443,10 @@ impl<L: OverrideLookup> Inner<L> {
                     key: key.clone(),
                     policy: policy.into(),
                     id,
+                    _ended: ended,
                 };
                 let task = runtime.spawn(asking.run());
-                self.began(key, policy, id, task.abort_handle());
+                self.spawned(key, policy, id, task.abort_handle());
             }
             // No runtime to look up in: asked again after the cache time.
             Err(_) => {
@@ -521,6 +488,9 @@ struct Asking<L: OverrideLookup> {
     key: Key,
     policy: Box<str>,
     id: u64,
+    /// Dropped after the mark (fields drop after `drop`), which wakes the
+    /// requests waiting for the key's first answer, if any.
+    _ended: Option<watch::Sender<()>>,
 }
 
 impl<L: OverrideLookup> Asking<L> {
@@ -558,11 +528,13 @@ impl<L> fmt::Debug for CachedLookup<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachedLookup")
             .field("time", &self.inner.time)
+            .field("first_wait", &self.inner.first_wait)
             .field("max_keys", &self.inner.max_keys)
             .field("overrides", &self.inner.table.len())
             .finish_non_exhaustive()
     }
 }
 
+mod asks;
 #[cfg(test)]
 mod tests;

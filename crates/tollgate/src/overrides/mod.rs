@@ -7,3 +7,68 @@
 mod lookup;
 
 pub use lookup::{CachedLookup, CachedLookupBuilder, OverrideLookup};
+
+use tollgate_core::{Applied, Key, OverrideSource, Policy};
+
+/// `key`'s own limits under `policy`, if `source` has an override of them
+/// in force: what its status and settlements go under. A key whose
+/// override is not known yet waits for its first answer (up to the
+/// source's bound), as its checks do.
+pub(crate) async fn own_limits(
+    source: Option<&dyn OverrideSource>,
+    key: &Key,
+    policy: &Policy,
+) -> Option<Policy> {
+    let source = source?;
+    let mut applied = source.applied(key, policy)?;
+    if pending(&applied) {
+        // `None`: the answer came in meanwhile.
+        if let Some(first) = source.first_answer(key, policy) {
+            first.await;
+        }
+        applied = source.applied(key, policy)?;
+    }
+    limits(applied)
+}
+
+/// `key`'s own limits under each of `policies` that `source` has an
+/// override of in force: what a reset or a block goes under too. Every
+/// policy is asked first, so that the first lookups of a key not known
+/// yet run side by side, then each is waited for.
+pub(crate) async fn own_limits_under(
+    source: Option<&dyn OverrideSource>,
+    key: &Key,
+    policies: &[Policy],
+) -> Vec<Policy> {
+    let Some(source) = source else {
+        return Vec::new();
+    };
+    let asked: Vec<Option<Applied>> = policies.iter().map(|p| source.applied(key, p)).collect();
+    let mut owns = Vec::new();
+    for (policy, mut applied) in policies.iter().zip(asked) {
+        if applied.as_ref().is_some_and(pending) {
+            if let Some(first) = source.first_answer(key, policy) {
+                first.await;
+            }
+            applied = source.applied(key, policy);
+        }
+        owns.extend(applied.and_then(limits));
+    }
+    owns
+}
+
+/// Whether an override is not known yet: the caller waits for the
+/// source's first answer, if there is one to wait for, and asks again.
+fn pending(applied: &Applied) -> bool {
+    match applied {
+        Applied::Pending => true,
+        Applied::Limits(_) | Applied::Exempt | Applied::Deny { .. } => false,
+    }
+}
+
+fn limits(applied: Applied) -> Option<Policy> {
+    match applied {
+        Applied::Limits(own) => Some(own),
+        Applied::Exempt | Applied::Deny { .. } | Applied::Pending => None,
+    }
+}

@@ -9,10 +9,11 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::handler::Handler;
 use axum::response::{IntoResponse, Response};
-use tollgate_core::{Applied, Key, OverrideSource, Policy, Store, StoreError};
+use tollgate_core::{Key, OverrideSource, Policy, Store, StoreError};
 
 use crate::answer::{RateLimitReport, status_unavailable};
 use crate::extract::KeyExtractor;
+use crate::overrides::own_limits;
 
 use super::map::PlanMap;
 use super::source::PlanSource;
@@ -130,8 +131,9 @@ impl<St> RateLimitStatus<St> {
     }
 
     /// The report of `request`'s caller: what the handler answers with.
-    /// The request is read at once (its keys and plans); the future only
-    /// asks the store.
+    /// The request is read at once (its keys and plans); the future asks
+    /// the store, after the first answer of a key's overrides where an
+    /// override source is still looking it up.
     ///
     /// # Errors
     ///
@@ -143,22 +145,12 @@ impl<St> RateLimitStatus<St> {
     where
         St: Store + Sync,
     {
-        let own = |(key, policy): (Key, Policy)| {
-            let source = self.overrides.as_deref();
-            match source.and_then(|s| s.applied(&key, &policy)) {
-                Some(Applied::Limits(own)) => (key, own),
-                Some(Applied::Exempt | Applied::Deny { .. }) | None => (key, policy),
-            }
-        };
-        let asked: Vec<(Key, Policy)> = self
-            .routes
-            .iter()
-            .filter_map(|r| r(request))
-            .map(own)
-            .collect();
+        let asked: Vec<(Key, Policy)> = self.routes.iter().filter_map(|r| r(request)).collect();
         async move {
             let mut states = Vec::with_capacity(asked.len());
             for (key, policy) in asked {
+                let own = own_limits(self.overrides.as_deref(), &key, &policy).await;
+                let policy = own.unwrap_or(policy);
                 let state = self.store.status(&key, &policy).await?;
                 states.push((policy, state));
             }

@@ -52,6 +52,13 @@ impl<F: Future, M> ResponseFuture<F, M> {
         }
     }
 
+    pub(super) fn new(state: State<F, F::Output>) -> Self {
+        Self {
+            state,
+            body: PhantomData,
+        }
+    }
+
     pub(crate) fn respond(response: Response<Bytes>) -> Self {
         Self {
             state: State::Responding {
@@ -162,6 +169,14 @@ where
                         settle.take(),
                     ),
                     None => State::Responding { response: None },
+                };
+                state.set(next);
+            }
+            StateProj::Looking { first, call, then } => {
+                ready!(first.as_mut().poll(cx));
+                let next = match (then.take(), call.take()) {
+                    (Some(then), Some(call)) => then(call),
+                    _ => State::Responding { response: None },
                 };
                 state.set(next);
             }

@@ -332,7 +332,9 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// limits keep the policy's name, so the key keeps what it used, and
     /// the headers tell its own limits. A request whose key has no
     /// override costs a local lookup (none while the source knows no
-    /// override at all), never a round trip.
+    /// override at all), never a round trip; only a key's first requests
+    /// on an instance wait for a [`CachedLookup`]'s first lookup of it
+    /// (see its first wait).
     ///
     /// ```
     /// use http::Request;

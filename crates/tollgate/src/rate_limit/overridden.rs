@@ -20,6 +20,8 @@ pub(super) enum Overridden {
     Exempt,
     /// Refused with this answer (403).
     Denied(Response<Bytes>),
+    /// Not known yet: the source's first lookup of the key is under way.
+    Pending,
 }
 
 /// What `key`'s override under `policy`, if `source` has one in force,
@@ -39,5 +41,6 @@ pub(super) fn overridden(
         }
         Applied::Exempt => Overridden::Exempt,
         Applied::Deny { ends_in } => Overridden::Denied(responder.denied_by_operator(ends_in)),
+        Applied::Pending => Overridden::Pending,
     })
 }

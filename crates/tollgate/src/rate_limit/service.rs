@@ -1,6 +1,7 @@
 //! The rate-limit service.
 
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,11 +17,12 @@ use crate::fallback::FallbackStore;
 use crate::response::Responder;
 
 use super::body::{BodyKind, WrapBody};
-use super::call::{Check, Inner, Waiter};
+use super::call::{Check, Deferred, Inner, Waiter};
 use super::future::ResponseFuture;
 use super::overridden::{Overridden, overridden};
 use super::responders::Responders;
 use super::settle::{Settle, SettleCall};
+use super::state::{Finish, State, next_state};
 
 /// A layer's settings, kept once: cloned into each layer made from it, and
 /// shared by every service of one.
@@ -185,10 +187,18 @@ where
                     }
                     Some(Overridden::Exempt) => return ResponseFuture::call(inner, request),
                     Some(Overridden::Denied(response)) => return ResponseFuture::respond(response),
+                    Some(Overridden::Pending) => {
+                        let call = inner.defer(request);
+                        return pending(shared, source, key, policy, cost, responder, call);
+                    }
                 }
             }
             _ => (policy, responder),
         };
+        // What follows is `decided_after`'s too, for a request that waited
+        // for its key's first answer: written out here, since a function
+        // of both, called with this request's call, copied the request once
+        // more (about a hundred instructions a request).
         let enforce = responder.enforces(&key);
         let waiter =
             (config.wait).map(|max_wait| waiter(shared, &key, policy, cost, responder, max_wait));
@@ -207,6 +217,108 @@ where
                 ResponseFuture::check(check, call, responder, waiter, enforce, settle)
             }
         }
+    }
+}
+
+/// A request whose key's override `source` has yet to answer about:
+/// it waits for the first answer (up to the source's bound), then is
+/// decided as it would have been. If the answer came in meanwhile (no
+/// first answer to wait for), it is decided now.
+#[cold]
+#[inline(never)]
+fn pending<K, St, F, M>(
+    shared: &Arc<Shared<K, St>>,
+    source: &dyn OverrideSource,
+    key: Key,
+    policy: &Policy,
+    cost: u64,
+    responder: &Arc<Responder>,
+    call: Deferred<F>,
+) -> ResponseFuture<F, M>
+where
+    K: Send + Sync + 'static,
+    St: Store,
+    F: Future,
+{
+    let Some(first) = source.first_answer(&key, policy) else {
+        let state = decided_after(shared, key, policy, cost, responder, call, Duration::ZERO);
+        return ResponseFuture::new(state);
+    };
+    let (shared, arrived) = (shared.clone(), tokio::time::Instant::now());
+    let (policy, responder) = (policy.clone(), responder.clone());
+    ResponseFuture::new(State::Looking {
+        first,
+        call: Some(call),
+        then: Some(Box::new(move |call| {
+            let waited = arrived.elapsed();
+            decided_after(&shared, key, &policy, cost, &responder, call, waited)
+        })),
+    })
+}
+
+/// What becomes of a request of `key` under `policy` (the layer's or the
+/// chooser's) at `cost`, told by `responder`, that `waited` for its key's
+/// first answer: as in `call`, under the key's override if one is in
+/// force (the policy as it is, if the answer is still not in), then as
+/// the store answers. In waiting mode it waits for admission until
+/// `max_wait` after its arrival, the time it `waited` included.
+fn decided_after<K, St, F>(
+    shared: &Arc<Shared<K, St>>,
+    key: Key,
+    policy: &Policy,
+    cost: u64,
+    responder: &Arc<Responder>,
+    call: Deferred<F>,
+    waited: Duration,
+) -> State<F, F::Output>
+where
+    K: Send + Sync + 'static,
+    St: Store,
+    F: Future,
+{
+    let config = &shared.config;
+    let own;
+    let (policy, responder) = match config.overrides.as_deref() {
+        Some(source) => match overridden(&shared.responders, source, &key, policy, responder) {
+            None | Some(Overridden::Pending) => (policy, responder),
+            Some(Overridden::Limits(policy, responder)) => {
+                own = (policy, responder);
+                (&own.0, &own.1)
+            }
+            Some(Overridden::Exempt) => {
+                return State::Calling {
+                    future: call(),
+                    finish: Finish::Headers(None),
+                };
+            }
+            Some(Overridden::Denied(response)) => {
+                return State::Responding {
+                    response: Some(response),
+                };
+            }
+        },
+        None => (policy, responder),
+    };
+    let enforce = responder.enforces(&key);
+    let waiter = (config.wait).map(|max_wait| {
+        let left = max_wait.saturating_sub(waited);
+        waiter(shared, &key, policy, cost, responder, left)
+    });
+    let settle = (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
+    match shared.store.get_ref().try_check_now(&key, policy, cost) {
+        Some(result) => {
+            let report = responder.reporter();
+            let result = shared.store.answer(&key, policy, cost, result, &report);
+            next_state(result, call, responder, waiter, enforce, settle)
+        }
+        None => State::Checking {
+            check: check(shared.clone(), key, policy, cost, responder),
+            call: Some(call),
+            waiter,
+            enforce,
+            settle,
+            responder: responder.clone(),
+        },
     }
 }
 

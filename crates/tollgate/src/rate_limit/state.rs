@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
-use tollgate_core::Decision;
+use tollgate_core::{Decision, FirstAnswer};
 
 use crate::answer::headers::Decoration;
 use crate::fallback::{Answer, Reserved};
@@ -21,6 +21,13 @@ use super::settle::{SettleCall, Settled, Settling};
 pin_project! {
     #[project = StateProj]
     pub(super) enum State<F, R> {
+        // The key's override is not known yet: the source's first answer is
+        // awaited, then the request is decided as it would have been.
+        Looking {
+            first: FirstAnswer,
+            call: Option<Deferred<F>>,
+            then: Option<Box<dyn FnOnce(Deferred<F>) -> State<F, R> + Send>>,
+        },
         Checking {
             check: Check,
             call: Option<Deferred<F>>,

@@ -62,7 +62,10 @@ fn flaky(hang: usize, panic: usize, clock: &tollgate_core::FakeClock) -> CachedL
         ..Flaky::default()
     };
     let cache_time = Duration::from_secs(10);
+    // Requests never wait for a first answer here (see the tests of the
+    // first wait below): every answer is the cache's own.
     let builder = CachedLookup::builder(lookup).cache_time(cache_time);
+    let builder = builder.first_wait(Duration::ZERO);
     builder.clock(clock.clone()).build().unwrap()
 }
 
@@ -98,7 +101,8 @@ async fn asked_again_at_the_cache_time(
     assert!(matches!(cached.applied(key, &api), Some(Applied::Exempt)));
 }
 
-// On a runtime without a timer: a cached lookup needs none.
+// On a runtime without a timer: a cached lookup that never waits for a
+// first answer needs none.
 #[tokio::test(flavor = "current_thread")]
 async fn a_lookup_that_never_answers_is_given_up_on_after_the_cache_time() {
     let clock = tollgate_core::FakeClock::default();
@@ -180,7 +184,8 @@ async fn hung_lookups_of_forgotten_keys_end_with_them() {
         hang: usize::MAX,
         ..Flaky::default()
     };
-    let cached = CachedLookup::builder(lookup).max_keys(10).build().unwrap();
+    let builder = CachedLookup::builder(lookup).first_wait(Duration::ZERO);
+    let cached = builder.max_keys(10).build().unwrap();
     let api = api();
     for i in 0..1_000 {
         assert!(cached.applied(&Key::user(format!("k{i}")), &api).is_none());
@@ -207,6 +212,7 @@ async fn a_key_met_again_at_the_same_time_keeps_its_new_lookup() {
     };
     let clock = tollgate_core::FakeClock::default();
     let cached = CachedLookup::builder(lookup)
+        .first_wait(Duration::ZERO)
         .max_keys(1)
         .clock(clock)
         .build()
@@ -224,4 +230,180 @@ async fn a_key_met_again_at_the_same_time_keeps_its_new_lookup() {
     assert!(cached.applied(&Key::user("c"), &api).is_none());
     assert_eq!(calls(&cached).await, 3);
     assert_eq!(dropped(), 2, "a's second went with a");
+}
+
+/// Answers every key exempt after `delay`, or never (`None`).
+struct Slow {
+    delay: Option<Duration>,
+}
+
+impl OverrideLookup for Slow {
+    type Error = std::convert::Infallible;
+
+    async fn lookup(
+        &self,
+        _: &Key,
+        _: &str,
+    ) -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
+        match self.delay {
+            Some(delay) => tokio::time::sleep(delay).await,
+            None => std::future::pending().await,
+        }
+        Ok(Some((Override::Exempt, None)))
+    }
+}
+
+fn pending(applied: Option<Applied>) -> bool {
+    matches!(applied, Some(Applied::Pending))
+}
+
+/// Waits for `key`'s first answer, if the cache has one to wait for, and
+/// says how long that took.
+async fn first_answer(cached: &CachedLookup<Slow>, key: &Key) -> Option<Duration> {
+    let first = cached.first_answer(key, &api())?;
+    let start = tokio::time::Instant::now();
+    first.await;
+    Some(start.elapsed())
+}
+
+/// A key's first requests are told to wait, and wait until its first
+/// answer comes (30 ms here), after which it is answered at once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keys_first_requests_wait_for_its_first_answer() {
+    let slow = Slow {
+        delay: Some(Duration::from_millis(30)),
+    };
+    let cached = CachedLookup::builder(slow).build().unwrap();
+    let (api, key) = (api(), Key::user("acme"));
+    assert!(pending(cached.applied(&key, &api)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(pending(cached.applied(&key, &api)), "a second request");
+    let waited = first_answer(&cached, &key).await;
+    assert_eq!(waited, Some(Duration::from_millis(20)));
+    assert!(matches!(cached.applied(&key, &api), Some(Applied::Exempt)));
+    assert_eq!(first_answer(&cached, &key).await, None);
+}
+
+/// A lookup that never answers holds a key's requests back for the first
+/// wait, counted from when it began, and no longer: a request 60 ms in
+/// waits 40 ms, and one after 100 ms is decided under the policy as it
+/// is, without waiting. A first wait of zero never waits.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hung_first_lookup_holds_requests_back_for_the_first_wait_only() {
+    let cached = CachedLookup::builder(Slow { delay: None }).build().unwrap();
+    let (api, key) = (api(), Key::user("acme"));
+    assert!(pending(cached.applied(&key, &api)));
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(pending(cached.applied(&key, &api)));
+    let waited = first_answer(&cached, &key).await;
+    assert_eq!(waited, Some(Duration::from_millis(40)));
+    assert!(cached.applied(&key, &api).is_none());
+    assert_eq!(first_answer(&cached, &key).await, None);
+
+    let never = CachedLookup::builder(Slow { delay: None });
+    let never = never.first_wait(Duration::ZERO).build().unwrap();
+    assert!(never.applied(&key, &api).is_none());
+    assert!(never.first_answer(&key, &api).is_none());
+}
+
+/// A key forgotten (past `max_keys`) while its requests wait for its first
+/// answer takes its lookup with it: they stop waiting at once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn requests_waiting_for_a_forgotten_key_stop_waiting() {
+    let slow = CachedLookup::builder(Slow { delay: None }).max_keys(1);
+    let cached = slow.build().unwrap();
+    let (api, a) = (api(), Key::user("a"));
+    assert!(pending(cached.applied(&a, &api)));
+    let first = cached.first_answer(&a, &api).unwrap();
+    tokio::task::yield_now().await;
+    let start = tokio::time::Instant::now();
+    let waiting = tokio::spawn(first);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(pending(cached.applied(&Key::user("b"), &api)));
+    waiting.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+}
+
+/// A first lookup that panics ends its requests' wait at once, and leaves
+/// the key to the policy as it is, without a wait again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_first_lookup_that_panics_ends_the_wait_at_once() {
+    let lookup = Flaky {
+        panic: 1,
+        ..Flaky::default()
+    };
+    let cached = CachedLookup::builder(lookup).build().unwrap();
+    let (api, key) = (api(), Key::user("acme"));
+    assert!(pending(cached.applied(&key, &api)));
+    let first = cached.first_answer(&key, &api).unwrap();
+    let start = tokio::time::Instant::now();
+    first.await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(cached.applied(&key, &api).is_none());
+    assert!(cached.first_answer(&key, &api).is_none());
+}
+
+/// The lookup that replaces a hung first one, a cache time on, is not
+/// waited for: the key's requests waited their first wait already.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_first_lookup_given_up_on_is_not_waited_for_again() {
+    let clock = tollgate_core::FakeClock::default();
+    let hung = CachedLookup::builder(Slow { delay: None }).clock(clock.clone());
+    let cached = hung.build().unwrap();
+    let (api, key) = (api(), Key::user("acme"));
+    assert!(pending(cached.applied(&key, &api)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(cached.applied(&key, &api).is_none());
+    clock.advance(Duration::from_secs(10));
+    assert!(cached.applied(&key, &api).is_none(), "asked again");
+    assert_eq!(first_answer(&cached, &key).await, None);
+}
+
+#[test]
+fn a_first_wait_longer_than_the_cache_time_is_refused() {
+    let builder = CachedLookup::builder(Everyone).cache_time(Duration::from_secs(1));
+    let error = builder.first_wait(Duration::MAX).build().unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid setting first_wait: must not exceed the cache time, after which a lookup is given up on"
+    );
+    let builder = CachedLookup::builder(Everyone).first_wait(Duration::from_millis(5_001));
+    assert_eq!(
+        builder.build().unwrap_err().to_string(),
+        "invalid setting first_wait: must not exceed 5 s: requests are held for it"
+    );
+    let most = CachedLookup::builder(Everyone).first_wait(Duration::from_secs(5));
+    assert!(most.build().is_ok());
+}
+
+/// Finds no override for any key.
+struct Nobody;
+
+impl OverrideLookup for Nobody {
+    type Error = std::convert::Infallible;
+
+    async fn lookup(
+        &self,
+        _: &Key,
+        _: &str,
+    ) -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
+        Ok(None)
+    }
+}
+
+/// A key whose first answer was "no override" is decided by that answer
+/// while it is looked up again a cache time on: a refresh is never waited
+/// for.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_refresh_is_not_waited_for() {
+    let clock = tollgate_core::FakeClock::default();
+    let cached = CachedLookup::builder(Nobody).clock(clock.clone());
+    let cached = cached.build().unwrap();
+    let (api, key) = (api(), Key::user("ada"));
+    assert!(pending(cached.applied(&key, &api)));
+    cached.first_answer(&key, &api).unwrap().await;
+    assert!(cached.applied(&key, &api).is_none());
+    clock.advance(Duration::from_secs(10));
+    assert!(cached.applied(&key, &api).is_none(), "asked again");
+    assert!(cached.first_answer(&key, &api).is_none());
 }

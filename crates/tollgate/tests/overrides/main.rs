@@ -1,8 +1,11 @@
 //! Overrides through the layer and the limiter on the memory store, on a
 //! fake clock: a raise keeps what the key used, an expiry restores the
 //! plan at its instant, exempt is neither refused nor counted, deny is a
-//! 403 that says so, and a cached lookup answers without waiting.
+//! 403 that says so, a cached lookup answers without waiting once it has
+//! an answer, and a key's first requests wait for its first answer.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+mod first_answer;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -221,7 +224,7 @@ impl OverrideLookup for Db {
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_cached_lookup_answers_at_once_and_asks_again_after_its_cache_time() {
     let clock = FakeClock::new(Timestamp::from_secs(T0));
     let db = Db::default();
@@ -234,10 +237,17 @@ async fn a_cached_lookup_answers_at_once_and_asks_again_after_its_cache_time() {
     let api = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
     let acme = Key::user("acme");
 
-    // The first request does not wait: the policy as it is; the lookup
-    // runs in the background, once however many requests come meanwhile.
-    assert!(cached.applied(&acme, &api).is_none());
-    assert!(cached.applied(&acme, &api).is_none());
+    // The first requests are told the answer is under way (they wait for
+    // it, see below); the lookup runs in the background, once however many
+    // requests come meanwhile.
+    assert!(matches!(
+        cached.applied(&acme, &api),
+        Some(Applied::Pending)
+    ));
+    assert!(matches!(
+        cached.applied(&acme, &api),
+        Some(Applied::Pending)
+    ));
     tokio::task::yield_now().await;
     assert_eq!(db.calls.load(Ordering::SeqCst), 1);
     assert!(matches!(cached.applied(&acme, &api), Some(Applied::Exempt)));
@@ -305,7 +315,7 @@ async fn a_flood_of_keys_through_a_full_cache_keeps_its_denies() {
         .map(|i| Key::user(format!("denied-{i}")))
         .collect();
     for key in &denied {
-        assert!(cached.applied(key, &api).is_none());
+        assert!(matches!(cached.applied(key, &api), Some(Applied::Pending)));
     }
     while db.calls.load(Ordering::SeqCst) < DENIED {
         tokio::task::yield_now().await;
@@ -317,11 +327,8 @@ async fn a_flood_of_keys_through_a_full_cache_keeps_its_denies() {
                 "{key:?} denied before flood key {i}"
             );
         }
-        assert!(
-            cached
-                .applied(&Key::user(format!("flood-{i}")), &api)
-                .is_none()
-        );
+        let flood = cached.applied(&Key::user(format!("flood-{i}")), &api);
+        assert!(matches!(flood, Some(Applied::Pending)));
         tokio::task::yield_now().await;
     }
     assert_eq!(db.calls.load(Ordering::SeqCst), DENIED);
