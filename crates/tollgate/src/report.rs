@@ -1,6 +1,7 @@
 //! Telemetry of one layer or limiter: a debug event per decision, throttled
 //! warnings for store failures, and counters through the `metrics` facade.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -155,7 +156,7 @@ impl Telemetry {
             Verdict::Limited | Verdict::ShadowLimited => tracing::debug!(
                 policy = &*self.policy,
                 outcome = verdict.as_str(),
-                limit = %decision.binding().limit(),
+                limit = %Fired::of(decision),
                 limit_index = decision.binding().index(),
                 remaining = decision.remaining(),
                 retry_after_ms = decision.retry_after().map(|d| d.as_millis()),
@@ -177,10 +178,7 @@ impl Telemetry {
         span.record(trace::OUTCOME, verdict.as_str());
         match verdict {
             Verdict::Limited => {
-                span.record(
-                    trace::LIMIT,
-                    tracing::field::display(decision.binding().limit()),
-                );
+                span.record(trace::LIMIT, tracing::field::display(Fired::of(decision)));
             }
             Verdict::Allowed | Verdict::ShadowLimited => {}
         }
@@ -396,6 +394,26 @@ impl FailureReport for Reporter<'_> {
 
     fn handled(&self, outcome: Handled) {
         self.telemetry.handled(outcome, self.store);
+    }
+}
+
+/// What a refusal names as the limit that fired, in logs and traces: the
+/// binding limit, or `blocked` for a key an operator blocked, which fired
+/// none (as the refusal's `tollgate-exceeded` says).
+struct Fired(Option<tollgate_core::Limit>);
+
+impl Fired {
+    fn of(decision: &Decision) -> Self {
+        Self((!decision.is_blocked()).then(|| decision.binding().limit()))
+    }
+}
+
+impl fmt::Display for Fired {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(limit) => limit.fmt(f),
+            None => f.write_str("blocked"),
+        }
     }
 }
 

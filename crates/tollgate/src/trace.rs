@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | [`POLICY`] | every decision, and every answer of the failure policy | the policy's name (a plan's policy, `items-read-pro`, when a plan chose it) |
 //! | [`OUTCOME`] | every decision of a store (the local fallback's included) | `allowed`, `limited`, `shadow_limited`, as in [`telemetry::DECISIONS`](crate::telemetry::DECISIONS) |
-//! | [`LIMIT`] | a refusal (`limited`) | the limit that fired, in its text form (`10/s`), as the `tollgate-exceeded` header names it |
+//! | [`LIMIT`] | a refusal (`limited`) | the limit that fired, in its text form (`10/s`), as the `tollgate-exceeded` header names it; `blocked` for a key an operator blocked |
 //! | [`STORE`] | with [`POLICY`] | the name of the store the layer asked ([`Store::name`](crate::Store::name): `memory`, `redis`, ...) |
 //! | [`FALLBACK`] | when the store failed and the failure policy answered | `open`, `closed`, `local_allowed`, `local_limited`, as in [`telemetry::FALLBACKS`](crate::telemetry::FALLBACKS) |
 //!

@@ -196,3 +196,41 @@ fn a_span_records_the_fields_it_declared_and_only_those() {
     assert!(closed[3].contains(" outer: "), "{logs}");
     assert!(!logs.contains("tollgate.outcome"), "{logs}");
 }
+
+/// A blocked key's refusal fired no limit: its debug event and its span
+/// say `blocked`, as its `tollgate-exceeded` header does, not the
+/// policy's limit.
+#[test]
+fn a_blocked_keys_refusal_is_logged_and_traced_as_a_block() {
+    use tollgate::Store;
+    use tracing::Instrument;
+    use tracing::field::Empty;
+    let logs = logged(async || {
+        let store = MemoryStore::new();
+        let policy = Policy::new("blocks", Algorithm::FixedWindow, "2/h").unwrap();
+        let key = tollgate::Key::header("abuser");
+        store
+            .block(&key, &policy, std::time::Duration::from_secs(600))
+            .await
+            .unwrap();
+        let app = app("blocks", store, FailureMode::Local);
+        let span = tracing::info_span!(
+            "request",
+            { tollgate::trace::OUTCOME } = Empty,
+            { tollgate::trace::LIMIT } = Empty,
+        );
+        let status = send(&app, "abuser").instrument(span.clone()).await;
+        assert_eq!(status, 429);
+        drop(span);
+    });
+    let decision = logs.lines().find(|l| l.contains("rate-limit decision"));
+    let decision = decision.unwrap_or_else(|| panic!("{logs}"));
+    assert!(
+        decision.contains("outcome=\"limited\"") && decision.contains("limit=blocked"),
+        "{decision}"
+    );
+    assert!(
+        logs.contains(r#"tollgate.outcome="limited" tollgate.limit=blocked"#),
+        "{logs}"
+    );
+}
