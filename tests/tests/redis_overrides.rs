@@ -391,3 +391,76 @@ async fn a_source_started_while_redis_is_down_loads_the_overrides_once_it_answer
     }
     assert_eq!(early.get(&acme, &api), Some((Override::Deny, None)));
 }
+
+/// A source started while Redis was down knows no key's override until it
+/// loads them. Its requests decided in Redis once Redis answers again
+/// (before its next poll, a second apart here) were decided under their
+/// plans, which carried a key with limits of its own over to its plan's
+/// limits: the hour of `acme`'s own "10/min 3/h", spent through another
+/// instance, started afresh. Now a request asks for a poll and waits for
+/// it, and is decided under the key's own limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_started_while_redis_is_down_gives_no_fresh_quota_once_it_answers() {
+    use tollgate::Store;
+    let mut server = tollgate_tests::RedisServer::spawn();
+    let url = server.url();
+    server.kill();
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let prefix = unique_prefix("overrides-boot-quota");
+    let store = || async {
+        RedisStore::builder()
+            .prefix(prefix.as_str())
+            .deadline(Duration::from_secs(2))
+            .connect_timeout(Duration::from_millis(200))
+            .circuit_breaker(1_000, Duration::from_millis(50))
+            .test_clock(clock.clone())
+            .connect(url.as_str())
+            .await
+            .unwrap()
+    };
+    let source = |store: RedisStore| {
+        let clock = clock.clone();
+        async move {
+            let builder = RedisOverrides::builder().clock(clock);
+            let builder = builder.poll_interval(Duration::from_secs(1));
+            builder.start(&store).await.unwrap()
+        }
+    };
+    let early_store = store().await;
+    let early = source(early_store.clone()).await;
+    let (api, acme) = (api(), Key::header("acme"));
+    assert!(!early.is_loaded());
+    assert!(matches!(
+        tollgate::OverrideSource::applied(&early, &acme, &api),
+        Some(tollgate::Applied::Pending)
+    ));
+
+    server.restart();
+    let late_store = store().await;
+    let late = source(late_store.clone()).await;
+    let start = Instant::now();
+    let own: Override = "10/min 3/h".parse().unwrap();
+    while late.set(&acme, &api, own.clone(), None).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "Redis never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spend = RateLimiter::with_store(api.clone(), late_store).overrides(late);
+    for _ in 0..3 {
+        assert!(spend.check(&acme).await.unwrap().is_allowed());
+    }
+    // The early instance's store decides in Redis again.
+    let probe = Key::header("probe");
+    while early_store.check(&probe, &api, 0).await.is_err() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let limiter = RateLimiter::with_store(api.clone(), early_store).overrides(early.clone());
+    let decision = limiter.check(&acme).await.unwrap();
+    assert!(!decision.is_allowed(), "{decision:?}");
+    let hour_left = Duration::from_secs(3600 - T0 % 3600);
+    assert_eq!(decision.retry_after(), Some(hour_left));
+    assert!(early.is_loaded());
+}

@@ -12,12 +12,14 @@
 mod form;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tollgate_core::{
-    Applied, Clock, ConfigError, Key, Override, OverrideError, OverrideSource, OverrideStore,
-    OverrideTable, Policy, StoreError, SystemClock, Timestamp,
+    Applied, Clock, ConfigError, FirstAnswer, Key, Override, OverrideError, OverrideSource,
+    OverrideStore, OverrideTable, Policy, StoreError, SystemClock, Timestamp,
 };
 
 use crate::connect::{ManagedConnection, RedisConnection};
@@ -28,6 +30,10 @@ use crate::store::RedisStore;
 /// How often an instance drops the overrides expired in Redis and renews
 /// the two keys' TTL, besides reading the version at every poll.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The longest a request waits for the overrides of a source that has
+/// not loaded them yet (see [`RedisOverrides`]).
+const FIRST_WAIT: Duration = Duration::from_millis(100);
 
 /// The longest the overrides' keys are kept (a hundred years): an
 /// override's expiry may be as far as a caller asks, but Redis refuses a
@@ -94,6 +100,14 @@ struct Shared<C> {
     /// The version last loaded; held through a poll, so that polls do not
     /// interleave and an older reply never replaces a newer one.
     seen: tokio::sync::Mutex<String>,
+    /// Whether the overrides were ever loaded. Until they are, no key's
+    /// override is known.
+    loaded: AtomicBool,
+    /// How many polls have ended, loaded or failed: what requests waiting
+    /// for the first load wait on.
+    polled: watch::Sender<u64>,
+    /// Whether a poll a waiting request asked for is under way.
+    asked: AtomicBool,
 }
 
 /// The settings of a [`RedisOverrides`]; [`start`](Self::start) makes it.
@@ -143,8 +157,14 @@ impl RedisOverridesBuilder {
     /// Loads the overrides from `store`'s Redis, under its prefix, and
     /// starts the task that polls them; it stops when the last clone of
     /// the source is dropped. A Redis that cannot be reached yet is not an
-    /// error: the source starts empty, logs the failure, and polls on.
-    /// Needs a Tokio runtime.
+    /// error: the source logs the failure, and polls on. Until it has
+    /// loaded the overrides, it knows no key's: it answers
+    /// [`Applied::Pending`], and a request that can wait asks for a poll
+    /// and waits for it, up to 100 ms (a poll fails at once while the
+    /// store's circuit breaker is open), then goes by its plan. So the
+    /// requests decided in Redis once it answers again do not carry keys
+    /// with limits of their own over to their plans' limits, which would
+    /// start those limits afresh. Needs a Tokio runtime.
     ///
     /// # Errors
     ///
@@ -181,6 +201,9 @@ impl RedisOverridesBuilder {
             poll: DecisionScript::new(include_str!("../lua/overrides/poll.lua")),
             write: DecisionScript::new(include_str!("../lua/overrides/write.lua")),
             seen: tokio::sync::Mutex::new(String::new()),
+            loaded: AtomicBool::new(false),
+            polled: watch::Sender::new(0),
+            asked: AtomicBool::new(false),
         });
         if let Err(error) = shared.poll(true).await {
             tracing::warn!(%error, "overrides not loaded from Redis yet; polling on");
@@ -225,8 +248,20 @@ async fn poll_until_dropped<C: RedisConnection>(shared: Weak<Shared<C>>) {
 
 impl<C: RedisConnection> Shared<C> {
     /// Reads the overrides if their version moved; with `sweep`, first
-    /// drops those expired by now and renews the keys' TTL.
+    /// drops those expired by now and renews the keys' TTL. Marks them
+    /// loaded if they were read, and wakes the requests waiting for the
+    /// first load either way.
     async fn poll(&self, sweep: bool) -> Result<(), RedisStoreError> {
+        let polled = self.poll_once(sweep).await;
+        if polled.is_ok() {
+            self.loaded.store(true, Ordering::Release);
+        }
+        self.polled
+            .send_modify(|polls| *polls = polls.wrapping_add(1));
+        polled
+    }
+
+    async fn poll_once(&self, sweep: bool) -> Result<(), RedisStoreError> {
         let mut seen = self.seen.lock().await;
         let now = if sweep {
             self.clock.now().as_micros()
@@ -301,6 +336,19 @@ impl<C: RedisConnection> RedisOverrides<C> {
 }
 
 impl<C> RedisOverrides<C> {
+    /// No override, once they are loaded; not known yet before
+    /// ([`Applied::Pending`]).
+    fn pending(&self) -> Option<Applied> {
+        let loaded = self.shared.loaded.load(Ordering::Acquire);
+        (!loaded).then_some(Applied::Pending)
+    }
+
+    /// Whether the overrides were loaded from Redis at least once: until
+    /// then, every key's are not known yet.
+    pub fn is_loaded(&self) -> bool {
+        self.shared.loaded.load(Ordering::Acquire)
+    }
+
     /// The overrides this instance knows.
     pub fn table(&self) -> &OverrideTable {
         &self.shared.table
@@ -323,14 +371,36 @@ impl<C: RedisConnection> OverrideSource for RedisOverrides<C> {
     fn applied(&self, key: &Key, policy: &Policy) -> Option<Applied> {
         let shared = &*self.shared;
         if shared.table.is_empty() {
-            return None;
+            return self.pending();
         }
         shared.table.applied(key, policy, shared.clock.now())
     }
 
+    /// Until the overrides are loaded, asks for a poll now (one at a
+    /// time), and waits for the next poll to end, up to 100 ms: while
+    /// Redis fails (its circuit breaker open), a poll fails at once.
+    fn first_answer(&self, _: &Key, _: &Policy) -> Option<FirstAnswer> {
+        let shared = &self.shared;
+        if shared.loaded.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut polled = shared.polled.subscribe();
+        if !shared.asked.swap(true, Ordering::AcqRel) {
+            let asked = Arc::clone(shared);
+            tokio::spawn(async move {
+                // A failure is logged by the polling task.
+                let _ = asked.poll(false).await;
+                asked.asked.store(false, Ordering::Release);
+            });
+        }
+        Some(Box::pin(async move {
+            let _ = tokio::time::timeout(FIRST_WAIT, polled.changed()).await;
+        }))
+    }
+
     #[inline]
     fn is_empty(&self) -> bool {
-        self.shared.table.is_empty()
+        self.shared.table.is_empty() && self.shared.loaded.load(Ordering::Acquire)
     }
 }
 
