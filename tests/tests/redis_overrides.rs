@@ -422,11 +422,18 @@ async fn a_source_started_while_redis_is_down_gives_no_fresh_quota_once_it_answe
         let clock = clock.clone();
         async move {
             let builder = RedisOverrides::builder().clock(clock);
+            // A first wait long enough for a loaded machine.
             let builder = builder.poll_interval(Duration::from_secs(1));
+            let builder = builder.first_wait(Duration::from_secs(5));
             builder.start(&store).await.unwrap()
         }
     };
     let early_store = store().await;
+    let too_long = RedisOverrides::builder().first_wait(Duration::from_millis(5_001));
+    assert_eq!(
+        too_long.start(&early_store).await.unwrap_err().to_string(),
+        "invalid setting first_wait: must not exceed 5 s: requests are held for it"
+    );
     let early = source(early_store.clone()).await;
     let (api, acme) = (api(), Key::header("acme"));
     assert!(!early.is_loaded());

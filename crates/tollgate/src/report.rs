@@ -157,7 +157,7 @@ impl Telemetry {
                 policy = &*self.policy,
                 outcome = verdict.as_str(),
                 limit = %Fired::of(decision),
-                limit_index = decision.binding().index(),
+                limit_index = (!decision.is_blocked()).then(|| decision.binding().index()),
                 remaining = decision.remaining(),
                 retry_after_ms = decision.retry_after().map(|d| d.as_millis()),
                 "rate-limit decision"

@@ -226,7 +226,9 @@ fn a_blocked_keys_refusal_is_logged_and_traced_as_a_block() {
     let decision = logs.lines().find(|l| l.contains("rate-limit decision"));
     let decision = decision.unwrap_or_else(|| panic!("{logs}"));
     assert!(
-        decision.contains("outcome=\"limited\"") && decision.contains("limit=blocked"),
+        decision.contains("outcome=\"limited\"")
+            && decision.contains("limit=blocked")
+            && !decision.contains("limit_index"),
         "{decision}"
     );
     assert!(

@@ -22,7 +22,7 @@
 //! | `path` | the route that matched (`/api/items`, `/admin/rate_limit/{policy}/{user}`), never the raw path or query; empty when none did |
 //! | `tollgate.policy` | the policy that decided: of stacked layers, the one that refused, else the innermost that admitted (`items-read-pro` when the pro plan chose it) |
 //! | `tollgate.outcome` | `allowed`, `limited` or `shadow_limited` |
-//! | `tollgate.limit` | on a refusal, the limit that fired (`5/s`), as the `tollgate-exceeded` header names it |
+//! | `tollgate.limit` | on a refusal, the limit that fired (`5/s`), as the `tollgate-exceeded` header names it; `blocked` for a key an operator blocked |
 //! | `tollgate.store` | the store asked: `memory` or `redis` |
 //! | `tollgate.fallback` | when the store failed: the failure policy's answer, `open`, `closed`, `local_allowed` or `local_limited`; empty otherwise |
 //!

@@ -31,9 +31,8 @@ use crate::store::RedisStore;
 /// the two keys' TTL, besides reading the version at every poll.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-/// The longest a request waits for the overrides of a source that has
-/// not loaded them yet (see [`RedisOverrides`]).
-const FIRST_WAIT: Duration = Duration::from_millis(100);
+/// The longest first wait: requests are held for it.
+const MAX_FIRST_WAIT: Duration = Duration::from_secs(5);
 
 /// The longest the overrides' keys are kept (a hundred years): an
 /// override's expiry may be as far as a caller asks, but Redis refuses a
@@ -103,11 +102,11 @@ struct Shared<C> {
     /// Whether the overrides were ever loaded. Until they are, no key's
     /// override is known.
     loaded: AtomicBool,
-    /// How many polls have ended, loaded or failed: what requests waiting
-    /// for the first load wait on.
-    polled: watch::Sender<u64>,
-    /// Whether a poll a waiting request asked for is under way.
-    asked: AtomicBool,
+    /// The poll requests asked for while nothing was loaded, if one is
+    /// under way: closed when it ends, loaded or failed.
+    asked: parking_lot::Mutex<Option<watch::Receiver<()>>>,
+    /// How long requests wait for it.
+    first_wait: Duration,
 }
 
 /// The settings of a [`RedisOverrides`]; [`start`](Self::start) makes it.
@@ -116,6 +115,7 @@ struct Shared<C> {
 pub struct RedisOverridesBuilder {
     interval: Duration,
     retention: Duration,
+    first_wait: Duration,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -126,6 +126,7 @@ impl RedisOverrides {
         RedisOverridesBuilder {
             interval: Duration::from_millis(250),
             retention: Duration::from_secs(30 * 86_400),
+            first_wait: Duration::from_millis(100),
             clock: None,
         }
     }
@@ -148,6 +149,14 @@ impl RedisOverridesBuilder {
         self
     }
 
+    /// How long a request waits for the poll it asks for while the
+    /// overrides were never loaded (default 100 ms, at most 5 s; see
+    /// [`start`](Self::start)).
+    pub fn first_wait(mut self, wait: Duration) -> Self {
+        self.first_wait = wait;
+        self
+    }
+
     /// The clock expiries are set and read by (default: the system clock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
@@ -160,16 +169,20 @@ impl RedisOverridesBuilder {
     /// error: the source logs the failure, and polls on. Until it has
     /// loaded the overrides, it knows no key's: it answers
     /// [`Applied::Pending`], and a request that can wait asks for a poll
-    /// and waits for it, up to 100 ms (a poll fails at once while the
-    /// store's circuit breaker is open), then goes by its plan. So the
-    /// requests decided in Redis once it answers again do not carry keys
-    /// with limits of their own over to their plans' limits, which would
-    /// start those limits afresh. Needs a Tokio runtime.
+    /// (one at a time) and waits for it, up to the
+    /// [first wait](Self::first_wait) (100 ms by default), then goes by
+    /// its plan. So the requests decided in Redis once it answers again do
+    /// not carry keys with limits of their own over to their plans'
+    /// limits, which would start those limits afresh. While the store's
+    /// circuit breaker is open, the poll fails at once and requests go to
+    /// the failure policy; a request whose poll failed just before the
+    /// breaker let a request through may still be decided in Redis under
+    /// its plan. Needs a Tokio runtime.
     ///
     /// # Errors
     ///
     /// [`ConfigError::InvalidSetting`] for a poll interval outside 10 ms
-    /// to 1 s, or a retention under a minute.
+    /// to 1 s, a retention under a minute, or a first wait over 5 s.
     pub async fn start<C: RedisConnection>(
         self,
         store: &RedisStore<C>,
@@ -184,6 +197,12 @@ impl RedisOverridesBuilder {
             return Err(ConfigError::InvalidSetting {
                 setting: "retention",
                 reason: "must be at least a minute",
+            });
+        }
+        if self.first_wait > MAX_FIRST_WAIT {
+            return Err(ConfigError::InvalidSetting {
+                setting: "first_wait",
+                reason: "must not exceed 5 s: requests are held for it",
             });
         }
         // `<prefix>:{<prefix>:overrides}` and its version: under the
@@ -202,8 +221,8 @@ impl RedisOverridesBuilder {
             write: DecisionScript::new(include_str!("../lua/overrides/write.lua")),
             seen: tokio::sync::Mutex::new(String::new()),
             loaded: AtomicBool::new(false),
-            polled: watch::Sender::new(0),
-            asked: AtomicBool::new(false),
+            asked: parking_lot::Mutex::new(None),
+            first_wait: self.first_wait,
         });
         if let Err(error) = shared.poll(true).await {
             tracing::warn!(%error, "overrides not loaded from Redis yet; polling on");
@@ -249,15 +268,12 @@ async fn poll_until_dropped<C: RedisConnection>(shared: Weak<Shared<C>>) {
 impl<C: RedisConnection> Shared<C> {
     /// Reads the overrides if their version moved; with `sweep`, first
     /// drops those expired by now and renews the keys' TTL. Marks them
-    /// loaded if they were read, and wakes the requests waiting for the
-    /// first load either way.
+    /// loaded if they were read.
     async fn poll(&self, sweep: bool) -> Result<(), RedisStoreError> {
         let polled = self.poll_once(sweep).await;
         if polled.is_ok() {
             self.loaded.store(true, Ordering::Release);
         }
-        self.polled
-            .send_modify(|polls| *polls = polls.wrapping_add(1));
         polled
     }
 
@@ -336,13 +352,6 @@ impl<C: RedisConnection> RedisOverrides<C> {
 }
 
 impl<C> RedisOverrides<C> {
-    /// No override, once they are loaded; not known yet before
-    /// ([`Applied::Pending`]).
-    fn pending(&self) -> Option<Applied> {
-        let loaded = self.shared.loaded.load(Ordering::Acquire);
-        (!loaded).then_some(Applied::Pending)
-    }
-
     /// Whether the overrides were loaded from Redis at least once: until
     /// then, every key's are not known yet.
     pub fn is_loaded(&self) -> bool {
@@ -371,36 +380,61 @@ impl<C: RedisConnection> OverrideSource for RedisOverrides<C> {
     fn applied(&self, key: &Key, policy: &Policy) -> Option<Applied> {
         let shared = &*self.shared;
         if shared.table.is_empty() {
-            return self.pending();
+            // Whether loaded first, then the table again: a first load
+            // landing between the two reads is seen whole.
+            if !shared.loaded.load(Ordering::Acquire) {
+                return Some(Applied::Pending);
+            }
+            if shared.table.is_empty() {
+                return None;
+            }
         }
         shared.table.applied(key, policy, shared.clock.now())
     }
 
     /// Until the overrides are loaded, asks for a poll now (one at a
-    /// time), and waits for the next poll to end, up to 100 ms: while
-    /// Redis fails (its circuit breaker open), a poll fails at once.
+    /// time: a request that finds one under way waits for it), and waits
+    /// for it to end, up to the first wait. While Redis fails (its
+    /// circuit breaker open), it fails at once.
     fn first_answer(&self, _: &Key, _: &Policy) -> Option<FirstAnswer> {
         let shared = &self.shared;
         if shared.loaded.load(Ordering::Acquire) {
             return None;
         }
-        let mut polled = shared.polled.subscribe();
-        if !shared.asked.swap(true, Ordering::AcqRel) {
-            let asked = Arc::clone(shared);
-            tokio::spawn(async move {
-                // A failure is logged by the polling task.
-                let _ = asked.poll(false).await;
-                asked.asked.store(false, Ordering::Release);
-            });
-        }
+        let mut ended = {
+            let mut asked = shared.asked.lock();
+            // `Err`: its sender is gone, the poll ended.
+            match asked
+                .as_ref()
+                .filter(|under_way| under_way.has_changed().is_ok())
+            {
+                Some(under_way) => under_way.clone(),
+                None => {
+                    let (end, ended) = watch::channel(());
+                    *asked = Some(ended.clone());
+                    let polling = Arc::clone(shared);
+                    // `end` is dropped once the poll has ended (or with
+                    // the task, if a runtime shutting down never runs it):
+                    // that wakes the requests waiting.
+                    tokio::spawn(async move {
+                        let _end = end;
+                        // A failure is logged by the polling task.
+                        let _ = polling.poll(false).await;
+                    });
+                    ended
+                }
+            }
+        };
+        let wait = shared.first_wait;
         Some(Box::pin(async move {
-            let _ = tokio::time::timeout(FIRST_WAIT, polled.changed()).await;
+            let _ = tokio::time::timeout(wait, ended.changed()).await;
         }))
     }
 
     #[inline]
     fn is_empty(&self) -> bool {
-        self.shared.table.is_empty() && self.shared.loaded.load(Ordering::Acquire)
+        // Loaded first: see `applied`.
+        self.shared.loaded.load(Ordering::Acquire) && self.shared.table.is_empty()
     }
 }
 
