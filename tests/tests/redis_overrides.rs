@@ -344,6 +344,20 @@ fn every_key_has_a_ttl(redis: &mut redis::Connection, prefix: &str) {
     }
 }
 
+/// A store on `url` under `prefix` that may be built while Redis is down,
+/// and gives up on it quickly.
+async fn booting_store(url: &str, prefix: &str, clock: &FakeClock) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .deadline(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(200))
+        .circuit_breaker(1_000, Duration::from_millis(50))
+        .test_clock(clock.clone())
+        .connect(url)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_started_while_redis_is_down_loads_the_overrides_once_it_answers() {
     let mut server = tollgate_tests::RedisServer::spawn();
@@ -351,17 +365,7 @@ async fn a_source_started_while_redis_is_down_loads_the_overrides_once_it_answer
     server.kill();
     let clock = FakeClock::new(Timestamp::from_secs(T0));
     let prefix = unique_prefix("overrides-boot");
-    let store = || async {
-        RedisStore::builder()
-            .prefix(prefix.as_str())
-            .deadline(Duration::from_secs(2))
-            .connect_timeout(Duration::from_millis(200))
-            .circuit_breaker(1_000, Duration::from_millis(50))
-            .test_clock(clock.clone())
-            .connect(url.as_str())
-            .await
-            .unwrap()
-    };
+    let store = || booting_store(&url, &prefix, &clock);
     let source = |store: RedisStore| {
         let clock = clock.clone();
         async move {
@@ -407,17 +411,7 @@ async fn a_source_started_while_redis_is_down_gives_no_fresh_quota_once_it_answe
     server.kill();
     let clock = FakeClock::new(Timestamp::from_secs(T0));
     let prefix = unique_prefix("overrides-boot-quota");
-    let store = || async {
-        RedisStore::builder()
-            .prefix(prefix.as_str())
-            .deadline(Duration::from_secs(2))
-            .connect_timeout(Duration::from_millis(200))
-            .circuit_breaker(1_000, Duration::from_millis(50))
-            .test_clock(clock.clone())
-            .connect(url.as_str())
-            .await
-            .unwrap()
-    };
+    let store = || booting_store(&url, &prefix, &clock);
     let source = |store: RedisStore| {
         let clock = clock.clone();
         async move {

@@ -31,20 +31,9 @@ async fn through(
     source: &CachedLookup<Tenants>,
     key: &str,
 ) -> (StatusCode, String, Duration) {
-    let layer = RateLimitLayer::new(
-        app.policy.clone(),
-        HeaderKey::new(HeaderName::from_static("x-api-key")),
-    )
-    .store(app.store.clone())
-    .overrides(source.clone());
-    let mut svc = ServiceBuilder::new()
-        .layer(layer)
-        .service(service_fn(|_: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(String::new()))
-        }));
-    let request = Request::get("/").header("x-api-key", key).body(()).unwrap();
+    let layer = layer(&app.policy, &app.store).overrides(source.clone());
     let start = tokio::time::Instant::now();
-    let response = svc.ready().await.unwrap().call(request).await.unwrap();
+    let response = send(layer, key).await;
     let retry = response.headers().get("retry-after");
     let retry = retry.map_or(String::new(), |v| v.to_str().unwrap().to_owned());
     (response.status(), retry, start.elapsed())
@@ -159,22 +148,8 @@ async fn an_answer_that_came_in_before_the_wait_began_is_asked_for_again() {
         asked: AtomicUsize::new(0),
         own: own.clone(),
     });
-    let layer = RateLimitLayer::new(
-        app.policy.clone(),
-        HeaderKey::new(HeaderName::from_static("x-api-key")),
-    )
-    .store(app.store.clone())
-    .overrides(source.clone());
-    let mut svc = ServiceBuilder::new()
-        .layer(layer)
-        .service(service_fn(|_: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(String::new()))
-        }));
-    let request = Request::get("/")
-        .header("x-api-key", "acme")
-        .body(())
-        .unwrap();
-    let response = svc.ready().await.unwrap().call(request).await.unwrap();
+    let layer = layer(&app.policy, &app.store).overrides(source.clone());
+    let response = send(layer, "acme").await;
     let limit = response.headers().get("x-ratelimit-limit").unwrap();
     assert_eq!(limit, "3", "the key's own limit, not the plan's 10");
     assert_eq!(source.asked.load(Ordering::SeqCst), 2);
@@ -202,27 +177,13 @@ async fn a_waiting_layer_counts_the_first_wait_in_its_max_wait() {
         rule: "10/s".parse().unwrap(),
     };
     let cached = CachedLookup::builder(lookup).build().unwrap();
-    let layer = RateLimitLayer::new(
-        policy.clone(),
-        HeaderKey::new(HeaderName::from_static("x-api-key")),
-    )
-    .store(store.clone())
-    .overrides(cached)
-    .wait(Duration::from_millis(50));
-    let mut svc = ServiceBuilder::new()
-        .layer(layer)
-        .service(service_fn(|_: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(String::new()))
-        }));
+    let layer = layer(&policy, &store).overrides(cached);
+    let layer = layer.wait(Duration::from_millis(50));
     let key = Key::header("acme");
     while store.check(&key, &policy, 1).await.unwrap().is_allowed() {}
     tokio::time::sleep(Duration::from_millis(30)).await;
     let start = tokio::time::Instant::now();
-    let request = Request::get("/")
-        .header("x-api-key", "acme")
-        .body(())
-        .unwrap();
-    let response = svc.ready().await.unwrap().call(request).await.unwrap();
+    let response = send(layer, "acme").await;
     assert_eq!(
         (response.status(), start.elapsed()),
         (StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(30))

@@ -43,20 +43,8 @@ impl App {
     /// One request of `key`: status, the rate-limit and Retry-After
     /// headers (empty when absent), and the body.
     async fn request(&self, key: &str) -> (StatusCode, [String; 3], String) {
-        let layer = RateLimitLayer::new(
-            self.policy.clone(),
-            HeaderKey::new(HeaderName::from_static("x-api-key")),
-        )
-        .store(self.store.clone())
-        .overrides(self.overrides.clone());
-        let mut svc =
-            ServiceBuilder::new()
-                .layer(layer)
-                .service(service_fn(|_: Request<()>| async {
-                    Ok::<_, Infallible>(Response::new(String::new()))
-                }));
-        let request = Request::get("/").header("x-api-key", key).body(()).unwrap();
-        let response = svc.ready().await.unwrap().call(request).await.unwrap();
+        let layer = layer(&self.policy, &self.store).overrides(self.overrides.clone());
+        let response = send(layer, key).await;
         let header = |name: &str| {
             let value = response.headers().get(name);
             value.map_or(String::new(), |v| v.to_str().unwrap().to_owned())
@@ -82,6 +70,26 @@ impl App {
             .await
             .unwrap();
     }
+}
+
+/// A layer of `policy` on `store`, keyed by `x-api-key`.
+fn layer(policy: &Policy, store: &MemoryStore) -> RateLimitLayer<HeaderKey, MemoryStore> {
+    let key = HeaderKey::new(HeaderName::from_static("x-api-key"));
+    RateLimitLayer::new(policy.clone(), key).store(store.clone())
+}
+
+/// One request of `key` through `layer`, to a service that answers 200.
+async fn send<M>(layer: RateLimitLayer<HeaderKey, MemoryStore, M>, key: &str) -> Response<M::Body>
+where
+    M: tollgate::BodyKind<String>,
+{
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let request = Request::get("/").header("x-api-key", key).body(()).unwrap();
+    svc.ready().await.unwrap().call(request).await.unwrap()
 }
 
 fn headers(limit: &str, remaining: &str) -> [String; 3] {
