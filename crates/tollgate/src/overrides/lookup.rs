@@ -199,6 +199,35 @@ impl<L: OverrideLookup> CachedLookupBuilder<L> {
     /// most the cache time, and 5 s). Past it, or with zero, they are decided under
     /// the policy as it is until the answer is in; see [`CachedLookup`] for
     /// what that does to a key with limits of its own.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, Applied, CachedLookup, Key, Override, OverrideLookup,
+    ///     OverrideSource, Policy, Timestamp};
+    ///
+    /// struct Db;
+    /// impl OverrideLookup for Db {
+    ///     type Error = std::convert::Infallible;
+    ///     async fn lookup(&self, _: &Key, _: &str)
+    ///         -> Result<Option<(Override, Option<Timestamp>)>, Self::Error> {
+    ///         tokio::time::sleep(Duration::from_millis(20)).await; // the round trip
+    ///         Ok(Some((Override::Exempt, None)))
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cached = CachedLookup::builder(Db).first_wait(Duration::from_millis(50)).build()?;
+    /// let (api, acme) = (Policy::new("api", Algorithm::Gcra, "10/s")?, Key::user("acme"));
+    /// // Not known yet: its first lookup has begun. A layer waits for it.
+    /// assert!(matches!(cached.applied(&acme, &api), Some(Applied::Pending)));
+    /// let start = tokio::time::Instant::now();
+    /// cached.first_answer(&acme, &api).expect("a lookup under way").await;
+    /// assert_eq!(start.elapsed(), Duration::from_millis(20));
+    /// assert!(matches!(cached.applied(&acme, &api), Some(Applied::Exempt)));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn first_wait(mut self, wait: Duration) -> Self {
         self.first_wait = wait;
         self

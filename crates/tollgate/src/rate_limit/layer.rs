@@ -332,9 +332,11 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// limits keep the policy's name, so the key keeps what it used, and
     /// the headers tell its own limits. A request whose key has no
     /// override costs a local lookup (none while the source knows no
-    /// override at all), never a round trip; only a key's first requests
-    /// on an instance wait for a [`CachedLookup`]'s first lookup of it
-    /// (see its first wait).
+    /// override at all), never a round trip. Only a key the source has yet
+    /// to hear of waits, for a bounded time, for the source's first answer
+    /// ([`Applied::Pending`](crate::Applied::Pending)): a key's first
+    /// requests on an instance under a [`CachedLookup`], and the requests
+    /// of an instance whose `RedisOverrides` has not loaded yet.
     ///
     /// ```
     /// use http::Request;
