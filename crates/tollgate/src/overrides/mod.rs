@@ -20,15 +20,10 @@ pub(crate) async fn own_limits(
     policy: &Policy,
 ) -> Option<Policy> {
     let source = source?;
-    let mut applied = source.applied(key, policy)?;
-    if pending(&applied) {
-        // `None`: the answer came in meanwhile.
-        if let Some(first) = source.first_answer(key, policy) {
-            first.await;
-        }
-        applied = source.applied(key, policy)?;
-    }
-    limits(applied)
+    let applied = source.applied(key, policy);
+    answered(source, key, policy, applied)
+        .await
+        .and_then(limits)
 }
 
 /// `key`'s own limits under each of `policies` that `source` has an
@@ -45,16 +40,33 @@ pub(crate) async fn own_limits_under(
     };
     let asked: Vec<Option<Applied>> = policies.iter().map(|p| source.applied(key, p)).collect();
     let mut owns = Vec::new();
-    for (policy, mut applied) in policies.iter().zip(asked) {
-        if applied.as_ref().is_some_and(pending) {
-            if let Some(first) = source.first_answer(key, policy) {
-                first.await;
-            }
-            applied = source.applied(key, policy);
-        }
-        owns.extend(applied.and_then(limits));
+    for (policy, applied) in policies.iter().zip(asked) {
+        owns.extend(
+            answered(source, key, policy, applied)
+                .await
+                .and_then(limits),
+        );
     }
     owns
+}
+
+/// What `source` says of `key` under `policy`, `applied` or, where that
+/// is not known yet, once the source's first answer is in (or it stops
+/// waiting for it): asked again.
+async fn answered(
+    source: &dyn OverrideSource,
+    key: &Key,
+    policy: &Policy,
+    applied: Option<Applied>,
+) -> Option<Applied> {
+    if !applied.as_ref().is_some_and(pending) {
+        return applied;
+    }
+    // `None`: the answer came in meanwhile.
+    if let Some(first) = source.first_answer(key, policy) {
+        first.await;
+    }
+    source.applied(key, policy)
 }
 
 /// Whether an override is not known yet: the caller waits for the
