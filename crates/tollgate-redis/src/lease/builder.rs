@@ -105,6 +105,7 @@ impl LeasedStoreBuilder {
             metrics: LeaseMetrics::new(),
             ahead: AtomicU64::new(0),
             ahead_done: tokio::sync::Notify::new(),
+            gather_origin: tokio::time::Instant::now(),
         });
         Bus::listen(Arc::downgrade(&shared)).await;
         sweep_every(Arc::downgrade(&shared), self.interval);

@@ -278,7 +278,7 @@ fn parse_identity(text: &str) -> Option<[u8; 16]> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::Arc;
 
@@ -298,7 +298,7 @@ mod tests {
     }
 
     /// A channel that subscribes at once and never delivers a message.
-    struct Quiet;
+    pub(in crate::lease) struct Quiet;
 
     impl Channel for Quiet {
         fn name(&self) -> &str {

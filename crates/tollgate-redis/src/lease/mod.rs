@@ -8,6 +8,8 @@ mod refunds;
 mod spend;
 mod table;
 mod telemetry;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +46,12 @@ use telemetry::{Call, LeaseMetrics};
 /// the limit's capacity. When seven eighths of a lease are spent (half,
 /// for a lease held to that share), the next one is asked for in the
 /// background, so that a hot key does not wait for it, and a lease is
-/// used up within its life of two intervals.
+/// used up within its life of two intervals. Such an ask waits for the
+/// next tick of a grid of a 64th of the interval, so that the asks of
+/// many keys reach the store together and share its calls (the Redis
+/// store batches them); a request that finds the key's lease used up
+/// meanwhile sends it at once. A lease held to its share, which can be
+/// spent far sooner, asks at once.
 /// A cold key, or one with fewer than four requests in one and a half
 /// intervals, never gets a lease. A grant the store refuses (the key is
 /// near its limit) sizes the next one to what the store said remains, and
@@ -178,6 +185,10 @@ impl<S> Clone for LeasedStore<S> {
 /// ends and gives back what is left.
 const LIFETIME_INTERVALS: u32 = 2;
 
+/// The grid on which grants asked for ahead go out together, in
+/// fractions of a lease interval (see [`Shared::gathered`]).
+const GATHER_PER_INTERVAL: u32 = 64;
+
 /// How long a key may go unseen, in lease intervals, before its entry is
 /// forgotten when room is needed.
 const IDLE_INTERVALS: u32 = 4;
@@ -200,6 +211,9 @@ struct Shared<S> {
     /// time, and leases being given back.
     ahead: AtomicU64,
     ahead_done: tokio::sync::Notify,
+    /// The origin of the grid on which grants asked for ahead go out
+    /// together (see [`Shared::gathered`]).
+    gather_origin: tokio::time::Instant,
 }
 
 #[derive(Default)]

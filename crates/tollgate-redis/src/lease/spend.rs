@@ -10,7 +10,7 @@ use tollgate_core::{Decision, Key, Policy, Settlement, Store, StoreError};
 
 use super::LeasedStore;
 use super::bus::{self, Listener};
-use super::table::{self, identity};
+use super::table::{self, Refill, identity};
 use crate::algorithm::Leasing;
 
 /// What a request finds in the table.
@@ -19,12 +19,12 @@ enum Plan {
     Direct { low: bool },
     /// Asks for a lease of this size; the key waits on the notify until
     /// the grant is settled.
-    Grant(u64, Arc<tokio::sync::Notify>),
+    Grant(u64, Arc<Refill>),
     /// Spent from the next lease, once the current one ended (boxed: the
     /// plan is part of every request's future).
     Spent(Box<Decision>),
     /// Waits for the grant on its way, then spends from it.
-    Wait(Arc<tokio::sync::Notify>),
+    Wait(Arc<Refill>),
 }
 
 impl<S: Store> LeasedStore<S> {

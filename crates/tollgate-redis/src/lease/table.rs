@@ -175,7 +175,7 @@ pub(crate) struct Entry {
     pub(crate) size: u64,
     /// A grant is on its way: the key's other requests meanwhile wait
     /// for it.
-    pub(crate) refilling: Option<std::sync::Arc<tokio::sync::Notify>>,
+    pub(crate) refilling: Option<Arc<Refill>>,
     /// The lease being spent.
     pub(crate) lease: Option<Lease>,
     /// The lease granted ahead, once seven eighths of the current one
@@ -197,12 +197,22 @@ pub(crate) struct Entry {
     pub(crate) refunds: Option<Arc<Refunds>>,
 }
 
+/// A grant on its way for a key: what the key's other requests wait on.
+#[derive(Default)]
+pub(crate) struct Refill {
+    /// Notified, every waiter at once, when the grant is settled.
+    pub(crate) settled: tokio::sync::Notify,
+    /// Notified when a request of the key starts waiting for the grant: a
+    /// grant asked for ahead stops gathering and goes out at once.
+    pub(crate) hurry: tokio::sync::Notify,
+}
+
 impl Entry {
     /// Marks a grant as on its way for the key: what its other requests
     /// wait on until the grant is settled (see `grant::Settled`).
-    pub(crate) fn begin_grant(&mut self) -> std::sync::Arc<tokio::sync::Notify> {
-        let waiting = std::sync::Arc::new(tokio::sync::Notify::new());
-        self.refilling = Some(std::sync::Arc::clone(&waiting));
+    pub(crate) fn begin_grant(&mut self) -> Arc<Refill> {
+        let waiting = Arc::new(Refill::default());
+        self.refilling = Some(Arc::clone(&waiting));
         waiting
     }
 

@@ -1,0 +1,227 @@
+//! Grants asked for ahead: gathered on a grid, hurried by a request that
+//! needs one.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tollgate_core::{
+    Algorithm, Decision, FakeClock, Key, MemoryStore, Policy, Settlement, Store, StoreError,
+    Timestamp,
+};
+
+use super::bus::tests::Quiet;
+use super::{GATHER_PER_INTERVAL, LeasedStore, LeasedStoreBuilder};
+
+/// A memory store that records when (on Tokio's clock) each grant, a
+/// check of more than one unit, reached it, and of how many units.
+struct Recording {
+    store: MemoryStore,
+    grants: Arc<Mutex<Vec<(Instant, u64)>>>,
+}
+
+impl Store for Recording {
+    async fn check(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        if cost > 1 {
+            self.grants.lock().unwrap().push((Instant::now(), cost));
+        }
+        self.store.check(key, policy, cost).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.store.reset(key, policy).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: Settlement,
+    ) -> Result<Decision, StoreError> {
+        self.store.settle(key, policy, settlement).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.store.block(key, policy, duration).await
+    }
+}
+
+const INTERVAL: Duration = Duration::from_secs(1);
+
+struct Setup {
+    store: LeasedStore<Recording>,
+    clock: FakeClock,
+    grants: Arc<Mutex<Vec<(Instant, u64)>>>,
+    policy: Policy,
+    /// Tokio's time when the store was made: the gathering grid's origin.
+    origin: Instant,
+}
+
+async fn setup() -> Setup {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let origin = Instant::now();
+    let store = LeasedStoreBuilder::default()
+        .interval(INTERVAL)
+        .test_clock(clock.clone())
+        .start(
+            Recording {
+                store: memory,
+                grants: Arc::clone(&grants),
+            },
+            Quiet,
+        )
+        .await;
+    assert!(store.is_listening());
+    Setup {
+        store,
+        clock,
+        grants,
+        policy: Policy::new("api", Algorithm::Gcra, "100000/s").unwrap(),
+        origin,
+    }
+}
+
+impl Setup {
+    /// Grants recorded so far.
+    fn grants(&self) -> Vec<(Instant, u64)> {
+        self.grants.lock().unwrap().clone()
+    }
+
+    /// Sends `key` a request every 10 ms of the fake clock until the store
+    /// holds its first lease and has marked the next one as asked for
+    /// ahead (still gathering: Tokio's time does not move here). Returns
+    /// the units left in the current lease.
+    async fn to_the_ahead_ask(&self, key: &Key) -> u64 {
+        let shared = &self.store.shared;
+        let before = shared.ahead.load(std::sync::atomic::Ordering::Acquire);
+        for _ in 0..10_000 {
+            self.clock.advance(Duration::from_millis(10));
+            let decision = self.store.check(key, &self.policy, 1).await.unwrap();
+            assert!(decision.is_allowed());
+            // Lets the background task run up to its wait.
+            tokio::task::yield_now().await;
+            if shared.ahead.load(std::sync::atomic::Ordering::Acquire) > before {
+                let hash = shared.table.hash(key, &self.policy);
+                let shard = shared.table.shard(hash);
+                let entry = shard.get(&hash).unwrap();
+                assert!(entry.refilling.is_some(), "the next lease is on its way");
+                return entry.lease.as_ref().unwrap().left;
+            }
+        }
+        panic!("no lease was asked for ahead");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn grants_asked_for_ahead_within_one_tick_reach_the_store_together_on_the_grid() {
+    let s = setup().await;
+    let tick = INTERVAL / GATHER_PER_INTERVAL;
+    let (a, b) = (Key::user("a"), Key::user("b"));
+    let asked_a = Instant::now();
+    s.to_the_ahead_ask(&a).await;
+    let first_grants = s.grants().len();
+    // The second key reaches its ahead ask a millisecond later, within
+    // the same tick.
+    tokio::time::advance(Duration::from_millis(1)).await;
+    s.to_the_ahead_ask(&b).await;
+    let on_path = s.grants().len();
+    assert_eq!(
+        on_path,
+        first_grants + 1,
+        "b's first lease, asked for on its path"
+    );
+    assert!(
+        s.grants().iter().all(|(at, _)| *at < asked_a + tick),
+        "no ask ahead reached the store before its tick"
+    );
+    s.store.wait_for_grants().await;
+    let ahead: Vec<_> = s.grants()[on_path..].to_vec();
+    assert_eq!(ahead.len(), 2, "one grant ahead per key: {ahead:?}");
+    let ticks = (asked_a - s.origin).as_nanos() / tick.as_nanos() + 1;
+    let grid = s.origin + tick * u32::try_from(ticks).unwrap();
+    // Tokio's timer fires on whole milliseconds.
+    assert!(
+        ahead[0].0 >= grid && ahead[0].0 < grid + Duration::from_millis(1),
+        "sent on the grid's next tick, {grid:?}: {ahead:?}"
+    );
+    assert_eq!(ahead[1].0, ahead[0].0, "sent together");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_that_needs_the_gathering_grant_sends_it_at_once() {
+    let s = setup().await;
+    let key = Key::user("a");
+    let mut left = s.to_the_ahead_ask(&key).await;
+    let (grants, direct) = (s.grants().len(), s.store.calls().direct);
+    // The rest of the lease is spent at once: no time passes.
+    while left > 0 {
+        assert!(
+            s.store
+                .check(&key, &s.policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        left -= 1;
+    }
+    let needs = Instant::now();
+    let decision = s.store.check(&key, &s.policy, 1).await.unwrap();
+    assert!(decision.is_allowed());
+    let sent = s.grants()[grants..].to_vec();
+    assert_eq!(
+        sent.len(),
+        1,
+        "the grant asked for ahead, and no other: {sent:?}"
+    );
+    assert_eq!(
+        sent[0].0, needs,
+        "sent when the request needed it, not at its tick"
+    );
+    assert_eq!(Instant::now(), needs);
+    assert_eq!(
+        s.store.calls().direct,
+        direct,
+        "the request was spent from the new lease"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_lease_held_to_its_share_asks_for_the_next_one_at_once() {
+    let s = setup().await;
+    // 100 requests a second against a capacity of 1,000: once the leases
+    // have grown, one of one and a half intervals (150) is held to the
+    // default share, a 16th of the capacity (62).
+    let policy = Policy::new("api", Algorithm::Gcra, "1000/s").unwrap();
+    let key = Key::user("a");
+    let shared = &s.store.shared;
+    let hash = shared.table.hash(&key, &policy);
+    for _ in 0..10_000 {
+        s.clock.advance(Duration::from_millis(10));
+        assert!(s.store.check(&key, &policy, 1).await.unwrap().is_allowed());
+        tokio::task::yield_now().await;
+        let grants = s.grants();
+        let capped = grants.iter().position(|&(_, units)| units == 62);
+        if capped.is_some_and(|i| grants.len() > i + 1) {
+            // Tokio's time never moved: a gathering ask would still wait
+            // for its tick. This one came while the capped lease still
+            // had units, so no request hurried it.
+            let shard = shared.table.shard(hash);
+            let entry = shard.get(&hash).unwrap();
+            let left = entry.lease.as_ref().map_or(0, |lease| lease.left);
+            assert!(left > 0, "asked for ahead, not by a request that needed it");
+            assert!(entry.next.is_some(), "the next lease is held");
+            return;
+        }
+    }
+    panic!(
+        "no lease held to its share asked for the next one: {:?}",
+        s.grants()
+    );
+}
