@@ -106,6 +106,7 @@ impl LeasedStoreBuilder {
             ahead: AtomicU64::new(0),
             ahead_done: tokio::sync::Notify::new(),
             gather_origin: tokio::time::Instant::now(),
+            flush: tokio::sync::Notify::new(),
         });
         Bus::listen(Arc::downgrade(&shared)).await;
         sweep_every(Arc::downgrade(&shared), self.interval);

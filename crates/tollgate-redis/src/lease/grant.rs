@@ -94,18 +94,25 @@ impl<S: Store> Shared<S> {
 
     /// Waits for the next tick of the grid on which grants asked for
     /// ahead go out together: a [`GATHER_PER_INTERVAL`]th of the lease
-    /// interval, on Tokio's clock. Every key's next lease is asked for
-    /// while an eighth of its current one is left, about a fifth of an
-    /// interval of its traffic, so the wait is a small part of that time.
+    /// interval, on Tokio's clock. A key's next lease is asked for while
+    /// an eighth of its current one is left, about a fifth of an interval
+    /// of its traffic (and gathered only while some is left, see
+    /// [`LeasedStore::ahead`]), so the wait is a small part of that time.
+    /// A request that needs the grant meanwhile
+    /// ([`Refill::hurry`](super::table::Refill)) and
+    /// [`LeasedStore::wait_for_grants`] end the wait.
     /// The asks of one tick reach the store at once, where they share
     /// calls: the Redis store batches the requests that queue behind its
     /// calls on their way, so a tick's asks take two or three calls
     /// rather than one each.
+    /// A tick shorter than Tokio's timer's millisecond (an interval under
+    /// 64 ms) is not waited for.
     async fn gathered(&self) {
-        let tick = (self.interval / GATHER_PER_INTERVAL).as_nanos();
-        if tick == 0 {
+        let tick = self.interval / GATHER_PER_INTERVAL;
+        if tick < Duration::from_millis(1) {
             return;
         }
+        let tick = tick.as_nanos();
         let into = self.gather_origin.elapsed().as_nanos() % tick;
         let left = u64::try_from(tick - into).unwrap_or(u64::MAX);
         tokio::time::sleep(Duration::from_nanos(left)).await;
@@ -296,9 +303,12 @@ impl<S: Store> LeasedStore<S> {
         if !shared.bus.listening() {
             return None;
         }
-        // A lease held to its share can be spent within much less than
-        // an interval: its next one goes out at once.
-        let gather = !entry.lease.as_ref().is_some_and(|lease| lease.capped);
+        // Gathered only while the lease has units left for the key's
+        // requests meanwhile: not one held to its share, which can be
+        // spent in far less than its span, nor one used up already (a
+        // lease of fewer than eight units asks only then), whose next
+        // request needs the grant.
+        let gather = (entry.lease.as_ref()).is_some_and(|lease| !lease.capped && lease.left > 0);
         Some(Ahead {
             runtime,
             size,
@@ -323,12 +333,23 @@ impl<S: Store> LeasedStore<S> {
         let (size, hash, now) = (ahead.size, ahead.hash, ahead.now);
         let gather = ahead.gather;
         shared.in_background(&ahead.runtime, async move {
-            if gather {
+            let now = if gather {
                 tokio::select! {
                     () = asking.gathered() => {}
                     () = refill.hurry.notified() => {}
+                    () = asking.flush.notified() => {}
                 }
-            }
+                // No lease is taken while invalidations go unheard: the
+                // key's waiters wake when `settled` drops.
+                if !asking.bus.listening() {
+                    return;
+                }
+                // Sent now: the lease's life and the key's rate count
+                // from here.
+                asking.now()
+            } else {
+                now
+            };
             // A failure leaves the current lease going; the request that
             // finds it used up meets the store's error itself.
             let _ = asking

@@ -47,11 +47,12 @@ use telemetry::{Call, LeaseMetrics};
 /// for a lease held to that share), the next one is asked for in the
 /// background, so that a hot key does not wait for it, and a lease is
 /// used up within its life of two intervals. Such an ask waits for the
-/// next tick of a grid of a 64th of the interval, so that the asks of
-/// many keys reach the store together and share its calls (the Redis
-/// store batches them); a request that finds the key's lease used up
-/// meanwhile sends it at once. A lease held to its share, which can be
-/// spent far sooner, asks at once.
+/// next tick of a grid of a 64th of the interval (for an interval of
+/// 64 ms or more), so that the asks of many keys reach the store together
+/// and share its calls (the Redis store batches them); a request that
+/// finds the key's lease used up meanwhile sends it at once. A lease held
+/// to its share, which can be spent far sooner, or one already used up,
+/// asks at once.
 /// A cold key, or one with fewer than four requests in one and a half
 /// intervals, never gets a lease. A grant the store refuses (the key is
 /// near its limit) sizes the next one to what the store said remains, and
@@ -98,9 +99,9 @@ use telemetry::{Call, LeaseMetrics};
 /// from a lease granted before it. The key is reset or blocked in the
 /// store first; then an invalidation goes out on a Redis channel, and the
 /// call waits until every subscribed instance has dropped its leases of
-/// the key and said so. A grant asked for before an instance heard the
+/// the key and said so. A grant sent before an instance heard the
 /// invalidation is dropped when it arrives, whatever the store answered;
-/// a grant asked for after it reaches the store after the operation, so
+/// a grant sent after it reaches the store after the operation, so
 /// a blocked key's grant is refused and a reset key's is counted in its
 /// fresh state. An instance that is not subscribed (Redis is down, or the
 /// subscription was lost) drops its leases and takes no new one until it
@@ -114,7 +115,7 @@ use telemetry::{Call, LeaseMetrics};
 /// at most its two leases of the key (each at most the limit's capacity
 /// divided by the [`share`](LeasedStoreBuilder::share)), and only until
 /// they end, at most twice the [`interval`](LeasedStoreBuilder::interval)
-/// after they were asked for. Its new grants meet the block in the store,
+/// after they were sent to the store. Its new grants meet the block in the store,
 /// and the first refused so ends its leases of the key: so does a block
 /// made through a plain store, which sends no invalidation.
 /// After a reset, the leases that instances took from the fresh state
@@ -214,6 +215,8 @@ struct Shared<S> {
     /// The origin of the grid on which grants asked for ahead go out
     /// together (see [`Shared::gathered`]).
     gather_origin: tokio::time::Instant,
+    /// Sends the grants asked for ahead that wait for their tick now.
+    flush: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -271,7 +274,8 @@ impl<S: Store> LeasedStore<S> {
 
     /// Waits until no lease this instance asked for ahead of time (while
     /// a hot key's current one was being spent) is still on its way, and
-    /// every lease it is giving back in the background is back.
+    /// every lease it is giving back in the background is back. Asks
+    /// waiting for their tick to go out with others are sent at once.
     pub async fn wait_for_grants(&self) {
         let shared = &self.shared;
         loop {
@@ -279,6 +283,9 @@ impl<S: Store> LeasedStore<S> {
             if shared.ahead.load(Ordering::Acquire) == 0 {
                 return;
             }
+            // Asks waiting for their tick go now (one made after this
+            // waits at most a tick).
+            shared.flush.notify_waiters();
             done.await;
         }
     }

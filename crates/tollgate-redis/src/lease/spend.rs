@@ -17,8 +17,8 @@ use crate::algorithm::Leasing;
 enum Plan {
     /// Asks the store; `low` when the store last found the key low.
     Direct { low: bool },
-    /// Asks for a lease of this size; the key waits on the notify until
-    /// the grant is settled.
+    /// Asks for a lease of this size; the key's other requests wait on
+    /// the refill until the grant is settled.
     Grant(u64, Arc<Refill>),
     /// Spent from the next lease, once the current one ended (boxed: the
     /// plan is part of every request's future).

@@ -58,15 +58,12 @@ struct Setup {
     clock: FakeClock,
     grants: Arc<Mutex<Vec<(Instant, u64)>>>,
     policy: Policy,
-    /// Tokio's time when the store was made: the gathering grid's origin.
-    origin: Instant,
 }
 
 async fn setup() -> Setup {
     let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
     let grants = Arc::new(Mutex::new(Vec::new()));
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-    let origin = Instant::now();
     let store = LeasedStoreBuilder::default()
         .interval(INTERVAL)
         .test_clock(clock.clone())
@@ -84,7 +81,6 @@ async fn setup() -> Setup {
         clock,
         grants,
         policy: Policy::new("api", Algorithm::Gcra, "100000/s").unwrap(),
-        origin,
     }
 }
 
@@ -132,20 +128,18 @@ async fn grants_asked_for_ahead_within_one_tick_reach_the_store_together_on_the_
     tokio::time::advance(Duration::from_millis(1)).await;
     s.to_the_ahead_ask(&b).await;
     let on_path = s.grants().len();
-    assert_eq!(
-        on_path,
-        first_grants + 1,
-        "b's first lease, asked for on its path"
-    );
+    assert!(on_path > first_grants, "b's first leases");
     assert!(
         s.grants().iter().all(|(at, _)| *at < asked_a + tick),
         "no ask ahead reached the store before its tick"
     );
-    s.store.wait_for_grants().await;
+    // Time passes (`wait_for_grants` would send them at once).
+    tokio::time::sleep(tick * 2).await;
     let ahead: Vec<_> = s.grants()[on_path..].to_vec();
     assert_eq!(ahead.len(), 2, "one grant ahead per key: {ahead:?}");
-    let ticks = (asked_a - s.origin).as_nanos() / tick.as_nanos() + 1;
-    let grid = s.origin + tick * u32::try_from(ticks).unwrap();
+    let origin = s.store.shared.gather_origin;
+    let ticks = (asked_a - origin).as_nanos() / tick.as_nanos() + 1;
+    let grid = origin + tick * u32::try_from(ticks).unwrap();
     // Tokio's timer fires on whole milliseconds.
     assert!(
         ahead[0].0 >= grid && ahead[0].0 < grid + Duration::from_millis(1),
@@ -224,4 +218,46 @@ async fn a_lease_held_to_its_share_asks_for_the_next_one_at_once() {
         "no lease held to its share asked for the next one: {:?}",
         s.grants()
     );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn waiting_for_grants_sends_the_gathering_ones_at_once() {
+    let s = setup().await;
+    let key = Key::user("a");
+    s.to_the_ahead_ask(&key).await;
+    let (grants, asked) = (s.grants().len(), Instant::now());
+    s.store.wait_for_grants().await;
+    let sent = s.grants()[grants..].to_vec();
+    assert_eq!(sent.len(), 1, "the grant asked for ahead: {sent:?}");
+    assert_eq!(sent[0].0, asked, "sent at once, not at its tick");
+    assert_eq!(Instant::now(), asked);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_used_up_lease_asks_for_the_next_one_at_once() {
+    let s = setup().await;
+    let key = Key::user("a");
+    let shared = &s.store.shared;
+    // A request every 300 ms: leases of about five units, whose next one
+    // is asked for only when they are used up.
+    for _ in 0..40 {
+        s.clock.advance(Duration::from_millis(300));
+        assert!(
+            s.store
+                .check(&key, &s.policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        tokio::task::yield_now().await;
+        assert_eq!(
+            shared.ahead.load(std::sync::atomic::Ordering::Acquire),
+            0,
+            "no ask waits for a tick"
+        );
+    }
+    let grants = s.grants();
+    assert!(grants.len() >= 4, "leases were granted: {grants:?}");
+    assert!(grants.iter().all(|&(_, units)| units < 8), "{grants:?}");
+    assert_eq!(s.store.calls().grants, grants.len() as u64);
 }
