@@ -28,36 +28,12 @@ use tollgate_tests::RedisServer;
 
 const TASKS: u64 = 32;
 
-/// User plus system CPU time of process `pid`, in µs (`/proc/<pid>/stat`
-/// fields 14 and 15, in clock ticks of 10 ms).
-fn cpu_us(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) * 10_000.0
-}
-
 /// `EVALSHA` calls Redis has run so far.
 fn evalsha(url: &str) -> u64 {
     let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut con)
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    tollgate_tests::command_calls(&mut con, "evalsha")
 }
 
-#[derive(Default)]
 struct Run {
     per_sec: f64,
     evalsha: f64,
@@ -127,12 +103,18 @@ fn measure(
     });
     runtime.block_on(load(&store, &policy, keys, rate, 3));
     let (calls0, evalsha0) = (store.calls(), evalsha(&url));
-    let (app0, redis0) = (cpu_us(std::process::id()), cpu_us(server.pid()));
+    let (app0, redis0) = (
+        tollgate_tests::process_cpu_us(std::process::id()),
+        tollgate_tests::process_cpu_us(server.pid()),
+    );
     let start = Instant::now();
     let n = runtime.block_on(load(&store, &policy, keys, rate, 5)) as f64;
     let elapsed = start.elapsed().as_secs_f64();
     let (calls1, evalsha1) = (store.calls(), evalsha(&url));
-    let (app1, redis1) = (cpu_us(std::process::id()), cpu_us(server.pid()));
+    let (app1, redis1) = (
+        tollgate_tests::process_cpu_us(std::process::id()),
+        tollgate_tests::process_cpu_us(server.pid()),
+    );
     runtime.block_on(store.return_leases());
     Run {
         per_sec: n / elapsed,

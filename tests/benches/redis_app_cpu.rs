@@ -39,22 +39,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// User plus system CPU time of process `pid`, in µs (`/proc/<pid>/stat`
-/// fields 14 and 15, in clock ticks of 10 ms).
-fn cpu_us(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the name: state is field 3, so utime (14) is at 11, stime at 12.
-    (ticks(11) + ticks(12)) * 10_000.0
-}
-
 struct Run {
     per_sec: f64,
     app_us: f64,
@@ -81,7 +65,10 @@ where
     let decide = Arc::new(decide);
     let done = Arc::new(AtomicU64::new(0));
     let run = Duration::from_secs(seconds);
-    let (app0, redis0) = (cpu_us(std::process::id()), cpu_us(redis_pid));
+    let (app0, redis0) = (
+        tollgate_tests::process_cpu_us(std::process::id()),
+        tollgate_tests::process_cpu_us(redis_pid),
+    );
     let start = Instant::now();
     runtime.block_on(async {
         let tasks: Vec<_> = (0..concurrency)
@@ -102,7 +89,10 @@ where
         }
     });
     let elapsed = start.elapsed().as_secs_f64();
-    let (app1, redis1) = (cpu_us(std::process::id()), cpu_us(redis_pid));
+    let (app1, redis1) = (
+        tollgate_tests::process_cpu_us(std::process::id()),
+        tollgate_tests::process_cpu_us(redis_pid),
+    );
     let n = done.load(Ordering::Relaxed) as f64;
     Run {
         per_sec: n / elapsed,

@@ -89,6 +89,23 @@ pub fn command_stat(con: &mut redis::Connection, command: &str, field: &str) -> 
         .unwrap_or(0)
 }
 
+/// User plus system CPU time of process `pid` so far, in µs
+/// (`/proc/<pid>/stat` fields 14 and 15, in clock ticks of 10 ms); 0 if
+/// it cannot be read.
+pub fn process_cpu_us(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the name: state is field 3, so utime (14) is at 11, stime at 12.
+    (ticks(11) + ticks(12)) * 10_000.0
+}
+
 /// The rounds a bench runs: `TOLLGATE_BENCH_ROUNDS` if it is set to a
 /// number, otherwise `default`.
 pub fn bench_rounds(default: usize) -> usize {
