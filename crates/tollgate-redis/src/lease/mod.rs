@@ -115,9 +115,9 @@ use telemetry::{Call, LeaseMetrics};
 /// at most its two leases of the key (each at most the limit's capacity
 /// divided by the [`share`](LeasedStoreBuilder::share)), and only until
 /// they end, at most twice the [`interval`](LeasedStoreBuilder::interval)
-/// after they were sent to the store. Its new grants meet the block in the store,
-/// and the first refused so ends its leases of the key: so does a block
-/// made through a plain store, which sends no invalidation.
+/// after they were sent to the store. Its new grants meet the block in
+/// the store, and the first refused so ends its leases of the key: so
+/// does a block made through a plain store, which sends no invalidation.
 /// After a reset, the leases that instances took from the fresh state
 /// before they heard the invalidation are dropped, not given back: the
 /// key under-admits by at most two leases per instance, until the units

@@ -1,5 +1,6 @@
-//! Grants asked for ahead: gathered on a grid, hurried by a request that
-//! needs one.
+//! Grants asked for ahead: gathered on a grid; sent at once for a request
+//! that needs one, for `wait_for_grants`, for a lease held to its share
+//! and for a used-up one.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
