@@ -16,7 +16,9 @@ use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
 
 /// The demo behind a proxy on 127.0.0.1: logins by client IP, health
-/// checks by API key.
+/// checks by API key. GCRA, not a fixed window: the store runs on Redis's
+/// real clock, and a minute ending within a test would admit a spent
+/// client again.
 const CONFIG: &str = r#"
 trusted_proxies = ["127.0.0.1"]
 
@@ -25,7 +27,7 @@ method = "POST"
 path = "/login"
 name = "login"
 key = "ip"
-algorithm = "fixed_window"
+algorithm = "gcra"
 limits = ["5/min"]
 
 [[route]]

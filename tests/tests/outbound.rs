@@ -8,7 +8,7 @@ use std::time::Duration;
 use outbound::{
     Calls, DEFAULT_HEADROOM, Pacing, Partner, PartnerClient, PartnerLimits, PartnerQuota, Report,
 };
-use tollgate::{Jitter, Key, MemoryStore, SystemClock, Timestamp, TokioClock};
+use tollgate::{Jitter, Key, MemoryStore, Timestamp, TokioClock};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
 
@@ -117,7 +117,10 @@ async fn two_instances_on_redis_keep_to_the_partners_limits_in_real_time() {
         ..PartnerQuota::DEMO
     };
     let run = Duration::from_secs(10);
-    let partner = Partner::new(quota, SystemClock);
+    // Real time, but from a UTC noon: the run never crosses midnight, which
+    // would start a new day for the partner and for the client's limits.
+    let clock = TokioClock::starting_at(Timestamp::from_secs(1_699_963_200));
+    let partner = Partner::new(quota, clock);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let router = partner.router();
@@ -134,6 +137,7 @@ async fn two_instances_on_redis_keep_to_the_partners_limits_in_real_time() {
         let store = RedisStore::builder()
             .prefix(&prefix)
             .deadline(Duration::from_secs(2))
+            .test_clock(clock)
             .connect(url.as_str())
             .await
             .unwrap();

@@ -1,6 +1,10 @@
 //! Booting while Redis is down: the store is built without it, answers by
 //! the failure policy until Redis answers, then decides through Redis,
 //! exactly, sharing one count with a store built after Redis came up.
+//!
+//! The policies are GCRA, not fixed windows: these tests run on Redis's
+//! real clock, and a window ending between two phases of a test would
+//! admit a fresh limit.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::time::{Duration, Instant};
@@ -27,7 +31,7 @@ async fn a_store_built_while_redis_is_down_decides_through_it_once_it_answers() 
     let url = server.url();
     server.kill();
     let prefix = unique_prefix("boot");
-    let policy = Policy::new("boot", Algorithm::FixedWindow, "50/h").unwrap();
+    let policy = Policy::new("boot", Algorithm::Gcra, "50/h").unwrap();
     let key = Key::user("ada");
 
     // Built while Redis is down: no error, and a readiness probe that
@@ -78,7 +82,7 @@ fn closed_port() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_and_cluster_stores_are_built_while_nothing_answers() {
     let port = closed_port();
-    let policy = Policy::new("boot-topologies", Algorithm::FixedWindow, "5/h").unwrap();
+    let policy = Policy::new("boot-topologies", Algorithm::Gcra, "5/h").unwrap();
     let key = Key::user("ada");
     let builder = || {
         RedisStore::builder()
@@ -141,7 +145,7 @@ async fn a_pool_store_built_while_redis_is_down_decides_through_it_once_it_answe
 /// 8 requests through `store` behind a local fallback of its own: how
 /// many were admitted.
 async fn five_of_eight<C: tollgate_redis::RedisConnection>(store: RedisStore<C>) -> u64 {
-    let policy = Policy::new("boot-topologies", Algorithm::FixedWindow, "5/h").unwrap();
+    let policy = Policy::new("boot-topologies", Algorithm::Gcra, "5/h").unwrap();
     let local = FallbackStore::new(store)
         .on_store_error(FailureMode::Local)
         .local_fallback(MemoryStore::new());
@@ -172,7 +176,7 @@ async fn alternately<C: RedisConnection, D: RedisConnection>(
     early: &RedisStore<C>,
     late: &RedisStore<D>,
 ) -> u64 {
-    let policy = Policy::new("boot-later", Algorithm::FixedWindow, "50/h").unwrap();
+    let policy = Policy::new("boot-later", Algorithm::Gcra, "50/h").unwrap();
     let key = Key::user("ada");
     let mut admitted = 0;
     for i in 0..100 {

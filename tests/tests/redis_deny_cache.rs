@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::routing::get;
 use tollgate::{
     Algorithm, ExtensionKey, FailureMode, FakeClock, Key, MemoryStore, Policy, RateLimitLayer,
-    Settlement, Store, StoreError, ToKey,
+    Settlement, Store, StoreError, Timestamp, ToKey,
 };
 use tollgate_redis::RedisStore;
 use tollgate_tests::{RedisServer, command_calls};
@@ -38,15 +38,15 @@ async fn frozen_store(server: &RedisServer, deadline: Duration, clock: &FakeCloc
         .unwrap()
 }
 
-/// A route limited by `policy` per user on `store`, falling back to a
-/// memory store of its own with `1 / divisor` of the limit.
-fn local_app(store: &RedisStore, policy: &Policy, divisor: u64) -> Router {
+/// A route limited by `policy` per user on `store`, falling back to
+/// `local` with `1 / divisor` of the limit.
+fn local_app(store: &RedisStore, policy: &Policy, divisor: u64, local: MemoryStore) -> Router {
     Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::new(policy.clone(), ExtensionKey::<String>::new())
             .store(store.clone())
             .on_store_error(FailureMode::Local)
             .local_divisor(std::num::NonZeroU64::new(divisor).unwrap())
-            .local_fallback(MemoryStore::new()),
+            .local_fallback(local),
     )
 }
 
@@ -184,7 +184,7 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
         .limit("20/7d")
         .build()
         .unwrap();
-    let app = local_app(&store, &policy, 1);
+    let app = local_app(&store, &policy, 1, MemoryStore::new());
     let mut statuses = Vec::new();
     for _ in 0..5 {
         statuses.push(send(&app, "cut-off").await);
@@ -226,7 +226,13 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
         .filter(|&a| a != Algorithm::LeakyBucket)
     {
         let mut server = RedisServer::spawn();
-        let store = live_store(&server, Duration::from_millis(200)).await;
+        // Redis and the fallback on one clock that stands still: on real
+        // time, an hour ending between Redis's decisions and the
+        // fallback's would give the key a fresh window. (Nothing is denied
+        // before the kill, so no cached denial outlives it.)
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let store = frozen_store(&server, Duration::from_millis(200), &clock).await;
+        let local = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let policy = Policy::builder(format!("takeover-{algorithm}"))
             .algorithm(algorithm)
             .limit("10/h")
@@ -234,7 +240,7 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
             .build()
             .unwrap();
         // Two servers share the limit: each has half of it while Redis is down.
-        let app = local_app(&store, &policy, 2);
+        let app = local_app(&store, &policy, 2, local);
         for _ in 0..8 {
             assert_eq!(send(&app, "partial").await, 200, "{algorithm}");
         }

@@ -87,8 +87,9 @@ async fn the_store_follows_a_sentinel_failover_and_is_exact_after_it() {
     assert_eq!(replica.role().as_deref(), Some("master"));
 
     // Exact again: 200 concurrent requests against a limit of 50, with
-    // failures not papered over.
-    let exact = Policy::new("sentinel-exact", Algorithm::FixedWindow, "50/h").unwrap();
+    // failures not papered over. GCRA: on Redis's real clock, an hour
+    // ending among the requests would admit 50 more.
+    let exact = Policy::new("sentinel-exact", Algorithm::Gcra, "50/h").unwrap();
     let limiter = RateLimiter::with_store(exact, store.clone()).on_store_error(FailureMode::Closed);
     let limiter = std::sync::Arc::new(limiter);
     let calls: Vec<_> = (0..200)
