@@ -42,18 +42,21 @@ use telemetry::{Call, LeaseMetrics};
 /// its traffic, or sooner once it has seen a lease's worth); then each
 /// lease is sized to cover one and a half intervals of the key's traffic
 /// (after a lease, by how fast it was spent, at most twice the last
-/// size), and never more than a [`share`](LeasedStoreBuilder::share) of
-/// the limit's capacity. When seven eighths of a lease are spent (half,
-/// for a lease held to that share), the next one is asked for in the
-/// background, so that a hot key does not wait for it, and a lease is
-/// used up within its life of two intervals. Such an ask waits for the
+/// size; after one of fewer than eight units, whose few requests measure
+/// the rate only roughly, the mean of that and its own size), and never
+/// more than a [`share`](LeasedStoreBuilder::share) of the limit's
+/// capacity. When seven eighths of a lease are spent (half, for a lease
+/// held to that share), or once it is one and a half intervals old (the
+/// last quarter of its life of two intervals), the next one is asked for
+/// in the background, so that the key does not wait for it; the rest of
+/// the old one goes back when the next one takes its place. Such an ask waits for the
 /// next tick of a grid of a 64th of the interval (for an interval of
 /// 64 ms or more), so that the asks of many keys reach the store together
 /// and share its calls (the Redis store batches them); a request that
 /// finds the key's lease used up meanwhile sends it at once. A lease held
 /// to its share, which can be spent far sooner, or one already used up,
 /// asks at once.
-/// A cold key, or one with fewer than four requests in one and a half
+/// A cold key, or one with fewer than three requests in one and a half
 /// intervals, never gets a lease. A grant the store refuses (the key is
 /// near its limit) sizes the next one to what the store said remains, and
 /// the request is then decided by the store: near its limit, a key is

@@ -113,7 +113,7 @@ impl<S: Store> Store for LeasedStore<S> {
                         // the later one's, see `Shared::return_unused`).
                         match entry.lease.take() {
                             Some(lease) => {
-                                entry.resize(&lease, now, shared.interval, cap);
+                                entry.resize(&lease, cost, now, shared.interval, cap);
                                 ended.push(lease);
                             }
                             None => entry.observe(cost, now, shared.interval, cap),

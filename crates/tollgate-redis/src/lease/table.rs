@@ -72,19 +72,39 @@ impl Lease {
         .with_decided_by(self.base.decided_by())
     }
 
-    /// The size of the lease after this one at `now`: the units this one
-    /// saw spent after its first spend, scaled to one lease's span of
-    /// `interval` ([`covering`]), at most twice its size and at most `cap`.
-    pub(crate) fn next_size(&self, now: u64, interval: Duration, cap: u64) -> u64 {
+    /// The size of the lease after this one at `now`, when a request of
+    /// `arriving` units (0 if none) comes then: the units this one saw
+    /// spent after its first spend, and the arriving ones, scaled to one
+    /// lease's span of `interval` ([`covering`]), at most twice its size
+    /// and at most `cap`.
+    ///
+    /// The arriving request counts: its wait since the last spend is part
+    /// of the time measured, and without its units the rate would be
+    /// measured low, by a fifth over a lease of five. A lease of fewer
+    /// than [`SMALL_LEASE`] units measures the rate over so few requests
+    /// that it wavers widely, so the next size is the mean of what it
+    /// measured and this lease's own size: a key of steady rate near the
+    /// least that is worth a lease keeps its leases, instead of falling
+    /// back to the store for an interval whenever its requests come
+    /// spaced out.
+    pub(crate) fn next_size(&self, now: u64, arriving: u64, interval: Duration, cap: u64) -> u64 {
         let used = self.granted - self.left;
         let (units, since) = if used > self.first {
             (used - self.first, self.began)
         } else {
             (used, self.sent)
         };
-        covering(units, now.saturating_sub(since), interval)
-            .min(self.granted.saturating_mul(2))
-            .min(cap)
+        let measured = covering(
+            units.saturating_add(arriving),
+            now.saturating_sub(since),
+            interval,
+        );
+        let measured = if self.granted < SMALL_LEASE {
+            measured.saturating_add(self.granted).div_ceil(2)
+        } else {
+            measured
+        };
+        measured.min(self.granted.saturating_mul(2)).min(cap)
     }
 
     /// What to give back to the store at local time `now` (µs): the
@@ -151,10 +171,17 @@ fn covering(cost: u64, elapsed: u64, interval: Duration) -> u64 {
     u64::try_from(units).unwrap_or(u64::MAX)
 }
 
-/// The fewest units a lease holds beyond the request that asks for it: a
-/// lease costs a grant and perhaps a return, two calls, and should save
-/// more than it costs.
-pub(crate) const LEASE_MIN_SPARE: u64 = 3;
+/// The fewest units a lease holds beyond the request that asks for it. A
+/// lease costs a grant, which only its first request waits for (the next
+/// one is asked for when this one is used up, or ahead of that), and
+/// perhaps a return: two spare units spare two requests their round trip
+/// to the store, for one call more at most.
+pub(crate) const LEASE_MIN_SPARE: u64 = 2;
+
+/// Leases smaller than this ask for the next one only when used up (seven
+/// eighths of them is all of them), and size it from the mean of the rate
+/// they measured and their own size ([`Lease::next_size`]).
+pub(crate) const SMALL_LEASE: u64 = 8;
 
 /// Whether the unused part of a lease of `policy` is bounded by what
 /// drains from the key's backlog, and so by the key's refunds
@@ -342,8 +369,9 @@ impl Entry {
 
     /// The size of a lease to ask for ahead of time at `now`, if the
     /// current one has spent seven eighths of its units (half, if it was
-    /// held to its share of the limit) and none is on its way: what the
-    /// current one saw spent, scaled to a lease's span
+    /// held to its share of the limit), or is one and a half intervals old
+    /// (three quarters of a lease's life), and none is on its way: what
+    /// the current one saw spent, scaled to a lease's span
     /// ([`Lease::next_size`]).
     pub(crate) fn ahead(
         &self,
@@ -355,14 +383,19 @@ impl Entry {
         // A lease held to its share lasts less than a lease's span at the
         // key's rate: the next one is asked for at half, not seven eighths.
         let ask_at = if lease.capped { 2 } else { 8 };
+        // One spent slower than its size foretold, in the last quarter of
+        // its life: the next one is asked for now, not by the request that
+        // finds this one ended (and then waits for the grant). The rest of
+        // this one goes back when the next one takes its place.
+        let late = now.saturating_sub(lease.sent) >= micros(interval).saturating_mul(3) / 2;
         if self.next.is_some()
             || self.refilling.is_some()
-            || lease.left.saturating_mul(ask_at) > lease.granted
+            || (lease.left.saturating_mul(ask_at) > lease.granted && !late)
             || self.is_low(now)
         {
             return None;
         }
-        let size = lease.next_size(now, interval, cap());
+        let size = lease.next_size(now, 0, interval, cap());
         (size > LEASE_MIN_SPARE).then_some(size)
     }
 
@@ -373,10 +406,18 @@ impl Entry {
         self.size >= cost.saturating_add(LEASE_MIN_SPARE) && !self.is_low(now)
     }
 
-    /// Sizes the next lease after `lease` ends at `now` (see
-    /// [`Lease::next_size`]), and starts measuring the rate afresh.
-    pub(crate) fn resize(&mut self, lease: &Lease, now: u64, interval: Duration, cap: u64) {
-        self.size = lease.next_size(now, interval, cap);
+    /// Sizes the next lease after `lease` ends at `now`, where a request
+    /// of `cost` finds it ended (see [`Lease::next_size`]), and starts
+    /// measuring the rate afresh.
+    pub(crate) fn resize(
+        &mut self,
+        lease: &Lease,
+        cost: u64,
+        now: u64,
+        interval: Duration,
+        cap: u64,
+    ) {
+        self.size = lease.next_size(now, cost, interval, cap);
         self.span_start = now;
         self.span_cost = 0;
     }
