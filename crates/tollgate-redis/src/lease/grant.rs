@@ -96,8 +96,9 @@ impl<S: Store> Shared<S> {
     /// ahead go out together: a [`GATHER_PER_INTERVAL`]th of the lease
     /// interval, on Tokio's clock. A key's next lease is asked for while
     /// an eighth of its current one is left, about a fifth of an interval
-    /// of its traffic (and gathered only while some is left, see
-    /// [`LeasedStore::ahead`]), so the wait is a small part of that time.
+    /// of its traffic, or while a quarter of its life is left (and
+    /// gathered only while some is left, see [`LeasedStore::ahead`]), so
+    /// the wait is a small part of that time.
     /// A request that needs the grant meanwhile
     /// ([`Refill::hurry`](super::table::Refill)) and
     /// [`LeasedStore::wait_for_grants`] end the wait.
@@ -306,8 +307,8 @@ impl<S: Store> LeasedStore<S> {
         // Gathered only while the lease has units left for the key's
         // requests meanwhile: not one held to its share, which can be
         // spent in far less than its span, nor one used up already (a
-        // lease of fewer than eight units asks only then), whose next
-        // request needs the grant.
+        // lease of fewer than eight units asks then, unless it grew late
+        // first), whose next request needs the grant.
         let gather = (entry.lease.as_ref()).is_some_and(|lease| !lease.capped && lease.left > 0);
         Some(Ahead {
             runtime,

@@ -57,7 +57,8 @@ use telemetry::{Call, LeaseMetrics};
 /// to its share, which can be spent far sooner, or one already used up,
 /// asks at once.
 /// A cold key, or one with fewer than three requests in one and a half
-/// intervals, never gets a lease. A grant the store refuses (the key is
+/// intervals, gets no lease; one that has leases keeps them down to about
+/// two requests in that time (see the small leases' mean, above). A grant the store refuses (the key is
 /// near its limit) sizes the next one to what the store said remains, and
 /// the request is then decided by the store: near its limit, a key is
 /// decided exactly as without leases.

@@ -178,9 +178,10 @@ fn covering(cost: u64, elapsed: u64, interval: Duration) -> u64 {
 /// to the store, for one call more at most.
 pub(crate) const LEASE_MIN_SPARE: u64 = 2;
 
-/// Leases smaller than this ask for the next one only when used up (seven
-/// eighths of them is all of them), and size it from the mean of the rate
-/// they measured and their own size ([`Lease::next_size`]).
+/// Leases smaller than this ask for the next one when used up (seven
+/// eighths of them is all of them) or late in their life, and size it
+/// from the mean of the rate they measured and their own size
+/// ([`Lease::next_size`]).
 pub(crate) const SMALL_LEASE: u64 = 8;
 
 /// Whether the unused part of a lease of `policy` is bounded by what
@@ -206,8 +207,9 @@ pub(crate) struct Entry {
     /// The lease being spent.
     pub(crate) lease: Option<Lease>,
     /// The lease granted ahead, once seven eighths of the current one
-    /// were spent: spent once the current one is used up, so that a hot
-    /// key never waits for a grant.
+    /// were spent or it grew late (see [`Entry::ahead`]): spent once the
+    /// current one is used up or ended, so that the key does not wait for
+    /// a grant.
     pub(crate) next: Option<Lease>,
     /// Local time (µs) until which the store's last answer says the key
     /// holds too little for a lease (0: not known to be low). Until then
@@ -369,9 +371,9 @@ impl Entry {
 
     /// The size of a lease to ask for ahead of time at `now`, if the
     /// current one has spent seven eighths of its units (half, if it was
-    /// held to its share of the limit), or is one and a half intervals old
-    /// (three quarters of a lease's life), and none is on its way: what
-    /// the current one saw spent, scaled to a lease's span
+    /// held to its share of the limit), or is in the last quarter of a
+    /// whole life (one and a half intervals old), and none is on its way:
+    /// what the current one saw spent, scaled to a lease's span
     /// ([`Lease::next_size`]).
     pub(crate) fn ahead(
         &self,
@@ -386,8 +388,12 @@ impl Entry {
         // One spent slower than its size foretold, in the last quarter of
         // its life: the next one is asked for now, not by the request that
         // finds this one ended (and then waits for the grant). The rest of
-        // this one goes back when the next one takes its place.
-        let late = now.saturating_sub(lease.sent) >= micros(interval).saturating_mul(3) / 2;
+        // this one goes back when the next one takes its place. Not one
+        // whose life its window cut short: the next one would be granted
+        // in the same window and end with it, unspent.
+        let life = micros(interval).saturating_mul(u64::from(super::LIFETIME_INTERVALS));
+        let late = lease.expires.saturating_sub(lease.sent) >= life
+            && now.saturating_sub(lease.sent) >= life / 4 * 3;
         if self.next.is_some()
             || self.refilling.is_some()
             || (lease.left.saturating_mul(ask_at) > lease.granted && !late)

@@ -96,3 +96,27 @@ fn a_blocked_answer_drops_the_leases_and_the_grants_decided_before_it() {
     assert!(entry.keeps_grant(at));
     assert!(entry.keeps_grant(until));
 }
+
+#[test]
+fn a_lease_asks_for_the_next_one_late_in_a_whole_life_not_in_one_its_window_cut_short() {
+    let interval = Duration::from_secs(1);
+    let refunds = Arc::new(Refunds::default());
+    // Half spent, far from the seven eighths that would ask.
+    let half_spent = |expires| Lease {
+        expires,
+        first: 1,
+        ..lease(&refunds)
+    };
+    let mut entry = Entry::new(0, 0);
+    entry.lease = Some(half_spent(2_000_000));
+    assert_eq!(entry.ahead(1_499_999, interval, || 1_000), None);
+    assert_eq!(
+        entry.ahead(1_500_000, interval, || 1_000),
+        Some(49),
+        "in the last quarter of its life of two intervals"
+    );
+    // A window lease whose window ends first: the next lease would be
+    // granted in the same window, and end unspent with it.
+    entry.lease = Some(half_spent(1_900_000));
+    assert_eq!(entry.ahead(1_800_000, interval, || 1_000), None);
+}
