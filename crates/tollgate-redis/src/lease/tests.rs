@@ -87,6 +87,12 @@ async fn setup() -> Setup {
 }
 
 impl Setup {
+    /// Checks one unit of `key` under `policy`, which must be admitted.
+    async fn admit(&self, key: &Key, policy: &Policy) {
+        let decision = self.store.check(key, policy, 1).await.unwrap();
+        assert!(decision.is_allowed(), "{decision:?}");
+    }
+
     /// Grants recorded so far.
     fn grants(&self) -> Vec<(Instant, u64)> {
         self.grants.lock().unwrap().clone()
@@ -101,8 +107,7 @@ impl Setup {
         let before = shared.ahead.load(std::sync::atomic::Ordering::Acquire);
         for _ in 0..10_000 {
             self.clock.advance(Duration::from_millis(10));
-            let decision = self.store.check(key, &self.policy, 1).await.unwrap();
-            assert!(decision.is_allowed());
+            self.admit(key, &self.policy).await;
             // Lets the background task run up to its wait.
             tokio::task::yield_now().await;
             if shared.ahead.load(std::sync::atomic::Ordering::Acquire) > before {
@@ -158,18 +163,11 @@ async fn a_request_that_needs_the_gathering_grant_sends_it_at_once() {
     let (grants, direct) = (s.grants().len(), s.store.calls().direct);
     // The rest of the lease is spent at once: no time passes.
     while left > 0 {
-        assert!(
-            s.store
-                .check(&key, &s.policy, 1)
-                .await
-                .unwrap()
-                .is_allowed()
-        );
+        s.admit(&key, &s.policy).await;
         left -= 1;
     }
     let needs = Instant::now();
-    let decision = s.store.check(&key, &s.policy, 1).await.unwrap();
-    assert!(decision.is_allowed());
+    s.admit(&key, &s.policy).await;
     let sent = s.grants()[grants..].to_vec();
     assert_eq!(
         sent.len(),
@@ -200,7 +198,7 @@ async fn a_lease_held_to_its_share_asks_for_the_next_one_at_once() {
     let hash = shared.table.hash(&key, &policy);
     for _ in 0..10_000 {
         s.clock.advance(Duration::from_millis(10));
-        assert!(s.store.check(&key, &policy, 1).await.unwrap().is_allowed());
+        s.admit(&key, &policy).await;
         tokio::task::yield_now().await;
         let grants = s.grants();
         let capped = grants.iter().position(|&(_, units)| units == 62);
@@ -244,13 +242,7 @@ async fn a_used_up_lease_asks_for_the_next_one_at_once() {
     // is asked for only when they are used up.
     for _ in 0..40 {
         s.clock.advance(Duration::from_millis(300));
-        assert!(
-            s.store
-                .check(&key, &s.policy, 1)
-                .await
-                .unwrap()
-                .is_allowed()
-        );
+        s.admit(&key, &s.policy).await;
         tokio::task::yield_now().await;
         assert_eq!(
             shared.ahead.load(std::sync::atomic::Ordering::Acquire),
@@ -304,7 +296,7 @@ async fn steady(policy: &Policy, keys: u64, rate: f64, seconds: f64) -> Steady {
         let key = Key::custom((next() % keys).to_be_bytes());
         let at_once = s.store.try_check_now(&key, policy, 1).is_some();
         if !at_once {
-            assert!(s.store.check(&key, policy, 1).await.unwrap().is_allowed());
+            s.admit(&key, policy).await;
         }
         if t >= WARM_UP {
             before.get_or_insert_with(|| s.store.calls());
@@ -375,13 +367,7 @@ async fn a_lease_spent_slower_than_sized_asks_for_the_next_one_before_it_ends() 
         // A grant recorded while the request is decided went out on its
         // path: background asks run only when this task yields.
         let grants = s.grants().len();
-        assert!(
-            s.store
-                .check(&key, &s.policy, 1)
-                .await
-                .unwrap()
-                .is_allowed()
-        );
+        s.admit(&key, &s.policy).await;
         s.grants().len() > grants
     };
     // 100 requests a second: leases of one and a half seconds of them.
