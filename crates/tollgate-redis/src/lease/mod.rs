@@ -49,19 +49,19 @@ use telemetry::{Call, LeaseMetrics};
 /// held to that share), or once it is one and a half intervals old (the
 /// last quarter of its life of two intervals), the next one is asked for
 /// in the background, so that the key does not wait for it; the rest of
-/// the old one goes back when the next one takes its place. Such an ask waits for the
-/// next tick of a grid of a 64th of the interval (for an interval of
-/// 64 ms or more), so that the asks of many keys reach the store together
-/// and share its calls (the Redis store batches them); a request that
-/// finds the key's lease used up meanwhile sends it at once. A lease held
-/// to its share, which can be spent far sooner, or one already used up,
-/// asks at once.
+/// the old one goes back when the next one takes its place. Such an ask
+/// waits for the next tick of a grid of a 64th of the interval (for an
+/// interval of 64 ms or more), so that the asks of many keys reach the
+/// store together and share its calls (the Redis store batches them); a
+/// request that finds the key's lease used up meanwhile sends it at once.
+/// A lease held to its share, which can be spent far sooner, or one
+/// already used up, asks at once.
 /// A cold key, or one with fewer than three requests in one and a half
 /// intervals, gets no lease; one that has leases keeps them down to about
-/// two requests in that time (see the small leases' mean, above). A grant the store refuses (the key is
-/// near its limit) sizes the next one to what the store said remains, and
-/// the request is then decided by the store: near its limit, a key is
-/// decided exactly as without leases.
+/// two requests in that time (see the small leases' mean, above). A grant
+/// the store refuses (the key is near its limit) sizes the next one to
+/// what the store said remains, and the request is then decided by the
+/// store: near its limit, a key is decided exactly as without leases.
 ///
 /// **Algorithms.** GCRA and the token bucket: units reserved early and
 /// spent later leave the key's traffic more conformant than the store saw
