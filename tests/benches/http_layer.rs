@@ -61,7 +61,7 @@ use std::time::Duration;
 use axum::Router;
 use tollgate::{HeaderStyle, MemoryOverrides, RateLimitLayer};
 use tollgate_redis::{LeasedStore, RedisStore};
-use tollgate_tests::RedisServer;
+use tollgate_tests::{RedisServer, median, spread};
 use tower::util::MapResponseLayer;
 
 mod common;
@@ -159,18 +159,6 @@ fn five_headers(mut response: axum::response::Response) -> axum::response::Respo
         );
     }
     response
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-/// The lowest and the highest of `xs`.
-fn spread(xs: &[f64]) -> (f64, f64) {
-    let low = xs.iter().copied().fold(f64::INFINITY, f64::min);
-    let high = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (low, high)
 }
 
 fn main() {

@@ -43,6 +43,7 @@ use axum::body::Body;
 use http::header::AUTHORIZATION;
 use http::{HeaderValue, Request};
 use tollgate::{HeaderStyle, RateLimitLayer};
+use tollgate_tests::median;
 use tower::Service;
 
 mod common;
@@ -107,11 +108,6 @@ fn block_len() -> usize {
         .ok()
         .and_then(|b| b.parse().ok())
         .unwrap_or(BLOCK)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Key, Policy, Store};
 use tollgate_redis::{LeasedStore, RedisStore};
-use tollgate_tests::RedisServer;
+use tollgate_tests::{RedisServer, median, spread};
 
 const TASKS: u64 = 32;
 
@@ -126,15 +126,9 @@ fn measure(
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 fn summary(runs: &[Run], of: impl Fn(&Run) -> f64, digits: usize) -> String {
     let xs: Vec<f64> = runs.iter().map(&of).collect();
-    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = spread(&xs);
     format!(
         "{:.digits$} ({lo:.digits$}–{hi:.digits$})",
         median(xs.clone())

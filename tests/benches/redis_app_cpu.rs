@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Key, Policy, Store};
 use tollgate_redis::RedisStore;
-use tollgate_tests::RedisServer;
+use tollgate_tests::{RedisServer, median};
 
 const STRAIGHTFORWARD_GCRA: &str = include_str!("straightforward_gcra.lua");
 const KEYS: u64 = 10_000;
@@ -101,14 +101,8 @@ where
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 fn spread(xs: &[f64]) -> String {
-    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = tollgate_tests::spread(xs);
     format!("{lo:.2}–{hi:.2}")
 }
 

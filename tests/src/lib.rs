@@ -106,6 +106,19 @@ pub fn process_cpu_us(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) * 10_000.0
 }
 
+/// The median of a bench's figures: the upper one of an even count.
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// The lowest and the highest of a bench's figures.
+pub fn spread(xs: &[f64]) -> (f64, f64) {
+    let low = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (low, high)
+}
+
 /// The rounds a bench runs: `TOLLGATE_BENCH_ROUNDS` if it is set to a
 /// number, otherwise `default`.
 pub fn bench_rounds(default: usize) -> usize {
