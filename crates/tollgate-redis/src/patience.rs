@@ -68,11 +68,13 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// polled once more after the runtime's other ready tasks (the
 /// connection's reader among them) have had their turn, so a reply that
 /// is already in is a success. If the timer fired late, or the runtime
-/// has ready tasks waiting for a worker, the call waits on until the
-/// ceiling; if it fired on time on an idle runtime, the call has missed
-/// its deadline.
+/// has ready tasks waiting for a worker, or none of its workers went idle
+/// since the call began, the call waits on until the ceiling; if it fired
+/// on time on a runtime that had been idle, the call has missed its
+/// deadline.
 pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
     let start = Instant::now();
+    let parked = parks();
     let last = after(start, ceiling(deadline));
     let slack = slack(deadline);
     let mut call = std::pin::pin!(call);
@@ -91,7 +93,7 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
             return Err(Missed::Ceiling);
         }
         let late = Instant::now().saturating_duration_since(due);
-        if late <= slack && !backlogged() {
+        if late <= slack && !backlogged() && parks() != parked {
             return Err(Missed::Deadline);
         }
         due = last;
@@ -106,6 +108,21 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
 /// is our own queueing too.
 pub(crate) fn backlogged() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
+}
+
+/// How many times this runtime's workers have gone idle so far (none
+/// outside a runtime). A deadline during which none of them did was spent
+/// by our own runtime busy throughout, with ready tasks in the workers'
+/// own queues, which [`backlogged`] does not see: the connection's reader
+/// among them, with Redis's reply in the socket. Such a deadline is our
+/// own queueing too.
+fn parks() -> u64 {
+    tokio::runtime::Handle::try_current().map_or(0, |handle| {
+        let metrics = handle.metrics();
+        (0..metrics.num_workers())
+            .map(|worker| metrics.worker_park_count(worker))
+            .fold(0, u64::wrapping_add)
+    })
 }
 
 pub(crate) fn after(start: Instant, wait: Duration) -> Instant {
@@ -139,6 +156,28 @@ mod tests {
         });
         assert_eq!(within(deadline, receive).await.ok(), Some(Ok(7)));
         assert!(reply.await.is_ok());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deadline_through_which_the_runtime_never_went_idle_waits_for_the_ceiling() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // A runtime busy throughout (a task always ready, as a burst of
+        // requests keeps it), whose timers still fire on time: it never
+        // parks, so the deadline is our own queueing, not Redis's.
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = tokio::spawn({
+            let stop = Arc::clone(&stop);
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let missed = within(Duration::from_millis(10), std::future::pending::<()>()).await;
+        stop.store(true, Ordering::Relaxed);
+        assert!(busy.await.is_ok());
+        assert_eq!(missed, Err(Missed::Ceiling));
     }
 
     // The two tests below run on tokio's paused clock: the runtime's
