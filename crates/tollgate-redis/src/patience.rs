@@ -100,7 +100,6 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
     }
 }
 
-/// `start + wait`, or a time far enough ahead when that overflows.
 /// Whether this runtime has tasks ready to run that no worker has picked
 /// up yet: on a multi-threaded runtime a burst of requests queues there,
 /// and the connection's task that would read Redis's reply waits behind
@@ -125,6 +124,7 @@ fn parks() -> u64 {
     })
 }
 
+/// `start + wait`, or a time far enough ahead when that overflows.
 pub(crate) fn after(start: Instant, wait: Duration) -> Instant {
     const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
     start
