@@ -345,6 +345,13 @@ impl<S: Store> Shared<S> {
         });
     }
 
+    /// Gives back what `ended` did not spend in the background, not on a
+    /// request's time.
+    fn give_back_later(self: &Arc<Self>, runtime: &tokio::runtime::Handle, ended: Vec<Lease>) {
+        let giving = Arc::clone(self);
+        self.in_background(runtime, async move { giving.give_back(ended).await });
+    }
+
     async fn give_back(&self, ended: Vec<Lease>) {
         for lease in ended {
             self.return_unused(lease, true).await;

@@ -61,16 +61,29 @@ impl<S: Store> Store for LeasedStore<S> {
         let shared = &self.shared;
         let now = shared.now();
         let hash = shared.table.hash(key, policy);
-        let (decision, ahead) = {
+        let mut ended = Vec::new();
+        let (decision, ahead, promoted) = {
             let mut shard = shared.table.shard(hash);
             let entry = shard
                 .get_mut(&hash)
                 .filter(|e| e.fingerprint == policy.fingerprint())?;
-            let decision = entry.spend(cost, now)?;
+            let (decision, promoted) = match entry.spend(cost, now) {
+                Some(decision) => (decision, None),
+                // The next lease takes the place of one that ended with
+                // units left, as in `check`. Those go back in the
+                // background: only where there is a runtime to run it.
+                None => {
+                    let runtime = tokio::runtime::Handle::try_current().ok()?;
+                    (entry.promote(cost, now, &mut ended)?, Some(runtime))
+                }
+            };
             entry.last_seen = now;
-            (decision, self.ahead(entry, policy, hash, now))
+            (decision, self.ahead(entry, policy, hash, now), promoted)
         };
         self.ask_ahead(ahead, key, policy);
+        if let Some(runtime) = promoted {
+            shared.give_back_later(&runtime, ended);
+        }
         Some(Ok(decision))
     }
 
@@ -139,8 +152,7 @@ impl<S: Store> Store for LeasedStore<S> {
         if let (Plan::Spent(_), Ok(runtime)) = (&plan, tokio::runtime::Handle::try_current()) {
             // Decided here: the ended lease goes back in the background,
             // not on this request's time.
-            let (giving, ended) = (Arc::clone(shared), std::mem::take(&mut ended));
-            shared.in_background(&runtime, async move { giving.give_back(ended).await });
+            shared.give_back_later(&runtime, std::mem::take(&mut ended));
         }
         // The rare paths are boxed, so that the common one, a request the
         // store decides, carries a future no larger than the store's.
