@@ -70,8 +70,9 @@ impl<S: Store> Store for LeasedStore<S> {
             let (decision, promoted) = match entry.spend(cost, now) {
                 Some(decision) => (decision, None),
                 // The next lease takes the place of one that ended with
-                // units left, as in `check`. Those go back in the
-                // background: only where there is a runtime to run it.
+                // units left, or holds too few for `cost`, as in `check`.
+                // Those go back in the background: only within a runtime
+                // context, to run it.
                 None => {
                     let runtime = tokio::runtime::Handle::try_current().ok()?;
                     (entry.promote(cost, now, &mut ended)?, Some(runtime))
