@@ -258,6 +258,58 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
     assert_eq!(store.breaker_state(), BreakerState::Open);
 }
 
+/// A checkout that times out while the pool hands out nothing, on a
+/// runtime busy through the checkout's last stretch (a task always ready,
+/// as a burst of requests keeps it, while its timers still fire on time),
+/// says nothing of Redis: the calls that would give a connection back may
+/// be among the tasks that wait. It waits again, and the decision is made
+/// by Redis once the connection comes back; the breaker never counts it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_checkout_that_times_out_on_a_busy_runtime_waits_again() {
+    const CHECKOUT: Duration = Duration::from_millis(40);
+    let server = RedisServer::spawn();
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("busy-checkout"))
+        .pool_size(1)
+        .pool_checkout_timeout(CHECKOUT)
+        .deadline(DEADLINE)
+        // One failure opens it.
+        .circuit_breaker(1, Duration::from_secs(60))
+        .connect_pool(server.url())
+        .await
+        .unwrap();
+    let policy = Policy::new("busy-checkout", Algorithm::Gcra, "1000/h").unwrap();
+    let limiter = RateLimiter::with_store(policy, store.clone()).on_store_error(FailureMode::Local);
+    let key = Key::user("waits");
+    assert_eq!(limiter.check(&key).await.unwrap().remaining(), 999);
+    // The pool's one connection, held by the app until 1.5 checkouts from
+    // now, while the runtime is busy from a quarter of a checkout on, past
+    // the checkout's end (its last stretch is its last quarter).
+    let held = store.connection().get_owned().await.unwrap();
+    let holder = tokio::spawn(async move {
+        tokio::time::sleep(CHECKOUT * 3 / 2).await;
+        drop(held);
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            tokio::time::sleep(CHECKOUT / 4).await;
+            while !stop.load(Ordering::Relaxed) {
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    let decision = limiter.check(&key).await;
+    stop.store(true, Ordering::Relaxed);
+    busy.await.unwrap();
+    holder.await.unwrap();
+    let decision = decision.unwrap();
+    assert_eq!(decision.decided_by(), DecidedBy::Store, "{decision:?}");
+    assert_eq!(decision.remaining(), 998);
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
+}
+
 /// `callers` decisions of `key` at once, so that some queue in the store's
 /// batch queue behind calls that wait in the pool: how many Redis decided
 /// and how many were refused as the app's own load. Panics on any other

@@ -1,12 +1,16 @@
 //! The store's deadline, told apart from our own runtime's lateness.
 //!
-//! A deadline that fires on time while the reply is still out is Redis's
-//! lateness: a store failure. A deadline whose timer fires late, because
-//! the app's own runtime was too busy to poll the timer (and the
-//! connection's reader, and the request) in time, says nothing of Redis:
-//! the reply may have been in the socket all along, or the command not yet
-//! written. Such a request waits on for its reply, up to a hard ceiling of
-//! [`CEILING`] deadlines, which is a failure again if it is reached.
+//! A deadline that fires on time while the reply is still out, on a
+//! runtime that had room to read it, is Redis's lateness: a store failure.
+//! A deadline whose timer fires late, because the app's own runtime was
+//! too busy to poll the timer (and the connection's reader, and the
+//! request) in time, says nothing of Redis: the reply may have been in the
+//! socket all along, or the command not yet written. Nor does one that
+//! fires on time while ready tasks wait for a worker, or while no worker
+//! went idle in the deadline's last stretch: the reader may be among the
+//! tasks that wait. Such a request waits on for its reply, up to a hard
+//! ceiling of [`CEILING`] deadlines, which is a failure again if it is
+//! reached.
 
 use std::future::Future;
 use std::time::Duration;
@@ -31,8 +35,9 @@ const MIN_SLACK: Duration = Duration::from_millis(2);
 pub(crate) enum Missed {
     /// The deadline fired on time with the reply still out: Redis was late.
     Deadline,
-    /// The deadline fired late (our runtime was late), and the call went
-    /// on to the ceiling without its reply.
+    /// The deadline fired late, or on a runtime busy at its end (our
+    /// runtime was late), and the call went on to the ceiling without its
+    /// reply.
     Ceiling,
 }
 
@@ -69,15 +74,25 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// connection's reader among them) have had their turn, so a reply that
 /// is already in is a success. If the timer fired late, or the runtime
 /// has ready tasks waiting for a worker, or none of its workers went idle
-/// since the call began, the call waits on until the ceiling; if it fired
-/// on time on a runtime that had been idle, the call has missed its
-/// deadline.
+/// in the deadline's last stretch (its slack), the call waits on until the
+/// ceiling; if it fired on time on a runtime that had room to run the
+/// reader, the call has missed its deadline.
+///
+/// The stretch is the deadline's end, not all of it: a worker that went
+/// idle early in the call (the one that sent the command, say) says
+/// nothing of a burst that filled the workers' own queues after it.
 pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
     let start = Instant::now();
-    let parked = parks();
     let last = after(start, ceiling(deadline));
     let slack = slack(deadline);
     let mut call = std::pin::pin!(call);
+    // Most calls end before the last stretch, and never look at the
+    // workers.
+    let stretch = after(start, deadline.saturating_sub(slack));
+    if let Ok(output) = tokio::time::timeout_at(stretch, call.as_mut()).await {
+        return Ok(output);
+    }
+    let stretch = Stretch::now();
     let mut due = after(start, deadline);
     loop {
         if let Ok(output) = tokio::time::timeout_at(due, call.as_mut()).await {
@@ -93,7 +108,7 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
             return Err(Missed::Ceiling);
         }
         let late = Instant::now().saturating_duration_since(due);
-        if late <= slack && !backlogged() && parks() != parked {
+        if late <= slack && !backlogged() && stretch.went_idle() {
             return Err(Missed::Deadline);
         }
         due = last;
@@ -109,12 +124,43 @@ pub(crate) fn backlogged() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
 }
 
+/// A wait's last stretch, from when it began: whether a worker of the
+/// runtime went idle since (see [`parks`]).
+pub(crate) struct Stretch(Option<u64>);
+
+impl Stretch {
+    /// A stretch that begins now.
+    pub(crate) fn now() -> Self {
+        Stretch(Some(parks()))
+    }
+
+    /// Whether a worker went idle since the stretch began: yes, for a
+    /// stretch that never began (the wait ended before it).
+    pub(crate) fn went_idle(&self) -> bool {
+        self.0.is_none_or(|parked| parks() != parked)
+    }
+}
+
+/// Runs `work` to its end, and the last stretch of its wait: from `from`,
+/// if it was still waiting then.
+pub(crate) async fn watched<F: Future>(from: Instant, work: F) -> (F::Output, Stretch) {
+    let mut work = std::pin::pin!(work);
+    match tokio::time::timeout_at(from, work.as_mut()).await {
+        Ok(output) => (output, Stretch(None)),
+        Err(_) => {
+            let stretch = Stretch::now();
+            (work.await, stretch)
+        }
+    }
+}
+
 /// How many times this runtime's workers have gone idle so far (none
-/// outside a runtime). A deadline during which none of them did was spent
-/// by our own runtime busy throughout, with ready tasks in the workers'
-/// own queues, which [`backlogged`] does not see: the connection's reader
-/// among them, with Redis's reply in the socket. Such a deadline is our
-/// own queueing too.
+/// outside a runtime). A deadline whose last stretch none of them went
+/// idle in ended with our own runtime busy, with ready tasks in the
+/// workers' own queues, which [`backlogged`] does not see: the
+/// connection's reader among them, perhaps, with Redis's reply in the
+/// socket. Such a deadline is our own queueing too. On a runtime with
+/// nothing else to do, the worker that looked goes idle right after.
 fn parks() -> u64 {
     tokio::runtime::Handle::try_current().map_or(0, |handle| {
         let metrics = handle.metrics();
@@ -135,6 +181,9 @@ pub(crate) fn after(start: Instant, wait: Duration) -> Instant {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
 
     /// Blocks the runtime's one thread for `stall`, as a CPU-bound task does.
@@ -158,25 +207,49 @@ mod tests {
         assert!(reply.await.is_ok());
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_deadline_through_which_the_runtime_never_went_idle_waits_for_the_ceiling() {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, Ordering};
-        // A runtime busy throughout (a task always ready, as a burst of
-        // requests keeps it), whose timers still fire on time: it never
-        // parks, so the deadline is our own queueing, not Redis's.
+    /// Keeps the runtime busy from `after` on, with a task always ready
+    /// (as a burst of requests keeps it), until the returned flag is set.
+    fn busy_from(after: Duration) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
         let stop = Arc::new(AtomicBool::new(false));
-        let busy = tokio::spawn({
+        let task = tokio::spawn({
             let stop = Arc::clone(&stop);
             async move {
+                if !after.is_zero() {
+                    tokio::time::sleep(after).await;
+                }
                 while !stop.load(Ordering::Relaxed) {
                     tokio::task::yield_now().await;
                 }
             }
         });
-        let missed = within(Duration::from_millis(10), std::future::pending::<()>()).await;
+        (stop, task)
+    }
+
+    /// A call that never answers under `deadline`, with the runtime busy
+    /// from `busy` on.
+    async fn never_answered(deadline: Duration, busy: Duration) -> Result<(), Missed> {
+        let (stop, busy) = busy_from(busy);
+        let missed = within(deadline, std::future::pending::<()>()).await;
         stop.store(true, Ordering::Relaxed);
         assert!(busy.await.is_ok());
+        missed
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deadline_through_which_the_runtime_never_went_idle_waits_for_the_ceiling() {
+        // Busy throughout, while its timers still fire on time: it never
+        // parks, so the deadline is our own queueing, not Redis's.
+        let missed = never_answered(Duration::from_millis(10), Duration::ZERO).await;
+        assert_eq!(missed, Err(Missed::Ceiling));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_runtime_idle_early_in_a_deadline_but_busy_at_its_end_waits_for_the_ceiling() {
+        // Idle at first (the runtime parks while the burst is yet to
+        // come), then busy from a quarter of the deadline on, through its
+        // end: the idle start says nothing of the end.
+        let deadline = Duration::from_millis(40);
+        let missed = never_answered(deadline, deadline / 4).await;
         assert_eq!(missed, Err(Missed::Ceiling));
     }
 

@@ -119,9 +119,12 @@ pub(crate) async fn after_checkout<F: Future>(
 
 /// A connection from `pool`. A checkout that times out while the pool
 /// handed connections to other calls, or whose timer our own runtime ran
-/// late, met the app's own load: it waits again, until the store's ceiling.
-/// One that times out while the pool handed out nothing, with our runtime
-/// on time, fails with [`RedisStoreError::PoolTimeout`]: the pool's
+/// late, or in whose last stretch no worker of our runtime went idle (the
+/// calls that would give a connection back may be among the tasks that
+/// wait: see [`patience`]), met the app's own load: it waits again, until
+/// the store's ceiling. One that times out while the pool handed out
+/// nothing, with our runtime on time and with room, fails with
+/// [`RedisStoreError::PoolTimeout`]: the pool's
 /// connections cannot be made, or do not answer its checks. At the
 /// ceiling, a wait during which the pool served others fails with
 /// [`RedisStoreError::PoolBusy`] (the app's own load), and one during which
@@ -136,12 +139,17 @@ async fn checkout(
         let before = handed_out(pool);
         let asked = Instant::now();
         // Within the store's ceiling, however long a checkout may wait.
-        let got = match &checkout {
-            Some(checkout) => tokio::time::timeout_at(checkout.until, pool.get())
-                .await
-                .unwrap_or(Err(RunError::TimedOut)),
-            None => pool.get().await,
+        let get = async {
+            match &checkout {
+                Some(checkout) => tokio::time::timeout_at(checkout.until, pool.get())
+                    .await
+                    .unwrap_or(Err(RunError::TimedOut)),
+                None => pool.get().await,
+            }
         };
+        let timeout = pool.config().connection_timeout;
+        let stretch = timeout.saturating_sub(patience::slack(timeout));
+        let (got, stretch) = patience::watched(patience::after(asked, stretch), get).await;
         match got {
             Ok(connection) => {
                 if let Some(checkout) = &checkout {
@@ -155,7 +163,7 @@ async fn checkout(
                 served_others |= served;
                 let ceiling = checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
                 // (A checkout the ceiling cut short says nothing by itself.)
-                if !served && !ceiling && !ran_late(pool, asked) {
+                if !served && !ceiling && !ran_late(pool, asked) && stretch.went_idle() {
                     return Err(RedisStoreError::PoolTimeout);
                 }
                 if ceiling || checkout.is_none() {
