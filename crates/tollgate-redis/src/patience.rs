@@ -1,16 +1,16 @@
 //! The store's deadline, told apart from our own runtime's lateness.
 //!
-//! A deadline that fires on time while the reply is still out, on a
-//! runtime that had room to read it, is Redis's lateness: a store failure.
-//! A deadline whose timer fires late, because the app's own runtime was
-//! too busy to poll the timer (and the connection's reader, and the
-//! request) in time, says nothing of Redis: the reply may have been in the
-//! socket all along, or the command not yet written. Nor does one that
-//! fires on time while ready tasks wait for a worker, or while no worker
-//! went idle in the deadline's last stretch: the reader may be among the
-//! tasks that wait. Such a request waits on for its reply, up to a hard
-//! ceiling of [`CEILING`] deadlines, which is a failure again if it is
-//! reached.
+//! A deadline that fires on time while the reply is still out, and after
+//! which our runtime goes idle with the reply still out, is Redis's
+//! lateness: a store failure. A deadline whose timer fires late, because
+//! the app's own runtime was too busy to poll the timer (and the
+//! connection's reader, and the request) in time, says nothing of Redis:
+//! the reply may have been in the socket all along, or the command not yet
+//! written. Nor does one that fires on time while ready tasks wait for a
+//! worker, or after which the workers stay busy with their own queues: the
+//! reader may be among the tasks that wait. Such a request waits on for
+//! its reply, up to a hard ceiling of [`CEILING`] deadlines, which is a
+//! failure again if it is reached.
 
 use std::future::Future;
 use std::time::Duration;
@@ -33,11 +33,12 @@ const MIN_SLACK: Duration = Duration::from_millis(2);
 /// Why a call ended without its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Missed {
-    /// The deadline fired on time with the reply still out: Redis was late.
+    /// The deadline fired on time, and the runtime went idle after it with
+    /// the reply still out: Redis was late.
     Deadline,
-    /// The deadline fired late, or on a runtime busy at its end (our
-    /// runtime was late), and the call went on to the ceiling without its
-    /// reply.
+    /// The deadline fired late, or on a runtime that stayed busy after it
+    /// (our runtime was late), and the call went on to the ceiling without
+    /// its reply.
     Ceiling,
 }
 
@@ -73,26 +74,16 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// polled once more after the runtime's other ready tasks (the
 /// connection's reader among them) have had their turn, so a reply that
 /// is already in is a success. If the timer fired late, or the runtime
-/// has ready tasks waiting for a worker, or none of its workers went idle
-/// in the deadline's last stretch (its slack), the call waits on until the
-/// ceiling; if it fired on time on a runtime that had room to run the
-/// reader, the call has missed its deadline.
-///
-/// The stretch is the deadline's end, not all of it: a worker that went
-/// idle early in the call (the one that sent the command, say) says
-/// nothing of a burst that filled the workers' own queues after it.
+/// has ready tasks waiting for a worker, the call waits on until the
+/// ceiling. If it fired on time, the call has missed its deadline once
+/// the runtime goes idle with the reply still out ([`goes_idle`]); until
+/// then the connection's reader, with the reply, may be among the tasks
+/// in the workers' own queues, and the call waits on, up to the ceiling.
 pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
     let start = Instant::now();
     let last = after(start, ceiling(deadline));
     let slack = slack(deadline);
     let mut call = std::pin::pin!(call);
-    // Most calls end before the last stretch, and never look at the
-    // workers.
-    let stretch = after(start, deadline.saturating_sub(slack));
-    if let Ok(output) = tokio::time::timeout_at(stretch, call.as_mut()).await {
-        return Ok(output);
-    }
-    let stretch = Stretch::now();
     let mut due = after(start, deadline);
     loop {
         if let Ok(output) = tokio::time::timeout_at(due, call.as_mut()).await {
@@ -108,8 +99,20 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
             return Err(Missed::Ceiling);
         }
         let late = Instant::now().saturating_duration_since(due);
-        if late <= slack && !backlogged() && stretch.went_idle() {
-            return Err(Missed::Deadline);
+        if late <= slack && !backlogged() {
+            let idle = tokio::select! {
+                biased;
+                output = call.as_mut() => return Ok(output),
+                idle = goes_idle(last, || false) => idle,
+            };
+            // A reply that came in as the runtime went idle is a success.
+            if let Some(output) = call.as_mut().now_or_never() {
+                return Ok(output);
+            }
+            return Err(match idle {
+                Watched::Idle => Missed::Deadline,
+                Watched::Moved | Watched::Limit => Missed::Ceiling,
+            });
         }
         due = last;
     }
@@ -124,43 +127,49 @@ pub(crate) fn backlogged() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
 }
 
-/// A wait's last stretch, from when it began: whether a worker of the
-/// runtime went idle since (see [`parks`]).
-pub(crate) struct Stretch(Option<u64>);
+/// How often [`goes_idle`] looks.
+const IDLE_TICK: Duration = Duration::from_millis(1);
 
-impl Stretch {
-    /// A stretch that begins now.
-    pub(crate) fn now() -> Self {
-        Stretch(Some(parks()))
-    }
-
-    /// Whether a worker went idle since the stretch began: yes, for a
-    /// stretch that never began (the wait ended before it).
-    pub(crate) fn went_idle(&self) -> bool {
-        self.0.is_none_or(|parked| parks() != parked)
-    }
+/// How a wait for the runtime to go idle ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watched {
+    /// A worker of the runtime went idle: it had nothing left to run.
+    Idle,
+    /// What the waiter waits for moved first.
+    Moved,
+    /// `limit` came first: the runtime stayed busy throughout.
+    Limit,
 }
 
-/// Runs `work` to its end, and the last stretch of its wait: from `from`,
-/// if it was still waiting then.
-pub(crate) async fn watched<F: Future>(from: Instant, work: F) -> (F::Output, Stretch) {
-    let mut work = std::pin::pin!(work);
-    match tokio::time::timeout_at(from, work.as_mut()).await {
-        Ok(output) => (output, Stretch(None)),
-        Err(_) => {
-            let stretch = Stretch::now();
-            (work.await, stretch)
+/// Waits until a worker of this runtime goes idle, `moved` holds, or
+/// `limit` comes, looking every millisecond. A wait that timed out on time
+/// is the other side's failure only once our runtime has nothing left to
+/// run: until then, the task that would end the wait (the connection's
+/// reader with Redis's reply, a call giving back a pooled connection) may
+/// be among the tasks in the workers' own queues, which [`backlogged`] does
+/// not see. On a runtime with nothing else to do, this task's own worker
+/// goes idle while it waits for its first look.
+pub(crate) async fn goes_idle(limit: Instant, moved: impl Fn() -> bool) -> Watched {
+    let parked = parks();
+    loop {
+        let next = Instant::now()
+            .checked_add(IDLE_TICK)
+            .map_or(limit, |next| next.min(limit));
+        tokio::time::sleep_until(next).await;
+        if moved() {
+            return Watched::Moved;
+        }
+        if parks() != parked {
+            return Watched::Idle;
+        }
+        if next >= limit {
+            return Watched::Limit;
         }
     }
 }
 
 /// How many times this runtime's workers have gone idle so far (none
-/// outside a runtime). A deadline whose last stretch none of them went
-/// idle in ended with our own runtime busy, with ready tasks in the
-/// workers' own queues, which [`backlogged`] does not see: the
-/// connection's reader among them, perhaps, with Redis's reply in the
-/// socket. Such a deadline is our own queueing too. On a runtime with
-/// nothing else to do, the worker that looked goes idle right after.
+/// outside a runtime).
 fn parks() -> u64 {
     tokio::runtime::Handle::try_current().map_or(0, |handle| {
         let metrics = handle.metrics();
@@ -246,11 +255,14 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_runtime_idle_early_in_a_deadline_but_busy_at_its_end_waits_for_the_ceiling() {
         // Idle at first (the runtime parks while the burst is yet to
-        // come), then busy from a quarter of the deadline on, through its
-        // end: the idle start says nothing of the end.
+        // come), then busy from a quarter of the deadline on, or from its
+        // last eighth, through its end: the idle start says nothing of the
+        // end.
         let deadline = Duration::from_millis(40);
-        let missed = never_answered(deadline, deadline / 4).await;
-        assert_eq!(missed, Err(Missed::Ceiling));
+        for busy in [deadline / 4, deadline * 7 / 8] {
+            let missed = never_answered(deadline, busy).await;
+            assert_eq!(missed, Err(Missed::Ceiling), "busy from {busy:?}");
+        }
     }
 
     // The two tests below run on tokio's paused clock: the runtime's

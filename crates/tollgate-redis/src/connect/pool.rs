@@ -119,12 +119,13 @@ pub(crate) async fn after_checkout<F: Future>(
 
 /// A connection from `pool`. A checkout that times out while the pool
 /// handed connections to other calls, or whose timer our own runtime ran
-/// late, or in whose last stretch no worker of our runtime went idle (the
-/// calls that would give a connection back may be among the tasks that
-/// wait: see [`patience`]), met the app's own load: it waits again, until
-/// the store's ceiling. One that times out while the pool handed out
-/// nothing, with our runtime on time and with room, fails with
-/// [`RedisStoreError::PoolTimeout`]: the pool's
+/// late, met the app's own load: it waits again, until the store's
+/// ceiling. So does one after which a connection is handed out or given
+/// back before our runtime goes idle (the calls that would give one back
+/// may be among the tasks that wait: see [`patience::goes_idle`]). One
+/// that times out while the pool handed out nothing, with our runtime on
+/// time, and after which our runtime goes idle with still nothing handed
+/// out, fails with [`RedisStoreError::PoolTimeout`]: the pool's
 /// connections cannot be made, or do not answer its checks. At the
 /// ceiling, a wait during which the pool served others fails with
 /// [`RedisStoreError::PoolBusy`] (the app's own load), and one during which
@@ -139,17 +140,12 @@ async fn checkout(
         let before = handed_out(pool);
         let asked = Instant::now();
         // Within the store's ceiling, however long a checkout may wait.
-        let get = async {
-            match &checkout {
-                Some(checkout) => tokio::time::timeout_at(checkout.until, pool.get())
-                    .await
-                    .unwrap_or(Err(RunError::TimedOut)),
-                None => pool.get().await,
-            }
+        let got = match &checkout {
+            Some(checkout) => tokio::time::timeout_at(checkout.until, pool.get())
+                .await
+                .unwrap_or(Err(RunError::TimedOut)),
+            None => pool.get().await,
         };
-        let timeout = pool.config().connection_timeout;
-        let stretch = timeout.saturating_sub(patience::slack(timeout));
-        let (got, stretch) = patience::watched(patience::after(asked, stretch), get).await;
         match got {
             Ok(connection) => {
                 if let Some(checkout) = &checkout {
@@ -159,13 +155,30 @@ async fn checkout(
             }
             Err(RunError::User(e)) => return Err(RedisStoreError::Redis(e)),
             Err(RunError::TimedOut) => {
-                let served = handed_out(pool) > before;
-                served_others |= served;
-                let ceiling = checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
+                let at_ceiling = || checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
+                let moved = || handed_out(pool) > before || pool.state().idle_connections > 0;
+                let mut ceiling = at_ceiling();
                 // (A checkout the ceiling cut short says nothing by itself.)
-                if !served && !ceiling && !ran_late(pool, asked) && stretch.went_idle() {
-                    return Err(RedisStoreError::PoolTimeout);
+                if !moved() && !ceiling && !ran_late(pool, asked) {
+                    // On time, with nothing handed out: a failure once our
+                    // runtime goes idle with still nothing handed out. The
+                    // calls that would give a connection back may be among
+                    // the tasks that wait until then.
+                    let idle = match &checkout {
+                        Some(checkout) => patience::goes_idle(checkout.until, moved).await,
+                        None => patience::Watched::Idle,
+                    };
+                    match idle {
+                        patience::Watched::Idle if !moved() => {
+                            return Err(RedisStoreError::PoolTimeout);
+                        }
+                        patience::Watched::Idle
+                        | patience::Watched::Moved
+                        | patience::Watched::Limit => {}
+                    }
+                    ceiling = at_ceiling();
                 }
+                served_others |= handed_out(pool) > before;
                 if ceiling || checkout.is_none() {
                     return Err(match served_others {
                         true => RedisStoreError::PoolBusy,
