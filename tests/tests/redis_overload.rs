@@ -259,9 +259,9 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
 }
 
 /// A checkout that times out while the pool hands out nothing, on a
-/// runtime busy through the checkout's last stretch (a task always ready,
-/// as a burst of requests keeps it, while its timers still fire on time),
-/// says nothing of Redis: the calls that would give a connection back may
+/// runtime that stays busy after the timeout (a task always ready, as a
+/// burst of requests keeps it, while its timers still fire on time), says
+/// nothing of Redis: the calls that would give a connection back may
 /// be among the tasks that wait. It waits again, and the decision is made
 /// by Redis once the connection comes back; the breaker never counts it.
 #[tokio::test(flavor = "current_thread")]
@@ -283,8 +283,9 @@ async fn a_checkout_that_times_out_on_a_busy_runtime_waits_again() {
     let key = Key::user("waits");
     assert_eq!(limiter.check(&key).await.unwrap().remaining(), 999);
     // The pool's one connection, held by the app until 1.5 checkouts from
-    // now, while the runtime is busy from a quarter of a checkout on, past
-    // the checkout's end (its last stretch is its last quarter).
+    // now, while the runtime is busy from a quarter of a checkout on,
+    // through the checkout's end and the quarter of a checkout after it in
+    // which the store looks for a worker going idle.
     let held = store.connection().get_owned().await.unwrap();
     let holder = tokio::spawn(async move {
         tokio::time::sleep(CHECKOUT * 3 / 2).await;

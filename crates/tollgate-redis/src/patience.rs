@@ -1,14 +1,14 @@
 //! The store's deadline, told apart from our own runtime's lateness.
 //!
 //! A deadline that fires on time while the reply is still out, and after
-//! which our runtime goes idle with the reply still out, is Redis's
-//! lateness: a store failure. A deadline whose timer fires late, because
+//! which our runtime goes idle within a slack with the reply still out, is
+//! Redis's lateness: a store failure. A deadline whose timer fires late, because
 //! the app's own runtime was too busy to poll the timer (and the
 //! connection's reader, and the request) in time, says nothing of Redis:
 //! the reply may have been in the socket all along, or the command not yet
 //! written. Nor does one that fires on time while ready tasks wait for a
-//! worker, or after which the workers stay busy with their own queues: the
-//! reader may be among the tasks that wait. Such a request waits on for
+//! worker, or after which the workers stay busy with their own queues
+//! through that slack: the reader may be among the tasks that wait. Such a request waits on for
 //! its reply, up to a hard ceiling of [`CEILING`] deadlines, which is a
 //! failure again if it is reached.
 
@@ -43,10 +43,11 @@ pub(crate) enum Missed {
 }
 
 impl Missed {
-    /// How long the call waited: the deadline or the ceiling.
+    /// How long the call waited: the deadline and the slack after it in
+    /// which the runtime went idle, or the ceiling.
     pub(crate) fn waited(self, deadline: Duration) -> Duration {
         match self {
-            Missed::Deadline => deadline,
+            Missed::Deadline => deadline.saturating_add(slack(deadline)),
             Missed::Ceiling => ceiling(deadline),
         }
     }
@@ -75,10 +76,11 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// connection's reader among them) have had their turn, so a reply that
 /// is already in is a success. If the timer fired late, or the runtime
 /// has ready tasks waiting for a worker, the call waits on until the
-/// ceiling. If it fired on time, the call has missed its deadline once
-/// the runtime goes idle with the reply still out ([`goes_idle`]); until
-/// then the connection's reader, with the reply, may be among the tasks
-/// in the workers' own queues, and the call waits on, up to the ceiling.
+/// ceiling. If it fired on time, the call waits one slack more: it has
+/// missed its deadline if a worker of the runtime went idle meanwhile
+/// with the reply still out ([`Parks`]), and waits on until the ceiling
+/// if none did (the connection's reader, with the reply, may be among the
+/// tasks in the workers' own queues).
 pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
     let start = Instant::now();
     let last = after(start, ceiling(deadline));
@@ -100,19 +102,14 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
         }
         let late = Instant::now().saturating_duration_since(due);
         if late <= slack && !backlogged() {
-            let idle = tokio::select! {
-                biased;
-                output = call.as_mut() => return Ok(output),
-                idle = goes_idle(last, || false) => idle,
-            };
-            // A reply that came in as the runtime went idle is a success.
-            if let Some(output) = call.as_mut().now_or_never() {
+            let parks = Parks::now();
+            let look = after(Instant::now(), slack).min(last);
+            if let Ok(output) = tokio::time::timeout_at(look, call.as_mut()).await {
                 return Ok(output);
             }
-            return Err(match idle {
-                Watched::Idle => Missed::Deadline,
-                Watched::Moved | Watched::Limit => Missed::Ceiling,
-            });
+            if parks.went_idle() {
+                return Err(Missed::Deadline);
+            }
         }
         due = last;
     }
@@ -127,44 +124,27 @@ pub(crate) fn backlogged() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
 }
 
-/// How often [`goes_idle`] looks.
-const IDLE_TICK: Duration = Duration::from_millis(1);
+/// Whether a worker of this runtime went idle (had nothing left to run)
+/// since a wait that timed out on time. Only then is the wait the other
+/// side's failure: until then, the task that would end it (the
+/// connection's reader with Redis's reply, a call giving back a pooled
+/// connection) may be among the tasks in the workers' own queues, which
+/// [`backlogged`] does not see. Looked at after the timeout, not from the
+/// wait's start: a worker that went idle early in the wait (the one that
+/// sent the command, say) says nothing of a burst that came after it. On
+/// a runtime with nothing else to do, the waiter's own worker goes idle
+/// as the waiter waits on.
+pub(crate) struct Parks(u64);
 
-/// How a wait for the runtime to go idle ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Watched {
-    /// A worker of the runtime went idle: it had nothing left to run.
-    Idle,
-    /// What the waiter waits for moved first.
-    Moved,
-    /// `limit` came first: the runtime stayed busy throughout.
-    Limit,
-}
+impl Parks {
+    /// From now.
+    pub(crate) fn now() -> Self {
+        Parks(parks())
+    }
 
-/// Waits until a worker of this runtime goes idle, `moved` holds, or
-/// `limit` comes, looking every millisecond. A wait that timed out on time
-/// is the other side's failure only once our runtime has nothing left to
-/// run: until then, the task that would end the wait (the connection's
-/// reader with Redis's reply, a call giving back a pooled connection) may
-/// be among the tasks in the workers' own queues, which [`backlogged`] does
-/// not see. On a runtime with nothing else to do, this task's own worker
-/// goes idle while it waits for its first look.
-pub(crate) async fn goes_idle(limit: Instant, moved: impl Fn() -> bool) -> Watched {
-    let parked = parks();
-    loop {
-        let next = Instant::now()
-            .checked_add(IDLE_TICK)
-            .map_or(limit, |next| next.min(limit));
-        tokio::time::sleep_until(next).await;
-        if moved() {
-            return Watched::Moved;
-        }
-        if parks() != parked {
-            return Watched::Idle;
-        }
-        if next >= limit {
-            return Watched::Limit;
-        }
+    /// Whether a worker went idle since.
+    pub(crate) fn went_idle(&self) -> bool {
+        parks() != self.0
     }
 }
 

@@ -120,14 +120,15 @@ pub(crate) async fn after_checkout<F: Future>(
 /// A connection from `pool`. A checkout that times out while the pool
 /// handed connections to other calls, or whose timer our own runtime ran
 /// late, met the app's own load: it waits again, until the store's
-/// ceiling. So does one after which a connection is handed out or given
-/// back before our runtime goes idle (the calls that would give one back
-/// may be among the tasks that wait: see [`patience::goes_idle`]). One
-/// that times out while the pool handed out nothing, with our runtime on
-/// time, and after which our runtime goes idle with still nothing handed
-/// out, fails with [`RedisStoreError::PoolTimeout`]: the pool's
-/// connections cannot be made, or do not answer its checks. At the
-/// ceiling, a wait during which the pool served others fails with
+/// ceiling. One that times out on time while the pool handed out nothing
+/// checks out once more for a slack ([`patience::slack`] of the checkout
+/// timeout): if that gets no connection, the pool handed out none
+/// meanwhile, and a worker of our runtime went idle meanwhile
+/// ([`patience::Parks`]), it fails with [`RedisStoreError::PoolTimeout`]:
+/// the pool's connections cannot be made, or do not answer its checks.
+/// If no worker went idle, the calls that would give a connection back
+/// may be among the tasks that wait, and it waits again. At the ceiling, a
+/// wait during which the pool served others fails with
 /// [`RedisStoreError::PoolBusy`] (the app's own load), and one during which
 /// it served no one, with `PoolTimeout` (as [`patience`]'s ceiling is a
 /// failure).
@@ -135,13 +136,25 @@ async fn checkout(
     pool: &Pool,
 ) -> Result<PooledConnection<'_, RedisConnectionManager>, RedisStoreError> {
     let checkout = CHECKOUT.try_with(Arc::clone).ok();
+    let at_ceiling = || checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
     let mut served_others = false;
+    // A checkout that timed out on time with nothing handed out: the idle
+    // count from then, and the pool's count of checkouts served before it.
+    let mut judging: Option<(patience::Parks, u64)> = None;
     loop {
         let before = handed_out(pool);
         let asked = Instant::now();
-        // Within the store's ceiling, however long a checkout may wait.
-        let got = match &checkout {
-            Some(checkout) => tokio::time::timeout_at(checkout.until, pool.get())
+        // Within the store's ceiling, however long a checkout may wait;
+        // one slack once a checkout timed out on time.
+        let until = checkout.as_ref().map(|checkout| match &judging {
+            Some(_) => {
+                let slack = patience::slack(pool.config().connection_timeout);
+                patience::after(asked, slack).min(checkout.until)
+            }
+            None => checkout.until,
+        });
+        let got = match until {
+            Some(until) => tokio::time::timeout_at(until, pool.get())
                 .await
                 .unwrap_or(Err(RunError::TimedOut)),
             None => pool.get().await,
@@ -155,31 +168,26 @@ async fn checkout(
             }
             Err(RunError::User(e)) => return Err(RedisStoreError::Redis(e)),
             Err(RunError::TimedOut) => {
-                let at_ceiling = || checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
-                let moved = || handed_out(pool) > before || pool.state().idle_connections > 0;
-                let mut ceiling = at_ceiling();
-                // (A checkout the ceiling cut short says nothing by itself.)
-                if !moved() && !ceiling && !ran_late(pool, asked) {
-                    // On time, with nothing handed out: a failure once our
-                    // runtime goes idle with still nothing handed out. The
-                    // calls that would give a connection back may be among
-                    // the tasks that wait until then.
-                    let idle = match &checkout {
-                        Some(checkout) => patience::goes_idle(checkout.until, moved).await,
-                        None => patience::Watched::Idle,
-                    };
-                    match idle {
-                        patience::Watched::Idle if !moved() => {
+                if let Some((parks, before)) = judging.take() {
+                    let served = handed_out(pool) > before;
+                    if !served && parks.went_idle() {
+                        return Err(RedisStoreError::PoolTimeout);
+                    }
+                    served_others |= served;
+                } else {
+                    let served = handed_out(pool) > before;
+                    served_others |= served;
+                    // (A checkout the ceiling cut short says nothing by
+                    // itself.)
+                    if !served && !at_ceiling() && !ran_late(pool, asked) {
+                        if checkout.is_none() {
                             return Err(RedisStoreError::PoolTimeout);
                         }
-                        patience::Watched::Idle
-                        | patience::Watched::Moved
-                        | patience::Watched::Limit => {}
+                        judging = Some((patience::Parks::now(), before));
+                        continue;
                     }
-                    ceiling = at_ceiling();
                 }
-                served_others |= handed_out(pool) > before;
-                if ceiling || checkout.is_none() {
+                if at_ceiling() || checkout.is_none() {
                     return Err(match served_others {
                         true => RedisStoreError::PoolBusy,
                         false => RedisStoreError::PoolTimeout,
