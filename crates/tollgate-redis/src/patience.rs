@@ -43,11 +43,10 @@ pub(crate) enum Missed {
 }
 
 impl Missed {
-    /// How long the call waited: the deadline and the slack after it in
-    /// which the runtime went idle, or the ceiling.
+    /// The wait the call missed: the deadline or the ceiling.
     pub(crate) fn waited(self, deadline: Duration) -> Duration {
         match self {
-            Missed::Deadline => deadline.saturating_add(slack(deadline)),
+            Missed::Deadline => deadline,
             Missed::Ceiling => ceiling(deadline),
         }
     }
@@ -76,17 +75,20 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// connection's reader among them) have had their turn, so a reply that
 /// is already in is a success. If the timer fired late, or the runtime
 /// has ready tasks waiting for a worker, the call waits on until the
-/// ceiling. If it fired on time, the call waits one slack more: it has
-/// missed its deadline if a worker of the runtime went idle meanwhile
-/// with the reply still out ([`Parks`]), and waits on until the ceiling
-/// if none did (the connection's reader, with the reply, may be among the
-/// tasks in the workers' own queues).
+/// ceiling. If it fired on time, the call waits one slack more, judged
+/// the same way: it has missed its deadline if that timer fired on time
+/// too and a worker of the runtime went idle meanwhile with the reply
+/// still out ([`Parks`]), and waits on until the ceiling otherwise (the
+/// connection's reader, with the reply, may be among the tasks in the
+/// workers' own queues).
 pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
     let start = Instant::now();
     let last = after(start, ceiling(deadline));
     let slack = slack(deadline);
     let mut call = std::pin::pin!(call);
     let mut due = after(start, deadline);
+    // Set once the deadline fired on time: the slack after it is waited.
+    let mut parks: Option<Parks> = None;
     loop {
         if let Ok(output) = tokio::time::timeout_at(due, call.as_mut()).await {
             return Ok(output);
@@ -100,18 +102,15 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
         if due >= last {
             return Err(Missed::Ceiling);
         }
-        let late = Instant::now().saturating_duration_since(due);
-        if late <= slack && !backlogged() {
-            let parks = Parks::now();
-            let look = after(Instant::now(), slack).min(last);
-            if let Ok(output) = tokio::time::timeout_at(look, call.as_mut()).await {
-                return Ok(output);
+        let on_time = Instant::now().saturating_duration_since(due) <= slack && !backlogged();
+        due = match (parks.take(), on_time) {
+            (None, true) => {
+                parks = Some(Parks::now());
+                after(Instant::now(), slack).min(last)
             }
-            if parks.went_idle() {
-                return Err(Missed::Deadline);
-            }
-        }
-        due = last;
+            (Some(parks), true) if parks.went_idle() => return Err(Missed::Deadline),
+            (Some(_) | None, _) => last,
+        };
     }
 }
 
@@ -132,8 +131,8 @@ pub(crate) fn backlogged() -> bool {
 /// [`backlogged`] does not see. Looked at after the timeout, not from the
 /// wait's start: a worker that went idle early in the wait (the one that
 /// sent the command, say) says nothing of a burst that came after it. On
-/// a runtime with nothing else to do, the waiter's own worker goes idle
-/// as the waiter waits on.
+/// a runtime with nothing else to do, a worker goes idle as the waiter
+/// waits on: its own, or the one that runs the timers.
 pub(crate) struct Parks(u64);
 
 impl Parks {
@@ -257,6 +256,22 @@ mod tests {
             // The clock moves past the deadline while the call runs, as
             // when our runtime is too busy to fire the timer: late.
             tokio::time::advance(deadline * 2).await;
+            tokio::time::sleep(deadline).await;
+            5
+        };
+        assert_eq!(within(deadline, call).await, Ok(5));
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_runtime_late_in_the_slack_after_an_on_time_deadline_waits_for_the_reply() {
+        let deadline = Duration::from_millis(20);
+        let call = async {
+            // Still out when the deadline fires, on time.
+            tokio::time::sleep(deadline + Duration::from_millis(1)).await;
+            // Then the runtime is late in the slack after it: the slack's
+            // timer fires late, and the runtime went idle before (the
+            // reply may be in, its reader not yet run).
+            tokio::time::advance(slack(deadline) * 3).await;
             tokio::time::sleep(deadline).await;
             5
         };

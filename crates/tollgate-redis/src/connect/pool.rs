@@ -5,8 +5,9 @@
 //! app's other calls waits on the app's own load, not on Redis: its wait
 //! is not counted towards the store's deadline (see [`after_checkout`]),
 //! and it gives up only when the pool serves no one for a checkout timeout
-//! ([`RedisStoreError::PoolTimeout`], a failure) or at the store's ceiling
-//! ([`RedisStoreError::PoolBusy`], the app's own load).
+//! and a quarter of one more, in which our runtime went idle
+//! ([`RedisStoreError::PoolTimeout`], a failure), or at the store's
+//! ceiling ([`RedisStoreError::PoolBusy`], the app's own load).
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -122,9 +123,10 @@ pub(crate) async fn after_checkout<F: Future>(
 /// late, met the app's own load: it waits again, until the store's
 /// ceiling. One that times out on time while the pool handed out nothing
 /// checks out once more for a slack ([`patience::slack`] of the checkout
-/// timeout): if that gets no connection, the pool handed out none
-/// meanwhile, and a worker of our runtime went idle meanwhile
-/// ([`patience::Parks`]), it fails with [`RedisStoreError::PoolTimeout`]:
+/// timeout): if that gets no connection, times out on time too, the pool
+/// handed out none meanwhile, and a worker of our runtime went idle
+/// meanwhile ([`patience::Parks`]), it fails with
+/// [`RedisStoreError::PoolTimeout`]:
 /// the pool's connections cannot be made, or do not answer its checks.
 /// If no worker went idle, the calls that would give a connection back
 /// may be among the tasks that wait, and it waits again. At the ceiling, a
@@ -146,11 +148,13 @@ async fn checkout(
         let asked = Instant::now();
         // Within the store's ceiling, however long a checkout may wait;
         // one slack once a checkout timed out on time.
+        let timeout = pool.config().connection_timeout;
+        let wait = match &judging {
+            Some(_) => patience::slack(timeout),
+            None => timeout,
+        };
         let until = checkout.as_ref().map(|checkout| match &judging {
-            Some(_) => {
-                let slack = patience::slack(pool.config().connection_timeout);
-                patience::after(asked, slack).min(checkout.until)
-            }
+            Some(_) => patience::after(asked, wait).min(checkout.until),
             None => checkout.until,
         });
         let got = match until {
@@ -169,8 +173,11 @@ async fn checkout(
             Err(RunError::User(e)) => return Err(RedisStoreError::Redis(e)),
             Err(RunError::TimedOut) => {
                 if let Some((parks, before)) = judging.take() {
+                    // Judged as the first: after the other ready tasks have
+                    // had their turn, and only if its timer fired on time.
+                    tokio::task::yield_now().await;
                     let served = handed_out(pool) > before;
-                    if !served && parks.went_idle() {
+                    if !served && !ran_late(pool, asked, wait) && parks.went_idle() {
                         return Err(RedisStoreError::PoolTimeout);
                     }
                     served_others |= served;
@@ -179,7 +186,7 @@ async fn checkout(
                     served_others |= served;
                     // (A checkout the ceiling cut short says nothing by
                     // itself.)
-                    if !served && !at_ceiling() && !ran_late(pool, asked) {
+                    if !served && !at_ceiling() && !ran_late(pool, asked, wait) {
                         if checkout.is_none() {
                             return Err(RedisStoreError::PoolTimeout);
                         }
@@ -204,11 +211,12 @@ fn handed_out(pool: &Pool) -> u64 {
     statistics.get_direct + statistics.get_waited
 }
 
-/// Whether a checkout asked for at `asked` timed out late, or with tasks
-/// of our runtime waiting for a worker: our runtime did not run its timer
-/// (nor, likely, the calls that would have given a connection back) in
-/// time. The slack and the backlog are [`patience`]'s.
-fn ran_late(pool: &Pool, asked: Instant) -> bool {
+/// Whether a checkout asked for at `asked` that waits `wait` timed out
+/// late, or with tasks of our runtime waiting for a worker: our runtime
+/// did not run its timer (nor, likely, the calls that would have given a
+/// connection back) in time. The slack is [`patience`]'s of the pool's
+/// checkout timeout, and the backlog is [`patience`]'s.
+fn ran_late(pool: &Pool, asked: Instant, wait: Duration) -> bool {
     let timeout = pool.config().connection_timeout;
-    asked.elapsed() > timeout + patience::slack(timeout) || patience::backlogged()
+    asked.elapsed() > wait + patience::slack(timeout) || patience::backlogged()
 }
