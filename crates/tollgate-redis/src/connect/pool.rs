@@ -126,14 +126,13 @@ pub(crate) async fn after_checkout<F: Future>(
 /// timeout): if that gets no connection, times out on time too, the pool
 /// handed out none meanwhile, and a worker of our runtime went idle
 /// meanwhile ([`patience::Parks`]), it fails with
-/// [`RedisStoreError::PoolTimeout`]:
-/// the pool's connections cannot be made, or do not answer its checks.
-/// If no worker went idle, the calls that would give a connection back
-/// may be among the tasks that wait, and it waits again. At the ceiling, a
-/// wait during which the pool served others fails with
-/// [`RedisStoreError::PoolBusy`] (the app's own load), and one during which
-/// it served no one, with `PoolTimeout` (as [`patience`]'s ceiling is a
-/// failure).
+/// [`RedisStoreError::PoolTimeout`]: the pool's connections cannot be
+/// made, or do not answer its checks. If no worker went idle, the calls
+/// that would give a connection back may be among the tasks that wait,
+/// and it waits again. At the ceiling, a wait during which the pool served
+/// others fails with [`RedisStoreError::PoolBusy`] (the app's own load),
+/// and one during which it served no one, with `PoolTimeout` (as
+/// [`patience`]'s ceiling is a failure).
 async fn checkout(
     pool: &Pool,
 ) -> Result<PooledConnection<'_, RedisConnectionManager>, RedisStoreError> {
