@@ -148,14 +148,16 @@ async fn checkout(
         // Within the store's ceiling, however long a checkout may wait;
         // one slack once a checkout timed out on time.
         let timeout = pool.config().connection_timeout;
-        let wait = match &judging {
-            Some(_) => patience::slack(timeout),
-            None => timeout,
+        let (wait, until) = match &judging {
+            Some(_) => {
+                let wait = patience::slack(timeout);
+                let until = checkout
+                    .as_ref()
+                    .map(|c| patience::after(asked, wait).min(c.until));
+                (wait, until)
+            }
+            None => (timeout, checkout.as_ref().map(|c| c.until)),
         };
-        let until = checkout.as_ref().map(|checkout| match &judging {
-            Some(_) => patience::after(asked, wait).min(checkout.until),
-            None => checkout.until,
-        });
         let got = match until {
             Some(until) => tokio::time::timeout_at(until, pool.get())
                 .await
