@@ -420,7 +420,10 @@ impl Decision {
     /// [`Decision::now`] at which the same request would be admitted.
     #[inline]
     pub fn retry_after(&self) -> Option<Duration> {
-        matches!(self.kind, Kind::Limited | Kind::Blocked).then(|| Duration::from_micros(self.arg))
+        match self.kind {
+            Kind::Limited | Kind::Blocked => Some(Duration::from_micros(self.arg)),
+            Kind::Allowed | Kind::CostExceedsCapacity => None,
+        }
     }
 
     /// `true` when the request was denied because an operator blocked its

@@ -54,6 +54,15 @@ enum Inner {
     },
 }
 
+impl Inner {
+    fn is_closed(&self) -> bool {
+        match self {
+            Self::Closed { .. } => true,
+            Self::Open { .. } | Self::HalfOpen { .. } => false,
+        }
+    }
+}
+
 impl CircuitBreaker {
     /// A breaker that opens after `threshold` consecutive failures and
     /// stays open for `cooldown` before probing.
@@ -133,7 +142,7 @@ impl CircuitBreaker {
 
     fn report_at(&self, ok: bool, now: Instant) {
         let mut state = self.lock();
-        let was_closed = matches!(*state, Inner::Closed { .. });
+        let was_closed = state.is_closed();
         *state = match (*state, ok) {
             (Inner::Closed { .. } | Inner::Open { .. } | Inner::HalfOpen { .. }, true) => {
                 Inner::Closed { failures: 0 }
@@ -147,7 +156,7 @@ impl CircuitBreaker {
                 }
             }
         };
-        let is_closed = matches!(*state, Inner::Closed { .. });
+        let is_closed = state.is_closed();
         drop(state);
         match (was_closed, is_closed) {
             (true, false) => open_gauge(1.0),
@@ -166,7 +175,7 @@ fn open_gauge(_delta: f64) {
 
 impl Drop for CircuitBreaker {
     fn drop(&mut self) {
-        if !matches!(*self.lock(), Inner::Closed { .. }) {
+        if !self.lock().is_closed() {
             open_gauge(-1.0);
         }
     }
@@ -214,10 +223,13 @@ impl Drop for Permit<'_> {
         // forever: the next caller probes.
         if let (false, Some(probe)) = (self.reported, self.probe) {
             let mut state = self.breaker.lock();
-            if matches!(*state, Inner::HalfOpen { probe: out } if out == probe) {
-                *state = Inner::Open {
-                    until: Instant::now(),
-                };
+            match *state {
+                Inner::HalfOpen { probe: out } if out == probe => {
+                    *state = Inner::Open {
+                        until: Instant::now(),
+                    };
+                }
+                Inner::HalfOpen { .. } | Inner::Closed { .. } | Inner::Open { .. } => {}
             }
         }
     }

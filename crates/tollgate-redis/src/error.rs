@@ -102,6 +102,25 @@ impl RedisStoreError {
         }
     }
 
+    /// Whether the connection should be made anew: Redis turned the call
+    /// away (a replica after a failover, a server still loading, ...), so
+    /// the server behind the address may have changed.
+    pub(crate) fn wants_refresh(&self) -> bool {
+        match self {
+            Self::Unavailable { .. } => true,
+            Self::Config(_)
+            | Self::Redis(_)
+            | Self::NotConnected { .. }
+            | Self::CircuitOpen
+            | Self::PoolTimeout
+            | Self::PoolBusy
+            | Self::QueueFull
+            | Self::Deadline(_)
+            | Self::UnsupportedVersion { .. }
+            | Self::Protocol(_) => false,
+        }
+    }
+
     /// Whether Redis may have run the call before this error: it missed
     /// its deadline, the connection failed on the way, or Redis answered
     /// something other than a reply. Not when the call was never sent.

@@ -230,7 +230,7 @@ impl<C: RedisConnection> Inner<C> {
             Err(RedisStoreError::PoolBusy) => drop(permit),
             Err(error) => {
                 permit.failure();
-                if matches!(error, RedisStoreError::Unavailable { .. }) {
+                if error.wants_refresh() {
                     self.wire.connection.refresh();
                 }
                 if error.is_connection_lost() && self.wire.connection.is_one_server() {

@@ -238,16 +238,16 @@ impl PolicyState {
     /// leaky-bucket limit's backlog clears; `None` for other policies.
     #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn tat(&self) -> Option<u64> {
-        match (&self.limits[..], self.policy.params()) {
-            (
-                [
-                    state @ (LimitState::Gcra(_)
-                    | LimitState::LeakyBucket(_)
-                    | LimitState::TokenBucket(_)),
-                ],
-                [p],
-            ) => Some(state.expires_at(p)),
-            _ => None,
+        let ([state], [p]) = (&self.limits[..], self.policy.params()) else {
+            return None;
+        };
+        match state {
+            LimitState::Gcra(_) | LimitState::LeakyBucket(_) | LimitState::TokenBucket(_) => {
+                Some(state.expires_at(p))
+            }
+            LimitState::FixedWindow(_)
+            | LimitState::SlidingLog(_)
+            | LimitState::SlidingWindow(_) => None,
         }
     }
 
@@ -257,9 +257,16 @@ impl PolicyState {
     /// count above the limit does); `None` for other policies.
     #[doc(hidden)] // a storage encoding, shared with tollgate-redis: not part of the API
     pub fn window_word(&self) -> Option<u64> {
-        match (&self.limits[..], self.policy.params()) {
-            ([LimitState::FixedWindow(window)], [p]) => Some(window.word(p)),
-            _ => None,
+        let ([state], [p]) = (&self.limits[..], self.policy.params()) else {
+            return None;
+        };
+        match state {
+            LimitState::FixedWindow(window) => Some(window.word(p)),
+            LimitState::SlidingLog(_)
+            | LimitState::SlidingWindow(_)
+            | LimitState::TokenBucket(_)
+            | LimitState::LeakyBucket(_)
+            | LimitState::Gcra(_) => None,
         }
     }
 
