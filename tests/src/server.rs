@@ -113,6 +113,70 @@ impl RedisServer {
         }
     }
 
+    /// Starts the server again on the same port with `keys` keys saved,
+    /// loading them slowly: it answers `INFO` at once but turns other
+    /// commands away with `LOADING` until [`RedisServer::finish_loading`].
+    ///
+    /// # Panics
+    ///
+    /// When the server does not answer, or does not come back loading.
+    pub fn restart_loading(&mut self, keys: u64) {
+        let mut con = self.connection();
+        let mut fill = redis::pipe();
+        for i in 0..keys {
+            fill.cmd("SET").arg(format!("filler:{i}")).arg(i).ignore();
+        }
+        fill.cmd("SAVE").ignore();
+        fill.query::<()>(&mut con)
+            .unwrap_or_else(|e| panic!("filling {}: {e}", self.url()));
+        self.kill();
+        let mut extra = self.extra.clone();
+        // A millisecond a key (about a minute for 60,000), checking for
+        // clients every kilobyte: until loading ends, each is answered.
+        extra.extend(
+            [
+                "--key-load-delay",
+                "1000",
+                "--loading-process-events-interval-bytes",
+                "1024",
+            ]
+            .map(str::to_owned),
+        );
+        self.child = start(self.port, &self.dir, &extra);
+        if let Err(why) = self.wait_until_up() {
+            panic!("restarting to load: {why}");
+        }
+        assert!(self.loading(), "{} is not loading", self.url());
+    }
+
+    /// Whether the server is loading its data.
+    ///
+    /// # Panics
+    ///
+    /// When the server does not answer.
+    pub fn loading(&self) -> bool {
+        let info: String = redis::cmd("INFO")
+            .arg("persistence")
+            .query(&mut self.connection())
+            .unwrap_or_else(|e| panic!("INFO of {}: {e}", self.url()));
+        info.lines().any(|line| line.trim() == "loading:1")
+    }
+
+    /// Ends a slow load begun by [`RedisServer::restart_loading`] at full
+    /// speed.
+    ///
+    /// # Panics
+    ///
+    /// When the server does not answer.
+    pub fn finish_loading(&self) {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("key-load-delay")
+            .arg(0)
+            .query::<()>(&mut self.connection())
+            .unwrap_or_else(|e| panic!("ending the load of {}: {e}", self.url()));
+    }
+
     /// Whether the server answers, and is this one: its `process_id` is
     /// our child's.
     fn answers(&self) -> bool {

@@ -72,6 +72,34 @@ async fn a_store_built_while_redis_is_down_decides_through_it_once_it_answers() 
     assert_eq!(admitted, 50, "one count in Redis, shared by both");
 }
 
+/// A Redis that is loading its data answers `INFO` but turns the
+/// scripts away with `LOADING`: a store built then starts (its scripts
+/// load on their first call), answers by the failure policy meanwhile,
+/// then decides through Redis, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_built_while_redis_loads_its_data_decides_through_it_once_loaded() {
+    let mut server = RedisServer::spawn();
+    server.restart_loading(60_000);
+    let url = server.url();
+    let prefix = unique_prefix("boot-loading");
+    let policy = Policy::new("boot-loading", Algorithm::Gcra, "50/h").unwrap();
+    let key = Key::user("ada");
+
+    let early = store(&url, &prefix).await;
+    // Built during the load, not after it (the load takes a minute).
+    assert!(server.loading());
+    match early.check(&key, &policy, 1).await {
+        Err(tollgate::StoreError::Unavailable(reason)) => {
+            assert!(reason.to_string().contains("LOADING"), "{reason}");
+        }
+        other => panic!("expected LOADING to be unavailable, got {other:?}"),
+    }
+    server.finish_loading();
+    until_ready(&early, "loading").await;
+    let late = store(&url, &prefix).await;
+    assert_eq!(alternately(&early, &late).await, 50);
+}
+
 /// A local port with nothing listening: one the system gave out and took
 /// back.
 fn closed_port() -> u16 {

@@ -30,8 +30,11 @@ impl RedisStoreBuilder {
     /// # Errors
     ///
     /// On invalid settings, when the server is older than Redis 7.0
-    /// ([`RedisStoreError::UnsupportedVersion`]), or when the scripts cannot
-    /// be loaded.
+    /// ([`RedisStoreError::UnsupportedVersion`]), or when Redis refuses the
+    /// scripts. A Redis that cannot be reached, or cannot serve yet (it is
+    /// loading its data, say), is no error: the store starts without it,
+    /// the failure policy answers until it can, and the scripts load on
+    /// their first call.
     pub async fn build<C: RedisConnection>(
         self,
         connection: C,
@@ -43,7 +46,8 @@ impl RedisStoreBuilder {
         info.arg("server");
         let info: Result<redis::Value, _> = tokio::time::timeout(budget, connection.query(&info))
             .await
-            .unwrap_or(Err(RedisStoreError::Deadline(budget)));
+            .unwrap_or(Err(RedisStoreError::Deadline(budget)))
+            .map_err(crate::wire::reclassify);
         let info = match info {
             Ok(info) => info,
             // Redis is down: the store starts without it. Its version is
@@ -63,9 +67,19 @@ impl RedisStoreBuilder {
         for script in scripts.all() {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(script.source);
-            let sha: String = tokio::time::timeout(budget, connection.query(&load))
+            let loaded: Result<String, _> = tokio::time::timeout(budget, connection.query(&load))
                 .await
-                .map_err(|_| RedisStoreError::Deadline(budget))??;
+                .unwrap_or(Err(RedisStoreError::Deadline(budget)))
+                .map_err(crate::wire::reclassify);
+            let sha = match loaded {
+                Ok(sha) => sha,
+                // Redis answered INFO but cannot run commands yet (it is
+                // loading its data, say), or went away since: the store
+                // starts as it does without Redis, and the scripts load on
+                // their first call.
+                Err(error) if unreachable(&error) => break,
+                Err(error) => return Err(error),
+            };
             if sha != script.sha {
                 return Err(RedisStoreError::Protocol(format!(
                     "SCRIPT LOAD returned {sha}, expected {}",
@@ -135,10 +149,13 @@ fn unreachable(error: &RedisStoreError) -> bool {
         | RedisStoreError::NotConnected { .. }
         | RedisStoreError::PoolTimeout
         // A pool the app's own calls kept busy: no answer yet either.
-        | RedisStoreError::PoolBusy => true,
+        | RedisStoreError::PoolBusy
+        // Redis answers, but cannot serve yet (`LOADING`, a replica whose
+        // master is down, ...): as for every call, the failure policy
+        // applies until it can.
+        | RedisStoreError::Unavailable { .. } => true,
         RedisStoreError::Redis(e) => e.is_timeout() || error.is_connection_lost(),
         RedisStoreError::Config(_)
-        | RedisStoreError::Unavailable { .. }
         | RedisStoreError::CircuitOpen
         | RedisStoreError::QueueFull
         | RedisStoreError::UnsupportedVersion { .. }
