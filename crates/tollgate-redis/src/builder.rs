@@ -73,6 +73,11 @@ impl RedisStoreBuilder {
 
     /// The longest a decision may take, from call to reply (default 50 ms);
     /// on a bb8 pool, from the moment the call has its connection.
+    ///
+    /// This and the other timeouts must be above zero and at most a day:
+    /// building the store fails with a
+    /// [`ConfigError::InvalidSetting`](tollgate_core::ConfigError::InvalidSetting)
+    /// naming the setting otherwise.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
@@ -232,6 +237,14 @@ impl RedisStoreBuilder {
                     reason: "must be greater than zero",
                 });
             }
+            // Waits are added to clock readings (a deadline's ceiling is
+            // four of it): a day keeps every sum far from overflow.
+            if value > MAX_WAIT {
+                return Err(ConfigError::InvalidSetting {
+                    setting,
+                    reason: "must be at most a day",
+                });
+            }
         }
         if self.batch_size == 0 {
             return Err(ConfigError::InvalidSetting {
@@ -249,6 +262,9 @@ impl RedisStoreBuilder {
     }
 }
 
+/// The longest a deadline or timeout may be.
+const MAX_WAIT: Duration = Duration::from_secs(86_400);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +279,31 @@ mod tests {
             err.to_string(),
             "invalid setting deadline: must be greater than zero"
         );
+        // "No deadline" is not one: a store's wait always ends.
+        let err = RedisStoreBuilder::default()
+            .deadline(Duration::MAX)
+            .check()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting deadline: must be at most a day"
+        );
+        let err = RedisStoreBuilder::default()
+            .pool_checkout_timeout(Duration::from_secs(86_401))
+            .check()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting pool_checkout_timeout: must be at most a day"
+        );
+        let day = Duration::from_secs(86_400);
+        RedisStoreBuilder::default()
+            .deadline(day)
+            .connect_timeout(day)
+            .response_timeout(day)
+            .pool_checkout_timeout(day)
+            .check()
+            .unwrap();
         let err = RedisStoreBuilder::default()
             .pool_size(0)
             .check()

@@ -101,7 +101,7 @@ pub(crate) async fn after_checkout<F: Future>(
     // For the pool, a margin past its own end of the wait, so that the
     // wait's outcome is its own (a deadline shorter than a checkout would
     // otherwise cut a checkout still under way at the ceiling).
-    let margin = patience::ceiling(deadline) + patience::slack(deadline);
+    let margin = patience::ceiling(deadline).saturating_add(patience::slack(deadline));
     let mut bound = pin!(tokio::time::sleep_until(patience::after(start, margin)));
     let waited = poll_fn(|cx| match call.as_mut().poll(cx) {
         Poll::Ready(output) => Poll::Ready(Some(output)),
@@ -219,5 +219,5 @@ fn handed_out(pool: &Pool) -> u64 {
 /// checkout timeout, and the backlog is [`patience`]'s.
 fn ran_late(pool: &Pool, asked: Instant, wait: Duration) -> bool {
     let timeout = pool.config().connection_timeout;
-    asked.elapsed() > wait + patience::slack(timeout) || patience::backlogged()
+    asked.elapsed() > wait.saturating_add(patience::slack(timeout)) || patience::backlogged()
 }
