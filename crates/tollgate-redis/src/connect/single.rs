@@ -36,14 +36,17 @@ impl RedisStoreBuilder {
     /// [`RedisStoreError::NotConnected`] (so the caller's failure policy
     /// applies) and connects when a call finds Redis up; its version is
     /// checked, and its scripts loaded, only when Redis is reachable at
-    /// build time. [`RedisStore::health_check`] tells an orchestrator
-    /// whether it is ready.
+    /// build time. A Redis that answers but cannot serve yet (it is loading
+    /// its data: `LOADING`) starts the store the same way, its calls
+    /// failing with [`RedisStoreError::Unavailable`] until it can.
+    /// [`RedisStore::health_check`] tells an orchestrator whether it is
+    /// ready.
     ///
     /// # Errors
     ///
     /// On invalid settings, when the Redis it reaches is older than 7.0
-    /// ([`RedisStoreError::UnsupportedVersion`]), or when the scripts
-    /// cannot be loaded.
+    /// ([`RedisStoreError::UnsupportedVersion`]), or when it refuses the
+    /// scripts.
     pub async fn connect(
         self,
         url: impl IntoConnectionInfo,
