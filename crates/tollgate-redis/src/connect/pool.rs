@@ -7,7 +7,10 @@
 //! and it gives up only when the pool serves no one for a checkout timeout
 //! and a quarter of one more, in which our runtime went idle
 //! ([`RedisStoreError::PoolTimeout`], a failure), or at the store's
-//! ceiling ([`RedisStoreError::PoolBusy`], the app's own load).
+//! ceiling: [`RedisStoreError::PoolBusy`] (the app's own load) if the
+//! pool served other calls meanwhile, `PoolTimeout` if it served none.
+//! Once the call has its connection, its own deadline and ceiling start:
+//! a pooled call can wait two ceilings in all.
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -86,7 +89,7 @@ struct Checkout {
 /// has its pooled connection: until then, the pool's own rule bounds its
 /// wait, which ends by the store's ceiling (see [`checkout`]). A
 /// connection of another kind, which cannot say when it has one, gets its
-/// deadline at the ceiling. `sent` is moved to when the deadline started.
+/// deadline at the ceiling and a slack. `sent` is moved to when the deadline started.
 pub(crate) async fn after_checkout<F: Future>(
     deadline: Duration,
     sent: &mut Instant,

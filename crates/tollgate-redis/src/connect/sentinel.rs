@@ -81,10 +81,19 @@ impl RedisStoreBuilder {
     /// master that needs a password, a database or TLS, and
     /// [`connect_sentinel_url`](Self::connect_sentinel_url) for the URL form.
     ///
+    /// Neither the sentinels nor the master need be up: while no sentinel
+    /// answers, or none names a master for `service`, the store starts
+    /// without one, its calls fail with
+    /// [`RedisStoreError::NotConnected`] (the failure policy answers them),
+    /// and it asks again when a call needs a master. A service name no
+    /// sentinel knows shows in [`RedisStore::health_check`]'s error ("no
+    /// sentinel knows the service"), not at build: a readiness probe
+    /// catches a mistyped name.
+    ///
     /// # Errors
     ///
-    /// As [`RedisStoreBuilder::connect`], and when no sentinel names a
-    /// master for `service`.
+    /// On invalid settings or sentinel URLs, and as
+    /// [`RedisStoreBuilder::connect`] for the master it reaches.
     pub async fn connect_sentinel<I: IntoConnectionInfo>(
         self,
         service: &str,

@@ -1,14 +1,23 @@
 //! Invalidations: how an operator's reset or block on one instance ends
 //! every instance's lease of that key before it takes effect.
 //!
-//! Every instance subscribes to one channel. An invalidation publishes
-//! `d <nonce> <identity>`; `PUBLISH` answers how many subscribers got it.
-//! Each drops its leases of the identity, then publishes `a <nonce>`, and
-//! the invalidating instance waits for that many acknowledgements before
-//! the reset or block goes to the store. So no lease is spent after the
-//! store forgets what the lease consumed. An instance that is not
-//! subscribed (Redis is down, or the subscription was lost) holds no
-//! lease and takes none: it might miss an invalidation.
+//! Every instance subscribes to one channel. Once the reset or block is
+//! in the store, an invalidation publishes `d <nonce> <identity>`;
+//! `PUBLISH` answers how many subscribers got it. Each drops its leases of
+//! the identity, then publishes `a <nonce>`, and the invalidating instance
+//! waits for that many acknowledgements before the reset or block
+//! returns. So no lease granted before it is spent after it returns (a
+//! grant on its way when an instance hears the invalidation is dropped
+//! when it lands); one spent while the operation is under way is
+//! concurrent with it. An instance that is not subscribed (Redis is down,
+//! or the subscription was lost) holds no lease and takes none: it might
+//! miss an invalidation.
+//!
+//! `PUBLISH` counts the subscribers of the node it is sent to. On a
+//! cluster, which forwards the message to every node, an instance
+//! subscribed through another node is not counted, and the operation could
+//! return before that instance dropped its leases: so every instance
+//! subscribes through the same node (see `LeasedStoreBuilder::connect`).
 //!
 //! The channel itself is a [`Channel`]: Redis pub/sub (`redis.rs`), or
 //! anything that delivers every message to every subscriber.

@@ -51,8 +51,16 @@ impl LeasedStoreBuilder {
     }
 
     /// Wraps `store`, subscribing to invalidations through the Redis at
-    /// `url` (the store's; any node of a cluster), and starts the task
-    /// that gives back the unused part of ended leases.
+    /// `url`, and starts the task that gives back the unused part of ended
+    /// leases.
+    ///
+    /// `url` is the store's Redis, or on a cluster one node, **the same
+    /// node for every instance**: a reset or block waits for as many
+    /// acknowledgements as `PUBLISH` reports receivers, and on a cluster
+    /// it counts only the node's own subscribers, so an instance
+    /// subscribed through another node would not be waited for. (While
+    /// that node is down, instances are not subscribed, and so hold no
+    /// lease and take none: the store decides every request.)
     ///
     /// # Errors
     ///
