@@ -2,7 +2,8 @@
 //! an operator's block returns, the instances that acknowledged it admit
 //! nothing more, and an instance that was paused (SIGSTOP) through it
 //! spends at most what it held (its two leases of the key), and only
-//! until they end.
+//! until they end; one that never hears the block (subscribed through
+//! another server) spends at most what its leases held when it landed.
 //!
 //! The instances are this test binary run again as children, each with
 //! its own Redis connections and lease table, hammering one hot key and
@@ -256,4 +257,90 @@ async fn a_paused_instance_spends_at_most_what_it_held() {
     }
     let denied = operator.check(&key, &policy, 1).await.unwrap();
     assert!(!denied.is_allowed());
+}
+
+/// An instance that never hears the invalidation (subscribed elsewhere,
+/// as one on another node of a cluster would be, or whose subscription
+/// stalls) is the bound's worst case: once the block is in the store it
+/// admits at most what its leases held, at most two leases of the key,
+/// and only until they end, twice the interval after they were sent.
+/// Then the store's block answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_hears_the_block_spends_at_most_what_it_held() {
+    let url = require_redis().await;
+    let elsewhere = tollgate_tests::RedisServer::spawn();
+    let prefix = unique_prefix("lease-fence-silent");
+    // A lease lives two intervals: long enough that the silent instance's
+    // leases outlive the block on a loaded machine.
+    let interval = Duration::from_secs(1);
+    let leased = |bus: String| {
+        let (url, prefix) = (url.clone(), prefix.clone());
+        async move {
+            let redis = RedisStore::builder()
+                .prefix(&prefix)
+                .deadline(Duration::from_secs(5))
+                .response_timeout(Duration::from_secs(5))
+                .connect(url.as_str())
+                .await
+                .unwrap();
+            LeasedStore::builder()
+                .interval(interval)
+                .share(SHARE)
+                .ack_timeout(Duration::from_millis(500))
+                .channel(format!("{prefix}:leases"))
+                .connect(redis, &bus)
+                .await
+                .unwrap()
+        }
+    };
+    let operator = leased(url.clone()).await;
+    let silent = leased(elsewhere.url()).await;
+    let (key, policy) = (Key::user("hot"), policy());
+    // Both subscribed, each on its own server. The silent instance takes
+    // the key's traffic until its leases are sized to it: a thousand
+    // units or more.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while silent.outstanding().1 < 1_000 {
+        assert!(std::time::Instant::now() < deadline, "no lease within 10 s");
+        assert!(silent.check(&key, &policy, 1).await.unwrap().is_allowed());
+    }
+    operator
+        .block(&key, &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let blocked = std::time::Instant::now();
+    // What it holds now, every lease it asked for granted or refused.
+    silent.wait_for_grants().await;
+    let (leases, held) = silent.outstanding();
+    assert!(
+        held > 0,
+        "the silent instance held no lease when the block landed"
+    );
+    assert!(leases <= 2, "{leases} leases of one key");
+    let mut admitted = 0;
+    let mut last = blocked;
+    loop {
+        let decision = silent.check(&key, &policy, 1).await.unwrap();
+        if !decision.is_allowed() {
+            assert!(decision.is_blocked(), "denied by the block: {decision:?}");
+            break;
+        }
+        admitted += 1;
+        last = std::time::Instant::now();
+        assert!(
+            admitted <= held,
+            "the silent instance admitted more than the {held} units it held"
+        );
+    }
+    eprintln!("silent instance: held {held} in {leases} leases, admitted {admitted}");
+    assert!(admitted > 0, "its leases were spent after the block");
+    assert!(admitted <= 2 * (CAPACITY / SHARE));
+    assert!(
+        last <= blocked + interval * 2,
+        "admitted {:?} after the block, past its leases' lifetime",
+        last - blocked
+    );
+    // Then the block answers for it, as for everyone.
+    assert!(operator.check(&key, &policy, 1).await.unwrap().is_blocked());
+    assert!(silent.check(&key, &policy, 1).await.unwrap().is_blocked());
 }
