@@ -1,8 +1,8 @@
 //! The store's deadline, told apart from our own runtime's lateness.
 //!
 //! A deadline that fires on time while the reply is still out, and after
-//! which our runtime goes idle within a slack with the reply still out, is
-//! Redis's lateness: a store failure. A deadline whose timer fires late,
+//! which our runtime goes idle (every worker of it) within a slack with the
+//! reply still out, is Redis's lateness: a store failure. A deadline whose timer fires late,
 //! because the app's own runtime was too busy to poll the timer (and the
 //! connection's reader, and the request) in time, says nothing of Redis:
 //! the reply may have been in the socket all along, or the command not yet
@@ -77,7 +77,7 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// has ready tasks waiting for a worker, the call waits on until the
 /// ceiling. If it fired on time, the call waits one slack more, judged
 /// the same way: it has missed its deadline if that timer fired on time
-/// too and a worker of the runtime went idle meanwhile with the reply
+/// too and every worker of the runtime went idle meanwhile with the reply
 /// still out ([`Parks`]), and waits on until the ceiling otherwise (the
 /// connection's reader, with the reply, may be among the tasks in the
 /// workers' own queues).
@@ -123,39 +123,49 @@ pub(crate) fn backlogged() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
 }
 
-/// Whether a worker of this runtime went idle (had nothing left to run)
-/// since a wait that timed out on time. Only then is the wait the other
-/// side's failure: until then, the task that would end it (the
-/// connection's reader with Redis's reply, a call giving back a pooled
-/// connection) may be among the tasks in the workers' own queues, which
-/// [`backlogged`] does not see. Looked at after the timeout, not from the
-/// wait's start: a worker that went idle early in the wait (the one that
-/// sent the command, say) says nothing of a burst that came after it. On
-/// a runtime with nothing else to do, a worker goes idle as the waiter
-/// waits on: its own, or the one that runs the timers.
-pub(crate) struct Parks(u64);
+/// Whether every worker of this runtime went idle (had nothing left to
+/// run) since a wait that timed out on time, or is idle now. Only then is
+/// the wait the other side's failure: until then, the task that would end
+/// it (the connection's reader with Redis's reply, a call giving back a
+/// pooled connection) may be among the tasks in a busy worker's own queue,
+/// which [`backlogged`] does not see and which another worker cannot always
+/// take (the task a worker runs next is its own). Looked at after the
+/// timeout, not from the wait's start: a worker that went idle early in the
+/// wait (the one that sent the command, say) says nothing of a burst that
+/// came after it. On a runtime with nothing else to do, every worker goes
+/// idle as the waiter waits on. A runtime with a worker busy throughout
+/// (a long synchronous poll) waits to the ceiling.
+pub(crate) struct Parks(Vec<u64>);
 
 impl Parks {
     /// From now.
     pub(crate) fn now() -> Self {
-        Parks(parks())
+        Parks(tokio::runtime::Handle::try_current().map_or_else(
+            |_| Vec::new(),
+            |handle| {
+                let metrics = handle.metrics();
+                (0..metrics.num_workers())
+                    .map(|worker| metrics.worker_park_count(worker))
+                    .collect()
+            },
+        ))
     }
 
-    /// Whether a worker went idle since.
+    /// Whether every worker went idle since, or is idle now (none does
+    /// outside a runtime).
     pub(crate) fn went_idle(&self) -> bool {
-        parks() != self.0
-    }
-}
-
-/// How many times this runtime's workers have gone idle so far (none
-/// outside a runtime).
-fn parks() -> u64 {
-    tokio::runtime::Handle::try_current().map_or(0, |handle| {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
         let metrics = handle.metrics();
-        (0..metrics.num_workers())
-            .map(|worker| metrics.worker_park_count(worker))
-            .fold(0, u64::wrapping_add)
-    })
+        metrics.num_workers() == self.0.len()
+            && !self.0.is_empty()
+            && self.0.iter().enumerate().all(|(worker, &parks)| {
+                // Parks and unparks alike count: odd while it is parked.
+                metrics.worker_park_count(worker) != parks
+                    || metrics.worker_park_unpark_count(worker) % 2 == 1
+            })
+    }
 }
 
 /// `start + wait`, or a time far enough ahead when that overflows.
@@ -244,6 +254,28 @@ mod tests {
         }
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reply_held_by_a_busy_worker_while_another_idles_waits_for_it() {
+        // The task that would answer is stuck on one worker (as the
+        // connection's reader can be, in the queue of a worker busy with a
+        // long poll) through the deadline and the slack after it, while
+        // the other worker, with nothing to run, goes idle: the runtime is
+        // not idle, so the call waits on, and the answer comes.
+        let deadline = Duration::from_millis(40);
+        let (send, receive) = tokio::sync::oneshot::channel::<u32>();
+        let (started, busy) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn(async move {
+            let _ = started.send(());
+            spin(deadline * 3);
+            let _ = send.send(7);
+        });
+        busy.await.unwrap();
+        // The call on the other worker (the test's own thread is none).
+        let call = tokio::spawn(within(deadline, receive));
+        assert_eq!(call.await.unwrap(), Ok(Ok(7)));
+        assert!(holder.await.is_ok());
+    }
+
     // The tests below run on tokio's paused clock: the runtime's
     // lateness is an `advance` inside the call, which the machine's load
     // cannot stretch (a stall on the real clock, followed by a real sleep,
@@ -282,7 +314,10 @@ mod tests {
     async fn an_on_time_deadline_is_missed_and_the_ceiling_is_hard() {
         let deadline = Duration::from_millis(20);
         let never = std::future::pending::<()>();
+        let started = Instant::now();
         assert_eq!(within(deadline, never).await, Err(Missed::Deadline));
+        // Missed at the deadline and the slack after it, no later.
+        assert_eq!(started.elapsed(), deadline + slack(deadline));
         let late_and_never = async {
             tokio::time::advance(deadline * 2).await;
             std::future::pending::<()>().await;

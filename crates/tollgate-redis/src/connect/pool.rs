@@ -127,10 +127,10 @@ pub(crate) async fn after_checkout<F: Future>(
 /// ceiling. One that times out on time while the pool handed out nothing
 /// checks out once more for a slack ([`patience::slack`] of the checkout
 /// timeout): if that gets no connection, times out on time too, the pool
-/// handed out none meanwhile, and a worker of our runtime went idle
+/// handed out none meanwhile, and every worker of our runtime went idle
 /// meanwhile ([`patience::Parks`]), it fails with
 /// [`RedisStoreError::PoolTimeout`]: the pool's connections cannot be
-/// made, or do not answer its checks. If no worker went idle, the calls
+/// made, or do not answer its checks. If a worker stayed busy, the calls
 /// that would give a connection back may be among the tasks that wait,
 /// and it waits again. At the ceiling, a wait during which the pool served
 /// others fails with [`RedisStoreError::PoolBusy`] (the app's own load),
