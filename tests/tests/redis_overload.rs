@@ -339,3 +339,60 @@ async fn decide_together(
     }
     (decided, refused)
 }
+
+/// A store built on one runtime keeps its connection's tasks there, the
+/// reader of Redis's replies among them. Used from another runtime (per
+/// thread runtimes, a store built on the main one), its runtime too busy
+/// to read a reply is our own lateness as well: the caller's runtime
+/// going idle meanwhile does not make the deadline Redis's.
+#[test]
+fn a_reply_the_stores_own_busy_runtime_has_not_read_is_waited_for() {
+    let server = RedisServer::spawn();
+    let deadline = Duration::from_millis(100);
+    let runtime = |workers| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (home, caller) = (runtime(1), runtime(1));
+    let store = home
+        .block_on(
+            RedisStore::builder()
+                .prefix(unique_prefix("overload-home"))
+                .deadline(deadline)
+                // One failure would open it.
+                .circuit_breaker(1, Duration::from_secs(60))
+                .connect(server.url().as_str()),
+        )
+        .unwrap();
+    let policy = Policy::new("home", Algorithm::Gcra, "100/h").unwrap();
+    let key = Key::user("elsewhere");
+    // Connected, and the scripts known: the call below is one round trip.
+    let first = caller.block_on(store.decide(&key, &policy, 1)).unwrap();
+    assert!(first.is_allowed());
+
+    // Redis holds the next script for 60 ms; meanwhile the store's
+    // runtime is blocked for 250 ms (its one worker, as by a long poll),
+    // so the reply waits in the socket with no one to read it, past the
+    // deadline (100 ms) and its slack, while the caller's runtime idles.
+    server.pause_writes(60);
+    let call = caller.spawn({
+        let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
+        async move { store.decide(&key, &policy, 1).await }
+    });
+    std::thread::sleep(Duration::from_millis(15));
+    let (blocked, blocking) = std::sync::mpsc::channel();
+    home.spawn(async move {
+        blocked.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+    });
+    blocking.recv().unwrap();
+    let decision = caller.block_on(call).unwrap();
+    assert!(
+        decision.as_ref().is_ok_and(|d| d.is_allowed()),
+        "decided by Redis, within the ceiling: {decision:?}"
+    );
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
+}

@@ -142,6 +142,8 @@ pub(crate) struct Batcher {
     /// When the last of them came back, in microseconds since `origin`.
     answered_at: AtomicU64,
     origin: Instant,
+    /// The runtime of the store's connection (see [`patience::Home`]).
+    home: patience::Home,
 }
 
 /// Where a request goes: sent alone at once (holding a place, if the store
@@ -195,6 +197,7 @@ impl Batcher {
             answered: AtomicU64::new(0),
             answered_at: AtomicU64::new(0),
             origin: Instant::now(),
+            home: patience::Home::here(),
         }
     }
 
@@ -280,7 +283,7 @@ pub(crate) async fn wait(
     loop {
         let seen = batcher.answered.load(Ordering::Relaxed);
         let pool = handed_out();
-        match patience::within(deadline, &mut reply).await {
+        match patience::within(deadline, &batcher.home, &mut reply).await {
             Ok(Ok(word)) => return word,
             Ok(Err(_)) => return Err(dropped()),
             Err(Missed::Deadline | Missed::Ceiling) => {}

@@ -81,7 +81,11 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// still out ([`Parks`]), and waits on until the ceiling otherwise (the
 /// connection's reader, with the reply, may be among the tasks in the
 /// workers' own queues).
-pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::Output, Missed> {
+pub(crate) async fn within<F: Future>(
+    deadline: Duration,
+    home: &Home,
+    call: F,
+) -> Result<F::Output, Missed> {
     let start = Instant::now();
     let last = after(start, ceiling(deadline));
     let slack = slack(deadline);
@@ -102,10 +106,10 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
         if due >= last {
             return Err(Missed::Ceiling);
         }
-        let on_time = Instant::now().saturating_duration_since(due) <= slack && !backlogged();
+        let on_time = Instant::now().saturating_duration_since(due) <= slack && !backlogged(home);
         due = match (parks.take(), on_time) {
             (None, true) => {
-                parks = Some(Parks::now());
+                parks = Some(Parks::now(home));
                 after(Instant::now(), slack).min(last)
             }
             (Some(parks), true) if parks.went_idle() => return Err(Missed::Deadline),
@@ -114,56 +118,86 @@ pub(crate) async fn within<F: Future>(deadline: Duration, call: F) -> Result<F::
     }
 }
 
-/// Whether this runtime has tasks ready to run that no worker has picked
-/// up yet: on a multi-threaded runtime a burst of requests queues there,
-/// and the connection's task that would read Redis's reply waits behind
-/// them, while the deadline's timer still fires on time. Such a deadline
-/// is our own queueing too.
-pub(crate) fn backlogged() -> bool {
-    tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
+/// The runtime a store was built on: its connection's tasks (the reader
+/// of Redis's replies among them) run there, so its lateness is our own
+/// too, judged with that of the runtime the call runs on when the two
+/// differ (a store built on the main runtime, used from per-thread ones).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Home(Option<tokio::runtime::Handle>);
+
+impl Home {
+    /// The runtime this runs on, if any.
+    pub(crate) fn here() -> Self {
+        Home(tokio::runtime::Handle::try_current().ok())
+    }
+
+    /// The runtimes a call's lateness is judged on: the one it runs on,
+    /// and this one if another.
+    fn runtimes(&self) -> impl Iterator<Item = tokio::runtime::Handle> {
+        let current = tokio::runtime::Handle::try_current().ok();
+        let home = self
+            .0
+            .clone()
+            .filter(|home| current.as_ref().is_none_or(|c| c.id() != home.id()));
+        current.into_iter().chain(home)
+    }
 }
 
-/// Whether every worker of this runtime went idle (had nothing left to
-/// run) since a wait that timed out on time, or is idle now. Only then is
-/// the wait the other side's failure: until then, the task that would end
-/// it (the connection's reader with Redis's reply, a call giving back a
-/// pooled connection) may be among the tasks in a busy worker's own queue,
-/// which [`backlogged`] does not see and which another worker cannot always
-/// take (the task a worker runs next is its own). Looked at after the
-/// timeout, not from the wait's start: a worker that went idle early in the
-/// wait (the one that sent the command, say) says nothing of a burst that
-/// came after it. On a runtime with nothing else to do, every worker goes
-/// idle as the waiter waits on. A runtime with a worker busy throughout
-/// (a long synchronous poll) waits to the ceiling.
-pub(crate) struct Parks(Vec<u64>);
+/// Whether a runtime of the call (see [`Home`]) has tasks ready to run
+/// that no worker has picked up yet: on a multi-threaded runtime a burst of
+/// requests queues there, and the connection's task that would read
+/// Redis's reply waits behind them, while the deadline's timer still fires
+/// on time. Such a deadline is our own queueing too.
+pub(crate) fn backlogged(home: &Home) -> bool {
+    home.runtimes()
+        .any(|runtime| runtime.metrics().global_queue_depth() > 0)
+}
+
+/// Whether every worker of the call's runtimes (see [`Home`]) went idle
+/// (had nothing left to run) since a wait that timed out on time, or is
+/// idle now. Only then is the wait the other side's failure: until then,
+/// the task that would end it (the connection's reader with Redis's reply,
+/// a call giving back a pooled connection) may be among the tasks in a
+/// busy worker's own queue, which [`backlogged`] does not see and which
+/// another worker cannot always take (the task a worker runs next is its
+/// own). Looked at after the timeout, not from the wait's start: a worker
+/// that went idle early in the wait (the one that sent the command, say)
+/// says nothing of a burst that came after it. On a runtime with nothing
+/// else to do, every worker goes idle as the waiter waits on. A runtime
+/// with a worker busy throughout (a long synchronous poll) waits to the
+/// ceiling, and so does a call outside any runtime of a store built
+/// outside one.
+pub(crate) struct Parks(Vec<(tokio::runtime::Handle, Vec<u64>)>);
 
 impl Parks {
     /// From now.
-    pub(crate) fn now() -> Self {
-        Parks(tokio::runtime::Handle::try_current().map_or_else(
-            |_| Vec::new(),
-            |handle| {
-                let metrics = handle.metrics();
-                (0..metrics.num_workers())
-                    .map(|worker| metrics.worker_park_count(worker))
-                    .collect()
-            },
-        ))
+    pub(crate) fn now(home: &Home) -> Self {
+        Parks(
+            home.runtimes()
+                .map(|runtime| {
+                    let metrics = runtime.metrics();
+                    let counts = (0..metrics.num_workers())
+                        .map(|worker| metrics.worker_park_count(worker))
+                        .collect();
+                    (runtime, counts)
+                })
+                .collect(),
+        )
     }
 
-    /// Whether every worker went idle since, or is idle now (none does
-    /// outside a runtime).
+    /// Whether every worker went idle since, or is idle now.
     pub(crate) fn went_idle(&self) -> bool {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
-        let metrics = handle.metrics();
-        metrics.num_workers() == self.0.len()
-            && !self.0.is_empty()
-            && self.0.iter().enumerate().all(|(worker, &parks)| {
-                // Parks and unparks alike count: odd while it is parked.
-                metrics.worker_park_count(worker) != parks
-                    || metrics.worker_park_unpark_count(worker) % 2 == 1
+        !self.0.is_empty()
+            && self.0.iter().all(|(runtime, counts)| {
+                let metrics = runtime.metrics();
+                metrics.num_workers() == counts.len()
+                    && !counts.is_empty()
+                    && counts.iter().enumerate().all(|(worker, &parks)| {
+                        // Parks and unparks alike count: odd while it is
+                        // parked.
+                        metrics.worker_park_count(worker) != parks
+                            || metrics.worker_park_unpark_count(worker) % 2 == 1
+                    })
             })
     }
 }
@@ -201,7 +235,10 @@ mod tests {
             spin(deadline * 3);
             let _ = send.send(7);
         });
-        assert_eq!(within(deadline, receive).await.ok(), Some(Ok(7)));
+        assert_eq!(
+            within(deadline, &Home::here(), receive).await.ok(),
+            Some(Ok(7))
+        );
         assert!(reply.await.is_ok());
     }
 
@@ -227,7 +264,7 @@ mod tests {
     /// from `busy` on.
     async fn never_answered(deadline: Duration, busy: Duration) -> Result<(), Missed> {
         let (stop, busy) = busy_from(busy);
-        let missed = within(deadline, std::future::pending::<()>()).await;
+        let missed = within(deadline, &Home::here(), std::future::pending::<()>()).await;
         stop.store(true, Ordering::Relaxed);
         assert!(busy.await.is_ok());
         missed
@@ -271,7 +308,8 @@ mod tests {
         });
         busy.await.unwrap();
         // The call on the other worker (the test's own thread is none).
-        let call = tokio::spawn(within(deadline, receive));
+        let home = Home::here();
+        let call = tokio::spawn(async move { within(deadline, &home, receive).await });
         assert_eq!(call.await.unwrap(), Ok(Ok(7)));
         assert!(holder.await.is_ok());
     }
@@ -291,7 +329,7 @@ mod tests {
             tokio::time::sleep(deadline).await;
             5
         };
-        assert_eq!(within(deadline, call).await, Ok(5));
+        assert_eq!(within(deadline, &Home::here(), call).await, Ok(5));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -307,7 +345,7 @@ mod tests {
             tokio::time::sleep(deadline).await;
             5
         };
-        assert_eq!(within(deadline, call).await, Ok(5));
+        assert_eq!(within(deadline, &Home::here(), call).await, Ok(5));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -315,7 +353,10 @@ mod tests {
         let deadline = Duration::from_millis(20);
         let never = std::future::pending::<()>();
         let started = Instant::now();
-        assert_eq!(within(deadline, never).await, Err(Missed::Deadline));
+        assert_eq!(
+            within(deadline, &Home::here(), never).await,
+            Err(Missed::Deadline)
+        );
         // Missed at the deadline and the slack after it, no later.
         assert_eq!(started.elapsed(), deadline + slack(deadline));
         let late_and_never = async {
@@ -323,7 +364,10 @@ mod tests {
             std::future::pending::<()>().await;
         };
         let started = Instant::now();
-        assert_eq!(within(deadline, late_and_never).await, Err(Missed::Ceiling));
+        assert_eq!(
+            within(deadline, &Home::here(), late_and_never).await,
+            Err(Missed::Ceiling)
+        );
         assert_eq!(started.elapsed(), deadline * CEILING);
         assert_eq!(Missed::Ceiling.waited(deadline), deadline * CEILING);
     }

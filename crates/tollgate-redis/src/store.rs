@@ -17,7 +17,7 @@ use crate::identity::ServerIdentity;
 use crate::keys::KeyNamer;
 use crate::known::LastKnown;
 use crate::lanes::Lanes;
-use crate::patience;
+use crate::patience::{self, Home};
 use crate::wire::Wire;
 
 /// A [`Store`](tollgate_core::Store) in Redis: every app server that points at the same Redis
@@ -75,6 +75,9 @@ pub(crate) struct Inner<C> {
     pub(crate) wire: Wire<C>,
     pub(crate) names: KeyNamer,
     pub(crate) deadline: Duration,
+    /// The runtime the store was built on, where its connection's tasks
+    /// run: its lateness is our own too.
+    pub(crate) home: Home,
     /// Share script calls among concurrent one-time decisions, and among
     /// concurrent window-word decisions; `None` when batching is off or
     /// the connection reaches several servers.
@@ -205,8 +208,8 @@ impl<C: RedisConnection> Inner<C> {
             .ok_or(RedisStoreError::CircuitOpen)?;
         let mut sent = tokio::time::Instant::now();
         let outcome = match self.wire.connection.handed_out() {
-            None => patience::within(self.deadline, call).await,
-            Some(_) => after_checkout(self.deadline, &mut sent, call).await,
+            None => patience::within(self.deadline, &self.home, call).await,
+            Some(_) => after_checkout(self.deadline, &self.home, &mut sent, call).await,
         };
         let result = match outcome {
             // No connection was had: Redis was not asked.

@@ -117,6 +117,7 @@ impl RedisStoreBuilder {
                 },
                 names,
                 deadline: self.deadline,
+                home: crate::patience::Home::here(),
                 batchers: (self.batch_size > 1 && connection_is_one_server)
                     .then(|| Batchers::new(self.batch_size, self.deadline)),
                 breakers,

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::builder::RedisStoreBuilder;
 use crate::connect::connection::RedisConnection;
 use crate::error::RedisStoreError;
-use crate::patience::{self, Missed};
+use crate::patience::{self, Home, Missed};
 use crate::store::RedisStore;
 
 /// A bb8 pool of multiplexed Redis connections (from `bb8-redis`).
@@ -83,6 +83,8 @@ struct Checkout {
     /// When the call stops waiting for a connection while the pool serves
     /// others: the store's ceiling.
     until: Instant,
+    /// The store's runtime, judged with the call's.
+    home: Home,
 }
 
 /// Runs `call` under the store's `deadline`, which starts once the call
@@ -92,6 +94,7 @@ struct Checkout {
 /// deadline at the ceiling and a slack. `sent` is moved to when the deadline started.
 pub(crate) async fn after_checkout<F: Future>(
     deadline: Duration,
+    home: &Home,
     sent: &mut Instant,
     call: F,
 ) -> Result<F::Output, Missed> {
@@ -99,6 +102,7 @@ pub(crate) async fn after_checkout<F: Future>(
     let checkout = Arc::new(Checkout {
         in_hand: AtomicBool::new(false),
         until: patience::after(start, patience::ceiling(deadline)),
+        home: home.clone(),
     });
     let mut call = pin!(CHECKOUT.scope(checkout.clone(), call));
     // For the pool, a margin past its own end of the wait, so that the
@@ -116,7 +120,7 @@ pub(crate) async fn after_checkout<F: Future>(
         Some(output) => Ok(output),
         None => {
             *sent = Instant::now();
-            patience::within(deadline, call).await
+            patience::within(deadline, home, call).await
         }
     }
 }
@@ -141,6 +145,10 @@ async fn checkout(
 ) -> Result<PooledConnection<'_, RedisConnectionManager>, RedisStoreError> {
     let checkout = CHECKOUT.try_with(Arc::clone).ok();
     let at_ceiling = || checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
+    let home = checkout
+        .as_ref()
+        .map(|c| c.home.clone())
+        .unwrap_or_default();
     let mut served_others = false;
     // A checkout that timed out on time with nothing handed out: the idle
     // count from then, and the pool's count of checkouts served before it.
@@ -181,7 +189,7 @@ async fn checkout(
                     // had their turn, and only if its timer fired on time.
                     tokio::task::yield_now().await;
                     let served = handed_out(pool) > before;
-                    if !served && !ran_late(pool, asked, wait) && parks.went_idle() {
+                    if !served && !ran_late(pool, asked, wait, &home) && parks.went_idle() {
                         return Err(RedisStoreError::PoolTimeout);
                     }
                     served_others |= served;
@@ -190,11 +198,11 @@ async fn checkout(
                     served_others |= served;
                     // (A checkout the ceiling cut short says nothing by
                     // itself.)
-                    if !served && !at_ceiling() && !ran_late(pool, asked, wait) {
+                    if !served && !at_ceiling() && !ran_late(pool, asked, wait, &home) {
                         if checkout.is_none() {
                             return Err(RedisStoreError::PoolTimeout);
                         }
-                        judging = Some((patience::Parks::now(), before));
+                        judging = Some((patience::Parks::now(&home), before));
                         continue;
                     }
                 }
@@ -220,7 +228,7 @@ fn handed_out(pool: &Pool) -> u64 {
 /// did not run its timer (nor, likely, the calls that would have given a
 /// connection back) in time. The slack is [`patience`]'s of the pool's
 /// checkout timeout, and the backlog is [`patience`]'s.
-fn ran_late(pool: &Pool, asked: Instant, wait: Duration) -> bool {
+fn ran_late(pool: &Pool, asked: Instant, wait: Duration, home: &Home) -> bool {
     let timeout = pool.config().connection_timeout;
-    asked.elapsed() > wait.saturating_add(patience::slack(timeout)) || patience::backlogged()
+    asked.elapsed() > wait.saturating_add(patience::slack(timeout)) || patience::backlogged(home)
 }
