@@ -216,6 +216,11 @@ impl RedisStoreBuilder {
     /// [`FakeClock`](tollgate_core::FakeClock). Keys then live at least ten
     /// minutes of real time, because fake time does not pass with Redis's.
     /// Never use it in production: servers' clocks disagree.
+    ///
+    /// Not Tokio's paused clock: under `start_paused`, a runtime waiting on
+    /// Redis's reply has nothing else to do, so Tokio moves its clock past
+    /// the store's deadline at once, and every call fails as late. Drive
+    /// limiter time with this clock, on a runtime whose clock runs.
     pub fn test_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
