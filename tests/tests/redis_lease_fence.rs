@@ -35,24 +35,33 @@ fn micros_now() -> u64 {
     u64::try_from(SystemTime::UNIX_EPOCH.elapsed().unwrap().as_micros()).unwrap()
 }
 
-async fn instance(url: &str, prefix: &str) -> LeasedStore<RedisStore> {
+/// A Redis store under `prefix`.
+async fn redis(url: &str, prefix: &str) -> RedisStore {
     // A generous deadline: four busy processes share two cores here, and a
     // slow answer must not read as a failure.
-    let redis = RedisStore::builder()
+    RedisStore::builder()
         .prefix(prefix)
         .deadline(Duration::from_secs(5))
         .response_timeout(Duration::from_secs(5))
         .connect(url)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The leases of every instance under `prefix`, of `interval`.
+fn leases(prefix: &str, interval: Duration) -> tollgate_redis::LeasedStoreBuilder {
     LeasedStore::builder()
-        .interval(INTERVAL)
+        .interval(interval)
         .share(SHARE)
         .ack_timeout(Duration::from_millis(500))
         .channel(format!("{prefix}:leases"))
-        // Subscribed through the store's own Redis, the URL not given
-        // again (the other lease tests give it to `connect`).
-        .wrap(redis)
+}
+
+async fn instance(url: &str, prefix: &str) -> LeasedStore<RedisStore> {
+    // Subscribed through the store's own Redis, the URL not given again
+    // (the other lease tests give it to `connect`).
+    leases(prefix, INTERVAL)
+        .wrap(redis(url, prefix).await)
         .await
 }
 
@@ -276,18 +285,8 @@ async fn an_instance_that_never_hears_the_block_spends_at_most_what_it_held() {
     let leased = |bus: String| {
         let (url, prefix) = (url.clone(), prefix.clone());
         async move {
-            let redis = RedisStore::builder()
-                .prefix(&prefix)
-                .deadline(Duration::from_secs(5))
-                .response_timeout(Duration::from_secs(5))
-                .connect(url.as_str())
-                .await
-                .unwrap();
-            LeasedStore::builder()
-                .interval(interval)
-                .share(SHARE)
-                .ack_timeout(Duration::from_millis(500))
-                .channel(format!("{prefix}:leases"))
+            let redis = redis(&url, &prefix).await;
+            leases(&prefix, interval)
                 .connect(redis, &bus)
                 .await
                 .unwrap()
