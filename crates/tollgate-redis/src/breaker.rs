@@ -83,6 +83,13 @@ impl CircuitBreaker {
                 reason: "must be greater than zero",
             });
         }
+        // Added to clock readings when the breaker opens.
+        if cooldown > crate::patience::MAX_WAIT {
+            return Err(ConfigError::InvalidSetting {
+                setting: "breaker_cooldown",
+                reason: "must be at most a day",
+            });
+        }
         Ok(Self {
             threshold,
             cooldown,

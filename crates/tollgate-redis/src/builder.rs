@@ -149,7 +149,8 @@ impl RedisStoreBuilder {
     /// missed deadlines (default 5), for `cooldown` (default 1 s) before one
     /// probe goes through. While open, decisions fail at once with
     /// [`RedisStoreError::CircuitOpen`](crate::RedisStoreError::CircuitOpen), adding no latency, and the
-    /// caller's failure policy applies.
+    /// caller's failure policy applies. `threshold` must be at least 1, and
+    /// `cooldown` above zero and at most a day.
     pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
         self.breaker_threshold = threshold;
         self.breaker_cooldown = cooldown;
@@ -229,13 +230,15 @@ impl RedisStoreBuilder {
     /// Checks the settings: the key namer they make, or why they cannot.
     pub(crate) fn check(&self) -> Result<KeyNamer, ConfigError> {
         CircuitBreaker::new(self.breaker_threshold, self.breaker_cooldown)?;
+        // The response timeout's default, from the deadline, needs no check
+        // of its own.
         let positive = [
-            ("deadline", self.deadline),
-            ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout_or_default()),
-            ("pool_checkout_timeout", self.checkout_timeout),
+            ("deadline", Some(self.deadline)),
+            ("connect_timeout", Some(self.connect_timeout)),
+            ("response_timeout", self.response_timeout),
+            ("pool_checkout_timeout", Some(self.checkout_timeout)),
         ];
-        for (setting, value) in positive {
+        for (setting, value) in positive.into_iter().filter_map(|(s, v)| Some((s, v?))) {
             if value.is_zero() {
                 return Err(ConfigError::InvalidSetting {
                     setting,
@@ -244,7 +247,7 @@ impl RedisStoreBuilder {
             }
             // Waits are added to clock readings (a deadline's ceiling is
             // four of it): a day keeps every sum far from overflow.
-            if value > MAX_WAIT {
+            if value > crate::patience::MAX_WAIT {
                 return Err(ConfigError::InvalidSetting {
                     setting,
                     reason: "must be at most a day",
@@ -266,9 +269,6 @@ impl RedisStoreBuilder {
         KeyNamer::new(&self.prefix, self.secret.clone())
     }
 }
-
-/// The longest a deadline or timeout may be.
-const MAX_WAIT: Duration = Duration::from_secs(86_400);
 
 #[cfg(test)]
 mod tests {
@@ -305,10 +305,17 @@ mod tests {
         RedisStoreBuilder::default()
             .deadline(day)
             .connect_timeout(day)
-            .response_timeout(day)
             .pool_checkout_timeout(day)
             .check()
             .unwrap();
+        let err = RedisStoreBuilder::default()
+            .circuit_breaker(5, Duration::MAX)
+            .check()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting breaker_cooldown: must be at most a day"
+        );
         let err = RedisStoreBuilder::default()
             .pool_size(0)
             .check()

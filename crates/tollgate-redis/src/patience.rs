@@ -52,6 +52,10 @@ impl Missed {
     }
 }
 
+/// The longest a deadline, timeout or breaker cooldown may be: waits are
+/// added to clock readings, and a day keeps every sum far from overflow.
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(86_400);
+
 /// The hard ceiling of a call under `deadline`.
 pub(crate) fn ceiling(deadline: Duration) -> Duration {
     deadline.saturating_mul(CEILING)
@@ -122,6 +126,10 @@ pub(crate) async fn within<F: Future>(
 /// of Redis's replies among them) run there, so its lateness is our own
 /// too, judged with that of the runtime the call runs on when the two
 /// differ (a store built on the main runtime, used from per-thread ones).
+/// Connections made later, a bb8 pool's or a reconnection's, run their
+/// tasks on the runtime of the call that made them, which this does not
+/// follow. A home runtime that has shut down never goes idle: a late call
+/// then waits to the ceiling.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Home(Option<tokio::runtime::Handle>);
 
