@@ -2,15 +2,15 @@
 //!
 //! A deadline that fires on time while the reply is still out, and after
 //! which our runtime goes idle (every worker of it) within a slack with the
-//! reply still out, is Redis's lateness: a store failure. A deadline whose timer fires late,
-//! because the app's own runtime was too busy to poll the timer (and the
-//! connection's reader, and the request) in time, says nothing of Redis:
-//! the reply may have been in the socket all along, or the command not yet
-//! written. Nor does one that fires on time while ready tasks wait for a
-//! worker, or after which the workers stay busy with their own queues
-//! through that slack: the reader may be among the tasks that wait. Such
-//! a request waits on for its reply, up to a hard ceiling of [`CEILING`]
-//! deadlines, which is a failure again if it is reached.
+//! reply still out, is Redis's lateness: a store failure. A deadline whose
+//! timer fires late, because the app's own runtime was too busy to poll
+//! the timer (and the connection's reader, and the request) in time, says
+//! nothing of Redis: the reply may have been in the socket all along, or
+//! the command not yet written. Nor does one that fires on time while
+//! ready tasks wait for a worker, or after which a worker stays busy with
+//! its own queue through that slack: the reader may be among the tasks
+//! that wait. Such a request waits on for its reply, up to a hard ceiling
+//! of [`CEILING`] deadlines, which is a failure again if it is reached.
 
 use std::future::Future;
 use std::time::Duration;
