@@ -146,13 +146,7 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
     const HOLDERS: usize = 8;
     const CALLERS: usize = 8;
     let mut server = RedisServer::spawn();
-    let store = RedisStore::builder()
-        .prefix(unique_prefix("busy-pool"))
-        .pool_size(1)
-        .pool_checkout_timeout(Duration::from_millis(25))
-        .deadline(DEADLINE)
-        // One failure opens it.
-        .circuit_breaker(1, Duration::from_secs(60))
+    let store = pool_of_one(&unique_prefix("busy-pool"), Duration::from_millis(25))
         .connect_pool(server.url())
         .await
         .unwrap();
@@ -199,12 +193,8 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
     // refused. On a store of the same keys whose deadline is shorter than
     // a checkout: a checkout still under way at the ceiling ends the wait,
     // not the deadline (which would count as a failure).
-    let short = RedisStore::builder()
-        .prefix(store.prefix())
-        .pool_size(1)
-        .pool_checkout_timeout(Duration::from_millis(25))
+    let short = pool_of_one(store.prefix(), Duration::from_millis(25))
         .deadline(Duration::from_millis(20))
-        .circuit_breaker(1, Duration::from_secs(60))
         .connect_pool(server.url())
         .await
         .unwrap();
@@ -268,13 +258,7 @@ async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
 async fn a_checkout_that_times_out_on_a_busy_runtime_waits_again() {
     const CHECKOUT: Duration = Duration::from_millis(40);
     let server = RedisServer::spawn();
-    let store = RedisStore::builder()
-        .prefix(unique_prefix("busy-checkout"))
-        .pool_size(1)
-        .pool_checkout_timeout(CHECKOUT)
-        .deadline(DEADLINE)
-        // One failure opens it.
-        .circuit_breaker(1, Duration::from_secs(60))
+    let store = pool_of_one(&unique_prefix("busy-checkout"), CHECKOUT)
         .connect_pool(server.url())
         .await
         .unwrap();
@@ -395,4 +379,15 @@ fn a_reply_the_stores_own_busy_runtime_has_not_read_is_waited_for() {
         "decided by Redis, within the ceiling: {decision:?}"
     );
     assert_eq!(store.breaker_state(), BreakerState::Closed);
+}
+
+/// A store of a pool of one connection under `prefix`, with the default
+/// deadline and a breaker that one failure opens.
+fn pool_of_one(prefix: &str, checkout: Duration) -> tollgate_redis::RedisStoreBuilder {
+    RedisStore::builder()
+        .prefix(prefix)
+        .pool_size(1)
+        .pool_checkout_timeout(checkout)
+        .deadline(DEADLINE)
+        .circuit_breaker(1, Duration::from_secs(60))
 }
