@@ -130,10 +130,13 @@ pub(crate) async fn within<F: Future>(
 /// tasks on the runtime of the call that made them, which this does not
 /// follow. A home runtime that has shut down never goes idle: a late call
 /// then waits to the ceiling.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Home(Option<tokio::runtime::Handle>);
 
 impl Home {
+    /// None: only the runtime a call runs on is judged.
+    pub(crate) const NONE: Home = Home(None);
+
     /// The runtime this runs on, if any.
     pub(crate) fn here() -> Self {
         Home(tokio::runtime::Handle::try_current().ok())

@@ -145,10 +145,7 @@ async fn checkout(
 ) -> Result<PooledConnection<'_, RedisConnectionManager>, RedisStoreError> {
     let checkout = CHECKOUT.try_with(Arc::clone).ok();
     let at_ceiling = || checkout.as_ref().is_some_and(|c| Instant::now() >= c.until);
-    let home = checkout
-        .as_ref()
-        .map(|c| c.home.clone())
-        .unwrap_or_default();
+    let home = checkout.as_ref().map_or(&Home::NONE, |c| &c.home);
     let mut served_others = false;
     // A checkout that timed out on time with nothing handed out: the idle
     // count from then, and the pool's count of checkouts served before it.
@@ -189,7 +186,7 @@ async fn checkout(
                     // had their turn, and only if its timer fired on time.
                     tokio::task::yield_now().await;
                     let served = handed_out(pool) > before;
-                    if !served && !ran_late(pool, asked, wait, &home) && parks.went_idle() {
+                    if !served && !ran_late(pool, asked, wait, home) && parks.went_idle() {
                         return Err(RedisStoreError::PoolTimeout);
                     }
                     served_others |= served;
@@ -198,11 +195,11 @@ async fn checkout(
                     served_others |= served;
                     // (A checkout the ceiling cut short says nothing by
                     // itself.)
-                    if !served && !at_ceiling() && !ran_late(pool, asked, wait, &home) {
+                    if !served && !at_ceiling() && !ran_late(pool, asked, wait, home) {
                         if checkout.is_none() {
                             return Err(RedisStoreError::PoolTimeout);
                         }
-                        judging = Some((patience::Parks::now(&home), before));
+                        judging = Some((patience::Parks::now(home), before));
                         continue;
                     }
                 }
