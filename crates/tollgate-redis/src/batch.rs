@@ -142,8 +142,6 @@ pub(crate) struct Batcher {
     /// When the last of them came back, in microseconds since `origin`.
     answered_at: AtomicU64,
     origin: Instant,
-    /// The runtime of the store's connection (see [`patience::Home`]).
-    home: patience::Home,
 }
 
 /// Where a request goes: sent alone at once (holding a place, if the store
@@ -197,7 +195,6 @@ impl Batcher {
             answered: AtomicU64::new(0),
             answered_at: AtomicU64::new(0),
             origin: Instant::now(),
-            home: patience::Home::here(),
         }
     }
 
@@ -254,7 +251,8 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
 
 /// Waits for the word of the request queued in `batcher` as `seq`. The
 /// request gives up with [`RedisStoreError::Deadline`] at a deadline
-/// (judged as [`patience::within`] judges it) in which no call of the
+/// (judged as [`patience::within`] judges it, with the store's `home`
+/// runtime) in which no call of the
 /// batcher was answered; while calls come back, the queue moves and it
 /// waits on. When it gives up, its caller stops waiting, so it is left out
 /// of the next call, never sent late. Once taken into a call it no longer
@@ -273,6 +271,7 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
 /// [`RedisStoreError::PoolBusy`].
 pub(crate) async fn wait(
     batcher: &Batcher,
+    home: &patience::Home,
     mut reply: oneshot::Receiver<Result<Word, RedisStoreError>>,
     seq: u64,
     handed_out: impl Fn() -> Option<u64>,
@@ -283,7 +282,7 @@ pub(crate) async fn wait(
     loop {
         let seen = batcher.answered.load(Ordering::Relaxed);
         let pool = handed_out();
-        match patience::within(deadline, &batcher.home, &mut reply).await {
+        match patience::within(deadline, home, &mut reply).await {
             Ok(Ok(word)) => return word,
             Ok(Err(_)) => return Err(dropped()),
             Err(Missed::Deadline | Missed::Ceiling) => {}

@@ -87,7 +87,7 @@ async fn a_request_taken_into_a_call_waits_for_it_past_its_deadline() {
     let start = Instant::now();
     let waiting = {
         let slow = slow.clone();
-        tokio::spawn(async move { wait(&slow.0, reply, seq, || None).await })
+        tokio::spawn(async move { wait(&slow.0, &patience::Home::NONE, reply, seq, || None).await })
     };
     // At 10 ms the call ahead fails (its place is given up unanswered):
     // the queued request is sent, and its call answers at 55 ms.
@@ -106,7 +106,7 @@ async fn a_request_still_queued_at_its_deadline_gives_up_and_leaves_the_queue() 
     let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
     let _places = every_place(&stuck, &policy);
     let (reply, seq) = queue(&stuck, &policy);
-    let waited = wait(&stuck.0, reply, seq, || None).await;
+    let waited = wait(&stuck.0, &patience::Home::NONE, reply, seq, || None).await;
     assert!(
         matches!(waited, Err(RedisStoreError::Deadline(_))),
         "{waited:?}"
@@ -190,7 +190,7 @@ async fn a_place_returning_to_old_requests_alone_is_free_and_they_give_up() {
         enter(&stuck, kind, request(&policy)),
         Turn::Now(_)
     ));
-    let waited = wait(&stuck.0, reply, seq, || None).await;
+    let waited = wait(&stuck.0, &patience::Home::NONE, reply, seq, || None).await;
     assert!(
         matches!(waited, Err(RedisStoreError::Deadline(_))),
         "{waited:?}"

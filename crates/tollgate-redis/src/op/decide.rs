@@ -148,7 +148,7 @@ impl<C: RedisConnection> RedisStore<C> {
             Turn::Queued(reply, seq) => match inner.batcher(form) {
                 Some(batcher) => {
                     let handed_out = || inner.wire.connection.handed_out();
-                    batch::wait(batcher, reply, seq, handed_out).await?
+                    batch::wait(batcher, &inner.home, reply, seq, handed_out).await?
                 }
                 None => {
                     return Err(RedisStoreError::Protocol(
