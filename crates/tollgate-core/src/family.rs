@@ -163,7 +163,12 @@ impl PolicyFamily {
     }
 
     /// The state of `key` under each member ([`Store::status`]: consuming
-    /// nothing), in the members' order.
+    /// nothing), in the members' order. A status is read under a member's
+    /// own limits: for a key with limits of its own under a member (an
+    /// override in force), read it under those instead, as
+    /// `tollgate::RateLimiter::family_status` does. Read under the
+    /// member's, its state is carried over to them, and a limit only the
+    /// override has (a daily one, say) is dropped from it.
     ///
     /// # Errors
     ///

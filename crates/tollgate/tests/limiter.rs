@@ -254,3 +254,32 @@ async fn a_reset_fences_refunds_for_as_long_as_the_keys_own_limits_reach() {
     );
     assert!(!limiter.check(&key).await.unwrap().is_allowed());
 }
+
+/// A family status of a key whose override gives it a daily limit under
+/// a per-second plan reads the key under its own limits: its day's use
+/// stays, where read under the plan's limits the daily limit would be
+/// carried away and the next request would find a fresh day.
+#[tokio::test]
+async fn a_family_status_reads_a_key_under_its_own_limits_and_keeps_its_use() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_006_400));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let plan = Policy::new("api", Algorithm::FixedWindow, "10/s").unwrap();
+    let overrides = tollgate::MemoryOverrides::with_clock(clock.clone());
+    let key = Key::user("acme");
+    let daily: tollgate::Override = "1000/day".parse().unwrap();
+    tollgate::OverrideStore::set(&overrides, &key, &plan, daily, None)
+        .await
+        .unwrap();
+    let limiter = RateLimiter::with_store(plan, store).overrides(overrides);
+    assert!(limiter.check_n(&key, 1000).await.unwrap().is_allowed());
+    clock.advance(Duration::from_secs(1));
+    let status = limiter.family_status(&key).await.unwrap();
+    assert_eq!(status.len(), 1);
+    let (policy, decision) = &status[0];
+    assert_eq!(policy.name(), "api");
+    assert_eq!(policy.limits().len(), 1);
+    assert_eq!((decision.limit(), decision.remaining()), (1000, 0));
+    clock.advance(Duration::from_secs(1));
+    assert!(!limiter.check(&key).await.unwrap().is_allowed());
+    assert_eq!(limiter.status(&key).await.unwrap().remaining(), 0);
+}

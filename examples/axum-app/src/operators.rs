@@ -13,6 +13,7 @@
 //! through the layers' failure settings, so that a user blocked here stays
 //! blocked on this app server through a Redis outage.
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,9 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
-use tollgate::{BoxStore, FallbackStore, PolicyFamily, RateLimitReport, RateLimitStatus, ToKey};
+use tollgate::{
+    BoxStore, FailureMode, PolicyFamily, RateLimitReport, RateLimitStatus, RateLimiter, ToKey,
+};
 
 use crate::{AppConfig, AppOverrides, KeySpec, RouteConfig, UserId, app_key, demo_auth};
 
@@ -53,17 +56,12 @@ pub(crate) fn routes(
     let Some(token) = admin else {
         return router;
     };
-    // Resets and blocks go through the layers' failure settings, so that
-    // they reach the local fallback the layers decide with while the store
-    // fails (the process's shared one): a user blocked here stays blocked
-    // through a Redis outage, and a reset lifts a block there too.
-    let acting = FallbackStore::new(store.clone())
-        .on_store_error(config.failure)
-        .local_divisor(config.instances);
     let admin = Admin {
         entries,
         store: store.clone(),
-        acting: BoxStore::new(acting),
+        failure: config.failure,
+        instances: config.instances,
+        overrides: overrides.clone(),
         token,
     };
     let reset = {
@@ -163,11 +161,14 @@ struct Block {
 #[derive(Clone)]
 struct Admin {
     entries: Entries,
-    /// The store the layers decide with: what the status shows.
+    /// The store the layers decide with.
     store: BoxStore,
-    /// That store within the layers' failure settings: what resets and
-    /// blocks go through.
-    acting: BoxStore,
+    /// The layers' failure settings: what resets and blocks go through.
+    failure: FailureMode,
+    instances: NonZeroU64,
+    /// The users' own limits, which the layers decide under: a status,
+    /// reset or block of a user goes under them too.
+    overrides: AppOverrides,
     token: AdminToken,
 }
 
@@ -191,6 +192,29 @@ impl Admin {
             .map(|p| PolicyFamily::from(p.policy.clone()))
     }
 
+    /// A limiter of `family` on the store, with the users' overrides, so
+    /// that a user's own limits are read, reset and blocked as the layers
+    /// count them (read under a plan's limits, a daily override's use
+    /// would be dropped). Resets and blocks go through the layers' failure
+    /// settings (`acting`), so that they reach the local fallback the
+    /// layers decide with while the store fails (the process's shared
+    /// one): a user blocked here stays blocked through a Redis outage, and
+    /// a reset lifts a block there too. A status does not (not `acting`):
+    /// it shows the store's state, or fails.
+    fn limiter(&self, family: PolicyFamily, acting: bool) -> Option<RateLimiter<BoxStore>> {
+        let first = family.members().first()?.clone();
+        let limiter = match acting {
+            true => RateLimiter::with_store(first, self.store.clone())
+                .on_store_error(self.failure)
+                .local_divisor(self.instances),
+            false => {
+                RateLimiter::with_store(first, self.store.clone()).on_store_error(FailureMode::Open)
+            }
+        };
+        let limiter = limiter.in_family(family).ok()?;
+        Some(limiter.overrides(self.overrides.clone()))
+    }
+
     /// `DELETE /admin/rate_limit/{policy}/{user}` resets the user's state
     /// under the policy (a route's: under each of its plans' too), and
     /// `POST .../block?seconds=N` blocks the user for N seconds under it:
@@ -205,16 +229,13 @@ impl Admin {
         if let Some(refused) = self.refused(&request) {
             return refused;
         }
-        let Some(family) = self.family(&policy) else {
+        let Some(limiter) = self.family(&policy).and_then(|f| self.limiter(f, true)) else {
             return not_found();
         };
         let key = UserId(user).to_key();
         let done = match block {
-            None => family.reset(&self.acting, &key).await,
-            Some(Block { seconds }) => {
-                let duration = Duration::from_secs(seconds);
-                family.block(&self.acting, &key, duration).await
-            }
+            None => limiter.reset(&key).await,
+            Some(Block { seconds }) => limiter.block(&key, Duration::from_secs(seconds)).await,
         };
         match done {
             Ok(()) => StatusCode::NO_CONTENT.into_response(),
@@ -234,11 +255,11 @@ impl Admin {
         if let Some(refused) = self.refused(&request) {
             return refused;
         }
-        let Some(family) = self.family(&policy) else {
+        let Some(limiter) = self.family(&policy).and_then(|f| self.limiter(f, false)) else {
             return not_found();
         };
         let key = UserId(user).to_key();
-        match family.status(&self.store, &key).await {
+        match limiter.family_status(&key).await {
             Ok(states) => RateLimitReport::new(states).into_response(),
             Err(_) => unavailable(),
         }

@@ -267,6 +267,67 @@ async fn operators_cover_every_plan_on_memory_and_the_same_on_redis() {
     assert_eq!(on_memory, on_redis);
 }
 
+/// An admin's status of a user with limits of their own (an override
+/// adding a daily limit to `search`'s 2/s and 100/h) shows them, and
+/// leaves the user's use under them as it was: read under the plan's
+/// limits, the daily limit was carried away and the user's next search
+/// found a fresh day. A reset goes under them too.
+async fn own_limits(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value> {
+    clock.set(Timestamp::from_secs(T0));
+    let admin = axum_app::AdminToken::new("s3cret");
+    let app = axum_app::app_with_admin(&config(), store, admin).layer(MockConnectInfo(
+        SocketAddr::from(([198, 51, 100, 11], 5555)),
+    ));
+    let mut request = as_admin("PUT", "/admin/rate_limit/search/dora/override");
+    *request.body_mut() = Body::from("2/s 100/h 4/day");
+    assert_eq!(json(&app, request).await.0, 204);
+    for _ in 0..4 {
+        assert_eq!(burst(&app, "/api/search", "dora", 1).await.0, 1);
+        clock.advance(Duration::from_secs(1));
+    }
+    let (admitted, denied) = burst(&app, "/api/search", "dora", 1).await;
+    assert_eq!((admitted, denied.get("x-ratelimit-limit")), (0, Some("4")));
+    let mut out = Vec::new();
+    let (status, shown) = json(&app, as_admin("GET", "/admin/rate_limit/search/dora")).await;
+    assert_eq!(status, 200);
+    let search = &shown["resources"]["search"];
+    assert_eq!(
+        (&search["limit"], &search["remaining"]),
+        (&4.into(), &0.into())
+    );
+    assert_eq!(search["limits"][2]["rate"], "4/day");
+    out.push(shown);
+    clock.advance(Duration::from_secs(1));
+    let (admitted, denied) = burst(&app, "/api/search", "dora", 1).await;
+    assert_eq!((admitted, denied.get("x-ratelimit-limit")), (0, Some("4")));
+    // A reset lets her in again, and a status does not spend.
+    let reset = as_admin("DELETE", "/admin/rate_limit/search/dora");
+    assert_eq!(json(&app, reset).await.0, 204);
+    let (_, fresh) = json(&app, as_admin("GET", "/admin/rate_limit/search/dora")).await;
+    assert_eq!(fresh["resources"]["search"]["remaining"], 2);
+    out.push(fresh);
+    assert_eq!(burst(&app, "/api/search", "dora", 1).await.0, 1);
+    out
+}
+
+#[tokio::test]
+async fn an_admin_status_of_a_user_with_own_limits_keeps_their_use_on_memory_and_redis() {
+    let clock = FakeClock::default();
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let on_memory = own_limits(BoxStore::with_slots(memory), &clock).await;
+
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("app-own-limits"))
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let on_redis = own_limits(BoxStore::with_slots(redis), &clock).await;
+    assert_eq!(on_memory, on_redis);
+}
+
 #[tokio::test]
 async fn without_an_admin_token_the_admin_routes_do_not_exist() {
     let app = app(&config(), BoxStore::with_slots(MemoryStore::new()));

@@ -20,7 +20,7 @@ use tollgate_core::{
 use crate::answer::headers::HeaderStyle;
 use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, Reserved, let_through};
 use crate::macros::failure_setters;
-use crate::overrides::{own_limits, own_limits_under};
+use crate::overrides::{own_limits, own_limits_each, own_limits_under};
 use crate::report::{Telemetry, Verdict};
 use jitter::Draws;
 pub use jitter::Jitter;
@@ -386,13 +386,45 @@ impl<St: Store> RateLimiter<St> {
 
     /// The state of `key` under each policy of the limiter's
     /// [family](RateLimiter::in_family), consuming nothing, in the
-    /// family's order.
+    /// family's order. Under a policy where the key has limits of its own
+    /// (an [override](RateLimiter::overrides) in force), the state is read
+    /// under them, and that policy, with those limits, is the one returned
+    /// with it: read under the policy's own limits, a limit the override
+    /// adds (a daily one, say) would be carried over and dropped, as when
+    /// the override ends, and the key's next request would find it fresh.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Key, MemoryOverrides, OverrideStore, Policy, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let api = Policy::new("api", Algorithm::FixedWindow, "10/s")?;
+    /// let overrides = MemoryOverrides::new();
+    /// let acme = Key::user("acme");
+    /// overrides.set(&acme, &api, "1000/day".parse()?, None).await?;
+    /// let limiter = RateLimiter::new(api).overrides(overrides);
+    /// assert!(limiter.check_n(&acme, 1000).await?.is_allowed());
+    /// let status = limiter.family_status(&acme).await?;
+    /// assert_eq!(status[0].1.limit(), 1000);
+    /// assert_eq!(status[0].1.remaining(), 0);
+    /// assert!(!limiter.check(&acme).await?.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
     /// As [`RateLimiter::check`].
     pub async fn family_status(&self, key: &Key) -> Result<Vec<(Policy, Decision)>, StoreError> {
-        self.family.status(&self.store, key).await
+        let members = self.family.members();
+        let owns = own_limits_each(self.overrides.as_deref(), key, members).await;
+        let mut states = Vec::with_capacity(members.len());
+        for (member, own) in members.iter().zip(owns) {
+            let policy = own.unwrap_or_else(|| member.clone());
+            let decision = self.store.status(key, &policy).await?;
+            states.push((policy, decision));
+        }
+        Ok(states)
     }
 
     /// Forgets what `key` has used under every policy of the limiter's

@@ -27,21 +27,35 @@ pub(crate) async fn own_limits(
 }
 
 /// `key`'s own limits under each of `policies` that `source` has an
-/// override of in force: what a reset or a block goes under too. Every
-/// policy is asked first, so that the first lookups of a key not known
-/// yet run side by side, then each is waited for.
+/// override of in force: what a reset or a block goes under too.
 pub(crate) async fn own_limits_under(
     source: Option<&dyn OverrideSource>,
     key: &Key,
     policies: &[Policy],
 ) -> Vec<Policy> {
+    own_limits_each(source, key, policies)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// `key`'s own limits under each of `policies`, in their order: `None`
+/// under one without an override in force. Every policy is asked first,
+/// so that the first lookups of a key not known yet run side by side,
+/// then each is waited for.
+pub(crate) async fn own_limits_each(
+    source: Option<&dyn OverrideSource>,
+    key: &Key,
+    policies: &[Policy],
+) -> Vec<Option<Policy>> {
     let Some(source) = source else {
-        return Vec::new();
+        return vec![None; policies.len()];
     };
     let asked: Vec<Option<Applied>> = policies.iter().map(|p| source.applied(key, p)).collect();
-    let mut owns = Vec::new();
+    let mut owns = Vec::with_capacity(policies.len());
     for (policy, applied) in policies.iter().zip(asked) {
-        owns.extend(
+        owns.push(
             answered(source, key, policy, applied)
                 .await
                 .and_then(limits),
