@@ -509,3 +509,57 @@ async fn a_key_whose_batch_keeps_failing_holds_back_no_other_key() {
         "the failed batch and the records held behind it, once each"
     );
 }
+
+/// Through an outage, the ledger holds at most `max_pending_keys` pairs of
+/// policy and key in the batches of failed flushes and as many recorded
+/// since: records of new pairs beyond are counted as dropped. Each failed
+/// flush made a batch of every pair recorded since the one before, and the
+/// batches piled up, one per pair seen in the outage, with nothing dropped.
+/// Once Redis is back, what was held is written, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped() {
+    let mut server = RedisServer::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let store = store(&server.url(), &unique_prefix("ledger-bound"), &clock).await;
+    let ledger = RedisLedger::builder(&store)
+        .flush_interval(Duration::from_secs(3_600))
+        .unwrap()
+        .flush_timeout(Duration::from_millis(500))
+        .unwrap()
+        .max_pending_keys(10)
+        .unwrap()
+        .build()
+        .unwrap();
+    let user = |round: u64, i: u64| Key::user(format!("user-{round}-{i}"));
+    ledger.record(&user(0, 0), "api", clock.now(), 1);
+    ledger.flush().await.unwrap();
+
+    server.kill();
+    for round in 1..=5 {
+        for i in 0..10 {
+            ledger.record(&user(round, i), "api", clock.now(), 1);
+        }
+        assert!(ledger.flush().await.is_err(), "round {round}");
+    }
+    // Round 1's ten in batches to send again; round 2's ten recorded (no
+    // room to send them); rounds 3 to 5 dropped.
+    assert_eq!(ledger.pending(), 20);
+    assert_eq!(ledger.dropped(), 30);
+
+    server.restart();
+    ledger.flush().await.unwrap();
+    ledger.flush().await.unwrap();
+    assert_eq!(ledger.pending(), 0);
+    let mut billed = 0;
+    for round in 1..=5 {
+        for i in 0..10 {
+            let key = user(round, i);
+            billed += ledger
+                .usage(&key, "api", month_query())
+                .await
+                .unwrap()
+                .total();
+        }
+    }
+    assert_eq!(billed, 20, "what was held, once");
+}

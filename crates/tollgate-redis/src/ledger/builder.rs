@@ -70,8 +70,12 @@ impl<C> RedisLedgerBuilder<C> {
         Ok(self)
     }
 
-    /// The most pairs of policy and key that wait for a flush (100,000 by
-    /// default); from half of it a flush starts early.
+    /// The most pairs of policy and key recorded that wait for a flush
+    /// (100,000 by default), and the most in the batches of failed flushes
+    /// that wait to be sent again: while Redis fails, at most twice this
+    /// many pairs are held, and records of new pairs beyond are
+    /// [`dropped`](crate::RedisLedger::dropped). From half of it a flush
+    /// starts early.
     ///
     /// # Errors
     ///
@@ -129,6 +133,7 @@ impl<C: RedisConnection> RedisLedgerBuilder<C> {
                 names: self.store.names.clone(),
                 store: self.store,
                 pending: MemoryLedger::with_settings(self.settings.clone(), self.max_pending_keys),
+                max_pending: self.max_pending_keys,
                 early: self.max_pending_keys.div_ceil(2),
                 settings: self.settings,
                 script: DecisionScript::new(include_str!("../lua/ledger_flush.lua")),

@@ -51,7 +51,10 @@ impl Batch {
 
 /// Sends the batches a failed flush left, and every pending record but
 /// those of keys whose earlier batch is still to be sent again, all at
-/// once. A batch whose call failed is kept as it is, number included, for
+/// once: of as many keys as the batches sent again leave room for under
+/// `max_pending_keys`, so that the batches kept for the next flush, should
+/// all fail, never exceed it (the keys left wait, pending, for the next
+/// flush). A batch whose call failed is kept as it is, number included, for
 /// the next flush, so that a batch Redis applied but whose reply was lost
 /// is not applied twice; its key's new records wait until it went through
 /// (written first under a later number, they would make Redis skip it: a
@@ -61,7 +64,8 @@ impl Batch {
 pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
     let mut batches = std::mem::take(&mut *shared.retry.lock());
     let held: HashSet<(Box<str>, Key)> = batches.iter().map(Batch::owner).collect();
-    batches.extend(pending_batches(shared, |owner| !held.contains(owner)));
+    let room = shared.max_pending.saturating_sub(batches.len());
+    batches.extend(pending_batches(shared, room, |owner| !held.contains(owner)));
     if batches.is_empty() {
         return Ok(());
     }
@@ -72,7 +76,8 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
     if released.is_empty() {
         return sent;
     }
-    let batches = pending_batches(shared, |owner| released.contains(&owner));
+    let room = shared.max_pending.saturating_sub(still.len());
+    let batches = pending_batches(shared, room, |owner| released.contains(&owner));
     let followed = match batches.is_empty() {
         true => Ok(()),
         false => send(shared, batches).await,
@@ -80,17 +85,19 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
     sent.and(followed)
 }
 
-/// The pending records of the keys `take` picks, as one batch per key
-/// under a new number; the others stay pending.
+/// The pending records of the keys `take` picks, of `room` keys at most,
+/// as one batch per key under a new number; the others stay pending.
 fn pending_batches<C: RedisConnection>(
     shared: &Shared<C>,
+    room: usize,
     take: impl Fn(&(Box<str>, Key)) -> bool,
 ) -> Vec<Batch> {
     let mut by_key: HashMap<(Box<str>, Key), Vec<LedgerEntry>> = HashMap::new();
     let mut left = Vec::new();
     for entry in shared.pending.take_all() {
         let owner = (entry.policy().into(), entry.key().clone());
-        match take(&owner) {
+        let taken = take(&owner) && (by_key.len() < room || by_key.contains_key(&owner));
+        match taken {
             true => by_key.entry(owner).or_default().push(entry),
             false => left.push(entry),
         }

@@ -33,11 +33,14 @@ pub(crate) use builder::instance_name;
 ///
 /// **What a crash can lose**: the records since the last flush, at most
 /// one flush interval of them (more while Redis is unreachable: a failed
-/// flush keeps its records for the next, up to
+/// flush keeps its batches for the next). Memory stays bounded through an
+/// outage: at most
 /// [`max_pending_keys`](RedisLedgerBuilder::max_pending_keys) pairs of
-/// policy and key; records beyond are counted by
-/// [`dropped`](RedisLedger::dropped)). Call [`flush`](Ledger::flush) at
-/// shutdown.
+/// policy and key wait in the batches of failed flushes, and as many
+/// recorded since; a flush takes no more recorded pairs than the batches
+/// to send again leave room for, and records of a new pair beyond the
+/// bound are counted by [`dropped`](RedisLedger::dropped). Call
+/// [`flush`](Ledger::flush) at shutdown.
 ///
 /// **Each record counts once.** A flush sends one batch per key, numbered;
 /// the script applies a batch only if the key's marker for this ledger
@@ -82,6 +85,9 @@ struct Shared<C> {
     settings: LedgerSettings,
     /// What was recorded since the last flush.
     pending: MemoryLedger,
+    /// `max_pending_keys`: the most pairs of policy and key recorded and
+    /// not yet sent, and the most in the batches of failed flushes.
+    max_pending: usize,
     /// Half of `max_pending_keys`: from there, the background flush is
     /// woken early.
     early: usize,
