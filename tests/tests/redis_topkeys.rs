@@ -57,6 +57,15 @@ async fn instance(
     prefix: &str,
     clock: &FakeClock,
 ) -> (WatchedStore<RedisStore>, RedisTopKeys) {
+    instance_publishing(url, prefix, clock, Duration::from_secs(3_600)).await
+}
+
+async fn instance_publishing(
+    url: &str,
+    prefix: &str,
+    clock: &FakeClock,
+    interval: Duration,
+) -> (WatchedStore<RedisStore>, RedisTopKeys) {
     let store = RedisStore::builder()
         .prefix(prefix)
         .deadline(Duration::from_secs(10))
@@ -71,7 +80,7 @@ async fn instance(
         .build()
         .unwrap();
     let published = RedisTopKeys::builder(&store, top.clone())
-        .publish_interval(Duration::from_secs(3_600))
+        .publish_interval(interval)
         .unwrap()
         .build()
         .unwrap();
@@ -122,7 +131,7 @@ async fn two_instances_report_the_true_top_ten_limited_keys_within_the_error() {
     let mut true_top: Vec<(String, u64)> = truth.clone().into_iter().collect();
     true_top.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
 
-    // Instance b publishes; a publishes and merges both.
+    // Instance b publishes; a merges it with its own counts.
     b.1.publish().await.unwrap();
     let merged = a.1.top("zipf", Ranking::Limited).await.unwrap();
     assert_eq!(merged.total(), n);
@@ -196,6 +205,7 @@ async fn two_instances_report_the_true_top_ten_limited_keys_within_the_error() {
     );
 
     // Every key it wrote has a TTL.
+    a.1.publish().await.unwrap();
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -213,4 +223,120 @@ async fn two_instances_report_the_true_top_ten_limited_keys_within_the_error() {
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
     }
     assert_eq!(a.1.policies().await.unwrap(), ["zipf"]);
+}
+
+/// The Redis keys of the top keys under `prefix`, sorted.
+async fn written(url: &str, prefix: &str) -> Vec<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:{{topkeys}}:*"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+/// Each label's count, highest first.
+fn counts(summary: &tollgate_core::topkeys::Summary) -> Vec<(String, u64)> {
+    let keys = summary.keys().iter();
+    keys.map(|k| (k.label().to_owned(), k.count())).collect()
+}
+
+/// A read merges the other instances' publications with this one's counts
+/// as they are, and writes nothing: each read published this instance's
+/// summaries first, and a dashboard asking for every policy's every second
+/// made Redis rewrite them all as many times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_writes_nothing_and_counts_this_instance_as_it_is_now() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("topkeys-read");
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let (a, b) = (
+        instance(&url, &prefix, &clock).await,
+        instance(&url, &prefix, &clock).await,
+    );
+    let label = |user: &str| HashedLabel::new().label(&Key::user(user));
+    check(&b.0, "bob", 4).await;
+    b.1.publish().await.unwrap();
+    check(&a.0, "ada", 3).await;
+    let before = written(&url, &prefix).await;
+    assert_eq!(before.len(), 2, "the index and b's hash: {before:?}");
+
+    let top = a.1.top("reads", Ranking::Limited).await.unwrap();
+    assert_eq!(counts(&top), [(label("bob"), 3), (label("ada"), 2)]);
+    check(&a.0, "ada", 2).await;
+    let top = a.1.top("reads", Ranking::Limited).await.unwrap();
+    assert_eq!(counts(&top), [(label("ada"), 4), (label("bob"), 3)]);
+    assert_eq!(a.1.policies().await.unwrap(), ["reads"]);
+    assert_eq!(written(&url, &prefix).await, before, "a wrote nothing");
+}
+
+/// An instance that publishes less often than another stays in the index
+/// while its publication lives: one publishing every 100 ms dropped from
+/// the index every instance whose last publication was older than its own
+/// TTL, and their counts went missing from every merged read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_publishing_less_often_stays_in_the_index() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("topkeys-intervals");
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let slow = instance(&url, &prefix, &clock).await;
+    check(&slow.0, "ada", 3).await;
+    slow.1.publish().await.unwrap();
+    // Its publication was made ten seconds ago, by Redis's time: within
+    // its TTL of three hours, past the fast one's of 300 ms.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let index = slow.1.index_key().to_owned();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&index)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 1);
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let ten_seconds_ago = secs * 1_000 + micros / 1_000 - 10_000;
+    let () = redis::cmd("ZADD")
+        .arg(&index)
+        .arg("XX")
+        .arg(ten_seconds_ago)
+        .arg(&members[0])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    let fast = instance_publishing(&url, &prefix, &clock, Duration::from_millis(100)).await;
+    fast.1.publish().await.unwrap();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&index)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 2, "{members:?}");
+    let top = fast.1.top("reads", Ranking::Limited).await.unwrap();
+    assert_eq!(top.keys().len(), 1);
+    assert_eq!(top.keys()[0].count(), 2);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&index)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 3_600_000,
+        "the index lives as long as the slow publication: {ttl}"
+    );
+}
+
+/// `n` checks of `user` under a policy of 1 a minute: `n - 1` limited.
+async fn check(store: &WatchedStore<RedisStore>, user: &str, n: usize) {
+    let policy = Policy::new("reads", Algorithm::FixedWindow, "1/min").unwrap();
+    for _ in 0..n {
+        store.check(&Key::user(user), &policy, 1).await.unwrap();
+    }
 }

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use tower::util::Oneshot;
 
 use axum_app::dashboard::{Dashboard, Sources};
-use axum_app::topkeys::demo_top_keys;
+use axum_app::topkeys::{DemoLabel, demo_top_keys};
 use axum_app::{
     AdminToken, AppConfig, AppLedger, AppOverrides, AppTopKeys, Overload, app_with_overrides,
     install_metrics, metrics_route, policy_table,
@@ -162,7 +162,9 @@ struct Parts {
     /// Each policy's top keys: `GET /admin/top_keys/{policy}`.
     top: AppTopKeys,
     /// `GET /admin/dashboard`, made once: a reload keeps its history.
-    dashboard: Dashboard,
+    /// Started with an admin token only: without one no one can see it,
+    /// and its refreshes would read every policy's top keys for nothing.
+    dashboard: Option<Dashboard>,
 }
 
 /// The whole app of `config`: its routes and the metrics route.
@@ -183,14 +185,13 @@ fn build(config: &AppConfig, parts: &Parts) -> Router {
 
 /// With an admin token, the dashboard and the top keys.
 fn operator_views(parts: &Parts) -> Router {
-    match &parts.admin {
-        Some(token) => axum_app::serve::record_route(
-            parts
-                .dashboard
+    match (&parts.admin, &parts.dashboard) {
+        (Some(token), Some(dashboard)) => axum_app::serve::record_route(
+            dashboard
                 .routes(token.clone())
                 .merge(axum_app::topkeys::routes(&parts.top, token.clone())),
         ),
-        None => Router::new(),
+        (None, _) | (Some(_), None) => Router::new(),
     }
 }
 
@@ -236,12 +237,31 @@ async fn say_if_not_ready<C: tollgate_redis::RedisConnection>(
     }
 }
 
+/// The secret the top keys' labels are hashed with: the admin token, which
+/// every instance of one deployment shares and only operators, who see the
+/// labels, know; without one (no one can see them), one of this process's
+/// own.
+fn label_secret(admin_token: Option<&str>) -> Vec<u8> {
+    use std::hash::{BuildHasher, Hasher};
+    match admin_token {
+        Some(token) => token.as_bytes().to_vec(),
+        None => (0..4)
+            .flat_map(|_| {
+                let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+                hasher.write_u32(std::process::id());
+                hasher.finish().to_le_bytes()
+            })
+            .collect(),
+    }
+}
+
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let config = load(&args.config)?;
     // Before the layers are built: they register their counters with it.
     let metrics =
         install_metrics().map_err(|e| format!("cannot install metrics: {}", chain(&e)))?;
     let mut overrides = AppOverrides::default();
+    let label = DemoLabel::new(label_secret(args.admin_token.as_deref()));
     let (store, ledger, top, store_kind) = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
@@ -253,7 +273,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             say_if_not_ready(&store, &config).await;
             let ledger = RedisLedger::builder(&store).build()?;
             let ledger = AppLedger::Sentinel(ledger);
-            let top = RedisTopKeys::builder(&store, demo_top_keys()?)
+            let top = RedisTopKeys::builder(&store, demo_top_keys(label.clone())?)
                 .publish_interval(TOP_KEYS_INTERVAL)?
                 .build()?;
             let watched = WatchedStore::new(store, top.local().clone());
@@ -279,7 +299,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let shared = RedisOverrides::builder().start(&store).await;
             overrides = AppOverrides::Redis(shared.map_err(|e| format!("overrides: {e}"))?);
             let ledger = AppLedger::Redis(RedisLedger::builder(&store).build()?);
-            let top = RedisTopKeys::builder(&store, demo_top_keys()?)
+            let top = RedisTopKeys::builder(&store, demo_top_keys(label.clone())?)
                 .publish_interval(TOP_KEYS_INTERVAL)?
                 .build()?;
             let watched = WatchedStore::new(store, top.local().clone());
@@ -294,7 +314,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let store = MemoryStore::new();
             say!("store: in-memory (max {} keys)", store.max_keys());
             let ledger = AppLedger::Memory(MemoryLedger::new());
-            let top = demo_top_keys()?;
+            let top = demo_top_keys(label.clone())?;
             let watched = WatchedStore::new(store, top.clone());
             (
                 BoxStore::with_slots(MeteredStore::new(watched, ledger.clone())),
@@ -339,12 +359,15 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "unprotected"
         }
     );
-    let dashboard = Dashboard::start(Sources {
-        metrics: metrics.clone(),
-        top: top.clone(),
-        overrides: overrides.clone(),
-        ledger: ledger.clone(),
-        store: store_kind,
+    let dashboard = admin.as_ref().map(|_| {
+        Dashboard::start(Sources {
+            metrics: metrics.clone(),
+            top: top.clone(),
+            overrides: overrides.clone(),
+            ledger: ledger.clone(),
+            store: store_kind,
+            label,
+        })
     });
     let parts = Parts {
         store,

@@ -5,7 +5,9 @@
 //!
 //! Users are shown by their id (`user:alice`): the demo chooses to show
 //! them. Every other key (a client's IP address, a header's value) is
-//! shown as a hash ([`HashedLabel`]), never as the raw personal data.
+//! shown as a hash keyed with a secret ([`DemoLabel`]), never as the raw
+//! personal data: without the secret, a hash of the 2^32 IPv4 addresses
+//! would take minutes to reverse.
 
 use axum::Json;
 use axum::Router;
@@ -61,28 +63,55 @@ impl AppTopKeys {
     }
 }
 
-/// The demo's counts, labelled by [`label`].
+/// The demo's counts, labelled by `label`.
 ///
 /// # Errors
 ///
 /// Never with these settings (a [`ConfigError`] for a bad one).
-pub fn demo_top_keys() -> Result<TopKeys, ConfigError> {
+pub fn demo_top_keys(label: DemoLabel) -> Result<TopKeys, ConfigError> {
     TopKeys::builder().label(label).build()
 }
 
 /// How the demo names a key: a user by its id (`user:alice`), anything
-/// else by [`HashedLabel`].
+/// else by [`HashedLabel::with_secret`]. Every instance that publishes to
+/// one Redis must use the same secret, or their labels of one key differ.
 ///
 /// ```
-/// use axum_app::topkeys::label;
+/// use axum_app::topkeys::DemoLabel;
 /// use axum_app::UserId;
+/// use tollgate::topkeys::KeyLabel;
 /// use tollgate::{Key, ToKey};
 ///
-/// assert_eq!(label(&UserId("alice".into()).to_key()), "user:alice");
-/// let ip = label(&Key::ip("192.0.2.1".parse().unwrap()));
+/// let label = DemoLabel::new("the deployment's secret");
+/// assert_eq!(label.label(&UserId("alice".into()).to_key()), "user:alice");
+/// let key = Key::ip("192.0.2.1".parse().unwrap());
+/// let ip = label.label(&key);
 /// assert!(ip.starts_with("ip:") && !ip.contains("192"));
+/// assert_ne!(ip, DemoLabel::new("another secret").label(&key));
 /// ```
-pub fn label(key: &Key) -> String {
+#[derive(Clone)]
+pub struct DemoLabel(std::sync::Arc<HashedLabel>);
+
+impl DemoLabel {
+    /// Hashing keyed with `secret`.
+    pub fn new(secret: impl AsRef<[u8]>) -> Self {
+        Self(std::sync::Arc::new(HashedLabel::with_secret(secret)))
+    }
+}
+
+impl std::fmt::Debug for DemoLabel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DemoLabel(..)")
+    }
+}
+
+impl KeyLabel for DemoLabel {
+    fn label(&self, key: &Key) -> String {
+        label(&self.0, key)
+    }
+}
+
+fn label(hashed: &HashedLabel, key: &Key) -> String {
     // The demo's user keys are text ids (`UserId`), tagged as text.
     let user = match key.as_bytes().split_first() {
         Some((&tag, id)) if key.kind() == KeyKind::User && tag == TypeTag::Str as u8 => {
@@ -92,7 +121,7 @@ pub fn label(key: &Key) -> String {
     };
     match user {
         Some(id) if !id.chars().any(char::is_control) => format!("user:{id}"),
-        _ => HashedLabel::new().label(key),
+        _ => hashed.label(key),
     }
 }
 

@@ -150,8 +150,6 @@ impl<C: RedisConnection> RedisLedgerBuilder<C> {
     }
 }
 
-/// How long one flush may take before it is given up (and its records
-/// kept for the next).
 /// A name for this ledger, random enough that two instances never share
 /// one: std's per-process random hash keys, the process id and the time.
 pub(crate) fn instance_name() -> u64 {

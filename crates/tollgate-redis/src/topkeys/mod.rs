@@ -20,7 +20,8 @@ use crate::store::Inner;
 /// its [`TopKeys`] and publishes their summaries every
 /// [`publish_interval`](RedisTopKeysBuilder::publish_interval) (10 s by
 /// default); [`top`](RedisTopKeys::top) merges the summaries of every
-/// instance that published within the TTL (three intervals).
+/// other instance that published within its TTL (three of its intervals)
+/// with this instance's own counts as they are.
 ///
 /// **Error.** Each instance's summary bounds its counts by its floor (at
 /// most `N_i / m` for its `N_i` decisions and `m` counters a shard); the
@@ -32,7 +33,9 @@ use crate::store::Inner;
 /// instances `<prefix>:{topkeys}:instances` (a sorted set by the time of
 /// their last publication), and each instance's hash
 /// `<prefix>:{topkeys}:i<instance>`, one field `<ranking>:<policy>` per
-/// summary. An instance that stops leaves with its TTL. Only labels reach
+/// summary. An instance that stops leaves with its TTL, and the index
+/// with its hash: instances may publish at different intervals, each
+/// kept for three of its own. Only labels reach
 /// Redis, never keys (see [`KeyLabel`](tollgate_core::topkeys::KeyLabel)):
 /// every instance must label alike.
 ///
@@ -137,37 +140,40 @@ impl<C: RedisConnection> RedisTopKeys<C> {
         Ok(publish(&self.shared).await?)
     }
 
-    /// The merged summary of `policy` under `ranking`, over every
-    /// instance that published within the TTL (this one first publishes
-    /// its own): every key any instance holds, highest count first, with
-    /// the merged bounds (see [`Summary::merge`]).
+    /// The merged summary of `policy` under `ranking`, over every other
+    /// instance that published within the TTL and this one as it counts
+    /// now (cut to the published keys, as a publication would be): every
+    /// key any instance holds, highest count first, with the merged bounds
+    /// (see [`Summary::merge`]). A read writes nothing: a dashboard that
+    /// asks for every policy's summaries every second costs Redis those
+    /// reads, not a publication each.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] when Redis could not be read, or holds a summary
     /// in a form this version does not read.
     pub async fn top(&self, policy: &str, ranking: Ranking) -> Result<Summary, StoreError> {
-        publish(&self.shared).await?;
         Ok(read(&self.shared, policy, ranking).await?)
     }
 
-    /// The policies any live instance published, sorted (this one first
-    /// publishes its own).
+    /// The policies any other live instance published, and those this one
+    /// counts, sorted.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] when Redis could not be read.
     pub async fn policies(&self) -> Result<Vec<String>, StoreError> {
-        publish(&self.shared).await?;
         Ok(policies(&self.shared).await?)
     }
 }
 
-/// The policies in the hashes of every live instance.
+/// The policies in the hashes of every other live instance, and this
+/// one's.
 async fn policies<C: RedisConnection>(shared: &Shared<C>) -> Result<Vec<String>, RedisStoreError> {
     let connection = &shared.store.wire.connection;
-    let mut policies = std::collections::BTreeSet::new();
-    for member in members(shared).await? {
+    let mut policies: std::collections::BTreeSet<String> =
+        shared.top.policies().into_iter().collect();
+    for member in others(shared).await? {
         let hash = instance_hash(&shared.index, &member);
         let mut hkeys = redis::cmd("HKEYS");
         hkeys.arg(&hash);
@@ -181,16 +187,19 @@ async fn policies<C: RedisConnection>(shared: &Shared<C>) -> Result<Vec<String>,
     Ok(policies.into_iter().collect())
 }
 
-/// The members of the index: the instances that published lately.
-async fn members<C: RedisConnection>(shared: &Shared<C>) -> Result<Vec<String>, RedisStoreError> {
+/// The members of the index but this instance: the other instances that
+/// published lately (this one's counts are read from this process).
+async fn others<C: RedisConnection>(shared: &Shared<C>) -> Result<Vec<String>, RedisStoreError> {
     let mut zrange = redis::cmd("ZRANGE");
     zrange.arg(&shared.index).arg(0).arg(-1);
-    shared
+    let mut members: Vec<String> = shared
         .store
         .wire
         .connection
         .query_for_key(&shared.index, &zrange)
-        .await
+        .await?;
+    members.retain(|member| *member != shared.member);
+    Ok(members)
 }
 
 /// Publishes every policy's summaries, each cut to `max_keys` keys.
@@ -224,14 +233,15 @@ async fn publish<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStor
         .map(drop)
 }
 
-/// Every live instance's summary of `policy` under `ranking`, merged.
+/// Every other live instance's summary of `policy` under `ranking`, and
+/// this one's as it counts now, merged.
 async fn read<C: RedisConnection>(
     shared: &Shared<C>,
     policy: &str,
     ranking: Ranking,
 ) -> Result<Summary, RedisStoreError> {
     let connection = &shared.store.wire.connection;
-    let members = members(shared).await?;
+    let members = others(shared).await?;
     let field = form::field(policy, ranking);
     let reads = members.iter().map(|member| {
         let hash = instance_hash(&shared.index, member);
@@ -244,7 +254,13 @@ async fn read<C: RedisConnection>(
                 .await
         }
     });
-    let mut summaries = Vec::with_capacity(members.len());
+    let mut summaries = Vec::with_capacity(members.len() + 1);
+    summaries.push(
+        shared
+            .top
+            .summary(policy, ranking)
+            .truncated(shared.max_keys),
+    );
     for value in join_all(reads).await {
         // An instance that expired since the index was read has no hash.
         if let Some(text) = value? {

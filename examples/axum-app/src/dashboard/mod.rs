@@ -68,6 +68,8 @@ pub struct Sources {
     pub ledger: AppLedger,
     /// What the store is, as shown: `memory`, `redis`, `redis (sentinel)`.
     pub store: &'static str,
+    /// How keys are shown: as the top keys label them.
+    pub label: crate::topkeys::DemoLabel,
 }
 
 struct Shared {

@@ -11,7 +11,7 @@ use tollgate::telemetry::{
     LEASE_RETURNS, LEASE_UNITS, LEASES_HELD, MEMORY_STORE_KEYS, NEAR_LIMIT, STORE_ERRORS,
     STORE_LATENCY, WAITS,
 };
-use tollgate::topkeys::Ranking;
+use tollgate::topkeys::{KeyLabel, Ranking};
 use tollgate::{Clock, StoreError, SystemClock, ToKey};
 
 use super::Sources;
@@ -250,7 +250,7 @@ fn overrides(sources: &Sources) -> Value {
         .map(|(key, policy, rule, expires)| {
             let left = expires.map(|at| at.saturating_duration_since(now).as_secs());
             json!({
-                "key": crate::topkeys::label(&key),
+                "key": sources.label.label(&key),
                 "policy": policy,
                 "rule": rule.to_string(),
                 "expires_in_s": left,

@@ -14,7 +14,18 @@ for i = 3, #ARGV, 2 do
 end
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('ZADD', KEYS[1], now, ARGV[2])
--- Instances that stopped publishing leave the index with their hash.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
-redis.call('PEXPIRE', KEYS[1], ttl)
+-- Instances that stopped publishing leave the index with their hash,
+-- which expires after three of their own intervals: one that publishes
+-- less often than this one is kept while its hash lives. (Each hash sits
+-- beside the index, in its cluster slot.)
+local stem = string.sub(KEYS[1], 1, #KEYS[1] - #'instances')
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl)) do
+  if redis.call('EXISTS', stem .. 'i' .. member) == 0 then
+    redis.call('ZREM', KEYS[1], member)
+  end
+end
+-- The index lives as long as the longest-lived publication in it.
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
 return 1
