@@ -14,6 +14,17 @@
 //! stream ([`tollgate_sim::access::AccessLog`]); what is kept grows with
 //! the clients and keys, not with the lines.
 //!
+//! The clock never goes back. A line logged before the latest time
+//! replayed, by at most [`Replay::OUT_OF_ORDER_TOLERANCE`] (a minute: a
+//! log is written as responses finish, a little out of order), is
+//! replayed at that latest time; one further behind is not replayed but
+//! counted out of order, and the report warns of it with the line
+//! furthest behind and the clock's time then. A single line dated ahead
+//! of the log (`01/Jan/2099`) so shows as every later line out of order,
+//! not as refusals at the wrong time. A line dated ahead is not rejected:
+//! without reading ahead, it cannot be told from the log going on after
+//! a quiet spell.
+//!
 //! What a log does not hold is supplied the demo's way: a logged user
 //! `<user>` becomes `Authorization: Bearer demo-<user>` (so `pro-<user>`
 //! is on the pro plan) unless the line logged an `authorization` header;

@@ -1,11 +1,12 @@
 //! The replay: each logged request through each policy file's router.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use axum::Router;
 use axum_app::AppConfig;
 use http::StatusCode;
-use tollgate::{BoxStore, Clock, ConfigError, FakeClock, MemoryStore, Timestamp};
+use tollgate::{BoxStore, ConfigError, FakeClock, MemoryStore, Timestamp};
 use tollgate_sim::access::AccessRecord;
 use tower::ServiceExt;
 
@@ -38,6 +39,12 @@ pub struct Replay {
     clients: HashMap<String, ClientTally>,
     replayed: u64,
     unreplayable: u64,
+    /// The replay clock: the latest time of a replayed line.
+    latest: Timestamp,
+    out_of_order: u64,
+    /// Of the lines out of order, the furthest behind: its time and the
+    /// replay clock's then.
+    furthest_behind: Option<(Timestamp, Timestamp)>,
 }
 
 impl std::fmt::Debug for Replay {
@@ -46,11 +53,33 @@ impl std::fmt::Debug for Replay {
             .field("lanes", &self.lanes.len())
             .field("clients", &self.clients.len())
             .field("replayed", &self.replayed)
+            .field("out_of_order", &self.out_of_order)
             .finish_non_exhaustive()
     }
 }
 
 impl Replay {
+    /// How far behind the replay clock a line may be logged and still be
+    /// replayed: one minute.
+    ///
+    /// The replay clock is the latest time logged so far, and never goes
+    /// back. Servers write a line when the response is done, often with
+    /// the time the request came in (Apache's `%t`), and several workers
+    /// write to one file: a log's lines are out of order by the length of
+    /// the slower requests, seconds as a rule. One minute takes in
+    /// requests as slow as the usual proxy timeouts (nginx's
+    /// `proxy_read_timeout` is 60 s by default), and a line that much
+    /// behind is replayed at the clock's time, at most a minute late.
+    ///
+    /// A line further behind is not replayed but counted
+    /// ([`out_of_order`](Replay::out_of_order)), and the report says so:
+    /// replayed at the clock's time, it would be judged at an instant it
+    /// does not belong to. Most often a single line dated far ahead (a
+    /// wrong clock, `01/Jan/2099`) moved the clock, and every line after
+    /// it is out of order: the report shows it at once, instead of
+    /// refusals at the wrong time.
+    pub const OUT_OF_ORDER_TOLERANCE: Duration = Duration::from_secs(60);
+
     /// A replay through each `(name, policy file)`, in this order.
     ///
     /// # Errors
@@ -79,28 +108,47 @@ impl Replay {
             clients: HashMap::new(),
             replayed: 0,
             unreplayable: 0,
+            latest: Timestamp::from_secs(0),
+            out_of_order: 0,
+            furthest_behind: None,
         })
     }
 
     /// Sends `record` through every policy file's router at its logged
-    /// time (a clock never goes back: a line logged out of order is
-    /// replayed at the latest time seen) and counts the answers. A record
-    /// that cannot be made a request is counted apart.
+    /// time and counts the answers. The replay clock never goes back: a
+    /// line logged before it, by at most
+    /// [`OUT_OF_ORDER_TOLERANCE`](Replay::OUT_OF_ORDER_TOLERANCE), is
+    /// replayed at the clock's time; one further behind is not replayed
+    /// and counted [out of order](Replay::out_of_order). A record that
+    /// cannot be made a request is counted apart, and does not move the
+    /// clock.
     pub async fn send(&mut self, record: &AccessRecord) {
         let client = match record.user() {
             Some(user) => user.to_owned(),
             None => record.ip().to_string(),
         };
-        let mut statuses = Vec::with_capacity(self.lanes.len());
-        for lane in &mut self.lanes {
-            let Some(request) = request::build(record) else {
-                self.unreplayable += 1;
-                return;
-            };
-            if record.time() > lane.clock.now() {
-                lane.clock.set(record.time());
+        // One request per policy file (a request is used up when sent).
+        let requests: Option<Vec<_>> = self.lanes.iter().map(|_| request::build(record)).collect();
+        let Some(requests) = requests else {
+            self.unreplayable += 1;
+            return;
+        };
+        let behind = self.latest.saturating_duration_since(record.time());
+        if behind > Self::OUT_OF_ORDER_TOLERANCE {
+            self.out_of_order += 1;
+            let further = self
+                .furthest_behind
+                .is_none_or(|(time, clock)| behind > clock.saturating_duration_since(time));
+            if further {
+                self.furthest_behind = Some((record.time(), self.latest));
             }
-            let at = lane.clock.now();
+            return;
+        }
+        self.latest = self.latest.max(record.time());
+        let at = self.latest;
+        let mut statuses = Vec::with_capacity(self.lanes.len());
+        for (lane, request) in self.lanes.iter_mut().zip(requests) {
+            lane.clock.set(at);
             // The router's error is `Infallible`.
             let Ok(response) = lane.router.clone().oneshot(request).await;
             let refused = response.status() == StatusCode::TOO_MANY_REQUESTS;
@@ -148,6 +196,21 @@ impl Replay {
     /// value that HTTP does not allow, a line break in a value, say).
     pub fn unreplayable(&self) -> u64 {
         self.unreplayable
+    }
+
+    /// The lines logged more than
+    /// [`OUT_OF_ORDER_TOLERANCE`](Replay::OUT_OF_ORDER_TOLERANCE) before
+    /// the replay clock (the latest time replayed), which were not
+    /// replayed.
+    pub fn out_of_order(&self) -> u64 {
+        self.out_of_order
+    }
+
+    /// Of the lines [out of order](Replay::out_of_order), the one furthest
+    /// behind: its logged time, and the replay clock's time then (the
+    /// latest time replayed before it). `None` if there was none.
+    pub fn furthest_behind(&self) -> Option<(Timestamp, Timestamp)> {
+        self.furthest_behind
     }
 
     /// Each policy file's totals, in the order given.

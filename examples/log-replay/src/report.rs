@@ -19,8 +19,9 @@ fn most_refused(replay: &Replay, top: usize) -> Vec<(&str, &crate::ClientTally)>
     clients
 }
 
-/// The report as text: each policy file's refusals, by the policy that
-/// fired, then the `top` clients refused most with, per file, how many
+/// The report as text: the requests replayed, those that could not be
+/// and a warning if lines were [out of order](Replay::out_of_order), each
+/// policy file's refusals, by the policy that fired, then the `top` clients refused most with, per file, how many
 /// and between which times.
 ///
 /// ```
@@ -35,11 +36,24 @@ pub fn text(replay: &Replay, top: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "replayed {} requests of {} clients ({} not replayable)",
+        "replayed {} requests of {} clients ({} not replayable, {} out of order)",
         replay.replayed(),
         replay.clients().count(),
-        replay.unreplayable()
+        replay.unreplayable(),
+        replay.out_of_order()
     );
+    if let Some((logged, clock)) = replay.furthest_behind() {
+        let _ = writeln!(
+            out,
+            "warning: {} lines logged more than {} s before the replay clock were not replayed; \
+             the furthest behind was logged at {}, when the clock was at {} \
+             (a line dated ahead of the log moves the clock forward for good)",
+            replay.out_of_order(),
+            Replay::OUT_OF_ORDER_TOLERANCE.as_secs(),
+            time(logged),
+            time(clock)
+        );
+    }
     for (i, lane) in replay.lanes().enumerate() {
         let refused_clients = replay.clients().filter(|(_, t)| t.refused(i) > 0).count();
         let _ = writeln!(

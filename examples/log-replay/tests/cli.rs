@@ -1,5 +1,6 @@
 //! The `log-replay` binary: generate, replay with a report, CSV and
-//! chart; malformed lines counted; a bad policy file named.
+//! chart; malformed lines counted, lines out of order too; a bad policy
+//! file named.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::process::Command;
@@ -20,6 +21,14 @@ fn generate_then_replay() {
     assert!(status.success());
     let mut text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text.lines().count(), 3000);
+    // A line of a wrong clock, then the log goes on: the line after it
+    // is out of order, and said to be.
+    text.push_str(
+        "10.0.0.1 - u1 [01/Jan/2099:00:00:00 +0000] \"GET /health HTTP/1.1\" 200 3 \"-\" \"-\"\n",
+    );
+    text.push_str(
+        "10.0.0.1 - u1 [20/Nov/2026:00:00:30 +0000] \"GET /health HTTP/1.1\" 200 3 \"-\" \"-\"\n",
+    );
     text.push_str("this is not a log line\n");
     std::fs::write(&log, text).unwrap();
 
@@ -41,12 +50,21 @@ fn generate_then_replay() {
         .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("read 3001 lines in"), "{stdout}");
+    assert!(stdout.contains("read 3003 lines in"), "{stdout}");
     assert!(
-        stdout.contains(" 1 malformed, skipped\n  line 3001: "),
+        stdout.contains(" 1 malformed, skipped\n  line 3003: "),
         "{stdout}"
     );
-    assert!(stdout.contains("replayed 3000 requests of "), "{stdout}");
+    assert!(stdout.contains("replayed 3001 requests of "), "{stdout}");
+    assert!(
+        stdout.contains(
+            " clients (0 not replayable, 1 out of order)\n\
+             warning: 1 lines logged more than 60 s before the replay clock were not replayed; \
+             the furthest behind was logged at 2026-11-20 00:00:30, when the clock was at \
+             2099-01-01 00:00:00 "
+        ),
+        "{stdout}"
+    );
     assert!(stdout.contains("policies.toml: refused "), "{stdout}");
     let csv = std::fs::read_to_string(dir.join("refusals.csv")).unwrap();
     assert!(

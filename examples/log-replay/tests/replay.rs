@@ -231,3 +231,52 @@ async fn json_lines_with_headers_and_requests_http_cannot_carry() {
     assert_eq!(replay.unreplayable(), 3);
     assert!(replay.client("dee").is_none());
 }
+
+fn line_stamped(stamp: &str, user: &str, request: &str) -> String {
+    format!("198.51.100.1 - {user} [{stamp}] \"{request} HTTP/1.1\" 200 1\n")
+}
+
+#[tokio::test]
+async fn a_line_dated_ahead_is_loud_and_freezes_nothing_silently() {
+    let mut text = String::new();
+    // The clock at 00:01:00; a line 60 s behind it (the tolerance) is
+    // replayed, one 61 s behind is not.
+    text += &line_stamped("20/Nov/2026:00:01:00 +0000", "ada", "GET /api/items");
+    text += &line_stamped("20/Nov/2026:00:00:00 +0000", "ada", "GET /api/items");
+    text += &line_stamped("19/Nov/2026:23:59:59 +0000", "ada", "GET /api/items");
+    // One line of a wrong clock moves the replay clock to 2099 ...
+    text += &line_stamped("01/Jan/2099:00:00:00 +0000", "bob", "GET /api/items");
+    // ... and the log goes on in 2026: twelve reads of ada in one second
+    // would lose 2 to her burst of 10 if replayed at the 2099 instant.
+    for _ in 0..12 {
+        text += &line_stamped("20/Nov/2026:00:01:01 +0000", "ada", "GET /api/items");
+    }
+    let replay = replay_text(
+        text.as_bytes(),
+        AccessFormat::Common,
+        vec![("demo".to_owned(), demo_policies())],
+    )
+    .await;
+    assert_eq!(replay.replayed(), 3);
+    assert_eq!(replay.out_of_order(), 13);
+    let ada = replay.client("ada").unwrap();
+    assert_eq!((ada.requests(), ada.refused(0)), (2, 0));
+    let bob = replay.client("bob").unwrap();
+    assert_eq!((bob.requests(), bob.refused(0)), (1, 0));
+    assert_eq!(replay.lanes().next().unwrap().refused(), 0);
+    let year_2099 = Timestamp::from_secs(4_070_908_800);
+    assert_eq!(
+        replay.furthest_behind(),
+        Some((Timestamp::from_secs(1_795_132_800 + 61), year_2099))
+    );
+    let report = log_replay::report::text(&replay, 5);
+    assert!(
+        report.starts_with(
+            "replayed 3 requests of 2 clients (0 not replayable, 13 out of order)\n\
+             warning: 13 lines logged more than 60 s before the replay clock were not replayed; \
+             the furthest behind was logged at 2026-11-20 00:01:01, when the clock was at \
+             2099-01-01 00:00:00 (a line dated ahead of the log moves the clock forward for good)\n"
+        ),
+        "{report}"
+    );
+}
