@@ -40,6 +40,7 @@ pub mod serve;
 pub mod topkeys;
 pub mod usage;
 
+use std::convert::Infallible;
 use std::fmt;
 
 use axum::Router;
@@ -48,7 +49,7 @@ use axum::extract::{Extension, Query, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, MethodRouter, on};
+use axum::routing::{MethodFilter, MethodRouter, Route, on};
 use axum::{Json, http};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
@@ -57,6 +58,8 @@ use tollgate::{
     InFlightLayer, KeepBody, Key, KeyExtractor, MissingCause, PlanExtension, PlanMap,
     RateLimitLayer, Settle, ToKey,
 };
+use tower::layer::util::Identity;
+use tower::{Layer, Service};
 
 pub use dashboard::Dashboard;
 pub use operators::AdminToken;
@@ -151,9 +154,45 @@ pub fn app_with_overrides(
     admin: Option<AdminToken>,
     overrides: AppOverrides,
 ) -> Router {
+    build(config, store, admin, overrides, None::<Identity>)
+}
+
+/// The app's router as [`app`] builds it, with `inner` around each
+/// route's handler: inside every limit and the demo's auth, so that the
+/// layers see the response `inner` makes of the handler's. A replay of
+/// an access log answers with the logged status this way, and a
+/// `settle = "failures"` route counts what the server failed. A request
+/// that no handler answers (a limit's refusal, the auth's 401, a path or
+/// method without a route) does not go through `inner`.
+pub fn app_with_handler_layer<L>(config: &AppConfig, store: BoxStore, inner: L) -> Router
+where
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service: Service<Request, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request>>::Response: IntoResponse + 'static,
+    <L::Service as Service<Request>>::Future: Send + 'static,
+{
+    build(config, store, None, AppOverrides::default(), Some(inner))
+}
+
+fn build<L>(
+    config: &AppConfig,
+    store: BoxStore,
+    admin: Option<AdminToken>,
+    overrides: AppOverrides,
+    inner: Option<L>,
+) -> Router
+where
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service: Service<Request, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request>>::Response: IntoResponse + 'static,
+    <L::Service as Service<Request>>::Future: Send + 'static,
+{
     let mut router = Router::new();
     for &(method, path) in ROUTES {
         let mut route: MethodRouter = handler(method, path);
+        if let Some(inner) = &inner {
+            route = route.route_layer(inner.clone());
+        }
         let entries: Vec<&RouteConfig> = config
             .routes
             .iter()

@@ -66,6 +66,11 @@ pub struct Generated {
     pub method: &'static str,
     /// The path and query.
     pub target: &'static str,
+    /// The status logged, the demo's answer to it unlimited: 401 for a
+    /// login (no body is sent, so it fails) and for an anonymous call of
+    /// `/api/*`, 404 for a path without a route, 201 for a created item,
+    /// 200 otherwise.
+    pub status: u16,
 }
 
 impl Generator {
@@ -100,12 +105,20 @@ impl Generator {
                 c if c % 7 == 0 => Some(format!("pro-u{c}")),
                 c => Some(format!("u{c}")),
             };
+            let status = match (route.1, route.2, &user) {
+                ("POST", "/login", _) => 401,
+                (_, "/nowhere", _) => 404,
+                (_, target, None) if target.starts_with("/api/") => 401,
+                ("POST", "/api/items", Some(_)) => 201,
+                _ => 200,
+            };
             Generated {
                 secs: this.start_secs + n * this.span_secs / this.lines.max(1),
                 ip,
                 user,
                 method: route.1,
                 target: route.2,
+                status,
             }
         })
     }
@@ -125,12 +138,13 @@ impl Generator {
             }
             writeln!(
                 out,
-                "{} - {} [{}] \"{} {} HTTP/1.1\" 200 512 \"-\" \"loadgen/1.0\"",
+                "{} - {} [{}] \"{} {} HTTP/1.1\" {} 512 \"-\" \"loadgen/1.0\"",
                 r.ip,
                 r.user.as_deref().unwrap_or("-"),
                 stamp.1,
                 r.method,
-                r.target
+                r.target,
+                r.status
             )?;
         }
         Ok(())

@@ -6,11 +6,13 @@
 //! --format combined --policies examples/axum-app/policies.toml [--policies
 //! candidate.toml] --chart replay`
 //!
-//! Each logged request is sent through [`axum_app::app`], built from the
-//! policy file on a [`MemoryStore`](tollgate::MemoryStore) whose
+//! Each logged request is sent through the demo's router
+//! ([`axum_app::app_with_handler_layer`]), built from the policy file on
+//! a [`MemoryStore`](tollgate::MemoryStore) whose
 //! [`FakeClock`](tollgate::FakeClock) is set to the logged time: the real
 //! routes, key extractors, plans and stacked layers decide, not a second
-//! implementation of them. A `429` is a refusal. The log is read as a
+//! implementation of them. A `429` is a refusal, unless the route's
+//! handler answered it (below). The log is read as a
 //! stream ([`tollgate_sim::access::AccessLog`]); what is kept grows with
 //! the clients and keys, not with the lines.
 //!
@@ -28,9 +30,16 @@
 //! What a log does not hold is supplied the demo's way: a logged user
 //! `<user>` becomes `Authorization: Bearer demo-<user>` (so `pro-<user>`
 //! is on the pro plan) unless the line logged an `authorization` header;
-//! the client's address is the peer address. Bodies are not logged, so a
-//! `POST /login` replays as a failed login, and a response's body is
-//! dropped at once, so an in-flight slot is held for no time.
+//! the client's address is the peer address. Bodies are not logged, so
+//! the route's handler cannot tell a right password from a wrong one: it
+//! runs (what it reports to the layers, the tokens of a completion, say,
+//! stands), and its response takes the status the line logged. A
+//! `settle = "failures"` policy (`login-failures`) so counts the logins
+//! the server failed, not every one; a JSON line without a status keeps
+//! the handler's own (a `POST /login` without a body fails). A logged
+//! `429` that the replayed policies admit is the route's answer, not a
+//! refusal. A response's body is dropped at once, so an in-flight slot is
+//! held for no time.
 //!
 //! ```
 //! use log_replay::Replay;

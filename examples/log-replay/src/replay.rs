@@ -95,7 +95,11 @@ impl Replay {
             let clock = FakeClock::new(Timestamp::from_secs(0));
             let store = MemoryStore::builder().clock(clock.clone()).build()?;
             lanes.push(Lane {
-                router: axum_app::app(&config, BoxStore::new(store)),
+                router: axum_app::app_with_handler_layer(
+                    &config,
+                    BoxStore::new(store),
+                    axum::middleware::from_fn(request::answer_as_logged),
+                ),
                 clock,
                 tally: LaneTally {
                     name,
@@ -151,7 +155,12 @@ impl Replay {
             lane.clock.set(at);
             // The router's error is `Infallible`.
             let Ok(response) = lane.router.clone().oneshot(request).await;
-            let refused = response.status() == StatusCode::TOO_MANY_REQUESTS;
+            // The route's own answer is never a refusal, even a logged 429.
+            let refused = response.status() == StatusCode::TOO_MANY_REQUESTS
+                && response
+                    .extensions()
+                    .get::<request::RouteAnswered>()
+                    .is_none();
             if refused {
                 lane.tally.refused += 1;
                 let policy = response
@@ -193,7 +202,8 @@ impl Replay {
     }
 
     /// The records that could not be made a request (a header name or
-    /// value that HTTP does not allow, a line break in a value, say).
+    /// value that HTTP does not allow, a line break in a value, a logged
+    /// status outside 100 to 999, say).
     pub fn unreplayable(&self) -> u64 {
         self.unreplayable
     }

@@ -100,8 +100,12 @@ async fn the_million_line_log_is_refused_as_the_router_refuses_it() {
 }
 
 fn line(secs: u32, ip: &str, user: &str, request: &str) -> String {
+    line_status(secs, ip, user, request, 200)
+}
+
+fn line_status(secs: u32, ip: &str, user: &str, request: &str, status: u16) -> String {
     format!(
-        "{ip} - {user} [20/Nov/2026:00:{:02}:{:02} +0000] \"{request} HTTP/1.1\" 200 1\n",
+        "{ip} - {user} [20/Nov/2026:00:{:02}:{:02} +0000] \"{request} HTTP/1.1\" {status} 1\n",
         secs / 60,
         secs % 60
     )
@@ -126,10 +130,10 @@ async fn a_small_log_is_refused_as_worked_out_by_hand() {
     for n in 0..125 {
         text += &line(10, "198.51.100.3", &format!("user{n}"), "GET /api/reports");
     }
-    // Anonymous logins from one address: bodies are not logged, so each
-    // fails; 5 failures a minute, the 6th and 7th refused.
+    // Anonymous logins from one address, each logged as failed (401): 5
+    // failures a minute, the 6th and 7th refused.
     for _ in 0..7 {
-        text += &line(20, "198.51.100.4", "-", "POST /login");
+        text += &line_status(20, "198.51.100.4", "-", "POST /login", 401);
     }
     let replay = replay_text(
         text.as_bytes(),
@@ -212,11 +216,47 @@ async fn two_policy_files_side_by_side() {
 }
 
 #[tokio::test]
+async fn the_logged_status_is_the_routes_answer() {
+    let mut text = String::new();
+    // Six logins from one address that succeeded, then six that failed,
+    // as logged: `settle = "failures"` counts only the failures, 5 a
+    // minute, so only the last is refused.
+    for _ in 0..6 {
+        text += &line_status(30, "198.51.100.5", "-", "POST /login", 200);
+    }
+    for _ in 0..6 {
+        text += &line_status(30, "198.51.100.5", "-", "POST /login", 401);
+    }
+    // A request the logging server's own limit refused (429), which the
+    // replayed policies admit: the route answers, with the logged status,
+    // and it is no refusal.
+    text += &line_status(30, "198.51.100.6", "cy", "GET /api/items", 429);
+    let replay = replay_text(
+        text.as_bytes(),
+        AccessFormat::Common,
+        vec![("demo".to_owned(), demo_policies())],
+    )
+    .await;
+    let refused = |client: &str| replay.client(client).map(|t| (t.requests(), t.refused(0)));
+    assert_eq!(refused("198.51.100.5"), Some((12, 1)));
+    assert_eq!(refused("cy"), Some((1, 0)));
+    let lane = replay.lanes().next().unwrap();
+    assert_eq!(lane.refused(), 1);
+    let by_policy: Vec<(&str, u64)> = lane
+        .by_policy()
+        .iter()
+        .map(|(p, n)| (p.as_str(), *n))
+        .collect();
+    assert_eq!(by_policy, [("login-failures", 1)]);
+}
+
+#[tokio::test]
 async fn json_lines_with_headers_and_requests_http_cannot_carry() {
     let text = br#"{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","headers":{"Authorization":"Bearer demo-pro-cy"}}
 {"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"bad name":"x"}}
 {"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"x-note":"a\u0000b"}}
 {"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","headers":{"x-api-key":"k\r\nx-injected: 1"}}
+{"time":1795132800,"method":"GET","path":"/api/items","ip":"198.51.100.9","user":"dee","status":1000}
 "#;
     let replay = replay_text(
         text,
@@ -228,7 +268,8 @@ async fn json_lines_with_headers_and_requests_http_cannot_carry() {
     // logged, so the client is the address.
     assert_eq!(replay.replayed(), 1);
     assert_eq!(replay.client("198.51.100.9").map(|t| t.requests()), Some(1));
-    assert_eq!(replay.unreplayable(), 3);
+    // A status HTTP has not (above 999) cannot be the route's answer.
+    assert_eq!(replay.unreplayable(), 4);
     assert!(replay.client("dee").is_none());
 }
 
