@@ -1,6 +1,8 @@
 //! The replay's chart: one lane per policy file, time across, admitted
 //! requests per bucket as a green bar upwards and refused ones as a red
-//! bar downwards. PNG through [`tollgate_sim::chart::png`].
+//! bar downwards; the requests answered neither by their route nor with a
+//! refusal are counted beside the lane. PNG through
+//! [`tollgate_sim::chart::png`].
 
 use std::fmt::Write;
 
@@ -70,6 +72,10 @@ pub fn svg<'a>(lanes: impl IntoIterator<Item = &'a LaneTally>, title: &str) -> S
             (format!("admitted {admitted}"), "normal"),
             (format!("refused {}", lane.refused()), "normal"),
         ];
+        let otherwise: u64 = lane.answered_otherwise().values().sum();
+        if otherwise > 0 {
+            texts.push((format!("other answers {otherwise}"), "normal"));
+        }
         let mut policies: Vec<(&String, &u64)> = lane.by_policy().iter().collect();
         policies.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         for (policy, n) in policies.into_iter().take(4) {

@@ -12,9 +12,15 @@
 //! [`FakeClock`](tollgate::FakeClock) is set to the logged time: the real
 //! routes, key extractors, plans and stacked layers decide, not a second
 //! implementation of them. A `429` is a refusal, unless the route's
-//! handler answered it (below). The log is read as a
-//! stream ([`tollgate_sim::access::AccessLog`]); what is kept grows with
-//! the clients and keys, not with the lines.
+//! handler answered it (below). Any other answer not the route's is
+//! counted by status, per policy file, and reported beside the refusals
+//! ([`LaneTally::answered_otherwise`]): the demo's auth (`401` for a call
+//! of `/api/*` without a user), a path or method without a route (`404`,
+//! `405`), or a failure policy answering in the store's place (`503`).
+//! The log is read as a stream ([`tollgate_sim::access::AccessLog`]);
+//! what is kept grows with the clients and keys, not with the lines: the
+//! stores hold every key still inside its window ([`Replay::MAX_KEYS`]),
+//! so that no store turns a key away and its failure policy answers.
 //!
 //! The clock never goes back. A line logged before the latest time
 //! replayed, by at most [`Replay::OUT_OF_ORDER_TOLERANCE`] (a minute: a

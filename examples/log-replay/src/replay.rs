@@ -11,7 +11,7 @@ use tollgate_sim::access::AccessRecord;
 use tower::ServiceExt;
 
 use crate::request;
-use crate::tally::{ClientTally, LaneTally};
+use crate::tally::{Answer, ClientTally, LaneTally};
 
 /// Why a replay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -80,20 +80,59 @@ impl Replay {
     /// refusals at the wrong time.
     pub const OUT_OF_ORDER_TOLERANCE: Duration = Duration::from_secs(60);
 
-    /// A replay through each `(name, policy file)`, in this order.
+    /// The most keys each policy file's memory store holds in a replay
+    /// made by [`new`](Replay::new): no bound.
+    ///
+    /// A server's store is bounded, against a flood of made-up keys; past
+    /// its bound a new key is not tracked (`StoreError::Full`) and the
+    /// file's failure policy answers in the store's place (a `503` under
+    /// `closed`, every request let through under `open`), which would make
+    /// the replay's answers the bound's, not the policies'. A replay tracks
+    /// every key its log holds, and its memory grows with the keys still
+    /// inside their windows (expired ones are swept): a replay that would
+    /// rather be bounded sets [`with_max_keys`](Replay::with_max_keys), and
+    /// the failure policy's answers then show in the report
+    /// ([`LaneTally::answered_otherwise`]).
+    pub const MAX_KEYS: usize = usize::MAX;
+
+    /// A replay through each `(name, policy file)`, in this order, on
+    /// stores of [`MAX_KEYS`](Replay::MAX_KEYS) keys.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::NoPolicies`] for an empty list.
+    pub fn new(files: Vec<(String, AppConfig)>) -> Result<Self, ReplayError> {
+        Self::with_max_keys(files, Self::MAX_KEYS)
+    }
+
+    /// A replay through each `(name, policy file)`, in this order, whose
+    /// memory stores hold at most `max_keys` keys each (split evenly over
+    /// the store's shards; see `MemoryStoreBuilder::max_keys`). Past the
+    /// bound, the policy file's failure policy answers: under `closed` a
+    /// `503`, counted in [`LaneTally::answered_otherwise`]; under `local`
+    /// (the in-memory fallback decides, on its own state) or `open` (let
+    /// through to the route) the report cannot tell those answers from
+    /// the policies'.
     ///
     /// # Errors
     ///
     /// [`ReplayError::NoPolicies`] for an empty list;
-    /// [`ReplayError::Store`] if a memory store cannot be built.
-    pub fn new(files: Vec<(String, AppConfig)>) -> Result<Self, ReplayError> {
+    /// [`ReplayError::Store`] if a memory store cannot be built (a
+    /// `max_keys` of 0).
+    pub fn with_max_keys(
+        files: Vec<(String, AppConfig)>,
+        max_keys: usize,
+    ) -> Result<Self, ReplayError> {
         if files.is_empty() {
             return Err(ReplayError::NoPolicies);
         }
         let mut lanes = Vec::with_capacity(files.len());
         for (name, config) in files {
             let clock = FakeClock::new(Timestamp::from_secs(0));
-            let store = MemoryStore::builder().clock(clock.clone()).build()?;
+            let store = MemoryStore::builder()
+                .clock(clock.clone())
+                .max_keys(max_keys)
+                .build()?;
             lanes.push(Lane {
                 router: axum_app::app_with_handler_layer(
                     &config,
@@ -155,30 +194,35 @@ impl Replay {
             lane.clock.set(at);
             // The router's error is `Infallible`.
             let Ok(response) = lane.router.clone().oneshot(request).await;
-            // The route's own answer is never a refusal, even a logged 429.
-            let refused = response.status() == StatusCode::TOO_MANY_REQUESTS
-                && response
-                    .extensions()
-                    .get::<request::RouteAnswered>()
-                    .is_none();
-            if refused {
-                lane.tally.refused += 1;
-                let policy = response
-                    .headers()
-                    .get(tollgate::headers::X_RATELIMIT_RESOURCE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| {
-                        if response.headers().contains_key(tollgate::CONCURRENCY_LIMIT) {
-                            "in-flight".to_owned()
-                        } else {
-                            "unnamed".to_owned()
-                        }
-                    });
-                *lane.tally.by_policy.entry(policy).or_insert(0) += 1;
+            let answer = answer(&response);
+            match answer {
+                Answer::Route => {}
+                Answer::Refused => {
+                    lane.tally.refused += 1;
+                    let policy = response
+                        .headers()
+                        .get(tollgate::headers::X_RATELIMIT_RESOURCE)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| {
+                            if response.headers().contains_key(tollgate::CONCURRENCY_LIMIT) {
+                                "in-flight".to_owned()
+                            } else {
+                                "unnamed".to_owned()
+                            }
+                        });
+                    *lane.tally.by_policy.entry(policy).or_insert(0) += 1;
+                }
+                Answer::Otherwise => {
+                    *lane
+                        .tally
+                        .otherwise
+                        .entry(response.status().as_u16())
+                        .or_insert(0) += 1;
+                }
             }
-            lane.tally.timeline.add(at, refused);
-            statuses.push((refused, at));
+            lane.tally.timeline.add(at, answer);
+            statuses.push((answer, at));
         }
         self.replayed += 1;
         let lanes = self.lanes.len();
@@ -187,11 +231,14 @@ impl Replay {
             .entry(client)
             .or_insert_with(|| ClientTally::new(lanes));
         tally.requests += 1;
-        for (refusals, (refused, at)) in tally.lanes.iter_mut().zip(statuses) {
-            if refused {
-                refusals.count += 1;
-                refusals.first.get_or_insert(at);
-                refusals.last = Some(at);
+        for (refusals, (answer, at)) in tally.lanes.iter_mut().zip(statuses) {
+            match answer {
+                Answer::Refused => {
+                    refusals.count += 1;
+                    refusals.first.get_or_insert(at);
+                    refusals.last = Some(at);
+                }
+                Answer::Route | Answer::Otherwise => {}
             }
         }
     }
@@ -236,5 +283,21 @@ impl Replay {
     /// Every client's tally, in no particular order.
     pub fn clients(&self) -> impl Iterator<Item = (&str, &ClientTally)> {
         self.clients.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}
+
+/// Who answered `response`: the route's handler (whatever the status, a
+/// logged `429` included), a limit's refusal (`429`), or someone else.
+fn answer<B>(response: &http::Response<B>) -> Answer {
+    if response
+        .extensions()
+        .get::<request::RouteAnswered>()
+        .is_some()
+    {
+        Answer::Route
+    } else if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        Answer::Refused
+    } else {
+        Answer::Otherwise
     }
 }

@@ -21,7 +21,9 @@ fn most_refused(replay: &Replay, top: usize) -> Vec<(&str, &crate::ClientTally)>
 
 /// The report as text: the requests replayed, those that could not be
 /// and a warning if lines were [out of order](Replay::out_of_order), each
-/// policy file's refusals, by the policy that fired, then the `top` clients refused most with, per file, how many
+/// policy file's refusals, by the policy that fired, and the requests it
+/// answered neither by their route nor with a refusal, by status
+/// ([`LaneTally::answered_otherwise`](crate::LaneTally::answered_otherwise)), then the `top` clients refused most with, per file, how many
 /// and between which times.
 ///
 /// ```
@@ -56,14 +58,20 @@ pub fn text(replay: &Replay, top: usize) -> String {
     }
     for (i, lane) in replay.lanes().enumerate() {
         let refused_clients = replay.clients().filter(|(_, t)| t.refused(i) > 0).count();
+        let otherwise: u64 = lane.answered_otherwise().values().sum();
         let _ = writeln!(
             out,
-            "\n{}: refused {} requests of {refused_clients} clients",
+            "\n{}: refused {} requests of {refused_clients} clients; \
+             answered {otherwise} neither by their route nor with 429",
             lane.name(),
             lane.refused()
         );
         for (policy, n) in lane.by_policy() {
             let _ = writeln!(out, "  {policy:<24} {n:>10}");
+        }
+        for (status, n) in lane.answered_otherwise() {
+            let label = format!("(answered {status})");
+            let _ = writeln!(out, "  {label:<24} {n:>10}");
         }
     }
     let lanes: Vec<_> = replay.lanes().map(|l| l.name().to_owned()).collect();

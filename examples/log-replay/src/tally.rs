@@ -8,7 +8,21 @@ use tollgate::Timestamp;
 /// width doubles, so a timeline's memory is bounded whatever the span.
 const BUCKETS: usize = 240;
 
+/// Who answered a replayed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The route's handler: the request was admitted.
+    Route,
+    /// A limit, with `429`.
+    Refused,
+    /// Neither: the demo's auth (`401`), no route (`404`, `405`), or a
+    /// failure policy in a store's place (`503`).
+    Otherwise,
+}
+
 /// Admitted and refused requests over time, in buckets of equal width.
+/// Requests answered neither by their route nor with a refusal are in
+/// neither.
 #[derive(Debug, Clone, Default)]
 pub struct Timeline {
     start: Option<Timestamp>,
@@ -19,7 +33,7 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    pub(crate) fn add(&mut self, at: Timestamp, refused: bool) {
+    pub(crate) fn add(&mut self, at: Timestamp, answer: Answer) {
         let start = *self.start.get_or_insert(at);
         if self.width == 0 {
             self.width = 1;
@@ -36,12 +50,11 @@ impl Timeline {
             self.admitted.resize(index + 1, 0);
             self.refused.resize(index + 1, 0);
         }
-        let counts = if refused {
-            &mut self.refused
-        } else {
-            &mut self.admitted
-        };
-        counts[index] += 1;
+        match answer {
+            Answer::Route => self.admitted[index] += 1,
+            Answer::Refused => self.refused[index] += 1,
+            Answer::Otherwise => {}
+        }
     }
 
     fn halve(&mut self) {
@@ -62,7 +75,7 @@ impl Timeline {
         self.width.max(1)
     }
 
-    /// Requests admitted per bucket.
+    /// Requests admitted (answered by their route) per bucket.
     pub fn admitted(&self) -> &[u64] {
         &self.admitted
     }
@@ -79,6 +92,7 @@ pub struct LaneTally {
     pub(crate) name: String,
     pub(crate) refused: u64,
     pub(crate) by_policy: BTreeMap<String, u64>,
+    pub(crate) otherwise: BTreeMap<u16, u64>,
     pub(crate) timeline: Timeline,
 }
 
@@ -97,6 +111,16 @@ impl LaneTally {
     /// `in-flight` for an in-flight limit, `unnamed` without headers).
     pub fn by_policy(&self) -> &BTreeMap<String, u64> {
         &self.by_policy
+    }
+
+    /// The requests answered neither by their route nor with a `429`, by
+    /// status: the demo's auth (`401`, a call of `/api/*` without a user),
+    /// a path or method without a route (`404`, `405`), a failure
+    /// policy's answer in the store's place (`503` under `closed`, see
+    /// [`Replay::MAX_KEYS`](crate::Replay::MAX_KEYS)). Neither admitted
+    /// nor refused, they are counted here so that none goes unseen.
+    pub fn answered_otherwise(&self) -> &BTreeMap<u16, u64> {
+        &self.otherwise
     }
 
     /// Its admissions and refusals over time.

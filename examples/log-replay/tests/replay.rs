@@ -321,3 +321,104 @@ async fn a_line_dated_ahead_is_loud_and_freezes_nothing_silently() {
         "{report}"
     );
 }
+
+fn closed_policies() -> AppConfig {
+    let text = include_str!("../../axum-app/policies.toml");
+    assert!(text.contains("failure = \"local\""));
+    AppConfig::parse(&text.replace("failure = \"local\"", "failure = \"closed\"")).unwrap()
+}
+
+#[tokio::test]
+async fn every_answer_that_is_neither_the_routes_nor_a_refusal_is_counted() {
+    let mut text = String::new();
+    // One address, one instant. ada's reads: api-ip takes the store's
+    // only key, so items-read finds it full, and `closed` answers 503.
+    text += &line(0, "198.51.100.1", "ada", "GET /api/items");
+    text += &line(0, "198.51.100.1", "ada", "GET /api/items");
+    // No user: the demo's auth answers 401.
+    text += &line(0, "198.51.100.1", "-", "GET /api/items");
+    // No such route: 404.
+    text += &line(0, "198.51.100.1", "-", "GET /nowhere");
+    // No limit: the route answers.
+    text += &line(0, "198.51.100.1", "-", "GET /health");
+    // login-failures needs a key of its own: 503.
+    text += &line_status(0, "198.51.100.1", "-", "POST /login", 401);
+    let log = || AccessLog::new(text.as_bytes(), AccessFormat::Common);
+
+    let mut bounded =
+        Replay::with_max_keys(vec![("closed".to_owned(), closed_policies())], 1).unwrap();
+    for record in log() {
+        bounded.send(&record.unwrap()).await;
+    }
+    assert_eq!(bounded.replayed(), 6);
+    let lane = bounded.lanes().next().unwrap();
+    assert_eq!(lane.refused(), 0);
+    let otherwise: Vec<(u16, u64)> = lane
+        .answered_otherwise()
+        .iter()
+        .map(|(s, n)| (*s, *n))
+        .collect();
+    assert_eq!(otherwise, [(401, 1), (404, 1), (503, 3)]);
+    assert_eq!(lane.timeline().admitted(), [1]);
+    assert_eq!(lane.timeline().refused(), [0]);
+    let report = log_replay::report::text(&bounded, 5);
+    assert!(
+        report.contains(
+            "\nclosed: refused 0 requests of 0 clients; \
+             answered 5 neither by their route nor with 429\n  \
+             (answered 401)                    1\n  \
+             (answered 404)                    1\n  \
+             (answered 503)                    3\n"
+        ),
+        "{report}"
+    );
+
+    // Unbounded, as `Replay::new` makes it: only the auth and the missing
+    // route answer in the route's place.
+    let mut unbounded = Replay::new(vec![("closed".to_owned(), closed_policies())]).unwrap();
+    for record in log() {
+        unbounded.send(&record.unwrap()).await;
+    }
+    let lane = unbounded.lanes().next().unwrap();
+    let otherwise: Vec<(u16, u64)> = lane
+        .answered_otherwise()
+        .iter()
+        .map(|(s, n)| (*s, *n))
+        .collect();
+    assert_eq!(otherwise, [(401, 1), (404, 1)]);
+    assert_eq!(lane.timeline().admitted(), [4]);
+    assert_eq!(lane.refused(), 0);
+}
+
+/// More keys than a memory store holds by default (1,000,000): 550,000
+/// users each read items once, from an address of their own, at one
+/// instant, so 1,100,000 keys (`api-ip` and `items-read`) are live at
+/// once. Under `closed`, a store past its bound would answer 503. Run it
+/// in release: `cargo test --release -p log-replay --test replay --
+/// --ignored`.
+#[tokio::test]
+#[ignore = "1,100,000 keys: run in release"]
+async fn a_replay_tracks_more_keys_than_a_default_store_holds() {
+    const USERS: u32 = 550_000;
+    let mut replay = Replay::new(vec![("closed".to_owned(), closed_policies())]).unwrap();
+    for n in 0..USERS {
+        let [_, a, b, c] = n.to_be_bytes();
+        let line = line(
+            0,
+            &format!("10.{a}.{b}.{c}"),
+            &format!("u{n}"),
+            "GET /api/items",
+        );
+        let mut log = AccessLog::new(line.as_bytes(), AccessFormat::Common);
+        replay.send(&log.next().unwrap().unwrap()).await;
+    }
+    assert_eq!(replay.replayed(), u64::from(USERS));
+    let lane = replay.lanes().next().unwrap();
+    assert_eq!(lane.refused(), 0);
+    assert!(
+        lane.answered_otherwise().is_empty(),
+        "{:?}",
+        lane.answered_otherwise()
+    );
+    assert_eq!(lane.timeline().admitted(), [u64::from(USERS)]);
+}
