@@ -231,3 +231,63 @@ async fn settle_status_carry_over_block_and_reset_meet_on_memory_and_redis() {
         .unwrap();
     features_meet(&redis, &clock).await;
 }
+
+/// A month counted from the 1st at midnight UTC, redeployed mid-month to
+/// count from 06:00 (an offset), then to Berlin's months: the month's use
+/// stays with the key. The stored window began before the new calendar's
+/// current one, and a window that began earlier was taken for an ended
+/// one: the count went to 0, and every key had its month afresh. Once
+/// the new calendar's month ends, the next starts afresh. On memory and on
+/// Redis alike.
+async fn calendar_changes<S: Store>(store: &S, clock: &FakeClock) -> Vec<(bool, u64)> {
+    let month = |calendar: Calendar| {
+        Policy::builder("calendar-change")
+            .algorithm(Algorithm::FixedWindow)
+            .limit("100/month")
+            .calendar(calendar)
+            .build()
+            .unwrap()
+    };
+    let utc = month(Calendar::new("UTC").unwrap());
+    let at_six = month(
+        Calendar::new("UTC")
+            .unwrap()
+            .with_offset(Duration::from_secs(6 * 3_600)),
+    );
+    let berlin = month(Calendar::new("Europe/Berlin").unwrap());
+    let key = Key::user(unique_prefix("calendar-change"));
+    let mut seen = Vec::new();
+    let mut check = async |policy: &Policy, cost| {
+        let decision = store.check(&key, policy, cost).await.unwrap();
+        seen.push((decision.is_allowed(), decision.remaining()));
+        (decision.is_allowed(), decision.remaining())
+    };
+    // 2027-01-15 12:00 UTC.
+    clock.set(Timestamp::from_secs(1_800_014_400));
+    assert_eq!(check(&utc, 90).await, (true, 10));
+    assert_eq!(check(&at_six, 5).await, (true, 5), "the month's use kept");
+    assert_eq!(check(&berlin, 5).await, (true, 0), "and again");
+    assert_eq!(check(&utc, 1).await, (false, 0));
+    // 2027-02-01 07:00 UTC: the month from 06:00 has begun.
+    clock.set(Timestamp::from_secs(1_801_465_200));
+    assert_eq!(check(&at_six, 1).await, (true, 99));
+    seen
+}
+
+#[tokio::test]
+async fn a_calendar_changed_mid_month_keeps_the_months_use_on_memory_and_redis() {
+    let clock = FakeClock::default();
+    let memory = tollgate::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let on_memory = calendar_changes(&memory, &clock).await;
+    let url = require_redis().await;
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("calendar-change"))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    assert_eq!(calendar_changes(&redis, &clock).await, on_memory);
+}

@@ -166,7 +166,13 @@ impl PolicyBuilder {
     /// [`Algorithm::FixedWindow`] takes calendar periods (its count resets
     /// at the boundary; the other algorithms spread a limit over a rolling
     /// period, with no boundary to align): `build` refuses the others with
-    /// [`ConfigError::CalendarNeedsFixedWindow`].
+    /// [`ConfigError::CalendarNeedsFixedWindow`]. A policy redeployed with
+    /// another calendar (zone or offset) keeps each key's use: a window
+    /// begun under the old calendar that, as long as the new calendar's
+    /// window holding its start, ends after the current window's start
+    /// carries its count into it (a month from the 1st, then from the
+    /// 2nd: what was used since the 1st counts until the 2nd of next
+    /// month).
     ///
     /// ```
     /// use std::time::Duration;

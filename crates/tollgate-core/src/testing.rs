@@ -29,8 +29,10 @@
 //!   random cases started just before month ends (of 28, 29, 30 and 31
 //!   days, the leap day of 2028), the daylight-saving changes of
 //!   Europe/Berlin in 2027 and a zone whose midnight falls in the gap
-//!   (America/Santiago), with offsets, and a limit raised mid-month
-//!   (the month's usage carries over); and at each such boundary, exact
+//!   (America/Santiago), with offsets, a limit raised mid-month (the
+//!   month's usage carries over) and calendars changed in turn (a month
+//!   from midnight and from 06:00, Berlin's days and UTC's); and at each
+//!   such boundary, exact
 //!   numbers: a key that spent its period 1 s before the boundary is told
 //!   to come back in 1 s, and 1 s later has a whole new period, whose
 //!   reset is its exact length (23 h for Berlin's spring day, 25 h for its
@@ -68,7 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::algorithm::Algorithm;
-use crate::calendar::cases::{BOUNDARIES, at, calendar_cases};
+use crate::calendar::cases::{BOUNDARIES, at, calendar_cases, calendar_changes};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
@@ -183,6 +185,32 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Within the hour before the boundary.
+        run(
+            store,
+            clock,
+            &configs,
+            (at(start), 3_600),
+            &mut random,
+            &mut report,
+        )
+        .await?;
+        report.cases += 1;
+    }
+    for (configs, start) in calendar_changes() {
+        let configs = configs
+            .into_iter()
+            .map(|(zone, offset, limits)| {
+                let calendar =
+                    crate::Calendar::new(zone)?.with_offset(Duration::from_secs(offset * 3600));
+                let mut builder = Policy::builder("conformance-calendar-change")
+                    .algorithm(Algorithm::FixedWindow)
+                    .calendar(calendar);
+                for &limit in limits {
+                    builder = builder.limit(limit);
+                }
+                builder.build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         run(
             store,
             clock,

@@ -43,6 +43,24 @@ impl FixedWindow {
     fn end(&self, p: &LimitParams) -> u64 {
         p.window(self.start).1
     }
+
+    /// Whether this window, begun before the window starting at `ws`, runs
+    /// into it: as long as the window that holds its start, it ends after
+    /// `ws`. Never for a window begun on a boundary of `p`'s (it ends
+    /// where the next begins); for one begun under another calendar (its
+    /// zone or offset changed since, say a month from the 1st now counted
+    /// from the 2nd), its count carries into the current window instead
+    /// of starting it afresh. Judged only from the period before `ws`'s
+    /// on, the calendar bounds the Redis store sends its scripts.
+    fn runs_into(&self, p: &LimitParams, ws: u64) -> bool {
+        if let Some([previous, ..]) = p.calendar_bounds(ws)
+            && self.start < previous
+        {
+            return false;
+        }
+        let (start, end) = p.window(self.start);
+        self.start.saturating_add(end - start) > ws
+    }
 }
 
 impl Rule for FixedWindow {
@@ -56,8 +74,10 @@ impl Rule for FixedWindow {
     fn advance(&mut self, p: &LimitParams, now: u64) {
         let ws = p.window(now).0;
         if ws > self.start {
+            if !self.runs_into(p, ws) {
+                self.count = 0;
+            }
             self.start = ws;
-            self.count = 0;
         }
     }
 

@@ -77,6 +77,33 @@ pub(crate) fn calendar_cases() -> Vec<CalendarCase> {
     ]
 }
 
+/// Calendar changes: configurations served in turn, each with its own
+/// calendar (zone, offset in hours, limits), and a boundary the case
+/// starts within the hour before. A window begun under one calendar runs
+/// into the other's current window, its count carried.
+pub(crate) type CalendarChange = (
+    Vec<(&'static str, u64, &'static [&'static str])>,
+    &'static str,
+);
+
+pub(crate) fn calendar_changes() -> Vec<CalendarChange> {
+    vec![
+        // Months from midnight and from 06:00 UTC.
+        (
+            vec![("UTC", 0, &["40/month"]), ("UTC", 6, &["40/month"])],
+            "2027-01-31T23:00:00Z",
+        ),
+        // Berlin's days and UTC's, with a limit per minute beside them.
+        (
+            vec![
+                ("Europe/Berlin", 0, &["20/day", "3/min"]),
+                ("UTC", 0, &["20/day", "3/min"]),
+            ],
+            "2027-03-27T23:00:00Z",
+        ),
+    ]
+}
+
 /// Calendar boundaries checked exactly: zone, offset in hours, limit, the
 /// boundary (UTC) and the length in hours of the period it starts.
 pub(crate) const BOUNDARIES: &[(&str, u64, &str, &str, u64)] = &[

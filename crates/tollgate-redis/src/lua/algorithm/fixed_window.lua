@@ -6,9 +6,18 @@ local function window_end(p, s)
   return e
 end
 init = function(i, p) return { a = (window(now, p)), b = 0, c = 0 } end
+-- A window begun before the current one's start ws runs into it if, as
+-- long as the window holding its start, it ends after ws: never for one
+-- begun on a boundary; for one begun under another calendar (a zone or
+-- offset changed since), its count carries into the current window (as
+-- FixedWindow::runs_into). Judged from the periods sent only.
 advance = function(i, p, s)
   local ws = window(now, p)
-  if ws > s.a then s.a = ws; s.b = 0 end
+  if ws > s.a then
+    local os, oe = window_at(s.a, p)
+    if not (os and s.a + (oe - os) > ws) then s.b = 0 end
+    s.a = ws
+  end
 end
 status = function(i, p, s, qf)
   return max(p.count - s.b, 0), max(window_end(p, s) - now, 0)
