@@ -232,45 +232,90 @@ async fn settle_status_carry_over_block_and_reset_meet_on_memory_and_redis() {
     features_meet(&redis, &clock).await;
 }
 
-/// A month counted from the 1st at midnight UTC, redeployed mid-month to
-/// count from 06:00 (an offset), then to Berlin's months: the month's use
-/// stays with the key. The stored window began before the new calendar's
-/// current one, and a window that began earlier was taken for an ended
-/// one: the count went to 0, and every key had its month afresh. Once
-/// the new calendar's month ends, the next starts afresh. On memory and on
-/// Redis alike.
+/// Calendars changed under a key, on memory and on Redis alike:
+/// - a month counted from midnight UTC, redeployed mid-month to count from
+///   06:00 (an offset), then to Berlin's months, and back: the month's use
+///   stays with the key until the month it began in ends, then the key
+///   starts afresh. A window that began earlier than the new calendar's
+///   current one was taken for an ended one, and the key had its month
+///   afresh; a first fix carried its count into the new calendar's window
+///   and, changed back, into the next month too.
+/// - a calendar changed after the key's month ended: afresh.
+/// - a day from 06:00 UTC, redeployed as a plain day (its compact form):
+///   the day's use is counted in the UTC day that holds its start, where
+///   the six hours between were read as use, and every key was denied.
 async fn calendar_changes<S: Store>(store: &S, clock: &FakeClock) -> Vec<(bool, u64)> {
-    let month = |calendar: Calendar| {
-        Policy::builder("calendar-change")
+    let policy = |limit: &str, calendar: Option<Calendar>| {
+        let builder = Policy::builder("calendar-change")
             .algorithm(Algorithm::FixedWindow)
-            .limit("100/month")
-            .calendar(calendar)
-            .build()
-            .unwrap()
+            .limit(limit);
+        match calendar {
+            Some(calendar) => builder.calendar(calendar),
+            None => builder,
+        }
+        .build()
+        .unwrap()
     };
-    let utc = month(Calendar::new("UTC").unwrap());
-    let at_six = month(
+    let six = || {
         Calendar::new("UTC")
             .unwrap()
-            .with_offset(Duration::from_secs(6 * 3_600)),
+            .with_offset(Duration::from_secs(6 * 3_600))
+    };
+    let utc = policy("100/month", Some(Calendar::new("UTC").unwrap()));
+    let at_six = policy("100/month", Some(six()));
+    let berlin = policy("100/month", Some(Calendar::new("Europe/Berlin").unwrap()));
+    let (day_at_six, plain_day) = (policy("100/day", Some(six())), policy("100/day", None));
+    let prefix = unique_prefix("calendar-change");
+    let (ada, bob, cy) = (
+        Key::user(format!("{prefix}-ada")),
+        Key::user(format!("{prefix}-bob")),
+        Key::user(format!("{prefix}-cy")),
     );
-    let berlin = month(Calendar::new("Europe/Berlin").unwrap());
-    let key = Key::user(unique_prefix("calendar-change"));
     let mut seen = Vec::new();
-    let mut check = async |policy: &Policy, cost| {
-        let decision = store.check(&key, policy, cost).await.unwrap();
+    let mut check = async |key: &Key, policy: &Policy, cost| {
+        let decision = store.check(key, policy, cost).await.unwrap();
         seen.push((decision.is_allowed(), decision.remaining()));
         (decision.is_allowed(), decision.remaining())
     };
-    // 2027-01-15 12:00 UTC.
+    // 2027-01-15 07:00 UTC, then 08:00.
+    clock.set(Timestamp::from_secs(1_799_996_400));
+    assert_eq!(check(&cy, &day_at_six, 60).await, (true, 40));
+    clock.set(Timestamp::from_secs(1_800_000_000));
+    assert_eq!(
+        check(&cy, &plain_day, 1).await,
+        (true, 39),
+        "the day's use kept"
+    );
+    // 12:00.
     clock.set(Timestamp::from_secs(1_800_014_400));
-    assert_eq!(check(&utc, 90).await, (true, 10));
-    assert_eq!(check(&at_six, 5).await, (true, 5), "the month's use kept");
-    assert_eq!(check(&berlin, 5).await, (true, 0), "and again");
-    assert_eq!(check(&utc, 1).await, (false, 0));
-    // 2027-02-01 07:00 UTC: the month from 06:00 has begun.
+    assert_eq!(check(&ada, &utc, 90).await, (true, 10));
+    assert_eq!(
+        check(&ada, &at_six, 5).await,
+        (true, 5),
+        "the month's use kept"
+    );
+    assert_eq!(check(&ada, &berlin, 5).await, (true, 0), "and again");
+    assert_eq!(check(&ada, &utc, 1).await, (false, 0));
+    assert_eq!(check(&bob, &utc, 100).await, (true, 0));
+    // 2027-01-16 00:30: a new UTC day.
+    clock.set(Timestamp::from_secs(1_800_059_400));
+    assert_eq!(check(&cy, &plain_day, 1).await, (true, 99));
+    // 2027-01-20 12:00.
+    clock.set(Timestamp::from_secs(1_800_446_400));
+    assert_eq!(check(&ada, &at_six, 1).await, (false, 0));
+    // 2027-02-01 00:30: January has ended.
+    clock.set(Timestamp::from_secs(1_801_441_800));
+    assert_eq!(
+        check(&ada, &utc, 1).await,
+        (true, 99),
+        "back to UTC: afresh"
+    );
+    // 03:00: a calendar changed after the month ended.
+    clock.set(Timestamp::from_secs(1_801_450_800));
+    assert_eq!(check(&bob, &at_six, 1).await, (true, 99));
+    // 07:00: Ada's month begun at 00:00 runs on under the offset calendar.
     clock.set(Timestamp::from_secs(1_801_465_200));
-    assert_eq!(check(&at_six, 1).await, (true, 99));
+    assert_eq!(check(&ada, &at_six, 1).await, (true, 98));
     seen
 }
 

@@ -168,11 +168,11 @@ impl PolicyBuilder {
     /// period, with no boundary to align): `build` refuses the others with
     /// [`ConfigError::CalendarNeedsFixedWindow`]. A policy redeployed with
     /// another calendar (zone or offset) keeps each key's use: a window
-    /// begun under the old calendar that, as long as the new calendar's
-    /// window holding its start, ends after the current window's start
-    /// carries its count into it (a month from the 1st, then from the
-    /// 2nd: what was used since the 1st counts until the 2nd of next
-    /// month).
+    /// begun under the old calendar lasts as long as the new calendar's
+    /// window that holds its start (a month from the 1st, then counted
+    /// from the 2nd: what was used since the 1st counts until the 1st of
+    /// next month, give or take the months' lengths), and the key starts
+    /// afresh after it.
     ///
     /// ```
     /// use std::time::Duration;

@@ -65,6 +65,13 @@ struct Args {
     /// `Authorization: Bearer <token>`; without one the admin routes answer 404.
     #[arg(long, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// The secret the top keys hash IP addresses and other keys with
+    /// (users appear by id). Every instance on one Redis must share it for
+    /// their counts to merge; without one, each process makes its own.
+    /// Not the admin token: a label and a known address would let anyone
+    /// who reads Redis test guesses of the token offline.
+    #[arg(long, env = "TOLLGATE_LABEL_SECRET", hide_env_values = true)]
+    label_secret: Option<String>,
 }
 
 #[tokio::main]
@@ -237,14 +244,12 @@ async fn say_if_not_ready<C: tollgate_redis::RedisConnection>(
     }
 }
 
-/// The secret the top keys' labels are hashed with: the admin token, which
-/// every instance of one deployment shares and only operators, who see the
-/// labels, know; without one (no one can see them), one of this process's
-/// own.
-fn label_secret(admin_token: Option<&str>) -> Vec<u8> {
+/// The secret the top keys' labels are hashed with: `--label-secret`, or
+/// one of this process's own.
+fn label_secret(given: Option<&str>) -> Vec<u8> {
     use std::hash::{BuildHasher, Hasher};
-    match admin_token {
-        Some(token) => token.as_bytes().to_vec(),
+    match given {
+        Some(secret) => secret.as_bytes().to_vec(),
         None => (0..4)
             .flat_map(|_| {
                 let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -261,7 +266,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let metrics =
         install_metrics().map_err(|e| format!("cannot install metrics: {}", chain(&e)))?;
     let mut overrides = AppOverrides::default();
-    let label = DemoLabel::new(label_secret(args.admin_token.as_deref()));
+    let label = DemoLabel::new(label_secret(args.label_secret.as_deref()));
+    if args.redis_url.is_some() && args.label_secret.is_none() {
+        say!(
+            "top keys: no --label-secret, so this instance's hashed keys do not merge with others'"
+        );
+    }
     let (store, ledger, top, store_kind) = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()

@@ -32,34 +32,42 @@ impl FixedWindow {
     }
 
     /// The window word of this state (a count at most the period less
-    /// 1 µs, which denies as any count above the limit does).
+    /// 1 µs, which denies as any count above the limit does). A window
+    /// begun off the period's multiples (under a calendar since removed)
+    /// is counted in the multiple that holds its start: its count is never
+    /// read as time, nor its time as count.
     pub(crate) fn word(&self, p: &LimitParams) -> u64 {
-        self.start + self.count.min(p.period_us.saturating_sub(1))
+        window_start(self.start, p.period_us.max(1)) + self.count.min(p.period_us.saturating_sub(1))
     }
 }
 
 impl FixedWindow {
-    /// When the window ends: the end of the window that holds its start.
+    /// When the window ends: as long after its start as the window of `p`
+    /// that holds its start. For a window begun on one of `p`'s
+    /// boundaries, that window's end; for one begun under another calendar
+    /// (its zone or offset changed since, say a month from the 1st now
+    /// counted from the 2nd), the end of a window as long, so that what it
+    /// counted holds until then, neither dropped nor kept longer.
     fn end(&self, p: &LimitParams) -> u64 {
-        p.window(self.start).1
+        let (start, end) = p.window(self.start);
+        self.start.saturating_add(end - start)
     }
 
-    /// Whether this window, begun before the window starting at `ws`, runs
-    /// into it: as long as the window that holds its start, it ends after
-    /// `ws`. Never for a window begun on a boundary of `p`'s (it ends
-    /// where the next begins); for one begun under another calendar (its
-    /// zone or offset changed since, say a month from the 1st now counted
-    /// from the 2nd), its count carries into the current window instead
-    /// of starting it afresh. Judged only from the period before `ws`'s
-    /// on, the calendar bounds the Redis store sends its scripts.
-    fn runs_into(&self, p: &LimitParams, ws: u64) -> bool {
+    /// Whether this window is over at `now`, and the window of `p` that
+    /// holds `now`, starting at `ws`, begins afresh. A window begun before
+    /// the period before `ws`'s (under another calendar) is over too: the
+    /// Redis store sends its scripts the calendar bounds from that period
+    /// on, and judges alike.
+    fn over(&self, p: &LimitParams, now: u64, ws: u64) -> bool {
+        if ws <= self.start {
+            return false;
+        }
         if let Some([previous, ..]) = p.calendar_bounds(ws)
             && self.start < previous
         {
-            return false;
+            return true;
         }
-        let (start, end) = p.window(self.start);
-        self.start.saturating_add(end - start) > ws
+        now >= self.end(p)
     }
 }
 
@@ -73,11 +81,10 @@ impl Rule for FixedWindow {
 
     fn advance(&mut self, p: &LimitParams, now: u64) {
         let ws = p.window(now).0;
-        if ws > self.start {
-            if !self.runs_into(p, ws) {
-                self.count = 0;
-            }
+        // An empty window is as good as a fresh one (a store forgets it).
+        if self.count == 0 || self.over(p, now, ws) {
             self.start = ws;
+            self.count = 0;
         }
     }
 
@@ -105,7 +112,8 @@ impl Rule for FixedWindow {
     }
 
     fn refund(&mut self, p: &LimitParams, _now: u64, n: u64, since: u64) {
-        if p.window(since).0 == self.start {
+        // Only a request reserved in this window.
+        if since >= self.start && since < self.end(p) {
             self.count -= n.min(self.count);
         }
     }

@@ -34,8 +34,8 @@ use crate::store::Inner;
 /// their last publication), and each instance's hash
 /// `<prefix>:{topkeys}:i<instance>`, one field `<ranking>:<policy>` per
 /// summary. An instance that stops leaves with its TTL, and the index
-/// with its hash: instances may publish at different intervals, each
-/// kept for three of its own. Only labels reach
+/// within three of the longest intervals (instances may publish at
+/// different intervals, each kept for three of its own). Only labels reach
 /// Redis, never keys (see [`KeyLabel`](tollgate_core::topkeys::KeyLabel)):
 /// every instance must label alike.
 ///
@@ -205,7 +205,11 @@ async fn others<C: RedisConnection>(shared: &Shared<C>) -> Result<Vec<String>, R
 /// Publishes every policy's summaries, each cut to `max_keys` keys.
 async fn publish<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
     let _in_order = shared.publishing.lock().await;
-    let mut args = vec![shared.ttl.as_millis().to_string(), shared.member.clone()];
+    let mut args = vec![
+        shared.ttl.as_millis().to_string(),
+        (MAX_INTERVAL * LIVES).as_millis().to_string(),
+        shared.member.clone(),
+    ];
     for policy in shared.top.policies() {
         for ranking in Ranking::ALL {
             let summary = shared
@@ -281,6 +285,12 @@ fn instance_hash(index: &str, member: &str) -> String {
     format!("{stem}i{member}")
 }
 
+/// The longest publish interval.
+const MAX_INTERVAL: Duration = Duration::from_secs(3_600);
+
+/// How many intervals a publication lives.
+const LIVES: u32 = 3;
+
 /// Configures a [`RedisTopKeys`]; made by [`RedisTopKeys::builder`].
 pub struct RedisTopKeysBuilder<C> {
     store: Arc<Inner<C>>,
@@ -306,7 +316,7 @@ impl<C> RedisTopKeysBuilder<C> {
     ///
     /// [`ConfigError::InvalidSetting`] outside that range.
     pub fn publish_interval(mut self, interval: Duration) -> Result<Self, ConfigError> {
-        if interval < Duration::from_millis(100) || interval > Duration::from_secs(3_600) {
+        if interval < Duration::from_millis(100) || interval > MAX_INTERVAL {
             return Err(ConfigError::InvalidSetting {
                 setting: "publish_interval",
                 reason: "publish from every 100 ms to every hour",
@@ -361,7 +371,7 @@ impl<C: RedisConnection> RedisTopKeysBuilder<C> {
                 member,
                 store: self.store,
                 top: self.top,
-                ttl: interval * 3,
+                ttl: interval * LIVES,
                 max_keys: self.max_keys,
                 script: DecisionScript::new(include_str!("../lua/topkeys/publish.lua")),
                 task: Some(task.abort_handle()),

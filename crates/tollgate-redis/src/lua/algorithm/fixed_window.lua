@@ -1,23 +1,24 @@
 -- Fixed window: a = window start, b = cost counted in it. Windows are
 -- multiples of the period, or calendar periods (see window() in the
--- prelude); a window ends where the window holding its start ends.
+-- prelude).
+-- A window ends as long after its start as the window holding its start
+-- (as FixedWindow::end): that window's end for a start on a boundary; for
+-- one begun under another calendar (a zone or offset changed since), the
+-- end of a window as long, so that its count holds until then.
 local function window_end(p, s)
-  local _, e = window(s.a, p)
-  return e
+  local ws, we = window(s.a, p)
+  return s.a + (we - ws)
 end
 init = function(i, p) return { a = (window(now, p)), b = 0, c = 0 } end
--- A window begun before the current one's start ws runs into it if, as
--- long as the window holding its start, it ends after ws: never for one
--- begun on a boundary; for one begun under another calendar (a zone or
--- offset changed since), its count carries into the current window (as
--- FixedWindow::runs_into). Judged from the periods sent only.
+-- Over when the current window starts after it and it has ended, or when
+-- it began before the calendar periods sent (as FixedWindow::over). An
+-- empty window is as good as a fresh one.
 advance = function(i, p, s)
   local ws = window(now, p)
-  if ws > s.a then
-    local os, oe = window_at(s.a, p)
-    if not (os and s.a + (oe - os) > ws) then s.b = 0 end
-    s.a = ws
-  end
+  if s.b == 0 then s.a = ws; return end
+  if ws <= s.a then return end
+  local os, oe = window_at(s.a, p)
+  if not os or now >= s.a + (oe - os) then s.a = ws; s.b = 0 end
 end
 status = function(i, p, s, qf)
   return max(p.count - s.b, 0), max(window_end(p, s) - now, 0)
@@ -34,7 +35,5 @@ end
 charge = function(i, p, s, amount, qf) s.b = min(s.b + amount, MAX_SPAN) end
 -- Only from the window the request was reserved in.
 refund = function(i, p, s, amount, since)
-  -- A time before the calendar periods sent is in a window before the
-  -- key's (which holds now, or is later).
-  if (window_at(since, p)) == s.a then s.b = s.b - min(amount, s.b) end
+  if since >= s.a and since < window_end(p, s) then s.b = s.b - min(amount, s.b) end
 end

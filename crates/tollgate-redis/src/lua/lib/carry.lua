@@ -135,7 +135,9 @@ local function word_of(alg, p, s)
   elseif alg == 'fixed_window' then
     local count = s.b
     if count > p.period - 1 then count = p.period - 1 end
-    return s.a + count
+    -- A window begun off the period's multiples (under a calendar since
+    -- removed) is counted in the multiple holding its start.
+    return idiv(s.a, p.period) * p.period + count
   end
   return s.a
 end
