@@ -14,13 +14,14 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tollgate::ledger::{Ledger, LedgerSettings, MemoryLedger, Usage, UsageQuery};
-use tollgate::{Key, StoreError, Timestamp, ToKey, UsageReport, UsageStatus};
+use tollgate::{Key, KeyKind, StoreError, Timestamp, ToKey, UsageReport, UsageStatus};
 use tollgate_redis::{RedisLedger, SentinelConnection};
 
 use crate::{AdminToken, AppConfig, KeySpec, UserId, app_key, demo_auth};
 
 /// The ledger the demo's store records in: in memory with the memory
-/// store, on Redis with a Redis store.
+/// store, on Redis with a Redis store. Users' use only: an IP-keyed
+/// limit's admissions are nobody's bill.
 #[derive(Debug, Clone)]
 pub enum AppLedger {
     /// In this process.
@@ -29,6 +30,14 @@ pub enum AppLedger {
     Redis(RedisLedger),
     /// On Redis through Sentinel.
     Sentinel(RedisLedger<SentinelConnection>),
+}
+
+/// Whether `key`'s use is billed: a user's. The limits keyed by IP address
+/// meter no one (an address is not a customer), and a flood of made-up
+/// addresses would fill the ledger's bound, after which new customers'
+/// records would be dropped.
+fn billed(key: &Key) -> bool {
+    key.kind() == KeyKind::User
 }
 
 impl Ledger for AppLedger {
@@ -41,6 +50,9 @@ impl Ledger for AppLedger {
     }
 
     fn record(&self, key: &Key, policy: &str, at: Timestamp, units: u64) {
+        if !billed(key) {
+            return;
+        }
         match self {
             AppLedger::Memory(l) => l.record(key, policy, at, units),
             AppLedger::Redis(l) => l.record(key, policy, at, units),
@@ -49,6 +61,9 @@ impl Ledger for AppLedger {
     }
 
     fn refund(&self, key: &Key, policy: &str, at: Timestamp, units: u64) {
+        if !billed(key) {
+            return;
+        }
         match self {
             AppLedger::Memory(l) => l.refund(key, policy, at, units),
             AppLedger::Redis(l) => l.refund(key, policy, at, units),

@@ -17,15 +17,37 @@ use tower::ServiceExt;
 /// The shipped policy file's app on a memory store at 2026-01-15 12:00 UTC,
 /// with its usage routes.
 fn demo() -> Router {
+    demo_and_ledger().0
+}
+
+/// [`demo`], and the ledger its store records in.
+fn demo_and_ledger() -> (Router, MemoryLedger) {
     let config = AppConfig::parse(include_str!("../policies.toml")).unwrap();
     let clock = FakeClock::new(Timestamp::from_secs(1_768_478_400));
     let store = MemoryStore::builder().clock(clock).build().unwrap();
-    let ledger = AppLedger::Memory(MemoryLedger::new());
+    let memory = MemoryLedger::new();
+    let ledger = AppLedger::Memory(memory.clone());
     let store = BoxStore::with_slots(MeteredStore::new(store, ledger.clone()));
     let admin = AdminToken::new("operator");
-    app(&config, store)
+    let app = app(&config, store)
         .merge(axum_app::usage::routes(&config, &ledger, admin))
-        .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 7], 4000))))
+        .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 7], 4000))));
+    (app, memory)
+}
+
+/// Only users are billed: every `/api` request is admitted under the
+/// per-IP `api-ip` too, and a login under `login-failures` (per IP), and
+/// neither is usage. The ledger held the address's pairs beside the
+/// users', and a flood of made-up addresses filled its bound, after which
+/// new customers' records were dropped.
+#[tokio::test]
+async fn only_users_are_billed() {
+    let (app, ledger) = demo_and_ledger();
+    assert_eq!(send(&app, "GET", "/api/items", "demo-ada").await.0, 200);
+    assert_eq!(send(&app, "GET", "/api/items", "demo-bob").await.0, 200);
+    send(&app, "POST", "/login", "demo-ada").await;
+    // Ada's and Bob's `items-read`.
+    assert_eq!(ledger.len(), 2);
 }
 
 async fn send(app: &Router, method: &str, uri: &str, bearer: &str) -> (u16, String) {
