@@ -187,3 +187,70 @@ async fn a_give_back_that_finds_the_breaker_open_is_tried_again() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Requests running on slots taken in Redis count in the local fallback
+/// when Redis fails: with a limit of 2 held by two exports, the next two
+/// requests are refused locally, with this instance's limit, not run
+/// beside them. The fallback counted only the slots it gave itself, and
+/// the key ran twice its limit through the outage. Once the exports end,
+/// the fallback's slots are free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_held_in_redis_count_in_the_local_fallback_when_redis_fails() {
+    let mut server = RedisServer::spawn();
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("inflight-held-down"))
+        .deadline(Duration::from_millis(200))
+        .connect(server.url().as_str())
+        .await
+        .unwrap();
+    let limit = InFlightLimit::new("exports", 2).unwrap();
+    let layer = InFlightLayer::new(limit, GlobalKey)
+        .store(store.clone())
+        .on_store_error(FailureMode::Local)
+        .local_fallback(MemoryStore::new());
+    let (app, running, go) = exports(layer);
+    let send = |app: &Router| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let request = Request::get("/export").body(Body::empty()).unwrap();
+            let response = app.oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let told = response
+                .headers()
+                .get("x-concurrency-limit")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let _ = axum::body::to_bytes(response.into_body(), 1 << 20).await;
+            (status, told)
+        })
+    };
+    let held = [send(&app), send(&app)];
+    let started = std::time::Instant::now();
+    while running.load(Ordering::SeqCst) < 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "exports stuck");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.kill();
+    for _ in 0..2 {
+        // Run, it would wait for a permit: refused, it answers at once.
+        let answered = tokio::time::timeout(Duration::from_secs(10), send(&app)).await;
+        let (status, told) = answered.expect("refused at once, not run").unwrap();
+        assert_eq!((status, told.as_deref()), (429, Some("2")));
+    }
+    assert_eq!(running.load(Ordering::SeqCst), 2);
+    go.add_permits(2);
+    for export in held {
+        assert_eq!(export.await.unwrap().0, 200);
+    }
+    // Their slots are given back to the fallback: the next one runs there.
+    let next = send(&app);
+    let started = std::time::Instant::now();
+    while running.load(Ordering::SeqCst) < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the next export stuck"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    go.add_permits(1);
+    assert_eq!(next.await.unwrap().0, 200);
+}

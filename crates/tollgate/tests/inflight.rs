@@ -366,9 +366,12 @@ async fn a_slot_taken_before_a_lost_reply_is_given_back() {
     ] {
         let store = LostReply::default();
         let limit = InFlightLimit::new("exports", 1).unwrap();
+        // A fallback of its own: the process's holds the slots of the
+        // other tests' exports, running beside it.
         let layer = InFlightLayer::new(limit.clone(), GlobalKey)
             .store(store.clone())
-            .on_store_error(mode);
+            .on_store_error(mode)
+            .local_fallback(MemoryStore::new());
         let app = Router::new()
             .route("/export", get(|| async { "exported" }))
             .route_layer(layer);

@@ -121,5 +121,6 @@ async fn the_in_flight_limit_follows_the_failure_settings_while_the_store_is_dow
         running.push(response);
     }
     assert_eq!(statuses, [200, 429, 429]);
-    assert_eq!(running[1].headers()["x-concurrency-limit"], "2");
+    // The refusal tells the limit that refused: this server's share.
+    assert_eq!(running[1].headers()["x-concurrency-limit"], "1");
 }

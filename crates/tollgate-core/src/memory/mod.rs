@@ -172,6 +172,26 @@ impl MemoryStore {
         self.slots.acquire(key, limit, holder)
     }
 
+    /// Renews `holder`'s slot synchronously; what [`SlotStore::renew`]
+    /// does: a slot it does not hold is taken, past the limit if every
+    /// slot is held (a request that runs counts, whatever the limit).
+    ///
+    /// ```
+    /// use tollgate_core::{InFlightLimit, Key, MemoryStore, Renewal};
+    ///
+    /// let store = MemoryStore::new();
+    /// let exports = InFlightLimit::new("exports", 1)?;
+    /// let key = Key::user("ada");
+    /// assert!(store.acquire_slot_sync(&key, &exports, 1).acquired);
+    /// assert_eq!(store.renew_slot_sync(&key, &exports, 1), Renewal::Renewed);
+    /// assert_eq!(store.renew_slot_sync(&key, &exports, 2), Renewal::RetakenPastLimit);
+    /// assert!(!store.acquire_slot_sync(&key, &exports, 3).acquired);
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn renew_slot_sync(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> Renewal {
+        self.slots.renew(key, limit, holder)
+    }
+
     /// Settles synchronously; what [`Store::settle`] does.
     ///
     /// ```

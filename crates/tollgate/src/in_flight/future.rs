@@ -17,7 +17,7 @@ use crate::fallback::{Answer, FailureMode, FailureReport, Handled, InstanceCount
 use crate::response::Responder;
 
 use super::body::InFlightBody;
-use super::slot::{Holds, Slot, give_back};
+use super::slot::{Holds, LocalHold, Slot, give_back};
 use super::telemetry::Telemetry;
 
 /// What an in-flight layer's services and their clones share.
@@ -97,13 +97,10 @@ where
             Answer::Decided((Slots { acquired: true, .. }, Holds::Store))
             | Answer::Local((Slots { acquired: true, .. }, Holds::Store)) => {
                 let store = shared.store.clone();
-                Some(Slot::boxed(
-                    store,
-                    key,
-                    &shared.limit,
-                    holder,
-                    &shared.telemetry,
-                ))
+                let local =
+                    LocalHold::new(shared.local.clone(), key.clone(), local_limit(), holder);
+                let slot = Slot::boxed(store, key, &shared.limit, holder, &shared.telemetry);
+                Some(Box::new((slot, local)))
             }
             Answer::Decided((Slots { acquired: true, .. }, Holds::Local))
             | Answer::Local((Slots { acquired: true, .. }, Holds::Local)) => {
@@ -113,18 +110,23 @@ where
                 Slots {
                     acquired: false, ..
                 },
-                Holds::Store | Holds::Local,
+                holds,
             ))
             | Answer::Local((
                 Slots {
                     acquired: false, ..
                 },
-                Holds::Store | Holds::Local,
+                holds,
             )) => {
                 unheld();
                 shared.telemetry.rejected();
                 let protocol = shared.responder.protocol;
-                let response = answer::in_flight_full(&shared.limit, protocol);
+                // The limit that refused: the local fallback's is this
+                // instance's share.
+                let response = match holds {
+                    Holds::Store => answer::in_flight_full(&shared.limit, protocol),
+                    Holds::Local => answer::in_flight_full(&local_limit(), protocol),
+                };
                 return Ok(response.map(InFlightBody::own));
             }
             Answer::LetThrough(_) => Some(Box::new(registered(key))),

@@ -40,7 +40,11 @@ use super::telemetry::Telemetry;
 /// When the store fails, the layer follows its [`FailureMode`] as
 /// [`RateLimitLayer`](crate::RateLimitLayer) does: under
 /// [`FailureMode::Local`] (the default) the slots are taken in memory,
-/// with this instance's share of the limit ([`InFlightLayer::local_divisor`]);
+/// with this instance's share of the limit ([`InFlightLayer::local_divisor`]),
+/// counting the requests this instance runs on slots of the store (each
+/// holds one in memory too, past the share if need be: a failure gives
+/// the key no fresh set of slots beside them), and a refusal says that
+/// share;
 /// [`FailureMode::Open`] lets the request through unlimited;
 /// [`FailureMode::Closed`] answers 503. A request that runs under either of
 /// the first two is registered in the store by its renewals once the store

@@ -193,6 +193,38 @@ impl<St: SlotStore + Clone> Drop for Slot<St> {
     }
 }
 
+/// A request's slot in the local fallback while it holds its slot in the
+/// store: taken past this instance's share if need be, given back when
+/// dropped. Should the store fail while the request runs, the fallback
+/// counts it among this instance's requests, and gives the key no fresh
+/// set of slots beside the ones it runs.
+pub(super) struct LocalHold {
+    local: MemoryStore,
+    key: Key,
+    limit: InFlightLimit,
+    holder: u64,
+}
+
+impl LocalHold {
+    /// `holder`'s slot of `key` in `local`, under `limit` (this instance's
+    /// share).
+    pub(super) fn new(local: MemoryStore, key: Key, limit: InFlightLimit, holder: u64) -> Self {
+        local.renew_slot_sync(&key, &limit, holder);
+        Self {
+            local,
+            key,
+            limit,
+            holder,
+        }
+    }
+}
+
+impl Drop for LocalHold {
+    fn drop(&mut self) {
+        self.local.release_now(&self.key, &self.limit, self.holder);
+    }
+}
+
 /// The states of a registration (a `Slot`'s `registered`).
 struct Registered;
 
