@@ -69,9 +69,12 @@ where
 /// capacity or time, unless a Tollgate layer inside made it itself: a
 /// limiter's refusal (a store failing closed, a rejection status of 503,
 /// another adaptive layer) says nothing of this service's capacity, and
-/// its latency is not the service's.
+/// its latency is not the service's. Nor does a 429 (or gRPC's
+/// `RESOURCE_EXHAUSTED`), a rate limit's answer in microseconds: taken for
+/// service, a flood of refused requests would read as a fast service with
+/// no queue, and raise the limit while it lasts.
 fn completion_of<B>(response: &Response<B>) -> Completion {
-    if response.extensions().get::<OwnAnswer>().is_some() {
+    if response.extensions().get::<OwnAnswer>().is_some() || answer::reads_as_limited(response) {
         Completion::Ignored
     } else if answer::reads_as_overload(response) {
         Completion::Dropped
@@ -122,10 +125,20 @@ mod tests {
             completion_of(&response(200, Some("13"))),
             Completion::Served
         );
+        // A limit's refusal teaches nothing: 429, or RESOURCE_EXHAUSTED.
+        assert_eq!(completion_of(&response(429, None)), Completion::Ignored);
+        assert_eq!(
+            completion_of(&response(200, Some("8"))),
+            Completion::Ignored
+        );
         // A gRPC status is read on a 200 only, as gRPC answers.
         assert_eq!(
+            completion_of(&response(503, Some("0"))),
+            Completion::Dropped
+        );
+        assert_eq!(
             completion_of(&response(429, Some("14"))),
-            Completion::Served
+            Completion::Ignored
         );
         // A layer's own 503 (a custom one too) is no sign of overload.
         let mut own = response(503, None);

@@ -41,7 +41,11 @@ use super::service::AdaptiveConcurrency;
 /// same span. A response of 503 or 504 from the inner service (or, in a
 /// trailers-only gRPC response, `UNAVAILABLE` or `DEADLINE_EXCEEDED`)
 /// counts as a drop (the limit shrinks), unless a Tollgate layer inside
-/// made that answer itself. An error from it, or a request whose client
+/// made that answer itself. A 429 (or `RESOURCE_EXHAUSTED`), a rate
+/// limit's refusal, teaches the limit nothing: its latency is not the
+/// service's at work. A limit inside that makes requests wait (a shaping
+/// delay, a queue) holds their slots here meanwhile, and its wait counts
+/// as their latency: put such limits outside. An error from it, or a request whose client
 /// went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):
 /// a latency sample of the time it ran once that is longer than the
 /// latency the limit's algorithm knows, and a drop when a quarter of a

@@ -33,7 +33,7 @@ mod usage;
 mod wait;
 
 pub use missing::MissingKey;
-pub(crate) use own::{OwnAnswer, mark as mark_own, reads_as_overload};
+pub(crate) use own::{OwnAnswer, mark as mark_own, reads_as_limited, reads_as_overload};
 pub use status::RateLimitReport;
 pub use usage::UsageReport;
 pub(crate) use usage::bad_usage_query;

@@ -25,6 +25,23 @@ pub(crate) fn reads_as_overload<B>(response: &Response<B>) -> bool {
     }
 }
 
+/// Whether `response` is a limit's refusal: 429, or gRPC's
+/// `RESOURCE_EXHAUSTED` (8) in a trailers-only response's headers, read
+/// only on a 200. A Tollgate layer's own refusals answer so, unmarked
+/// (marking each would cost an allocation on every refusal); so do a
+/// service's that passes on a limit of its own, or an upstream's. Either
+/// way its latency is a limit's, not the service's at work.
+pub(crate) fn reads_as_limited<B>(response: &Response<B>) -> bool {
+    match response.status() {
+        StatusCode::TOO_MANY_REQUESTS => true,
+        StatusCode::OK => {
+            let grpc = response.headers().get(GRPC_STATUS);
+            grpc.map(HeaderValue::as_bytes) == Some(b"8")
+        }
+        _ => false,
+    }
+}
+
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Marks `response`, a layer's own answer, if it reads as overload (only
