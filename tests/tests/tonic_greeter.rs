@@ -91,11 +91,11 @@ async fn keyed_by_metadata_each_api_key_has_its_own_limit() {
         Code::ResourceExhausted
     );
     client.say_hello(hello("b", Some("key-b"))).await.unwrap();
-    // No key at all: INTERNAL, never a shared bucket.
-    assert_eq!(
-        client.say_hello(hello("c", None)).await.unwrap_err().code(),
-        Code::Internal
-    );
+    // No key at all: the client's mistake, INVALID_ARGUMENT naming the
+    // metadata, never a shared bucket.
+    let missing = client.say_hello(hello("c", None)).await.unwrap_err();
+    assert_eq!(missing.code(), Code::InvalidArgument);
+    assert!(missing.message().contains("x-api-key"), "{missing:?}");
 }
 
 #[tokio::test]

@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 use tollgate::{
-    Algorithm, ConfigError, HeaderKey, Key, KeyExtractor, PeerIp, Policy, RateLimitLayer, Store,
+    Algorithm, ConfigError, HeaderKey, Key, KeyExtractor, MissingCause, PeerIp, Policy,
+    RateLimitLayer, Store,
 };
 use tonic::{Request, Response, Status};
 
@@ -78,6 +79,15 @@ impl<B> KeyExtractor<B> for GreeterKey {
         match self {
             GreeterKey::Peer(e) => e.extract(request),
             GreeterKey::Metadata(e) => e.extract(request),
+        }
+    }
+
+    // The inner extractor's reason: a call without the metadata is the
+    // client's mistake (`INVALID_ARGUMENT`), not the server's (`INTERNAL`).
+    fn missing(&self, request: &http::Request<B>) -> MissingCause {
+        match self {
+            GreeterKey::Peer(e) => e.missing(request),
+            GreeterKey::Metadata(e) => e.missing(request),
         }
     }
 }

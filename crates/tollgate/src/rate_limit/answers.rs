@@ -74,9 +74,11 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
         /// that can never be admitted, which tells the client not to retry)
         /// and a `google.rpc.RetryInfo` in `grpc-status-details-bin` (exact,
         /// read by `tonic-types`' `StatusExt::get_details_retry_info`). A
-        /// missing key becomes `INTERNAL` (or `UNAUTHENTICATED` /
-        /// `PERMISSION_DENIED` for a 401 / 403 [`MissingKey::Reject`]), a store
-        /// failure in closed mode `UNAVAILABLE` with a pushback of a second.
+        /// missing key becomes the code nearest its status:
+        /// `INVALID_ARGUMENT` for the client's mistake (a 400), `INTERNAL`
+        /// for the server's (a 500), `UNAUTHENTICATED` / `PERMISSION_DENIED`
+        /// for a 401 / 403 [`MissingKey::Reject`]; a store failure in closed
+        /// mode `UNAVAILABLE` with a pushback of a second.
     }
 
     /// Shadow mode, a dry run: the policy decides, records and adds its
