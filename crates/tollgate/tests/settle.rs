@@ -137,6 +137,52 @@ async fn only_failed_logins_count() {
     assert_eq!(header(&res, "retry-after"), "60");
 }
 
+/// The same on a gRPC layer: a call fails with a 200 whose `grpc-status`
+/// (here `UNAUTHENTICATED`, as tonic answers every error, trailers-only)
+/// is its status, and the rule sees it as a 401. It saw the 200, and
+/// refunded every failure: the failed logins were never counted.
+#[tokio::test]
+async fn only_failed_grpc_logins_count() {
+    let policy = Policy::new("login-failures", Algorithm::FixedWindow, "3/min").unwrap();
+    let layer = RateLimitLayer::new(policy, GlobalKey)
+        .store(store())
+        .grpc()
+        .settle(Settle::count_only(|status| status.as_u16() >= 400));
+    let login = |password: &'static str| async move {
+        let mut response = Response::new(Body::empty());
+        let headers = response.headers_mut();
+        headers.insert("content-type", "application/grpc".parse().unwrap());
+        let code = if password == "demo" { "0" } else { "16" };
+        headers.insert("grpc-status", code.parse().unwrap());
+        Ok::<_, std::convert::Infallible>(response)
+    };
+    let service = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(move |request: Request<Body>| {
+            let password = request.uri().path().trim_start_matches('/');
+            login(if password == "demo" { "demo" } else { "guess" })
+        }));
+    let call = |password: &str| {
+        let request = Request::post(format!("/{password}"))
+            .body(Body::empty())
+            .unwrap();
+        service.clone().oneshot(request)
+    };
+    for _ in 0..5 {
+        let res = call("demo").await.unwrap();
+        assert_eq!(header(&res, "grpc-status"), "0");
+        assert_eq!(header(&res, "x-ratelimit-remaining"), "3");
+    }
+    for remaining in ["2", "1", "0"] {
+        let res = call("guess").await.unwrap();
+        assert_eq!(header(&res, "grpc-status"), "16");
+        assert_eq!(header(&res, "x-ratelimit-remaining"), remaining);
+    }
+    // Locked out: RESOURCE_EXHAUSTED, right password or not.
+    let res = call("demo").await.unwrap();
+    assert_eq!(header(&res, "grpc-status"), "8");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_reservations_never_overshoot() {
     // 100 units a minute; 1,000 concurrent calls reserve 10 each and use 1.

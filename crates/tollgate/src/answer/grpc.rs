@@ -65,6 +65,43 @@ impl Code {
     }
 }
 
+/// The status a gRPC call's answer stands for in HTTP's terms: the
+/// `grpc-status` of a trailers-only answer (on a 200, as gRPC answers
+/// every call; tonic answers every error so), mapped as grpc-gateway maps
+/// it (`UNAUTHENTICATED` 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404,
+/// `RESOURCE_EXHAUSTED` 429, `UNAVAILABLE` 503, ...); otherwise the
+/// response's own status (a call whose status comes in trailers, after
+/// the answer began, is a 200 here).
+pub(crate) fn http_status<B>(response: &Response<B>) -> StatusCode {
+    let status = response.status();
+    if status != StatusCode::OK {
+        return status;
+    }
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .map(HeaderValue::as_bytes);
+    let Some(code) = code else {
+        return status;
+    };
+    let mapped = match code {
+        b"0" => 200,
+        b"1" => 499,
+        b"3" | b"9" | b"11" => 400,
+        b"4" => 504,
+        b"5" => 404,
+        b"6" | b"10" => 409,
+        b"7" => 403,
+        b"8" => 429,
+        b"12" => 501,
+        b"14" => 503,
+        b"16" => 401,
+        // UNKNOWN, INTERNAL, DATA_LOSS, and a code gRPC does not define.
+        _ => 500,
+    };
+    StatusCode::from_u16(mapped).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
 const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 const DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
@@ -222,6 +259,47 @@ fn varint(out: &mut Vec<u8>, mut value: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gRPC answer's status in HTTP's terms: its code's on a 200, the
+    /// response's own otherwise.
+    #[test]
+    fn grpc_codes_read_as_http_statuses() {
+        let of = |status: u16, code: Option<&'static str>| {
+            let mut response = Response::new(());
+            *response.status_mut() = StatusCode::from_u16(status).unwrap();
+            if let Some(code) = code {
+                let value = HeaderValue::from_static(code);
+                response.headers_mut().insert("grpc-status", value);
+            }
+            http_status(&response).as_u16()
+        };
+        let codes = [
+            ("0", 200),
+            ("1", 499),
+            ("2", 500),
+            ("3", 400),
+            ("4", 504),
+            ("5", 404),
+            ("6", 409),
+            ("7", 403),
+            ("8", 429),
+            ("9", 400),
+            ("10", 409),
+            ("11", 400),
+            ("12", 501),
+            ("13", 500),
+            ("14", 503),
+            ("15", 500),
+            ("16", 401),
+            ("17", 500),
+            ("x", 500),
+        ];
+        for (code, status) in codes {
+            assert_eq!(of(200, Some(code)), status, "{code}");
+        }
+        assert_eq!(of(200, None), 200);
+        assert_eq!(of(404, Some("0")), 404);
+    }
 
     /// A client's mistake is never told as the server's: every 4xx a
     /// layer may answer a missing key with has a client's code (404, 422

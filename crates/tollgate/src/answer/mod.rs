@@ -32,6 +32,7 @@ mod status;
 mod usage;
 mod wait;
 
+pub(crate) use grpc::http_status as grpc_http_status;
 pub use missing::MissingKey;
 pub(crate) use own::{OwnAnswer, mark as mark_own, reads_as_limited, reads_as_overload};
 pub use status::RateLimitReport;

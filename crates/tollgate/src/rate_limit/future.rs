@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use tollgate_core::Decision;
 use tower_service::Service;
 
+use crate::answer::{self, Protocol};
 use crate::fallback::Answer;
 use crate::response::Responder;
 
@@ -227,7 +228,12 @@ where
                             settling,
                             responder,
                         } = *settle;
-                        match settling.start(response.status(), response.extensions()) {
+                        // A gRPC call's status is its code's.
+                        let status = match responder.protocol {
+                            Protocol::Http => response.status(),
+                            Protocol::Grpc => answer::grpc_http_status(response),
+                        };
+                        match settling.start(status, response.extensions()) {
                             None => decoration,
                             Some(settled) => {
                                 state.set(State::Settling {

@@ -64,7 +64,13 @@ impl Settle {
     /// does not count is refunded in full. (A response that carries
     /// [`ActualCost`] is settled to it.) Every request still reserves its
     /// cost first, so concurrent requests cannot slip past the limit while
-    /// their outcome is unknown.
+    /// their outcome is unknown. On a [gRPC](crate::RateLimitLayer::grpc)
+    /// layer, a call's status is its code's when its answer carries one in
+    /// its headers (a trailers-only answer, as tonic gives every error),
+    /// mapped as grpc-gateway maps them: `UNAUTHENTICATED` is 401,
+    /// `PERMISSION_DENIED` 403, `INVALID_ARGUMENT` 400, `INTERNAL` 500, and
+    /// so on; a call whose code comes in trailers, after its messages, is a
+    /// 200.
     pub fn count_only(counts: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
         Self {
             count: Some(Arc::new(counts)),
