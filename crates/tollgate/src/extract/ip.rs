@@ -13,7 +13,12 @@ use super::{KeyExtractor, MissingCause};
 pub(crate) const DEFAULT_IPV6_PREFIX: u8 = 56;
 
 /// The socket peer's address, from axum's `ConnectInfo<SocketAddr>` (or its
-/// `MockConnectInfo` test double) or Tonic's `TcpConnectInfo`.
+/// `MockConnectInfo` test double) or Tonic's `TcpConnectInfo`. Not Tonic's
+/// `TlsConnectInfo`: a Tonic server that terminates TLS itself leaves no
+/// address here, and an IP key of its calls is missing (the server's
+/// doing, `INTERNAL`). Behind TLS, key its calls by what the proxy in
+/// front sets, or by an extractor of your own that reads
+/// `TlsConnectInfo<TcpConnectInfo>`.
 pub fn peer_addr<B>(request: &Request<B>) -> Option<SocketAddr> {
     let extensions = request.extensions();
     #[cfg(feature = "axum")]
