@@ -170,39 +170,21 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
             report.cases += 1;
         }
     }
-    for (zone, offset, configs, start) in calendar_cases() {
-        let calendar = crate::Calendar::new(zone)?.with_offset(Duration::from_secs(offset * 3600));
-        let configs = configs
-            .iter()
-            .map(|limits| {
-                let mut builder = Policy::builder("conformance-calendar")
-                    .algorithm(Algorithm::FixedWindow)
-                    .calendar(calendar);
-                for &limit in *limits {
-                    builder = builder.limit(limit);
-                }
-                builder.build()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        // Within the hour before the boundary.
-        run(
-            store,
-            clock,
-            &configs,
-            (at(start), 3_600),
-            &mut random,
-            &mut report,
-        )
-        .await?;
-        report.cases += 1;
-    }
-    for (configs, start) in calendar_changes() {
+    // The calendar cases, each configuration under the case's calendar,
+    // then the changes, each under its own.
+    let cases = calendar_cases()
+        .into_iter()
+        .map(|(zone, offset, configs, start)| {
+            let configs = configs.into_iter().map(|limits| (zone, offset, limits));
+            (configs.collect::<Vec<_>>(), start)
+        });
+    for (configs, start) in cases.chain(calendar_changes()) {
         let configs = configs
             .into_iter()
             .map(|(zone, offset, limits)| {
                 let calendar =
                     crate::Calendar::new(zone)?.with_offset(Duration::from_secs(offset * 3600));
-                let mut builder = Policy::builder("conformance-calendar-change")
+                let mut builder = Policy::builder("conformance-calendar")
                     .algorithm(Algorithm::FixedWindow)
                     .calendar(calendar);
                 for &limit in limits {
@@ -211,6 +193,7 @@ pub async fn check_store<S: Store>(store: &S, clock: &FakeClock) -> Result<Repor
                 builder.build()
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Within the hour before the boundary.
         run(
             store,
             clock,
