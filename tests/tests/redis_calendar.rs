@@ -240,7 +240,13 @@ async fn settle_status_carry_over_block_and_reset_meet_on_memory_and_redis() {
 ///   current one was taken for an ended one, and the key had its month
 ///   afresh; a first fix carried its count into the new calendar's window
 ///   and, changed back, into the next month too.
-/// - a calendar changed after the key's month ended: afresh.
+/// - a calendar changed after the key's month ended under the old one: the
+///   new calendar's month, which the old one stands for, runs on (six hours
+///   more under the offset), then the key starts afresh.
+/// - Berlin's months redeployed as UTC's: Berlin's March, begun on Feb 28
+///   at 23:00 UTC, stands for UTC's March, not February, and its use holds
+///   until April. Taken as long as February, it ended on Mar 28 and the
+///   key had a second month's quota.
 /// - a day from 06:00 UTC, redeployed as a plain day (its compact form):
 ///   the day's use is counted in the UTC day that holds its start, where
 ///   the six hours between were read as use, and every key was denied.
@@ -266,10 +272,11 @@ async fn calendar_changes<S: Store>(store: &S, clock: &FakeClock) -> Vec<(bool, 
     let berlin = policy("100/month", Some(Calendar::new("Europe/Berlin").unwrap()));
     let (day_at_six, plain_day) = (policy("100/day", Some(six())), policy("100/day", None));
     let prefix = unique_prefix("calendar-change");
-    let (ada, bob, cy) = (
+    let (ada, bob, cy, dora) = (
         Key::user(format!("{prefix}-ada")),
         Key::user(format!("{prefix}-bob")),
         Key::user(format!("{prefix}-cy")),
+        Key::user(format!("{prefix}-dora")),
     );
     let mut seen = Vec::new();
     let mut check = async |key: &Key, policy: &Policy, cost| {
@@ -310,12 +317,23 @@ async fn calendar_changes<S: Store>(store: &S, clock: &FakeClock) -> Vec<(bool, 
         (true, 99),
         "back to UTC: afresh"
     );
-    // 03:00: a calendar changed after the month ended.
+    // 03:00: a calendar changed after UTC's January ended.
     clock.set(Timestamp::from_secs(1_801_450_800));
-    assert_eq!(check(&bob, &at_six, 1).await, (true, 99));
-    // 07:00: Ada's month begun at 00:00 runs on under the offset calendar.
+    assert_eq!(check(&bob, &at_six, 1).await, (false, 0), "until 06:00");
+    // 07:00: Bob's month from 06:00 has begun; Ada's month begun at 00:00
+    // runs on under the offset calendar.
     clock.set(Timestamp::from_secs(1_801_465_200));
+    assert_eq!(check(&bob, &at_six, 1).await, (true, 99));
     assert_eq!(check(&ada, &at_six, 1).await, (true, 98));
+    // 2027-03-10 12:00: Dora spends Berlin's March.
+    clock.set(Timestamp::from_secs(1_804_680_000));
+    assert_eq!(check(&dora, &berlin, 100).await, (true, 0));
+    // 2027-03-29 00:00, redeployed in UTC: still March's use.
+    clock.set(Timestamp::from_secs(1_806_278_400));
+    assert_eq!(check(&dora, &utc, 1).await, (false, 0), "a second March");
+    // 2027-04-01 00:30.
+    clock.set(Timestamp::from_secs(1_806_539_400));
+    assert_eq!(check(&dora, &utc, 1).await, (true, 99));
     seen
 }
 

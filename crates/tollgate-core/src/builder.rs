@@ -167,12 +167,13 @@ impl PolicyBuilder {
     /// at the boundary; the other algorithms spread a limit over a rolling
     /// period, with no boundary to align): `build` refuses the others with
     /// [`ConfigError::CalendarNeedsFixedWindow`]. A policy redeployed with
-    /// another calendar (zone or offset) keeps each key's use: a window
-    /// begun under the old calendar lasts as long as the new calendar's
-    /// window that holds its start (a month from the 1st, then counted
-    /// from the 2nd: what was used since the 1st counts until the 1st of
-    /// next month, give or take the months' lengths), and the key starts
-    /// afresh after it.
+    /// another calendar (zone or offset), or without one, keeps each key's
+    /// use: a window begun under the old calendar stands for the new
+    /// calendar's window that starts nearest its own start (Berlin's
+    /// March, begun on Feb 28 at 23:00 UTC, for UTC's March), and holds its
+    /// count until that one ends; the key then starts afresh. Windows of
+    /// calendars far apart (weeks from Monday, and from Thursday without
+    /// a calendar) stand for the nearest, up to half a period apart.
     ///
     /// ```
     /// use std::time::Duration;

@@ -34,23 +34,41 @@ impl FixedWindow {
     /// The window word of this state (a count at most the period less
     /// 1 µs, which denies as any count above the limit does). A window
     /// begun off the period's multiples (under a calendar since removed)
-    /// is counted in the multiple that holds its start: its count is never
-    /// read as time, nor its time as count.
+    /// is counted in the window starting at the multiple nearest its start,
+    /// as [`end`](Self::end) takes it: its count is never read as time, nor
+    /// its time as count.
     pub(crate) fn word(&self, p: &LimitParams) -> u64 {
-        window_start(self.start, p.period_us.max(1)) + self.count.min(p.period_us.saturating_sub(1))
+        let period = p.period_us.max(1);
+        let down = window_start(self.start, period);
+        let start = match self.start - down <= down + period - self.start {
+            true => down,
+            false => down + period,
+        };
+        start + self.count.min(p.period_us.saturating_sub(1))
     }
 }
 
 impl FixedWindow {
-    /// When the window ends: as long after its start as the window of `p`
-    /// that holds its start. For a window begun on one of `p`'s
-    /// boundaries, that window's end; for one begun under another calendar
-    /// (its zone or offset changed since, say a month from the 1st now
-    /// counted from the 2nd), the end of a window as long, so that what it
-    /// counted holds until then, neither dropped nor kept longer.
+    /// When the window ends: at the end of the window of `p` that starts
+    /// nearest its start. For a window begun on one of `p`'s boundaries,
+    /// the end of the window it began; for one begun under another calendar
+    /// (its zone or offset changed since, say Berlin's months now counted in
+    /// UTC), the end of the window of this one that stands for it (UTC's
+    /// March for Berlin's, begun an hour apart), so that what it counted
+    /// holds as long as either calendar's would, give or take the hours
+    /// between them, and the key then starts afresh.
     fn end(&self, p: &LimitParams) -> u64 {
+        self.stands_for(p).1
+    }
+
+    /// The window of `p` this one stands for: the one starting nearest its
+    /// start (see [`end`](Self::end)).
+    fn stands_for(&self, p: &LimitParams) -> (u64, u64) {
         let (start, end) = p.window(self.start);
-        self.start.saturating_add(end - start)
+        match self.start - start <= end - self.start {
+            true => (start, end),
+            false => p.window(end),
+        }
     }
 
     /// Whether this window is over at `now`, and the window of `p` that
@@ -112,8 +130,9 @@ impl Rule for FixedWindow {
     }
 
     fn refund(&mut self, p: &LimitParams, _now: u64, n: u64, since: u64) {
-        // Only a request reserved in this window.
-        if since >= self.start && since < self.end(p) {
+        // Only a request reserved in the window this one stands for.
+        let (from, to) = self.stands_for(p);
+        if since >= from && since < to {
             self.count -= n.min(self.count);
         }
     }

@@ -78,9 +78,10 @@ pub(crate) fn calendar_cases() -> Vec<CalendarCase> {
 }
 
 /// Calendar changes: configurations served in turn, each with its own
-/// calendar (zone, offset in hours, limits), and a boundary the case
-/// starts within the hour before. A window begun under one calendar runs
-/// into the other's current window, its count carried.
+/// calendar (zone, offset in hours, limits; no calendar for a zone of
+/// `""`), and a boundary the case starts within the hour before. A window
+/// begun under one calendar stands for the other's window that starts
+/// nearest it.
 pub(crate) type CalendarChange = (
     Vec<(&'static str, u64, &'static [&'static str])>,
     &'static str,
@@ -92,6 +93,11 @@ pub(crate) fn calendar_changes() -> Vec<CalendarChange> {
         (
             vec![("UTC", 0, &["40/month"]), ("UTC", 6, &["40/month"])],
             "2027-01-31T23:00:00Z",
+        ),
+        // Berlin's days and plain ones (a single limit's compact form).
+        (
+            vec![("Europe/Berlin", 0, &["20/day"]), ("", 0, &["20/day"])],
+            "2027-03-27T23:00:00Z",
         ),
         // Berlin's days and UTC's, with a limit per minute beside them.
         (

@@ -1,13 +1,22 @@
 -- Fixed window: a = window start, b = cost counted in it. Windows are
 -- multiples of the period, or calendar periods (see window() in the
 -- prelude).
--- A window ends as long after its start as the window holding its start
--- (as FixedWindow::end): that window's end for a start on a boundary; for
--- one begun under another calendar (a zone or offset changed since), the
--- end of a window as long, so that its count holds until then.
-local function window_end(p, s)
+-- A window ends at the end of the window starting nearest its start (as
+-- FixedWindow::end): the end of the window it began, for a start on a
+-- boundary; for one begun under another calendar (a zone or offset
+-- changed since), the end of the window of this one that stands for it.
+-- A next window beyond the periods sent (a clock a period away from the
+-- sender's) is not looked for.
+local function stands_for(p, s)
   local ws, we = window(s.a, p)
-  return s.a + (we - ws)
+  if s.a - ws <= we - s.a then return ws, we end
+  local ns, ne = window_at(we, p)
+  if not ns then return ws, we end
+  return ns, ne
+end
+local function window_end(p, s)
+  local _, e = stands_for(p, s)
+  return e
 end
 init = function(i, p) return { a = (window(now, p)), b = 0, c = 0 } end
 -- Over when the current window starts after it and it has ended, or when
@@ -17,8 +26,7 @@ advance = function(i, p, s)
   local ws = window(now, p)
   if s.b == 0 then s.a = ws; return end
   if ws <= s.a then return end
-  local os, oe = window_at(s.a, p)
-  if not os or now >= s.a + (oe - os) then s.a = ws; s.b = 0 end
+  if not window_at(s.a, p) or now >= window_end(p, s) then s.a = ws; s.b = 0 end
 end
 status = function(i, p, s, qf)
   return max(p.count - s.b, 0), max(window_end(p, s) - now, 0)
@@ -35,5 +43,6 @@ end
 charge = function(i, p, s, amount, qf) s.b = min(s.b + amount, MAX_SPAN) end
 -- Only from the window the request was reserved in.
 refund = function(i, p, s, amount, since)
-  if since >= s.a and since < window_end(p, s) then s.b = s.b - min(amount, s.b) end
+  local ws, we = stands_for(p, s)
+  if since >= ws and since < we then s.b = s.b - min(amount, s.b) end
 end

@@ -136,8 +136,11 @@ local function word_of(alg, p, s)
     local count = s.b
     if count > p.period - 1 then count = p.period - 1 end
     -- A window begun off the period's multiples (under a calendar since
-    -- removed) is counted in the multiple holding its start.
-    return idiv(s.a, p.period) * p.period + count
+    -- removed) is counted in the window starting at the multiple nearest
+    -- its start (as FixedWindow::word).
+    local start = idiv(s.a, p.period) * p.period
+    if s.a - start > start + p.period - s.a then start = start + p.period end
+    return start + count
   end
   return s.a
 end
