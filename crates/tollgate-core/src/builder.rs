@@ -168,12 +168,13 @@ impl PolicyBuilder {
     /// period, with no boundary to align): `build` refuses the others with
     /// [`ConfigError::CalendarNeedsFixedWindow`]. A policy redeployed with
     /// another calendar (zone or offset), or without one, keeps each key's
-    /// use: a window begun under the old calendar stands for the new
-    /// calendar's window that starts nearest its own start (Berlin's
-    /// March, begun on Feb 28 at 23:00 UTC, for UTC's March), and holds its
-    /// count until that one ends; the key then starts afresh. Windows of
-    /// calendars far apart (weeks from Monday, and from Thursday without
-    /// a calendar) stand for the nearest, up to half a period apart.
+    /// use: a window begun under the old calendar is taken for the new
+    /// calendar's window that starts nearest its start, if that has begun,
+    /// else for the one holding it (Berlin's March, begun on Feb 28 at
+    /// 23:00 UTC, for UTC's March), and holds its count until that one
+    /// ends. Windows of calendars far apart (weeks from Monday, and from
+    /// Thursday without a calendar) are taken for the nearest, up to half
+    /// a period apart.
     ///
     /// ```
     /// use std::time::Duration;

@@ -32,60 +32,16 @@ impl FixedWindow {
     }
 
     /// The window word of this state (a count at most the period less
-    /// 1 µs, which denies as any count above the limit does). A window
-    /// begun off the period's multiples (under a calendar since removed)
-    /// is counted in the window starting at the multiple nearest its start,
-    /// as [`end`](Self::end) takes it: its count is never read as time, nor
-    /// its time as count.
+    /// 1 µs, which denies as any count above the limit does).
     pub(crate) fn word(&self, p: &LimitParams) -> u64 {
-        let period = p.period_us.max(1);
-        let down = window_start(self.start, period);
-        let start = match self.start - down <= down + period - self.start {
-            true => down,
-            false => down + period,
-        };
-        start + self.count.min(p.period_us.saturating_sub(1))
+        self.start + self.count.min(p.period_us.saturating_sub(1))
     }
 }
 
 impl FixedWindow {
-    /// When the window ends: at the end of the window of `p` that starts
-    /// nearest its start. For a window begun on one of `p`'s boundaries,
-    /// the end of the window it began; for one begun under another calendar
-    /// (its zone or offset changed since, say Berlin's months now counted in
-    /// UTC), the end of the window of this one that stands for it (UTC's
-    /// March for Berlin's, begun an hour apart), so that what it counted
-    /// holds as long as either calendar's would, give or take the hours
-    /// between them, and the key then starts afresh.
+    /// When the window ends: the end of the window that holds its start.
     fn end(&self, p: &LimitParams) -> u64 {
-        self.stands_for(p).1
-    }
-
-    /// The window of `p` this one stands for: the one starting nearest its
-    /// start (see [`end`](Self::end)).
-    fn stands_for(&self, p: &LimitParams) -> (u64, u64) {
-        let (start, end) = p.window(self.start);
-        match self.start - start <= end - self.start {
-            true => (start, end),
-            false => p.window(end),
-        }
-    }
-
-    /// Whether this window is over at `now`, and the window of `p` that
-    /// holds `now`, starting at `ws`, begins afresh. A window begun before
-    /// the period before `ws`'s (under another calendar) is over too: the
-    /// Redis store sends its scripts the calendar bounds from that period
-    /// on, and judges alike.
-    fn over(&self, p: &LimitParams, now: u64, ws: u64) -> bool {
-        if ws <= self.start {
-            return false;
-        }
-        if let Some([previous, ..]) = p.calendar_bounds(ws)
-            && self.start < previous
-        {
-            return true;
-        }
-        now >= self.end(p)
+        p.window(self.start).1
     }
 }
 
@@ -98,9 +54,11 @@ impl Rule for FixedWindow {
     }
 
     fn advance(&mut self, p: &LimitParams, now: u64) {
+        // A store that does not tell calendars apart (a saved state keeps
+        // no calendar) carries nothing over: realigned here too.
+        self.start = realigned(self.start, p, now);
         let ws = p.window(now).0;
-        // An empty window is as good as a fresh one (a store forgets it).
-        if self.count == 0 || self.over(p, now, ws) {
+        if ws > self.start {
             self.start = ws;
             self.count = 0;
         }
@@ -130,15 +88,21 @@ impl Rule for FixedWindow {
     }
 
     fn refund(&mut self, p: &LimitParams, _now: u64, n: u64, since: u64) {
-        // Only a request reserved in the window this one stands for.
-        let (from, to) = self.stands_for(p);
-        if since >= from && since < to {
+        if p.window(since).0 == self.start {
             self.count -= n.min(self.count);
         }
     }
 
     fn expires_at(&self, p: &LimitParams) -> u64 {
         if self.count == 0 { 0 } else { self.end(p) }
+    }
+
+    /// As `realigned` takes a window begun under another calendar.
+    fn carried(self, _old: &LimitParams, new: &LimitParams, now: u64) -> Self {
+        FixedWindow {
+            start: realigned(self.start, new, now),
+            count: self.count,
+        }
     }
 
     fn seeded(self, _p: &LimitParams, used: u64, _now: u64) -> Self {
@@ -158,6 +122,33 @@ impl Rule for FixedWindow {
             count: saved_count(words)?,
         })
     }
+}
+
+/// `start`, a window's start, as the start of a window of `p`: as it is on
+/// one of `p`'s boundaries. A window begun under another calendar (a zone
+/// or offset changed, or a calendar added or removed) is taken for the
+/// window of `p` that starts nearest its start, if that has begun by
+/// `now` (Berlin's March, begun on Feb 28 at 23:00 UTC, for UTC's March),
+/// and else for the one that holds its start: its count holds there, and
+/// the key starts afresh after it, give or take the hours between the two
+/// calendars. A start off the calendar bounds the Redis store sends (the
+/// period before `now`'s to the one after the next) is left as it is, as
+/// the scripts leave it (`fixed_window.lua`, `carry.lua`).
+fn realigned(start: u64, p: &LimitParams, now: u64) -> u64 {
+    if let Some([previous, .., last]) = p.calendar_bounds(now)
+        && (start < previous || start >= last)
+    {
+        return start;
+    }
+    let (from, to) = p.window(start);
+    if from == start {
+        return start;
+    }
+    let nearest = match start - from <= to - start {
+        true => from,
+        false => to,
+    };
+    if nearest <= now { nearest } else { from }
 }
 
 /// When the window of a window word ends, or 0 if it counts nothing (it

@@ -41,6 +41,29 @@ local function carry_over(alg, P, flat, value, now)
     return t - (t - idiv(t, period) * period)
   end
 
+  -- A fixed window begun at `a` under another calendar (a zone or offset
+  -- changed, or a calendar added or removed), as a window of p (as
+  -- FixedWindow::carried): the one starting nearest `a` if it has begun,
+  -- else the one holding `a`. A start outside the bounds sent is left as it
+  -- is (an ended window).
+  local function realigned(a, p)
+    local ws, we
+    local b = p.bounds
+    if b then
+      for j = 1, #b - 1 do
+        if a >= b[j] and a < b[j + 1] then ws, we = b[j], b[j + 1] end
+      end
+      if not ws then return a end
+    else
+      ws = window_start(a, p.period)
+      we = ws + p.period
+    end
+    local near = ws
+    if a - ws > we - a then near = we end
+    if near > now then near = ws end
+    return near
+  end
+
   -- A token bucket that is full again at `full`: whole tokens, and the
   -- last refill on the grid of intervals that ends there.
   local function full_at(full, cap, interval)
@@ -114,6 +137,8 @@ local function carry_over(alg, P, flat, value, now)
           local full = rescale(o.b + (o.cap - held) * o.interval, o.interval, p.interval)
           local tokens, refilled = full_at(full, p.cap, p.interval)
           S[i] = { a = tokens, b = refilled, c = 0, s = 0 }
+        elseif alg == 'fixed_window' then
+          S[i] = { a = realigned(o.a, p), b = o.b, c = o.c, s = o.s }
         else
           S[i] = { a = o.a, b = o.b, c = o.c, s = o.s }
         end
@@ -135,12 +160,7 @@ local function word_of(alg, p, s)
   elseif alg == 'fixed_window' then
     local count = s.b
     if count > p.period - 1 then count = p.period - 1 end
-    -- A window begun off the period's multiples (under a calendar since
-    -- removed) is counted in the window starting at the multiple nearest
-    -- its start (as FixedWindow::word).
-    local start = idiv(s.a, p.period) * p.period
-    if s.a - start > start + p.period - s.a then start = start + p.period end
-    return start + count
+    return s.a + count
   end
   return s.a
 end
