@@ -189,11 +189,12 @@ async fn a_give_back_that_finds_the_breaker_open_is_tried_again() {
 }
 
 /// Requests running on slots taken in Redis count in the local fallback
-/// when Redis fails: with a limit of 2 held by two exports, the next two
-/// requests are refused locally, with this instance's limit, not run
-/// beside them. The fallback counted only the slots it gave itself, and
-/// the key ran twice its limit through the outage. Once the exports end,
-/// the fallback's slots are free again.
+/// when Redis fails: with a limit of 4 shared by two instances (a share
+/// of 2) and two exports of this instance running, the next two requests
+/// are refused locally, told this instance's share, not run beside them.
+/// The fallback counted only the slots it gave itself, and the instance
+/// ran twice its share through the outage (and told the whole limit).
+/// Once the exports end, the fallback's slots are free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_held_in_redis_count_in_the_local_fallback_when_redis_fails() {
     let mut server = RedisServer::spawn();
@@ -203,10 +204,11 @@ async fn slots_held_in_redis_count_in_the_local_fallback_when_redis_fails() {
         .connect(server.url().as_str())
         .await
         .unwrap();
-    let limit = InFlightLimit::new("exports", 2).unwrap();
+    let limit = InFlightLimit::new("exports", 4).unwrap();
     let layer = InFlightLayer::new(limit, GlobalKey)
         .store(store.clone())
         .on_store_error(FailureMode::Local)
+        .local_divisor(NonZeroU64::new(2).unwrap())
         .local_fallback(MemoryStore::new());
     let (app, running, go) = exports(layer);
     let send = |app: &Router| {

@@ -97,8 +97,13 @@ where
             Answer::Decided((Slots { acquired: true, .. }, Holds::Store))
             | Answer::Local((Slots { acquired: true, .. }, Holds::Store)) => {
                 let store = shared.store.clone();
+                // Held in the local fallback too, where it can take over:
+                // under `Local`, from a store that can fail (one of leases,
+                // across the network); not from memory.
                 let local =
-                    LocalHold::new(shared.local.clone(), key.clone(), local_limit(), holder);
+                    (shared.failure == FailureMode::Local && shared.store.leases()).then(|| {
+                        LocalHold::new(shared.local.clone(), key.clone(), local_limit(), holder)
+                    });
                 let slot = Slot::boxed(store, key, &shared.limit, holder, &shared.telemetry);
                 Some(Box::new((slot, local)))
             }

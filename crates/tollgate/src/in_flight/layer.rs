@@ -42,9 +42,9 @@ use super::telemetry::Telemetry;
 /// [`FailureMode::Local`] (the default) the slots are taken in memory,
 /// with this instance's share of the limit ([`InFlightLayer::local_divisor`]),
 /// counting the requests this instance runs on slots of the store (each
-/// holds one in memory too, past the share if need be: a failure gives
-/// the key no fresh set of slots beside them), and a refusal says that
-/// share;
+/// holds one in memory too, past the share if need be, when the store is
+/// one of leases such as Redis's: a failure gives the key no fresh set of
+/// slots beside them), and a refusal says that share;
 /// [`FailureMode::Open`] lets the request through unlimited;
 /// [`FailureMode::Closed`] answers 503. A request that runs under either of
 /// the first two is registered in the store by its renewals once the store
