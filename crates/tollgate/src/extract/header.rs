@@ -8,7 +8,12 @@ use tollgate_core::Key;
 use super::{KeyExtractor, MissingCause};
 
 /// The value of a request header, such as an API key. A missing or empty
-/// header yields no key.
+/// header yields no key. A header sent more than once is keyed by its
+/// first value, the one `HeaderMap::get` (and so most auth layers) reads:
+/// an auth layer that checks another of them must refuse such requests
+/// itself, or a client with one valid key picks its bucket with the
+/// others. (Refusing them here would let them through unlimited under
+/// [`MissingKey::Allow`](crate::MissingKey::Allow).)
 ///
 /// Only use a header the client cannot choose freely (an API key that your
 /// auth layer has validated, or a header set by your own proxy), or every
