@@ -172,9 +172,11 @@ impl PolicyBuilder {
     /// calendar's window that starts nearest its start, if that has begun,
     /// else for the one holding it (Berlin's March, begun on Feb 28 at
     /// 23:00 UTC, for UTC's March), and holds its count until that one
-    /// ends. Windows of calendars far apart (weeks from Monday, and from
-    /// Thursday without a calendar) are taken for the nearest, up to half
-    /// a period apart.
+    /// ends. A change made before that nearest window began takes the
+    /// window for the one holding its start instead, which ends sooner;
+    /// windows of calendars far apart (weeks from Monday, and from Thursday
+    /// without a calendar) are taken for the nearest, up to half a period
+    /// apart.
     ///
     /// ```
     /// use std::time::Duration;

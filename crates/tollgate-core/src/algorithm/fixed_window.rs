@@ -54,10 +54,13 @@ impl Rule for FixedWindow {
     }
 
     fn advance(&mut self, p: &LimitParams, now: u64) {
+        let ws = p.window(now).0;
+        if ws == self.start {
+            return;
+        }
         // A store that does not tell calendars apart (a saved state keeps
         // no calendar) carries nothing over: realigned here too.
         self.start = realigned(self.start, p, now);
-        let ws = p.window(now).0;
         if ws > self.start {
             self.start = ws;
             self.count = 0;
@@ -130,18 +133,21 @@ impl Rule for FixedWindow {
 /// window of `p` that starts nearest its start, if that has begun by
 /// `now` (Berlin's March, begun on Feb 28 at 23:00 UTC, for UTC's March),
 /// and else for the one that holds its start: its count holds there, and
-/// the key starts afresh after it, give or take the hours between the two
-/// calendars. A start off the calendar bounds the Redis store sends (the
+/// the key starts afresh after it. So a change made before the nearest
+/// window began (within the hours between the two calendars of the old
+/// window's start) starts the key afresh at that window; and a start is
+/// moved at each change, so calendars changed in turn, each within hours,
+/// can move it on by those hours each time. A start off the calendar bounds the Redis store sends (the
 /// period before `now`'s to the one after the next) is left as it is, as
 /// the scripts leave it (`fixed_window.lua`, `carry.lua`).
 fn realigned(start: u64, p: &LimitParams, now: u64) -> u64 {
+    let (from, to) = p.window(start);
+    if from == start {
+        return start;
+    }
     if let Some([previous, .., last]) = p.calendar_bounds(now)
         && (start < previous || start >= last)
     {
-        return start;
-    }
-    let (from, to) = p.window(start);
-    if from == start {
         return start;
     }
     let nearest = match start - from <= to - start {

@@ -11,14 +11,16 @@ init = function(i, p) return { a = (window(now, p)), b = 0, c = 0 } end
 -- nearest its start, if that has begun, else for the one holding it (as
 -- tollgate-core's realigned; a start outside the bounds sent is left).
 advance = function(i, p, s)
+  local ws = window(now, p)
+  if ws == s.a then return end
   local os, oe = window_at(s.a, p)
   if os and os ~= s.a then
     local near = os
     if s.a - os > oe - s.a then near = oe end
     if near > now then near = os end
     s.a = near
+    changed = true
   end
-  local ws = window(now, p)
   if ws > s.a then s.a = ws; s.b = 0 end
 end
 status = function(i, p, s, qf)
