@@ -187,23 +187,69 @@ impl MemoryLedger {
     /// Takes every bucket out, leaving the ledger empty: for a ledger that
     /// sums usage here and forwards it elsewhere (the Redis ledger).
     pub fn take_all(&self) -> Vec<LedgerEntry> {
+        self.take_pairs(usize::MAX, |_, _| true)
+    }
+
+    /// Takes out the buckets of at most `max_pairs` pairs of policy and key
+    /// that `pick` chooses, leaving every other bucket in place: for a
+    /// ledger that forwards usage elsewhere as far as it has room (the
+    /// Redis ledger while Redis fails). Pairs left in place keep their room:
+    /// a record made meanwhile cannot take it (taking every bucket out and
+    /// [putting back](Self::put_back) what did not go, a record of a new
+    /// pair in between took the room of one put back, whose usage was
+    /// dropped).
+    ///
+    /// ```
+    /// use tollgate_core::ledger::{Ledger, MemoryLedger};
+    /// use tollgate_core::{Key, Timestamp};
+    ///
+    /// let ledger = MemoryLedger::new();
+    /// let t = Timestamp::from_secs(1_767_225_600);
+    /// for user in ["ada", "bob", "cy"] {
+    ///     ledger.record(&Key::user(user), "api", t, 1);
+    /// }
+    /// let taken = ledger.take_pairs(1, |_, key| key != &Key::user("bob"));
+    /// // One pair's hour, day and month buckets.
+    /// assert_eq!(taken.len(), 3);
+    /// assert_ne!(taken[0].key(), &Key::user("bob"));
+    /// assert_eq!(ledger.len(), 2);
+    /// ```
+    pub fn take_pairs(
+        &self,
+        max_pairs: usize,
+        mut pick: impl FnMut(&str, &Key) -> bool,
+    ) -> Vec<LedgerEntry> {
         let mut entries = Vec::new();
+        let mut taken = 0;
         for shard in &self.shared.shards {
-            let usage = std::mem::take(&mut shard.lock().usage);
-            for (policy, keys) in usage {
-                self.shared.keys.fetch_sub(keys.len(), Ordering::Relaxed);
-                for (key, buckets) in keys {
-                    for (granularity, start, units) in buckets {
-                        entries.push(LedgerEntry {
+            if taken >= max_pairs {
+                break;
+            }
+            let mut state = shard.lock();
+            let before = taken;
+            for (policy, keys) in &mut state.usage {
+                keys.retain(|key, buckets| {
+                    if taken >= max_pairs || !pick(policy, key) {
+                        return true;
+                    }
+                    taken += 1;
+                    entries.extend(buckets.drain(..).map(|(granularity, start, units)| {
+                        LedgerEntry {
                             policy: policy.clone(),
                             key: key.clone(),
                             granularity,
                             start: Timestamp::from_secs(start),
                             units,
-                        });
-                    }
-                }
+                        }
+                    }));
+                    false
+                });
             }
+            state.usage.retain(|_, keys| !keys.is_empty());
+            drop(state);
+            self.shared
+                .keys
+                .fetch_sub(taken - before, Ordering::Relaxed);
         }
         entries
     }

@@ -93,17 +93,13 @@ fn pending_batches<C: RedisConnection>(
     take: impl Fn(&(Box<str>, Key)) -> bool,
 ) -> Vec<Batch> {
     let mut by_key: HashMap<(Box<str>, Key), Vec<LedgerEntry>> = HashMap::new();
-    let mut left = Vec::new();
-    for entry in shared.pending.take_all() {
+    // Only the pairs taken leave the ledger: the others keep their room.
+    let picked = shared
+        .pending
+        .take_pairs(room, |policy, key| take(&(policy.into(), key.clone())));
+    for entry in picked {
         let owner = (entry.policy().into(), entry.key().clone());
-        let taken = take(&owner) && (by_key.len() < room || by_key.contains_key(&owner));
-        match taken {
-            true => by_key.entry(owner).or_default().push(entry),
-            false => left.push(entry),
-        }
-    }
-    if !left.is_empty() {
-        shared.pending.put_back(left);
+        by_key.entry(owner).or_default().push(entry);
     }
     by_key
         .into_iter()
