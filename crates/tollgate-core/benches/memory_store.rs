@@ -1,8 +1,10 @@
 //! The memory store's check, per algorithm, on 1 key and on 100,000 keys,
 //! on 1 and 2 threads, next to `governor`'s keyed GCRA limiter in the same
-//! run.
+//! run; and an in-flight slot taken and given back on a key whose other
+//! slots are held by 0, 100 or 10,000 requests.
 //!
 //! Run with: `cargo bench -p tollgate-core --bench memory_store`
+//! (`-- slots` for the slots alone).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::hint::black_box;
@@ -15,7 +17,7 @@ use common::spread;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use tollgate_core::{Algorithm, Key, MemoryStore, Policy};
+use tollgate_core::{Algorithm, InFlightLimit, Key, MemoryStore, Policy, SlotStore};
 
 const KEYS: u64 = 100_000;
 
@@ -78,9 +80,33 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// One request's slot, taken and given back, on one key whose other slots
+/// `others` requests hold all along (a route's limit in flight, one key).
+fn slots(c: &mut Criterion) {
+    let mut group = c.benchmark_group("slots");
+    for others in [0u64, 100, 10_000] {
+        let store = MemoryStore::new();
+        let limit = InFlightLimit::new("bench", others + 1).unwrap();
+        let key = Key::user("route");
+        for holder in 0..others {
+            assert!(store.acquire_slot_sync(&key, &limit, holder).acquired);
+        }
+        let mut holder = others;
+        group.bench_function(format!("acquire-release/{others}-held"), |b| {
+            b.iter(|| {
+                holder += 1;
+                let slots = store.acquire_slot_sync(&key, &limit, holder);
+                assert!(black_box(slots).acquired);
+                store.release_now(&key, &limit, holder);
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
-    targets = bench
+    targets = bench, slots
 }
 criterion_main!(benches);

@@ -296,18 +296,47 @@ fn new_holder() -> u64 {
 
 /// The in-memory store's slots: per limit name and key, the holders. They
 /// live as long as their requests (a process that dies takes them along),
-/// so they are no leases.
-#[derive(Default)]
+/// so they are no leases. Sharded by key, each key's holders a set: a
+/// request takes one shard's lock and looks its holder up at once, however
+/// many requests the key runs (a limit of thousands in flight on one key,
+/// as a route's global limit, scanned every holder on every acquire and
+/// release, under one lock for the whole process's fallback).
 pub(crate) struct MemorySlots {
-    held: Mutex<HashMap<SlotsOf, Vec<u64>>>,
+    hasher: foldhash::fast::RandomState,
+    shards: [Mutex<SlotMap>; SLOT_SHARDS],
 }
+
+/// Shards of [`MemorySlots`].
+const SLOT_SHARDS: usize = 16;
 
 /// The slots of one key under one limit's name.
 type SlotsOf = (Arc<str>, Key);
 
+/// The holders of one key's slots: random 64-bit numbers, hashed fast.
+type Holders = std::collections::HashSet<u64, foldhash::fast::RandomState>;
+
+/// One shard's keys and their holders.
+type SlotMap = HashMap<SlotsOf, Holders, foldhash::fast::RandomState>;
+
+impl Default for MemorySlots {
+    fn default() -> Self {
+        Self {
+            hasher: foldhash::fast::RandomState::default(),
+            shards: std::array::from_fn(|_| Mutex::default()),
+        }
+    }
+}
+
 impl MemorySlots {
+    /// The shard of `key`'s slots under `limit`, locked.
+    fn shard(&self, key: &Key, limit: &InFlightLimit) -> parking_lot::MutexGuard<'_, SlotMap> {
+        use std::hash::BuildHasher;
+        let hash = self.hasher.hash_one((&*limit.name, key));
+        self.shards[(hash % SLOT_SHARDS as u64) as usize].lock()
+    }
+
     pub(crate) fn acquire(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> Slots {
-        let mut held = self.held.lock();
+        let mut held = self.shard(key, limit);
         let holders = held.entry((limit.name.clone(), key.clone())).or_default();
         if holders.contains(&holder) {
             return Slots {
@@ -317,7 +346,7 @@ impl MemorySlots {
         }
         let acquired = (holders.len() as u64) < limit.max;
         if acquired {
-            holders.push(holder);
+            holders.insert(holder);
         }
         Slots {
             acquired,
@@ -328,13 +357,13 @@ impl MemorySlots {
     /// Renews `holder`'s slot: in memory a slot is gone only once given
     /// back, and is taken back as [`SlotStore::renew`] says, as on Redis.
     pub(crate) fn renew(&self, key: &Key, limit: &InFlightLimit, holder: u64) -> Renewal {
-        let mut held = self.held.lock();
+        let mut held = self.shard(key, limit);
         let holders = held.entry((limit.name.clone(), key.clone())).or_default();
         if holders.contains(&holder) {
             return Renewal::Renewed;
         }
         let within = (holders.len() as u64) < limit.max;
-        holders.push(holder);
+        holders.insert(holder);
         match within {
             true => Renewal::Retaken,
             false => Renewal::RetakenPastLimit,
@@ -342,10 +371,10 @@ impl MemorySlots {
     }
 
     pub(crate) fn release(&self, key: &Key, limit: &InFlightLimit, holder: u64) {
-        let mut held = self.held.lock();
+        let mut held = self.shard(key, limit);
         let id = (limit.name.clone(), key.clone());
         if let Some(holders) = held.get_mut(&id) {
-            holders.retain(|&h| h != holder);
+            holders.remove(&holder);
             if holders.is_empty() {
                 held.remove(&id);
             }
