@@ -221,3 +221,55 @@ async fn a_removed_limit_is_dropped_and_an_added_one_starts_empty() {
         );
     }
 }
+
+/// A deploy that changes a limit's period (10 a minute to 100 an hour),
+/// with old and new servers side by side. Made in one deploy, a key whose
+/// requests alternate between them is limited by neither: each finds the
+/// other's limit where its own should be, and its own starts empty. Made
+/// in two (the new limit added beside the old, then the old removed),
+/// every request is decided under a limit the configuration before it
+/// also had, and each step admits what the looser of its two
+/// configurations admits alone: the minute's 10, then the hour's 100 (the
+/// hour counts from the first step's end). The guide's "When a policy
+/// changes" says so; this holds it, on Redis and in memory.
+#[tokio::test]
+async fn a_period_changed_in_two_deploys_stays_limited_and_in_one_does_not() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let prefix = unique_prefix("change-period");
+    let (old_server, new_server) = (
+        redis_store(&prefix, &clock).await,
+        redis_store(&prefix, &clock).await,
+    );
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let alternate = async |a: (&dyn Probe, &Policy), b: (&dyn Probe, &Policy), key: &Key, n| {
+        let mut admitted = 0;
+        for i in 0..n {
+            let (store, policy) = if i % 2 == 0 { a } else { b };
+            admitted += usize::from(store.admits(key, policy).await);
+        }
+        admitted
+    };
+    for algorithm in Algorithm::ALL {
+        let old = policy(algorithm, &["10/min"]);
+        let both = policy(algorithm, &["10/min", "100/h"]);
+        let new = policy(algorithm, &["100/h"]);
+        for (name, old_store, new_store) in [
+            (
+                "Redis",
+                &old_server as &dyn Probe,
+                &new_server as &dyn Probe,
+            ),
+            ("memory", &memory, &memory),
+        ] {
+            let case = format!("{name}, {algorithm}");
+            let key = Key::user(format!("{algorithm}-one-deploy"));
+            let one = alternate((old_store, &old), (new_store, &new), &key, 300).await;
+            assert_eq!(one, 300, "{case}: one deploy, limited by neither");
+
+            let key = Key::user(format!("{algorithm}-two-deploys"));
+            let first = alternate((old_store, &old), (new_store, &both), &key, 300).await;
+            let second = alternate((old_store, &both), (new_store, &new), &key, 300).await;
+            assert_eq!((first, second), (10, 100), "{case}: two deploys");
+        }
+    }
+}

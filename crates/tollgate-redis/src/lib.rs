@@ -57,7 +57,9 @@
 //! A script that finds another one carries the state over to its own
 //! configuration, as [`PolicyState::carry_to`](tollgate_core::state::PolicyState::carry_to)
 //! does: a deploy that changes a policy's limits, with old and new servers
-//! side by side, hands nobody a fresh quota.
+//! side by side, hands nobody a fresh quota (a limit's period is changed
+//! in two deploys: see "When a policy changes" in the failure modes
+//! guide).
 //!
 //! A policy of one GCRA, token-bucket or leaky-bucket limit keeps its state
 //! in one string, a time in microseconds (in hexadecimal, which Lua reads
