@@ -263,3 +263,34 @@ async fn a_block_holds_under_a_configuration_the_store_no_longer_lists() {
     assert!(!decision.is_allowed());
     assert_eq!(decision.retry_after(), Some(Duration::from_secs(3_600)));
 }
+
+/// A key's use carries between the configurations of its name among the
+/// last eight the store has seen (the documented bound; Redis carries
+/// between all): under an override of 10 a minute, then back on the plan
+/// of 20, a key has 10 left while its override is among them, and starts
+/// afresh once eight other configurations came after it.
+#[test]
+fn the_memory_store_carries_between_the_last_eight_configurations() {
+    let plan = Policy::new("api", Algorithm::FixedWindow, "20/min").unwrap();
+    let own = Policy::new("api", Algorithm::FixedWindow, "10/min").unwrap();
+    for (others, left) in [(6, 10), (8, 20)] {
+        let store = MemoryStore::builder()
+            .clock(FakeClock::new(Timestamp::from_secs(1_700_000_040)))
+            .build()
+            .unwrap();
+        let admitted = |key: &Key, policy: &Policy| {
+            (0..30)
+                .filter(|_| store.check_sync(key, policy, 1).unwrap().is_allowed())
+                .count()
+        };
+        let key = Key::user("acme");
+        assert_eq!(admitted(&key, &own), 10);
+        // Other tenants' overrides, and the plan among them.
+        for i in 0..others {
+            let other = Policy::new("api", Algorithm::FixedWindow, format!("{}/min", 100 + i));
+            admitted(&Key::user(format!("tenant-{i}")), &other.unwrap());
+        }
+        admitted(&Key::user("someone"), &plan);
+        assert_eq!(admitted(&key, &plan), left, "{others} others");
+    }
+}
