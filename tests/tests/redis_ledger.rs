@@ -627,3 +627,67 @@ async fn new_pairs_recorded_during_a_full_outage_take_no_held_pairs_room() {
         }
     }
 }
+
+/// A read of one key's usage writes that key's records first, and no other
+/// key's: they wait for the next flush. Every read flushed every pair
+/// recorded since the last flush, a script call each. A key whose batch
+/// failed is sent again by its own read, and its records held behind it
+/// follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_read_writes_its_own_keys_records_only() {
+    let mut server = RedisServer::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let store = store(&server.url(), &unique_prefix("ledger-one"), &clock).await;
+    let ledger = RedisLedger::builder(&store)
+        .flush_interval(Duration::from_secs(3_600))
+        .unwrap()
+        .flush_timeout(Duration::from_millis(500))
+        .unwrap()
+        .build()
+        .unwrap();
+    let month = ledger
+        .settings()
+        .bucket_start(Granularity::Month, clock.now());
+    let written = |server: &RedisServer, key: &Key| {
+        let bucket = ledger.bucket_key(key, "api", Granularity::Month, month);
+        let mut admin = server.connection();
+        redis::cmd("EXISTS")
+            .arg(bucket)
+            .query::<bool>(&mut admin)
+            .unwrap()
+    };
+    let users: Vec<Key> = (0..5).map(|i| Key::user(format!("user-{i}"))).collect();
+    for (i, user) in users.iter().enumerate() {
+        ledger.record(user, "api", clock.now(), i as u64 + 1);
+    }
+    let usage = ledger.usage(&users[0], "api", month_query()).await;
+    assert_eq!(usage.unwrap().total(), 1);
+    assert!(written(&server, &users[0]));
+    assert!(
+        users[1..].iter().all(|u| !written(&server, u)),
+        "no other key's"
+    );
+    assert_eq!(ledger.pending(), 4);
+
+    // Redis fails: the read fails, and its batch waits; another key's
+    // records stay as they were.
+    server.kill();
+    ledger.record(&users[1], "api", clock.now(), 10);
+    assert!(ledger.usage(&users[1], "api", month_query()).await.is_err());
+    assert_eq!(ledger.pending(), 4, "user-1's batch, and three pending");
+    server.restart();
+    ledger.record(&users[1], "api", clock.now(), 100);
+    let usage = ledger.usage(&users[1], "api", month_query()).await;
+    assert_eq!(
+        usage.unwrap().total(),
+        112,
+        "the batch sent again, then the record behind it"
+    );
+    assert_eq!(ledger.pending(), 3);
+    assert!(users[2..].iter().all(|u| !written(&server, u)));
+    ledger.flush().await.unwrap();
+    for (i, user) in users.iter().enumerate().skip(2) {
+        let usage = ledger.usage(user, "api", month_query()).await;
+        assert_eq!(usage.unwrap().total(), i as u64 + 1);
+    }
+}

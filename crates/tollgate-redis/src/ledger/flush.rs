@@ -85,6 +85,46 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
     sent.and(followed)
 }
 
+/// What [`flush`] does, for the one pair of `policy` and `key`: its batch
+/// kept from a failed flush, then its records, all at once once that batch
+/// went through; every other pair's records and batches wait for the next
+/// flush. For a read of that pair's usage, which needs only its own
+/// records written (a flush of every pair per read made one script call
+/// per pair recorded since the last flush, for every read).
+pub(super) async fn flush_one<C: RedisConnection>(
+    shared: &Shared<C>,
+    policy: &str,
+    key: &Key,
+) -> Result<(), RedisStoreError> {
+    let is_mine = |b: &Batch| &*b.policy == policy && b.key == *key;
+    let mine: Vec<Batch> = {
+        let mut retry = shared.retry.lock();
+        let (mine, others) = std::mem::take(&mut *retry).into_iter().partition(is_mine);
+        *retry = others;
+        mine
+    };
+    let owner: (Box<str>, Key) = (policy.into(), key.clone());
+    let room = || usize::from(shared.retry.lock().len() < shared.max_pending);
+    let held = !mine.is_empty();
+    let mut batches = mine;
+    if !held {
+        batches.extend(pending_batches(shared, room(), |o| *o == owner));
+    }
+    if batches.is_empty() {
+        return Ok(());
+    }
+    let sent = send(shared, batches).await;
+    if !held || holds(shared, policy, key) {
+        return sent;
+    }
+    // Its batch went through: its records since follow.
+    let batches = pending_batches(shared, room(), |o| *o == owner);
+    match batches.is_empty() {
+        true => sent,
+        false => send(shared, batches).await,
+    }
+}
+
 /// The pending records of the keys `take` picks, of `room` keys at most,
 /// as one batch per key under a new number; the others stay pending.
 fn pending_batches<C: RedisConnection>(

@@ -203,13 +203,14 @@ impl<C: RedisConnection> Ledger for RedisLedger<C> {
         self.wake_if_full();
     }
 
-    /// Flushes this instance's records first, so that the answer includes
-    /// them; other instances' records are included once they flushed. It
-    /// fails while records of this key could not be written, not for
-    /// another key's.
+    /// Flushes this instance's records of the key under the policy first,
+    /// so that the answer includes them (and no other key's: they wait for
+    /// the next flush); other instances' records are included once they
+    /// flushed. It fails while records of this key could not be written,
+    /// not for another key's.
     async fn usage(&self, key: &Key, policy: &str, query: UsageQuery) -> Result<Usage, StoreError> {
         let _flushing = self.shared.flushing.lock().await;
-        let flushed = flush::flush(&self.shared).await;
+        let flushed = flush::flush_one(&self.shared, policy, key).await;
         let read = flush::read(&self.shared, key, policy, &query).await;
         if flush::holds(&self.shared, policy, key) {
             flushed?;
