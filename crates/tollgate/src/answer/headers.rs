@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use tollgate_core::{Decision, Policy};
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Decision, LimitStatus, Policy};
 
 use super::numbers::{SMALL, number};
 use super::prebuilt::{self, Window};
@@ -60,7 +62,12 @@ pub enum HeaderStyle {
     /// Items are named after the policy, with `-<index>` when it has several
     /// limits. `q` is the capacity, `w` the period in seconds (rounded up),
     /// `r` the remaining quota and `t` the seconds until more quota is
-    /// available (0 while some remains; rounded up).
+    /// available (0 while some remains; rounded up): for a limit with none
+    /// left, when a request denied would be admitted, or when the next
+    /// unit comes back (a token bucket, leaky bucket or GCRA limit gives
+    /// one back every period divided by its count; a fixed window at its
+    /// end; a sliding window or log is counted to when it is fully back,
+    /// the stores telling nothing sooner).
     Ietf,
     /// [`HeaderStyle::GitHub`] and [`HeaderStyle::Ietf`].
     Both,
@@ -98,7 +105,9 @@ impl Decoration {
     ) -> Option<Self> {
         #[allow(deprecated)] // `GitHubFull`, kept for its users, is `GitHub`
         let ietf = match style {
-            HeaderStyle::Ietf | HeaderStyle::Both => ietf_values(decision, policy).map(Box::new),
+            HeaderStyle::Ietf | HeaderStyle::Both => {
+                ietf_values(decision, policy, values.drains).map(Box::new)
+            }
             HeaderStyle::GitHub | HeaderStyle::GitHubFull => None,
             HeaderStyle::None => return None,
         };
@@ -180,7 +189,8 @@ impl Values {
         let name = policy.name();
         let capacities: Vec<u64> = policy.params().iter().map(|p| p.capacity).collect();
         // Everything the values are made of, each field set apart.
-        let key = format!("policy values\0{name}\0{capacities:?}");
+        let algorithm = policy.algorithm();
+        let key = format!("policy values\0{name}\0{capacities:?}\0{algorithm}");
         let held = name.len() + capacities.len() * std::mem::size_of::<LimitValues>();
         match prebuilt::keep(&key, held, || PolicyValues::of(policy)) {
             Some(kept) => Values::Kept(kept),
@@ -216,6 +226,11 @@ impl std::ops::Deref for Values {
 pub(crate) struct PolicyValues {
     name: Option<HeaderValue>,
     limits: Box<[LimitValues]>,
+    /// Whether the policy's limits give one unit back every interval (the
+    /// rate-based algorithms), so that the IETF `t` of a limit left empty
+    /// tells when the next one comes back rather than when all of them
+    /// have. `false` where the policy is not known.
+    drains: bool,
 }
 
 /// The values of one limit's capacity.
@@ -234,6 +249,7 @@ impl PolicyValues {
         Self {
             name: shared_value(name.as_bytes()),
             limits: Box::default(),
+            drains: false,
         }
     }
 
@@ -262,9 +278,14 @@ impl PolicyValues {
             });
         }
         let name = policy.name();
+        let drains = match policy.algorithm() {
+            Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => true,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => false,
+        };
         Self {
             name: prebuilt::value(name).or_else(|| shared_value(name.as_bytes())),
             limits: limits.into_boxed_slice(),
+            drains,
         }
     }
 
@@ -329,8 +350,9 @@ fn ceil_secs(d: std::time::Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// The values of `RateLimit-Policy` and `RateLimit`, one item per limit.
-fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
+/// The values of `RateLimit-Policy` and `RateLimit`, one item per limit;
+/// `drains` as [`PolicyValues`] has it.
+fn ietf_values(decision: &Decision, name: &str, drains: bool) -> Option<[HeaderValue; 2]> {
     use std::fmt::Write;
     let several = decision.limits().len() > 1;
     let (mut policy, mut state) = (String::new(), String::new());
@@ -346,7 +368,7 @@ fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
         let more_in = if status.remaining() > 0 {
             0
         } else {
-            ceil_secs(status.retry_after().unwrap_or(status.reset()))
+            ceil_secs(next_unit(status, drains))
         };
         let _ = write!(state, "{sep}{item};r={};t={more_in}", status.remaining());
     }
@@ -357,10 +379,32 @@ fn ietf_values(decision: &Decision, name: &str) -> Option<[HeaderValue; 2]> {
     ])
 }
 
+/// When a limit that has nothing left gives a unit back: when it would
+/// admit the request it denied; for a limit that `drains` one unit every
+/// interval, the reset less the whole intervals before it (the units that
+/// come back after the first); otherwise, when it is fully back (a fixed
+/// window's end; the sliding window and log report nothing sooner).
+fn next_unit(status: &LimitStatus, drains: bool) -> Duration {
+    if let Some(retry) = status.retry_after() {
+        return retry;
+    }
+    let reset = status.reset();
+    let interval = status.limit().interval_micros();
+    if !drains || interval == 0 || reset.is_zero() {
+        return reset;
+    }
+    let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros((reset_us - 1) % interval + 1)
+}
+
 /// Writes the rate-limit headers of `decision`, made under the policy named
 /// `policy`, in `style`, exactly as the layer writes them, and
 /// `Retry-After` when the decision denies: for code that decides outside
 /// the layer, such as a middleware over [`RateLimiter`](crate::RateLimiter).
+/// Known only by its name here, the policy's algorithm is not: the IETF
+/// `t` of a limit that an admitted request left empty counts to when it is
+/// fully back, where the layer counts to its next unit for the rate-based
+/// algorithms.
 ///
 /// ```
 /// use http::HeaderMap;

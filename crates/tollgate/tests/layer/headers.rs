@@ -295,6 +295,51 @@ async fn ietf_draft_headers_list_every_limit() {
     assert_eq!(header(&res, "x-ratelimit-limit"), None);
 }
 
+/// The IETF `t` of a limit that an admitted request left empty: when a
+/// unit comes back. A rate-based limit of 10 a minute gives one back every
+/// 6 s, so `t` counts to the next (6, then 5 a second later), not to when
+/// all ten are back (60); a fixed window's is its end; a sliding window's
+/// is when it is fully back (the stores report nothing sooner). A denial's
+/// is its `Retry-After`. (Paused: a leaky bucket delays what it admits.)
+#[tokio::test(start_paused = true)]
+async fn ietf_t_of_an_emptied_limit_counts_to_its_next_unit() {
+    for (algorithm, first, later) in [
+        (Algorithm::Gcra, 6, 5),
+        (Algorithm::TokenBucket, 6, 5),
+        (Algorithm::LeakyBucket, 6, 5),
+        (Algorithm::FixedWindow, 60, 59),
+        (Algorithm::SlidingWindow, 120, 65),
+    ] {
+        let (clock, store) = clock_and_store();
+        let policy = Policy::new("one", algorithm, "10/min").unwrap();
+        let app = Router::new().route("/", get(|| async { "ok" })).layer(
+            RateLimitLayer::new(policy, GlobalKey)
+                .store(store)
+                .headers(HeaderStyle::Ietf),
+        );
+        for _ in 0..9 {
+            app.clone().oneshot(get_root()).await.unwrap();
+        }
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{algorithm}");
+        let want = format!(r#""one";r=0;t={first}"#);
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some(want.as_str()),
+            "{algorithm}"
+        );
+        clock.advance(Duration::from_secs(1));
+        let res = app.oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{algorithm}");
+        let want = format!(r#""one";r=0;t={later}"#);
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some(want.as_str()),
+            "{algorithm}"
+        );
+    }
+}
+
 /// A monthly quota in Europe/Berlin: `x-ratelimit-reset` is the 1st of
 /// next month at 00:00 Berlin time, and `Retry-After` counts to it; the
 /// day after, a daily quota at 08:00 UTC resets at 08:00 UTC.
