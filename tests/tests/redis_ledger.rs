@@ -570,7 +570,8 @@ async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped()
 /// another thread) took the room of one being put back, whose usage was
 /// dropped, for good. Here a thread records new pairs all through an
 /// outage's failed flushes; the pairs held from before must keep theirs.
-/// (On the code before, the race was lost in most runs, not in every one.)
+/// (A race: it failed in 3 runs of 3 on the code before, which is no
+/// certainty.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_pairs_recorded_during_a_full_outage_take_no_held_pairs_room() {
     let mut server = RedisServer::spawn();

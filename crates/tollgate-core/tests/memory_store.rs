@@ -267,13 +267,14 @@ async fn a_block_holds_under_a_configuration_the_store_no_longer_lists() {
 /// A key's use carries between the configurations of its name among the
 /// last eight the store has seen (the documented bound; Redis carries
 /// between all): under an override of 10 a minute, then back on the plan
-/// of 20, a key has 10 left while its override is among them, and starts
-/// afresh once eight other configurations came after it.
+/// of 20, a key has 10 left while its override is among them (seven
+/// others came after it, the plan among them), and starts afresh once
+/// eight others came after it.
 #[test]
 fn the_memory_store_carries_between_the_last_eight_configurations() {
     let plan = Policy::new("api", Algorithm::FixedWindow, "20/min").unwrap();
     let own = Policy::new("api", Algorithm::FixedWindow, "10/min").unwrap();
-    for (others, left) in [(6, 10), (8, 20)] {
+    for (others, left) in [(6, 10), (7, 20)] {
         let store = MemoryStore::builder()
             .clock(FakeClock::new(Timestamp::from_secs(1_700_000_040)))
             .build()
@@ -291,6 +292,6 @@ fn the_memory_store_carries_between_the_last_eight_configurations() {
             admitted(&Key::user(format!("tenant-{i}")), &other.unwrap());
         }
         admitted(&Key::user("someone"), &plan);
-        assert_eq!(admitted(&key, &plan), left, "{others} others");
+        assert_eq!(admitted(&key, &plan), left, "{others} others and the plan");
     }
 }

@@ -197,7 +197,8 @@ impl MemoryLedger {
     /// a record made meanwhile cannot take it (taking every bucket out and
     /// [putting back](Self::put_back) what did not go, a record of a new
     /// pair in between took the room of one put back, whose usage was
-    /// dropped).
+    /// dropped). `pick` runs under a shard's lock: it must not call the
+    /// ledger.
     ///
     /// ```
     /// use tollgate_core::ledger::{Ledger, MemoryLedger};
@@ -252,6 +253,48 @@ impl MemoryLedger {
                 .fetch_sub(taken - before, Ordering::Relaxed);
         }
         entries
+    }
+
+    /// Takes out the buckets of `key` under `policy`, leaving every other
+    /// pair in place: what [`take_pairs`](Self::take_pairs) does for one
+    /// pair, looking in the key's shard only.
+    ///
+    /// ```
+    /// use tollgate_core::ledger::{Ledger, MemoryLedger};
+    /// use tollgate_core::{Key, Timestamp};
+    ///
+    /// let ledger = MemoryLedger::new();
+    /// let t = Timestamp::from_secs(1_767_225_600);
+    /// ledger.record(&Key::user("ada"), "api", t, 2);
+    /// ledger.record(&Key::user("bob"), "api", t, 1);
+    /// let taken = ledger.take_pair(&Key::user("ada"), "api");
+    /// assert_eq!(taken.iter().map(|e| e.units()).collect::<Vec<_>>(), [2, 2, 2]);
+    /// assert_eq!(ledger.len(), 1);
+    /// ```
+    pub fn take_pair(&self, key: &Key, policy: &str) -> Vec<LedgerEntry> {
+        let mut state = self.shard(key).lock();
+        let Some(keys) = state.usage.get_mut(policy) else {
+            return Vec::new();
+        };
+        let Some(buckets) = keys.remove(key) else {
+            return Vec::new();
+        };
+        if keys.is_empty() {
+            state.usage.remove(policy);
+        }
+        drop(state);
+        self.shared.keys.fetch_sub(1, Ordering::Relaxed);
+        let policy: Box<str> = policy.into();
+        buckets
+            .into_iter()
+            .map(|(granularity, start, units)| LedgerEntry {
+                policy: policy.clone(),
+                key: key.clone(),
+                granularity,
+                start: Timestamp::from_secs(start),
+                units,
+            })
+            .collect()
     }
 
     /// Adds `entries` back (those [`take_all`](Self::take_all) took that

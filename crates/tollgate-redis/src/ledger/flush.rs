@@ -90,7 +90,9 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
 /// went through; every other pair's records and batches wait for the next
 /// flush. For a read of that pair's usage, which needs only its own
 /// records written (a flush of every pair per read made one script call
-/// per pair recorded since the last flush, for every read).
+/// per pair recorded since the last flush, for every read). When the
+/// batches kept from failed flushes leave no room for its own, it flushes
+/// every pair, as [`flush`] does, which sends them first.
 pub(super) async fn flush_one<C: RedisConnection>(
     shared: &Shared<C>,
     policy: &str,
@@ -103,26 +105,41 @@ pub(super) async fn flush_one<C: RedisConnection>(
         *retry = others;
         mine
     };
-    let owner: (Box<str>, Key) = (policy.into(), key.clone());
-    let room = || usize::from(shared.retry.lock().len() < shared.max_pending);
+    let room = || shared.retry.lock().len() < shared.max_pending;
     let held = !mine.is_empty();
+    if !held && !room() {
+        // Every batch the bound allows waits to be sent again: they go
+        // first, as a flush of every pair sends them, to make room.
+        return flush(shared).await;
+    }
     let mut batches = mine;
     if !held {
-        batches.extend(pending_batches(shared, room(), |o| *o == owner));
+        batches.extend(pair_batch(shared, policy, key));
     }
     if batches.is_empty() {
         return Ok(());
     }
     let sent = send(shared, batches).await;
-    if !held || holds(shared, policy, key) {
+    if !held || holds(shared, policy, key) || !room() {
         return sent;
     }
     // Its batch went through: its records since follow.
-    let batches = pending_batches(shared, room(), |o| *o == owner);
-    match batches.is_empty() {
-        true => sent,
-        false => send(shared, batches).await,
+    match pair_batch(shared, policy, key) {
+        None => sent,
+        Some(batch) => send(shared, vec![batch]).await,
     }
+}
+
+/// The pending records of `key` under `policy`, as one batch under a new
+/// number, if it has any.
+fn pair_batch<C: RedisConnection>(shared: &Shared<C>, policy: &str, key: &Key) -> Option<Batch> {
+    let entries = shared.pending.take_pair(key, policy);
+    (!entries.is_empty()).then(|| Batch {
+        seq: shared.seq.fetch_add(1, Ordering::Relaxed),
+        policy: policy.into(),
+        key: key.clone(),
+        entries,
+    })
 }
 
 /// The pending records of the keys `take` picks, of `room` keys at most,

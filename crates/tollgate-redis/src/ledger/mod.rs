@@ -25,9 +25,9 @@ pub(crate) use builder::instance_name;
 /// A record is a local map update, not a round trip: the ledger sums its
 /// records in memory and flushes them every
 /// [`flush_interval`](RedisLedgerBuilder::flush_interval) (1 s by default),
-/// on [`flush`](Ledger::flush), and before each
-/// [`usage`](Ledger::usage) it answers, with one script call per key, all
-/// sent at once on the store's connection. Each bucket is a Redis key of
+/// and on [`flush`](Ledger::flush), with one script call per key, all
+/// sent at once on the store's connection; a
+/// [`usage`](Ledger::usage) read writes its own key's records first. Each bucket is a Redis key of
 /// its own (`<prefix>:usage/<policy>:{<hash>}:<h|d|m><start>`, the key's
 /// buckets sharing a cluster slot) that expires after the retention.
 ///
