@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, FailureMode, Key, MemoryStore, Policy, RateLimiter, StoreError, WaitError,
+    Algorithm, FailureMode, FakeClock, Key, MemoryStore, Policy, RateLimiter, StoreError,
+    Timestamp, WaitError,
 };
 use tollgate_redis::RedisStore;
 use tollgate_tests::RedisServer;
@@ -200,5 +201,52 @@ impl<St: tollgate::Store> Ops for RateLimiter<St> {
                 after_block,
             )
         })
+    }
+}
+
+/// An operator's block made through one instance and lifted by a reset
+/// through another. Once Redis has answered the first instance that the
+/// key is no longer blocked, an outage there decides the key by what it
+/// has left. The first instance's local fallback kept the block (made so
+/// that an outage right after a block still refuses the key) and refused
+/// the key through the outage until the block's end. A key blocked and not
+/// reset stays refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_lifted_through_another_instance_is_lifted_in_the_fallback_too() {
+    let mut server = RedisServer::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let instance = async || {
+        let store = RedisStore::builder()
+            .prefix("limiter-lift")
+            .test_clock(clock.clone())
+            .deadline(Duration::from_millis(50))
+            .connect(server.url())
+            .await
+            .unwrap();
+        let policy = Policy::new("jobs", Algorithm::Gcra, "5/h").unwrap();
+        let local = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        RateLimiter::with_store(policy, store).local_fallback(local)
+    };
+    let (a, b) = (instance().await, instance().await);
+    let (lifted, blocked) = (Key::custom("lifted"), Key::custom("blocked"));
+    for key in [&lifted, &blocked] {
+        a.block(key, Duration::from_secs(3_600)).await.unwrap();
+        assert!(!a.check(key).await.unwrap().is_allowed());
+    }
+    clock.advance(Duration::from_secs(1));
+    b.reset(&lifted).await.unwrap();
+    // Past the second for which the first instance's deny cache answers.
+    clock.advance(Duration::from_secs(1));
+    assert!(a.check(&lifted).await.unwrap().is_allowed(), "1 of 5 used");
+
+    server.kill();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += usize::from(a.check(&lifted).await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 4, "the 4 left, and no more");
+    for _ in 0..3 {
+        let decision = a.check(&blocked).await.unwrap();
+        assert!(decision.is_blocked(), "{decision:?}");
     }
 }

@@ -16,7 +16,7 @@ use crate::policy::Policy;
 use crate::settle::Settlement;
 use crate::state::PolicyState;
 use crate::store::Store;
-use crate::time::{Clock, SystemClock};
+use crate::time::{Clock, SystemClock, Timestamp};
 
 mod form;
 mod shard;
@@ -252,6 +252,40 @@ impl MemoryStore {
     /// [`StoreError::Full`] when the key is new and its shard is full.
     pub fn seed(&self, key: &Key, policy: &Policy, state: PolicyState) -> Result<(), StoreError> {
         self.shared.seed(key, policy, state)
+    }
+
+    /// Lifts a block of `key` under `policy`'s name made before `at`, and
+    /// says whether there was one; a block made at or after `at` stands.
+    /// For a local fallback that holds a block made through it, once the
+    /// shared store answered the key unblocked after that (an operator
+    /// reset it through another instance, say): the block would otherwise
+    /// refuse the key here, in a failure, until its end.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Algorithm, Clock, FakeClock, Key, MemoryStore, Policy, Store, Timestamp};
+    ///
+    /// # block_on(async {
+    /// let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    /// let local = MemoryStore::builder().clock(clock.clone()).build()?;
+    /// let policy = Policy::new("api", Algorithm::Gcra, "100/h")?;
+    /// let key = Key::user("ada");
+    /// local.block(&key, &policy, Duration::from_secs(3_600)).await?;
+    /// // Not a block made at that instant.
+    /// assert!(!local.lift_block_before(&key, &policy, clock.now()));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(local.lift_block_before(&key, &policy, clock.now()));
+    /// assert!(local.check_sync(&key, &policy, 1)?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// ```
+    pub fn lift_block_before(&self, key: &Key, policy: &Policy, at: Timestamp) -> bool {
+        self.shared.lift_block_before(key, policy, at)
     }
 }
 

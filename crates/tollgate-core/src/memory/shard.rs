@@ -189,6 +189,16 @@ impl Shared {
         Timestamp::from_micros(until)
     }
 
+    /// Lifts a block of `key` under `policy`'s name made before `at` (the
+    /// time of its fence, which a block writes and which outlasts it).
+    pub(super) fn lift_block_before(&self, key: &Key, policy: &Policy, at: Timestamp) -> bool {
+        let (shard, base) = self.locate(key, policy);
+        let mut guard = lock(&self.shards[shard].0);
+        let made = guard.maps.fences.get(&base).map(|fence| fence.at);
+        let before = made.is_some_and(|made| made < at.as_micros());
+        before && guard.maps.blocks.remove(&base).is_some()
+    }
+
     /// Forgets the key of `base` under every configuration of `policy`'s
     /// name.
     fn forget(&self, shard: &mut Shard, base: KeyHash, policy: &Policy, now: Timestamp) {

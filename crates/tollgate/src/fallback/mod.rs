@@ -212,6 +212,13 @@ impl<S: Store> FallbackStore<S> {
             let local = match self.store.last_known(key, policy) {
                 Some(last) if last.is_blocked() => self.blocked(key, &share, cost, last.reset_at()),
                 Some(last) => {
+                    // The store answered the key unblocked after a block
+                    // made here (the store forgets what it last knew of a
+                    // key it blocks): lifted, by a reset through another
+                    // instance, say. A block made since stands.
+                    self.settings
+                        .local
+                        .lift_block_before(key, &share, last.now());
                     let state = PolicyState::seeded(&share, &last);
                     // A full fallback decides below as it would anyway.
                     let _ = self.settings.local.seed(key, &share, state);
