@@ -92,7 +92,8 @@ pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), 
 /// records written (a flush of every pair per read made one script call
 /// per pair recorded since the last flush, for every read). When the
 /// batches kept from failed flushes leave no room for its own, it flushes
-/// every pair, as [`flush`] does, which sends them first.
+/// every pair first, as [`flush`] does, which sends them. Every error it
+/// returns leaves records of this pair unwritten.
 pub(super) async fn flush_one<C: RedisConnection>(
     shared: &Shared<C>,
     policy: &str,
@@ -109,8 +110,12 @@ pub(super) async fn flush_one<C: RedisConnection>(
     let held = !mine.is_empty();
     if !held && !room() {
         // Every batch the bound allows waits to be sent again: they go
-        // first, as a flush of every pair sends them, to make room.
-        return flush(shared).await;
+        // first, as a flush of every pair sends them, to make room; a
+        // failure leaves this pair's records unwritten, and says so.
+        flush(shared).await?;
+        if !room() {
+            return Err(RedisStoreError::QueueFull);
+        }
     }
     let mut batches = mine;
     if !held {

@@ -381,24 +381,32 @@ fn ietf_values(decision: &Decision, name: &str, drains: bool) -> Option<[HeaderV
 
 /// When a limit that has nothing left gives a unit back: when it would
 /// admit the request it denied; for a limit that `drains` one unit every
-/// interval, the reset less the whole intervals before it (the units that
-/// come back after the first); otherwise, when it is fully back (a fixed
-/// window's end; the sliding window and log report nothing sooner).
+/// interval, when its backlog (the reset) has drained to what leaves room
+/// for one unit, the capacity less one in intervals (a backlog past the
+/// capacity, a debt settled or several limits' joint queue, drains first);
+/// otherwise, when it is fully back (a fixed window's end; the sliding
+/// window and log report nothing sooner).
 fn next_unit(status: &LimitStatus, drains: bool) -> Duration {
     if let Some(retry) = status.retry_after() {
         return retry;
     }
     let reset = status.reset();
-    let interval = status.limit().interval_micros();
-    if !drains || interval == 0 || reset.is_zero() {
+    if !drains {
         return reset;
     }
+    let interval = status.limit().interval_micros();
+    let room = status.capacity().saturating_sub(1).saturating_mul(interval);
     let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
-    Duration::from_micros((reset_us - 1) % interval + 1)
+    match reset_us.saturating_sub(room) {
+        // Empty by another count than its own backlog: nothing sooner known.
+        0 => reset,
+        wait => Duration::from_micros(wait),
+    }
 }
 
 /// Writes the rate-limit headers of `decision`, made under the policy named
-/// `policy`, in `style`, exactly as the layer writes them, and
+/// `policy`, in `style`, as the layer writes them (but for the one
+/// difference below), and
 /// `Retry-After` when the decision denies: for code that decides outside
 /// the layer, such as a middleware over [`RateLimiter`](crate::RateLimiter).
 /// Known only by its name here, the policy's algorithm is not: the IETF
@@ -441,5 +449,29 @@ mod tests {
         assert_eq!(epoch_secs(1_795_341_660), "1795341660");
         assert_eq!(epoch_secs(1_795_341_660), "1795341660");
         assert_eq!(epoch_secs(1_795_341_661), "1795341661");
+    }
+
+    /// The IETF `t` of an emptied limit of 10 a minute (one unit back
+    /// every 6 s) whose backlog is `reset`: the backlog less the 54 s that
+    /// leave room for one unit. Past the capacity (a debt settled, or a
+    /// leaky bucket's queue shared with a slower limit) the debt drains
+    /// first; a token-bucket, leaky-bucket or GCRA limit only.
+    #[test]
+    fn the_next_unit_of_an_emptied_limit_drains_its_debt_first() {
+        use tollgate_core::{Limit, Outcome, Timestamp};
+        let limit = Limit::per_minute(10).unwrap();
+        let policy = Policy::new("one", Algorithm::Gcra, "10/min").unwrap();
+        let t = |reset_secs: u64, drains: bool| {
+            let reset = Duration::from_secs(reset_secs);
+            let status = LimitStatus::new(0, limit, 10, 0, reset, None);
+            let now = Timestamp::from_secs(1_700_000_000);
+            let decision = Decision::new(&policy, Outcome::Allowed, now, Duration::ZERO, [status]);
+            let [_, state] = ietf_values(&decision, "one", drains).unwrap();
+            state.to_str().unwrap().to_owned()
+        };
+        assert_eq!(t(60, true), r#""one";r=0;t=6"#, "all ten used");
+        assert_eq!(t(72, true), r#""one";r=0;t=18"#, "a shared queue");
+        assert_eq!(t(120, true), r#""one";r=0;t=66"#, "a debt of ten");
+        assert_eq!(t(120, false), r#""one";r=0;t=120"#, "a window");
     }
 }

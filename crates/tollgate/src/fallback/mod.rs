@@ -212,13 +212,14 @@ impl<S: Store> FallbackStore<S> {
             let local = match self.store.last_known(key, policy) {
                 Some(last) if last.is_blocked() => self.blocked(key, &share, cost, last.reset_at()),
                 Some(last) => {
-                    // The store answered the key unblocked after a block
-                    // made here (the store forgets what it last knew of a
-                    // key it blocks): lifted, by a reset through another
-                    // instance, say. A block made since stands.
+                    // The store answered the key unblocked well after a
+                    // block made here: lifted, by a reset through another
+                    // instance, say. Not within `LIFT_MARGIN` of it: the
+                    // store's clock is not this one, and a decision on its
+                    // way when the block was made may be recorded after.
                     self.settings
                         .local
-                        .lift_block_before(key, &share, last.now());
+                        .lift_block_before(key, &share, last.now() - LIFT_MARGIN);
                     let state = PolicyState::seeded(&share, &last);
                     // A full fallback decides below as it would anyway.
                     let _ = self.settings.local.seed(key, &share, state);
@@ -300,6 +301,12 @@ impl<S: Store> FallbackStore<S> {
         self.answer(key, policy, cost, result, report)
     }
 }
+
+/// How long after a block made through the fallback the store must have
+/// answered the key unblocked for the fallback to lift its own copy of the
+/// block: more than the skew between the store's clock and this one, and
+/// than a decision on its way when the block was made takes to be answered.
+const LIFT_MARGIN: Duration = Duration::from_secs(1);
 
 /// Where a request's reservation was made: in the wrapped store, or in
 /// the local fallback that decided in its place.
