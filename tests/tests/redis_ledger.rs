@@ -292,7 +292,7 @@ async fn what_a_local_fallback_admits_is_not_billed() {
     assert_eq!((pending.pending(), pending.dropped()), (1, 0));
 
     let ledger = MemoryLedger::new();
-    let fallback = tollgate::FallbackStore::new(MeteredStore::new(down, ledger.clone()))
+    let fallback = tollgate::FallbackStore::new(MeteredStore::new(down.clone(), ledger.clone()))
         .on_store_error(tollgate::FailureMode::Local);
     let policy = Policy::new("ledger-fallback", Algorithm::Gcra, "10/min").unwrap();
     let key = Key::user("outage");
@@ -306,6 +306,26 @@ async fn what_a_local_fallback_admits_is_not_billed() {
             .total(),
         0
     );
+
+    // The ledger outside the fallback (as around a `LeasedStore` over a
+    // `FallbackStore`, whose leases a fallback may grant): what the
+    // fallback admitted, and its settlement, are not recorded either (5
+    // were: the 3 admitted, and the 2 more it settled at).
+    let outside = MemoryLedger::new();
+    let metered = MeteredStore::new(
+        tollgate::FallbackStore::new(down).on_store_error(tollgate::FailureMode::Local),
+        outside.clone(),
+    );
+    let decision = metered.check(&key, &policy, 3).await.unwrap();
+    assert!(decision.is_allowed(), "admitted by the local fallback");
+    let settled = tollgate::Settlement::of(&decision, 3, 5);
+    metered.settle(&key, &policy, settled).await.unwrap();
+    // The fallback's own clock: the process's.
+    let now = decision.now().as_micros() / 1_000_000;
+    let around = |days: u64| Timestamp::from_secs(now - 40 * 86_400 + days * 86_400);
+    let query = UsageQuery::new(Granularity::Month, around(0), around(80)).unwrap();
+    let usage = outside.usage(&key, "ledger-fallback", query).await;
+    assert_eq!(usage.unwrap().total(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! [`MeteredStore`]: a store whose admissions and settlements are
 //! recorded in a usage ledger.
 
-use crate::decision::Decision;
+use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::inflight::SlotStore;
 use crate::key::Key;
@@ -81,8 +81,12 @@ impl<S, L> MeteredStore<S, L> {
 }
 
 impl<S: Store, L: Ledger> MeteredStore<S, L> {
+    /// Records an admitted request's cost, if the store behind counted it:
+    /// not what a local fallback admitted in its place (wrapped around a
+    /// `FallbackStore`, or spent from a lease a fallback granted), nor
+    /// what no one counted.
     fn admitted(&self, key: &Key, policy: &Policy, cost: u64, decision: &Decision) {
-        if cost > 0 && decision.is_allowed() {
+        if cost > 0 && decision.is_allowed() && decision.decided_by() == DecidedBy::Store {
             self.ledger.record(key, policy.name(), decision.now(), cost);
         }
     }
@@ -98,6 +102,10 @@ impl<S: Store, L: Ledger> Store for MeteredStore<S, L> {
         settlement: Settlement,
     ) -> Result<Decision, StoreError> {
         let decision = self.store.settle(key, policy, settlement).await?;
+        // A reservation the store did not count was not recorded.
+        if settlement.decided_by() != DecidedBy::Store {
+            return Ok(decision);
+        }
         let at = settlement.reserved_at();
         self.ledger
             .record(key, policy.name(), at, settlement.charge());
