@@ -46,6 +46,32 @@ impl<S: Store> LeasedStore<S> {
             Err(bus::InvalidateError::Channel(error)) => Err(StoreError::Backend(error)),
         }
     }
+
+    /// Ends every instance's lease of `key` after the store's reset or
+    /// block of it answered `done`: also when it failed in a way that may
+    /// have reset or blocked the key all the same (a timeout), whose leases
+    /// must then not be spent; its error is returned.
+    async fn invalidate_after(
+        &self,
+        done: Result<(), StoreError>,
+        key: &Key,
+        policy: &Policy,
+    ) -> Result<(), StoreError> {
+        match done {
+            Ok(()) => self.invalidate(key, policy).await,
+            Err(error) if error.may_have_acted() => {
+                if let Err(also) = self.invalidate(key, policy).await {
+                    tracing::warn!(
+                        policy = policy.name(),
+                        error = %also,
+                        "lease invalidation after a failed reset or block"
+                    );
+                }
+                Err(error)
+            }
+            Err(error) => Err(error),
+        }
+    }
 }
 
 impl<S: Store> Store for LeasedStore<S> {
@@ -241,8 +267,8 @@ impl<S: Store> Store for LeasedStore<S> {
     /// Resets the key in the store, then ends every instance's lease of
     /// it (see [`LeasedStore`]'s fence).
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.shared.store.reset(key, policy).await?;
-        self.invalidate(key, policy).await
+        let done = self.shared.store.reset(key, policy).await;
+        self.invalidate_after(done, key, policy).await
     }
 
     /// Blocks the key in the store, then ends every instance's lease of
@@ -253,8 +279,8 @@ impl<S: Store> Store for LeasedStore<S> {
         policy: &Policy,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        self.shared.store.block(key, policy, duration).await?;
-        self.invalidate(key, policy).await
+        let done = self.shared.store.block(key, policy, duration).await;
+        self.invalidate_after(done, key, policy).await
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

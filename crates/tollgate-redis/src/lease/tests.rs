@@ -3,6 +3,7 @@
 //! and for a used-up one; asked for by a lease in the last quarter of its
 //! life. Keys of a steady rate near the least worth a lease keep theirs.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +21,19 @@ use super::{GATHER_PER_INTERVAL, LeasedStore, LeasedStoreBuilder};
 struct Recording {
     store: MemoryStore,
     grants: Arc<Mutex<Vec<(Instant, u64)>>>,
+    /// While set, a reset or block acts, then answers a timeout (as a
+    /// reply lost after Redis ran the script).
+    late: Arc<AtomicBool>,
+}
+
+impl Recording {
+    /// `done`, or a timeout after it while `late` is set.
+    fn answered(&self, done: Result<(), StoreError>) -> Result<(), StoreError> {
+        match self.late.load(Ordering::SeqCst) {
+            true => done.and(Err(StoreError::Timeout(Duration::from_millis(50)))),
+            false => done,
+        }
+    }
 }
 
 impl Store for Recording {
@@ -31,7 +45,8 @@ impl Store for Recording {
     }
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.store.reset(key, policy).await
+        let done = self.store.reset(key, policy).await;
+        self.answered(done)
     }
 
     async fn settle(
@@ -49,7 +64,8 @@ impl Store for Recording {
         policy: &Policy,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        self.store.block(key, policy, duration).await
+        let done = self.store.block(key, policy, duration).await;
+        self.answered(done)
     }
 }
 
@@ -59,12 +75,14 @@ struct Setup {
     store: LeasedStore<Recording>,
     clock: FakeClock,
     grants: Arc<Mutex<Vec<(Instant, u64)>>>,
+    late: Arc<AtomicBool>,
     policy: Policy,
 }
 
 async fn setup() -> Setup {
     let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
     let grants = Arc::new(Mutex::new(Vec::new()));
+    let late = Arc::new(AtomicBool::new(false));
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let store = LeasedStoreBuilder::default()
         .interval(INTERVAL)
@@ -73,6 +91,7 @@ async fn setup() -> Setup {
             Recording {
                 store: memory,
                 grants: Arc::clone(&grants),
+                late: Arc::clone(&late),
             },
             Quiet,
         )
@@ -82,6 +101,7 @@ async fn setup() -> Setup {
         store,
         clock,
         grants,
+        late,
         policy: Policy::new("api", Algorithm::Gcra, "100000/s").unwrap(),
     }
 }
@@ -433,5 +453,37 @@ async fn a_lease_ended_with_units_left_gives_way_to_the_next_at_once() {
             "{}: {returned} returns",
             policy.name()
         );
+    }
+}
+
+/// A reset or block whose reply is lost after the store acted (a timeout)
+/// still ends the key's leases on every instance (the generation of
+/// leases moves on, so that no lease granted before is kept): their units
+/// were counted before the reset, or are of a key now blocked. They were
+/// kept, and spent.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_reset_or_block_that_times_out_after_acting_ends_the_keys_leases() {
+    let s = setup().await;
+    let generation = || s.store.shared.bus.generation.load(Ordering::SeqCst);
+    for blocking in [false, true] {
+        let key = Key::user(format!("late-{blocking}"));
+        s.to_the_ahead_ask(&key).await;
+        let before = generation();
+        s.late.store(true, Ordering::SeqCst);
+        let done = match blocking {
+            true => {
+                s.store
+                    .block(&key, &s.policy, Duration::from_secs(60))
+                    .await
+            }
+            false => s.store.reset(&key, &s.policy).await,
+        };
+        s.late.store(false, Ordering::SeqCst);
+        assert!(matches!(done, Err(StoreError::Timeout(_))), "{done:?}");
+        assert!(generation() > before, "blocking: {blocking}");
+        if blocking {
+            let decision = s.store.check(&key, &s.policy, 1).await.unwrap();
+            assert!(decision.is_blocked(), "{decision:?}");
+        }
     }
 }
