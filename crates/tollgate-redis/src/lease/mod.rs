@@ -30,8 +30,9 @@ use telemetry::{Call, LeaseMetrics};
 /// allowance at once: one `check` of their total cost, atomic, admitted
 /// only if that much is available. The store counts the units as used
 /// from then on, so every request admitted from a lease has consumed a
-/// unit in the store, and all instances together never admit more than
-/// the limit. The instance spends the lease locally, and gives back what
+/// unit in the store; under a window, all instances together never admit
+/// more than the limit (under GCRA and the token bucket, see
+/// "Algorithms"). The instance spends the lease locally, and gives back what
 /// it did not spend (a [`Settlement`](tollgate_core::Settlement) refund) when the lease ends, or
 /// when the key goes quiet. Until then those units are unavailable to
 /// other instances: under-admission is bounded by the units outstanding in
@@ -63,9 +64,11 @@ use telemetry::{Call, LeaseMetrics};
 /// what the store said remains, and the request is then decided by the
 /// store: near its limit, a key is decided exactly as without leases.
 ///
-/// **Algorithms.** GCRA and the token bucket: units reserved early and
-/// spent later leave the key's traffic more conformant than the store saw
-/// it, so a lease is sound for its whole lifetime (twice the interval).
+/// **Algorithms.** GCRA and the token bucket: a lease lives twice the
+/// interval, while its units drain from the key's backlog in the store at
+/// the limit's rate from the grant on; units spent after they drained can
+/// meet a burst the store admits elsewhere, so in a burst all instances
+/// together admit up to the units outstanding in their leases beyond it.
 /// Fixed and sliding windows: units count in the window of their grant,
 /// so a lease also ends with its window. The sliding log and the leaky
 /// bucket are always decided by the store: a log dates each request, and
