@@ -1,11 +1,10 @@
 //! Rate-limit response headers.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use std::time::Duration;
-
 use tollgate_core::{Algorithm, Decision, LimitStatus, Policy};
 
 use super::numbers::{SMALL, number};
