@@ -221,7 +221,9 @@ async fn a_block_lifted_through_another_instance_is_lifted_in_the_fallback_too()
         let store = RedisStore::builder()
             .prefix("limiter-lift")
             .test_clock(clock.clone())
-            .deadline(Duration::from_millis(50))
+            // Long enough for a loaded machine: Redis must decide the key
+            // while it is up (a late answer would be decided locally).
+            .deadline(Duration::from_millis(500))
             .connect(server.url())
             .await
             .unwrap();
