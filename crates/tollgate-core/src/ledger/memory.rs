@@ -97,6 +97,23 @@ pub struct LedgerEntry {
 }
 
 impl LedgerEntry {
+    /// The entries of `key`'s `buckets` under `policy`.
+    fn of<'a>(
+        policy: &'a str,
+        key: &'a Key,
+        buckets: impl IntoIterator<Item = (Granularity, u64, i64)> + 'a,
+    ) -> impl Iterator<Item = LedgerEntry> + 'a {
+        buckets
+            .into_iter()
+            .map(|(granularity, start, units)| LedgerEntry {
+                policy: policy.into(),
+                key: key.clone(),
+                granularity,
+                start: Timestamp::from_secs(start),
+                units,
+            })
+    }
+
     /// The policy's name.
     pub fn policy(&self) -> &str {
         &self.policy
@@ -234,15 +251,7 @@ impl MemoryLedger {
                         return true;
                     }
                     taken += 1;
-                    entries.extend(buckets.drain(..).map(|(granularity, start, units)| {
-                        LedgerEntry {
-                            policy: policy.clone(),
-                            key: key.clone(),
-                            granularity,
-                            start: Timestamp::from_secs(start),
-                            units,
-                        }
-                    }));
+                    entries.extend(LedgerEntry::of(policy, key, buckets.drain(..)));
                     false
                 });
             }
@@ -284,17 +293,7 @@ impl MemoryLedger {
         }
         drop(state);
         self.shared.keys.fetch_sub(1, Ordering::Relaxed);
-        let policy: Box<str> = policy.into();
-        buckets
-            .into_iter()
-            .map(|(granularity, start, units)| LedgerEntry {
-                policy: policy.clone(),
-                key: key.clone(),
-                granularity,
-                start: Timestamp::from_secs(start),
-                units,
-            })
-            .collect()
+        LedgerEntry::of(policy, key, buckets).collect()
     }
 
     /// Adds `entries` back (those [`take_all`](Self::take_all) took that
