@@ -27,13 +27,13 @@ impl<S: Store> Shared<S> {
         sent: u64,
         capped: bool,
         refunds: Option<(Arc<Refunds>, u64)>,
-    ) -> Lease {
+    ) -> Box<Lease> {
         let lifetime = Leasing::of(policy).lifetime(
             policy,
             &base,
             self.interval.saturating_mul(LIFETIME_INTERVALS),
         );
-        Lease {
+        Box::new(Lease {
             granted: units,
             left: units,
             sent,
@@ -46,7 +46,7 @@ impl<S: Store> Shared<S> {
             key: key.clone(),
             policy: policy.clone(),
             refunds,
-        }
+        })
     }
 
     /// Whether a grant asked for at invalidation `generation` may be
@@ -214,7 +214,7 @@ impl<S: Store> Shared<S> {
             // The key's next grant waits for it (`settled` is kept until
             // then): asked for before the return lands, its units would
             // follow this one's, and the return would shift them.
-            self.return_unused(lease, false).await;
+            self.return_unused(*lease, false).await;
         }
         drop(settled);
         Ok(Some(decision))
@@ -263,7 +263,7 @@ impl<S> Drop for Settled<S> {
 }
 
 /// Puts `lease` in the first free place of `entry`, or hands it back.
-fn install(entry: &mut Entry, lease: Lease) -> Option<Lease> {
+fn install(entry: &mut Entry, lease: Box<Lease>) -> Option<Box<Lease>> {
     match (&entry.lease, &entry.next) {
         (None, _) => entry.lease = Some(lease),
         (Some(_), None) => entry.next = Some(lease),

@@ -154,12 +154,12 @@ impl<S: Store> Store for LeasedStore<S> {
                         match entry.lease.take() {
                             Some(lease) => {
                                 entry.resize(&lease, cost, now, shared.interval, cap);
-                                ended.push(lease);
+                                ended.push(*lease);
                             }
                             None => entry.observe(cost, now, shared.interval, cap),
                         }
                         if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
-                            ended.extend(entry.next.take());
+                            ended.extend(entry.next.take().map(|next| *next));
                         }
                         if let Some(waiting) = &entry.refilling {
                             Plan::Wait(Arc::clone(waiting))

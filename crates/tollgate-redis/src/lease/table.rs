@@ -204,13 +204,15 @@ pub(crate) struct Entry {
     /// A grant is on its way: the key's other requests meanwhile wait
     /// for it.
     pub(crate) refilling: Option<Arc<Refill>>,
-    /// The lease being spent.
-    pub(crate) lease: Option<Lease>,
+    /// The lease being spent. Leases are boxed: with two inline, an
+    /// entry spanned ten cache lines, and a table of many keys missed the
+    /// cache on most lookups.
+    pub(crate) lease: Option<Box<Lease>>,
     /// The lease granted ahead, once seven eighths of the current one
     /// were spent or it grew late (see [`Entry::ahead`]): spent once the
     /// current one is used up or ended, so that the key does not wait for
     /// a grant.
-    pub(crate) next: Option<Lease>,
+    pub(crate) next: Option<Box<Lease>>,
     /// Local time (µs) until which the store's last answer says the key
     /// holds too little for a lease (0: not known to be low). Until then
     /// no grant is asked for: the key's requests go to the store, whose
@@ -339,7 +341,8 @@ impl Entry {
         // A used-up lease has nothing to give back: the next one takes
         // its place here. One with units left goes back first, through
         // `promote`.
-        if self.lease.as_ref().is_none_or(|l| l.left == 0) && self.next.as_ref().is_some_and(live) {
+        if self.lease.as_ref().is_none_or(|l| l.left == 0) && self.next.as_deref().is_some_and(live)
+        {
             let next = self.next.take()?;
             return Some(self.lease.insert(next).spend(cost, now));
         }
@@ -365,7 +368,7 @@ impl Entry {
             return None;
         }
         let next = self.next.take()?;
-        ended.extend(self.lease.replace(next));
+        ended.extend(self.lease.replace(next).map(|lease| *lease));
         self.lease.as_mut().map(|lease| lease.spend(cost, now))
     }
 
@@ -488,8 +491,8 @@ impl Table {
                 let keep =
                     e.last_seen >= idle_before || e.refilling.is_some() || e.refunds_elsewhere();
                 if !keep {
-                    ended.extend(e.lease.take());
-                    ended.extend(e.next.take());
+                    ended.extend(e.lease.take().map(|lease| *lease));
+                    ended.extend(e.next.take().map(|next| *next));
                 }
                 keep
             });
@@ -529,8 +532,8 @@ impl Table {
             let mut shard = shard.0.lock();
             shard.retain(|_, e| {
                 for slot in [&mut e.lease, &mut e.next] {
-                    if slot.as_ref().is_some_and(&mut end) {
-                        ended.extend(slot.take());
+                    if slot.as_deref().is_some_and(&mut end) {
+                        ended.extend(slot.take().map(|lease| *lease));
                     }
                 }
                 e.last_seen >= idle_before
