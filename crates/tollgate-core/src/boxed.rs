@@ -128,12 +128,33 @@ impl BoxStore {
     fn slots(&self) -> Result<&dyn DynSlots, StoreError> {
         self.slots
             .as_deref()
-            .ok_or_else(|| StoreError::backend(NoSlots))
+            // No call is made: nothing may have been taken.
+            .ok_or_else(|| StoreError::unavailable(NoSlots))
     }
 }
 
-/// The slots of the store given to [`BoxStore::with_slots`]; a store made
-/// with [`BoxStore::new`] fails every call.
+/// The slots of the store given to [`BoxStore::with_slots`]. A store made
+/// with [`BoxStore::new`] fails every call as
+/// [unavailable](StoreError::Unavailable), having taken nothing, and holds
+/// no leases to renew.
+///
+/// ```
+/// use tollgate_core::{BoxStore, InFlightLimit, Key, MemoryStore, SlotStore};
+///
+/// # futures_block_on(async {
+/// let store = BoxStore::new(MemoryStore::new());
+/// let exports = InFlightLimit::new("exports", 1)?;
+/// let error = store.acquire(&Key::global(), &exports, 1).await.unwrap_err();
+/// assert!(!error.may_have_acted());
+/// assert!(!store.leases());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn futures_block_on<F: Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+/// # }
+/// ```
 impl SlotStore for BoxStore {
     async fn acquire(
         &self,
@@ -169,7 +190,8 @@ impl SlotStore for BoxStore {
     }
 
     fn leases(&self) -> bool {
-        self.slots.as_deref().is_none_or(DynSlots::leases)
+        // Without slots nothing is held, so nothing is renewed.
+        self.slots.as_deref().is_some_and(DynSlots::leases)
     }
 }
 

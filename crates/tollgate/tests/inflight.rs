@@ -305,6 +305,51 @@ async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal(
     assert_eq!(again.await.unwrap().unwrap().status(), StatusCode::OK);
 }
 
+/// A renewal that fails is tried again after a quarter of the renewal
+/// period: a running request whose slot the store lost while it was away
+/// counts again soon after the store is back, not a whole period later.
+/// (The next try came a whole period later: for that long new requests
+/// took the lost slot, and ran beside it past the limit.)
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_failed_is_tried_again_within_a_quarter_of_its_period() {
+    let store = Leasing::default();
+    // Renewed every second.
+    let limit = InFlightLimit::new("exports", 1)
+        .unwrap()
+        .lease(Duration::from_secs(3))
+        .unwrap();
+    let slow = Slow::default();
+    let app = slow.app(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
+    let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
+    until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    // The store loses holder 1's slot, and is away for its first renewal.
+    store.release(&Key::global(), &limit, 1).await.unwrap();
+    store.away.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(store.renewals.lock().unwrap().is_empty());
+    store.away.store(false, Ordering::SeqCst);
+    // Tried again 250 ms after the failure: the slot is taken back.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(*store.renewals.lock().unwrap(), [Renewal::Retaken]);
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.clone().oneshot(get_path("/export")),
+    )
+    .await
+    .expect("refused at once, not admitted")
+    .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Then every second again, from the try that got through.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        *store.renewals.lock().unwrap(),
+        [Renewal::Retaken, Renewal::Renewed]
+    );
+    slow.go.add_permits(1);
+    let done = running.await.unwrap().unwrap();
+    done.into_body().collect().await.unwrap();
+}
+
 /// Takes the slot in its store, then fails as if the reply were lost on
 /// its way back (a reset connection): the slot is held, and the caller
 /// does not know it.

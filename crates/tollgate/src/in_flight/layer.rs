@@ -35,7 +35,10 @@ use super::telemetry::Telemetry;
 /// that missed writes) takes it back, past the limit if new requests took
 /// every slot meanwhile, so the limit holds again for new requests within
 /// a third of the lease: no new request takes a slot until fewer than the
-/// limit run (see [`Renewal`](tollgate_core::Renewal)).
+/// limit run (see [`Renewal`](tollgate_core::Renewal)). A renewal that
+/// fails is tried again after a twelfth of the lease, so a store that was
+/// away when its renewals came counts the running requests again within
+/// a twelfth of the lease of answering.
 ///
 /// When the store fails, the layer follows its [`FailureMode`] as
 /// [`RateLimitLayer`](crate::RateLimitLayer) does: under

@@ -147,6 +147,13 @@ impl<St: SlotStore + Clone> Slot<St> {
                             return;
                         };
                         let renewed = store.renew(&key, &limit, holder).await;
+                        // A renewal that failed is tried again after a
+                        // quarter of the period, not a whole one: the store
+                        // may have lost the slot, and new requests take it
+                        // until a renewal gets through.
+                        if renewed.is_err() {
+                            tick.reset_after(every / 4);
+                        }
                         if renewed.as_ref().err().is_some_and(|e| !e.may_have_acted()) {
                             let _ = reached.compare_exchange(
                                 Registered::MAY_HOLD,
