@@ -6,11 +6,12 @@
 #[path = "support/flaky.rs"]
 mod flaky;
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use tollgate::{
     Algorithm, DecidedBy, FailureMode, FakeClock, FallbackStore, Key, MemoryOverrides, MemoryStore,
-    Override, OverrideStore, Policy, Settlement, Store, StoreError, Timestamp,
+    Outcome, Override, OverrideStore, Policy, Settlement, Store, StoreError, Timestamp,
 };
 
 use flaky::Flaky;
@@ -271,4 +272,60 @@ async fn a_key_blocked_in_the_shared_store_stays_blocked_in_the_local_fallback()
     let after = fallback.check(&key, &policy, 1).await.unwrap();
     assert!(after.is_allowed(), "{after:?}");
     assert_eq!(after.decided_by(), DecidedBy::LocalFallback);
+}
+
+/// A request that costs more than this instance's share of a limit, but
+/// no more than the limit, is refused for now in an outage, with a retry
+/// of the time the limit makes its cost at its rate: the store admits it
+/// once it is back. It was refused for good (`CostExceedsCapacity`: a 429
+/// with no `Retry-After`, and gRPC told never to retry). Still never
+/// admitted locally, and a cost beyond the limit itself is still refused
+/// for good.
+#[tokio::test]
+async fn a_request_costing_more_than_the_local_share_is_refused_for_now_not_for_good() {
+    let (_, shared, fallback) = local_fallback();
+    let fallback = fallback.local_divisor(NonZeroU64::new(6).unwrap());
+    // A share of 8 an hour on each of 6 instances.
+    let policy = Policy::new("exports", Algorithm::TokenBucket, "50/h").unwrap();
+    shared.fail(true);
+    let costly = fallback
+        .check(&Key::user("ada"), &policy, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        costly.outcome(),
+        Outcome::Limited {
+            retry_after: Duration::from_secs(720)
+        }
+    );
+    assert_eq!(costly.retry_after(), Some(Duration::from_secs(720)));
+    assert_eq!(costly.decided_by(), DecidedBy::LocalFallback);
+    assert_eq!((costly.limit(), costly.remaining()), (8, 8));
+    // The share itself is admitted, once.
+    assert!(
+        fallback
+            .check(&Key::user("ada"), &policy, 8)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        !fallback
+            .check(&Key::user("ada"), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let never = fallback
+        .check(&Key::user("bob"), &policy, 51)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            never.outcome(),
+            Outcome::CostExceedsCapacity { cost: 51, .. }
+        ),
+        "{:?}",
+        never.outcome()
+    );
 }

@@ -227,6 +227,7 @@ impl<S: Store> FallbackStore<S> {
                 }
                 None => self.settings.local.check_sync(key, &share, cost),
             };
+            let local = local.map(|decision| for_now(decision, policy, &share, cost));
             if let Ok(decision) = &local {
                 report.handled(match decision.is_allowed() {
                     true => Handled::LocalAllowed,
@@ -340,6 +341,48 @@ pub(crate) fn let_through(policy: &Policy) -> Decision {
     let now = tollgate_core::Clock::now(&tollgate_core::SystemClock);
     Decision::new(policy, Outcome::Allowed, now, Duration::ZERO, statuses)
         .with_decided_by(DecidedBy::NoOne)
+}
+
+/// The local decision of a request of `cost` under `share`, this
+/// instance's share of `policy`: one that costs more than the share holds
+/// but no more than `policy` does is refused for now, not for good (the
+/// store admits it once it is back, and a client told "never" gives up).
+/// It is never admitted locally: the share bounds what this instance lets
+/// through in an outage. Its retry is the time `policy`'s slowest limit
+/// takes to make `cost` units at its rate, at most its period.
+fn for_now(decision: Decision, policy: &Policy, share: &Policy, cost: u64) -> Decision {
+    match decision.outcome() {
+        Outcome::CostExceedsCapacity { .. }
+            if policy.params().iter().all(|p| cost <= p.capacity) =>
+        {
+            let retry = policy
+                .params()
+                .iter()
+                .map(|p| {
+                    let (period, count) = (p.limit.period_micros(), p.limit.count().max(1));
+                    let micros = u128::from(cost) * u128::from(period) / u128::from(count);
+                    u64::try_from(micros).unwrap_or(u64::MAX).min(period)
+                })
+                .max()
+                .map_or(Duration::ZERO, Duration::from_micros);
+            let statuses = decision.limits().iter().map(|s| {
+                let short = s.capacity() < cost;
+                LimitStatus::new(
+                    s.index(),
+                    s.limit(),
+                    s.capacity(),
+                    s.remaining(),
+                    s.reset(),
+                    short.then_some(retry),
+                )
+            });
+            let outcome = Outcome::Limited { retry_after: retry };
+            Decision::new(share, outcome, decision.now(), Duration::ZERO, statuses).with_cost(cost)
+        }
+        Outcome::Allowed | Outcome::Limited { .. } | Outcome::CostExceedsCapacity { .. } => {
+            decision
+        }
+    }
 }
 
 impl<S: Store> Store for FallbackStore<S> {
