@@ -4,6 +4,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_core::{Decision, Key, LimitStatus, Outcome, Policy, Timestamp};
@@ -443,7 +444,13 @@ type Map = HashMap<u64, Entry, foldhash::fast::FixedState>;
 /// A shard on cache lines of its own: a hot key's shard is locked from
 /// every thread, and should not slow its neighbours.
 #[repr(align(128))]
-struct Padded(Mutex<Map>);
+struct Padded {
+    map: Mutex<Map>,
+    /// While the shard is full, none of its keys goes idle before this
+    /// (local µs): a new key is turned away without a scan until then.
+    /// Read and written under `map`'s lock.
+    full_until: AtomicU64,
+}
 
 /// Sharded by key hash, each shard bounded.
 pub(crate) struct Table {
@@ -459,7 +466,10 @@ impl Table {
         Self {
             hasher: foldhash::quality::RandomState::default(),
             shards: (0..SHARDS)
-                .map(|_| Padded(Mutex::new(HashMap::default())))
+                .map(|_| Padded {
+                    map: Mutex::new(HashMap::default()),
+                    full_until: AtomicU64::new(0),
+                })
                 .collect(),
             per_shard: max_keys.div_ceil(SHARDS),
         }
@@ -470,13 +480,19 @@ impl Table {
     }
 
     pub(crate) fn shard(&self, hash: u64) -> MutexGuard<'_, Map> {
+        self.padded(hash).map.lock()
+    }
+
+    fn padded(&self, hash: u64) -> &Padded {
         // The top bits: the map itself uses the low ones.
-        self.shards[(hash >> 58) as usize % SHARDS].0.lock()
+        &self.shards[(hash >> 58) as usize % SHARDS]
     }
 
     /// The entry of `hash` for `fingerprint`, made if there is room: a
     /// full shard first forgets keys idle since `idle_before` (handing
-    /// their leases to `ended`), and tracks no new key if still full.
+    /// their leases to `ended`), and tracks no new key if still full. It
+    /// scans for idle keys no sooner than the first of them can be idle,
+    /// so that new keys sprayed at a full shard do not each scan it.
     pub(crate) fn entry<'a>(
         &self,
         shard: &'a mut Map,
@@ -487,6 +503,10 @@ impl Table {
         ended: &mut Vec<Lease>,
     ) -> Option<&'a mut Entry> {
         if !shard.contains_key(&hash) && shard.len() >= self.per_shard {
+            let full_until = &self.padded(hash).full_until;
+            if now < full_until.load(Ordering::Relaxed) {
+                return None;
+            }
             shard.retain(|_, e| {
                 let keep =
                     e.last_seen >= idle_before || e.refilling.is_some() || e.refunds_elsewhere();
@@ -497,6 +517,16 @@ impl Table {
                 keep
             });
             if shard.len() >= self.per_shard {
+                // A key seen at `t` is idle from `t` plus the idle span on.
+                // (One kept for a grant or a refund on its way is left to
+                // the next scan after that.)
+                let span = now.saturating_sub(idle_before);
+                let first_seen = shard.values().map(|e| e.last_seen);
+                let first_seen = first_seen.filter(|&seen| seen >= idle_before).min();
+                full_until.store(
+                    first_seen.map_or(now, |seen| seen.saturating_add(span).saturating_add(1)),
+                    Ordering::Relaxed,
+                );
                 return None;
             }
         }
@@ -529,7 +559,7 @@ impl Table {
     ) -> Vec<Lease> {
         let mut ended = Vec::new();
         for shard in &self.shards {
-            let mut shard = shard.0.lock();
+            let mut shard = shard.map.lock();
             shard.retain(|_, e| {
                 for slot in [&mut e.lease, &mut e.next] {
                     if slot.as_deref().is_some_and(&mut end) {
@@ -550,7 +580,7 @@ impl Table {
     pub(crate) fn outstanding(&self) -> (usize, u64) {
         let mut held = (0, 0);
         for shard in &self.shards {
-            let shard = shard.0.lock();
+            let shard = shard.map.lock();
             let leases = shard.values().flat_map(|e| [&e.lease, &e.next]);
             for lease in leases.filter_map(Option::as_ref) {
                 held.0 += 1;

@@ -129,3 +129,30 @@ fn an_entry_without_its_leases_fits_two_cache_lines() {
     let size = std::mem::size_of::<(u64, Entry)>();
     assert!(size <= 128, "a table slot is {size} bytes");
 }
+
+#[test]
+fn a_full_shard_turns_new_keys_away_without_a_scan_until_its_first_key_can_be_idle() {
+    // One key a shard; two hashes of one shard (its top bits).
+    let table = Table::new(64);
+    let (first, new) = (5 << 58 | 1, 5 << 58 | 2);
+    let mut ended = Vec::new();
+    let mut shard = table.shard(first);
+    // Keys go idle after 2,000 µs.
+    let mut entry = |shard: &mut Map, hash, now: u64| {
+        let idle_before = now.saturating_sub(2_000);
+        table
+            .entry(shard, hash, 7, now, idle_before, &mut ended)
+            .is_some()
+    };
+    assert!(entry(&mut shard, first, 1_000));
+    // Full: the scan finds nothing idle, and the first key can be idle
+    // only after 3,000.
+    assert!(!entry(&mut shard, new, 2_000));
+    // Set back by hand, the first key looks idle to a scan: none is made.
+    shard.get_mut(&first).unwrap().last_seen = 0;
+    assert!(!entry(&mut shard, new, 2_500));
+    assert!(!entry(&mut shard, new, 3_000));
+    // From then on the shard is scanned again, and the idle key goes.
+    assert!(entry(&mut shard, new, 3_001));
+    assert!(!shard.contains_key(&first));
+}
