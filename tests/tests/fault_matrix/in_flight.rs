@@ -122,12 +122,14 @@ async fn in_flight_slots_hold_their_bound_under_every_fault() {
         let exports = Exports::new(&cell.redis);
         let (running, mut tasks) = exports.start(2).await;
         assert_eq!(running, 2, "{fault:?}: before the fault");
-        // The documented bound beside the 2 running: the local fallback's
-        // whole limit while Redis is away (it knows nothing of the running
-        // slots); nothing once a renewal period has passed after data loss.
+        // The documented bound beside the 2 running: nothing. While Redis
+        // is away the running two hold their slots in the local fallback
+        // too; after data loss, once a renewal period has passed, they
+        // hold them in Redis again.
         let bound = match fault {
-            Fault::Killed | Fault::Paused => 2,
-            Fault::RestartedEmpty
+            Fault::Killed
+            | Fault::Paused
+            | Fault::RestartedEmpty
             | Fault::FlushAll
             | Fault::ScriptFlush
             | Fault::AppSaturated
