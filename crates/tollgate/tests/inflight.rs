@@ -254,14 +254,15 @@ impl SlotStore for Leasing {
     }
 }
 
-/// A running request whose slot the store lost is counted again at its
-/// next renewal, past the limit while another request holds the only
-/// slot; when that one ends, a new request is still refused, as the
-/// first still runs. (It was taken back only once a slot was free, and a
-/// new request took the freed slot first: two ran against a limit of
-/// one.) Tokio's paused clock drives the renewals.
-#[tokio::test(start_paused = true)]
-async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal() {
+/// A layer of one slot on [`Leasing`], with a lease of 3 s (renewed every
+/// second), and one export running on it.
+async fn one_export_running() -> (
+    Leasing,
+    InFlightLimit,
+    Slow,
+    Router,
+    tokio::task::JoinHandle<Result<http::Response<axum::body::Body>, std::convert::Infallible>>,
+) {
     let store = Leasing::default();
     let limit = InFlightLimit::new("exports", 1)
         .unwrap()
@@ -271,6 +272,32 @@ async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal(
     let app = slow.app(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
     let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
     until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    (store, limit, slow, app, running)
+}
+
+/// Asserts that a request to `app`'s slow route is refused at once.
+/// (Admitted, it would wait for the handler's permit: a time limit makes
+/// that a failure rather than a hang.)
+async fn refused_at_once(app: &Router) {
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.clone().oneshot(get_path("/export")),
+    )
+    .await
+    .expect("refused at once, not admitted")
+    .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A running request whose slot the store lost is counted again at its
+/// next renewal, past the limit while another request holds the only
+/// slot; when that one ends, a new request is still refused, as the
+/// first still runs. (It was taken back only once a slot was free, and a
+/// new request took the freed slot first: two ran against a limit of
+/// one.) Tokio's paused clock drives the renewals.
+#[tokio::test(start_paused = true)]
+async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal() {
+    let (store, limit, slow, app, running) = one_export_running().await;
     let key = Key::global();
     // The store loses holder 1's slot, and another request (99) takes it.
     store.release(&key, &limit, 1).await.unwrap();
@@ -280,16 +307,7 @@ async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal(
     assert_eq!(*store.renewals.lock().unwrap(), [Renewal::RetakenPastLimit]);
     // 99 is done; the first request still runs, and holds the slot.
     store.release(&key, &limit, 99).await.unwrap();
-    // (Admitted, it would wait for the handler's permit: a time limit
-    // makes that a failure rather than a hang.)
-    let refused = tokio::time::timeout(
-        Duration::from_secs(5),
-        app.clone().oneshot(get_path("/export")),
-    )
-    .await
-    .expect("refused at once, not admitted")
-    .unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    refused_at_once(&app).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         *store.renewals.lock().unwrap(),
@@ -312,16 +330,7 @@ async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal(
 /// took the lost slot, and ran beside it past the limit.)
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_failed_is_tried_again_within_a_quarter_of_its_period() {
-    let store = Leasing::default();
-    // Renewed every second.
-    let limit = InFlightLimit::new("exports", 1)
-        .unwrap()
-        .lease(Duration::from_secs(3))
-        .unwrap();
-    let slow = Slow::default();
-    let app = slow.app(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
-    let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
-    until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    let (store, limit, slow, app, running) = one_export_running().await;
     // The store loses holder 1's slot, and is away for its first renewal.
     store.release(&Key::global(), &limit, 1).await.unwrap();
     store.away.store(true, Ordering::SeqCst);
@@ -331,14 +340,7 @@ async fn a_renewal_that_failed_is_tried_again_within_a_quarter_of_its_period() {
     // Tried again 250 ms after the failure: the slot is taken back.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(*store.renewals.lock().unwrap(), [Renewal::Retaken]);
-    let refused = tokio::time::timeout(
-        Duration::from_secs(5),
-        app.clone().oneshot(get_path("/export")),
-    )
-    .await
-    .expect("refused at once, not admitted")
-    .unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    refused_at_once(&app).await;
     // Then every second again, from the try that got through.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(
