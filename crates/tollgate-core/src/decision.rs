@@ -16,7 +16,11 @@ pub enum Outcome {
     /// the leaky bucket delays).
     Allowed,
     /// Denied for now; the same request is admitted at `retry_after` from
-    /// the decision, if nothing else consumes the limit meanwhile.
+    /// the decision, if nothing else consumes the limit meanwhile. (One
+    /// exception: a local fallback deciding for a store that failed
+    /// refuses a request that costs more than its share of a limit, but no
+    /// more than the limit, with the time the limit makes that cost at its
+    /// rate: an estimate of when the store, back, could admit it.)
     Limited {
         /// The exact earliest time from the decision at which the same
         /// request would be admitted.

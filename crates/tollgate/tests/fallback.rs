@@ -329,3 +329,35 @@ async fn a_request_costing_more_than_the_local_share_is_refused_for_now_not_for_
         never.outcome()
     );
 }
+
+/// Of a policy of two limits, the retry of a request too costly for one
+/// share comes from that limit alone, which binds: 20 units of "60/min"
+/// take 20 s. (It was the longest over every limit, "1000/h"'s 72 s, on
+/// the per-minute limit's headers.)
+#[tokio::test]
+async fn the_retry_of_a_request_too_costly_for_a_share_comes_from_the_limits_it_exceeds() {
+    let (_, shared, fallback) = local_fallback();
+    let fallback = fallback.local_divisor(NonZeroU64::new(6).unwrap());
+    // Shares of 10 a minute and 166 an hour.
+    let policy = Policy::builder("exports")
+        .algorithm(Algorithm::SlidingWindow)
+        .limit("60/min")
+        .limit("1000/h")
+        .build()
+        .unwrap();
+    shared.fail(true);
+    let costly = fallback
+        .check(&Key::user("ada"), &policy, 20)
+        .await
+        .unwrap();
+    let twenty = Duration::from_secs(20);
+    assert_eq!(
+        costly.outcome(),
+        Outcome::Limited {
+            retry_after: twenty
+        }
+    );
+    assert_eq!(costly.limit(), 10);
+    let retries: Vec<_> = costly.limits().iter().map(|s| s.retry_after()).collect();
+    assert_eq!(retries, [Some(twenty), None]);
+}

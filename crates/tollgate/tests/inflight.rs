@@ -193,6 +193,8 @@ struct Leasing {
     renewals: Arc<Mutex<Vec<Renewal>>>,
     away: Arc<std::sync::atomic::AtomicBool>,
     refused: Arc<std::sync::atomic::AtomicBool>,
+    /// While `away`: calls time out, as on a Redis that is slow.
+    slow: Arc<std::sync::atomic::AtomicBool>,
     given_back: Arc<AtomicUsize>,
 }
 
@@ -200,6 +202,9 @@ impl Leasing {
     fn failing(&self) -> Result<(), StoreError> {
         if !self.away.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        if self.slow.load(Ordering::SeqCst) {
+            return Err(StoreError::Timeout(Duration::from_millis(50)));
         }
         Err(match self.refused.load(Ordering::SeqCst) {
             true => StoreError::unavailable(std::io::Error::new(
@@ -323,16 +328,25 @@ async fn a_running_request_whose_slot_was_lost_counts_again_at_its_next_renewal(
     assert_eq!(again.await.unwrap().unwrap().status(), StatusCode::OK);
 }
 
-/// A renewal that fails is tried again after a quarter of the renewal
-/// period: a running request whose slot the store lost while it was away
-/// counts again soon after the store is back, not a whole period later.
-/// (The next try came a whole period later: for that long new requests
-/// took the lost slot, and ran beside it past the limit.)
+/// A renewal that fails without reaching the store is tried again after
+/// a quarter of the renewal period: a running request whose slot the
+/// store lost while it was away counts again soon after the store is
+/// back, not a whole period later. (The next try came a whole period
+/// later: for that long new requests took the lost slot, and ran beside
+/// it past the limit.) Away with its breaker open, or refusing
+/// connections.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_failed_is_tried_again_within_a_quarter_of_its_period() {
+    for refused in [false, true] {
+        renewed_after_an_absence(refused).await;
+    }
+}
+
+async fn renewed_after_an_absence(refused: bool) {
     let (store, limit, slow, app, running) = one_export_running().await;
     // The store loses holder 1's slot, and is away for its first renewal.
     store.release(&Key::global(), &limit, 1).await.unwrap();
+    store.refused.store(refused, Ordering::SeqCst);
     store.away.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     assert!(store.renewals.lock().unwrap().is_empty());
@@ -347,6 +361,25 @@ async fn a_renewal_that_failed_is_tried_again_within_a_quarter_of_its_period() {
         *store.renewals.lock().unwrap(),
         [Renewal::Retaken, Renewal::Renewed]
     );
+    slow.go.add_permits(1);
+    let done = running.await.unwrap().unwrap();
+    done.into_body().collect().await.unwrap();
+}
+
+/// A renewal that timed out waits the whole period for its next try: the
+/// store is slow, and trying sooner would add to its load.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_timed_out_waits_the_whole_period() {
+    let (store, limit, slow, _app, running) = one_export_running().await;
+    store.release(&Key::global(), &limit, 1).await.unwrap();
+    store.slow.store(true, Ordering::SeqCst);
+    store.away.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    store.away.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(store.renewals.lock().unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(*store.renewals.lock().unwrap(), [Renewal::Retaken]);
     slow.go.add_permits(1);
     let done = running.await.unwrap().unwrap();
     done.into_body().collect().await.unwrap();

@@ -491,8 +491,9 @@ impl Table {
     /// The entry of `hash` for `fingerprint`, made if there is room: a
     /// full shard first forgets keys idle since `idle_before` (handing
     /// their leases to `ended`), and tracks no new key if still full. It
-    /// scans for idle keys no sooner than the first of them can be idle,
-    /// so that new keys sprayed at a full shard do not each scan it.
+    /// scans for idle keys no sooner than the first of them can be idle
+    /// (or a quarter of the idle span after its last scan, if sooner), so
+    /// that new keys sprayed at a full shard do not each scan it.
     pub(crate) fn entry<'a>(
         &self,
         shard: &'a mut Map,
@@ -518,15 +519,16 @@ impl Table {
             });
             if shard.len() >= self.per_shard {
                 // A key seen at `t` is idle from `t` plus the idle span on.
-                // (One kept for a grant or a refund on its way is left to
-                // the next scan after that.)
+                // One kept only for a grant or a refund on its way may go
+                // sooner: the shard is scanned again within a quarter of
+                // the span (an interval) all the same.
                 let span = now.saturating_sub(idle_before);
                 let first_seen = shard.values().map(|e| e.last_seen);
                 let first_seen = first_seen.filter(|&seen| seen >= idle_before).min();
-                full_until.store(
-                    first_seen.map_or(now, |seen| seen.saturating_add(span).saturating_add(1)),
-                    Ordering::Relaxed,
-                );
+                let first_idle =
+                    first_seen.map_or(u64::MAX, |seen| seen.saturating_add(span).saturating_add(1));
+                let soon = now.saturating_add(span / 4).max(now.saturating_add(1));
+                full_until.store(first_idle.min(soon), Ordering::Relaxed);
                 return None;
             }
         }

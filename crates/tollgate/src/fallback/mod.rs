@@ -348,35 +348,42 @@ pub(crate) fn let_through(policy: &Policy) -> Decision {
 /// but no more than `policy` does is refused for now, not for good (the
 /// store admits it once it is back, and a client told "never" gives up).
 /// It is never admitted locally: the share bounds what this instance lets
-/// through in an outage. Its retry is the time `policy`'s slowest limit
-/// takes to make `cost` units at its rate, at most its period.
+/// through in an outage. So its retry is not the exact time of
+/// [`Outcome::Limited`] but an estimate of when the store could admit it:
+/// for each limit whose share is short, the time the limit makes `cost`
+/// units at its rate, at most its period; the longest of those.
 fn for_now(decision: Decision, policy: &Policy, share: &Policy, cost: u64) -> Decision {
     match decision.outcome() {
         Outcome::CostExceedsCapacity { .. }
             if policy.params().iter().all(|p| cost <= p.capacity) =>
         {
-            let retry = policy
-                .params()
+            let retry = |index: usize| {
+                let limit = policy.params().get(index)?.limit;
+                let (period, count) = (limit.period_micros(), limit.count().max(1));
+                let micros = u128::from(cost) * u128::from(period) / u128::from(count);
+                let micros = u64::try_from(micros).unwrap_or(u64::MAX).min(period);
+                Some(Duration::from_micros(micros))
+            };
+            let statuses: Vec<_> = decision
+                .limits()
                 .iter()
-                .map(|p| {
-                    let (period, count) = (p.limit.period_micros(), p.limit.count().max(1));
-                    let micros = u128::from(cost) * u128::from(period) / u128::from(count);
-                    u64::try_from(micros).unwrap_or(u64::MAX).min(period)
+                .map(|s| {
+                    let short = s.capacity() < cost;
+                    let retry = if short { retry(s.index()) } else { None };
+                    LimitStatus::new(
+                        s.index(),
+                        s.limit(),
+                        s.capacity(),
+                        s.remaining(),
+                        s.reset(),
+                        retry,
+                    )
                 })
-                .max()
-                .map_or(Duration::ZERO, Duration::from_micros);
-            let statuses = decision.limits().iter().map(|s| {
-                let short = s.capacity() < cost;
-                LimitStatus::new(
-                    s.index(),
-                    s.limit(),
-                    s.capacity(),
-                    s.remaining(),
-                    s.reset(),
-                    short.then_some(retry),
-                )
-            });
-            let outcome = Outcome::Limited { retry_after: retry };
+                .collect();
+            let longest = statuses.iter().filter_map(LimitStatus::retry_after).max();
+            let outcome = Outcome::Limited {
+                retry_after: longest.unwrap_or_default(),
+            };
             Decision::new(share, outcome, decision.now(), Duration::ZERO, statuses).with_cost(cost)
         }
         Outcome::Allowed | Outcome::Limited { .. } | Outcome::CostExceedsCapacity { .. } => {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore};
+use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, StoreError};
 
 use super::telemetry::Telemetry;
 /// Where a request's slot was taken: in the layer's store, or, while it
@@ -147,11 +147,16 @@ impl<St: SlotStore + Clone> Slot<St> {
                             return;
                         };
                         let renewed = store.renew(&key, &limit, holder).await;
-                        // A renewal that failed is tried again after a
-                        // quarter of the period, not a whole one: the store
-                        // may have lost the slot, and new requests take it
-                        // until a renewal gets through.
-                        if renewed.is_err() {
+                        // A renewal that failed without reaching the store
+                        // (its breaker open, its connection refused) is
+                        // tried again after a quarter of the period, not a
+                        // whole one: the store may have lost the slot, and
+                        // new requests take it until a renewal gets
+                        // through. Not one that timed out (the store is
+                        // slow: more calls add to its load) or met this
+                        // process's own load.
+                        let cheap = |e: &StoreError| !e.may_have_acted() && !e.is_own_load();
+                        if renewed.as_ref().err().is_some_and(cheap) {
                             tick.reset_after(every / 4);
                         }
                         if renewed.as_ref().err().is_some_and(|e| !e.may_have_acted()) {
