@@ -361,3 +361,26 @@ async fn the_retry_of_a_request_too_costly_for_a_share_comes_from_the_limits_it_
     let retries: Vec<_> = costly.limits().iter().map(|s| s.retry_after()).collect();
     assert_eq!(retries, [Some(twenty), None]);
 }
+
+/// Of a fixed window, that retry is at most the time to the window's end,
+/// where the limit admits the cost again: 200 units of "1000/day" on 10
+/// instances, at 22:00, wait the 2 h left of the day, not 4.8 h.
+#[tokio::test]
+async fn the_retry_of_a_request_too_costly_for_a_fixed_windows_share_ends_with_the_window() {
+    let (clock, shared, fallback) = local_fallback();
+    let fallback = fallback.local_divisor(NonZeroU64::new(10).unwrap());
+    let policy = Policy::new("exports", Algorithm::FixedWindow, "1000/day").unwrap();
+    clock.advance(Duration::from_secs(22 * 3_600));
+    shared.fail(true);
+    let costly = fallback
+        .check(&Key::user("ada"), &policy, 200)
+        .await
+        .unwrap();
+    let two_hours = Duration::from_secs(2 * 3_600);
+    assert_eq!(
+        costly.outcome(),
+        Outcome::Limited {
+            retry_after: two_hours
+        }
+    );
+}

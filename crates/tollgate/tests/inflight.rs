@@ -195,6 +195,8 @@ struct Leasing {
     refused: Arc<std::sync::atomic::AtomicBool>,
     /// While `away`: calls time out, as on a Redis that is slow.
     slow: Arc<std::sync::atomic::AtomicBool>,
+    /// While `away`: calls meet the process's own load.
+    overloaded: Arc<std::sync::atomic::AtomicBool>,
     given_back: Arc<AtomicUsize>,
 }
 
@@ -205,6 +207,9 @@ impl Leasing {
         }
         if self.slow.load(Ordering::SeqCst) {
             return Err(StoreError::Timeout(Duration::from_millis(50)));
+        }
+        if self.overloaded.load(Ordering::SeqCst) {
+            return Err(StoreError::Overloaded);
         }
         Err(match self.refused.load(Ordering::SeqCst) {
             true => StoreError::unavailable(std::io::Error::new(
@@ -367,12 +372,20 @@ async fn renewed_after_an_absence(refused: bool) {
 }
 
 /// A renewal that timed out waits the whole period for its next try: the
-/// store is slow, and trying sooner would add to its load.
+/// store is slow, and trying sooner would add to its load. So does one
+/// that met the process's own load.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_timed_out_waits_the_whole_period() {
+    for overloaded in [false, true] {
+        renewed_a_period_after_failing(overloaded).await;
+    }
+}
+
+async fn renewed_a_period_after_failing(overloaded: bool) {
     let (store, limit, slow, _app, running) = one_export_running().await;
     store.release(&Key::global(), &limit, 1).await.unwrap();
-    store.slow.store(true, Ordering::SeqCst);
+    store.slow.store(!overloaded, Ordering::SeqCst);
+    store.overloaded.store(overloaded, Ordering::SeqCst);
     store.away.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     store.away.store(false, Ordering::SeqCst);

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tollgate_core::state::{self, PolicyState};
 use tollgate_core::{
-    DecidedBy, Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement, Store,
-    StoreError, Timestamp,
+    Algorithm, DecidedBy, Decision, Key, LimitStatus, MemoryStore, Outcome, Policy, Settlement,
+    Store, StoreError, Timestamp,
 };
 
 use crate::macros::failure_setters;
@@ -351,25 +351,34 @@ pub(crate) fn let_through(policy: &Policy) -> Decision {
 /// through in an outage. So its retry is not the exact time of
 /// [`Outcome::Limited`] but an estimate of when the store could admit it:
 /// for each limit whose share is short, the time the limit makes `cost`
-/// units at its rate, at most its period; the longest of those.
+/// units at its rate, at most its period (and, of a fixed window, at most
+/// the time to its end); the longest of those.
 fn for_now(decision: Decision, policy: &Policy, share: &Policy, cost: u64) -> Decision {
     match decision.outcome() {
         Outcome::CostExceedsCapacity { .. }
             if policy.params().iter().all(|p| cost <= p.capacity) =>
         {
-            let retry = |index: usize| {
-                let limit = policy.params().get(index)?.limit;
+            // A fixed window admits the whole limit again at its end,
+            // which the share's window shares.
+            let windowed = policy.algorithm() == Algorithm::FixedWindow;
+            let retry = |status: &LimitStatus| {
+                let limit = policy.params().get(status.index())?.limit;
                 let (period, count) = (limit.period_micros(), limit.count().max(1));
-                let micros = u128::from(cost) * u128::from(period) / u128::from(count);
+                let micros = (u128::from(cost) * u128::from(period)).div_ceil(u128::from(count));
                 let micros = u64::try_from(micros).unwrap_or(u64::MAX).min(period);
-                Some(Duration::from_micros(micros))
+                let retry = Duration::from_micros(micros);
+                Some(if windowed {
+                    retry.min(status.reset())
+                } else {
+                    retry
+                })
             };
             let statuses: Vec<_> = decision
                 .limits()
                 .iter()
                 .map(|s| {
                     let short = s.capacity() < cost;
-                    let retry = if short { retry(s.index()) } else { None };
+                    let retry = if short { retry(s) } else { None };
                     LimitStatus::new(
                         s.index(),
                         s.limit(),

@@ -123,6 +123,9 @@ impl<St: SlotStore + Clone> Slot<St> {
             runtime
                 .spawn(async move {
                     let mut tick = tokio::time::interval(every);
+                    // A renewal late for its tick (a stalled runtime) is
+                    // not followed by the ticks it missed, all at once.
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     tick.tick().await;
                     // Renews until the slot is given back. A slot found gone
                     // is taken back, past the limit if new requests hold every
@@ -147,14 +150,15 @@ impl<St: SlotStore + Clone> Slot<St> {
                             return;
                         };
                         let renewed = store.renew(&key, &limit, holder).await;
-                        // A renewal that failed without reaching the store
-                        // (its breaker open, its connection refused) is
-                        // tried again after a quarter of the period, not a
-                        // whole one: the store may have lost the slot, and
-                        // new requests take it until a renewal gets
-                        // through. Not one that timed out (the store is
-                        // slow: more calls add to its load) or met this
-                        // process's own load.
+                        // A renewal that failed without being applied (the
+                        // store's breaker open, its connection refused, or
+                        // an error reply such as `LOADING`) is tried again
+                        // after a quarter of the period, not a whole one:
+                        // the store may have lost the slot, and new
+                        // requests take it until a renewal gets through.
+                        // Not one that timed out (the store is slow: more
+                        // calls add to its load) or met this process's own
+                        // load.
                         let cheap = |e: &StoreError| !e.may_have_acted() && !e.is_own_load();
                         if renewed.as_ref().err().is_some_and(cheap) {
                             tick.reset_after(every / 4);
