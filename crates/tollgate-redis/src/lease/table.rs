@@ -206,8 +206,8 @@ pub(crate) struct Entry {
     /// for it.
     pub(crate) refilling: Option<Arc<Refill>>,
     /// The lease being spent. Leases are boxed: with two inline, an
-    /// entry spanned ten cache lines, and a table of many keys missed the
-    /// cache on most lookups.
+    /// entry spanned ten cache lines, and a table of many keys outgrew a
+    /// core's cache.
     pub(crate) lease: Option<Box<Lease>>,
     /// The lease granted ahead, once seven eighths of the current one
     /// were spent or it grew late (see [`Entry::ahead`]): spent once the

@@ -131,12 +131,13 @@ fn a_table_slot_without_its_leases_fits_in_128_bytes() {
 }
 
 /// A table of one key a shard, and two hashes of one shard (its top
-/// bits); `entry(shard, hash, now)` asks for an entry at `now` of keys
-/// idle after 2,000 µs, and says whether it got one.
+/// bits).
 fn one_key_a_shard() -> (Table, u64, u64) {
     (Table::new(64), 5 << 58 | 1, 5 << 58 | 2)
 }
 
+/// Asks `table` for the entry of `hash` at `now`, of keys idle after
+/// 2,000 µs; whether it got one.
 fn entry_at(table: &Table, shard: &mut Map, hash: u64, now: u64) -> bool {
     let idle_before = now.saturating_sub(2_000);
     let mut ended = Vec::new();
