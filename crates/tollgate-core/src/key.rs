@@ -130,9 +130,43 @@ impl Key {
         Self::new(KeyKind::User, id)
     }
 
-    /// A key for a header value.
+    /// The longest header value [`Key::header`] keeps whole.
+    pub const MAX_HEADER_BYTES: usize = 64;
+
+    /// A key for a header value. A value longer than
+    /// [`MAX_HEADER_BYTES`](Self::MAX_HEADER_BYTES) is keyed by its digest:
+    /// a NUL byte, which no header value holds, then the first 31 bytes of
+    /// its SHA-256. A client's header is the client's choice: whole, one of
+    /// hundreds of kilobytes would be kept as long by every table keyed by
+    /// it (caches of override lookups, the usage ledger) however few keys
+    /// they hold. The digest is 32 bytes, held inline.
+    ///
+    /// ```
+    /// use tollgate_core::Key;
+    ///
+    /// let short = Key::header("k-123");
+    /// assert_eq!(short.as_bytes(), b"k-123");
+    /// let long = Key::header("k".repeat(100_000));
+    /// assert_eq!(long.as_bytes().len(), 32);
+    /// assert_eq!(long.as_bytes()[0], 0);
+    /// assert_eq!(long, Key::header("k".repeat(100_000)));
+    /// assert_ne!(long, Key::header("k".repeat(100_001)));
+    /// assert_eq!(Key::header("k".repeat(64)).as_bytes().len(), 64);
+    /// ```
     pub fn header(value: impl AsRef<[u8]>) -> Self {
-        Self::new(KeyKind::Header, value)
+        let value = value.as_ref();
+        if value.len() <= Self::MAX_HEADER_BYTES {
+            return Self::new(KeyKind::Header, value);
+        }
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(value);
+        let mut bytes = SmallVec::new();
+        bytes.push(0);
+        bytes.extend_from_slice(&digest[..31]);
+        Self {
+            kind: KeyKind::Header,
+            bytes,
+        }
     }
 
     /// A key of the application's own making.

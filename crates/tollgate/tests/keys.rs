@@ -10,8 +10,8 @@ use axum::extract::ConnectInfo;
 use axum::routing::{any, get};
 use http::{Request, StatusCode};
 use tollgate::{
-    Algorithm, ClientIp, ExtensionKey, FakeClock, MemoryStore, PeerIp, Policy, RateLimitLayer,
-    RouteKey,
+    Algorithm, ClientIp, ExtensionKey, FakeClock, HeaderKey, Key, KeyExtractor, MemoryStore,
+    PeerIp, Policy, RateLimitLayer, RouteKey,
 };
 use tower::ServiceExt;
 
@@ -257,4 +257,30 @@ async fn route_keys_cannot_be_minted_with_methods() {
         allowed(&app, [req("POST"), req("PUT"), req("POST")]).await,
         2
     );
+}
+
+/// A header value of 100 KiB is keyed by its 32-byte digest, not kept
+/// whole by every table keyed by it; each long value still has a bucket
+/// of its own: exactly 2 of 5 requests admitted for each of two values
+/// that differ in their last byte.
+#[tokio::test]
+async fn a_long_header_is_keyed_by_its_digest_and_keeps_its_own_bucket() {
+    let name = http::HeaderName::from_static("x-api-key");
+    let values = ["a", "b"].map(|last| format!("{}{last}", "k".repeat(100 * 1024)));
+    let request = |value: &str| {
+        Request::get("/")
+            .header(&name, value)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let key = HeaderKey::new(name.clone()).extract(&request(&values[0]));
+    assert_eq!(key.as_ref().map(|k| k.as_bytes().len()), Some(32));
+    assert_eq!(key, Some(Key::header(&values[0])));
+    let policy = Policy::new("keys", Algorithm::FixedWindow, "2/min").unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(policy, HeaderKey::new(name.clone())).store(store()));
+    for value in &values {
+        assert_eq!(allowed(&app, (0..5).map(|_| request(value))).await, 2);
+    }
 }

@@ -17,7 +17,9 @@ use super::{KeyExtractor, MissingCause};
 ///
 /// Only use a header the client cannot choose freely (an API key that your
 /// auth layer has validated, or a header set by your own proxy), or every
-/// client can pick its own bucket.
+/// client can pick its own bucket. A value longer than
+/// [`Key::MAX_HEADER_BYTES`] is keyed by its digest ([`Key::header`]), so
+/// that a long header costs no table more than 32 bytes.
 ///
 /// ```
 /// use http::Request;
