@@ -133,13 +133,16 @@ impl Key {
     /// The longest header value [`Key::header`] keeps whole.
     pub const MAX_HEADER_BYTES: usize = 64;
 
-    /// A key for a header value. A value longer than
-    /// [`MAX_HEADER_BYTES`](Self::MAX_HEADER_BYTES) is keyed by its digest:
-    /// a NUL byte, which no header value holds, then the first 31 bytes of
-    /// its SHA-256. A client's header is the client's choice: whole, one of
+    /// A key for a header value, or any value a client chooses. A value
+    /// longer than [`MAX_HEADER_BYTES`](Self::MAX_HEADER_BYTES), or one
+    /// that starts with a NUL byte (no HTTP header value holds one), is
+    /// keyed by its digest: a NUL byte, then the first 31 bytes of its
+    /// SHA-256. A client's header is the client's choice: whole, one of
     /// hundreds of kilobytes would be kept as long by every table keyed by
     /// it (caches of override lookups, the usage ledger) however few keys
-    /// they hold. The digest is 32 bytes, held inline.
+    /// they hold. The digest is 32 bytes, held inline. Only this
+    /// constructor bounds a key's size: [`Key::custom`], [`Key::user`] and
+    /// the others keep whatever bytes they are given.
     ///
     /// ```
     /// use tollgate_core::Key;
@@ -152,10 +155,12 @@ impl Key {
     /// assert_eq!(long, Key::header("k".repeat(100_000)));
     /// assert_ne!(long, Key::header("k".repeat(100_001)));
     /// assert_eq!(Key::header("k".repeat(64)).as_bytes().len(), 64);
+    /// // A digest is never the bytes of another value.
+    /// assert_ne!(Key::header(long.as_bytes()).as_bytes(), long.as_bytes());
     /// ```
     pub fn header(value: impl AsRef<[u8]>) -> Self {
         let value = value.as_ref();
-        if value.len() <= Self::MAX_HEADER_BYTES {
+        if value.len() <= Self::MAX_HEADER_BYTES && value.first() != Some(&0) {
             return Self::new(KeyKind::Header, value);
         }
         use sha2::{Digest, Sha256};

@@ -110,7 +110,8 @@ impl Responder {
 
 /// A key's place on the enforcement ramp, 0 to 99: the same on every
 /// machine and in every version, so a key enforced at 10% stays enforced
-/// at 20%.
+/// at 20%. (The same for the same key: a header value over 64 bytes
+/// became another key, its digest, in the version that made it so.)
 #[inline(never)]
 fn ramp_bucket(key: &Key) -> u64 {
     // FNV-1a over the kind and the bytes, then a SplitMix64 finaliser to
