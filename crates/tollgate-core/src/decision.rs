@@ -20,7 +20,8 @@ pub enum Outcome {
     /// exception: a local fallback deciding for a store that failed
     /// refuses a request that costs more than its share of a limit, but no
     /// more than the limit, with the time the limit makes that cost at its
-    /// rate: an estimate of when the store, back, could admit it.)
+    /// rate, at most its period, and of a fixed window at most the time to
+    /// its end: an estimate of when the store, back, could admit it.)
     Limited {
         /// The exact earliest time from the decision at which the same
         /// request would be admitted.

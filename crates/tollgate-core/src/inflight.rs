@@ -137,7 +137,8 @@ pub struct Slots {
 /// meanwhile. Renewing every holder so is what makes the limit hold again
 /// for new requests within one renewal period after the store lost its
 /// slots, when the renewals reach it (`InFlightLayer` tries one that was
-/// not applied again after a quarter of the period): from then on
+/// not applied, and did not meet the process's own load, again after a
+/// quarter of the period): from then on
 /// every running request is counted, and no new one takes a slot until
 /// fewer than the limit run. (Taken back only when a slot was free, a lost
 /// holder stayed uncounted while new requests took each slot that freed

@@ -360,8 +360,11 @@ async fn renewed_after_an_absence(refused: bool) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(*store.renewals.lock().unwrap(), [Renewal::Retaken]);
     refused_at_once(&app).await;
-    // Then every second again, from the try that got through.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // Then every second again, from the try that got through (at 1.25 s,
+    // so not at 2 s but at 2.25 s).
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(*store.renewals.lock().unwrap(), [Renewal::Retaken]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         *store.renewals.lock().unwrap(),
         [Renewal::Retaken, Renewal::Renewed]

@@ -151,6 +151,21 @@ fn a_full_shard_turns_new_keys_away_without_a_scan_until_its_first_key_can_be_id
     let (table, first, new) = one_key_a_shard();
     let mut shard = table.shard(first);
     assert!(entry_at(&table, &mut shard, first, 1_000));
+    // Full: the scan finds nothing idle. The first key can be idle after
+    // 3,000, sooner than a quarter of the idle span from now (3,400).
+    assert!(!entry_at(&table, &mut shard, new, 2_900));
+    // Set back by hand, the first key looks idle to a scan: none is made.
+    shard.get_mut(&first).unwrap().last_seen = 0;
+    assert!(!entry_at(&table, &mut shard, new, 3_000));
+    assert!(entry_at(&table, &mut shard, new, 3_001));
+    assert!(!shard.contains_key(&first));
+}
+
+#[test]
+fn a_full_shard_is_scanned_again_within_a_quarter_of_the_idle_span() {
+    let (table, first, new) = one_key_a_shard();
+    let mut shard = table.shard(first);
+    assert!(entry_at(&table, &mut shard, first, 1_000));
     // Full: the scan finds nothing idle. The first key can be idle only
     // after 3,000, but the shard is scanned again within a quarter of the
     // idle span (500) all the same.
