@@ -272,7 +272,7 @@ async fn beside_a_per_key_limit_a_request_refused_for_its_key_never_takes_a_slot
     let protect = layer(fixed(10));
     let state = protect.handle();
     let per_user = RateLimitLayer::new(
-        Policy::new("per-user", Algorithm::FixedWindow, "2/min").unwrap(),
+        Policy::new("per-user", Algorithm::Gcra, "2/min").unwrap(),
         HeaderKey::new(http::HeaderName::from_static("x-user")),
     );
     let app = Router::new()
@@ -412,14 +412,14 @@ async fn a_503_a_tollgate_layer_inside_made_itself_is_not_the_services_overload(
     let protect = layer(aimd_from_ten(1));
     let state = protect.handle();
     let per_user = RateLimitLayer::new(
-        Policy::new("per-user", Algorithm::FixedWindow, "1/min").unwrap(),
+        Policy::new("per-user", Algorithm::Gcra, "1/min").unwrap(),
         HeaderKey::new(http::HeaderName::from_static("x-user")),
     )
     .rejection_status(StatusCode::SERVICE_UNAVAILABLE)
     .unwrap();
     // And a limit with an answer of its own, 503 too.
     let per_team = RateLimitLayer::new(
-        Policy::new("per-team", Algorithm::FixedWindow, "1/min").unwrap(),
+        Policy::new("per-team", Algorithm::Gcra, "1/min").unwrap(),
         HeaderKey::new(http::HeaderName::from_static("x-team")),
     )
     .rejection(|_| {

@@ -24,7 +24,7 @@ fn full_store() -> MemoryStore {
 }
 
 fn app(name: &str, store: MemoryStore, failure: FailureMode) -> Router {
-    let policy = Policy::new(name, Algorithm::FixedWindow, "1/h").unwrap();
+    let policy = Policy::new(name, Algorithm::Gcra, "1/h").unwrap();
     let key = HeaderKey::new(HeaderName::from_static("x-client"));
     Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::new(policy, key)

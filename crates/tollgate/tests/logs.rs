@@ -62,7 +62,7 @@ async fn send(app: &Router, client: &str) -> u16 {
 }
 
 fn app(policy: &str, store: MemoryStore, failure: FailureMode) -> Router {
-    let policy = Policy::new(policy, Algorithm::FixedWindow, "2/h").unwrap();
+    let policy = Policy::new(policy, Algorithm::Gcra, "2/h").unwrap();
     Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::new(
             policy,
@@ -207,7 +207,7 @@ fn a_blocked_keys_refusal_is_logged_and_traced_as_a_block() {
     use tracing::field::Empty;
     let logs = logged(async || {
         let store = MemoryStore::new();
-        let policy = Policy::new("blocks", Algorithm::FixedWindow, "2/h").unwrap();
+        let policy = Policy::new("blocks", Algorithm::Gcra, "2/h").unwrap();
         let key = tollgate::Key::header("abuser");
         store
             .block(&key, &policy, std::time::Duration::from_secs(600))

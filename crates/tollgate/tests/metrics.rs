@@ -189,7 +189,7 @@ fn a_shadow_policy_never_rejects_and_counts_what_enforcing_rejects() {
 /// Clients whose second request in an hour is rejected by a 1/h policy
 /// enforced for `percent` of keys.
 async fn enforced_clients(percent: u8) -> BTreeSet<usize> {
-    let policy = Policy::new(format!("ramp{percent}"), Algorithm::FixedWindow, "1/h").unwrap();
+    let policy = Policy::new(format!("ramp{percent}"), Algorithm::Gcra, "1/h").unwrap();
     let layer = RateLimitLayer::new(policy, client_header())
         .enforce_percent(percent)
         .unwrap();
@@ -256,7 +256,7 @@ fn store_failures_are_counted_by_kind_and_by_what_the_failure_policy_did() {
         ] {
             // A store with room for one key: every other key fails.
             let full = MemoryStore::builder().max_keys(1).build().unwrap();
-            let policy = Policy::new(name, Algorithm::FixedWindow, "1/min").unwrap();
+            let policy = Policy::new(name, Algorithm::Gcra, "1/min").unwrap();
             let app = Router::new().route("/", get(|| async { "ok" })).layer(
                 RateLimitLayer::new(policy, client_header())
                     .store(full)

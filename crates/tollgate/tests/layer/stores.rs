@@ -34,15 +34,20 @@ async fn clones_and_separate_layer_calls_share_one_limit() {
     assert_eq!(allowed, 5);
 }
 
+/// A store that holds a single key, on a clock stopped at `T0`: its key
+/// never expires to make room for another.
+fn one_key_store() -> MemoryStore {
+    MemoryStore::builder()
+        .max_keys(1)
+        .clock(FakeClock::new(Timestamp::from_secs(T0)))
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn store_failures_follow_the_failure_mode() {
-    let clock = FakeClock::new(Timestamp::from_secs(T0));
     // One key fits; a second key finds the store full.
-    let store = MemoryStore::builder()
-        .max_keys(1)
-        .clock(clock)
-        .build()
-        .unwrap();
+    let store = one_key_store();
     let policy = Policy::new("full", Algorithm::FixedWindow, "5/min").unwrap();
     let by_header = HeaderKey::new(http::HeaderName::from_static("x-client"));
     let request = |client: &str| {
@@ -99,7 +104,7 @@ async fn store_failures_follow_the_failure_mode() {
             policy,
             HeaderKey::new(http::HeaderName::from_static("x-client")),
         )
-        .store(MemoryStore::builder().max_keys(1).build().unwrap())
+        .store(one_key_store())
         .on_store_error(FailureMode::Local)
         .local_fallback(fallback.clone()),
     );
@@ -127,14 +132,16 @@ async fn store_failures_follow_the_failure_mode() {
 async fn separate_layer_calls_share_the_local_fallback() {
     // axum calls `Layer::layer` per request when a `Router<()>` is used as a
     // service directly: the fallback must not start empty each time.
-    let full = MemoryStore::builder().max_keys(1).build().unwrap();
+    let full = one_key_store();
     full.check_sync(
         &tollgate::Key::custom("filler"),
         &Policy::new("x", Algorithm::FixedWindow, "1/h").unwrap(),
         1,
     )
     .unwrap();
-    let policy = Policy::new("fallback", Algorithm::FixedWindow, "3/min").unwrap();
+    // The default fallback runs on the system clock: GCRA, which has no
+    // window that could end between two requests.
+    let policy = Policy::new("fallback", Algorithm::Gcra, "3/min").unwrap();
     let layer = RateLimitLayer::new(policy, GlobalKey)
         .store(full)
         .on_store_error(FailureMode::Local);
