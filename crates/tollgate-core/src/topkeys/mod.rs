@@ -138,7 +138,10 @@ struct Shared {
     /// Policies counted, across shards: bounded by `max_policies`.
     policies: Mutex<Vec<Box<str>>>,
     label: Box<dyn KeyLabel>,
-    ids: foldhash::fast::FixedState,
+    /// Each key's id, on a seed of this instance's own: with a seed known
+    /// to all, a client could craft a key whose id is another client's,
+    /// and be counted, and shown, as that client.
+    ids: foldhash::quality::RandomState,
     dropped: AtomicU64,
 }
 
@@ -365,7 +368,7 @@ impl TopKeysBuilder {
                 max_policies: self.max_policies,
                 policies: Mutex::new(Vec::new()),
                 label: self.label,
-                ids: foldhash::fast::FixedState::with_seed(0x746f_702d_6b65_7973),
+                ids: foldhash::quality::RandomState::default(),
                 dropped: AtomicU64::new(0),
             }),
         }

@@ -142,3 +142,15 @@ proptest::proptest! {
         }
     }
 }
+
+/// A key's id depends on a seed of the instance's own: a key crafted
+/// offline to share a victim's id in one process shares it nowhere else.
+#[test]
+fn ids_are_seeded_per_instance() {
+    use std::hash::BuildHasher;
+    let (a, b) = (TopKeys::new(), TopKeys::new());
+    let key = Key::user("ada");
+    assert_ne!(a.shared.ids.hash_one(&key), b.shared.ids.hash_one(&key));
+    // Within one instance a key keeps its id.
+    assert_eq!(a.shared.ids.hash_one(&key), a.shared.ids.hash_one(&key));
+}
