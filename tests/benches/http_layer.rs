@@ -310,6 +310,15 @@ fn main() {
         for k in 0..variants.len() {
             let i = (k + round - 1) % variants.len();
             let (name, addr, script) = &variants[i];
+            let leased = leased_stores.iter().find(|(n, _)| n == name);
+            if let Some((_, store)) = leased.filter(|_| warm_up() > 0) {
+                // Leases size themselves to each key's rate: the measured
+                // run starts from what a server that has been serving
+                // this traffic holds.
+                wrk_for(*addr, script, warm_up());
+                runtime.block_on(store.wait_for_grants());
+            }
+            // Recorded after the warm-up: the profile is of the measured run.
             let perf = profile
                 .as_ref()
                 .filter(|(wanted, _)| wanted == name)
@@ -327,14 +336,6 @@ fn main() {
                         .spawn()
                         .expect("perf is installed (apt-get install linux-perf)")
                 });
-            let leased = leased_stores.iter().find(|(n, _)| n == name);
-            if let Some((_, store)) = leased.filter(|_| warm_up() > 0) {
-                // Leases size themselves to each key's rate: the measured
-                // run starts from what a server that has been serving
-                // this traffic holds.
-                wrk_for(*addr, script, warm_up());
-                runtime.block_on(store.wait_for_grants());
-            }
             let calls_before = leased.map(|(_, store)| store.calls());
             let run = wrk(*addr, script, &redis);
             if let (Some((_, store)), Some(before)) = (leased, calls_before) {
