@@ -74,6 +74,45 @@ async fn a_thousand_keys_each_admit_exactly_their_limit_across_all_masters() {
     assert_eq!(spread.iter().sum::<u64>(), 1_000);
 }
 
+/// In-flight slots on a cluster: a give-back that arrived before its
+/// acquire is remembered in a set beside the key's slots, which a script
+/// reads with them: both in one hash slot, on every master (no CROSSSLOT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_slots_given_back_before_their_acquire_take_nothing_on_every_master() {
+    use tollgate::{InFlightLimit, SlotStore, Slots};
+    let cluster = RedisCluster::spawn();
+    let store = store(&cluster, Duration::from_secs(5)).await;
+    let limit = InFlightLimit::new("cluster-slots", 1).unwrap();
+    for k in 0..60u64 {
+        let key = Key::user(format!("k{k}"));
+        store.release(&key, &limit, 2 * k).await.unwrap();
+        let late = store.acquire(&key, &limit, 2 * k).await.unwrap();
+        assert_eq!(
+            late,
+            Slots {
+                acquired: false,
+                held: 0
+            },
+            "key k{k}"
+        );
+        let next = store.acquire(&key, &limit, 2 * k + 1).await.unwrap();
+        assert_eq!(
+            next,
+            Slots {
+                acquired: true,
+                held: 1
+            },
+            "key k{k}"
+        );
+        store.release(&key, &limit, 2 * k + 1).await.unwrap();
+    }
+    // Each key left its set of holders given back, on every master.
+    let masters = cluster.masters();
+    let spread: Vec<u64> = masters.iter().map(|&m| cluster.nodes[m].dbsize()).collect();
+    assert!(spread.iter().all(|&n| n > 5), "keys per master: {spread:?}");
+    assert_eq!(spread.iter().sum::<u64>(), 60);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
     let mut cluster = RedisCluster::spawn();

@@ -105,10 +105,18 @@ async fn comes_free(store: &RedisStore, limit: &InFlightLimit) -> bool {
     false
 }
 
-/// The slot sets of a store's in-flight limit `name`, as Redis holds them.
+/// The slot sets of a store's in-flight limit `name`, as Redis holds them
+/// (not the sets of holders given back beside them).
 fn slot_sets(con: &mut redis::Connection, prefix: &str, name: &str) -> Vec<String> {
-    redis::cmd("KEYS")
+    let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:inflight/{name}:*"))
         .query(con)
-        .unwrap()
+        .unwrap();
+    keys.into_iter()
+        .filter(|k| !k.ends_with(GIVEN_BACK))
+        .collect()
 }
+
+/// How the set of holders given back while they held no slot is named:
+/// after its slot set.
+const GIVEN_BACK: &str = ":given-back";

@@ -247,7 +247,15 @@ pub trait SlotStore: Send + Sync + 'static {
         holder: u64,
     ) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
 
-    /// Gives `holder`'s slot back.
+    /// Gives `holder`'s slot back. A holder is one request's, and is done
+    /// once given back: it never takes a slot again.
+    ///
+    /// A store whose calls can reach it out of order (several
+    /// connections) may see a release before the acquire sent ahead of it,
+    /// when a request is dropped while its slot is being taken. Such a
+    /// store remembers a holder given back while it held no slot, for a
+    /// lease, and its acquire then takes nothing (the Redis store does);
+    /// otherwise that slot would be held by no one until its lease ended.
     ///
     /// # Errors
     ///

@@ -113,9 +113,11 @@ pub(crate) struct Scripts {
     tat: [DecisionScript; 2],
     pub(crate) window_word: DecisionScript,
     pub(crate) block: DecisionScript,
-    /// The in-flight limit's scripts: taking a slot, renewing its lease.
+    /// The in-flight limit's scripts: taking a slot, renewing its lease,
+    /// giving it back.
     pub(crate) acquire: DecisionScript,
     pub(crate) renew: DecisionScript,
+    pub(crate) release: DecisionScript,
 }
 
 impl Scripts {
@@ -130,6 +132,7 @@ impl Scripts {
             block: DecisionScript::new(BLOCK),
             acquire: DecisionScript::new(include_str!("lua/inflight/acquire.lua")),
             renew: DecisionScript::new(include_str!("lua/inflight/renew.lua")),
+            release: DecisionScript::new(include_str!("lua/inflight/release.lua")),
         }
     }
 
@@ -150,6 +153,7 @@ impl Scripts {
             &self.block,
             &self.acquire,
             &self.renew,
+            &self.release,
         ])
     }
 }

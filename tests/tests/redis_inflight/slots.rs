@@ -8,7 +8,7 @@ use tollgate::{InFlightLimit, Key, MemoryStore, Renewal, SlotStore, Slots};
 use tollgate_redis::RedisStore;
 use tollgate_tests::{require_redis, unique_prefix};
 
-use super::slot_sets;
+use super::{GIVEN_BACK, slot_sets};
 
 /// What a slot operation answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +128,13 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
     };
     let renewals = std::sync::Mutex::new(std::collections::HashSet::new());
     proptest!(config, |(max in 1u64..5, ops in ops)| {
+        // A holder is done once given back (SlotStore::release): no
+        // operation of it follows.
+        let mut released = std::collections::HashSet::new();
+        let ops: Vec<(u8, u64)> = ops
+            .into_iter()
+            .filter(|&(op, holder)| !released.contains(&holder) && (op < 2 || released.insert(holder)))
+            .collect();
         let limit = InFlightLimit::new("prop", max).unwrap();
         let key = Key::user(format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
         let memory = MemoryStore::new();
@@ -153,6 +160,73 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
         3,
         "renewed, retaken and retaken past the limit all met: {renewals:?}"
     );
+}
+
+/// A give-back that reaches Redis before its own acquire (a request
+/// dropped while its slot was being taken, the two calls on two
+/// connections of a pool) leaves no slot held: the acquire that arrives
+/// after it takes nothing, for a lease. Before, it took the slot, held by
+/// no one and renewed by no one, and a limit of 1 refused every request
+/// for the whole lease. A give-back of a slot held remembers nothing.
+#[tokio::test]
+async fn an_acquire_that_arrives_after_its_give_back_takes_nothing() {
+    let url = require_redis().await;
+    let prefix = unique_prefix("inflight-overtaken");
+    let store = RedisStore::builder()
+        .prefix(prefix.as_str())
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect_pool(url.as_str())
+        .await
+        .unwrap();
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let limit = InFlightLimit::new("overtaken", 1)
+        .unwrap()
+        .lease(Duration::from_secs(60))
+        .unwrap();
+    let key = Key::user("ada");
+    let given_back = |con: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("{prefix}:inflight/overtaken:*{GIVEN_BACK}"))
+            .query(con)
+            .unwrap()
+    };
+    // A slot taken and given back in order: nothing is remembered.
+    assert!(store.acquire(&key, &limit, 1).await.unwrap().acquired);
+    store.release(&key, &limit, 1).await.unwrap();
+    assert!(given_back(&mut con).is_empty());
+    // Holder 2's give-back first, then its acquire.
+    store.release(&key, &limit, 2).await.unwrap();
+    assert_eq!(
+        store.acquire(&key, &limit, 2).await.unwrap(),
+        Slots {
+            acquired: false,
+            held: 0
+        }
+    );
+    assert!(slot_sets(&mut con, &prefix, "overtaken").is_empty());
+    // The one slot is free for the next request.
+    assert_eq!(
+        store.acquire(&key, &limit, 3).await.unwrap(),
+        Slots {
+            acquired: true,
+            held: 1
+        }
+    );
+    // Holder 2 is remembered for one lease, in a set that expires with it.
+    let [set] = <[String; 1]>::try_from(given_back(&mut con)).unwrap();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&set)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(members, ["2"]);
+    let ttl: i64 = redis::cmd("PTTL").arg(&set).query(&mut con).unwrap();
+    assert!((59_000..=60_000).contains(&ttl), "{ttl}");
 }
 
 /// A Redis store on a fresh prefix starting with `name`, the prefix, and

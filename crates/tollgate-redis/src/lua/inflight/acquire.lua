@@ -4,6 +4,7 @@
 -- first: their holders died, or stopped renewing.
 --
 -- KEYS[1]  the key's slots
+-- KEYS[2]  the holders given back while they held no slot (release.lua)
 -- ARGV[1]  the holder
 -- ARGV[2]  the most slots
 -- ARGV[3]  the lease in ms
@@ -24,6 +25,12 @@ end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
+-- A holder given back before this call arrived takes nothing: its request
+-- is gone (see release.lua).
+local gone = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if gone and tonumber(gone) > now then
+  return { 0, held }
+end
 -- A holder that holds a slot already keeps it, its lease extended.
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
