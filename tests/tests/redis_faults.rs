@@ -375,8 +375,8 @@ async fn readonly_and_oom_are_unavailable_and_health_checks_run_the_script() {
         Err(RedisStoreError::Unavailable { code, .. }) => assert_eq!(code, "READONLY"),
         other => panic!("expected READONLY, got {other:?}"),
     }
-    // A slot's give-back too (a plain command, not a script): it was a
-    // bare Redis error, which refreshes no connection.
+    // A slot's give-back too (a plain `ZREM` until it became a script):
+    // it was a bare Redis error, which refreshes no connection.
     let released = slot_store
         .release(&Key::user("r"), &slots, 7)
         .await

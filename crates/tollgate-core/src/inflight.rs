@@ -247,8 +247,8 @@ pub trait SlotStore: Send + Sync + 'static {
         holder: u64,
     ) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
 
-    /// Gives `holder`'s slot back. A holder is one request's, and is done
-    /// once given back: it never takes a slot again.
+    /// Gives `holder`'s slot back. A holder is one request's: once given
+    /// back, it is not acquired again.
     ///
     /// A store whose calls can reach it out of order (several
     /// connections) may see a release before the acquire sent ahead of it,

@@ -128,12 +128,16 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
     };
     let renewals = std::sync::Mutex::new(std::collections::HashSet::new());
     proptest!(config, |(max in 1u64..5, ops in ops)| {
-        // A holder is done once given back (SlotStore::release): no
-        // operation of it follows.
+        // A holder given back is not acquired again (SlotStore::release).
         let mut released = std::collections::HashSet::new();
         let ops: Vec<(u8, u64)> = ops
             .into_iter()
-            .filter(|&(op, holder)| !released.contains(&holder) && (op < 2 || released.insert(holder)))
+            .filter(|&(op, holder)| {
+                if op == 2 {
+                    released.insert(holder);
+                }
+                op != 0 || !released.contains(&holder)
+            })
             .collect();
         let limit = InFlightLimit::new("prop", max).unwrap();
         let key = Key::user(format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
@@ -170,19 +174,8 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
 /// for the whole lease. A give-back of a slot held remembers nothing.
 #[tokio::test]
 async fn an_acquire_that_arrives_after_its_give_back_takes_nothing() {
-    let url = require_redis().await;
-    let prefix = unique_prefix("inflight-overtaken");
-    let store = RedisStore::builder()
-        .prefix(prefix.as_str())
-        .deadline(Duration::from_secs(5))
-        .response_timeout(Duration::from_secs(5))
-        .connect_pool(url.as_str())
-        .await
-        .unwrap();
-    let mut con = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    // The two calls in the order a pool may deliver them.
+    let (prefix, store, mut con) = store_and_connection("inflight-overtaken").await;
     let limit = InFlightLimit::new("overtaken", 1)
         .unwrap()
         .lease(Duration::from_secs(60))
@@ -226,7 +219,7 @@ async fn an_acquire_that_arrives_after_its_give_back_takes_nothing() {
         .unwrap();
     assert_eq!(members, ["2"]);
     let ttl: i64 = redis::cmd("PTTL").arg(&set).query(&mut con).unwrap();
-    assert!((59_000..=60_000).contains(&ttl), "{ttl}");
+    assert!((50_000..=60_000).contains(&ttl), "{ttl}");
 }
 
 /// A Redis store on a fresh prefix starting with `name`, the prefix, and

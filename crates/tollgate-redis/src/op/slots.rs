@@ -69,8 +69,8 @@ impl<C: RedisConnection> SlotStore for RedisStore<C> {
 }
 
 /// The sorted set of holders given back while they held no slot of
-/// `slots` (`lua/inflight/release.lua`): its name ends in `slots`'s, whose
-/// hash tag keeps both in one cluster slot.
+/// `slots` (`lua/inflight/release.lua`): its name begins with `slots`,
+/// whose hash tag keeps both in one cluster slot.
 fn given_back(slots: &str) -> String {
     format!("{slots}:given-back")
 }

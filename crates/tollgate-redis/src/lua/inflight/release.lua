@@ -14,9 +14,14 @@
 -- and on a pool, or on a connection replaced after an error, the give-back
 -- can reach Redis first. That acquire would take a slot that no one holds
 -- and no one renews, counted against the key for a whole lease. So the
--- holder is remembered for a lease, and acquire.lua refuses it. Holders
--- are never reused, and a release finds its slot gone only in that race,
--- or when the slot's lease ended or Redis lost it: the set stays small.
+-- holder is remembered for a lease, and acquire.lua refuses it. A
+-- release finds its slot gone only in that race, when the slot's lease
+-- ended, when Redis lost it (a flush, a restart, a failover: then every
+-- running request's holder is remembered), or when an earlier try of this
+-- release was applied: at most the key's requests of one lease.
+--
+-- The record is best effort: a Redis at its memory limit refuses the
+-- write (OOM), and the slot is given back all the same.
 
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   return 1
@@ -24,7 +29,9 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
-local last = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[2], last[2])
+local added = redis.pcall('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+if type(added) == 'number' then
+  local last = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  redis.pcall('PEXPIREAT', KEYS[2], last[2])
+end
 return 0
