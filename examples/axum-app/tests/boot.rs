@@ -89,7 +89,7 @@ fn a_demo_started_while_redis_is_down_serves_then_shares_one_exact_count() {
     std::fs::write(
         &config,
         "failure = \"local\"\n[[route]]\nmethod = \"GET\"\npath = \"/api/items\"\n\
-         name = \"boot-items\"\nkey = \"user\"\nalgorithm = \"fixed_window\"\nlimits = [\"10/h\"]\n",
+         name = \"boot-items\"\nkey = \"user\"\nalgorithm = \"gcra\"\nlimits = [\"10/h\"]\n",
     )
     .unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
