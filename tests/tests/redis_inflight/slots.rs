@@ -191,7 +191,7 @@ async fn an_acquire_that_arrives_after_its_give_back_takes_nothing() {
     assert!(store.acquire(&key, &limit, 1).await.unwrap().acquired);
     store.release(&key, &limit, 1).await.unwrap();
     assert!(given_back(&mut con).is_empty());
-    // Holder 2's give-back first, then its acquire.
+    // Holder 2's give-back arrives first, then its acquire.
     store.release(&key, &limit, 2).await.unwrap();
     assert_eq!(
         store.acquire(&key, &limit, 2).await.unwrap(),

@@ -1,6 +1,6 @@
 //! The slots of in-flight limits in Redis ([`SlotStore`]): a sorted set
 //! per limit and key, of holders scored by when their leases end; taking
-//! renewing and giving one back are script calls (`lua/inflight/`). A
+//! renewing and giving one back, are script calls (`lua/inflight/`). A
 //! holder given back while it held no slot is remembered for a lease, in
 //! a second sorted set beside the slots, so that an acquire that arrives
 //! after its give-back takes nothing (`release.lua`).

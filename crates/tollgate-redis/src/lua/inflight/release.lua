@@ -19,9 +19,6 @@
 -- ended, when Redis lost it (a flush, a restart, a failover: then every
 -- running request's holder is remembered), or when an earlier try of this
 -- release was applied: at most the key's requests of one lease.
---
--- The record is best effort: a Redis at its memory limit refuses the
--- write (OOM), and the slot is given back all the same.
 
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   return 1
@@ -29,9 +26,7 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local added = redis.pcall('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
-if type(added) == 'number' then
-  local last = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  redis.pcall('PEXPIREAT', KEYS[2], last[2])
-end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+local last = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[2], last[2])
 return 0
