@@ -503,3 +503,38 @@ async fn a_leases_return_shortens_what_the_next_one_gives_back() {
         "{returned} returned first: a burst, no more"
     );
 }
+
+/// A refund of a request spent from a lease granted before a reset is
+/// fenced like the lease's own return: the fresh state gets nothing. The
+/// reset went through the store behind the leases, so this instance was
+/// not told and spent on from its old lease. Each such request was
+/// stamped at the grant's time plus the time since, after the reset, and
+/// its refund landed in the fresh state: 9 units each here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_of_a_request_spent_from_a_lease_granted_before_a_reset_gives_nothing() {
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let (redis, leased) = leases_on("lease-refund-fenced", &clock).await;
+        let policy = Policy::new("fenced", algorithm, "1000/s").unwrap();
+        let key = Key::user("ada");
+        let unspent = take_a_lease(&leased, &clock, &key, &policy).await;
+        assert!(unspent >= 50, "{algorithm:?}: a lease of {unspent} units");
+        redis.reset(&key, &policy).await.unwrap();
+        clock.advance(Duration::from_millis(1));
+        // The fresh state spends 100.
+        let fresh = redis.check(&key, &policy, 100).await.unwrap();
+        assert_eq!(fresh.remaining(), 900, "{algorithm:?}");
+        // Five requests of 10 from the old lease, each costing 1.
+        let direct = leased.calls().direct;
+        for _ in 0..5 {
+            let spent = leased.check(&key, &policy, 10).await.unwrap();
+            assert!(spent.is_allowed(), "{algorithm:?}");
+            assert!(spent.reserved_at() < spent.now(), "{algorithm:?}");
+            let refund = Settlement::of(&spent, 10, 1);
+            leased.settle(&key, &policy, refund).await.unwrap();
+        }
+        assert_eq!(leased.calls().direct, direct, "{algorithm:?}: all leased");
+        let status = redis.status(&key, &policy).await.unwrap();
+        assert_eq!(status.remaining(), 900, "{algorithm:?}: no refund landed");
+    }
+}

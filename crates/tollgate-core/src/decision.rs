@@ -202,7 +202,9 @@ pub struct Decision {
     // are whole microseconds, and two limits fit inline.
     now: Timestamp,
     delay_us: u64,
-    /// The retry time in µs (`Limited`), or the cost (`CostExceedsCapacity`).
+    /// The retry time in µs (`Limited`), the cost (`CostExceedsCapacity`),
+    /// or how long before `now` the units were taken (`Allowed`, see
+    /// `reserved_at`).
     arg: u64,
     /// The capacity exceeded (`CostExceedsCapacity`), else the request's
     /// cost (within capacity, so within 32 bits).
@@ -412,6 +414,45 @@ impl Decision {
     #[inline]
     pub fn now(&self) -> Timestamp {
         self.now
+    }
+
+    /// When the request's units were taken from the store, by its clock:
+    /// [`now`](Decision::now), unless the request was admitted from units
+    /// the store granted ahead of it (a lease), which the store counted
+    /// when it granted them. A settlement of the request is reserved then
+    /// ([`Settlement::of`](crate::Settlement::of)): a reset or a block
+    /// after the grant fences its refund, as it fences the lease's.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, Key, MemoryStore, Policy, Timestamp};
+    ///
+    /// let policy = Policy::new("api", Algorithm::Gcra, "10/s")?;
+    /// let decision = MemoryStore::new().check_sync(&Key::user("ada"), &policy, 1)?;
+    /// assert_eq!(decision.reserved_at(), decision.now());
+    /// let granted = Timestamp::from_micros(decision.now().as_micros() - 500_000);
+    /// let leased = decision.with_reserved_at(granted);
+    /// assert_eq!(leased.reserved_at(), granted);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn reserved_at(&self) -> Timestamp {
+        match self.kind {
+            Kind::Allowed => Timestamp::from_micros(self.now.as_micros().saturating_sub(self.arg)),
+            Kind::Limited | Kind::Blocked | Kind::CostExceedsCapacity => self.now,
+        }
+    }
+
+    /// This admitted decision, its units taken from the store at `at`,
+    /// before [`now`](Decision::now): for a store that admits from units
+    /// it was granted ahead. A time after `now` is taken as `now`, and a
+    /// decision that refused its request is returned as it is.
+    #[must_use]
+    pub fn with_reserved_at(mut self, at: Timestamp) -> Self {
+        match self.kind {
+            Kind::Allowed => self.arg = self.now.as_micros().saturating_sub(at.as_micros()),
+            Kind::Limited | Kind::Blocked | Kind::CostExceedsCapacity => {}
+        }
+        self
     }
 
     /// How long to hold an admitted request before it proceeds; non-zero

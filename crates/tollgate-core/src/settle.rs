@@ -106,7 +106,8 @@ pub(crate) enum Change {
 
 impl Settlement {
     /// A request that reserved `reserved` at `reserved_at` (the store's
-    /// time of the reservation, [`Decision::now`]) and cost `actual`.
+    /// time of the reservation, [`Decision::reserved_at`]) and cost
+    /// `actual`.
     /// Its reservation is taken as made by the store it is settled in
     /// ([`DecidedBy::Store`]).
     pub fn new(reserved: u64, actual: u64, reserved_at: Timestamp) -> Self {
@@ -136,7 +137,7 @@ impl Settlement {
     pub fn of(reservation: &Decision, reserved: u64, actual: u64) -> Self {
         Self {
             decided_by: reservation.decided_by(),
-            ..Self::new(reserved, actual, reservation.now())
+            ..Self::new(reserved, actual, reservation.reserved_at())
         }
     }
 

@@ -15,9 +15,10 @@ use super::Ledger;
 /// and each settlement it takes, so that the ledger holds each key's
 /// settled usage per policy.
 ///
-/// - An admitted check of cost `n` records `n` at the decision's time
-///   ([`Decision::now`]); a denied one, and a cost of 0 (a peek, a
-///   status), record nothing.
+/// - An admitted check of cost `n` records `n` at the time the store
+///   counted it ([`Decision::reserved_at`]: the decision's time, or a
+///   lease's grant for a request spent from one); a denied one, and a
+///   cost of 0 (a peek, a status), record nothing.
 /// - A settlement the store took records its difference (the charge, or
 ///   minus the refund) in the buckets of the reservation's time
 ///   ([`Settlement::reserved_at`]), so that each bucket holds the actual
@@ -87,7 +88,11 @@ impl<S: Store, L: Ledger> MeteredStore<S, L> {
     /// what no one counted.
     fn admitted(&self, key: &Key, policy: &Policy, cost: u64, decision: &Decision) {
         if cost > 0 && decision.is_allowed() && decision.decided_by() == DecidedBy::Store {
-            self.ledger.record(key, policy.name(), decision.now(), cost);
+            // When the store counted it, as its settlement is (see
+            // `Decision::reserved_at`): a charge and its refund land in
+            // one bucket.
+            self.ledger
+                .record(key, policy.name(), decision.reserved_at(), cost);
         }
     }
 }

@@ -105,7 +105,7 @@ pub async fn check_ledger<S: Store, L: Ledger>(
             continue;
         }
         report.admitted += 1;
-        add(decision.now(), i128::from(cost));
+        add(decision.reserved_at(), i128::from(cost));
         // Near the end, once, a request that cost u64::MAX: the key is in
         // debt for decades, and its bucket saturates nowhere near.
         let huge = request >= REQUESTS - 20 && !huge_done;
@@ -123,7 +123,7 @@ pub async fn check_ledger<S: Store, L: Ledger>(
                 .await
                 .map_err(failed(request))?;
             let change = i128::from(settlement.charge()) - i128::from(settlement.refund());
-            add(decision.now(), change);
+            add(decision.reserved_at(), change);
             report.settlements += 1;
         }
     }

@@ -133,7 +133,7 @@ impl Settling {
     pub(crate) fn new(reservation: &Decision, reserved: Reserved, call: SettleCall) -> Self {
         Self {
             reservation: Reservation {
-                at: reservation.now(),
+                at: reservation.reserved_at(),
                 by: reservation.decided_by(),
             },
             reserved,

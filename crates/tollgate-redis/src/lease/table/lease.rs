@@ -65,6 +65,9 @@ impl Lease {
             statuses,
         )
         .with_cost(cost)
+        // The store counted these units at the grant: a settlement is
+        // reserved then, and a reset or block since fences its refund.
+        .with_reserved_at(self.base.now())
         // Spent from the units of whoever granted them: a lease a local
         // fallback granted is settled there, not in the store behind it.
         .with_decided_by(self.base.decided_by())
