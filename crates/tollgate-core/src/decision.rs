@@ -563,6 +563,7 @@ impl fmt::Debug for Decision {
         f.debug_struct("Decision")
             .field("outcome", &self.outcome())
             .field("now", &self.now)
+            .field("reserved_at", &self.reserved_at())
             .field("delay", &self.delay())
             .field("binding", &self.binding)
             .field("blocked", &self.is_blocked())

@@ -29,7 +29,8 @@ use super::Ledger;
 /// - A reset or a block changes the limiter's state, never the ledger:
 ///   billing history is not erased.
 /// - Wrapped around a leased store, the units spent from a lease are
-///   recorded as they are spent; a lease's grant and the units given back
+///   recorded as they are spent, each at the lease's grant (its
+///   [`Decision::reserved_at`]); a lease's grant and the units given back
 ///   are not usage.
 /// - Under a layer's failure policy, a request that the local fallback
 ///   admits (or that `Open` lets through) while the store fails is not

@@ -132,7 +132,9 @@ use telemetry::{Call, LeaseMetrics};
 /// granted before the reset, still on its way back when the reset lands,
 /// meets the reset's fence in the store (see
 /// [`Settlement`](tollgate_core::Settlement); the Redis and memory
-/// stores keep it) and gives the fresh state nothing: within
+/// stores keep it) and gives the fresh state nothing, as does the refund
+/// of a request spent from such a lease (it is reserved at the grant:
+/// [`Decision::reserved_at`](tollgate_core::Decision::reserved_at)): within
 /// `Settlement::fence` of the reset, and within the limits of the
 /// store's clock that `Settlement` states, the fresh state admits one
 /// allowance, and no more.
