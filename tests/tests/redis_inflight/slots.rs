@@ -176,10 +176,7 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
 async fn an_acquire_that_arrives_after_its_give_back_takes_nothing() {
     // The two calls in the order a pool may deliver them.
     let (prefix, store, mut con) = store_and_connection("inflight-overtaken").await;
-    let limit = InFlightLimit::new("overtaken", 1)
-        .unwrap()
-        .lease(Duration::from_secs(60))
-        .unwrap();
+    let limit = a_minute_lease("overtaken", 1);
     let key = Key::user("ada");
     let given_back = |con: &mut redis::Connection| -> Vec<String> {
         redis::cmd("KEYS")
@@ -211,15 +208,27 @@ async fn an_acquire_that_arrives_after_its_give_back_takes_nothing() {
     );
     // Holder 2 is remembered for one lease, in a set that expires with it.
     let [set] = <[String; 1]>::try_from(given_back(&mut con)).unwrap();
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&set)
-        .arg(0)
-        .arg(-1)
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(members, ["2"]);
+    assert_eq!(members(&mut con, &set), ["2"]);
     let ttl: i64 = redis::cmd("PTTL").arg(&set).query(&mut con).unwrap();
     assert!((50_000..=60_000).contains(&ttl), "{ttl}");
+}
+
+/// The members of the sorted set `set`.
+fn members(con: &mut redis::Connection, set: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(set)
+        .arg(0)
+        .arg(-1)
+        .query(con)
+        .unwrap()
+}
+
+/// The in-flight limit `name` of `max` slots, each a lease of a minute.
+fn a_minute_lease(name: &str, max: u64) -> InFlightLimit {
+    InFlightLimit::new(name, max)
+        .unwrap()
+        .lease(Duration::from_secs(60))
+        .unwrap()
 }
 
 /// A Redis store on a fresh prefix starting with `name`, the prefix, and
@@ -249,10 +258,7 @@ async fn store_and_connection(name: &str) -> (String, RedisStore, redis::Connect
 #[tokio::test]
 async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
     let (prefix, store, mut con) = store_and_connection("inflight-renew").await;
-    let limit = InFlightLimit::new("renew", 2)
-        .unwrap()
-        .lease(Duration::from_secs(60))
-        .unwrap();
+    let limit = a_minute_lease("renew", 2);
     let key = Key::user("ada");
     assert!(store.acquire(&key, &limit, 11).await.unwrap().acquired);
     let [set] = <[String; 1]>::try_from(slot_sets(&mut con, &prefix, "renew")).unwrap();
@@ -261,13 +267,7 @@ async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
         store.renew(&key, &limit, 11).await.unwrap(),
         Renewal::Retaken
     );
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&set)
-        .arg(0)
-        .arg(-1)
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(members, ["11"]);
+    assert_eq!(members(&mut con, &set), ["11"]);
     // With a fresh lease, and the set expiring with it.
     let ttl: i64 = redis::cmd("PTTL").arg(&set).query(&mut con).unwrap();
     assert!((59_000..=60_000).contains(&ttl), "{ttl}");
@@ -299,10 +299,7 @@ async fn a_renewal_after_the_slots_are_deleted_re_adds_the_holder() {
 #[tokio::test]
 async fn the_slots_live_as_long_as_the_longest_lease() {
     let (prefix, store, mut con) = store_and_connection("inflight-leases").await;
-    let long = InFlightLimit::new("leases", 5)
-        .unwrap()
-        .lease(Duration::from_secs(60))
-        .unwrap();
+    let long = a_minute_lease("leases", 5);
     let short = long.clone().lease(Duration::from_secs(1)).unwrap();
     let key = Key::user("ada");
     assert!(store.acquire(&key, &long, 1).await.unwrap().acquired);

@@ -258,8 +258,9 @@ impl Registered {
 /// hold it): at once if the store needs no I/O, else in the background.
 /// Giving back a slot the store never took frees nothing (slots are held
 /// by holder); a store whose calls can arrive out of order remembers the
-/// holder, so that its acquire, if still on its way, takes nothing. A give-back the store fails (its breaker is open, it
-/// missed its deadline) is tried again, each wait twice the last, until
+/// holder, so that its acquire, if still on its way, takes nothing. A
+/// give-back the store fails (its breaker is open, it missed its
+/// deadline) is tried again, each wait twice the last, until
 /// the slot's lease would have ended anyway; lost, it would hold the slot
 /// until then, refusing the key's requests for up to a lease. At most
 /// [`MAX_RETRYING`] give-backs are tried again at once; past that, and
