@@ -234,8 +234,11 @@ pub trait SlotStore: Send + Sync + 'static {
     /// ([`Renewal::RetakenPastLimit`]). Its request runs either way, and
     /// counts, so no new request takes a slot until enough have ended.
     ///
-    /// A renewal that races the holder's own release may take the slot
-    /// back after it: the slot then frees itself when its lease ends.
+    /// On a store of several connections, a renewal may reach the store
+    /// after a release sent later, and take the slot back for a lease.
+    /// So `tollgate`'s layer gives a slot back only once the renewal on its
+    /// way has its reply; a renewal that timed out can still arrive after,
+    /// and that slot frees itself when its lease ends.
     ///
     /// # Errors
     ///

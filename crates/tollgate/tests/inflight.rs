@@ -598,3 +598,90 @@ async fn a_request_that_never_reached_the_store_gives_nothing_back_there() {
         assert_eq!(given_back, 0, "{mode:?}, refused: {refused}");
     }
 }
+
+/// A store of several connections, as a pool is: a renewal, once sent, is
+/// applied when the test lets it through (its connection was slow), even if
+/// the caller stops waiting for it; a give-back is applied at once.
+#[derive(Clone)]
+struct Pooled {
+    slots: MemoryStore,
+    /// Renewals sent, and the permits that let them through.
+    sent: Arc<AtomicUsize>,
+    through: Arc<Semaphore>,
+}
+
+impl SlotStore for Pooled {
+    async fn acquire(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Slots, StoreError> {
+        self.slots.acquire(key, limit, holder).await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<Renewal, StoreError> {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        let (store, key, limit) = (self.clone(), key.clone(), limit.clone());
+        let applied = tokio::spawn(async move {
+            store.through.acquire().await.unwrap().forget();
+            store.slots.renew(&key, &limit, holder).await
+        });
+        applied.await.unwrap()
+    }
+
+    async fn release(
+        &self,
+        key: &Key,
+        limit: &InFlightLimit,
+        holder: u64,
+    ) -> Result<(), StoreError> {
+        self.slots.release(key, limit, holder).await
+    }
+}
+
+/// A request that ends while its slot's renewal is on its way gives the
+/// slot back after the renewal's reply: on a store of several connections
+/// (a pool), a give-back sent at once reached the store first, and the
+/// renewal then took the slot back for a whole lease, refusing every
+/// request of a key limited to one.
+#[tokio::test(start_paused = true)]
+async fn a_slot_whose_renewal_is_on_its_way_when_its_request_ends_is_given_back_after_it() {
+    let store = Pooled {
+        slots: MemoryStore::new(),
+        sent: Arc::default(),
+        through: Arc::new(Semaphore::new(0)),
+    };
+    let limit = InFlightLimit::new("exports", 1)
+        .unwrap()
+        .lease(Duration::from_secs(3))
+        .unwrap();
+    let slow = Slow::default();
+    let app = slow.app(InFlightLayer::new(limit.clone(), GlobalKey).store(store.clone()));
+    let running = tokio::spawn(app.clone().oneshot(get_path("/export")));
+    until(|| slow.started.load(Ordering::SeqCst) == 1).await;
+    // A renewal a second later is sent, and held on its way.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(store.sent.load(Ordering::SeqCst), 1);
+    // The request ends meanwhile.
+    slow.go.add_permits(1);
+    let done = running.await.unwrap().unwrap();
+    done.into_body().collect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The renewal reaches the store, and the slot is free after it.
+    store.through.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let key = Key::global();
+    let taken = store.slots.acquire(&key, &limit, 99).await.unwrap();
+    assert!(taken.acquired, "the slot is held: {taken:?}");
+    assert_eq!(
+        store.sent.load(Ordering::SeqCst),
+        1,
+        "no renewal after the end"
+    );
+}

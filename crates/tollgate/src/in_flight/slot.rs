@@ -119,7 +119,8 @@ impl<St: SlotStore + Clone> Slot<St> {
         let renewal = runtime.map(|runtime| {
             let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
             let (telemetry, reached) = (telemetry.clone(), Arc::clone(&registered));
-            let every = limit.lease_duration() / 3;
+            let lease = limit.lease_duration();
+            let every = lease / 3;
             runtime
                 .spawn(async move {
                     let mut tick = tokio::time::interval(every);
@@ -137,19 +138,28 @@ impl<St: SlotStore + Clone> Slot<St> {
                     let mut expected_gone = !taken;
                     loop {
                         tick.tick().await;
-                        // Counted as reaching the store while on its way
-                        // (a slot dropped meanwhile is given back; on a
-                        // pool the give-back may still overtake it, see
-                        // `SlotStore::renew`), and after, unless it never
-                        // did; none is sent once the slot was dropped.
+                        // Counted as reaching the store while on its way,
+                        // and after, unless it never did; none is sent once
+                        // the slot was dropped. A slot dropped while its
+                        // renewal is on its way is given back here, once the
+                        // renewal's reply is in: on a store of several
+                        // connections, a give-back sent meanwhile could reach
+                        // the store first, and the renewal would then take
+                        // the slot back for a whole lease.
                         let Ok(before) =
                             reached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
-                                (state != Registered::DROPPED).then_some(Registered::MAY_HOLD)
+                                (state & Registered::DROPPED == 0)
+                                    .then_some(state | Registered::MAY_HOLD | Registered::RENEWING)
                             })
                         else {
                             return;
                         };
-                        let renewed = store.renew(&key, &limit, holder).await;
+                        // Bounded, for a store without a deadline of its
+                        // own: a slot dropped meanwhile waits for it.
+                        let renewal = store.renew(&key, &limit, holder);
+                        let renewed = tokio::time::timeout(lease, renewal)
+                            .await
+                            .unwrap_or(Err(StoreError::Timeout(lease)));
                         // A renewal that failed without being applied (the
                         // store's breaker open, its connection refused, or
                         // an error reply such as `LOADING`) is tried again
@@ -163,13 +173,21 @@ impl<St: SlotStore + Clone> Slot<St> {
                         if renewed.as_ref().err().is_some_and(cheap) {
                             tick.reset_after(every / 4);
                         }
-                        if renewed.as_ref().err().is_some_and(|e| !e.may_have_acted()) {
-                            let _ = reached.compare_exchange(
-                                Registered::MAY_HOLD,
-                                before,
-                                Ordering::AcqRel,
-                                Ordering::Acquire,
-                            );
+                        let unsent = renewed.as_ref().err().is_some_and(|e| !e.may_have_acted());
+                        let held = match unsent {
+                            true => before & Registered::MAY_HOLD,
+                            false => Registered::MAY_HOLD,
+                        };
+                        let rest = !(Registered::MAY_HOLD | Registered::RENEWING);
+                        let (Ok(state) | Err(state)) =
+                            reached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                                Some(state & rest | held)
+                            });
+                        if state & Registered::DROPPED != 0 {
+                            if taken || held != 0 {
+                                give_back(&store, &key, &limit, holder);
+                            }
+                            return;
                         }
                         if let Ok(renewal) = renewed {
                             if renewal.found_gone() && (!expected_gone || renewal.past_limit()) {
@@ -196,14 +214,20 @@ impl<St: SlotStore + Clone> Slot<St> {
 
 impl<St: SlotStore + Clone> Drop for Slot<St> {
     fn drop(&mut self) {
-        if let Some(renewal) = self.renewal.take() {
-            renewal.abort();
-        }
         if self.taken {
             self.telemetry.held(-1.0);
         }
-        let registered = self.registered.swap(Registered::DROPPED, Ordering::AcqRel);
-        if self.taken || registered == Registered::MAY_HOLD {
+        let state = self
+            .registered
+            .fetch_or(Registered::DROPPED, Ordering::AcqRel);
+        // A renewal on its way gives the slot back once its reply is in.
+        if state & Registered::RENEWING != 0 {
+            return;
+        }
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+        if self.taken || state & Registered::MAY_HOLD != 0 {
             give_back(&self.store, &self.key, &self.limit, self.holder);
         }
     }
@@ -241,7 +265,8 @@ impl Drop for LocalHold {
     }
 }
 
-/// The states of a registration (a `Slot`'s `registered`).
+/// The state of a slot's registration and renewals (a `Slot`'s
+/// `registered`), in bits.
 struct Registered;
 
 impl Registered {
@@ -252,6 +277,9 @@ impl Registered {
     const MAY_HOLD: u8 = 1;
     /// The slot was dropped: no renewal is sent after.
     const DROPPED: u8 = 2;
+    /// A renewal is on its way: the renewing task, not the drop, gives the
+    /// slot back.
+    const RENEWING: u8 = 4;
 }
 
 /// Gives `holder`'s slot back, for good (the request ended, or will never
