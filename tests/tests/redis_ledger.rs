@@ -572,7 +572,11 @@ async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped()
     // first, then its own record, which the read includes.
     let usage = ledger.usage(&user(2, 0), "api", month_query()).await;
     assert_eq!(usage.unwrap().total(), 1);
-    assert_eq!(ledger.pending(), 9, "round 2's nine others");
+    assert_eq!(
+        ledger.pending(),
+        0,
+        "the flush that made room wrote round 2's nine others too"
+    );
     ledger.flush().await.unwrap();
     assert_eq!(ledger.pending(), 0);
     let mut billed = 0;
@@ -587,6 +591,54 @@ async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped()
         }
     }
     assert_eq!(billed, 20, "what was held, once");
+}
+
+/// A flush that succeeds writes every record made before it, those of
+/// pairs recorded behind the batches kept from an outage included: once
+/// the batches went through, the pairs they left no room for go in a
+/// second round. A flush at shutdown, just after an outage, returned `Ok`
+/// with those still pending, and their usage was lost with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_that_succeeds_after_an_outage_leaves_nothing_pending() {
+    let mut server = RedisServer::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(START));
+    let prefix = unique_prefix("ledger-shutdown");
+    let store = store(&server.url(), &prefix, &clock).await;
+    let ledger = RedisLedger::builder(&store)
+        .flush_interval(Duration::from_secs(3_600))
+        .unwrap()
+        .flush_timeout(Duration::from_millis(500))
+        .unwrap()
+        .max_pending_keys(10)
+        .unwrap()
+        .build()
+        .unwrap();
+    let user = |round: u64, i: u64| Key::user(format!("user-{round}-{i}"));
+    ledger.record(&user(0, 0), "api", clock.now(), 1);
+    ledger.flush().await.unwrap();
+    server.kill();
+    for round in 1..=2 {
+        for i in 0..10 {
+            ledger.record(&user(round, i), "api", clock.now(), 1);
+        }
+        assert!(ledger.flush().await.is_err(), "round {round}");
+    }
+    assert_eq!(ledger.pending(), 20);
+
+    server.restart();
+    // At shutdown: one flush, then the process is gone.
+    ledger.flush().await.unwrap();
+    assert_eq!(ledger.pending(), 0);
+    drop(ledger);
+    let reader = RedisLedger::builder(&store).build().unwrap();
+    let mut billed = 0;
+    for round in 1..=2 {
+        for i in 0..10 {
+            let usage = reader.usage(&user(round, i), "api", month_query()).await;
+            billed += usage.unwrap().total();
+        }
+    }
+    assert_eq!(billed, 20, "every record, once");
 }
 
 /// A flush with no room left under `max_pending_keys` leaves the pending

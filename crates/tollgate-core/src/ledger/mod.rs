@@ -104,7 +104,8 @@ pub trait Ledger: Send + Sync + 'static {
         query: UsageQuery,
     ) -> impl Future<Output = Result<Usage, StoreError>> + Send;
 
-    /// Sends what was recorded to where the buckets are kept.
+    /// Sends what was recorded to where the buckets are kept: `Ok` means
+    /// every record made before the call is written.
     ///
     /// # Errors
     ///

@@ -61,7 +61,21 @@ impl Batch {
 /// key's marker keeps the last number applied), then follow in the same
 /// flush. Every other key's records are written whatever fails. The first
 /// error is returned.
+///
+/// Once every batch went through, the pairs a round left pending for lack
+/// of room go in a second round, which has room for them all (no more
+/// than `max_pending_keys` pairs are pending): `Ok` means every record
+/// made before the call is written, as a flush at shutdown needs.
 pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
+    round(shared).await?;
+    if !shared.pending.is_empty() {
+        round(shared).await?;
+    }
+    Ok(())
+}
+
+/// One round of [`flush`].
+async fn round<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
     let mut batches = std::mem::take(&mut *shared.retry.lock());
     let held: HashSet<(Box<str>, Key)> = batches.iter().map(Batch::owner).collect();
     let room = shared.max_pending.saturating_sub(batches.len());

@@ -40,7 +40,8 @@ pub(crate) use builder::instance_name;
 /// recorded since; a flush takes no more recorded pairs than the batches
 /// to send again leave room for, and records of a new pair beyond the
 /// bound are counted by [`dropped`](RedisLedger::dropped). Call
-/// [`flush`](Ledger::flush) at shutdown.
+/// [`flush`](Ledger::flush) at shutdown: once it returns `Ok`, every
+/// record made before it is written.
 ///
 /// **Each record counts once.** A flush sends one batch per key, numbered;
 /// the script applies a batch only if the key's marker for this ledger
