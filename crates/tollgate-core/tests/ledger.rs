@@ -174,3 +174,72 @@ async fn a_full_ledger_counts_what_it_dropped_and_old_buckets_go() {
     }
     assert_eq!(ledger.len(), 1);
 }
+
+/// Lord Howe Island moves its clocks by half an hour: from UTC+10:30 to
+/// +11:00 at 2 a.m. on 2025-10-05 (15:30 UTC the day before), and back at
+/// 2 a.m. on 2026-04-05 (15:00 UTC the day before). Hour buckets are its
+/// local hours, and a query reads every one of them: its hours were read
+/// an hour apart from the first, so after a change every bucket of the
+/// other half hour was left out (1 unit of 111 read, for the spring).
+/// Records made out of order land in the bucket of their own instant.
+#[tokio::test]
+async fn hours_across_a_half_hour_change_of_offset_are_all_read() {
+    let settings = LedgerSettings::new()
+        .time_zone("Australia/Lord_Howe")
+        .unwrap();
+    // The change, and the local hours of the instants 10 min before and
+    // after it: 1 a.m. and 2 a.m. in spring (the clocks jump from 2 to
+    // 2:30), 1:30 a.m. at +11:00 and 1 a.m. at +10:30 in autumn (from 2
+    // back to 1:30).
+    for (change, before_hour, after_hour) in [
+        (
+            "2025-10-04T15:30:00Z",
+            "2025-10-04T14:30:00Z",
+            "2025-10-04T15:00:00Z",
+        ),
+        (
+            "2026-04-04T15:00:00Z",
+            "2026-04-04T14:00:00Z",
+            "2026-04-04T14:30:00Z",
+        ),
+    ] {
+        let ledger = MemoryLedger::with_settings(settings.clone(), 1_000);
+        let ada = Key::user("ada");
+        let change = at(change);
+        let secs = |s: i64| {
+            let us = change
+                .as_micros()
+                .checked_add_signed(s * 1_000_000)
+                .unwrap();
+            Timestamp::from_micros(us)
+        };
+        // After the change first, then before it, then three hours on.
+        ledger.record(&ada, "api", secs(600), 10);
+        ledger.record(&ada, "api", secs(-600), 1);
+        ledger.record(&ada, "api", secs(3 * 3_600), 100);
+        let query = |g| UsageQuery::new(g, secs(-86_400), secs(86_400)).unwrap();
+        let hours = ledger.usage(&ada, "api", query(Granularity::Hour)).await;
+        let hours = hours.unwrap();
+        let days = ledger.usage(&ada, "api", query(Granularity::Day)).await;
+        assert_eq!(days.unwrap().total(), 111);
+        // Each record in the bucket of its own local hour; the hour of the
+        // change ends at it, where the next begins to hold instants.
+        let buckets: Vec<_> = (hours.buckets().iter())
+            .map(|b| (b.start(), b.end(), b.units()))
+            .collect();
+        let (before, after) = (at(before_hour), at(after_hour));
+        let hour = Duration::from_secs(3_600);
+        let later = settings.bucket_start(Granularity::Hour, secs(3 * 3_600));
+        assert_eq!(
+            buckets,
+            [
+                (before, change, 1),
+                (after, after + hour, 10),
+                (later, later + hour, 100)
+            ],
+            "{change:?}"
+        );
+        assert_eq!(settings.next_bucket(Granularity::Hour, before), after);
+        assert_eq!(settings.bucket_start(Granularity::Hour, secs(600)), after);
+    }
+}

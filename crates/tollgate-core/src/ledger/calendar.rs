@@ -212,9 +212,44 @@ impl LedgerSettings {
     }
 
     /// The start of the bucket after the one that starts at `start`.
+    ///
+    /// Hour buckets are named by the start of their local hour. Where a
+    /// zone's offset changes by half an hour (Lord Howe Island's daylight
+    /// saving time), the hour in which the change falls ends at the
+    /// change, and the next one is named by its local hour's start, which
+    /// comes before the change; see [`bucket_end`](Self::bucket_end).
     pub fn next_bucket(&self, granularity: Granularity, start: Timestamp) -> Timestamp {
-        let next = self.next_secs(granularity, secs(start));
+        let end = self.next_secs(granularity, secs(start));
+        let next = self.start_secs(granularity, end).max(secs(start) + 1);
         Timestamp::from_secs(next.max(0).unsigned_abs())
+    }
+
+    /// When the bucket of `granularity` that starts at `start` ends: the
+    /// first instant that the next bucket holds. The same as
+    /// [`next_bucket`](Self::next_bucket) but for an hour in which a
+    /// zone's offset changes by half an hour.
+    ///
+    /// ```
+    /// use tollgate_core::ledger::{Granularity, LedgerSettings};
+    /// use tollgate_core::Timestamp;
+    ///
+    /// // Lord Howe Island: at 2 a.m. on 2025-10-05 (15:30 UTC the day
+    /// // before) its clocks go from UTC+10:30 to UTC+11:00, 2:30 a.m.
+    /// let settings = LedgerSettings::new().time_zone("Australia/Lord_Howe")?;
+    /// let one_am = Timestamp::from_secs(1_759_588_200); // 14:30 UTC
+    /// let change = Timestamp::from_secs(1_759_591_800); // 15:30 UTC
+    /// assert_eq!(settings.bucket_end(Granularity::Hour, one_am), change);
+    /// // The next hour is local 2 a.m. under the new offset, 15:00 UTC,
+    /// // and holds the instants from the change to 16:00 UTC.
+    /// let two_am = settings.next_bucket(Granularity::Hour, one_am);
+    /// assert_eq!(two_am, Timestamp::from_secs(1_759_590_000));
+    /// assert_eq!(settings.bucket_start(Granularity::Hour, change), two_am);
+    /// assert_eq!(settings.bucket_end(Granularity::Hour, two_am), Timestamp::from_secs(1_759_593_600));
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn bucket_end(&self, granularity: Granularity, start: Timestamp) -> Timestamp {
+        let end = self.next_secs(granularity, secs(start));
+        Timestamp::from_secs(end.max(0).unsigned_abs())
     }
 
     /// When the bucket of `granularity` that starts at `start` may be
@@ -249,9 +284,15 @@ impl LedgerSettings {
         let at = at_secs.clamp(0, LATEST_SECS);
         let starts = Granularity::ALL.map(|g| self.start_secs(g, at));
         let ends = Granularity::ALL.map(|g| self.next_secs(g, starts[g.index()]));
+        // An hour begun at a change of offset starts, as a bucket, before
+        // its first instant (see `hour_end`): the span starts at the change.
+        let change = jiff::Timestamp::from_second(at + 1)
+            .ok()
+            .and_then(|ts| self.zone.preceding(ts).next())
+            .map_or(0, |change| change.timestamp().as_second());
         Span {
             starts,
-            from: starts.iter().copied().max().unwrap_or(at),
+            from: starts.iter().copied().max().unwrap_or(at).max(change),
             until: ends.iter().copied().min().unwrap_or(at + 1),
         }
     }
@@ -274,6 +315,8 @@ impl LedgerSettings {
         civil.map_or(hour, |z| z.timestamp().as_second())
     }
 
+    /// Where the bucket of `granularity` that starts at `start` ends: the
+    /// first instant after it that another bucket holds.
     fn next_secs(&self, granularity: Granularity, start: i64) -> i64 {
         let start = start.clamp(0, LATEST_SECS);
         let Ok(ts) = jiff::Timestamp::from_second(start) else {
@@ -281,7 +324,7 @@ impl LedgerSettings {
         };
         let zoned = ts.to_zoned(self.zone.clone());
         let next = match granularity {
-            Granularity::Hour => return start + 3_600,
+            Granularity::Hour => return self.hour_end(ts, start),
             Granularity::Day => zoned.tomorrow().and_then(|z| z.start_of_day()),
             Granularity::Month => zoned
                 .first_of_month()
@@ -290,6 +333,26 @@ impl LedgerSettings {
         };
         next.map_or(start + 3_600, |z| z.timestamp().as_second())
             .max(start + 1)
+    }
+
+    /// Where the hour bucket starting at `start` (`ts`) ends: an hour
+    /// later, or at a change of the zone's offset within that hour that
+    /// moves the instants after it to another local hour (a change by half
+    /// an hour, as Lord Howe Island's). An hour bucket is named by the
+    /// start of its local hour, which, after such a change, can come before
+    /// its first instant: the hour begun at the change.
+    fn hour_end(&self, ts: jiff::Timestamp, start: i64) -> i64 {
+        let nominal = start + 3_600;
+        for change in self.zone.following(ts) {
+            let at = change.timestamp().as_second();
+            if at >= nominal {
+                break;
+            }
+            if at > start && self.start_secs(Granularity::Hour, at) != start {
+                return at;
+            }
+        }
+        nominal
     }
 }
 

@@ -207,7 +207,8 @@ pub struct Usage {
 impl Usage {
     /// The usage that `units` gives, the units of each bucket of `query`
     /// by its start: for a ledger of your own. Buckets of no use are left
-    /// out; each bucket ends where `settings`' calendar starts the next.
+    /// out; each bucket ends where `settings`' calendar ends it (see
+    /// [`LedgerSettings::bucket_end`]).
     pub fn from_buckets(
         settings: &LedgerSettings,
         query: &UsageQuery,
@@ -219,7 +220,7 @@ impl Usage {
             .filter(|&(_, units)| units > 0)
             .map(|(start, units)| UsageBucket {
                 start,
-                end: settings.next_bucket(g, start),
+                end: settings.bucket_end(g, start),
                 units,
             })
             .collect();
