@@ -1,8 +1,10 @@
 //! Telemetry of one layer or limiter: a debug event per decision, throttled
 //! warnings for store failures, and counters through the `metrics` facade.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 // tokio's clock: the same as std's, but for tests that pause it, so that
@@ -39,10 +41,7 @@ impl Verdict {
 #[derive(Debug)]
 pub(crate) struct Telemetry {
     policy: Box<str>,
-    throttle: Throttle,
-    /// For requests without a key: a flood of them must not hold back
-    /// the store-failure warnings, nor flood the log itself.
-    missing_throttle: Throttle,
+    throttles: Arc<Throttles>,
     #[cfg(feature = "metrics")]
     counters: Counters,
 }
@@ -119,11 +118,19 @@ impl Telemetry {
         Self::with_limits(policy.name(), Some(policy.limits()))
     }
 
-    fn with_limits(policy: &str, _limits: Option<&[tollgate_core::Limit]>) -> Self {
+    fn with_limits(policy: &str, limits: Option<&[tollgate_core::Limit]>) -> Self {
+        Self::sharing(policy, limits, Arc::default())
+    }
+
+    /// The telemetry of `policy` whose warnings share `throttles`.
+    fn sharing(
+        policy: &str,
+        _limits: Option<&[tollgate_core::Limit]>,
+        throttles: Arc<Throttles>,
+    ) -> Self {
         Self {
             policy: policy.into(),
-            throttle: Throttle::new(Duration::from_secs(1)),
-            missing_throttle: Throttle::new(Duration::from_secs(1)),
+            throttles,
             #[cfg(feature = "metrics")]
             counters: Counters::new(policy, _limits),
         }
@@ -222,7 +229,7 @@ impl Telemetry {
         let policy = &*self.policy;
         let mode = mode.map_or("returned", FailureMode::as_str);
         self.count_store_error(error);
-        let Some(suppressed) = self.throttle.may_log(Instant::now()) else {
+        let Some(suppressed) = self.throttles.failure.may_log(Instant::now()) else {
             return;
         };
         if error.is_own_load() {
@@ -260,7 +267,7 @@ impl Telemetry {
     /// Logs a request without a key, at most once a second: a client's
     /// mistake at debug level, a server's wiring at error level.
     pub(crate) fn key_missing(&self, cause: &MissingCause) {
-        let Some(suppressed) = self.missing_throttle.may_log(Instant::now()) else {
+        let Some(suppressed) = self.throttles.missing.may_log(Instant::now()) else {
             return;
         };
         let policy = &*self.policy;
@@ -332,6 +339,64 @@ fn current_span_has_fields() -> bool {
                     .any(|field| field.name().starts_with(trace::PREFIX))
             })
         })
+}
+
+/// The throttles of one policy's warnings.
+#[derive(Debug)]
+struct Throttles {
+    /// Store failures.
+    failure: Throttle,
+    /// Requests without a key: a flood of them must not hold back the
+    /// store-failure warnings, nor flood the log itself.
+    missing: Throttle,
+}
+
+impl Default for Throttles {
+    fn default() -> Self {
+        Self {
+            failure: Throttle::new(Duration::from_secs(1)),
+            missing: Throttle::new(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// The telemetry of the policies a layer's chooser picks, by name, shared
+/// by every service the layer makes: axum makes one per connection, and
+/// one per request for a router called as a service, and the warnings of
+/// each policy are throttled across them all. The policies past the first
+/// [`MAX_CHOSEN`] names (a chooser that makes one per tenant, say) share
+/// one set of throttles, so that they cannot flood the log either.
+#[derive(Debug, Default)]
+pub(crate) struct Chosen {
+    known: RwLock<HashMap<Box<str>, Arc<Telemetry>>>,
+    overflow: Arc<Throttles>,
+}
+
+/// The most chosen policies with throttles of their own, per layer.
+const MAX_CHOSEN: usize = 1_024;
+
+impl Chosen {
+    /// The telemetry of `policy`: made on first use, and counting its
+    /// near-limit use per limit.
+    pub(crate) fn of(&self, policy: &Policy) -> Arc<Telemetry> {
+        let name = policy.name();
+        let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(telemetry) = known.get(name) {
+            return telemetry.clone();
+        }
+        drop(known);
+        let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(telemetry) = known.get(name) {
+            return telemetry.clone();
+        }
+        let limits = Some(policy.limits());
+        if known.len() >= MAX_CHOSEN {
+            return Arc::new(Telemetry::sharing(name, limits, self.overflow.clone()));
+        }
+        let made = Arc::new(Telemetry::with_limits(name, limits));
+        known.insert(name.into(), made.clone());
+        made
+    }
 }
 
 /// Lets a line through at most once per interval, counting the ones it

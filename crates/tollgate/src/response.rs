@@ -13,7 +13,7 @@ use crate::answer::StoreRefusal;
 use crate::answer::headers::{Decoration, HeaderStyle, Values};
 use crate::answer::{self, MissingKey, Protocol};
 use crate::extract::MissingCause;
-use crate::report::{Reporter, Telemetry, Verdict};
+use crate::report::{Chosen, Reporter, Telemetry, Verdict};
 
 pub(crate) type CustomRejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
 
@@ -31,6 +31,8 @@ pub(crate) struct Responder {
     pub(crate) enforce_percent: u8,
     /// Shared by every service of one layer, so throttling holds across them.
     pub(crate) telemetry: Arc<Telemetry>,
+    /// The telemetry of the policies a chooser picks, shared likewise.
+    chosen: Arc<Chosen>,
     /// The policy's header values, made once.
     pub(crate) values: Values,
     pub(crate) policy: Arc<str>,
@@ -55,6 +57,7 @@ impl Responder {
             protocol: Protocol::Http,
             enforce_percent: 100,
             telemetry: Arc::new(telemetry),
+            chosen: Arc::default(),
             values,
             policy: Arc::from(policy),
             store: "memory",
@@ -71,7 +74,7 @@ impl Responder {
     /// and problem bodies name it, and it counts in its own metrics.
     pub(crate) fn for_policy(&self, policy: &Policy) -> Self {
         Self {
-            telemetry: Arc::new(Telemetry::of(policy)),
+            telemetry: self.chosen.of(policy),
             values: Values::of(policy),
             policy: Arc::from(policy.name()),
             ..self.clone()

@@ -129,6 +129,144 @@ fn a_failing_store_logs_one_warning_per_second_not_one_per_request() {
     assert!(!logs.contains("client-"), "a raw key was logged");
 }
 
+/// The warnings of the policies a chooser picks are throttled across
+/// every service the layer makes: axum makes one per request for a router
+/// called as a service (and one per connection under `axum::serve`). Each
+/// made the chosen policies' throttles afresh, so every request logged a
+/// warning: 200 of them here, where each of two tenants' policies logs one.
+/// Past the policies the layer keeps throttles for (a policy per tenant),
+/// the rest share one: 1,030 tenants, then 100 more requests of a new one,
+/// log 1,024 warnings (the first tenant's request took the store's one
+/// key; 1,023 tenants' own, and one for the rest), not one per request.
+#[test]
+fn a_chooser_s_policies_log_one_warning_per_second_across_the_layer_s_services() {
+    let logs = logged(async || {
+        let app = tenants_app();
+        for i in 0..100 {
+            for tenant in ["a", "b"] {
+                let status = send_as(&app, tenant, &format!("client-{tenant}-{i}")).await;
+                assert_eq!(status, 200);
+            }
+        }
+    });
+    let warnings: Vec<&str> = logs.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(
+        warnings.len(),
+        2,
+        "{:?}",
+        &warnings[..warnings.len().min(3)]
+    );
+    for tenant in ["a", "b"] {
+        let theirs = warnings
+            .iter()
+            .filter(|l| l.contains(&format!("policy=\"tenant-{tenant}\"")));
+        assert_eq!(theirs.count(), 1, "{warnings:?}");
+    }
+
+    let logs = logged(async || {
+        let app = tenants_app();
+        for tenant in 0..1_030 {
+            let status = send_as(&app, &format!("{tenant}"), &format!("client-{tenant}")).await;
+            assert_eq!(status, 200);
+        }
+        for i in 0..100 {
+            assert_eq!(send_as(&app, "new", &format!("client-new-{i}")).await, 200);
+        }
+    });
+    let warnings = logs.lines().filter(|l| l.contains("WARN")).count();
+    assert_eq!(warnings, 1_024);
+}
+
+/// A store of in-flight slots that is always away.
+#[derive(Clone)]
+struct Away;
+
+impl tollgate::SlotStore for Away {
+    async fn acquire(
+        &self,
+        _: &tollgate::Key,
+        _: &tollgate::InFlightLimit,
+        _: u64,
+    ) -> Result<tollgate::Slots, tollgate::StoreError> {
+        Err(tollgate::StoreError::CircuitOpen)
+    }
+
+    async fn renew(
+        &self,
+        _: &tollgate::Key,
+        _: &tollgate::InFlightLimit,
+        _: u64,
+    ) -> Result<tollgate::Renewal, tollgate::StoreError> {
+        Err(tollgate::StoreError::CircuitOpen)
+    }
+
+    async fn release(
+        &self,
+        _: &tollgate::Key,
+        _: &tollgate::InFlightLimit,
+        _: u64,
+    ) -> Result<(), tollgate::StoreError> {
+        Err(tollgate::StoreError::CircuitOpen)
+    }
+}
+
+/// An in-flight layer's warnings are throttled across the services it
+/// makes: each service made its throttles afresh, so a router called as
+/// a service logged every request's store failure (50 here), and one
+/// under `axum::serve` every connection's first.
+#[test]
+fn an_in_flight_limit_logs_one_warning_per_second_across_its_services() {
+    let logs = logged(async || {
+        let limit = tollgate::InFlightLimit::new("exports", 2).unwrap();
+        let layer = tollgate::InFlightLayer::new(limit, tollgate::GlobalKey)
+            .store(Away)
+            .local_fallback(MemoryStore::new());
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(layer);
+        for i in 0..50 {
+            assert_eq!(send(&app, &format!("client-{i}")).await, 200);
+        }
+    });
+    let warnings = logs.lines().filter(|l| l.contains("WARN")).count();
+    assert_eq!(warnings, 1);
+}
+
+/// An app whose layer limits each tenant (header `x-tenant`) by a policy
+/// of its own, made per request, on a store with room for one key, failing
+/// open.
+fn tenants_app() -> Router {
+    let full = MemoryStore::builder().max_keys(1).build().unwrap();
+    let own = Policy::new("own", Algorithm::Gcra, "2/h").unwrap();
+    let layer = RateLimitLayer::new(
+        own,
+        HeaderKey::new(http::HeaderName::from_static("x-client")),
+    )
+    .store(full)
+    .on_store_error(FailureMode::Open)
+    .choose_policy(|req: &Request<Body>| {
+        let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
+        Policy::new(format!("tenant-{tenant}"), Algorithm::Gcra, "2/h").ok()
+    });
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+async fn send_as(app: &Router, tenant: &str, client: &str) -> u16 {
+    let request = Request::get("/")
+        .header("x-tenant", tenant)
+        .header("x-client", client)
+        .body(Body::empty())
+        .unwrap();
+    app.clone()
+        .oneshot(request)
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 #[test]
 fn requests_without_their_key_are_400s_logged_at_most_once_a_second() {
     let logs = logged(async || {

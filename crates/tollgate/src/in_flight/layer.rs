@@ -75,6 +75,9 @@ pub struct InFlightLayer<K, St = MemoryStore> {
     store: St,
     fallback: FailureSettings,
     responder: Responder,
+    /// Shared by every service the layer makes (axum makes one per
+    /// connection), so that its warnings are throttled across them.
+    telemetry: Telemetry,
 }
 
 impl<K> InFlightLayer<K> {
@@ -84,6 +87,7 @@ impl<K> InFlightLayer<K> {
     pub fn new(limit: InFlightLimit, extractor: K) -> Self {
         Self {
             responder: Responder::new(limit.name(), Values::named(limit.name())),
+            telemetry: Telemetry::new(limit.name()),
             limit,
             extractor: Arc::new(extractor),
             store: MemoryStore::new(),
@@ -107,6 +111,7 @@ impl<K, St> InFlightLayer<K, St> {
             store,
             fallback: self.fallback,
             responder: self.responder,
+            telemetry: self.telemetry,
         }
     }
 
@@ -152,6 +157,7 @@ impl<K, St: Clone> Clone for InFlightLayer<K, St> {
             store: self.store.clone(),
             fallback: self.fallback.clone(),
             responder: self.responder.clone(),
+            telemetry: self.telemetry.clone(),
         }
     }
 }
@@ -179,7 +185,7 @@ impl<S, K, St: Clone> Layer<S> for InFlightLayer<K, St> {
                 local: self.fallback.local.clone(),
                 instances: self.fallback.instances.clone(),
                 responder: self.responder.clone(),
-                telemetry: Telemetry::new(self.limit.name()),
+                telemetry: self.telemetry.clone(),
             }),
         }
     }
