@@ -447,15 +447,28 @@ struct CompleteQuery {
     tokens: u64,
 }
 
+/// The most tokens a call to `/api/complete` may say it used.
+const MAX_TOKENS: u64 = 100_000;
+
 /// `POST /api/complete?tokens=N` stands in for an LLM call that used N
 /// tokens, known only when it is done: it reports them to the layer, which
-/// settles the request's reservation to them.
+/// settles the request's reservation to them. A real service measures the
+/// tokens itself; here the client says, so a count above [`MAX_TOKENS`] is
+/// the client's mistake, a 400 that used no tokens, rather than a charge
+/// that would lock the user out for years.
 async fn complete(
     Extension(user): Extension<UserId>,
     Query(query): Query<CompleteQuery>,
-) -> (Extension<ActualCost>, Json<serde_json::Value>) {
+) -> Result<
+    (Extension<ActualCost>, Json<serde_json::Value>),
+    (StatusCode, Extension<ActualCost>, String),
+> {
+    if query.tokens > MAX_TOKENS {
+        let message = format!("tokens must be at most {MAX_TOKENS}\n");
+        return Err((StatusCode::BAD_REQUEST, Extension(ActualCost(0)), message));
+    }
     let body = serde_json::json!({ "user": user.0, "completion": "...", "tokens": query.tokens });
-    (Extension(ActualCost(query.tokens)), Json(body))
+    Ok((Extension(ActualCost(query.tokens)), Json(body)))
 }
 
 #[derive(Deserialize)]

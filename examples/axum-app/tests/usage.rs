@@ -178,3 +178,27 @@ async fn bad_parameters_are_400() {
     // Without a user: 401, as every authenticated route.
     assert_eq!(send(&app, "GET", "/usage", "nobody").await.0, 401);
 }
+
+/// A client that says its completion used more tokens than any call of
+/// the demo does gets a 400, and its quota is not charged for them: a
+/// count of 2^64 - 1 was settled, and locked the user out for decades.
+#[tokio::test]
+async fn a_completion_of_more_tokens_than_any_call_uses_is_a_400_and_charges_nothing() {
+    let app = demo();
+    let uri = format!("/api/complete?tokens={}", u64::MAX);
+    let (status, body) = send(&app, "POST", &uri, "demo-ada").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (400, "tokens must be at most 100000\n")
+    );
+    let (status, body) = send(&app, "POST", "/api/complete?tokens=100001", "demo-ada").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = send(&app, "POST", "/api/complete?tokens=1500", "demo-ada").await;
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = send(&app, "GET", &format!("/usage?{JANUARY}"), "demo-ada").await;
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        json["usage"]["completion-tokens"]["total"].as_u64(),
+        Some(1_500)
+    );
+}
