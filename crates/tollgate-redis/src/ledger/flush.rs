@@ -65,38 +65,51 @@ impl Batch {
 /// Once every batch went through, the pairs a round left pending for lack
 /// of room go in a second round, which has room for them all (no more
 /// than `max_pending_keys` pairs are pending): `Ok` means every record
-/// made before the call is written, as a flush at shutdown needs.
+/// made before the call is written, as a flush at shutdown needs. (Pairs
+/// recorded while a round was on its way wait for the next flush.)
 pub(super) async fn flush<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
-    round(shared).await?;
-    if !shared.pending.is_empty() {
+    if round(shared).await? == Room::Short {
         round(shared).await?;
     }
     Ok(())
 }
 
+/// Whether a round of [`flush`] had room for every pending pair.
+#[derive(Debug, PartialEq, Eq)]
+enum Room {
+    Enough,
+    /// It took as many as it had room for: some may be left.
+    Short,
+}
+
 /// One round of [`flush`].
-async fn round<C: RedisConnection>(shared: &Shared<C>) -> Result<(), RedisStoreError> {
+async fn round<C: RedisConnection>(shared: &Shared<C>) -> Result<Room, RedisStoreError> {
     let mut batches = std::mem::take(&mut *shared.retry.lock());
     let held: HashSet<(Box<str>, Key)> = batches.iter().map(Batch::owner).collect();
     let room = shared.max_pending.saturating_sub(batches.len());
-    batches.extend(pending_batches(shared, room, |owner| !held.contains(owner)));
+    let fresh = pending_batches(shared, room, |owner| !held.contains(owner));
+    let room = match fresh.len() >= room {
+        true => Room::Short,
+        false => Room::Enough,
+    };
+    batches.extend(fresh);
     if batches.is_empty() {
-        return Ok(());
+        return Ok(room);
     }
     let sent = send(shared, batches).await;
     // The held keys whose batch went through: their records now.
     let still: HashSet<(Box<str>, Key)> = shared.retry.lock().iter().map(Batch::owner).collect();
     let released: HashSet<_> = held.difference(&still).collect();
     if released.is_empty() {
-        return sent;
+        return sent.map(|()| room);
     }
-    let room = shared.max_pending.saturating_sub(still.len());
-    let batches = pending_batches(shared, room, |owner| released.contains(&owner));
+    let left = shared.max_pending.saturating_sub(still.len());
+    let batches = pending_batches(shared, left, |owner| released.contains(&owner));
     let followed = match batches.is_empty() {
         true => Ok(()),
         false => send(shared, batches).await,
     };
-    sent.and(followed)
+    sent.and(followed).map(|()| room)
 }
 
 /// What [`flush`] does, for the one pair of `policy` and `key`: its batch
