@@ -260,6 +260,54 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
     }
 }
 
+/// A key whose limits change while Redis is down (an override set, lifted
+/// or expired, a deploy) keeps its use in the local fallback, carried to
+/// the new limits as Redis would carry it: lowered below what it used, it
+/// is refused; raised, it gets what the raise leaves it. The fallback
+/// found no record of the key under its new limits, and gave it a fresh
+/// share: 3 requests of a key that had used 8 of 10 an hour, lowered to 5.
+#[tokio::test]
+async fn a_key_whose_limits_change_while_redis_is_down_keeps_its_use_locally() {
+    for algorithm in Algorithm::ALL
+        .into_iter()
+        .filter(|&a| a != Algorithm::LeakyBucket)
+    {
+        let mut server = RedisServer::spawn();
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let store = frozen_store(&server, Duration::from_millis(200), &clock).await;
+        let local = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let limits = |hourly: &str| {
+            Policy::builder(format!("changed-{algorithm}"))
+                .algorithm(algorithm)
+                .limit(hourly)
+                .limit("100/d")
+                .build()
+                .unwrap()
+        };
+        let app = local_app(&store, &limits("10/h"), 1, local.clone());
+        for _ in 0..8 {
+            assert_eq!(send(&app, "lowered").await, 200, "{algorithm}");
+            assert_eq!(send(&app, "raised").await, 200, "{algorithm}");
+        }
+        server.kill();
+        let lowered = local_app(&store, &limits("5/h"), 1, local.clone());
+        let mut after = Vec::new();
+        for _ in 0..3 {
+            after.push(send(&lowered, "lowered").await);
+        }
+        assert_eq!(after, [429, 429, 429], "{algorithm}");
+        // Raised to 20: 12 more.
+        let raised = local_app(&store, &limits("20/h"), 1, local);
+        let mut after = Vec::new();
+        for _ in 0..13 {
+            after.push(send(&raised, "raised").await);
+        }
+        let admitted = after.iter().filter(|&&s| s == 200).count();
+        assert_eq!(admitted, 12, "{algorithm}: {after:?}");
+        assert_eq!(after[12], 429, "{algorithm}");
+    }
+}
+
 /// A refund whose call missed its deadline may still have run in Redis:
 /// the key's denial here stops answering for Redis, so that the room the
 /// refund made is not denied locally until the denial's retry time; it

@@ -236,8 +236,11 @@ pub trait Store: Send + Sync + 'static {
     /// still remembers it: for a local fallback that takes over while the
     /// store fails, so that the key's use carries over (see
     /// [`PolicyState::seeded`](crate::state::PolicyState::seeded) and
-    /// [`MemoryStore::seed`](crate::MemoryStore::seed)). The default
-    /// remembers nothing.
+    /// [`MemoryStore::seed`](crate::MemoryStore::seed)). A store that
+    /// remembers a decision made under another configuration of the
+    /// policy's name answers it carried over to `policy`
+    /// ([`PolicyState::carry_to`](crate::state::PolicyState::carry_to)), as
+    /// its own state would be. The default remembers nothing.
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {
         let _ = (key, policy);
         None

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 use parking_lot::Mutex;
+use tollgate_core::state::{self, PolicyState};
 use tollgate_core::{Decision, Policy};
 
 /// Shards of the map: every decision is recorded, from every worker
@@ -39,7 +40,8 @@ struct Shard {
 }
 
 struct Known {
-    fingerprint: u64,
+    /// The configuration of the policy the decision was made under.
+    policy: Policy,
     decision: Decision,
     /// Local time (µs) after which every limit of the decision has reset.
     stale_at: u64,
@@ -92,13 +94,15 @@ impl LastKnown {
         let stale_at = now.saturating_add(reset);
         let (mut shard, hash) = self.shard(state_key);
         let held = shard.entries.get_mut(&hash);
-        let same = |k: &&mut Known| k.fingerprint == policy.fingerprint();
-        if refund && held.as_ref().is_none_or(|k| !same(k)) {
+        let same = |k: &Known| k.policy.fingerprint() == policy.fingerprint();
+        if refund && held.as_deref().is_none_or(|k| !same(k)) {
             return;
         }
         if let Some(known) = held {
             // The common case: a key seen before, updated in place.
-            known.fingerprint = policy.fingerprint();
+            if !same(known) {
+                known.policy = policy.clone();
+            }
             known.decision.clone_from(decision);
             known.stale_at = stale_at;
             // No record held may go stale before the time a full shard
@@ -121,7 +125,7 @@ impl LastKnown {
             }
         }
         let known = Known {
-            fingerprint: policy.fingerprint(),
+            policy: policy.clone(),
             decision: decision.clone(),
             stale_at,
         };
@@ -130,12 +134,20 @@ impl LastKnown {
     }
 
     /// The last decision for `state_key` under `policy`, unless every limit
-    /// has reset since local time `now` (µs).
+    /// has reset since local time `now` (µs). A decision made under another
+    /// configuration of the policy (an override set or lifted, a deploy)
+    /// is carried over to `policy`, as Redis carries the key's state: a
+    /// key whose limits changed while Redis fails keeps its use.
     pub(crate) fn get(&self, state_key: &str, policy: &Policy, now: u64) -> Option<Decision> {
         let (shard, hash) = self.shard(state_key);
         let known = shard.entries.get(&hash)?;
-        (known.fingerprint == policy.fingerprint() && known.stale_at > now)
-            .then(|| known.decision.clone())
+        if known.stale_at <= now {
+            return None;
+        }
+        if known.policy.fingerprint() == policy.fingerprint() {
+            return Some(known.decision.clone());
+        }
+        Some(carried(&known.policy, &known.decision, policy))
     }
 
     /// Forgets the decision of `state_key`, whose state was reset.
@@ -143,6 +155,20 @@ impl LastKnown {
         let (mut shard, hash) = self.shard(state_key);
         shard.entries.remove(&hash);
     }
+}
+
+/// `decision`, made under `from`, as Redis would answer a request of no
+/// cost under `to`, another configuration of the policy, at the decision's
+/// time: a key blocked stays blocked until the block's end; the use of
+/// any other carries over ([`PolicyState::carry_to`]).
+fn carried(from: &Policy, decision: &Decision, to: &Policy) -> Decision {
+    let now = decision.now();
+    if decision.is_blocked() {
+        return state::blocked(to, now, decision.reset_at());
+    }
+    let mut state = PolicyState::seeded(from, decision);
+    state.carry_to(to, now);
+    state.decide(to, now, 0)
 }
 
 #[cfg(test)]
@@ -212,20 +238,56 @@ mod tests {
         assert_eq!(held(&known), 1);
     }
 
+    /// A refund's decision under the plan leaves the record of the key's
+    /// own limits as it was (1 of 2 used): carried from the refund's, it
+    /// would read 0 used.
     #[test]
     fn a_refund_refreshes_only_a_record_of_its_own_configuration() {
         let plan = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
         let own = Policy::new("p", Algorithm::Gcra, "2/s").unwrap_or_else(|_| unreachable!());
+        let nothing_used = MemoryStore::new()
+            .try_check_now(&Key::user("k"), &plan, 0)
+            .and_then(Result::ok)
+            .unwrap_or_else(|| unreachable!("the memory store decides at once"));
         let known = LastKnown::new(160);
         known.refresh("k", &plan, &decision(&plan), 0);
         assert_eq!(held(&known), 0);
         known.record("k", &own, &decision(&own), 0);
-        known.refresh("k", &plan, &decision(&plan), 1);
-        assert!(known.get("k", &own, 2).is_some());
-        assert!(known.get("k", &plan, 2).is_none());
+        known.refresh("k", &plan, &nothing_used, 1);
+        let kept = known.get("k", &own, 2).map(|d| d.remaining());
+        assert_eq!(kept, Some(1));
         known.record("k", &plan, &decision(&plan), 3);
         known.refresh("k", &plan, &decision(&plan), 4);
         assert!(known.get("k", &plan, 5).is_some());
+    }
+
+    /// A record made under another configuration of the policy answers
+    /// carried over to the one asked for, as Redis carries the key: 8 of
+    /// 10 a minute used is a debt under 5 a minute, and leaves 12 of 20;
+    /// a blocked key stays blocked until the block's end.
+    #[test]
+    fn a_record_of_another_configuration_is_carried_over() {
+        let of = |limit: &str| {
+            Policy::new("p", Algorithm::FixedWindow, limit).unwrap_or_else(|_| unreachable!())
+        };
+        let (old, lowered, raised) = (of("10/min"), of("5/min"), of("20/min"));
+        let store = MemoryStore::new();
+        let key = Key::user("k");
+        let mut last = None;
+        for _ in 0..8 {
+            last = store.try_check_now(&key, &old, 1).and_then(Result::ok);
+        }
+        let last = last.unwrap_or_else(|| unreachable!("the memory store decides at once"));
+        let known = LastKnown::new(160);
+        known.record("k", &old, &last, 0);
+        let carried = |to: &Policy| known.get("k", to, 1).map(|d| (d.limit(), d.remaining()));
+        assert_eq!(carried(&lowered), Some((5, 0)));
+        assert_eq!(carried(&raised), Some((20, 12)));
+        let until = last.now() + std::time::Duration::from_secs(30);
+        known.record("k", &old, &state::blocked(&old, last.now(), until), 0);
+        let blocked = known.get("k", &raised, 1);
+        let blocked = blocked.map(|d| (d.is_blocked(), d.reset_at(), d.limit()));
+        assert_eq!(blocked, Some((true, until, 20)));
     }
 
     /// A full shard waits, without a scan, until its first entry goes
