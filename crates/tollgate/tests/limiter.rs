@@ -283,3 +283,48 @@ async fn a_family_status_reads_a_key_under_its_own_limits_and_keeps_its_use() {
     assert!(!limiter.check(&key).await.unwrap().is_allowed());
     assert_eq!(limiter.status(&key).await.unwrap().remaining(), 0);
 }
+
+/// A key an operator denies for an hour is told, by a limiter's decision
+/// and its rejection, to come back when the deny ends: `x-ratelimit-reset`
+/// an hour on, as `Retry-After`. It said the quota was back at once, and
+/// a GitHub client, seeing none remaining, came back every second.
+#[tokio::test]
+async fn a_deny_for_an_hour_resets_when_it_ends() {
+    let plan = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+    let overrides = tollgate::MemoryOverrides::new();
+    let key = Key::user("mallory");
+    let deny: tollgate::Override = "deny".parse().unwrap();
+    let hour = Duration::from_secs(3_600);
+    tollgate::OverrideStore::set(&overrides, &key, &plan, deny, Some(hour))
+        .await
+        .unwrap();
+    let limiter = RateLimiter::new(plan).overrides(overrides);
+    let denied = limiter.check(&key).await.unwrap();
+    assert!(!denied.is_allowed());
+    let retry = denied.retry_after().unwrap();
+    assert!(
+        retry > hour - Duration::from_secs(5) && retry <= hour,
+        "{retry:?}"
+    );
+    assert_eq!(denied.reset(), retry);
+    let response = limiter.rejection(&denied, tollgate::HeaderStyle::GitHub);
+    let header = |name: &str| {
+        response.headers()[name]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let now = denied.now().as_secs_ceil();
+    assert!(
+        header("x-ratelimit-reset") >= now + 3_595,
+        "{:?}",
+        response.headers()
+    );
+    assert_eq!(
+        header("x-ratelimit-reset"),
+        (denied.now() + retry).as_secs_ceil()
+    );
+    let secs = retry.as_secs() + u64::from(retry.subsec_nanos() > 0);
+    assert_eq!(header("retry-after"), secs);
+}

@@ -42,10 +42,10 @@ pub(super) fn checked(
                 Some(retry_after) => Outcome::Limited { retry_after },
                 None => Outcome::CostExceedsCapacity { cost, capacity: 0 },
             };
-            let empty =
-                policy.params().iter().enumerate().map(|(i, p)| {
-                    LimitStatus::new(i, p.limit, p.capacity, 0, Duration::ZERO, ends_in)
-                });
+            // Every limit is back, for the key, when the deny ends.
+            let reset = ends_in.unwrap_or(Duration::ZERO);
+            let empty = (policy.params().iter().enumerate())
+                .map(|(i, p)| LimitStatus::new(i, p.limit, p.capacity, 0, reset, ends_in));
             let now = tollgate_core::Clock::now(&tollgate_core::SystemClock);
             Checked::Decided(
                 Decision::new(policy, outcome, now, Duration::ZERO, empty)
