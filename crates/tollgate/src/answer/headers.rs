@@ -9,7 +9,7 @@ use tollgate_core::{Algorithm, Decision, LimitStatus, Policy};
 
 use super::numbers::{SMALL, number};
 use super::prebuilt::{self, Window};
-use super::wait::write_retry_after;
+use super::wait::{retry_after_secs, write_retry_after};
 
 /// `x-ratelimit-limit`: capacity of the binding limit.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -42,7 +42,9 @@ pub enum HeaderStyle {
     /// them, for the binding limit: `x-ratelimit-limit`, `-remaining`,
     /// `-used` (`limit - remaining`), `-reset` and `-resource`. When several
     /// layers limit one route (per IP, then per user), the headers describe
-    /// the one with the fewest requests remaining.
+    /// the one with the fewest requests remaining (of layers left with
+    /// none, the one that stays so the longest), and a refusal's
+    /// `Retry-After` waits until every layer left with none admits again.
     #[default]
     GitHub,
     /// The same as [`HeaderStyle::GitHub`], which sends all five of
@@ -86,6 +88,9 @@ pub(crate) struct Decoration {
     limit: u64,
     remaining: u64,
     reset_secs: u64,
+    /// When this layer admits a request again, in whole seconds rounded
+    /// up, if the decision left its binding limit empty; else 0.
+    empty_for: u32,
     style: HeaderStyle,
     values: Values,
     /// `RateLimit-Policy` and `RateLimit`, when the style sends them: made
@@ -111,10 +116,16 @@ impl Decoration {
             HeaderStyle::None => return None,
         };
         let binding = decision.binding();
+        let empty_for = match binding.remaining() {
+            0 => u32::try_from(retry_after_secs(next_unit(binding, values.drains)))
+                .unwrap_or(u32::MAX),
+            _ => 0,
+        };
         Some(Self {
             limit: binding.capacity(),
             remaining: binding.remaining(),
             reset_secs: (decision.now() + binding.reset()).as_secs_ceil(),
+            empty_for,
             style,
             values: values.clone(),
             ietf,
@@ -123,8 +134,14 @@ impl Decoration {
 
     /// Writes the headers into `headers`. When a nearer layer already wrote
     /// GitHub headers, they are replaced only if this decision leaves fewer
-    /// requests.
+    /// requests, or none as theirs but for longer. A nearer layer's refusal
+    /// (its `Retry-After`) waits at least until this layer, left empty,
+    /// admits a request again: the client would meet this one's refusal
+    /// next.
     pub(crate) fn write(self, headers: &mut HeaderMap) {
+        if self.empty_for > 0 {
+            wait_at_least(headers, u64::from(self.empty_for));
+        }
         let values = &*self.values;
         if let Some(values) = self.ietf {
             // Appended: stacked layers each add their items, and field
@@ -152,12 +169,18 @@ impl Decoration {
         // which hashes the name byte by byte: a response holds few headers,
         // and most names differ from this one in length.
         // A nearer layer's figure that cannot be read is replaced.
-        let nearer = headers
-            .iter()
-            .find(|(name, _)| **name == X_RATELIMIT_REMAINING)
-            .and_then(|(_, value)| value.to_str().ok()?.parse::<u64>().ok());
-        if nearer.is_some_and(|nearer| nearer <= self.remaining) {
-            return;
+        let figure = |headers: &HeaderMap, header: &HeaderName| {
+            let (_, value) = headers.iter().find(|(name, _)| *name == header)?;
+            value.to_str().ok()?.parse::<u64>().ok()
+        };
+        if let Some(nearer) = figure(headers, &X_RATELIMIT_REMAINING) {
+            // Of two layers left empty, the one empty for longer binds.
+            let longer =
+                || figure(headers, &X_RATELIMIT_RESET).is_none_or(|reset| reset < self.reset_secs);
+            let fewer = nearer > self.remaining || (nearer == 0 && self.remaining == 0 && longer());
+            if !fewer {
+                return;
+            }
         }
         // In GitHub's order.
         headers.insert(X_RATELIMIT_LIMIT, values.limit(self.limit));
@@ -171,6 +194,16 @@ impl Decoration {
         if let Some(name) = &values.name {
             headers.insert(X_RATELIMIT_RESOURCE, name.clone());
         }
+    }
+}
+
+/// Raises the `Retry-After` of a refusal in `headers`, if any, to `secs`
+/// (one that is not a number of seconds, a date the app set, is left).
+fn wait_at_least(headers: &mut HeaderMap, secs: u64) {
+    let told = headers.get(http::header::RETRY_AFTER);
+    let told = told.and_then(|t| t.to_str().ok()?.parse::<u64>().ok());
+    if told.is_some_and(|told| told < secs) {
+        headers.insert(http::header::RETRY_AFTER, number(secs));
     }
 }
 

@@ -240,6 +240,39 @@ async fn stacked_layers_report_the_one_with_fewest_requests_left() {
     assert_eq!(headers(&res), ["user-4", "4", "3", "1"]);
 }
 
+/// A refusal by the inner layer while the outer one is left empty tells
+/// the client the outer layer's later time: the outer one (2 a minute,
+/// per IP) would refuse it when the inner one (1 in 10 s, per user) is back.
+/// It was told the inner layer's 10 s, and met the outer's refusal then.
+#[tokio::test]
+async fn a_refusal_waits_for_an_outer_layer_left_empty() {
+    let (clock, store) = clock_and_store();
+    let layer = |name: &str, limit: &str| {
+        let policy = Policy::new(name, Algorithm::FixedWindow, limit).unwrap();
+        RateLimitLayer::new(policy, GlobalKey).store(store.clone())
+    };
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer("user-1", "1/10s"))
+        .layer(layer("ip-2", "2/min"));
+    // The clock starts a minute, and a 10 s window.
+    let start = super::T0;
+    assert_eq!(start % 60, 0);
+    assert_eq!(app.clone().oneshot(get_root()).await.unwrap().status(), 200);
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let reset = (start + 60).to_string();
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+    assert_eq!(header(&res, "x-ratelimit-resource"), Some("ip-2"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some(reset.as_str()));
+    // Told the truth: refused at 10 s, as the header says, admitted at 60.
+    clock.advance(Duration::from_secs(10));
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(Duration::from_secs(50));
+    assert_eq!(app.oneshot(get_root()).await.unwrap().status(), 200);
+}
+
 #[tokio::test]
 async fn ietf_draft_headers_list_every_limit() {
     let (clock, store) = clock_and_store();
