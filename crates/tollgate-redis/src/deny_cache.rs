@@ -108,18 +108,27 @@ struct Entry {
     exact: bool,
     epoch: u64,
     sent_at: u64,
+    /// When the denial came back: the wait it tells counts from then.
+    received_at: u64,
     until: u64,
     decision: Decision,
 }
 
 impl Entry {
     /// The denial as it stands at local time `now` (µs), before `until`.
+    /// Its wait counts from when it came back: Redis measured it at some
+    /// instant between the call's sending and then, so a wait counted from
+    /// the sending would be early by the queue and the round trip, and a
+    /// client would come back to a second refusal.
     fn at(&self, policy: &Policy, now: u64) -> Decision {
+        let elapsed = now.saturating_sub(self.received_at);
+        let wait = self.until - self.sent_at;
+        let told_until = self.received_at.max(self.sent_at).saturating_add(wait);
         shift(
             policy,
             &self.decision,
-            now.saturating_sub(self.sent_at),
-            self.until - now,
+            elapsed,
+            told_until.saturating_sub(now),
         )
     }
 }
@@ -180,7 +189,10 @@ impl DenyCache {
     }
 
     /// Remembers `decision`, a denial of `cost` for a call sent at local
-    /// time `sent_at` (µs).
+    /// time `sent_at` (µs) and answered at `received_at`. The denial stops
+    /// answering at `sent_at` plus its wait, so that it never denies what
+    /// Redis would admit; the wait it tells counts from `received_at`, so
+    /// that a client told it never comes back before Redis would admit it.
     ///
     /// `sent` is what [`DenyCache::sent`] said of the key when the decision
     /// was sent: if the key was reset or blocked since, the decision may
@@ -193,7 +205,7 @@ impl DenyCache {
         state_key: &str,
         policy: &Policy,
         cost: u64,
-        (sent_at, sent): (u64, Sent),
+        (sent_at, received_at, sent): (u64, u64, Sent),
         decision: &Decision,
     ) {
         let Some(retry) = decision.retry_after() else {
@@ -242,6 +254,7 @@ impl DenyCache {
                 exact: cacheable(policy, cost),
                 epoch: sent.epoch,
                 sent_at,
+                received_at,
                 until,
                 decision: decision.clone(),
             },
@@ -386,6 +399,27 @@ mod tests {
         matches!(cache.lookup(key, policy, 1, now), Cached::Denial(_))
     }
 
+    /// A cached denial tells a wait counted from when its reply came back,
+    /// not from when its call was sent: Redis measured it in between, and
+    /// counted from the sending it was early by the queue and the round
+    /// trip (300 ms here), so a client came back to a second refusal. It
+    /// still stops answering for Redis a wait after the sending.
+    #[test]
+    fn a_cached_denial_tells_its_wait_from_its_reply() {
+        let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
+        let denied = denial(&policy);
+        let hour: u64 = 3_600_000_000;
+        let cache = DenyCache::new(10);
+        cache.insert("k", &policy, 1, (0, 300_000, cache.sent("k")), &denied);
+        let Cached::Denial(cached) = cache.lookup("k", &policy, 1, 500_000) else {
+            panic!("a denial answers within a second of its call");
+        };
+        let told = cached.retry_after().map(|r| r.as_micros());
+        assert_eq!(told, Some(u128::from(hour + 300_000 - 500_000)));
+        assert!(cache.lookup_on_failure("k", &policy, 1, hour - 1).is_some());
+        assert!(cache.lookup_on_failure("k", &policy, 1, hour).is_none());
+    }
+
     /// A denial decided while a key was reset (its reply on its way when
     /// the reset removed the key's denial) is not taken in: it may be of
     /// the state before the reset, and would deny the key here until it
@@ -395,11 +429,11 @@ mod tests {
         let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
         let denied = denial(&policy);
         let cache = DenyCache::new(10);
-        let sent = (10, cache.sent("k"));
+        let sent = (10, 10, cache.sent("k"));
         cache.remove("k");
         cache.insert("k", &policy, 1, sent, &denied);
         assert!(!answers(&cache, "k", &policy, 20));
-        cache.insert("k", &policy, 1, (30, cache.sent("k")), &denied);
+        cache.insert("k", &policy, 1, (30, 30, cache.sent("k")), &denied);
         assert!(answers(&cache, "k", &policy, 40));
     }
 
@@ -413,7 +447,7 @@ mod tests {
         let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
         let denied = denial(&policy);
         let cache = DenyCache::new(10);
-        let sent = (10, cache.sent("k"));
+        let sent = (10, 10, cache.sent("k"));
         cache.forget();
         cache.insert("k", &policy, 1, sent, &denied);
         assert!(matches!(
@@ -421,7 +455,7 @@ mod tests {
             Cached::Standing
         ));
         assert!(cache.lookup_on_failure("k", &policy, 1, 20).is_some());
-        cache.insert("k", &policy, 1, (30, cache.sent("k")), &denied);
+        cache.insert("k", &policy, 1, (30, 30, cache.sent("k")), &denied);
         assert!(answers(&cache, "k", &policy, 40));
     }
 
@@ -433,7 +467,7 @@ mod tests {
         let policy = Policy::new("api", Algorithm::Gcra, "1/h").unwrap();
         let denied = denial(&policy);
         let cache = DenyCache::new(10);
-        let sent = (10, cache.sent("k"));
+        let sent = (10, 10, cache.sent("k"));
         let others: Vec<String> = (0..1_000).map(|i| format!("other-{i}")).collect();
         let elsewhere: Vec<&String> = others.iter().filter(|o| stripe(o) != stripe("k")).collect();
         // The stripes spread keys: about 1 in 64 shares k's.
@@ -447,7 +481,7 @@ mod tests {
         // would.
         let same = others.iter().find(|o| stripe(o) == stripe("k")).unwrap();
         cache.remove("k");
-        let sent = (30, cache.sent("k"));
+        let sent = (30, 30, cache.sent("k"));
         cache.remove(same);
         cache.insert("k", &policy, 1, sent, &denied);
         assert!(!answers(&cache, "k", &policy, 40));
@@ -469,18 +503,30 @@ mod tests {
                 &format!("k{i}"),
                 &policy,
                 1,
-                (sent_at, cache.sent(&format!("k{i}"))),
+                (sent_at, sent_at, cache.sent(&format!("k{i}"))),
                 &denied,
             );
         }
         assert_eq!(cache.len(), 3);
         // Every denial in force: turned away, again and again.
         for sent_at in [30, 40, retry - 1] {
-            cache.insert("new", &policy, 1, (sent_at, cache.sent("new")), &denied);
+            cache.insert(
+                "new",
+                &policy,
+                1,
+                (sent_at, sent_at, cache.sent("new")),
+                &denied,
+            );
             assert!(!answers(&cache, "new", &policy, sent_at));
         }
         // k0's denial ended at `retry`: its room goes to the new key.
-        cache.insert("new", &policy, 1, (retry, cache.sent("new")), &denied);
+        cache.insert(
+            "new",
+            &policy,
+            1,
+            (retry, retry, cache.sent("new")),
+            &denied,
+        );
         assert!(answers(&cache, "new", &policy, retry));
         assert_eq!(cache.len(), 3);
         // Full again until k1's denial ends; a reset of k2 makes room.
@@ -488,7 +534,7 @@ mod tests {
             "other",
             &policy,
             1,
-            (retry + 1, cache.sent("other")),
+            (retry + 1, retry + 1, cache.sent("other")),
             &denied,
         );
         assert!(!answers(&cache, "other", &policy, retry + 1));
@@ -497,15 +543,21 @@ mod tests {
             "other",
             &policy,
             1,
-            (retry + 2, cache.sent("other")),
+            (retry + 2, retry + 2, cache.sent("other")),
             &denied,
         );
         assert!(answers(&cache, "other", &policy, retry + 2));
         // Full again. A denial that ends sooner than every other, put in
         // k1's place (its key denied anew, as by a clock behind the
         // others): once it ends, its room is taken before k1's old end.
-        cache.insert("k1", &policy, 1, (0, cache.sent("k1")), &denied);
-        cache.insert("late", &policy, 1, (retry + 3, cache.sent("late")), &denied);
+        cache.insert("k1", &policy, 1, (0, 0, cache.sent("k1")), &denied);
+        cache.insert(
+            "late",
+            &policy,
+            1,
+            (retry + 3, retry + 3, cache.sent("late")),
+            &denied,
+        );
         assert!(answers(&cache, "late", &policy, retry + 3));
     }
 }

@@ -75,9 +75,13 @@ impl<C: RedisConnection> RedisStore<C> {
                         inner.deny_cache.admitted(&state_key, cost, sent_at);
                     }
                 } else {
-                    inner
-                        .deny_cache
-                        .insert(&state_key, policy, cost, (sent_at, sent), &decision);
+                    inner.deny_cache.insert(
+                        &state_key,
+                        policy,
+                        cost,
+                        (sent_at, inner.local_now(), sent),
+                        &decision,
+                    );
                 }
                 inner
                     .last_known
