@@ -550,3 +550,50 @@ async fn a_refund_of_a_request_spent_from_a_lease_granted_before_a_reset_gives_n
         assert_eq!(status.remaining(), 900, "{algorithm:?}: no refund landed");
     }
 }
+
+/// A charge of a request spent from a lease is paid from the units the
+/// key's leases still hold, which the store counted at their grant, and
+/// only the rest goes to the store, so that the debt the charge leaves
+/// holds at once. The store was charged in full, and the key went on
+/// being admitted from its lease through its debt.
+#[tokio::test]
+async fn a_charge_is_paid_from_the_keys_leases_first() {
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ] {
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let (redis, leased) = leases_on("lease-charge", &clock).await;
+        let policy = Policy::new("charged", algorithm, "1000/s").unwrap();
+        let key = Key::user("ada");
+        take_a_lease(&leased, &clock, &key, &policy).await;
+        let spent = leased.check(&key, &policy, 1).await.unwrap();
+        leased.wait_for_grants().await;
+        let (_, unspent) = leased.outstanding();
+        assert!(unspent >= 10, "{algorithm:?}: a lease of {unspent} units");
+        let before = redis.status(&key, &policy).await.unwrap().remaining();
+        // The request cost 10 more than it reserved: paid by the lease.
+        let settled = leased.settle(&key, &policy, Settlement::of(&spent, 1, 11));
+        settled.await.unwrap();
+        assert_eq!(leased.outstanding().1, unspent - 10, "{algorithm:?}");
+        let after = redis.status(&key, &policy).await.unwrap().remaining();
+        assert_eq!(after, before, "{algorithm:?}: the store was not charged");
+        // Then one that cost 500 more than the lease holds.
+        let spent = leased.check(&key, &policy, 1).await.unwrap();
+        leased.wait_for_grants().await;
+        let before = redis.status(&key, &policy).await.unwrap().remaining();
+        let left = leased.outstanding().1;
+        let charge = left + 500;
+        let settled = leased.settle(&key, &policy, Settlement::of(&spent, 1, 1 + charge));
+        settled.await.unwrap();
+        assert_eq!(leased.outstanding().1, 0, "{algorithm:?}");
+        let after = redis.status(&key, &policy).await.unwrap().remaining();
+        assert_eq!(
+            after,
+            before - 500,
+            "{algorithm:?}: the store charged the rest"
+        );
+    }
+}

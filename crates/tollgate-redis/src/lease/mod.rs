@@ -76,6 +76,14 @@ use telemetry::{Call, LeaseMetrics};
 /// before the requests that used them; a leaky bucket delays each request
 /// by when it comes.
 ///
+/// **Settlements.** A [`Settlement`](tollgate_core::Settlement) charge
+/// (a request that cost more than it reserved) is paid first from the
+/// units this instance's leases of the key still hold, which the store
+/// counted at their grant, and only the rest goes to the store: a charge
+/// past what the leases hold leaves them empty, so the key's next request
+/// meets its debt in the store, as without leases. (Another instance's
+/// leases of the key are spent to their end.)
+///
 /// **Refunds.** A [`Settlement`](tollgate_core::Settlement) refund goes
 /// to the store as without leases. Of GCRA or a token bucket with one
 /// limit, it also shortens the backlog the key's grants left there, so a

@@ -232,10 +232,11 @@ impl<S: Store> Store for LeasedStore<S> {
         self.shared.store.status(key, policy)
     }
 
-    /// A refund of a key whose leases drain (see [`LeasedStore`],
-    /// "Refunds") is counted against the key's leases before it goes to
-    /// the store: there it shortens the backlog their grants left, and
-    /// they give back that much less.
+    /// A charge is paid first from this instance's leases of the key (see
+    /// [`LeasedStore`], "Settlements"), and the rest goes to the store. A
+    /// refund of a key whose leases drain ("Refunds") is counted against
+    /// the key's leases before it goes to the store: there it shortens the
+    /// backlog their grants left, and they give back that much less.
     async fn settle(
         &self,
         key: &Key,
@@ -243,6 +244,27 @@ impl<S: Store> Store for LeasedStore<S> {
         settlement: Settlement,
     ) -> Result<Decision, StoreError> {
         let shared = &self.shared;
+        let charge = settlement.charge();
+        if charge > 0 && Leasing::of(policy).leases() {
+            let hash = shared.table.hash(key, policy);
+            let now = shared.now();
+            let (taken, told) = {
+                let mut shard = shared.table.shard(hash);
+                let entry = shard.get_mut(&hash);
+                let entry = entry.filter(|e| e.fingerprint == policy.fingerprint());
+                entry.map_or((0, None), |entry| entry.charge(charge, now))
+            };
+            if let (true, Some(told)) = (taken == charge, told) {
+                return Ok(told);
+            }
+            let rest = Settlement::new(
+                settlement.reserved(),
+                settlement.actual() - taken,
+                settlement.reserved_at(),
+            );
+            let rest = rest.with_decided_by(settlement.decided_by());
+            return shared.store.settle(key, policy, rest).await;
+        }
         let refund = settlement.refund();
         if refund == 0 || !Leasing::of(policy).leases() || !table::drains(policy) {
             return shared.store.settle(key, policy, settlement).await;

@@ -173,6 +173,26 @@ impl Entry {
         None
     }
 
+    /// Takes up to `units` at `now` from the current lease, then from the
+    /// next, for a settlement's charge: units the store counted at their
+    /// grant pay for it, so that no later request spends them, and the
+    /// store is charged only the rest. How many it took, and what the
+    /// lease it took from last tells of the key.
+    pub(crate) fn charge(&mut self, units: u64, now: u64) -> (u64, Option<Decision>) {
+        let mut taken = 0;
+        let mut told = None;
+        for lease in [&mut self.lease, &mut self.next].into_iter().flatten() {
+            if taken == units {
+                break;
+            }
+            if let Some((took, decision)) = lease.charge(units - taken, now) {
+                taken += took;
+                told = Some(decision);
+            }
+        }
+        (taken, told)
+    }
+
     /// When neither lease could serve `cost` at `now` (see [`Self::spend`])
     /// and the current one ended or holds too little while the next one
     /// can: hands the current one to `ended`, to give back what it holds,

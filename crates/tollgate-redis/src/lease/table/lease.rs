@@ -41,10 +41,22 @@ impl Lease {
     /// time `now`: what the store said at the grant, plus the units this
     /// lease still holds, with reset times counted down since.
     pub(crate) fn spend(&mut self, cost: u64, now: u64) -> Decision {
+        self.take(cost, now);
+        self.status(now).with_cost(cost)
+    }
+
+    /// Takes `units` of the lease at local time `now`, as spent.
+    fn take(&mut self, units: u64, now: u64) {
         if self.left == self.granted {
-            (self.began, self.first) = (now, cost);
+            (self.began, self.first) = (now, units);
         }
-        self.left -= cost;
+        self.left -= units;
+    }
+
+    /// What the lease tells of the key at local time `now`: what the store
+    /// said at the grant, plus the units the lease still holds, with reset
+    /// times counted down since.
+    fn status(&self, now: u64) -> Decision {
         let elapsed = now.saturating_sub(self.sent);
         let statuses = self.base.limits().iter().map(|s| {
             LimitStatus::new(
@@ -64,13 +76,24 @@ impl Lease {
             Duration::ZERO,
             statuses,
         )
-        .with_cost(cost)
         // The store counted these units at the grant: a settlement is
         // reserved then, and a reset or block since fences its refund.
         .with_reserved_at(self.base.now())
         // Spent from the units of whoever granted them: a lease a local
         // fallback granted is settled there, not in the store behind it.
         .with_decided_by(self.base.decided_by())
+    }
+
+    /// Takes up to `units` of the lease at local time `now`, for a
+    /// settlement's charge, if it is still spent: how many it took, and
+    /// what it tells of the key then.
+    pub(crate) fn charge(&mut self, units: u64, now: u64) -> Option<(u64, Decision)> {
+        if self.expires <= now || self.left == 0 {
+            return None;
+        }
+        let taken = units.min(self.left);
+        self.take(taken, now);
+        Some((taken, self.status(now)))
     }
 
     /// The size of the lease after this one at `now`, when a request of
