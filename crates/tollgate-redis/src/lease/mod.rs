@@ -111,7 +111,10 @@ use telemetry::{Call, LeaseMetrics};
 ///
 /// **Resets and blocks are fenced.** Once [`Store::reset`] or
 /// [`Store::block`] through a `LeasedStore` returns, no instance admits
-/// from a lease granted before it. The key is reset or blocked in the
+/// from a lease granted before it. One whose caller goes away before it
+/// returns (a timeout, a client gone) runs to its end all the same, on
+/// the runtime, so that a reset or block the store made ends the leases
+/// too. The key is reset or blocked in the
 /// store first; then an invalidation goes out on a Redis channel, and the
 /// call waits until every subscribed instance has dropped its leases of
 /// the key and said so. A grant sent before an instance heard the

@@ -74,6 +74,24 @@ impl<S: Store> LeasedStore<S> {
     }
 }
 
+/// Runs `operation` to its end on the current runtime, whether or not its
+/// caller waits for it: a reset or block the caller gave up on (a
+/// timeout, a client gone) may have acted in the store already, and every
+/// instance's leases of the key must end all the same. Outside a runtime,
+/// it runs in the caller's future.
+async fn to_the_end(
+    operation: impl Future<Output = Result<(), StoreError>> + Send + 'static,
+) -> Result<(), StoreError> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return operation.await;
+    };
+    match runtime.spawn(operation).await {
+        Ok(done) => done,
+        // Its runtime shut down, or it panicked.
+        Err(error) => Err(StoreError::backend(error)),
+    }
+}
+
 impl<S: Store> Store for LeasedStore<S> {
     fn try_check_now(
         &self,
@@ -287,22 +305,32 @@ impl<S: Store> Store for LeasedStore<S> {
     }
 
     /// Resets the key in the store, then ends every instance's lease of
-    /// it (see [`LeasedStore`]'s fence).
+    /// it (see [`LeasedStore`]'s fence), to the end even if the caller
+    /// goes away.
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        let done = self.shared.store.reset(key, policy).await;
-        self.invalidate_after(done, key, policy).await
+        let (this, key, policy) = (self.clone(), key.clone(), policy.clone());
+        to_the_end(async move {
+            let done = this.shared.store.reset(&key, &policy).await;
+            this.invalidate_after(done, &key, &policy).await
+        })
+        .await
     }
 
     /// Blocks the key in the store, then ends every instance's lease of
-    /// it (see [`LeasedStore`]'s fence).
+    /// it (see [`LeasedStore`]'s fence), to the end even if the caller
+    /// goes away.
     async fn block(
         &self,
         key: &Key,
         policy: &Policy,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        let done = self.shared.store.block(key, policy, duration).await;
-        self.invalidate_after(done, key, policy).await
+        let (this, key, policy) = (self.clone(), key.clone(), policy.clone());
+        to_the_end(async move {
+            let done = this.shared.store.block(&key, &policy, duration).await;
+            this.invalidate_after(done, &key, &policy).await
+        })
+        .await
     }
 
     fn last_known(&self, key: &Key, policy: &Policy) -> Option<Decision> {

@@ -24,11 +24,17 @@ struct Recording {
     /// While set, a reset or block acts, then answers a timeout (as a
     /// reply lost after Redis ran the script).
     late: Arc<AtomicBool>,
+    /// While set, a reset or block acts, then answers half a second later.
+    slow: Arc<AtomicBool>,
 }
 
 impl Recording {
-    /// `done`, or a timeout after it while `late` is set.
-    fn answered(&self, done: Result<(), StoreError>) -> Result<(), StoreError> {
+    /// `done`, or a timeout after it while `late` is set; half a second
+    /// later while `slow` is.
+    async fn answered(&self, done: Result<(), StoreError>) -> Result<(), StoreError> {
+        if self.slow.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         match self.late.load(Ordering::SeqCst) {
             true => done.and(Err(StoreError::Timeout(Duration::from_millis(50)))),
             false => done,
@@ -46,7 +52,7 @@ impl Store for Recording {
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
         let done = self.store.reset(key, policy).await;
-        self.answered(done)
+        self.answered(done).await
     }
 
     async fn settle(
@@ -65,7 +71,7 @@ impl Store for Recording {
         duration: Duration,
     ) -> Result<(), StoreError> {
         let done = self.store.block(key, policy, duration).await;
-        self.answered(done)
+        self.answered(done).await
     }
 }
 
@@ -76,6 +82,7 @@ struct Setup {
     clock: FakeClock,
     grants: Arc<Mutex<Vec<(Instant, u64)>>>,
     late: Arc<AtomicBool>,
+    slow: Arc<AtomicBool>,
     policy: Policy,
 }
 
@@ -83,6 +90,7 @@ async fn setup() -> Setup {
     let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
     let grants = Arc::new(Mutex::new(Vec::new()));
     let late = Arc::new(AtomicBool::new(false));
+    let slow = Arc::new(AtomicBool::new(false));
     let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let store = LeasedStoreBuilder::default()
         .interval(INTERVAL)
@@ -92,6 +100,7 @@ async fn setup() -> Setup {
                 store: memory,
                 grants: Arc::clone(&grants),
                 late: Arc::clone(&late),
+                slow: Arc::clone(&slow),
             },
             Quiet,
         )
@@ -102,6 +111,7 @@ async fn setup() -> Setup {
         clock,
         grants,
         late,
+        slow,
         policy: Policy::new("api", Algorithm::Gcra, "100000/s").unwrap(),
     }
 }
@@ -485,5 +495,47 @@ async fn a_reset_or_block_that_times_out_after_acting_ends_the_keys_leases() {
             let decision = s.store.check(&key, &s.policy, 1).await.unwrap();
             assert!(decision.is_blocked(), "{decision:?}");
         }
+    }
+}
+
+/// A reset or block whose caller gives up while the store acts (a
+/// timeout, a client gone) still ends the key's leases on every instance
+/// once the store has acted: it runs to its end. Dropped with its caller,
+/// it acted in the store and ended no lease, and leases granted before
+/// it were spent after it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_reset_or_block_its_caller_gave_up_on_still_ends_the_keys_leases() {
+    let s = setup().await;
+    let generation = || s.store.shared.bus.generation.load(Ordering::SeqCst);
+    for blocking in [false, true] {
+        let key = Key::user(format!("given-up-{blocking}"));
+        s.to_the_ahead_ask(&key).await;
+        let before = generation();
+        s.slow.store(true, Ordering::SeqCst);
+        let operation = async {
+            match blocking {
+                true => {
+                    s.store
+                        .block(&key, &s.policy, Duration::from_secs(60))
+                        .await
+                }
+                false => s.store.reset(&key, &s.policy).await,
+            }
+        };
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), operation).await;
+        assert!(gave_up.is_err(), "blocking: {blocking}");
+        assert_eq!(generation(), before, "the store has not answered yet");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        s.slow.store(false, Ordering::SeqCst);
+        assert!(generation() > before, "blocking: {blocking}");
+        let hash = s.store.shared.table.hash(&key, &s.policy);
+        let leased = s
+            .store
+            .shared
+            .table
+            .shard(hash)
+            .get(&hash)
+            .map(|e| e.lease.is_some());
+        assert_ne!(leased, Some(true), "blocking: {blocking}");
     }
 }
