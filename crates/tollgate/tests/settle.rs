@@ -325,3 +325,76 @@ async fn a_settlement_reaches_the_fallback_of_the_store_the_layer_was_given() {
     let app = tokens_app(layer);
     reserved_locally_settled_there(&app, &shared, &inner_local, &policy).await;
 }
+
+/// A memory store whose settlements act at once and answer a second
+/// later (a slow reply).
+#[derive(Clone)]
+struct SlowToAnswer(MemoryStore);
+
+impl Store for SlowToAnswer {
+    async fn check(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<tollgate::Decision, tollgate::StoreError> {
+        self.0.check(key, policy, cost).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: tollgate::Settlement,
+    ) -> Result<tollgate::Decision, tollgate::StoreError> {
+        let settled = self.0.settle(key, policy, settlement).await;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        settled
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), tollgate::StoreError> {
+        self.0.reset(key, policy).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: std::time::Duration,
+    ) -> Result<(), tollgate::StoreError> {
+        self.0.block(key, policy, duration).await
+    }
+}
+
+/// A response dropped while its settlement is on its way (its client
+/// gone, or a timeout) is settled all the same, and a usage ledger
+/// records the settlement: it recorded the 500 reserved where the limit
+/// counted the 412 used, for good.
+#[tokio::test(start_paused = true)]
+async fn a_settlement_whose_response_is_dropped_is_recorded_all_the_same() {
+    use tollgate::ledger::{Granularity, Ledger, MemoryLedger, MeteredStore, UsageQuery};
+    let memory = store();
+    let metered = MeteredStore::new(SlowToAnswer(memory.clone()), MemoryLedger::new());
+    let policy = Policy::new("tokens", Algorithm::Gcra, "1000/min").unwrap();
+    let layer = RateLimitLayer::new(policy.clone(), GlobalKey)
+        .store(metered.clone())
+        .cost(500)
+        .settle(Settle::actual_cost());
+    let app = tokens_app(layer);
+    let request = app.oneshot(complete(412));
+    let dropped = tokio::time::timeout(std::time::Duration::from_millis(100), request).await;
+    assert!(dropped.is_err(), "dropped while settling");
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let used = memory.status(&Key::global(), &policy).await.unwrap();
+    assert_eq!(used.used(), 412);
+    let (from, to) = (
+        Timestamp::from_secs(T0 - 86_400),
+        Timestamp::from_secs(T0 + 86_400),
+    );
+    let query = UsageQuery::new(Granularity::Day, from, to).unwrap();
+    let usage = metered
+        .ledger()
+        .usage(&Key::global(), "tokens", query)
+        .await;
+    assert_eq!(usage.unwrap().total(), 412);
+}

@@ -136,6 +136,12 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// [`FailureMode::Local`](crate::FailureMode::Local)) is settled there,
     /// never in the shared store, which did not charge it.
     ///
+    /// A settlement under way runs to its end even if the response is
+    /// dropped (its client went away, or a timeout), so that a usage
+    /// ledger records what the store settled. A request whose response
+    /// never came (dropped before it, or the inner service failed) is not
+    /// settled: its reservation stands.
+    ///
     /// Tokens of an LLM call, known when the handler is done: reserve an
     /// estimate, and let the handler report the real count with
     /// [`ActualCost`](crate::ActualCost).

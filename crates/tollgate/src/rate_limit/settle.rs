@@ -142,8 +142,22 @@ impl Settling {
     }
 
     /// The settlement of a response with `status` and `extensions`, if one
-    /// is due.
+    /// is due: on its way to its end on the runtime, whether or not the
+    /// response is still awaited. A client gone, or a timeout, while it
+    /// is on its way would drop it after the store may have settled, and
+    /// before a usage ledger recorded it (`MeteredStore`): the ledger would
+    /// keep the reservation where the limit counts the actual cost.
     pub(crate) fn start(self, status: StatusCode, extensions: &Extensions) -> Option<Settled> {
-        (self.call)(self.reservation, self.reserved, status, extensions)
+        let settled = (self.call)(self.reservation, self.reserved, status, extensions)?;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Some(settled);
+        };
+        let settling = runtime.spawn(settled);
+        Some(Box::pin(async move {
+            // Its runtime shut down, or it panicked.
+            settling
+                .await
+                .unwrap_or_else(|error| Err(StoreError::backend(error)))
+        }))
     }
 }
