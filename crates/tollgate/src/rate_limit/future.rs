@@ -206,13 +206,13 @@ where
             StateProj::Delaying {
                 sleep,
                 call,
-                finish,
+                delayed,
             } => {
                 ready!(sleep.as_mut().poll(cx));
                 let next = match call.take() {
                     Some(call) => State::Calling {
                         future: call(),
-                        finish: finish.take(),
+                        finish: delayed.over(),
                     },
                     None => State::Responding { response: None },
                 };
