@@ -346,7 +346,7 @@ async fn a_small_pool_under_load_never_waits_past_its_bounds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readonly_and_oom_are_unavailable_and_health_checks_run_the_script() {
+async fn readonly_oom_and_noreplicas_are_unavailable_and_health_checks_run_the_script() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut server = RedisServer::spawn();
     let store = store(&server).await;
@@ -423,6 +423,33 @@ async fn readonly_and_oom_are_unavailable_and_health_checks_run_the_script() {
         .query(&mut con)
         .unwrap();
     assert!(store.decide(&Key::user("o"), &policy, 1).await.is_ok());
+
+    // Too few replicas for `min-replicas-to-write` (a master cut off from
+    // its replicas, as Sentinel's guard against a split brain has it):
+    // writes are refused with NOREPLICAS before any is made. It was a bare
+    // Redis error, taken for one that may have acted.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    match store.decide(&Key::user("n"), &policy, 1).await {
+        Err(RedisStoreError::Unavailable { code, .. }) => assert_eq!(code, "NOREPLICAS"),
+        other => panic!("expected NOREPLICAS, got {other:?}"),
+    }
+    let released = slot_store
+        .release(&Key::user("r"), &slots, 7)
+        .await
+        .unwrap_err();
+    assert!(!released.may_have_acted(), "{released:?}");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    assert!(store.decide(&Key::user("n"), &policy, 1).await.is_ok());
 
     assert!(store.health_check().await.is_ok());
     // A dead server fails it too.

@@ -207,7 +207,11 @@ fn failure_of(error: &redis::RedisError) -> &'static str {
 }
 
 /// Error codes after which the connection reaches the wrong server or
-/// Redis cannot serve for now.
+/// Redis cannot serve for now. Redis refuses with each before the call, or
+/// a script's first write, makes a change: too few replicas for
+/// `min-replicas-to-write` (`NOREPLICAS`, a master cut off from its
+/// replicas) and a failed save under `stop-writes-on-bgsave-error`
+/// (`MISCONF`) as memory at its limit (`OOM`) does.
 const UNAVAILABLE: &[&str] = &[
     "READONLY",
     "MASTERDOWN",
@@ -215,6 +219,8 @@ const UNAVAILABLE: &[&str] = &[
     "CLUSTERDOWN",
     "TRYAGAIN",
     "OOM",
+    "NOREPLICAS",
+    "MISCONF",
 ];
 
 /// Classifies a Redis error: `Unavailable` for the codes above.

@@ -222,13 +222,18 @@ async fn master_of(
     ConnectionManager::new_with_config(client, config.clone()).await
 }
 
-/// Whether `error` says the master is gone or no longer the master.
+/// Whether `error` says the master is gone or no longer the master: also
+/// `NOREPLICAS`, of a master cut off from its replicas, which the
+/// sentinels may have replaced.
 fn master_lost(error: &RedisError) -> bool {
     error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
         || error.is_timeout()
-        || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+        || matches!(
+            error.code(),
+            Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOREPLICAS")
+        )
 }
 
 impl RedisConnection for SentinelConnection {
