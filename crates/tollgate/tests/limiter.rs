@@ -134,43 +134,6 @@ async fn until_ready_includes_the_shaping_delay() {
     assert_eq!(start.elapsed(), Duration::from_millis(500));
 }
 
-/// A wait dropped while its leaky bucket's delay runs (its caller went
-/// away, a timeout) gives its place in the queue back, and so does one
-/// that gives up because its delay is longer than its wait allows: the
-/// next caller waits its own delay. Their places were kept, and every
-/// later caller waited for them too.
-#[tokio::test(start_paused = true)]
-async fn a_wait_dropped_or_given_up_in_its_delay_gives_its_place_back() {
-    let limiter = limiter(Policy::new("shape", Algorithm::LeakyBucket, "2/s").unwrap());
-    let key = Key::custom("q");
-    let start = Instant::now();
-    limiter
-        .until_ready(&key, Duration::from_secs(1))
-        .await
-        .unwrap();
-    // Held 500 ms; dropped after 100.
-    let dropped = tokio::time::timeout(
-        Duration::from_millis(100),
-        limiter.until_ready(&key, Duration::from_secs(1)),
-    );
-    assert!(dropped.await.is_err());
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
-    // Would be held 400 ms more: more than its 300 ms allow.
-    let too_long = limiter.until_ready(&key, Duration::from_millis(300)).await;
-    assert!(
-        matches!(too_long, Err(tollgate::WaitError::TooLong { .. })),
-        "{too_long:?}"
-    );
-    // The next one takes their place: admitted 500 ms after the start.
-    limiter
-        .until_ready(&key, Duration::from_secs(1))
-        .await
-        .unwrap();
-    assert_eq!(start.elapsed(), Duration::from_millis(500));
-}
-
 /// The fallback's share follows the instance count while the limiter
 /// runs: a store with room for one key fails every other, and each new
 /// key is decided locally with the limit divided by the count of now.

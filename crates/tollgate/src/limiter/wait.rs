@@ -25,8 +25,8 @@ pub enum WaitError {
         capacity: u64,
     },
     /// Admission would come later than the maximum wait allows. Nothing was
-    /// consumed: a leaky bucket's place in its queue, taken for a delay
-    /// longer than the wait allows, is given back.
+    /// consumed, except for a leaky bucket, whose admission comes with a
+    /// delay: a queued request's place is kept even when the wait is refused.
     #[error("admission in {needed:?} would exceed the maximum wait of {max_wait:?}")]
     TooLong {
         /// How long from the last check admission would take.
@@ -37,25 +37,6 @@ pub enum WaitError {
     /// The store failed; the message says how.
     #[error("rate-limit store failed: {0}")]
     Store(#[from] StoreError),
-}
-
-/// A request admitted with a delay (a leaky bucket's place in its queue)
-/// while it waits for the delay to end: dropped before then (its caller
-/// went away, a timeout), it never runs, and gives its place back, in the
-/// background, so that it delays the key's later requests for nothing.
-struct Unrun<St: Store>(Option<(RateLimiter<St>, Key, Decision, u64)>);
-
-impl<St: Store> Drop for Unrun<St> {
-    fn drop(&mut self) {
-        let Some((limiter, key, decision, cost)) = self.0.take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = limiter.settle(&key, &decision, cost, 0).await;
-            });
-        }
-    }
 }
 
 impl<St: Store> RateLimiter<St> {
@@ -146,9 +127,6 @@ impl<St: Store> RateLimiter<St> {
                     let delay = decision.delay();
                     if delay > left {
                         self.gave_up(&decision, counted, refused);
-                        // Not to run: its place in the queue goes back. A
-                        // refund that fails leaves it, as before.
-                        let _ = self.settle(key, &decision, cost, 0).await;
                         return Err(WaitError::TooLong {
                             needed: delay,
                             max_wait,
@@ -164,12 +142,7 @@ impl<St: Store> RateLimiter<St> {
                     if refused {
                         self.telemetry.waited(true);
                     }
-                    if delay > Duration::ZERO {
-                        let held = (self.clone(), key.clone(), decision.clone(), cost);
-                        let mut unrun = Unrun(Some(held));
-                        tokio::time::sleep(delay).await;
-                        unrun.0 = None;
-                    }
+                    tokio::time::sleep(delay).await;
                     return Ok(decision);
                 }
                 Outcome::CostExceedsCapacity { cost, capacity } => {

@@ -206,13 +206,13 @@ where
             StateProj::Delaying {
                 sleep,
                 call,
-                delayed,
+                finish,
             } => {
                 ready!(sleep.as_mut().poll(cx));
                 let next = match call.take() {
                     Some(call) => State::Calling {
                         future: call(),
-                        finish: delayed.over(),
+                        finish: finish.take(),
                     },
                     None => State::Responding { response: None },
                 };

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tollgate_core::{Algorithm, Key, OverrideSource, Policy, Settlement, Store};
+use tollgate_core::{Key, OverrideSource, Policy, Settlement, Store};
 use tower_service::Service;
 
 use crate::answer::MissingKey;
@@ -21,7 +21,7 @@ use super::call::{Check, Deferred, Inner, Waiter};
 use super::future::ResponseFuture;
 use super::overridden::{Overridden, overridden};
 use super::responders::Responders;
-use super::settle::{Ending, Reservation, Settle, SettleCall, Settled};
+use super::settle::{Settle, SettleCall};
 use super::state::{Finish, State, next_state};
 
 /// A layer's settings, kept once: cloned into each layer made from it, and
@@ -202,7 +202,8 @@ where
         let enforce = responder.enforces(&key);
         let waiter =
             (config.wait).map(|max_wait| waiter(shared, &key, policy, cost, responder, max_wait));
-        let settle = settle_call(shared, &key, policy, cost);
+        let settle =
+            (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
         match shared.store.get_ref().try_check_now(&key, policy, cost) {
             Some(result) => {
                 let report = responder.reporter();
@@ -303,7 +304,7 @@ where
         let left = max_wait.saturating_sub(waited);
         waiter(shared, &key, policy, cost, responder, left)
     });
-    let settle = settle_call(shared, &key, policy, cost);
+    let settle = (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
     match shared.store.get_ref().try_check_now(&key, policy, cost) {
         Some(result) => {
             let report = responder.reporter();
@@ -392,51 +393,12 @@ where
     })
 }
 
-/// The settle call of a request of `key` that reserves `reserved` under
-/// `policy`, if it may need one: in a layer that settles, or under a
-/// policy that admits with a delay, whose request dropped before its delay
-/// ends gives its reservation back.
-#[inline]
+/// The settle call of a request of `key` that reserved `reserved` under
+/// `policy`, in a layer that settles by `rule`.
+#[inline(never)]
 pub(crate) fn settle_call<K, St>(
     shared: &Arc<Shared<K, St>>,
-    key: &Key,
-    policy: &Policy,
-    reserved: u64,
-) -> Option<SettleCall>
-where
-    K: Send + Sync + 'static,
-    St: Store,
-{
-    let rule = shared.config.settle.as_ref();
-    if rule.is_none() && !delays(policy.algorithm()) {
-        return None;
-    }
-    Some(make_settle_call(
-        shared,
-        rule.cloned(),
-        key,
-        policy,
-        reserved,
-    ))
-}
-
-/// Whether a policy of `algorithm` admits a request with a delay.
-fn delays(algorithm: Algorithm) -> bool {
-    match algorithm {
-        Algorithm::LeakyBucket => true,
-        Algorithm::Gcra
-        | Algorithm::TokenBucket
-        | Algorithm::FixedWindow
-        | Algorithm::SlidingWindow
-        | Algorithm::SlidingLog => false,
-    }
-}
-
-/// [`settle_call`], made.
-#[inline(never)]
-fn make_settle_call<K, St>(
-    shared: &Arc<Shared<K, St>>,
-    rule: Option<Settle>,
+    rule: &Settle,
     key: &Key,
     policy: &Policy,
     reserved: u64,
@@ -445,29 +407,20 @@ where
     K: Send + Sync + 'static,
     St: Store,
 {
-    let shared = shared.clone();
+    let (shared, rule) = (shared.clone(), rule.clone());
     let (key, policy) = (key.clone(), policy.clone());
-    let settles = rule.is_some();
-    let call = Box::new(move |reservation: Reservation, place, ending: Ending<'_>| {
-        let actual = match (ending, &rule) {
-            (Ending::Responded(status, extensions), Some(rule)) => {
-                rule.actual(status, extensions, reserved)
-            }
-            (Ending::Responded(..), None) => return None,
-            (Ending::Unrun, _) => 0,
-        };
+    Box::new(move |reservation, place, status, extensions| {
+        let actual = rule.actual(status, extensions, reserved);
         if actual == reserved {
             return None;
         }
         let settlement =
             Settlement::new(reserved, actual, reservation.at).with_decided_by(reservation.by);
-        let settled: Settled = Box::pin(async move {
+        Some(Box::pin(async move {
             let store = &shared.store;
             store
                 .settle_reserved(place, &key, &policy, settlement)
                 .await
-        });
-        Some(settled)
-    });
-    SettleCall { settles, call }
+        }))
+    })
 }

@@ -101,9 +101,8 @@ impl fmt::Debug for Settle {
     }
 }
 
-/// What an admitted request carries to settle its cost once its response
-/// is in (in a settling layer), or to give its reservation back should it
-/// never run (a request admitted with a delay, dropped before its end).
+/// What an admitted request of a settling layer carries to settle its
+/// cost once its response is in.
 pub(crate) struct Settling {
     reservation: Reservation,
     reserved: Reserved,
@@ -119,34 +118,11 @@ pub(crate) struct Reservation {
     pub(crate) by: DecidedBy,
 }
 
-/// How an admitted request ended, for its settlement.
-pub(crate) enum Ending<'a> {
-    /// Its response came, with this status and these extensions.
-    Responded(StatusCode, &'a Extensions),
-    /// It was dropped before its delay ended: it never ran.
-    Unrun,
-}
-
 /// The store call of a settlement: given the reservation and where it was
-/// made, and how the request ended, the call to await, or `None` when the
-/// request cost what it reserved (or the layer does not settle a response).
-pub(crate) struct SettleCall {
-    /// Whether the layer settles responses; if not, the call only gives
-    /// back the reservation of a request that never ran.
-    pub(crate) settles: bool,
-    pub(crate) call: Box<dyn SettleFn>,
-}
-
-/// What a [`SettleCall`] calls.
-pub(crate) trait SettleFn:
-    for<'a> FnOnce(Reservation, Reserved, Ending<'a>) -> Option<Settled> + Send
-{
-}
-
-impl<F> SettleFn for F where
-    F: for<'a> FnOnce(Reservation, Reserved, Ending<'a>) -> Option<Settled> + Send
-{
-}
+/// made, the response's status and extensions, the call to await, or
+/// `None` when the request cost what it reserved.
+pub(crate) type SettleCall =
+    Box<dyn FnOnce(Reservation, Reserved, StatusCode, &Extensions) -> Option<Settled> + Send>;
 
 /// A settlement on its way to the store.
 pub(crate) type Settled = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
@@ -172,8 +148,7 @@ impl Settling {
     /// before a usage ledger recorded it (`MeteredStore`): the ledger would
     /// keep the reservation where the limit counts the actual cost.
     pub(crate) fn start(self, status: StatusCode, extensions: &Extensions) -> Option<Settled> {
-        let ending = Ending::Responded(status, extensions);
-        let settled = (self.call.call)(self.reservation, self.reserved, ending)?;
+        let settled = (self.call)(self.reservation, self.reserved, status, extensions)?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Some(settled);
         };
@@ -184,17 +159,5 @@ impl Settling {
                 .await
                 .unwrap_or_else(|error| Err(StoreError::backend(error)))
         }))
-    }
-
-    /// Gives the reservation back, in the background: the request was
-    /// dropped before its delay ended, and never ran. (Outside a runtime,
-    /// where nothing can run it, the reservation stands.)
-    pub(crate) fn unrun(self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if let Some(settled) = (self.call.call)(self.reservation, self.reserved, Ending::Unrun) {
-            runtime.spawn(settled);
-        }
     }
 }

@@ -47,7 +47,7 @@ pin_project! {
         Delaying {
             sleep: Pin<Box<tokio::time::Sleep>>,
             call: Option<Deferred<F>>,
-            delayed: Delayed,
+            finish: Finish,
         },
         // The state of nearly every request: kept small (the decision's
         // headers, not the decision), since the future is moved whole, and
@@ -93,38 +93,6 @@ pub(super) struct Settle {
 impl Finish {
     pub(super) fn take(&mut self) -> Self {
         std::mem::replace(self, Finish::Headers(None))
-    }
-}
-
-/// What a request admitted with a delay (a leaky bucket's place in its
-/// queue) carries through it: what it does once its response is in, and
-/// its settlement, to give its reservation back should it be dropped
-/// before its delay ends (its client went away, a timeout). It never
-/// runs then, and its place in the queue would delay the key's later
-/// requests for nothing.
-pub(super) struct Delayed {
-    finish: Finish,
-    /// The settlement of a layer that does not settle responses.
-    unrun: Option<Settling>,
-}
-
-impl Delayed {
-    /// The delay is over: the request runs, and finishes so.
-    pub(super) fn over(&mut self) -> Finish {
-        self.unrun = None;
-        self.finish.take()
-    }
-}
-
-impl Drop for Delayed {
-    fn drop(&mut self) {
-        let unrun = self.unrun.take().or(match self.finish.take() {
-            Finish::Settle(settle) => Some(settle.settling),
-            Finish::Headers(_) => None,
-        });
-        if let Some(settling) = unrun {
-            settling.unrun();
-        }
     }
 }
 
@@ -181,26 +149,19 @@ fn any_state<F, R>(
         Ok(decision) if decision.is_allowed() => {
             responder.decided(&decision, Verdict::Allowed);
             let decoration = responder.decoration(&decision);
-            let (finish, unrun) = match settle {
-                None => (Finish::Headers(decoration), None),
-                Some(call) if call.settles => {
-                    let finish = Finish::Settle(Box::new(Settle {
-                        decoration,
-                        settling: Settling::new(&decision, reserved, call),
-                        responder: responder.clone(),
-                    }));
-                    (finish, None)
-                }
-                Some(call) => {
-                    let unrun = Settling::new(&decision, reserved, call);
-                    (Finish::Headers(decoration), Some(unrun))
-                }
+            let finish = match settle {
+                None => Finish::Headers(decoration),
+                Some(call) => Finish::Settle(Box::new(Settle {
+                    decoration,
+                    settling: Settling::new(&decision, reserved, call),
+                    responder: responder.clone(),
+                })),
             };
             if decision.delay() > Duration::ZERO {
                 State::Delaying {
                     sleep: Box::pin(tokio::time::sleep(decision.delay())),
                     call: Some(next.defer()),
-                    delayed: Delayed { finish, unrun },
+                    finish,
                 }
             } else {
                 State::Calling {
