@@ -137,15 +137,15 @@ impl LastKnown {
     /// has reset since local time `now` (µs). A decision made under another
     /// configuration of the policy (an override set or lifted, a deploy)
     /// is carried over to `policy`, as Redis carries the key's state: a
-    /// key whose limits changed while Redis fails keeps its use.
+    /// key whose limits changed while Redis fails keeps its use. Carried,
+    /// it answers whatever its age: a limit lowered holds the use longer
+    /// than the old limit's resets said, and a use that has drained since
+    /// seeds nothing (it is seeded as of its own time).
     pub(crate) fn get(&self, state_key: &str, policy: &Policy, now: u64) -> Option<Decision> {
         let (shard, hash) = self.shard(state_key);
         let known = shard.entries.get(&hash)?;
-        if known.stale_at <= now {
-            return None;
-        }
         if known.policy.fingerprint() == policy.fingerprint() {
-            return Some(known.decision.clone());
+            return (known.stale_at > now).then(|| known.decision.clone());
         }
         Some(carried(&known.policy, &known.decision, policy))
     }
@@ -231,10 +231,14 @@ mod tests {
         assert_eq!(held(&known), 0);
         known.record("k", &slow, &decision(&slow), 0);
         assert!(known.get("k", &slow, 1).is_some());
-        // The entry follows the key's latest decision, whatever it is.
+        // The entry follows the key's latest decision, whatever it is: the
+        // fast one's, stale a microsecond later, and carried to the slow
+        // configuration.
         known.record("k", &fast, &decision(&fast), 2);
-        assert!(known.get("k", &slow, 3).is_none());
         assert!(known.get("k", &fast, 2).is_some());
+        assert!(known.get("k", &fast, 3).is_none());
+        let carried = known.get("k", &slow, 3).map(|d| d.limit());
+        assert_eq!(carried, Some(1));
         assert_eq!(held(&known), 1);
     }
 
@@ -283,6 +287,9 @@ mod tests {
         let carried = |to: &Policy| known.get("k", to, 1).map(|d| (d.limit(), d.remaining()));
         assert_eq!(carried(&lowered), Some((5, 0)));
         assert_eq!(carried(&raised), Some((20, 12)));
+        // Past the old window's end, carried still: seeded as of its time.
+        let later = known.get("k", &lowered, 3_600_000_000);
+        assert_eq!(later.map(|d| d.now()), Some(last.now()));
         let until = last.now() + std::time::Duration::from_secs(30);
         known.record("k", &old, &state::blocked(&old, last.now(), until), 0);
         let blocked = known.get("k", &raised, 1);
