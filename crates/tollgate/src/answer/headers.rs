@@ -43,8 +43,9 @@ pub enum HeaderStyle {
     /// `-used` (`limit - remaining`), `-reset` and `-resource`. When several
     /// layers limit one route (per IP, then per user), the headers describe
     /// the one with the fewest requests remaining (of layers left with
-    /// none, the one that stays so the longest), and a refusal's
-    /// `Retry-After` waits until every layer left with none admits again.
+    /// none, the one whose quota is fully back the latest), and a 429's
+    /// `Retry-After` waits until every layer that admitted the request and
+    /// was left with none admits again.
     #[default]
     GitHub,
     /// The same as [`HeaderStyle::GitHub`], which sends all five of
@@ -116,8 +117,10 @@ impl Decoration {
             HeaderStyle::None => return None,
         };
         let binding = decision.binding();
-        let empty_for = match binding.remaining() {
-            0 => u32::try_from(retry_after_secs(next_unit(binding, values.drains)))
+        // Of an admitted request only: a denial's own refusal tells its
+        // wait, and one let through in shadow mode refuses nothing.
+        let empty_for = match (decision.is_allowed(), binding.remaining()) {
+            (true, 0) => u32::try_from(retry_after_secs(next_unit(binding, values.drains)))
                 .unwrap_or(u32::MAX),
             _ => 0,
         };
@@ -132,16 +135,22 @@ impl Decoration {
         })
     }
 
-    /// Writes the headers into `headers`. When a nearer layer already wrote
-    /// GitHub headers, they are replaced only if this decision leaves fewer
-    /// requests, or none as theirs but for longer. A nearer layer's refusal
-    /// (its `Retry-After`) waits at least until this layer, left empty,
-    /// admits a request again: the client would meet this one's refusal
-    /// next.
-    pub(crate) fn write(self, headers: &mut HeaderMap) {
-        if self.empty_for > 0 {
+    /// A nearer layer's refusal (a 429, with its `Retry-After`) of a
+    /// request this layer admitted and left empty waits at least until
+    /// this layer admits a request again: the client would meet this one's
+    /// refusal next. (A gRPC refusal is an HTTP 200 that tells its wait in
+    /// its pushback and `RetryInfo`, which stay the nearer layer's.)
+    #[inline]
+    pub(crate) fn raise_wait(&self, status: http::StatusCode, headers: &mut HeaderMap) {
+        if self.empty_for > 0 && status == http::StatusCode::TOO_MANY_REQUESTS {
             wait_at_least(headers, u64::from(self.empty_for));
         }
+    }
+
+    /// Writes the headers into `headers`. When a nearer layer already wrote
+    /// GitHub headers, they are replaced only if this decision leaves fewer
+    /// requests, or none as theirs but is fully back later.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
         let values = &*self.values;
         if let Some(values) = self.ietf {
             // Appended: stacked layers each add their items, and field
@@ -174,7 +183,7 @@ impl Decoration {
             value.to_str().ok()?.parse::<u64>().ok()
         };
         if let Some(nearer) = figure(headers, &X_RATELIMIT_REMAINING) {
-            // Of two layers left empty, the one empty for longer binds.
+            // Of two layers left empty, the one fully back later binds.
             let longer =
                 || figure(headers, &X_RATELIMIT_RESET).is_none_or(|reset| reset < self.reset_secs);
             let fewer = nearer > self.remaining || (nearer == 0 && self.remaining == 0 && longer());

@@ -130,6 +130,8 @@ where
             let result = ready!(future.poll(cx));
             let mut response = result?.map(M::inner);
             if let Finish::Headers(Some(decoration)) = finish.take() {
+                let status = response.status();
+                decoration.raise_wait(status, response.headers_mut());
                 decoration.write(response.headers_mut());
             }
             return Poll::Ready(Ok(response));
@@ -250,6 +252,8 @@ where
                 };
                 let mut response = result?.map(M::inner);
                 if let Some(decoration) = decoration {
+                    let status = response.status();
+                    decoration.raise_wait(status, response.headers_mut());
                     decoration.write(response.headers_mut());
                 }
                 return Poll::Ready(Ok(response));
@@ -276,6 +280,8 @@ where
                 };
                 let mut response = result?.map(M::inner);
                 if let Some(decoration) = decoration {
+                    let status = response.status();
+                    decoration.raise_wait(status, response.headers_mut());
                     decoration.write(response.headers_mut());
                 }
                 return Poll::Ready(Ok(response));

@@ -271,6 +271,33 @@ async fn a_refusal_waits_for_an_outer_layer_left_empty() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     clock.advance(Duration::from_secs(50));
     assert_eq!(app.oneshot(get_root()).await.unwrap().status(), 200);
+
+    // Not an app's own answer that is not a refusal (a 503 with its own
+    // Retry-After), nor under a layer in shadow mode, which refuses
+    // nothing: their Retry-After stays.
+    let busy = || async {
+        let mut res = axum::response::Response::new(axum::body::Body::empty());
+        *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        res.headers_mut()
+            .insert("retry-after", http::HeaderValue::from_static("5"));
+        res
+    };
+    let app = Router::new()
+        .route("/", get(busy))
+        .layer(layer("ip-1", "1/min"));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), Some("5"));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer("user-shadowed", "1/10s"))
+        .layer(layer("ip-shadow", "1/min").shadow());
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(app.clone().oneshot(get_root()).await.unwrap().status(), 200);
+    clock.advance(Duration::from_secs(1));
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("9"));
 }
 
 #[tokio::test]
