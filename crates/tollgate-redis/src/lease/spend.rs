@@ -270,7 +270,8 @@ impl<S: Store> Store for LeasedStore<S> {
                 let mut shard = shared.table.shard(hash);
                 let entry = shard.get_mut(&hash);
                 let entry = entry.filter(|e| e.fingerprint == policy.fingerprint());
-                entry.map_or((0, None), |entry| entry.charge(charge, now))
+                let by = settlement.decided_by();
+                entry.map_or((0, None), |entry| entry.charge(charge, now, by))
             };
             if let (true, Some(told)) = (taken == charge, told) {
                 return Ok(told);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_core::{Decision, Key, Policy, Timestamp};
+use tollgate_core::{DecidedBy, Decision, Key, Policy, Timestamp};
 
 use super::refunds::Refunds;
 
@@ -174,16 +174,26 @@ impl Entry {
     }
 
     /// Takes up to `units` at `now` from the current lease, then from the
-    /// next, for a settlement's charge: units the store counted at their
-    /// grant pay for it, so that no later request spends them, and the
-    /// store is charged only the rest. How many it took, and what the
-    /// lease it took from last tells of the key.
-    pub(crate) fn charge(&mut self, units: u64, now: u64) -> (u64, Option<Decision>) {
+    /// next, for a settlement's charge of a request `by` decided: units the
+    /// same store counted at their grant pay for it (not a local
+    /// fallback's for a request the shared store decided, or the reverse),
+    /// so that no later request spends them, and the store is charged only
+    /// the rest. How many it took, and what the lease it took from last
+    /// tells of the key.
+    pub(crate) fn charge(
+        &mut self,
+        units: u64,
+        now: u64,
+        by: DecidedBy,
+    ) -> (u64, Option<Decision>) {
         let mut taken = 0;
         let mut told = None;
         for lease in [&mut self.lease, &mut self.next].into_iter().flatten() {
             if taken == units {
                 break;
+            }
+            if lease.base.decided_by() != by {
+                continue;
             }
             if let Some((took, decision)) = lease.charge(units - taken, now) {
                 taken += took;

@@ -192,3 +192,25 @@ fn a_shard_full_of_keys_kept_for_a_grant_on_its_way_is_scanned_once_a_quarter_sp
     assert!(!entry_at(&table, &mut shard, new, 5_499));
     assert!(entry_at(&table, &mut shard, new, 5_500));
 }
+
+/// A charge is paid from the key's leases granted by the store that
+/// decided the request: not from a lease a local fallback granted (its
+/// units are counted there) for a request the shared store decided, and
+/// from the next lease once the current one is used up.
+#[test]
+fn a_charge_is_paid_from_the_leases_of_the_store_that_decided_its_request() {
+    let refunds = Arc::new(Refunds::default());
+    let mut entry = Entry::new(0, 0);
+    let mut local = lease(&refunds);
+    local.base = local.base.with_decided_by(DecidedBy::LocalFallback);
+    entry.lease = Some(Box::new(local));
+    entry.next = Some(Box::new(lease(&refunds)));
+    let (taken, told) = entry.charge(60, 10, DecidedBy::Store);
+    assert_eq!(taken, 50, "the next lease's 50");
+    assert_eq!(told.map(|d| d.decided_by()), Some(DecidedBy::Store));
+    let left = |l: &Option<Box<Lease>>| l.as_ref().map(|l| l.left);
+    assert_eq!((left(&entry.lease), left(&entry.next)), (Some(50), Some(0)));
+    let (taken, _) = entry.charge(20, 10, DecidedBy::LocalFallback);
+    assert_eq!(taken, 20);
+    assert_eq!(left(&entry.lease), Some(30));
+}
