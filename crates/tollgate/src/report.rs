@@ -380,18 +380,23 @@ impl Chosen {
     /// near-limit use per limit.
     pub(crate) fn of(&self, policy: &Policy) -> Arc<Telemetry> {
         let name = policy.name();
+        let limits = Some(policy.limits());
+        let overflow = || Arc::new(Telemetry::sharing(name, limits, self.overflow.clone()));
         let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(telemetry) = known.get(name) {
             return telemetry.clone();
+        }
+        // Full: no write lock for the policies past the bound.
+        if known.len() >= MAX_CHOSEN {
+            return overflow();
         }
         drop(known);
         let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(telemetry) = known.get(name) {
             return telemetry.clone();
         }
-        let limits = Some(policy.limits());
         if known.len() >= MAX_CHOSEN {
-            return Arc::new(Telemetry::sharing(name, limits, self.overflow.clone()));
+            return overflow();
         }
         let made = Arc::new(Telemetry::with_limits(name, limits));
         known.insert(name.into(), made.clone());
