@@ -241,5 +241,20 @@ async fn hours_across_a_half_hour_change_of_offset_are_all_read() {
         );
         assert_eq!(settings.next_bucket(Granularity::Hour, before), after);
         assert_eq!(settings.bucket_start(Granularity::Hour, secs(600)), after);
+        // A query that ends before the change reads the hour before it
+        // only: the next is named for a time before the change, and holds
+        // instants after it.
+        let until_the_change = UsageQuery::new(Granularity::Hour, secs(-1_200), secs(-60)).unwrap();
+        assert_eq!(
+            until_the_change.bucket_starts(&settings),
+            [before],
+            "{change:?}"
+        );
+        let across = UsageQuery::new(Granularity::Hour, secs(-1_200), secs(60)).unwrap();
+        assert_eq!(
+            across.bucket_starts(&settings),
+            [before, after],
+            "{change:?}"
+        );
     }
 }

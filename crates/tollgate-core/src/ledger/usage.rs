@@ -157,13 +157,18 @@ impl UsageQuery {
     pub fn bucket_starts(&self, settings: &LedgerSettings) -> Vec<Timestamp> {
         let g = self.granularity;
         let mut start = settings.bucket_start(g, self.from);
+        // Where the bucket's instants begin: after its start, for an hour
+        // begun at a change of offset by half an hour (see
+        // `LedgerSettings::next_bucket`).
+        let mut begins = self.from;
         let mut starts = Vec::new();
-        while start < self.to && starts.len() <= MAX_BUCKETS {
+        while begins < self.to && starts.len() <= MAX_BUCKETS {
             starts.push(start);
             let next = settings.next_bucket(g, start);
             if next <= start {
                 break;
             }
+            begins = settings.bucket_end(g, start);
             start = next;
         }
         starts
