@@ -73,7 +73,8 @@ pub enum HeaderStyle {
     Ietf,
     /// [`HeaderStyle::GitHub`] and [`HeaderStyle::Ietf`].
     Both,
-    /// No rate-limit headers. Rejections still carry `Retry-After`.
+    /// No rate-limit headers. Rejections still carry `Retry-After` (a
+    /// layer of this style leaves a nearer layer's as it is).
     None,
 }
 
