@@ -213,6 +213,24 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
     assert_eq!(send(&app, "other").await, 200);
 }
 
+/// Every algorithm but the leaky bucket, which admits with delays that
+/// the layer waits out.
+fn all_but_the_leaky_bucket() -> impl Iterator<Item = Algorithm> {
+    (Algorithm::ALL.into_iter()).filter(|&a| a != Algorithm::LeakyBucket)
+}
+
+/// A Redis server of its own, a store there with a deadline of 200 ms,
+/// and a memory store for the local fallback, both on one clock that
+/// stands still: on real time, an hour ending between Redis's decisions
+/// and the fallback's would give a key a fresh window.
+async fn on_a_still_clock() -> (RedisServer, RedisStore, MemoryStore) {
+    let server = RedisServer::spawn();
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let store = frozen_store(&server, Duration::from_millis(200), &clock).await;
+    let local = MemoryStore::builder().clock(clock).build().unwrap();
+    (server, store, local)
+}
+
 /// A key Redis had not cut off, when Redis goes down, carries the use
 /// Redis last reported into the local fallback (scaled to the local share)
 /// instead of starting afresh there.
@@ -220,19 +238,10 @@ async fn a_key_redis_denied_stays_denied_while_redis_is_down() {
 async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
     // A leaky bucket admits with a delay (minutes here, at 5 an hour),
     // which the layer waits out; the unit tests of `PolicyState::seeded`
-    // cover it.
-    for algorithm in Algorithm::ALL
-        .into_iter()
-        .filter(|&a| a != Algorithm::LeakyBucket)
-    {
-        let mut server = RedisServer::spawn();
-        // Redis and the fallback on one clock that stands still: on real
-        // time, an hour ending between Redis's decisions and the
-        // fallback's would give the key a fresh window. (Nothing is denied
-        // before the kill, so no cached denial outlives it.)
-        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-        let store = frozen_store(&server, Duration::from_millis(200), &clock).await;
-        let local = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    // cover it. (Nothing is denied before the kill, so no cached denial
+    // outlives it.)
+    for algorithm in all_but_the_leaky_bucket() {
+        let (mut server, store, local) = on_a_still_clock().await;
         let policy = Policy::builder(format!("takeover-{algorithm}"))
             .algorithm(algorithm)
             .limit("10/h")
@@ -268,14 +277,8 @@ async fn the_local_fallback_takes_over_a_keys_use_from_redis() {
 /// share: 3 requests of a key that had used 8 of 10 an hour, lowered to 5.
 #[tokio::test]
 async fn a_key_whose_limits_change_while_redis_is_down_keeps_its_use_locally() {
-    for algorithm in Algorithm::ALL
-        .into_iter()
-        .filter(|&a| a != Algorithm::LeakyBucket)
-    {
-        let mut server = RedisServer::spawn();
-        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-        let store = frozen_store(&server, Duration::from_millis(200), &clock).await;
-        let local = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    for algorithm in all_but_the_leaky_bucket() {
+        let (mut server, store, local) = on_a_still_clock().await;
         let limits = |hourly: &str| {
             Policy::builder(format!("changed-{algorithm}"))
                 .algorithm(algorithm)

@@ -345,6 +345,16 @@ async fn a_small_pool_under_load_never_waits_past_its_bounds() {
     assert!(ok > 0, "the pool served some requests");
 }
 
+/// `CONFIG SET name value` on `con`.
+fn config_set(con: &mut redis::Connection, name: &str, value: impl redis::ToRedisArgs) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(con)
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_oom_and_noreplicas_are_unavailable_and_health_checks_run_the_script() {
     let _turn = ONE_AT_A_TIME.lock().await;
@@ -399,41 +409,21 @@ async fn readonly_oom_and_noreplicas_are_unavailable_and_health_checks_run_the_s
         .unwrap();
 
     // Out of memory: writes are refused with OOM.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query(&mut con)
-        .unwrap();
+    config_set(&mut con, "maxmemory-policy", "noeviction");
+    config_set(&mut con, "maxmemory", 1);
     match store.decide(&Key::user("o"), &policy, 1).await {
         Err(RedisStoreError::Unavailable { code, .. }) => assert_eq!(code, "OOM"),
         other => panic!("expected OOM, got {other:?}"),
     }
     assert!(store.health_check().await.is_err());
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(0)
-        .query(&mut con)
-        .unwrap();
+    config_set(&mut con, "maxmemory", 0);
     assert!(store.decide(&Key::user("o"), &policy, 1).await.is_ok());
 
     // Too few replicas for `min-replicas-to-write` (a master cut off from
     // its replicas, as Sentinel's guard against a split brain has it):
     // writes are refused with NOREPLICAS before any is made. It was a bare
     // Redis error, taken for one that may have acted.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg(1)
-        .query(&mut con)
-        .unwrap();
+    config_set(&mut con, "min-replicas-to-write", 1);
     match store.decide(&Key::user("n"), &policy, 1).await {
         Err(RedisStoreError::Unavailable { code, .. }) => assert_eq!(code, "NOREPLICAS"),
         other => panic!("expected NOREPLICAS, got {other:?}"),
@@ -443,12 +433,7 @@ async fn readonly_oom_and_noreplicas_are_unavailable_and_health_checks_run_the_s
         .await
         .unwrap_err();
     assert!(!released.may_have_acted(), "{released:?}");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg(0)
-        .query(&mut con)
-        .unwrap();
+    config_set(&mut con, "min-replicas-to-write", 0);
     assert!(store.decide(&Key::user("n"), &policy, 1).await.is_ok());
 
     assert!(store.health_check().await.is_ok());

@@ -306,6 +306,26 @@ async fn leases_on(name: &str, clock: &FakeClock) -> (RedisStore, LeasedStore<Re
     (redis, leased)
 }
 
+/// The algorithms whose keys leases serve.
+const LEASED: [Algorithm; 4] = [
+    Algorithm::Gcra,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+];
+
+/// A still clock, a Redis store and leases over it, and the key `ada`
+/// under a policy named `name` of 1,000 a second by `algorithm`.
+async fn a_leased_key(
+    name: &str,
+    algorithm: Algorithm,
+) -> (FakeClock, RedisStore, LeasedStore<RedisStore>, Policy, Key) {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let (redis, leased) = leases_on(&format!("lease-{name}"), &clock).await;
+    let policy = Policy::new(name, algorithm, "1000/s").unwrap();
+    (clock, redis, leased, policy, Key::user("ada"))
+}
+
 /// A hundred requests of `key` over 10 ms, through `leased`: the key is
 /// hot, and holds a lease with units left, how many returned.
 async fn take_a_lease(
@@ -512,16 +532,8 @@ async fn a_leases_return_shortens_what_the_next_one_gives_back() {
 /// its refund landed in the fresh state: 9 units each here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_of_a_request_spent_from_a_lease_granted_before_a_reset_gives_nothing() {
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::TokenBucket,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-    ] {
-        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-        let (redis, leased) = leases_on("lease-refund-fenced", &clock).await;
-        let policy = Policy::new("fenced", algorithm, "1000/s").unwrap();
-        let key = Key::user("ada");
+    for algorithm in LEASED {
+        let (clock, redis, leased, policy, key) = a_leased_key("fenced", algorithm).await;
         let unspent = take_a_lease(&leased, &clock, &key, &policy).await;
         assert!(unspent >= 50, "{algorithm:?}: a lease of {unspent} units");
         redis.reset(&key, &policy).await.unwrap();
@@ -558,16 +570,8 @@ async fn a_refund_of_a_request_spent_from_a_lease_granted_before_a_reset_gives_n
 /// being admitted from its lease through its debt.
 #[tokio::test]
 async fn a_charge_is_paid_from_the_keys_leases_first() {
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::TokenBucket,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-    ] {
-        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-        let (redis, leased) = leases_on("lease-charge", &clock).await;
-        let policy = Policy::new("charged", algorithm, "1000/s").unwrap();
-        let key = Key::user("ada");
+    for algorithm in LEASED {
+        let (clock, redis, leased, policy, key) = a_leased_key("charged", algorithm).await;
         take_a_lease(&leased, &clock, &key, &policy).await;
         let spent = leased.check(&key, &policy, 1).await.unwrap();
         leased.wait_for_grants().await;

@@ -530,18 +530,18 @@ async fn a_key_whose_batch_keeps_failing_holds_back_no_other_key() {
     );
 }
 
-/// Through an outage, the ledger holds at most `max_pending_keys` pairs of
-/// policy and key in the batches of failed flushes and as many recorded
-/// since: records of new pairs beyond are counted as dropped. Each failed
-/// flush made a batch of every pair recorded since the one before, and the
-/// batches piled up, one per pair seen in the outage, with nothing dropped.
-/// Once Redis is back, what was held is written, once; a read of a pair
-/// held behind the full bound writes the batches kept, then its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped() {
-    let mut server = RedisServer::spawn();
+/// The key of a test's `i`th user of `round`.
+fn user(round: u64, i: u64) -> Key {
+    Key::user(format!("user-{round}-{i}"))
+}
+
+/// A Redis server of its own, a still clock, and a ledger there that
+/// holds at most ten pending pairs (flushed only when asked, each flush
+/// given 500 ms), through which one record was written.
+async fn ten_pending_keys(name: &str) -> (RedisServer, FakeClock, RedisStore, RedisLedger) {
+    let server = RedisServer::spawn();
     let clock = FakeClock::new(Timestamp::from_secs(START));
-    let store = store(&server.url(), &unique_prefix("ledger-bound"), &clock).await;
+    let store = store(&server.url(), &unique_prefix(name), &clock).await;
     let ledger = RedisLedger::builder(&store)
         .flush_interval(Duration::from_secs(3_600))
         .unwrap()
@@ -551,10 +551,21 @@ async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped()
         .unwrap()
         .build()
         .unwrap();
-    let user = |round: u64, i: u64| Key::user(format!("user-{round}-{i}"));
     ledger.record(&user(0, 0), "api", clock.now(), 1);
     ledger.flush().await.unwrap();
+    (server, clock, store, ledger)
+}
 
+/// Through an outage, the ledger holds at most `max_pending_keys` pairs of
+/// policy and key in the batches of failed flushes and as many recorded
+/// since: records of new pairs beyond are counted as dropped. Each failed
+/// flush made a batch of every pair recorded since the one before, and the
+/// batches piled up, one per pair seen in the outage, with nothing dropped.
+/// Once Redis is back, what was held is written, once; a read of a pair
+/// held behind the full bound writes the batches kept, then its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped() {
+    let (mut server, clock, _, ledger) = ten_pending_keys("ledger-bound").await;
     server.kill();
     for round in 1..=5 {
         for i in 0..10 {
@@ -600,22 +611,7 @@ async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped()
 /// with those still pending, and their usage was lost with the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_that_succeeds_after_an_outage_leaves_nothing_pending() {
-    let mut server = RedisServer::spawn();
-    let clock = FakeClock::new(Timestamp::from_secs(START));
-    let prefix = unique_prefix("ledger-shutdown");
-    let store = store(&server.url(), &prefix, &clock).await;
-    let ledger = RedisLedger::builder(&store)
-        .flush_interval(Duration::from_secs(3_600))
-        .unwrap()
-        .flush_timeout(Duration::from_millis(500))
-        .unwrap()
-        .max_pending_keys(10)
-        .unwrap()
-        .build()
-        .unwrap();
-    let user = |round: u64, i: u64| Key::user(format!("user-{round}-{i}"));
-    ledger.record(&user(0, 0), "api", clock.now(), 1);
-    ledger.flush().await.unwrap();
+    let (mut server, clock, store, ledger) = ten_pending_keys("ledger-shutdown").await;
     server.kill();
     for round in 1..=2 {
         for i in 0..10 {

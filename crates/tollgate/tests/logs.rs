@@ -2,6 +2,9 @@
 //! failures, and never a raw key.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+#[path = "support/down.rs"]
+mod down;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -11,6 +14,8 @@ use axum::routing::get;
 use http::Request;
 use tollgate::{Algorithm, FailureMode, HeaderKey, MemoryStore, Policy, RateLimitLayer};
 use tower::ServiceExt;
+
+use down::Down;
 
 /// Collects everything a subscriber writes.
 #[derive(Clone, Default)]
@@ -49,8 +54,15 @@ fn logged(test: impl AsyncFnOnce()) -> String {
 }
 
 async fn send(app: &Router, client: &str) -> u16 {
-    let request = Request::get("/")
-        .header("x-client", client)
+    send_with(app, &[("x-client", client)]).await
+}
+
+/// The status of a request to `app` with `headers`.
+async fn send_with(app: &Router, headers: &[(&str, &str)]) -> u16 {
+    let request = (headers.iter())
+        .fold(Request::get("/"), |request, (name, value)| {
+            request.header(*name, *value)
+        })
         .body(Body::empty())
         .unwrap();
     app.clone()
@@ -177,39 +189,6 @@ fn a_chooser_s_policies_log_one_warning_per_second_across_the_layer_s_services()
     assert_eq!(warnings, 1_024);
 }
 
-/// A store of in-flight slots that is always away.
-#[derive(Clone)]
-struct Away;
-
-impl tollgate::SlotStore for Away {
-    async fn acquire(
-        &self,
-        _: &tollgate::Key,
-        _: &tollgate::InFlightLimit,
-        _: u64,
-    ) -> Result<tollgate::Slots, tollgate::StoreError> {
-        Err(tollgate::StoreError::CircuitOpen)
-    }
-
-    async fn renew(
-        &self,
-        _: &tollgate::Key,
-        _: &tollgate::InFlightLimit,
-        _: u64,
-    ) -> Result<tollgate::Renewal, tollgate::StoreError> {
-        Err(tollgate::StoreError::CircuitOpen)
-    }
-
-    async fn release(
-        &self,
-        _: &tollgate::Key,
-        _: &tollgate::InFlightLimit,
-        _: u64,
-    ) -> Result<(), tollgate::StoreError> {
-        Err(tollgate::StoreError::CircuitOpen)
-    }
-}
-
 /// An in-flight layer's warnings are throttled across the services it
 /// makes: each service made its throttles afresh, so a router called as
 /// a service logged every request's store failure (50 here), and one
@@ -219,7 +198,7 @@ fn an_in_flight_limit_logs_one_warning_per_second_across_its_services() {
     let logs = logged(async || {
         let limit = tollgate::InFlightLimit::new("exports", 2).unwrap();
         let layer = tollgate::InFlightLayer::new(limit, tollgate::GlobalKey)
-            .store(Away)
+            .store(Down)
             .local_fallback(MemoryStore::new());
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
@@ -254,17 +233,7 @@ fn tenants_app() -> Router {
 }
 
 async fn send_as(app: &Router, tenant: &str, client: &str) -> u16 {
-    let request = Request::get("/")
-        .header("x-tenant", tenant)
-        .header("x-client", client)
-        .body(Body::empty())
-        .unwrap();
-    app.clone()
-        .oneshot(request)
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    send_with(app, &[("x-tenant", tenant), ("x-client", client)]).await
 }
 
 #[test]

@@ -4,6 +4,9 @@
 #![cfg(feature = "metrics")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+#[path = "support/down.rs"]
+mod down;
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -17,6 +20,8 @@ use tollgate::{
     Algorithm, FailureMode, FakeClock, HeaderKey, MemoryStore, Policy, RateLimitLayer, Timestamp,
 };
 use tower::ServiceExt;
+
+use down::Down;
 
 /// Runs `test` on a current-thread runtime with `recorder` installed.
 fn with_recorder<F: Future>(recorder: &DebuggingRecorder, test: impl FnOnce() -> F) -> F::Output {
@@ -331,39 +336,6 @@ fn the_in_flight_limit_counts_slots_held_and_rejections() {
     // The recorder drains on each snapshot: the second holds the change
     // since the first, every slot given back.
     assert_eq!(after.get(INFLIGHT_SLOTS, &labels), -3.0);
-}
-
-/// A slot store that is down: every call times out.
-#[derive(Clone)]
-struct Down;
-
-impl tollgate::SlotStore for Down {
-    async fn acquire(
-        &self,
-        _: &tollgate::Key,
-        _: &tollgate::InFlightLimit,
-        _: u64,
-    ) -> Result<tollgate::Slots, tollgate::StoreError> {
-        Err(tollgate::StoreError::Timeout(Duration::from_millis(50)))
-    }
-
-    async fn renew(
-        &self,
-        _: &tollgate::Key,
-        _: &tollgate::InFlightLimit,
-        _: u64,
-    ) -> Result<tollgate::Renewal, tollgate::StoreError> {
-        Err(tollgate::StoreError::Timeout(Duration::from_millis(50)))
-    }
-
-    async fn release(
-        &self,
-        _: &tollgate::Key,
-        _: &tollgate::InFlightLimit,
-        _: u64,
-    ) -> Result<(), tollgate::StoreError> {
-        Err(tollgate::StoreError::Timeout(Duration::from_millis(50)))
-    }
 }
 
 /// An in-flight limit's store failures count as a rate limit's do, by
