@@ -138,9 +138,11 @@ impl LastKnown {
     /// configuration of the policy (an override set or lifted, a deploy)
     /// is carried over to `policy`, as Redis carries the key's state: a
     /// key whose limits changed while Redis fails keeps its use. Carried,
-    /// it answers whatever its age: a limit lowered holds the use longer
-    /// than the old limit's resets said, and a use that has drained since
-    /// seeds nothing (it is seeded as of its own time).
+    /// it answers whatever its age, as long as it is kept: a limit lowered
+    /// holds the use longer than the old limit's resets said, and a use
+    /// that has drained since seeds nothing (it is seeded as of its own
+    /// time). A full shard still makes room by forgetting the records
+    /// whose limits, as they were made under, have all reset.
     pub(crate) fn get(&self, state_key: &str, policy: &Policy, now: u64) -> Option<Decision> {
         let (shard, hash) = self.shard(state_key);
         let known = shard.entries.get(&hash)?;

@@ -45,7 +45,8 @@ pub enum HeaderStyle {
     /// the one with the fewest requests remaining (of layers left with
     /// none, the one whose quota is fully back the latest), and a 429's
     /// `Retry-After` waits until every layer that admitted the request and
-    /// was left with none admits again.
+    /// was left with none admits again (but a layer in shadow mode, which
+    /// refuses nothing).
     #[default]
     GitHub,
     /// The same as [`HeaderStyle::GitHub`], which sends all five of
@@ -134,6 +135,16 @@ impl Decoration {
             values: values.clone(),
             ietf,
         })
+    }
+
+    /// This decoration, of a request let through by a layer that does not
+    /// enforce its limit for the key (shadow mode): it refuses nothing,
+    /// so it raises no nearer layer's `Retry-After`.
+    pub(crate) fn enforced(mut self, enforce: bool) -> Self {
+        if !enforce {
+            self.empty_for = 0;
+        }
+        self
     }
 
     /// A nearer layer's refusal (a 429, with its `Retry-After`) of a

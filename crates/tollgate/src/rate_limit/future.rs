@@ -229,6 +229,7 @@ where
                             decoration,
                             settling,
                             responder,
+                            enforce,
                         } = *settle;
                         // A gRPC call's status is its code's.
                         let status = match responder.protocol {
@@ -243,6 +244,7 @@ where
                                     response: Some(result),
                                     decoration,
                                     responder,
+                                    enforce,
                                 });
                                 continue;
                             }
@@ -263,12 +265,13 @@ where
                 response,
                 decoration,
                 responder,
+                enforce,
             } => {
                 let settled = ready!(settled.as_mut().poll(cx));
                 // After a failed settlement the headers show the
                 // reservation's state.
                 let decoration = match settled {
-                    Ok(decision) => responder.decoration(&decision),
+                    Ok(decision) => (responder.decoration(&decision)).map(|d| d.enforced(*enforce)),
                     Err(error) => {
                         responder.telemetry.store_failed(None, &error);
                         decoration.take()
