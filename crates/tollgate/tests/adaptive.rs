@@ -468,3 +468,51 @@ async fn a_503_a_tollgate_layer_inside_made_itself_is_not_the_services_overload(
     );
     assert_eq!(state.snapshot().limit, 9);
 }
+
+/// A Tollgate layer's own answers inside are no samples of the service,
+/// whatever their status: a rejection status of 403, and a missing key's
+/// 400. Only its overload-like ones (503) were marked, so a 403 refusal,
+/// answered in microseconds, was a request served, and raised the limit.
+#[tokio::test(start_paused = true)]
+async fn a_tollgate_layers_own_answer_of_any_status_is_not_a_sample() {
+    use tollgate::{Algorithm, HeaderKey, Policy, RateLimitLayer};
+
+    let limit = AdaptiveLimit::builder("api")
+        .algorithm(tollgate::LimitAlgorithm::Aimd {
+            latency_ceiling: Duration::from_millis(100),
+        })
+        .bounds(1, 100)
+        .initial(1)
+        .sample_window(Duration::ZERO, 1)
+        .build()
+        .unwrap();
+    let protect = layer(limit);
+    let state = protect.handle();
+    let per_user = RateLimitLayer::new(
+        Policy::new("per-user", Algorithm::Gcra, "1/min").unwrap(),
+        HeaderKey::new(http::HeaderName::from_static("x-user")),
+    )
+    .rejection_status(StatusCode::FORBIDDEN)
+    .unwrap();
+    let app = Router::new()
+        .route("/work", get(|| async { "done" }))
+        .layer(per_user)
+        .layer(protect);
+    let send = |user: Option<&'static str>| {
+        let request = Request::get("/work");
+        let request = match user {
+            Some(user) => request.header("x-user", user),
+            None => request,
+        };
+        app.clone().oneshot(request.body(Body::empty()).unwrap())
+    };
+    // Served at the limit of one: it grows to 2.
+    assert_eq!(send(Some("ada")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(state.snapshot().limit, 2);
+    assert_eq!(
+        send(Some("ada")).await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(send(None).await.unwrap().status(), StatusCode::BAD_REQUEST);
+    assert_eq!(state.snapshot().limit, 2);
+}

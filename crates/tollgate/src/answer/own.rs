@@ -44,10 +44,14 @@ pub(crate) fn reads_as_limited<B>(response: &Response<B>) -> bool {
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
-/// Marks `response`, a layer's own answer, if it reads as overload (only
-/// then: the mark costs an allocation).
+/// Marks `response`, a layer's own answer, unless it reads as a limit's
+/// refusal, which a layer around tells by its status alone (the mark
+/// costs an allocation): a 503 of a store failing closed, a rejection
+/// status or an answer of the app's own (a 403, say), an operator's deny,
+/// a missing key's 400 or 500. Unmarked, a layer around took those for
+/// the service's answers: an overload, or a fast request served.
 pub(crate) fn mark<B>(response: &mut Response<B>) {
-    if reads_as_overload(response) {
+    if !reads_as_limited(response) {
         response.extensions_mut().insert(OwnAnswer);
     }
 }
