@@ -305,11 +305,14 @@ impl Sim {
             None => None,
             Some(state) => {
                 let at = ORIGIN + from_micros(now);
+                // Asked before the critical request's own refusal, which
+                // closes the classes below it: asked after, it never was.
+                let sheddable_admitted =
+                    class == Priority::Critical && state.would_admit(Priority::Sheddable, at);
                 match state.try_acquire(class, at) {
                     Some(permit) => Some(permit),
                     None => {
-                        let inverted = class == Priority::Critical
-                            && state.would_admit(Priority::Sheddable, at);
+                        let inverted = sheddable_admitted;
                         if let Some(window) = self.window(now) {
                             window.offered[index] += 1;
                             window.shed[index] += 1;
