@@ -152,7 +152,19 @@ impl Responder {
     /// (`None` when the layer sends none); `Decoration::write` adds them.
     #[inline]
     pub(crate) fn decoration(&self, decision: &Decision) -> Option<Decoration> {
-        Decoration::new(self.headers, decision, &self.policy, &self.values)
+        Decoration::new(self.headers, decision, &self.policy, &self.values, true)
+    }
+
+    /// [`decoration`](Self::decoration) of a request admitted by a layer
+    /// that `enforce`s its limit for the key, or lets it through in shadow
+    /// mode (see `Decoration::raise_wait`).
+    #[inline]
+    pub(crate) fn admitted_decoration(
+        &self,
+        decision: &Decision,
+        enforce: bool,
+    ) -> Option<Decoration> {
+        Decoration::new(self.headers, decision, &self.policy, &self.values, enforce)
     }
 
     /// Records a decision of the store, and what became of the request.

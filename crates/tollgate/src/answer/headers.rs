@@ -94,6 +94,9 @@ pub(crate) struct Decoration {
     /// When this layer admits a request again, in whole seconds rounded
     /// up, if the decision left its binding limit empty; else 0.
     empty_for: u32,
+    /// Whether the layer enforces its limit for the key (not in shadow
+    /// mode): a settlement's decoration is made so too.
+    pub(crate) enforce: bool,
     style: HeaderStyle,
     values: Values,
     /// `RateLimit-Policy` and `RateLimit`, when the style sends them: made
@@ -103,12 +106,15 @@ pub(crate) struct Decoration {
 
 impl Decoration {
     /// The headers of `style` for `decision` under the policy `policy`,
-    /// whose values are `values`, or `None` for a style that sends none.
+    /// whose values are `values`, or `None` for a style that sends none;
+    /// made by a layer that `enforce`s its limit for the key (not in
+    /// shadow mode: see [`Decoration::raise_wait`]).
     pub(crate) fn new(
         style: HeaderStyle,
         decision: &Decision,
         policy: &str,
         values: &Values,
+        enforce: bool,
     ) -> Option<Self> {
         #[allow(deprecated)] // `GitHubFull`, kept for its users, is `GitHub`
         let ietf = match style {
@@ -119,9 +125,10 @@ impl Decoration {
             HeaderStyle::None => return None,
         };
         let binding = decision.binding();
-        // Of an admitted request only: a denial's own refusal tells its
-        // wait, and one let through in shadow mode refuses nothing.
-        let empty_for = match (decision.is_allowed(), binding.remaining()) {
+        // Of a request admitted by a layer that enforces its limit only: a
+        // denial's own refusal tells its wait, and a layer in shadow mode
+        // refuses nothing.
+        let empty_for = match (enforce && decision.is_allowed(), binding.remaining()) {
             (true, 0) => u32::try_from(retry_after_secs(next_unit(binding, values.drains)))
                 .unwrap_or(u32::MAX),
             _ => 0,
@@ -131,20 +138,23 @@ impl Decoration {
             remaining: binding.remaining(),
             reset_secs: (decision.now() + binding.reset()).as_secs_ceil(),
             empty_for,
+            enforce,
             style,
             values: values.clone(),
             ietf,
         })
     }
 
-    /// This decoration, of a request let through by a layer that does not
-    /// enforce its limit for the key (shadow mode): it refuses nothing,
-    /// so it raises no nearer layer's `Retry-After`.
-    pub(crate) fn enforced(mut self, enforce: bool) -> Self {
-        if !enforce {
-            self.empty_for = 0;
-        }
-        self
+    /// Whether a quota fully back at `reset_secs` is back later than the
+    /// nearer layer's whose GitHub headers `headers` holds (or theirs
+    /// cannot be read).
+    #[cold]
+    fn back_later(reset_secs: u64, headers: &HeaderMap) -> bool {
+        let reset = headers
+            .iter()
+            .find(|(name, _)| **name == X_RATELIMIT_RESET)
+            .and_then(|(_, value)| value.to_str().ok()?.parse::<u64>().ok());
+        reset.is_none_or(|reset| reset < reset_secs)
     }
 
     /// A nearer layer's refusal (a 429, with its `Retry-After`) of a
@@ -190,15 +200,18 @@ impl Decoration {
         // which hashes the name byte by byte: a response holds few headers,
         // and most names differ from this one in length.
         // A nearer layer's figure that cannot be read is replaced.
-        let figure = |headers: &HeaderMap, header: &HeaderName| {
-            let (_, value) = headers.iter().find(|(name, _)| *name == header)?;
-            value.to_str().ok()?.parse::<u64>().ok()
-        };
-        if let Some(nearer) = figure(headers, &X_RATELIMIT_REMAINING) {
+        // (Against the constant name itself: compared with a name behind a
+        // reference, each header cost a whole comparison.)
+        let nearer = headers
+            .iter()
+            .find(|(name, _)| **name == X_RATELIMIT_REMAINING)
+            .and_then(|(_, value)| value.to_str().ok()?.parse::<u64>().ok());
+        if let Some(nearer) = nearer {
             // Of two layers left empty, the one fully back later binds.
-            let longer =
-                || figure(headers, &X_RATELIMIT_RESET).is_none_or(|reset| reset < self.reset_secs);
-            let fewer = nearer > self.remaining || (nearer == 0 && self.remaining == 0 && longer());
+            let fewer = nearer > self.remaining
+                || (nearer == 0
+                    && self.remaining == 0
+                    && Self::back_later(self.reset_secs, headers));
             if !fewer {
                 return;
             }
@@ -488,7 +501,8 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
     if !decision.is_allowed() {
         write_retry_after(decision, headers);
     }
-    if let Some(decoration) = Decoration::new(style, decision, policy, &Values::named(policy)) {
+    if let Some(decoration) = Decoration::new(style, decision, policy, &Values::named(policy), true)
+    {
         decoration.write(headers);
     }
 }

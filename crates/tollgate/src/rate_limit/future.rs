@@ -229,7 +229,6 @@ where
                             decoration,
                             settling,
                             responder,
-                            enforce,
                         } = *settle;
                         // A gRPC call's status is its code's.
                         let status = match responder.protocol {
@@ -244,7 +243,6 @@ where
                                     response: Some(result),
                                     decoration,
                                     responder,
-                                    enforce,
                                 });
                                 continue;
                             }
@@ -265,13 +263,17 @@ where
                 response,
                 decoration,
                 responder,
-                enforce,
             } => {
                 let settled = ready!(settled.as_mut().poll(cx));
                 // After a failed settlement the headers show the
                 // reservation's state.
                 let decoration = match settled {
-                    Ok(decision) => (responder.decoration(&decision)).map(|d| d.enforced(*enforce)),
+                    Ok(decision) => {
+                        // Enforced as the reservation's was (a style that
+                        // sends none has none, and makes none).
+                        let enforce = decoration.as_ref().is_none_or(|d| d.enforce);
+                        responder.admitted_decoration(&decision, enforce)
+                    }
                     Err(error) => {
                         responder.telemetry.store_failed(None, &error);
                         decoration.take()

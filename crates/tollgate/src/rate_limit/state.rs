@@ -65,7 +65,6 @@ pin_project! {
             response: Option<R>,
             decoration: Option<Decoration>,
             responder: Arc<Responder>,
-            enforce: bool,
         },
         Responding {
             response: Option<Response<Bytes>>,
@@ -89,9 +88,6 @@ pub(super) struct Settle {
     pub(super) decoration: Option<Decoration>,
     pub(super) settling: Settling,
     pub(super) responder: Arc<Responder>,
-    /// Whether the layer enforces its limit for the key (see
-    /// `Decoration::enforced`).
-    pub(super) enforce: bool,
 }
 
 impl Finish {
@@ -121,10 +117,9 @@ pub(super) fn next_state<F, R>(
             if decision.is_allowed() && settle.is_none() && decision.delay() == Duration::ZERO =>
         {
             responder.decided(&decision, Verdict::Allowed);
-            let decoration = responder.decoration(&decision);
             State::Calling {
                 future: next.call(),
-                finish: Finish::Headers(decoration.map(|d| d.enforced(enforce))),
+                finish: Finish::Headers(responder.admitted_decoration(&decision, enforce)),
             }
         }
         result => any_state(result, next, responder, waiter, enforce, settle),
@@ -153,15 +148,13 @@ fn any_state<F, R>(
     match result {
         Ok(decision) if decision.is_allowed() => {
             responder.decided(&decision, Verdict::Allowed);
-            let decoration = responder.decoration(&decision);
-            let decoration = decoration.map(|d| d.enforced(enforce));
+            let decoration = responder.admitted_decoration(&decision, enforce);
             let finish = match settle {
                 None => Finish::Headers(decoration),
                 Some(call) => Finish::Settle(Box::new(Settle {
                     decoration,
                     settling: Settling::new(&decision, reserved, call),
                     responder: responder.clone(),
-                    enforce,
                 })),
             };
             if decision.delay() > Duration::ZERO {
