@@ -465,3 +465,45 @@ async fn a_source_started_while_redis_is_down_gives_no_fresh_quota_once_it_answe
     assert_eq!(decision.retry_after(), Some(hour_left));
     assert!(early.is_loaded());
 }
+
+/// After Redis loses the overrides (a restart without persistence, a
+/// failover to a replica that missed writes), a new override is seen by
+/// an instance that saw an older one: the version starts again from
+/// Redis's clock, not from 0, where it repeated the version the instance
+/// had seen, and the instance kept its old table (the old override in
+/// force, the new one never).
+#[tokio::test]
+async fn overrides_set_after_redis_lost_them_are_seen_by_every_instance() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let prefix = unique_prefix("overrides-lost");
+    let (a, b) = (
+        Instance::start(&prefix, &clock).await,
+        Instance::start(&prefix, &clock).await,
+    );
+    let api = api();
+    let raised = Override::limit("1000/min").unwrap();
+    let (old, new) = (Key::header("old"), Key::header("new"));
+    a.overrides
+        .set(&old, &api, raised.clone(), None)
+        .await
+        .unwrap();
+    b.overrides.refresh().await.unwrap();
+    assert_eq!(b.request(&api, "old").await.1, "1000");
+    // Redis loses both keys.
+    let mut redis = redis::Client::open(require_redis().await)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let hash = a.overrides.hash_key().to_owned();
+    let version = format!("{hash}:version");
+    let () = redis::cmd("DEL")
+        .arg(&hash)
+        .arg(&version)
+        .query(&mut redis)
+        .unwrap();
+    a.overrides.set(&new, &api, raised, None).await.unwrap();
+    b.overrides.refresh().await.unwrap();
+    assert_eq!(b.request(&api, "new").await.1, "1000");
+    assert_eq!(b.request(&api, "old").await.1, "10");
+    every_key_has_a_ttl(&mut redis, &prefix);
+}

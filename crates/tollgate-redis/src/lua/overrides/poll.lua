@@ -19,6 +19,11 @@ if now > 0 then
     end
   end
   if dropped > 0 then
+    -- From Redis's clock if the version was lost (see write.lua).
+    if redis.call('EXISTS', KEYS[2]) == 0 then
+      local t = redis.call('TIME')
+      redis.call('SET', KEYS[2], string.format('%d', t[1] * 1000000 + t[2]))
+    end
     redis.call('INCR', KEYS[2])
   end
 end
