@@ -43,7 +43,9 @@ use super::service::AdaptiveConcurrency;
 /// counts as a drop (the limit shrinks), unless a Tollgate layer inside
 /// made that answer itself. A 429 (or `RESOURCE_EXHAUSTED`), a rate
 /// limit's refusal, teaches the limit nothing: its latency is not the
-/// service's at work. A limit inside that makes requests wait (a shaping
+/// service's at work. Nor does any other answer a Tollgate layer inside
+/// makes itself (a rejection status of 403, an operator's deny, a
+/// missing key's 400). A limit inside that makes requests wait (a shaping
 /// delay, a queue) holds their slots here meanwhile, and its wait counts
 /// as their latency: put such limits outside. An error from it, or a request whose client
 /// went away, is [`Completion::Abandoned`](tollgate_core::Completion::Abandoned):

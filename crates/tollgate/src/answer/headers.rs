@@ -95,7 +95,8 @@ pub(crate) struct Decoration {
     /// up, if the decision left its binding limit empty; else 0.
     empty_for: u32,
     /// Whether the layer enforces its limit for the key (not in shadow
-    /// mode): a settlement's decoration is made so too.
+    /// mode), for an admitted request: a settlement's decoration is made
+    /// so too. (A denial's is made as enforced; it raises nothing.)
     pub(crate) enforce: bool,
     style: HeaderStyle,
     values: Values,

@@ -1,7 +1,7 @@
-//! What reads as an overloaded service in a response, and the mark on
-//! the answers a layer makes by itself that read so: an adaptive layer
-//! around it takes those for what they are, a limiter's refusal, not the
-//! service's overload.
+//! What reads as an overloaded service in a response, or as a limit's
+//! refusal, and the mark on the answers a layer makes by itself that do
+//! not read as a refusal: an adaptive layer around it takes none of them
+//! for the service at work.
 
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 

@@ -19,12 +19,18 @@ if now > 0 then
     end
   end
   if dropped > 0 then
-    -- From Redis's clock if the version was lost (see write.lua).
-    if redis.call('EXISTS', KEYS[2]) == 0 then
-      local t = redis.call('TIME')
-      redis.call('SET', KEYS[2], string.format('%d', t[1] * 1000000 + t[2]))
+    -- At least Redis's clock, as write.lua's.
+    local t = redis.call('TIME')
+    local version = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1,
+                             t[1] * 1000000 + t[2])
+    redis.call('SET', KEYS[2], string.format('%d', version), 'KEEPTTL')
+    -- A version made again here (it was lost) lives as long as its hash,
+    -- or a day if the hash is gone.
+    if redis.call('PTTL', KEYS[2]) == -1 then
+      local ttl = redis.call('PTTL', KEYS[1])
+      if ttl <= 0 then ttl = 86400000 end
+      redis.call('PEXPIRE', KEYS[2], ttl)
     end
-    redis.call('INCR', KEYS[2])
   end
 end
 local keep = tonumber(ARGV[3])

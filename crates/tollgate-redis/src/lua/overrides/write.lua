@@ -10,15 +10,15 @@ if ARGV[2] == '' then
 else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 end
--- A version lost with Redis's data (a restart without persistence, a
--- failover to a replica that missed writes) starts again from Redis's
--- clock, in µs: counted from 0 again, it would repeat versions callers
--- saw with other overrides, and they would keep their old table.
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local t = redis.call('TIME')
-  redis.call('SET', KEYS[2], string.format('%d', t[1] * 1000000 + t[2]))
-end
-local version = redis.call('INCR', KEYS[2])
+-- The next version is at least Redis's clock, in µs: a version lost or
+-- rolled back with Redis's data (a restart without persistence, a
+-- failover to a replica that missed writes), counted on by one, would
+-- repeat versions callers saw with other overrides, and they would keep
+-- their old table.
+local t = redis.call('TIME')
+local version = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1,
+                         t[1] * 1000000 + t[2])
+redis.call('SET', KEYS[2], string.format('%d', version), 'KEEPTTL')
 local keep = tonumber(ARGV[3])
 for _, key in ipairs(KEYS) do
   local ttl = redis.call('PTTL', key)
@@ -26,4 +26,4 @@ for _, key in ipairs(KEYS) do
     redis.call('PEXPIRE', key, keep)
   end
 end
-return version
+return string.format('%d', version)
