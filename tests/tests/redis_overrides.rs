@@ -177,10 +177,7 @@ async fn an_expiry_restores_the_plan_by_the_clock_and_is_cleaned_up_in_redis() {
     assert_eq!(a.request(&api, "acme").await.1, "10");
 
     // The hash outlives the override: its TTL is past the week.
-    let mut redis = redis::Client::open(require_redis().await)
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut redis = admin().await;
     let hash = a.overrides.hash_key().to_owned();
     let ttl: i64 = redis::cmd("PTTL").arg(&hash).query(&mut redis).unwrap();
     assert!(ttl > week.as_millis() as i64, "ttl {ttl}");
@@ -215,10 +212,7 @@ async fn an_expiry_at_the_end_of_time_is_in_force_and_kept_a_hundred_years() {
     }
     b.overrides.refresh().await.unwrap();
     assert_eq!(b.request(&api, "acme").await.1, "1000");
-    let mut redis = redis::Client::open(require_redis().await)
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut redis = admin().await;
     let hash = a.overrides.hash_key().to_owned();
     let ttl: i64 = redis::cmd("PTTL").arg(&hash).query(&mut redis).unwrap();
     let century = 100 * 365 * 86_400 * 1_000;
@@ -252,10 +246,7 @@ async fn after_a_restart_the_override_is_still_in_force() {
         second.request(&api, "acme").await,
         (StatusCode::OK, "1000".into(), "998".into())
     );
-    let mut redis = redis::Client::open(require_redis().await)
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut redis = admin().await;
     every_key_has_a_ttl(&mut redis, &prefix);
 }
 
@@ -329,6 +320,14 @@ impl StatusOf for RedisStore {
             .unwrap()
             .remaining()
     }
+}
+
+/// A connection of the test's own to the suite's Redis.
+async fn admin() -> redis::Connection {
+    redis::Client::open(require_redis().await)
+        .unwrap()
+        .get_connection()
+        .unwrap()
 }
 
 /// Every key under `prefix` has a TTL.
@@ -491,10 +490,7 @@ async fn overrides_set_after_redis_lost_them_are_seen_by_every_instance() {
     // Redis loses the overrides, and its version goes back to what it was
     // before the first (a replica that missed the write); then both are
     // lost.
-    let mut redis = redis::Client::open(require_redis().await)
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut redis = admin().await;
     let hash = a.overrides.hash_key().to_owned();
     let version = format!("{hash}:version");
     let seen: i64 = redis::cmd("GET").arg(&version).query(&mut redis).unwrap();

@@ -152,7 +152,7 @@ impl Responder {
     /// (`None` when the layer sends none); `Decoration::write` adds them.
     #[inline]
     pub(crate) fn decoration(&self, decision: &Decision) -> Option<Decoration> {
-        Decoration::new(self.headers, decision, &self.policy, &self.values, true)
+        self.admitted_decoration(decision, true)
     }
 
     /// [`decoration`](Self::decoration) of a request admitted by a layer
