@@ -244,8 +244,9 @@ pub enum DecidedBy {
     /// A local fallback, deciding while the store failed: its cost settles
     /// in that fallback, as the store never counted it.
     LocalFallback,
-    /// No one counted the request: let through while the store failed, or
-    /// exempt by an override. Settling it changes nothing anywhere.
+    /// No one counted the request: let through while the store failed,
+    /// exempt by an override, or refused by an operator's deny. Settling
+    /// it changes nothing anywhere.
     NoOne,
 }
 

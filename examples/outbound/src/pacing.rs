@@ -144,6 +144,7 @@ impl<St: Store + Clone> PartnerLimits<St> {
             // The peak never makes a worker wait longer than its period.
             Err(WaitError::TooLong { needed, .. }) if needed > self.period => Err(Stop::DayIsOver),
             Err(WaitError::TooLong { .. }) => Err(Stop::NotInTime),
+            Err(error @ WaitError::DeniedByOperator { .. }) => Err(failed(error)),
             // `WaitError` may grow: whatever else it says, waiting on is
             // no use today.
             Err(_) => Err(Stop::DayIsOver),

@@ -17,6 +17,7 @@ use tollgate_core::{
     Store, StoreError,
 };
 
+use crate::answer::Protocol;
 use crate::answer::headers::HeaderStyle;
 use crate::fallback::{Answer, FailureMode, FallbackStore, InstanceCount, Reserved, let_through};
 use crate::macros::failure_setters;
@@ -258,7 +259,9 @@ impl<St> RateLimiter<St> {
     /// `application/problem+json` body naming the limiter's policy,
     /// `Retry-After`, and the rate-limit headers of `style`. For a
     /// middleware or handler that decides with a limiter (the same as
-    /// [`rejection`](crate::rejection) with the policy's name).
+    /// [`rejection`](crate::rejection) with the policy's name). A key an
+    /// operator's override denies gets the layer's answer to it: 403 with
+    /// a problem body, and `Retry-After` the rest of the deny if it ends.
     ///
     /// ```
     /// use http::StatusCode;
@@ -278,7 +281,11 @@ impl<St> RateLimiter<St> {
     /// # }
     /// ```
     pub fn rejection(&self, decision: &Decision, style: HeaderStyle) -> Response<Bytes> {
-        crate::answer::rejection(decision, self.policy.name(), style)
+        let name = self.policy.name();
+        match overridden::denial(decision) {
+            Some(ends_in) => crate::answer::denied_by_operator(name, ends_in, Protocol::Http),
+            None => crate::answer::rejection(decision, name, style),
+        }
     }
 }
 
@@ -513,7 +520,10 @@ impl<St: Store> RateLimiter<St> {
     /// denied reservation reserved nothing, whatever `reserved` says: only
     /// a charge of `actual` (work that ran anyway) is settled, and with
     /// `actual` of 0 the store is not asked and the reservation is
-    /// returned.
+    /// returned. A `reserved` above the reservation's own
+    /// [cost](Decision::cost) counts as that cost: no settlement refunds
+    /// more than its reservation took. Settle each reservation once: a
+    /// second settlement of it refunds (or charges) again.
     pub async fn settle(
         &self,
         key: &Key,
@@ -527,8 +537,11 @@ impl<St: Store> RateLimiter<St> {
         // A refund of a denial would be quota no one reserved: a client
         // could mint it by being denied. With nothing to charge either, the
         // store is not asked.
+        // Nor can a caller's figure refund more than the reservation's own
+        // cost: settled as a larger reservation, a small one would mint
+        // the difference.
         let reserved = match reservation.is_allowed() {
-            true => reserved,
+            true => reserved.min(reservation.cost()),
             false if actual == 0 => return Ok(reservation.clone()),
             false => 0,
         };

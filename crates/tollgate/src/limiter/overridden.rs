@@ -24,7 +24,8 @@ pub(super) enum Checked {
 /// full (as a request let through); a denied one is refused, for the rest
 /// of the deny if it expires, or for good
 /// ([`Outcome::CostExceedsCapacity`] of a capacity of 0: no waiting admits
-/// it, so `until_ready` returns at once).
+/// it, so `until_ready` returns at once). [`denial`] tells such a refusal
+/// from the store's.
 pub(super) fn checked(
     source: &dyn OverrideSource,
     key: &Key,
@@ -55,4 +56,15 @@ pub(super) fn checked(
         }
         Applied::Pending => Checked::Pending,
     })
+}
+
+/// The operator's deny that `decision` stands for, if [`checked`] made it:
+/// `Some(ends_in)`, `None` for a decision of the store's (or the local
+/// fallback's). Only a deny is a refusal that no one counted.
+pub(super) fn denial(decision: &Decision) -> Option<Option<Duration>> {
+    let by_no_one = match decision.decided_by() {
+        DecidedBy::NoOne => true,
+        DecidedBy::Store | DecidedBy::LocalFallback => false,
+    };
+    (by_no_one && !decision.is_allowed()).then(|| decision.retry_after())
 }

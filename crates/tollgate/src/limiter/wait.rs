@@ -34,6 +34,13 @@ pub enum WaitError {
         /// The maximum wait that was given.
         max_wait: Duration,
     },
+    /// An operator's override denies the key, until lifted: waiting cannot
+    /// help. (A deny that ends is waited out, as any refusal.)
+    #[error("an operator denies this key under policy {policy}, until lifted")]
+    DeniedByOperator {
+        /// The policy's name.
+        policy: String,
+    },
     /// The store failed; the message says how.
     #[error("rate-limit store failed: {0}")]
     Store(#[from] StoreError),
@@ -108,8 +115,9 @@ impl<St: Store> RateLimiter<St> {
     /// # Errors
     ///
     /// [`WaitError::TooLong`] when admission would come after `max_wait`,
-    /// [`WaitError::CostExceedsCapacity`] when it can never come, and
-    /// [`WaitError::Store`] when the store fails.
+    /// [`WaitError::CostExceedsCapacity`] when it can never come,
+    /// [`WaitError::DeniedByOperator`] when an operator denies the key until
+    /// lifted, and [`WaitError::Store`] when the store fails.
     pub async fn until_n_ready(
         &self,
         key: &Key,
@@ -147,10 +155,14 @@ impl<St: Store> RateLimiter<St> {
                 }
                 Outcome::CostExceedsCapacity { cost, capacity } => {
                     self.gave_up(&decision, counted, refused);
-                    return Err(WaitError::CostExceedsCapacity {
-                        policy: self.policy.name().to_owned(),
-                        cost,
-                        capacity,
+                    let policy = self.policy.name().to_owned();
+                    return Err(match super::overridden::denial(&decision) {
+                        Some(_) => WaitError::DeniedByOperator { policy },
+                        None => WaitError::CostExceedsCapacity {
+                            policy,
+                            cost,
+                            capacity,
+                        },
                     });
                 }
                 Outcome::Limited { retry_after } => retry_after,
