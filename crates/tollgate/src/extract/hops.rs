@@ -39,12 +39,23 @@ impl ClientIp {
         let mut examined = 0;
         // Later header lines were appended by nearer proxies.
         for value in headers.get_all(&name).iter().rev() {
-            for entry in value.as_bytes().rsplit(|&b| b == b',') {
+            let entries: &mut dyn Iterator<Item = Option<&[u8]>> = match self.header {
+                ForwardedHeader::XForwardedFor => {
+                    &mut value.as_bytes().rsplit(|&b| b == b',').map(Some)
+                }
+                // A comma inside a quoted string (a `host` the client
+                // wrote, say) does not end an element.
+                ForwardedHeader::Forwarded => &mut Elements {
+                    rest: Some(value.as_bytes()),
+                },
+            };
+            for entry in entries {
                 examined += 1;
-                if examined > self.max_hops || entry.len() > MAX_ENTRY_BYTES {
+                let entry = entry.filter(|entry| entry.len() <= MAX_ENTRY_BYTES);
+                if examined > self.max_hops {
                     return None;
                 }
-                let entry = std::str::from_utf8(entry).ok()?;
+                let entry = std::str::from_utf8(entry?).ok()?;
                 let parsed = match self.header {
                     ForwardedHeader::XForwardedFor => parse_hop(entry),
                     ForwardedHeader::Forwarded => parse_forwarded_for(entry),
@@ -72,15 +83,109 @@ fn parse_hop(entry: &str) -> Option<IpAddr> {
         .or_else(|| entry.strip_prefix('[')?.strip_suffix(']')?.parse().ok())
 }
 
-/// The `for=` address of one `Forwarded` element.
+/// The elements of one `Forwarded` value, the rightmost first (RFC 7239:
+/// elements separated by commas, each a list of `name=value` pairs, a
+/// value a token or a quoted string with `\` escapes). A comma or `"`
+/// inside a quoted string is the string's: a client that writes its own
+/// `host` can end no element early, so it cannot name its own address as
+/// a hop. `None` for an element whose quotes do not close, or that is
+/// longer than [`MAX_ENTRY_BYTES`]: the scan stops there.
+struct Elements<'a> {
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.rest.take()?;
+        let mut quoted = false;
+        let floor = rest.len().saturating_sub(MAX_ENTRY_BYTES + 1);
+        for i in (floor..rest.len()).rev() {
+            match rest[i] {
+                // Preceded by an odd number of `\`, a `"` is escaped
+                // (which only a quoted string allows).
+                b'"' if rest[floor..i]
+                    .iter()
+                    .rev()
+                    .take_while(|&&b| b == b'\\')
+                    .count()
+                    % 2
+                    == 0 =>
+                {
+                    quoted = !quoted;
+                }
+                b',' if !quoted => {
+                    self.rest = Some(&rest[..i]);
+                    return Some(Some(&rest[i + 1..]));
+                }
+                _ => {}
+            }
+        }
+        // The left end of the value, unless the element is longer than
+        // any read.
+        Some((floor == 0 && !quoted).then_some(rest))
+    }
+}
+
+/// The `for=` address of one `Forwarded` element, parsed whole: `None`
+/// for a pair without `=`, an unclosed or stray quote, or `for` given
+/// twice (each parameter occurs once in an element).
 fn parse_forwarded_for(element: &str) -> Option<IpAddr> {
-    element.split(';').find_map(|pair| {
-        let (name, value) = pair.trim().split_once('=')?;
-        if !name.trim().eq_ignore_ascii_case("for") {
+    let mut found = None;
+    for pair in outside_quotes(element, ';') {
+        let pair = pair.trim();
+        if pair.is_empty() {
+            continue;
+        }
+        let (name, value) = pair.split_once('=')?;
+        let value = unquoted(value.trim())?;
+        if name.trim().eq_ignore_ascii_case("for") && found.replace(value).is_some() {
             return None;
         }
-        parse_hop(value.trim().trim_matches('"'))
+    }
+    parse_hop(&found?)
+}
+
+/// `text` split at each `separator` outside a quoted string.
+fn outside_quotes(text: &str, separator: char) -> impl Iterator<Item = &str> {
+    let (mut quoted, mut escaped) = (false, false);
+    text.split(move |c: char| {
+        if escaped {
+            escaped = false;
+            return false;
+        }
+        match c {
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c => return !quoted && c == separator,
+        }
+        false
     })
+}
+
+/// A parameter's value: a token as it is, a quoted string without its
+/// quotes and escapes; `None` for a stray quote in a token or a quoted
+/// string that does not end at the value's end.
+fn unquoted(value: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let Some(inner) = value.strip_prefix('"') else {
+        return (!value.contains('"')).then_some(std::borrow::Cow::Borrowed(value));
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?),
+            '"' => {
+                return chars
+                    .as_str()
+                    .is_empty()
+                    .then_some(std::borrow::Cow::Owned(out));
+            }
+            c => out.push(c),
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -206,5 +311,44 @@ mod tests {
         );
         let hidden = headers("forwarded", &["for=_hidden"]);
         assert_eq!(c.client(ip("10.0.0.1"), &hidden), None);
+    }
+
+    /// A comma, `;` or escaped quote inside a quoted string belongs to
+    /// the string: a client that writes its own `Host`, which a proxy
+    /// quotes into its element, named its own address as the nearest hop
+    /// (6.6.6.6 for each of these, found by an audit).
+    #[test]
+    fn a_quoted_string_in_forwarded_ends_no_element_and_no_pair() {
+        let c = ClientIp::new()
+            .trusted_proxies(["10.0.0.0/8"])
+            .unwrap()
+            .forwarded_header(ForwardedHeader::Forwarded);
+        let client = |value: &str| c.client(ip("10.0.0.1"), &headers("forwarded", &[value]));
+        for value in [
+            r#"for=203.0.113.7;host="example.com, for=6.6.6.6""#,
+            r#"host="example.com, for=6.6.6.6";for=203.0.113.7"#,
+            r#"host="x;for=6.6.6.6";for=203.0.113.7"#,
+            r#"for=203.0.113.7;host="a\", for=6.6.6.6""#,
+            r#"for=1.1.1.1, for=203.0.113.7;host="b,c""#,
+        ] {
+            assert_eq!(client(value), Some(ip("203.0.113.7")), "{value}");
+        }
+        // The hop left of a trusted one's element, past its quoted comma.
+        assert_eq!(
+            client(r#"for=203.0.113.7, for=10.0.0.2;host="a, for=6.6.6.6""#),
+            Some(ip("203.0.113.7"))
+        );
+        // Malformed: no key, never an address the client chose.
+        for value in [
+            r#"for=203.0.113.7;host="open"#,
+            r#"for=6.6.6.6;for=203.0.113.7"#,
+            r#"for=203.0.113.7;host=a"b"#,
+            r#"for="203.0.113.7"x"#,
+        ] {
+            assert_eq!(client(value), None, "{value}");
+        }
+        // A quoted element longer than any read.
+        let long = format!(r#"for=203.0.113.7;host="{}""#, "a".repeat(300));
+        assert_eq!(client(&long), None);
     }
 }
