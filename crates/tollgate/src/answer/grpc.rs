@@ -217,6 +217,15 @@ fn status_of(code: Code, message: &str) -> Vec<u8> {
 /// A `google.rpc.Status` of `code` and `message` whose one detail is a
 /// `google.rpc.RetryInfo` of `wait`, in protobuf's wire format.
 fn status_with_retry_info(code: Code, message: &str, wait: Duration) -> Vec<u8> {
+    let mut status = status_of(code, message);
+    bytes_field(&mut status, 3, &retry_info(wait));
+    status
+}
+
+const RETRY_INFO: &[u8] = b"type.googleapis.com/google.rpc.RetryInfo";
+
+/// A `google.protobuf.Any` of a `google.rpc.RetryInfo` of `wait`.
+fn retry_info(wait: Duration) -> Vec<u8> {
     // google.protobuf.Duration { int64 seconds = 1; int32 nanos = 2; }
     let mut duration = Vec::new();
     if wait.as_secs() > 0 {
@@ -230,11 +239,95 @@ fn status_with_retry_info(code: Code, message: &str, wait: Duration) -> Vec<u8> 
     bytes_field(&mut retry_info, 1, &duration);
     // google.protobuf.Any { string type_url = 1; bytes value = 2; }
     let mut any = Vec::new();
-    bytes_field(&mut any, 1, b"type.googleapis.com/google.rpc.RetryInfo");
+    bytes_field(&mut any, 1, RETRY_INFO);
     bytes_field(&mut any, 2, &retry_info);
-    let mut status = status_of(code, message);
-    bytes_field(&mut status, 3, &any);
-    status
+    any
+}
+
+/// Tells the gRPC refusal in `headers` to wait `wait`, which is longer
+/// than the wait it tells: its pushback (unless it says never to retry)
+/// and its `RetryInfo`. For a nearer layer's refusal of a request an outer
+/// layer admitted and left empty (see `Decoration::raise_wait`).
+pub(super) fn wait_longer(headers: &mut http::HeaderMap, wait: Duration) {
+    if headers.get(PUSHBACK).is_some_and(|told| told != "-1") {
+        headers.insert(PUSHBACK, pushback(Some(wait)));
+    }
+    let engine = base64::engine::general_purpose::STANDARD_NO_PAD;
+    let details = headers.get(DETAILS).map(|value| {
+        // Written unpadded; read either way.
+        let value = value.as_bytes();
+        engine.decode(
+            value
+                .strip_suffix(b"==")
+                .or(value.strip_suffix(b"="))
+                .unwrap_or(value),
+        )
+    });
+    let Some(Ok(details)) = details else {
+        return;
+    };
+    let Some(raised) = with_retry_info(&details, wait) else {
+        return;
+    };
+    if let Ok(value) = HeaderValue::from_str(&engine.encode(raised)) {
+        headers.insert(DETAILS, value);
+    }
+}
+
+/// The `google.rpc.Status` `status` with each `RetryInfo` detail's delay
+/// `wait`, every other field as it was; `None` if `status` is not
+/// protobuf's wire format.
+fn with_retry_info(status: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(status.len() + 8);
+    let mut rest = status;
+    while !rest.is_empty() {
+        let (field, value, after) = next_field(rest)?;
+        let is_retry_info = match value {
+            Some(any) if field == 3 => {
+                let (url_field, url, _) = next_field(any)?;
+                url_field == 1 && url == Some(RETRY_INFO)
+            }
+            Some(_) | None => false,
+        };
+        match is_retry_info {
+            true => bytes_field(&mut out, 3, &retry_info(wait)),
+            false => out.extend_from_slice(&rest[..rest.len() - after.len()]),
+        }
+        rest = after;
+    }
+    Some(out)
+}
+
+/// A field in protobuf's wire format: its number, its bytes if
+/// length-delimited (`None` for a varint), and what follows it.
+type Field<'a> = (u64, Option<&'a [u8]>, &'a [u8]);
+
+/// The first field of `bytes`. `None` for a wire type other than a varint
+/// or bytes, or bytes cut short.
+fn next_field(bytes: &[u8]) -> Option<Field<'_>> {
+    let (tag, rest) = read_varint(bytes)?;
+    let (number, value) = read_varint(rest)?;
+    match tag & 7 {
+        0 => Some((tag >> 3, None, value)),
+        2 => {
+            let len = usize::try_from(number).ok()?;
+            let body = value.get(..len)?;
+            Some((tag >> 3, Some(body), &value[len..]))
+        }
+        _ => None,
+    }
+}
+
+/// A varint at the start of `bytes`, and what follows it.
+fn read_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (i, &byte) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((value, &bytes[i + 1..]));
+        }
+    }
+    None
 }
 
 fn varint_field(out: &mut Vec<u8>, field: u8, value: u64) {
@@ -351,6 +444,38 @@ mod tests {
         assert_eq!(pushback(Some(Duration::from_secs(1))), "1000");
         assert_eq!(pushback(Some(Duration::from_micros(66_000_001))), "66001");
         assert_eq!(pushback(None), "-1");
+    }
+
+    /// A refusal's `RetryInfo` is replaced, its other details kept;
+    /// details that do not parse are left alone, without a panic.
+    #[test]
+    fn a_retry_info_is_raised_in_place() {
+        let violation = Violation {
+            subject: "user-1",
+            description: "limit 1/10s exceeded",
+        };
+        let wait = Some(Duration::from_secs(10));
+        let details = status_details(Code::ResourceExhausted, "m", wait, &violation);
+        let raised = with_retry_info(&details, Duration::from_secs(60)).unwrap();
+        let expected = status_details(
+            Code::ResourceExhausted,
+            "m",
+            Some(Duration::from_secs(60)),
+            &violation,
+        );
+        assert_eq!(raised, expected);
+        let never = status_details(Code::ResourceExhausted, "m", None, &violation);
+        assert_eq!(
+            with_retry_info(&never, Duration::from_secs(60)).unwrap(),
+            never
+        );
+        for garbage in [&b"\xff"[..], &[0x1a, 9, 1], &[0x0b], &[0x08]] {
+            assert_eq!(
+                with_retry_info(garbage, Duration::from_secs(1)),
+                None,
+                "{garbage:?}"
+            );
+        }
     }
 
     #[test]

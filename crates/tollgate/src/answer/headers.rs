@@ -158,15 +158,15 @@ impl Decoration {
         reset.is_none_or(|reset| reset < reset_secs)
     }
 
-    /// A nearer layer's refusal (a 429, with its `Retry-After`) of a
+    /// A nearer layer's refusal (a 429, with its `Retry-After`; or gRPC's
+    /// `RESOURCE_EXHAUSTED`, with its pushback and `RetryInfo` too) of a
     /// request this layer admitted and left empty waits at least until
     /// this layer admits a request again: the client would meet this one's
-    /// refusal next. (A gRPC refusal is an HTTP 200 that tells its wait in
-    /// its pushback and `RetryInfo`, which stay the nearer layer's.)
+    /// refusal next.
     #[inline]
-    pub(crate) fn raise_wait(&self, status: http::StatusCode, headers: &mut HeaderMap) {
-        if self.empty_for > 0 && status == http::StatusCode::TOO_MANY_REQUESTS {
-            wait_at_least(headers, u64::from(self.empty_for));
+    pub(crate) fn raise_wait<B>(&self, response: &mut http::Response<B>) {
+        if self.empty_for > 0 {
+            raise_wait(response, u64::from(self.empty_for));
         }
     }
 
@@ -232,13 +232,24 @@ impl Decoration {
     }
 }
 
-/// Raises the `Retry-After` of a refusal in `headers`, if any, to `secs`
-/// (one that is not a number of seconds, a date the app set, is left).
-fn wait_at_least(headers: &mut HeaderMap, secs: u64) {
+/// Raises the wait a refusal in `response` tells, if it is one (a 429, or
+/// gRPC's `RESOURCE_EXHAUSTED`) and tells a shorter one, to `secs`: its
+/// `Retry-After` (one that is not a number of seconds, a date the app
+/// set, is left as it is), and a gRPC refusal's pushback and `RetryInfo`.
+#[cold]
+fn raise_wait<B>(response: &mut http::Response<B>, secs: u64) {
+    if super::grpc::http_status(response) != http::StatusCode::TOO_MANY_REQUESTS {
+        return;
+    }
+    let grpc = response.status() == http::StatusCode::OK;
+    let headers = response.headers_mut();
     let told = headers.get(http::header::RETRY_AFTER);
     let told = told.and_then(|t| t.to_str().ok()?.parse::<u64>().ok());
     if told.is_some_and(|told| told < secs) {
         headers.insert(http::header::RETRY_AFTER, number(secs));
+        if grpc {
+            super::grpc::wait_longer(headers, std::time::Duration::from_secs(secs));
+        }
     }
 }
 

@@ -130,8 +130,7 @@ where
             let result = ready!(future.poll(cx));
             let mut response = result?.map(M::inner);
             if let Finish::Headers(Some(decoration)) = finish.take() {
-                let status = response.status();
-                decoration.raise_wait(status, response.headers_mut());
+                decoration.raise_wait(&mut response);
                 decoration.write(response.headers_mut());
             }
             return Poll::Ready(Ok(response));
@@ -252,8 +251,7 @@ where
                 };
                 let mut response = result?.map(M::inner);
                 if let Some(decoration) = decoration {
-                    let status = response.status();
-                    decoration.raise_wait(status, response.headers_mut());
+                    decoration.raise_wait(&mut response);
                     decoration.write(response.headers_mut());
                 }
                 return Poll::Ready(Ok(response));
@@ -285,8 +283,7 @@ where
                 };
                 let mut response = result?.map(M::inner);
                 if let Some(decoration) = decoration {
-                    let status = response.status();
-                    decoration.raise_wait(status, response.headers_mut());
+                    decoration.raise_wait(&mut response);
                     decoration.write(response.headers_mut());
                 }
                 return Poll::Ready(Ok(response));

@@ -237,6 +237,41 @@ fn grpc_details(res: &Response<impl Sized>) -> impl Fn(&[u8]) -> bool {
     move |needle: &[u8]| details.windows(needle.len()).any(|w| w == needle)
 }
 
+/// A nearer gRPC layer's refusal of a call an outer layer admitted and
+/// left empty tells the outer layer's wait, in each form a gRPC client
+/// reads it: `retry-after`, the pushback and `RetryInfo` (they told the
+/// nearer layer's 10 s, where the client would meet the outer layer's
+/// refusal until the minute's end). The rest of the details stay.
+#[tokio::test]
+async fn a_grpc_refusal_waits_for_an_outer_layer_left_empty() {
+    let (_, store) = clock_and_store();
+    let layer = |name: &str, limit: &str| {
+        let policy = Policy::new(name, Algorithm::FixedWindow, limit).unwrap();
+        RateLimitLayer::new(policy, GlobalKey)
+            .store(store.clone())
+            .grpc()
+    };
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer("user-1", "1/10s"))
+        .layer(layer("ip-2", "2/min"));
+    assert_eq!(super::T0 % 60, 0);
+    app.clone().oneshot(get_root()).await.unwrap();
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("60000"));
+    let has = grpc_details(&res);
+    // Any { value: RetryInfo { retry_delay: Duration { seconds: 60 } } }
+    assert!(has(&[0x12, 4, 0x0a, 2, 0x08, 60]));
+    assert!(!has(&[0x12, 4, 0x0a, 2, 0x08, 10]));
+    assert!(has(b"google.rpc.QuotaFailure") && has(b"limit 1/10s exceeded"));
+    assert_eq!(
+        header(&res, "grpc-message"),
+        Some("limit 'user-1' exceeded, retry in 10 s")
+    );
+}
+
 /// A gRPC client of a key an operator blocked is pushed back for the rest
 /// of the block, and told it is a block rather than which limit fired.
 #[tokio::test]
