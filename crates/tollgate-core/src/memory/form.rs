@@ -61,20 +61,61 @@ impl Maps {
     }
 
     /// Forgets every key, block and fence expired by `now`; returns the
-    /// earliest expiry of the keys kept, and the earliest end of the blocks
-    /// and fences kept.
-    pub(super) fn retain_live(&mut self, now: u64) -> (u64, u64) {
+    /// earliest expiry of the keys kept, the earliest end of the blocks
+    /// and fences kept, and when the keys kept expire.
+    pub(super) fn retain_live(&mut self, now: u64) -> (u64, u64, Expiries) {
         let (mut next, mut end) = (u64::MAX, u64::MAX);
-        self.tat.retain(|_, &mut at| live(at, now, &mut next));
-        self.windows
-            .retain(|_, window| live(window.expires_at, now, &mut next));
-        self.full
-            .retain(|_, entry| live(entry.expires_at, now, &mut next));
+        let mut expiries = Expiries::default();
+        let mut key = |at: u64| {
+            let keep = live(at, now, &mut next);
+            if keep {
+                expiries.add(at - now);
+            }
+            keep
+        };
+        self.tat.retain(|_, &mut at| key(at));
+        self.windows.retain(|_, window| key(window.expires_at));
+        self.full.retain(|_, entry| key(entry.expires_at));
         self.blocks
             .retain(|_, &mut until| live(until, now, &mut end));
         self.fences
             .retain(|_, fence| live(fence.until, now, &mut end));
-        (next, end)
+        (next, end, expiries)
+    }
+}
+
+/// How many keys expire how far from a sweep: counts by the power of two
+/// of the wait in µs, so that a full shard knows, without scanning, when
+/// enough of its keys will have expired for a sweep to be worth its scan.
+pub(super) struct Expiries {
+    /// `counts[i]`: the keys that expire between 2^i and 2^(i+1) µs on.
+    counts: [u32; 64],
+}
+
+impl Default for Expiries {
+    fn default() -> Self {
+        Self { counts: [0; 64] }
+    }
+}
+
+impl Expiries {
+    fn add(&mut self, wait_us: u64) {
+        let octave = wait_us.max(1).ilog2() as usize;
+        self.counts[octave] = self.counts[octave].saturating_add(1);
+    }
+
+    /// A wait (µs) by whose end at least `n` of the keys counted will have
+    /// expired, unless decided again meanwhile (at most twice the least
+    /// such wait); `None` if fewer than `n` were counted.
+    pub(super) fn until(&self, n: usize) -> Option<u64> {
+        let mut expired = 0usize;
+        for (octave, &count) in self.counts.iter().enumerate() {
+            expired += count as usize;
+            if expired >= n {
+                return Some(1u64.checked_shl(octave as u32 + 1).unwrap_or(u64::MAX));
+            }
+        }
+        None
     }
 }
 

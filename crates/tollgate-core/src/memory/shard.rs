@@ -43,6 +43,10 @@ const MAX_CONFIGS: usize = 8;
 /// The smallest shard size worth a sweep.
 const MIN_SWEEP: usize = 1_024;
 
+/// The share of a full shard's keys (one in this many) whose expiry makes
+/// a sweep of it due.
+const FULL_SWEEP_SHARE: usize = 16;
+
 /// The [`MEMORY_STORE_KEYS`](crate::telemetry::MEMORY_STORE_KEYS) gauge,
 /// with the `metrics` feature; nothing without it.
 pub(super) struct KeysGauge {
@@ -94,6 +98,10 @@ pub(super) struct Shard {
     next_expiry: u64,
     /// No block or fence held ends before this (µs).
     next_end: u64,
+    /// A full shard sweeps no earlier than this (µs): when at least a
+    /// [`FULL_SWEEP_SHARE`] of the keys it held at its last sweep will
+    /// have expired, so that each scan frees room for many new keys.
+    full_sweep_at: u64,
 }
 
 pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -283,6 +291,7 @@ impl Shard {
             sweep_at: MIN_SWEEP.min(capacity),
             next_expiry: u64::MAX,
             next_end: u64::MAX,
+            full_sweep_at: 0,
         }
     }
 
@@ -403,7 +412,11 @@ impl Shard {
 
     /// Sweeps when the shard has doubled since its last sweep (keys,
     /// blocks and fences together) and something it holds has expired by
-    /// `now` (µs), or when its keys fill it and one of them has expired.
+    /// `now` (µs), or when its keys fill it and one of them has expired:
+    /// in a shard of [`MIN_SWEEP`] keys or more, a [`FULL_SWEEP_SHARE`]
+    /// of them. (Otherwise a full shard whose keys expire one by one, as a
+    /// flood of new keys keeps it, would scan itself whole for every new
+    /// key.)
     /// Blocks and fences count towards the doubling, so that those of keys
     /// never seen again are forgotten even in a shard whose keys stay few.
     /// They do not count against `max_keys`, and the end of one makes a
@@ -411,7 +424,8 @@ impl Shard {
     /// sweeps, once per doubling.
     fn sweep_if_due(&mut self, shared: &Shared, now: u64) {
         let grown = self.held() >= self.sweep_at && now >= self.next_expiry.min(self.next_end);
-        let full = self.len() >= shared.shard_capacity && now >= self.next_expiry;
+        let full =
+            self.len() >= shared.shard_capacity && now >= self.next_expiry.max(self.full_sweep_at);
         if grown || full {
             let swept = self.sweep(now);
             shared.keys_gauge.sub(swept);
@@ -423,7 +437,15 @@ impl Shard {
     /// returns how many keys it forgot.
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
-        (self.next_expiry, self.next_end) = self.maps.retain_live(now);
+        let expiries;
+        (self.next_expiry, self.next_end, expiries) = self.maps.retain_live(now);
+        let worth = match self.len() >= MIN_SWEEP {
+            true => self.len() / FULL_SWEEP_SHARE,
+            false => 1,
+        };
+        self.full_sweep_at = expiries
+            .until(worth)
+            .map_or(now, |wait| now.saturating_add(wait));
         before - self.len()
     }
 }
