@@ -21,6 +21,11 @@ use super::{KeyExtractor, MissingCause};
 /// [`Key::MAX_HEADER_BYTES`] is keyed by its digest ([`Key::header`]), so
 /// that a long header costs no table more than 32 bytes.
 ///
+/// A gRPC binary metadata header (a name ending in `-bin`) is keyed by the
+/// bytes its base64 stands for: gRPC reads a value padded and unpadded as
+/// one, so they are one key, not two buckets for one credential. A value
+/// that is not base64 yields no key.
+///
 /// ```
 /// use http::Request;
 /// use tollgate::{HeaderKey, Key, KeyExtractor};
@@ -33,23 +38,67 @@ use super::{KeyExtractor, MissingCause};
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,
+    /// gRPC binary metadata: keyed by what its base64 stands for.
+    binary: bool,
 }
 
 impl HeaderKey {
     /// Keys requests by header `name`.
     pub fn new(name: HeaderName) -> Self {
-        Self { name }
+        let binary = name.as_str().ends_with("-bin");
+        Self { name, binary }
     }
 }
 
 impl<B> KeyExtractor<B> for HeaderKey {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         let value = request.headers().get(&self.name)?;
-        (!value.is_empty()).then(|| Key::header(value.as_bytes()))
+        if value.is_empty() {
+            return None;
+        }
+        if !self.binary {
+            return Some(Key::header(value.as_bytes()));
+        }
+        use base64::Engine as _;
+        // Padded or not, as gRPC reads it.
+        let text = value.as_bytes();
+        let unpadded = text.strip_suffix(b"==").or(text.strip_suffix(b"="));
+        let decoded = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(unpadded.unwrap_or(text))
+            .ok()?;
+        Some(Key::header(decoded))
     }
 
     /// The client must send the header: [`MissingCause::Client`].
     fn missing(&self, _: &Request<B>) -> MissingCause {
-        MissingCause::Client(Cow::Owned(format!("send the {} header", self.name)))
+        let base64 = if self.binary { ", in base64" } else { "" };
+        MissingCause::Client(Cow::Owned(format!("send the {} header{base64}", self.name)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One binary metadata value, padded or not, is one key: tonic reads
+    /// both as the same bytes, so a client alternating them had two
+    /// buckets (found by an audit). Not base64: no key.
+    #[test]
+    fn a_binary_header_is_keyed_by_its_bytes() {
+        let key = HeaderKey::new(HeaderName::from_static("x-token-bin"));
+        let with = |value: &str| {
+            let request = Request::get("/").header("x-token-bin", value).body(());
+            key.extract(&request.unwrap())
+        };
+        assert_eq!(with("YWJjZA=="), Some(Key::header(b"abcd")));
+        assert_eq!(with("YWJjZA"), Some(Key::header(b"abcd")));
+        assert_eq!(with("not base64!"), None);
+        // A text header is keyed by its text.
+        let text = HeaderKey::new(HeaderName::from_static("x-token"));
+        let request = Request::get("/").header("x-token", "YWJjZA==").body(());
+        assert_eq!(
+            text.extract(&request.unwrap()),
+            Some(Key::header("YWJjZA=="))
+        );
     }
 }
