@@ -360,3 +360,107 @@ async fn a_settlement_refunds_no_more_than_its_reservation_took() {
     let after = limiter.settle(&key, &small, 1_000, 0).await.unwrap();
     assert_eq!(after.remaining(), 1);
 }
+
+/// A store that counts the checks it is asked for.
+#[derive(Clone)]
+struct Counting {
+    store: MemoryStore,
+    checks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tollgate::Store for Counting {
+    async fn check(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<tollgate::Decision, tollgate::StoreError> {
+        (self.checks).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.store.check(key, policy, cost).await
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        settlement: tollgate::Settlement,
+    ) -> Result<tollgate::Decision, tollgate::StoreError> {
+        self.store.settle(key, policy, settlement).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), tollgate::StoreError> {
+        self.store.reset(key, policy).await
+    }
+
+    async fn block(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), tollgate::StoreError> {
+        self.store.block(key, policy, duration).await
+    }
+}
+
+/// Callers refused together on a key whose policy frees one unit at a
+/// time wait in line: only the head checks again, so 50 callers cost at
+/// most three checks each (the first, one on reaching the head, one when
+/// the unit is due), where they woke together at each retry time and made
+/// 1,275 checks (N²/2, found by an audit). Each is still admitted
+/// exactly on the policy's pace, and one that gives up or is dropped
+/// leaves the line.
+#[tokio::test(start_paused = true)]
+async fn callers_waiting_on_one_key_check_in_line() {
+    let policy = Policy::builder("partner")
+        .algorithm(Algorithm::Gcra)
+        .limit("10/s")
+        .burst(1)
+        .build()
+        .unwrap();
+    let clock = TokioClock::starting_at(Timestamp::from_secs(1_700_000_040));
+    let store = Counting {
+        store: MemoryStore::builder().clock(clock).build().unwrap(),
+        checks: Default::default(),
+    };
+    let limiter = RateLimiter::with_store(policy, store.clone());
+    let key = Key::custom("partner");
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move {
+                limiter
+                    .until_ready(&key, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                start.elapsed()
+            })
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    for task in tasks {
+        admitted.push(task.await.unwrap());
+    }
+    admitted.sort();
+    // One every 100 ms, from the start.
+    let pace: Vec<_> = (0..50).map(|i| Duration::from_millis(100 * i)).collect();
+    assert_eq!(admitted, pace);
+    let checks = store.checks.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(checks <= 3 * 50, "{checks} checks");
+
+    // A head of the line whose future is dropped leaves it: the next is
+    // admitted on time.
+    let wait = |max_wait| {
+        let (limiter, key) = (limiter.clone(), key.clone());
+        tokio::spawn(async move { limiter.until_ready(&key, max_wait).await })
+    };
+    let dropped = wait(Duration::from_secs(1));
+    let next = wait(Duration::from_secs(1));
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    dropped.abort();
+    let waited = Instant::now();
+    next.await.unwrap().unwrap();
+    assert_eq!(waited.elapsed(), Duration::from_millis(100));
+}

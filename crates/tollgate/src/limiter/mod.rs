@@ -65,6 +65,8 @@ pub struct RateLimiter<St = MemoryStore> {
     jitter: Jitter,
     /// The jitter's random draws, shared by clones.
     draws: Arc<Draws>,
+    /// The callers waiting on each key, shared by clones.
+    lines: Arc<wait::Lines>,
     /// Where each key's overrides are found, if anywhere.
     overrides: Option<Arc<dyn OverrideSource>>,
 }
@@ -86,6 +88,7 @@ impl<St> RateLimiter<St> {
             store: FallbackStore::new(store),
             jitter: Jitter::default(),
             draws: Arc::new(Draws::new()),
+            lines: Arc::default(),
             overrides: None,
         }
     }
@@ -605,6 +608,7 @@ impl<St> Clone for RateLimiter<St> {
             telemetry: self.telemetry.clone(),
             jitter: self.jitter,
             draws: self.draws.clone(),
+            lines: self.lines.clone(),
             overrides: self.overrides.clone(),
         }
     }

@@ -1,6 +1,8 @@
 //! Waiting for admission: [`RateLimiter::until_ready`] and why it gives
 //! up ([`WaitError`]).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{Decision, Key, Outcome, Store, StoreError};
@@ -62,7 +64,12 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// After each denial it sleeps until the denial's exact `retry_after`,
     /// plus the limiter's [`Jitter`](crate::Jitter), and checks again: it
-    /// competes fairly with other workers sharing the limit. By default
+    /// competes fairly with other workers sharing the limit. Where the
+    /// policy frees one unit at a time (all but the fixed window and the
+    /// sliding log), the callers of one limiter and its clones refused on
+    /// one key wait in line: only the first checks again, the next once it
+    /// is admitted or gives up, so that N of them make at most 3N checks
+    /// rather than about N²/2, each a round trip to a shared store. By default
     /// the jitter is a random part of the refusing limit's emission
     /// interval where that limit frees units in bulk (a fixed window, a
     /// sliding log), so that workers refused together are not admitted
@@ -127,6 +134,10 @@ impl<St: Store> RateLimiter<St> {
         let deadline = crate::clock::instant_after(max_wait);
         // Whether a check refused the call, which then counts as a wait.
         let mut refused = false;
+        // Where the policy frees one unit at a time, a refused caller waits
+        // in its key's line: see `Lines`.
+        let in_line = !self.policy.algorithm().frees_in_bulk();
+        let mut place: Option<Place> = None;
         loop {
             let (decision, counted) = self.decide(key, cost).await?;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -150,6 +161,9 @@ impl<St: Store> RateLimiter<St> {
                     if refused {
                         self.telemetry.waited(true);
                     }
+                    // The next in line checks while this one waits out
+                    // its shaping delay.
+                    drop(place.take());
                     tokio::time::sleep(delay).await;
                     return Ok(decision);
                 }
@@ -175,6 +189,21 @@ impl<St: Store> RateLimiter<St> {
                     max_wait,
                 });
             }
+            if in_line && place.is_none() {
+                let (joined, ahead) = Place::join(&self.lines, key);
+                let Some(joined) = joined.head(ahead, deadline).await else {
+                    self.gave_up(&decision, counted, refused);
+                    return Err(WaitError::TooLong {
+                        needed: wait,
+                        max_wait,
+                    });
+                };
+                place = Some(joined);
+                // At the head after others: the refusal is old news.
+                if ahead {
+                    continue;
+                }
+            }
             let refusing = decision.binding().limit();
             let algorithm = self.policy.algorithm();
             let jitter = self
@@ -193,6 +222,66 @@ impl<St: Store> RateLimiter<St> {
         }
         if refused {
             self.telemetry.waited(false);
+        }
+    }
+}
+
+/// The callers of one limiter (and its clones) waiting on each key, in
+/// line. Where a policy frees one unit at a time (GCRA, the buckets, the
+/// sliding window), every caller a refusal told the same retry time would
+/// wake together, one would be admitted, and the rest refused and told
+/// the next interval: callers refused together made about N²/2 checks for
+/// N admissions, each a round trip to a shared store. In line, only the
+/// head checks again after a refusal; the next checks once the head is
+/// done: at most 3 checks each (the first, one on reaching the head, one
+/// when its unit is due).
+#[derive(Default)]
+pub(super) struct Lines {
+    keys: parking_lot::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A caller's place in its key's line, left when dropped (admitted, given
+/// up, or its future dropped); the key's line goes with its last caller.
+struct Place {
+    lines: Arc<Lines>,
+    key: Key,
+    line: Arc<tokio::sync::Mutex<()>>,
+    head: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Place {
+    /// A place in `key`'s line, and whether others were in it.
+    fn join(lines: &Arc<Lines>, key: &Key) -> (Self, bool) {
+        let line = Arc::clone(lines.keys.lock().entry(key.clone()).or_default());
+        let head = Arc::clone(&line).try_lock_owned().ok();
+        let ahead = head.is_none();
+        let place = Self {
+            lines: Arc::clone(lines),
+            key: key.clone(),
+            line,
+            head,
+        };
+        (place, ahead)
+    }
+
+    /// This place once at the head of its line (at once if nobody was
+    /// ahead), or `None` if not before `deadline`.
+    async fn head(mut self, ahead: bool, deadline: tokio::time::Instant) -> Option<Self> {
+        if ahead {
+            let line = Arc::clone(&self.line).lock_owned();
+            self.head = Some(tokio::time::timeout_at(deadline, line).await.ok()?);
+        }
+        Some(self)
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.head = None;
+        let mut keys = self.lines.keys.lock();
+        // The map's and this place's: no one else in line.
+        if Arc::strong_count(&self.line) == 2 {
+            keys.remove(&self.key);
         }
     }
 }
