@@ -340,3 +340,44 @@ fn a_full_shard_sweeps_once_a_sixteenth_of_it_expired() {
     assert_eq!(admitted.len(), 2_000 - 327);
     assert!(admitted.iter().all(|&(_, allowed)| allowed));
 }
+
+/// A reset or a block forgets a key under every configuration of its
+/// policy's name, as Redis does (one state per name), even one the store
+/// no longer carries keys over from (past the eight latest). Before, a
+/// key spent under a ninth-oldest configuration stayed spent after its
+/// reset (found by an audit comparing the stores).
+#[tokio::test]
+async fn a_reset_or_block_forgets_a_key_under_a_configuration_no_longer_carried_over() {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_002_800)); // the top of an hour
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let config = |per_hour: u64| {
+        Policy::new(
+            "api",
+            Algorithm::FixedWindow,
+            format!("{per_hour}/h").as_str(),
+        )
+        .unwrap()
+    };
+    let (first, other) = (config(5), config(6));
+    for (end, key) in [(false, "reset"), (true, "blocked")] {
+        let spent = Key::user(key);
+        assert!(store.check_sync(&spent, &first, 5).unwrap().is_allowed());
+        // Eight newer configurations, each with a key of its own.
+        for per_hour in 6..=13 {
+            let someone = Key::user(format!("{key}-{per_hour}"));
+            store.check_sync(&someone, &config(per_hour), 1).unwrap();
+        }
+        match end {
+            false => store.reset(&spent, &other).await.unwrap(),
+            true => {
+                let minute = Duration::from_secs(60);
+                store.block(&spent, &other, minute).await.unwrap();
+                assert!(!store.check_sync(&spent, &first, 1).unwrap().is_allowed());
+                clock.advance(Duration::from_secs(60));
+            }
+        }
+        let after = store.check_sync(&spent, &first, 1).unwrap();
+        assert!(after.is_allowed(), "{key}: {after:?}");
+        assert_eq!(after.remaining(), 4, "{key}");
+    }
+}

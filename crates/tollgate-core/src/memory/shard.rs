@@ -32,13 +32,31 @@ pub(super) struct Shared {
     /// The configurations each policy name was decided under, so that a
     /// key whose state was kept under one is found, and carried over, from
     /// another. Written only when a new configuration keeps its first key.
-    pub(super) configs: RwLock<HashMap<u64, Vec<Policy>>>,
+    pub(super) configs: RwLock<HashMap<u64, Configs>>,
+}
+
+/// The configurations of one policy name the store has kept keys under.
+#[derive(Default)]
+pub(super) struct Configs {
+    /// The latest [`MAX_CONFIGS`]: a key's state is carried over between
+    /// them.
+    kept: Vec<Policy>,
+    /// The [`MAX_RETIRED`] before them, oldest first: no longer carried
+    /// over, but a reset or a block of a key still forgets its state under
+    /// them, as it would in Redis, which keeps one state per name.
+    retired: Vec<Policy>,
 }
 
 /// The most configurations of one policy name the store carries keys
-/// between: beyond it, the oldest is forgotten, and its keys' state is
-/// kept but no longer carried over to the others.
+/// between: beyond it, the oldest is retired, and its keys' state is
+/// kept but no longer carried over to the others (a reset or a block
+/// still forgets it: see [`MAX_RETIRED`]).
 const MAX_CONFIGS: usize = 8;
+
+/// The most configurations of one policy name, beyond the kept ones, under
+/// which a reset or a block still forgets a key's state. Beyond it, a
+/// key's state under the oldest outlives a reset (until it expires).
+const MAX_RETIRED: usize = 64;
 
 /// The smallest shard size worth a sweep.
 const MIN_SWEEP: usize = 1_024;
@@ -208,10 +226,13 @@ impl Shared {
     }
 
     /// Forgets the key of `base` under every configuration of `policy`'s
-    /// name.
+    /// name, the retired ones too.
     fn forget(&self, shard: &mut Shard, base: KeyHash, policy: &Policy, now: Timestamp) {
         let mut configs = self.other_configs(policy);
         configs.push(policy.clone());
+        if let Some(known) = self.configs.read().get(&policy.identity()) {
+            configs.extend(known.retired.iter().cloned());
+        }
         for config in configs {
             let take = Take {
                 shard,
@@ -264,20 +285,25 @@ impl Shared {
         let known = self.configs.read();
         let others: Vec<Policy> = known
             .get(&name)
-            .map(|configs| configs.iter().filter(|p| !same(p)).cloned().collect())
+            .map(|configs| configs.kept.iter().filter(|p| !same(p)).cloned().collect())
             .unwrap_or_default();
         let registered = known
             .get(&name)
-            .is_some_and(|configs| configs.iter().any(same));
+            .is_some_and(|configs| configs.kept.iter().any(same));
         drop(known);
         if !registered {
             let mut known = self.configs.write();
             let configs = known.entry(name).or_default();
-            if !configs.iter().any(same) {
-                if configs.len() >= MAX_CONFIGS {
-                    configs.remove(0);
+            if !configs.kept.iter().any(same) {
+                configs.retired.retain(|p| !same(p));
+                if configs.kept.len() >= MAX_CONFIGS {
+                    let oldest = configs.kept.remove(0);
+                    if configs.retired.len() >= MAX_RETIRED {
+                        configs.retired.remove(0);
+                    }
+                    configs.retired.push(oldest);
                 }
-                configs.push(policy.clone());
+                configs.kept.push(policy.clone());
             }
         }
         others
