@@ -25,9 +25,9 @@ const KEYS: u64 = 100_000;
 /// run, for governor and for tollgate alike: 10/s with a burst of four
 /// billion for the rate-based algorithms (each check pushes the key's state
 /// 100 ms into the future, and keys are revisited within milliseconds),
-/// three billion an hour for the windowed counters (below the hour's
+/// a billion an hour for the windowed counters (below half the hour's
 /// 3.6 billion µs, so that a fixed window is one word, as any limit short
-/// of a million a second is; see `Shape::WindowWord`). The
+/// of half a million a second is; see `Shape::WindowWord`). The
 /// sliding log would
 /// keep an entry per check at that limit, so it gets a billion a second,
 /// and its keys expire and are re-created during the run.
@@ -38,7 +38,7 @@ fn policy(algorithm: Algorithm) -> Policy {
             builder.limit("10/s").burst(BURST)
         }
         Algorithm::SlidingLog => builder.limit("1000000000/s"),
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => builder.limit("3000000000/h"),
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => builder.limit("1000000000/h"),
     }
     .build()
     .unwrap()

@@ -183,8 +183,8 @@ pub enum Shape {
     /// [`decide_tat`](crate::state::decide_tat).
     Tat,
     /// A window's start plus its count: a single fixed-window limit whose
-    /// count is below its period in µs (any limit short of a million a
-    /// second). Decided by
+    /// count is below half its period in µs (any limit short of half a
+    /// million a second). Decided by
     /// [`decide_window_word`](crate::state::decide_window_word).
     WindowWord,
     /// Anything else: the full [`PolicyState`](crate::state::PolicyState).
@@ -202,7 +202,12 @@ impl Shape {
         }
         match algorithm {
             Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::TokenBucket => Shape::Tat,
-            Algorithm::FixedWindow if p.limit.count() < p.period_us => Shape::WindowWord,
+            // A word counts up to its period in µs less one: for twice the
+            // limit at least, so that a charge past the cap, then refunds
+            // of every request the window admitted, still leave it full.
+            Algorithm::FixedWindow if p.limit.count().saturating_mul(2) < p.period_us => {
+                Shape::WindowWord
+            }
             Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => {
                 Shape::Full
             }

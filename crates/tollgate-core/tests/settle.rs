@@ -436,3 +436,37 @@ proptest! {
             .map_err(|e| TestCaseError::fail(format!("next after {a} then {b}: {e}")))?;
     }
 }
+
+/// A fixed window whose limit is more than half its period in µs counted
+/// as a single word, capped at the period less 1 µs: a charge up to the
+/// cap, then the refund of a request the window had admitted, reopened
+/// the window, where the reference (and the same limit beside another)
+/// stays full until the window ends. Such limits now keep their full
+/// state (found by an audit comparing the stores with the reference).
+#[test]
+fn a_refund_after_a_charge_past_the_cap_leaves_a_large_window_full() {
+    for limit in ["3000000/5s", "600/ms", "499/ms"] {
+        let policy = Policy::new("bytes", Algorithm::FixedWindow, limit).unwrap();
+        let capacity = policy.params()[0].capacity;
+        let clock = FakeClock::new(Timestamp::from_secs(T0));
+        let store = MemoryStore::builder().clock(clock).build().unwrap();
+        let mut reference = PolicyState::new(&policy, at(0));
+        let key = Key::user("uploads");
+        let (big, small) = (capacity - capacity / 6, capacity / 6);
+        reference.decide(&policy, at(0), big);
+        reference.decide(&policy, at(0), small);
+        let a = store.check_sync(&key, &policy, big).unwrap();
+        let b = store.check_sync(&key, &policy, small).unwrap();
+        assert!(a.is_allowed() && b.is_allowed(), "{limit}");
+        let charge = Settlement::of(&b, small, u64::MAX);
+        let refund = Settlement::of(&a, big, 0);
+        for settlement in [charge, refund] {
+            reference.settle(&policy, at(0), &settlement);
+            store.settle_sync(&key, &policy, &settlement).unwrap();
+        }
+        let expected = reference.decide(&policy, at(0), 1);
+        let next = store.check_sync(&key, &policy, 1).unwrap();
+        assert!(!expected.is_allowed(), "{limit}");
+        assert_eq!((next.is_allowed(), next.remaining()), (false, 0), "{limit}");
+    }
+}

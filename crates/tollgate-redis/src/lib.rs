@@ -74,7 +74,7 @@
 //! go together in the next call, up to 64 per call
 //! ([`RedisStoreBuilder::batch_size`]), each decided as if alone; this
 //! divides Redis's work per decision. A policy of one fixed-window limit
-//! (below a million a second) keeps one string too: the window's start in
+//! (below half a million a second) keeps one string too: the window's start in
 //! microseconds plus the cost counted in it, and the descriptor, expiring
 //! when the window ends. It is decided with `TIME`, a `GET` and, when
 //! admitted, a `SET`, and such decisions are batched as well (among

@@ -12,7 +12,7 @@ use tollgate_core::Policy;
 /// variant that writes first, which the store sends while few of its recent
 /// requests found their key busy. Once more did, it sends the same script
 /// with `local write_first = false` as its first line. A policy of one
-/// fixed-window limit below a million a second runs a small script of its
+/// fixed-window limit below half a million a second runs a small script of its
 /// own (see [`Shape::WindowWord`](tollgate_core::Shape::WindowWord)). Together with
 /// [`script_args`] this is exactly what the store sends, useful to load it
 /// elsewhere, such as into `redis-benchmark`.

@@ -46,8 +46,8 @@ mod shard;
 /// - **Compact.** Keys are kept as a 64-bit keyed hash (random per store)
 ///   of the policy and the key, so no client-supplied bytes are retained.
 ///   A single-limit GCRA, token-bucket or leaky-bucket key costs 16 bytes
-///   plus the hash table's slack, a single fixed-window key (below a
-///   million a second) 24; other policies keep their full state per key.
+///   plus the hash table's slack, a single fixed-window key (below half
+///   a million a second) 24; other policies keep their full state per key.
 ///   Two
 ///   distinct keys share state only if their hashes collide, which for a
 ///   million live keys happens with a probability of about 3 in 100 million,

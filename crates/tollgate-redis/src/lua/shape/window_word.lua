@@ -1,5 +1,5 @@
 -- tollgate: the decision script of window-word policies, each a single
--- fixed-window limit whose count is below its period in µs
+-- fixed-window limit whose count is below half its period in µs
 -- (Shape::WindowWord), after arith.lua and carry.lua. The whole
 -- state of a key is one integer, the window word: the window's start in
 -- µs plus the cost counted in it, stored as "0x<word>|<descriptor>" (see
