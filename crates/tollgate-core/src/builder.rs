@@ -48,7 +48,10 @@ impl Policy {
     /// This policy with every limit (and the burst) divided by `instances`,
     /// rounded down but at least 1: each of `instances` servers deciding
     /// alone gets a fair share of the global limit. Used for the local
-    /// fallback when a shared store fails.
+    /// fallback when a shared store fails. A share's limit, rounded down,
+    /// refills more slowly than its part of the global one: its burst is
+    /// at most what refills in the longest span a policy holds (2^50 µs),
+    /// as any policy's is.
     ///
     /// ```
     /// use tollgate_core::{Algorithm, Policy};
@@ -62,7 +65,8 @@ impl Policy {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::InvalidSetting`] when `instances` is zero.
+    /// [`ConfigError::InvalidSetting`] when `instances` is zero (a policy
+    /// divides into any number of shares).
     pub fn divided(&self, instances: u64) -> Result<Policy, ConfigError> {
         if instances == 0 {
             return Err(ConfigError::InvalidSetting {
@@ -72,14 +76,20 @@ impl Policy {
         }
         let share = |n: u64| (n / instances).max(1);
         let mut builder = Policy::builder(self.name()).algorithm(self.algorithm());
+        // The most burst every share limit holds: rounded down, a count
+        // can lengthen the interval the burst is multiplied by (10 a day
+        // in 6 shares is 1 a day, not 1.67).
+        let mut most = u64::MAX;
         for limit in self.limits() {
-            builder = builder.limit(limit.with_count(share(limit.count())));
+            let limit = limit.with_count(share(limit.count()));
+            most = most.min(MAX_SPAN_US / limit.interval_micros().max(1));
+            builder = builder.limit(limit);
         }
         if let Some(calendar) = self.calendar() {
             builder = builder.calendar(calendar);
         }
         if let Some(burst) = self.burst() {
-            builder = builder.burst(share(burst));
+            builder = builder.burst(share(burst).min(most).max(1));
         }
         builder.build()
     }
@@ -370,6 +380,43 @@ impl<'de> serde::Deserialize<'de> for Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A share whose count rounds down to a longer interval keeps a burst
+    /// that fits: 10 a day with a burst of 100,000, in 6 shares, failed to
+    /// divide, and the local fallback then gave each instance the whole
+    /// global limit (found by an audit).
+    #[test]
+    fn every_policy_divides_into_shares_no_larger_than_their_part() {
+        use crate::Algorithm;
+        let cases = [
+            (Algorithm::Gcra, "10/day", 100_000, 6),
+            (Algorithm::Gcra, "10/day", 100_000, 7),
+            (Algorithm::TokenBucket, "3/s", 3_000_000_000, 2),
+            (Algorithm::LeakyBucket, "1/366d", 35, 1_000),
+        ];
+        for (algorithm, limit, burst, instances) in cases {
+            let global = Policy::builder("share")
+                .algorithm(algorithm)
+                .limit(limit)
+                .burst(burst)
+                .build()
+                .unwrap();
+            let share = global.divided(instances).unwrap();
+            let params = &share.params()[0];
+            assert!(params.capacity <= (burst / instances).max(1), "{limit}");
+            assert!(
+                params.capacity * params.interval_us <= MAX_SPAN_US,
+                "{limit}"
+            );
+        }
+        // Where it fits, the burst is divided as it was.
+        let global = Policy::builder("share")
+            .limit("10/s")
+            .burst(100)
+            .build()
+            .unwrap();
+        assert_eq!(global.divided(4).unwrap().burst(), Some(25));
+    }
 
     #[test]
     fn every_bad_setting_is_a_named_error() {

@@ -124,7 +124,8 @@ impl FailureSettings {
             return found.share.clone();
         }
         drop(shares);
-        // `divided` fails only for zero, which NonZeroU64 rules out.
+        // `divided` fails only for zero, which NonZeroU64 rules out (a
+        // share's burst is clamped to the span a policy holds).
         let share = policy
             .divided(instances.get())
             .unwrap_or_else(|_| policy.clone());
