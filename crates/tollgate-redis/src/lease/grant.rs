@@ -179,7 +179,8 @@ impl<S: Store> Shared<S> {
         let capped = size >= self.cap(policy);
         let granted_at = base.now();
         let mut lease = self.lease(key, policy, base, size - cost, sent, capped, refunds);
-        let decision = lease.spend(0, sent);
+        // The request's own units were taken from the grant already.
+        let decision = lease.spend(0, sent).with_cost(cost);
         let unkept = {
             let mut shard = self.table.shard(hash);
             // Under the shard's lock: an invalidation bumps the generation

@@ -539,3 +539,28 @@ async fn a_reset_or_block_its_caller_gave_up_on_still_ends_the_keys_leases() {
         assert_ne!(leased, Some(true), "blocking: {blocking}");
     }
 }
+
+/// Every decision of a leased store carries its request's cost, the one
+/// whose check asked for a grant among them: that one said 0, and
+/// `RateLimiter::settle`, bounded by the reservation's cost, turned a
+/// refund of it into a charge (billed 5,990 for 3,000 admitted, found by
+/// an audit of the usage ledger).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_decision_carries_its_cost() {
+    let s = setup().await;
+    let key = Key::user("billed");
+    let (mut grants, mut spends) = (0, 0);
+    for _ in 0..300 {
+        s.clock.advance(Duration::from_millis(10));
+        let before = s.grants().len();
+        let decision = s.store.check(&key, &s.policy, 10).await.unwrap();
+        assert!(decision.is_allowed());
+        assert_eq!(decision.cost(), 10, "{decision:?}");
+        match s.grants().len() > before {
+            true => grants += 1,
+            false => spends += 1,
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(grants > 0 && spends > 0, "{grants} grants, {spends} spends");
+}
