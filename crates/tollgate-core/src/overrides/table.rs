@@ -87,9 +87,13 @@ impl Entry {
             }),
             Override::Limits { limits, burst } => {
                 let mut made = self.made.lock();
+                // Made for a base of the same name, algorithm and
+                // calendar: the override's limits count in the base's
+                // periods, which a reloaded configuration may move.
                 if let Some(policy) = &*made
                     && policy.algorithm() == base.algorithm()
                     && policy.name() == base.name()
+                    && policy.calendar() == base.calendar()
                 {
                     return Some(Applied::Limits(policy.clone()));
                 }

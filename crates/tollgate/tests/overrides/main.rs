@@ -373,4 +373,19 @@ async fn an_override_of_a_calendar_quota_keeps_its_calendar_and_its_use() {
     // A period the calendar does not have is refused when it is set.
     let rule: Override = "500/2d".parse().unwrap();
     assert!(overrides.set(&key, &policy, rule, None).await.is_err());
+
+    // A reloaded configuration moves the quota to another zone: the
+    // override's month moves with it (it kept Berlin's, found by an
+    // audit).
+    let moved = Policy::builder("reports")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("100/month")
+        .calendar(tollgate::Calendar::new("Pacific/Kiritimati").unwrap())
+        .build()
+        .unwrap();
+    let Some(Applied::Limits(own)) = overrides.applied(&key, &moved) else {
+        panic!("own limits apply");
+    };
+    assert_eq!(own.calendar(), moved.calendar());
+    assert_eq!(own.limits()[0].count(), 500);
 }
