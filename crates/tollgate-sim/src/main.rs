@@ -41,8 +41,9 @@ struct Args {
     /// Write the chart to PATH.svg and PATH.png.
     #[arg(long, value_name = "PATH")]
     chart: Option<PathBuf>,
-    /// Retry each rejected request at its exact Retry-After until admitted
-    /// (always on for burst-then-steady).
+    /// Retry each rejected request after its Retry-After (whole seconds,
+    /// as the layer sends it) until admitted (always on for
+    /// burst-then-steady).
     #[arg(long)]
     retry: bool,
     /// The most retries of one request.

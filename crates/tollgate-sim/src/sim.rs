@@ -86,6 +86,17 @@ impl Default for SimOptions {
     }
 }
 
+/// The wait a client of the layer is told, in µs: `Retry-After` carries
+/// whole seconds, rounded up and at least 1, so a client that honours it
+/// comes back no sooner. (Retried at the exact wait instead, every client
+/// refused in one second came back at one instant, one was admitted and
+/// the rest were refused again: ten times the denials a real client
+/// meets, for GCRA at 10/s.)
+fn told_wait_us(wait: std::time::Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1).saturating_mul(1_000_000)
+}
+
 /// A queued attempt: (time, sequence number, key, cost, attempt number,
 /// time first sent). The sequence number keeps equal times in send order.
 type Queued = Reverse<(u64, u64, u32, u64, u32, u64)>;
@@ -210,8 +221,7 @@ pub fn simulate(
                     Outcome::Limited { retry_after }
                         if workload.retry && attempt < options.max_retries =>
                     {
-                        let wait = u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX);
-                        let again = at.saturating_add(wait.max(1));
+                        let again = at.saturating_add(told_wait_us(retry_after));
                         queue.push(Reverse((again, seq, key, cost, attempt + 1, first_sent)));
                         seq += 1;
                         resolved = false;
@@ -244,4 +254,21 @@ pub fn simulate(
     by_key.sort_by_key(|&(k, n)| (Reverse(n), k));
     run.denials_by_key = by_key;
     Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::told_wait_us;
+
+    /// A client comes back after the whole seconds `Retry-After` told it,
+    /// at least one.
+    #[test]
+    fn a_retry_waits_what_retry_after_tells() {
+        assert_eq!(told_wait_us(Duration::ZERO), 1_000_000);
+        assert_eq!(told_wait_us(Duration::from_micros(1)), 1_000_000);
+        assert_eq!(told_wait_us(Duration::from_millis(1_001)), 2_000_000);
+        assert_eq!(told_wait_us(Duration::from_secs(3_600)), 3_600_000_000);
+    }
 }

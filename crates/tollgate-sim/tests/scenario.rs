@@ -50,7 +50,7 @@ fn sliding_log_admits_everything_and_finishes_298_s_into_the_second_phase() {
 }
 
 #[test]
-fn fixed_window_takes_three_windows_for_the_burst_and_finishes_at_538_s() {
+fn fixed_window_takes_three_windows_for_the_burst_and_finishes_at_539_s() {
     let run = run("fixed-window=fixed_window:60/min");
     // No window admits more than 60.
     let admitted = run.attempts.iter().filter(|a| a.admitted);
@@ -60,24 +60,35 @@ fn fixed_window_takes_three_windows_for_the_burst_and_finishes_at_538_s() {
     let burst: Vec<u64> = admitted.clone().take(150).map(|a| a.at_us).collect();
     let burst_windows: Vec<(u64, u64)> = per_minute(burst.iter().copied()).into_iter().collect();
     assert_eq!(burst_windows, [(2, 60), (3, 60), (4, 30)]);
-    // Its retries are admitted exactly at the starts of the windows at
-    // 180 s and 240 s.
-    assert!(burst[60..120].iter().all(|&at| at == 180 * S));
-    assert!(burst[120..].iter().all(|&at| at == 240 * S));
+    // Its retries are admitted within a second of the starts of the
+    // windows at 180 s and 240 s: each client waits its `Retry-After`,
+    // whole seconds rounded up, from its own refusal.
+    assert!(
+        burst[60..120]
+            .iter()
+            .all(|&at| (180 * S..181 * S).contains(&at))
+    );
+    assert!(
+        burst[120..]
+            .iter()
+            .all(|&at| (240 * S..241 * S).contains(&at))
+    );
     assert_eq!((run.denied, run.delayed), (90 + 30, 90));
-    // So the second phase starts at 240 s and ends at 538 s.
-    assert_eq!(run.phase_starts_us[1], 240 * S);
-    assert_eq!(run.finished_us, Some(538 * S));
+    // So the second phase starts with the last retry, 29/30 s after
+    // 240 s, and ends 298 s later.
+    let last_retry = 240 * S + 29 * S / 30;
+    assert_eq!(run.phase_starts_us[1], last_retry);
+    assert_eq!(run.finished_us, Some(last_retry + 298 * S));
     assert_eq!(run.allowed, 300);
 }
 
 #[test]
-fn the_sliding_log_finishes_85_s_before_the_fixed_window() {
+fn the_sliding_log_finishes_86_s_before_the_fixed_window() {
     let sliding = run("sliding-log=sliding_log:300/5min").finished_us.unwrap();
     let fixed = run("fixed-window=fixed_window:60/min").finished_us.unwrap();
-    assert_eq!(fixed, 538 * S);
+    assert_eq!(fixed, 538_966_666);
     assert_eq!(sliding, 452_966_666);
-    assert_eq!((fixed - sliding) / 1_000, 85_033);
+    assert_eq!(fixed - sliding, 86 * S);
 }
 
 /// The committed chart is this run's: regenerate it with

@@ -48,8 +48,9 @@ pub struct Workload {
     pub keys: Vec<String>,
     /// The phases, in order; the first starts [`Start::At`] a time.
     pub phases: Vec<Phase>,
-    /// Whether a rejected request is sent again at its exact `Retry-After`
-    /// until admitted, as a well-behaved client does.
+    /// Whether a rejected request is sent again after its `Retry-After`,
+    /// whole seconds as the layer sends it, until admitted, as a
+    /// well-behaved client does.
     pub retry: bool,
 }
 

@@ -18,9 +18,9 @@ pub enum Pattern {
     /// `duration`.
     Burst,
     /// The "150 calls, then one every 2 s" scenario: nothing before
-    /// t = 150 s; then 150 calls within 5 s, each retried at its exact
-    /// `Retry-After` until admitted; once all succeeded, 150 more, one
-    /// every 2 s.
+    /// t = 150 s; then 150 calls within 5 s, each retried after its
+    /// `Retry-After` (whole seconds) until admitted; once all succeeded,
+    /// 150 more, one every 2 s.
     BurstThenSteady,
     /// `burst` requests in the last 100 ms before a minute boundary and
     /// `burst` more in the first 100 ms after it, every 2 minutes for
