@@ -28,7 +28,7 @@ struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// A CSV traffic log of `timestamp,key[,cost]` lines; timestamps in
-    /// RFC 3339 or epoch seconds or milliseconds.
+    /// RFC 3339 or epoch seconds, milliseconds or microseconds.
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
     /// A synthetic pattern: steady, burst, burst-then-steady or boundary.
@@ -55,7 +55,7 @@ struct Args {
     /// How many of the most-denied keys to list per policy.
     #[arg(long, default_value_t = 10)]
     top: usize,
-    /// The unit of numeric log timestamps: auto, s or ms.
+    /// The unit of numeric log timestamps: auto, s, ms or us.
     #[arg(long, default_value = "auto")]
     epoch_unit: EpochUnit,
     /// The steady pattern's rate.

@@ -37,13 +37,16 @@ pub enum LogError {
 /// How numeric timestamps of a log are read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EpochUnit {
-    /// Seconds below 10^11 (until the year 5138), milliseconds from there.
+    /// Seconds below 10^11 (until the year 5138), milliseconds below 10^14
+    /// (the same year), microseconds from there.
     #[default]
     Auto,
     /// Seconds, possibly with a fraction.
     Seconds,
     /// Milliseconds.
     Millis,
+    /// Microseconds.
+    Micros,
 }
 
 impl FromStr for EpochUnit {
@@ -54,7 +57,10 @@ impl FromStr for EpochUnit {
             "auto" => Ok(Self::Auto),
             "s" | "seconds" => Ok(Self::Seconds),
             "ms" | "millis" | "milliseconds" => Ok(Self::Millis),
-            _ => Err(format!("unknown epoch unit {s:?}: expected auto, s or ms")),
+            "us" | "micros" | "microseconds" => Ok(Self::Micros),
+            _ => Err(format!(
+                "unknown epoch unit {s:?}: expected auto, s, ms or us"
+            )),
         }
     }
 }
@@ -240,13 +246,20 @@ fn parse_row(record: &csv::ByteRecord, unit: EpochUnit) -> Result<(u64, &str, u6
     Ok((at, key, cost))
 }
 
-/// µs since the epoch of an RFC 3339 or epoch timestamp.
+/// The last µs of the year 9999: a later time is no log's.
+const LATEST_US: u64 = 253_402_300_799_999_999;
+
+/// µs since the epoch of an RFC 3339 or epoch timestamp, up to the end of
+/// the year 9999.
 fn parse_timestamp(text: &str, unit: EpochUnit) -> Option<u64> {
-    if text.bytes().next().is_some_and(|b| b.is_ascii_digit()) && !text.contains(['-', ':']) {
-        return parse_epoch(text, unit);
-    }
-    let ts: jiff::Timestamp = text.parse().ok()?;
-    u64::try_from(ts.as_microsecond()).ok()
+    let us =
+        if text.bytes().next().is_some_and(|b| b.is_ascii_digit()) && !text.contains(['-', ':']) {
+            parse_epoch(text, unit)?
+        } else {
+            let ts: jiff::Timestamp = text.parse().ok()?;
+            u64::try_from(ts.as_microsecond()).ok()?
+        };
+    (us <= LATEST_US).then_some(us)
 }
 
 fn parse_epoch(text: &str, unit: EpochUnit) -> Option<u64> {
@@ -255,12 +268,16 @@ fn parse_epoch(text: &str, unit: EpochUnit) -> Option<u64> {
     if !fraction.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let millis = match unit {
-        EpochUnit::Millis => true,
-        EpochUnit::Seconds => false,
-        EpochUnit::Auto => whole >= 100_000_000_000,
+    let (scale, digits) = match unit {
+        EpochUnit::Seconds => (1_000_000, 6),
+        EpochUnit::Millis => (1_000, 3),
+        EpochUnit::Micros => (1, 0),
+        EpochUnit::Auto => match whole {
+            ..100_000_000_000 => (1_000_000, 6),
+            100_000_000_000..100_000_000_000_000 => (1_000, 3),
+            _ => (1, 0),
+        },
     };
-    let (scale, digits) = if millis { (1_000, 3) } else { (1_000_000, 6) };
     // Up to µs precision; further digits are dropped.
     let mut frac: u64 = 0;
     for i in 0..digits {
@@ -312,6 +329,31 @@ mod tests {
             parse_timestamp("18446744073709551615", EpochUnit::Seconds),
             None
         );
+    }
+
+    /// Epoch microseconds are read as such (they were read as ms: dates
+    /// around the year 55,800, half a second apart read as 500 s), and a
+    /// time past the year 9999 is no log's (it overflowed the arithmetic
+    /// of windows).
+    #[test]
+    fn microseconds_are_microseconds_and_times_end_with_9999() {
+        let t = 1_795_341_600_000_000; // 2026-11-22T10:00:00Z
+        let auto = EpochUnit::Auto;
+        assert_eq!(parse_timestamp("1795341600000000", auto), Some(t));
+        assert_eq!(parse_timestamp("1795341600500000", auto), Some(t + 500_000));
+        assert_eq!(
+            parse_timestamp("1795341600", EpochUnit::Micros),
+            Some(1_795_341_600)
+        );
+        assert_eq!("us".parse(), Ok(EpochUnit::Micros));
+        let last_second = parse_timestamp("253402300799", EpochUnit::Seconds);
+        assert_eq!(last_second, Some(LATEST_US - 999_999));
+        assert_eq!(parse_timestamp("253402300800", EpochUnit::Seconds), None);
+        assert_eq!(
+            parse_timestamp("18446744073709551", EpochUnit::Millis),
+            None
+        );
+        assert_eq!(parse_timestamp("10000-01-01T00:00:00Z", auto), None);
     }
 
     #[test]
