@@ -95,7 +95,7 @@ pub(super) fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileErro
         calendar,
     };
     let policy = policy_of(&r.name, shape, &r.limits, r.burst, "", &at)?;
-    let cost = cost_of(r.cost, 1, "", &at)?;
+    let cost = cost_of(r.cost, 1, &policy, "", &at)?;
     let plans = r
         .plans
         .iter()
@@ -104,10 +104,11 @@ pub(super) fn route(n: usize, r: RawRoute) -> Result<RouteConfig, ConfigFileErro
             let name = format!("{}-{plan}", r.name);
             let limits = p.limits.as_deref().unwrap_or(&r.limits);
             let burst = p.burst.or(r.burst);
+            let policy = policy_of(&name, shape, limits, burst, &field, &at)?;
             Ok(PlanConfig {
                 plan: plan.clone(),
-                policy: policy_of(&name, shape, limits, burst, &field, &at)?,
-                cost: cost_of(p.cost, cost, &field, &at)?,
+                cost: cost_of(p.cost, cost, &policy, &field, &at)?,
+                policy,
             })
         })
         .collect::<Result<Vec<_>, ConfigFileError>>()?;
@@ -230,27 +231,43 @@ fn policy_of(
                 field("burst"),
                 burst.map(|b| b.to_string()).unwrap_or_default(),
             ),
+            // "burst", or "burst x interval": the burst is what to change.
+            ConfigError::Overflow { what } if what.starts_with("burst") => (
+                field("burst"),
+                burst.map(|b| b.to_string()).unwrap_or_default(),
+            ),
             _ => (field("limits"), limits.join(", ")),
         };
         at(&f, &value, &e.to_string())
     })
 }
 
-/// The cost `given`, or `default`; negative costs are refused.
+/// The cost `given`, or `default`, of a request under `policy`: at least
+/// 1 (a cost of 0 only reads: the route would be limited by nothing), and
+/// no more than the smallest capacity of its limits (a request of more is
+/// never admitted: every one would be refused).
 fn cost_of(
     given: Option<i64>,
     default: u64,
+    policy: &Policy,
     prefix: &str,
     at: &impl Fn(&str, &str, &str) -> ConfigFileError,
 ) -> Result<u64, ConfigFileError> {
-    match given {
-        None => Ok(default),
-        Some(c) => u64::try_from(c).map_err(|_| {
-            at(
-                &format!("{prefix}cost"),
-                &c.to_string(),
-                "must not be negative",
-            )
-        }),
+    let field = format!("{prefix}cost");
+    let cost = match given {
+        None => default,
+        Some(c) => u64::try_from(c)
+            .ok()
+            .filter(|&c| c >= 1)
+            .ok_or_else(|| at(&field, &c.to_string(), "must be at least 1"))?,
+    };
+    let capacity = policy.params().iter().map(|p| p.capacity).min();
+    match capacity {
+        Some(capacity) if cost > capacity => Err(at(
+            &field,
+            &cost.to_string(),
+            &format!("exceeds {capacity}, what the limits hold: no request would be admitted"),
+        )),
+        Some(_) | None => Ok(cost),
     }
 }

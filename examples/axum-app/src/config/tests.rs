@@ -108,7 +108,25 @@ fn errors_name_the_field_and_the_value() {
         ),
         (
             format!("{base}cost = -1\n"),
-            "field `cost`: invalid value \"-1\"",
+            "field `cost`: invalid value \"-1\": must be at least 1",
+        ),
+        // A cost of 0 limits nothing; one above the capacity admits nothing
+        // (found by an audit: every request a 429, or none limited).
+        (
+            format!("{base}cost = 0\n"),
+            "field `cost`: invalid value \"0\": must be at least 1",
+        ),
+        (
+            format!("{base}cost = 6\n"),
+            "field `cost`: invalid value \"6\": exceeds 5, what the limits hold",
+        ),
+        (
+            format!("{base}cost = 3\n[route.plans.pro]\nlimits = [\"2/s\"]\n"),
+            "field `plans.pro.cost`: invalid value \"3\": exceeds 2",
+        ),
+        (
+            format!("{base}burst = 4294967296\n"),
+            "field `burst`: invalid value \"4294967296\": burst overflows",
         ),
         (
             format!("{base}enforce_percent = 101\n"),
