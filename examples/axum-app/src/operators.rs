@@ -78,9 +78,19 @@ pub(crate) fn routes(
             async move { admin.status(path, request).await }
         }
     };
-    let block = move |path, Query(block): Query<Block>, request| {
+    // The query is read once the token is checked: a request without one
+    // learns nothing of what the route expects.
+    let block = move |path, request: Request| {
         let admin = admin.clone();
-        async move { admin.act(path, Some(block), request).await }
+        async move {
+            if let Some(refused) = admin.refused(&request) {
+                return refused;
+            }
+            match Query::<Block>::try_from_uri(request.uri()) {
+                Ok(Query(block)) => admin.act(path, Some(block), request).await,
+                Err(rejection) => rejection.into_response(),
+            }
+        }
     };
     router
         .route(

@@ -104,12 +104,15 @@ pub(crate) fn routes(config: &AppConfig, overrides: &AppOverrides, admin: AdminT
     let families = families(config);
     let set = {
         let (families, overrides, admin) = (families.clone(), overrides.clone(), admin.clone());
-        move |Path((policy, user)): Path<(String, String)>,
-              Query(expiry): Query<Expiry>,
-              request: Request| async move {
+        move |Path((policy, user)): Path<(String, String)>, request: Request| async move {
             if let Some(refused) = admin.refuses(&request) {
                 return refused;
             }
+            // Read once the token is checked, as the block's.
+            let expiry = match Query::<Expiry>::try_from_uri(request.uri()) {
+                Ok(Query(expiry)) => expiry,
+                Err(rejection) => return rejection.into_response(),
+            };
             let Some(family) = find(&families, &policy) else {
                 return not_found();
             };

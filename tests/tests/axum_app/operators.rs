@@ -120,6 +120,19 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     };
     let blocking = "/admin/rate_limit/export/ada/block?seconds=90";
     assert_eq!(json(&app, block(blocking, "Bearer nope")).await.0, 403);
+    // A query is read only once the token is: no token is a 401 whatever
+    // the query says (it was a 400 naming the missing field).
+    for query in ["", "?seconds=x"] {
+        let bare = Request::post(format!("/admin/rate_limit/export/ada/block{query}"));
+        assert_eq!(json(&app, bare.body(Body::empty()).unwrap()).await.0, 401);
+        let put = Request::put(format!("/admin/rate_limit/export/ada/override{query}"));
+        assert_eq!(
+            json(&app, put.body(Body::from("deny")).unwrap()).await.0,
+            401
+        );
+    }
+    let no_seconds = "/admin/rate_limit/export/ada/block";
+    assert_eq!(json(&app, block(no_seconds, "Bearer s3cret")).await.0, 400);
     assert_eq!(json(&app, block(blocking, "Bearer s3cret")).await.0, 204);
     let (admitted, denied) = burst(&app, "/api/export", "ada", 1).await;
     assert_eq!((admitted, denied.get("retry-after")), (0, Some("90")));
