@@ -166,9 +166,14 @@ impl Replay {
     /// cannot be made a request is counted apart, and does not move the
     /// clock.
     pub async fn send(&mut self, record: &AccessRecord) {
-        let client = match record.user() {
-            Some(user) => user.to_owned(),
-            None => record.ip().to_string(),
+        // An address as the layer keys it: an IPv4-mapped one is its IPv4
+        // address (one client, whichever form the log wrote).
+        let client = match (record.user(), record.ip()) {
+            (Some(user), _) => user.to_owned(),
+            (None, std::net::IpAddr::V6(v6)) => v6
+                .to_ipv4_mapped()
+                .map_or_else(|| v6.to_string(), |v4| v4.to_string()),
+            (None, v4) => v4.to_string(),
         };
         // One request per policy file (a request is used up when sent).
         let requests: Option<Vec<_>> = self.lanes.iter().map(|_| request::build(record)).collect();
