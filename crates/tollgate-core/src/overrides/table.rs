@@ -80,10 +80,14 @@ impl Entry {
     fn applied(&self, base: &Policy, now: Timestamp) -> Option<Applied> {
         match &self.rule {
             Override::Exempt => Some(Applied::Exempt),
+            // Told as a block's rest is: at most the longest span a policy
+            // holds (a deny set for u64::MAX seconds told its clients to
+            // come back in half a million years).
             Override::Deny => Some(Applied::Deny {
-                ends_in: self
-                    .expires_at
-                    .map(|end| end.saturating_duration_since(now)),
+                ends_in: self.expires_at.map(|end| {
+                    let rest = end.saturating_duration_since(now);
+                    rest.min(std::time::Duration::from_micros(crate::policy::MAX_SPAN_US))
+                }),
             }),
             Override::Limits { limits, burst } => {
                 let mut made = self.made.lock();

@@ -389,3 +389,24 @@ async fn an_override_of_a_calendar_quota_keeps_its_calendar_and_its_use() {
     assert_eq!(own.calendar(), moved.calendar());
     assert_eq!(own.limits()[0].count(), 500);
 }
+
+/// A deny set for longer than any policy holds is told as a block of that
+/// length is: at most 2^50 µs (it told clients to come back in half a
+/// million years, found by an audit).
+#[tokio::test]
+async fn a_deny_for_ever_longer_is_told_as_the_longest_block() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let overrides = MemoryOverrides::with_clock(clock);
+    let policy = Policy::new("api", Algorithm::Gcra, "10/s").unwrap();
+    let key = Key::user("mallory");
+    let deny: Override = "deny".parse().unwrap();
+    let forever = Duration::from_secs(u64::MAX);
+    overrides
+        .set(&key, &policy, deny, Some(forever))
+        .await
+        .unwrap();
+    let Some(Applied::Deny { ends_in }) = overrides.applied(&key, &policy) else {
+        panic!("denied");
+    };
+    assert_eq!(ends_in, Some(Duration::from_micros(1 << 50)));
+}
