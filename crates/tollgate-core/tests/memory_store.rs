@@ -381,3 +381,44 @@ async fn a_reset_or_block_forgets_a_key_under_a_configuration_no_longer_carried_
         assert_eq!(after.remaining(), 4, "{key}");
     }
 }
+
+/// The keys made after a full shard's sweep count towards its next one:
+/// a shard of hour-long keys whose sweep made room for short-lived ones
+/// sweeps once those have expired, not an hour on.
+#[test]
+fn keys_made_after_a_sweep_count_towards_the_next() {
+    const MAX: usize = 4_096;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_keys(MAX)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let hour = Policy::new("hour", Algorithm::Gcra, "1/h").unwrap();
+    let second = Policy::new("second", Algorithm::Gcra, "1/s").unwrap();
+    // 512 keys for a second, then the rest for an hour.
+    for i in 0..MAX as u64 {
+        let policy = if i < 512 { &second } else { &hour };
+        assert!(store.check_sync(&Key::from(i), policy, 1).is_ok());
+    }
+    // The second-long ones expire; a new key's sweep frees them, and 512
+    // more take their room.
+    clock.advance(Duration::from_secs(2));
+    for i in 0..512u64 {
+        let key = Key::from(1_000_000 + i);
+        assert!(store.check_sync(&key, &second, 1).is_ok(), "{i}");
+    }
+    assert!(
+        store
+            .check_sync(&Key::from(2_000_000u64), &second, 1)
+            .is_err()
+    );
+    // Once those expire, the next new key's sweep frees them too.
+    clock.advance(Duration::from_secs(2));
+    assert!(
+        store
+            .check_sync(&Key::from(2_000_001u64), &second, 1)
+            .is_ok()
+    );
+}

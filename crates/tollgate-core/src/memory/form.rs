@@ -99,7 +99,7 @@ impl Default for Expiries {
 }
 
 impl Expiries {
-    fn add(&mut self, wait_us: u64) {
+    pub(super) fn add(&mut self, wait_us: u64) {
         let octave = wait_us.max(1).ilog2() as usize;
         self.counts[octave] = self.counts[octave].saturating_add(1);
     }

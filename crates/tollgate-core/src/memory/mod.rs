@@ -29,9 +29,10 @@ mod shard;
 /// - **Bounded.** At most [`max_keys`](MemoryStoreBuilder::max_keys) keys
 ///   are held (the budget is split evenly over the shards). A shard forgets
 ///   its expired keys in one pass when it has doubled in size since its
-///   last pass, or when it is full and a sixteenth of the keys it held at
-///   its last pass has expired since (any one key, in a shard of fewer
-///   than 1,024); so sweeping costs a bounded amount per new key, and a
+///   last pass, or when it is full and a sixteenth of its keys has
+///   expired (any one key, in a shard of fewer than 1,024), as a count of
+///   their expiries kept since its last pass tells; so sweeping costs a
+///   bounded amount per new key, and a
 ///   shard full of live keys is never scanned. Until then, a full shard
 ///   refuses a new key as if its keys were all live, for at most twice
 ///   the time that sixteenth takes to expire. A key whose state still

@@ -10,7 +10,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::memory::form::{Fence, Form, KeyHash, Maps, dispatch};
+use crate::memory::form::{Expiries, Fence, Form, KeyHash, Maps, dispatch};
 use crate::policy::MAX_SPAN_US;
 use crate::policy::Policy;
 use crate::settle::Settlement;
@@ -116,10 +116,15 @@ pub(super) struct Shard {
     next_expiry: u64,
     /// No block or fence held ends before this (µs).
     next_end: u64,
-    /// A full shard sweeps no earlier than this (µs): when at least a
-    /// [`FULL_SWEEP_SHARE`] of the keys it held at its last sweep will
-    /// have expired, so that each scan frees room for many new keys.
-    full_sweep_at: u64,
+    /// When the keys expire, counted from `swept_at`: those the last
+    /// sweep kept, each key made since, and each expiry a refund brought
+    /// forward (a key counted twice only makes a sweep come sooner). A
+    /// full shard sweeps once a [`FULL_SWEEP_SHARE`] of its keys have
+    /// expired by this count, so that each scan frees room for many new
+    /// keys.
+    expiries: Expiries,
+    /// When the shard last swept (µs), 0 before its first sweep.
+    swept_at: u64,
 }
 
 pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -317,7 +322,8 @@ impl Shard {
             sweep_at: MIN_SWEEP.min(capacity),
             next_expiry: u64::MAX,
             next_end: u64::MAX,
-            full_sweep_at: 0,
+            expiries: Expiries::default(),
+            swept_at: 0,
         }
     }
 
@@ -425,9 +431,16 @@ impl Shard {
             });
         }
         F::map(&mut self.maps).insert(hash, held);
-        self.next_expiry = self.next_expiry.min(expires_at);
+        self.expires(expires_at);
         shared.keys_gauge.add(1);
         Ok(())
+    }
+
+    /// Counts a key that expires at `expires_at` (µs): made, or brought
+    /// forward.
+    pub(super) fn expires(&mut self, expires_at: u64) {
+        self.next_expiry = self.next_expiry.min(expires_at);
+        self.expiries.add(expires_at.saturating_sub(self.swept_at));
     }
 
     /// Everything the shard holds: its keys, and the blocks and fences of
@@ -450,8 +463,9 @@ impl Shard {
     /// sweeps, once per doubling.
     fn sweep_if_due(&mut self, shared: &Shared, now: u64) {
         let grown = self.held() >= self.sweep_at && now >= self.next_expiry.min(self.next_end);
-        let full =
-            self.len() >= shared.shard_capacity && now >= self.next_expiry.max(self.full_sweep_at);
+        let full = self.len() >= shared.shard_capacity
+            && now >= self.next_expiry
+            && self.enough_expired(now);
         if grown || full {
             let swept = self.sweep(now);
             shared.keys_gauge.sub(swept);
@@ -463,15 +477,20 @@ impl Shard {
     /// returns how many keys it forgot.
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
-        let expiries;
-        (self.next_expiry, self.next_end, expiries) = self.maps.retain_live(now);
-        let worth = match self.len() >= MIN_SWEEP {
-            true => self.len() / FULL_SWEEP_SHARE,
-            false => 1,
-        };
-        self.full_sweep_at = expiries
-            .until(worth)
-            .map_or(now, |wait| now.saturating_add(wait));
+        (self.next_expiry, self.next_end, self.expiries) = self.maps.retain_live(now);
+        self.swept_at = now;
         before - self.len()
+    }
+
+    /// Whether a [`FULL_SWEEP_SHARE`] of the shard's keys have expired by
+    /// `now` (µs), as far as its count of their expiries tells (any one
+    /// key, in a shard of fewer than [`MIN_SWEEP`]).
+    fn enough_expired(&self, now: u64) -> bool {
+        // Never swept, its count has no start.
+        if self.len() < MIN_SWEEP || self.swept_at == 0 {
+            return true;
+        }
+        let wait = self.expiries.until(self.len() / FULL_SWEEP_SHARE);
+        wait.is_none_or(|wait| now >= self.swept_at.saturating_add(wait))
     }
 }
