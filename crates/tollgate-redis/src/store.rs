@@ -216,9 +216,13 @@ impl<C: RedisConnection> Inner<C> {
             Ok(result @ Err(RedisStoreError::PoolBusy | RedisStoreError::PoolTimeout)) => result,
             Ok(result) => {
                 // Redis answered (a reply or an error reply): its latency,
-                // as this app observed it.
+                // as this app observed it. Not a connection that failed
+                // (refused, dropped, broken): nothing answered, and an
+                // outage would pull the figures towards nothing.
                 #[cfg(feature = "metrics")]
-                self.latency.record(sent.elapsed().as_secs_f64());
+                if answered(&result) {
+                    self.latency.record(sent.elapsed().as_secs_f64());
+                }
                 #[cfg(not(feature = "metrics"))]
                 let _ = sent;
                 result
@@ -265,5 +269,30 @@ impl<C> fmt::Debug for RedisStore<C> {
             .field("deadline", &self.inner.deadline)
             .field("clock", &self.inner.wire.clock)
             .finish()
+    }
+}
+
+/// Whether `result` is Redis's answer (a reply, or an error reply), not a
+/// call that never had one (its connection refused, dropped or broken,
+/// or no connection at all).
+#[cfg(feature = "metrics")]
+fn answered<T>(result: &Result<T, RedisStoreError>) -> bool {
+    match result {
+        Ok(_)
+        | Err(
+            RedisStoreError::Unavailable { .. }
+            | RedisStoreError::Protocol(_)
+            | RedisStoreError::UnsupportedVersion { .. },
+        ) => true,
+        Err(RedisStoreError::Redis(e)) => !(e.is_io_error() || e.is_connection_dropped()),
+        Err(
+            RedisStoreError::Config(_)
+            | RedisStoreError::CircuitOpen
+            | RedisStoreError::NotConnected { .. }
+            | RedisStoreError::PoolTimeout
+            | RedisStoreError::PoolBusy
+            | RedisStoreError::QueueFull
+            | RedisStoreError::Deadline(_),
+        ) => false,
     }
 }
