@@ -301,8 +301,8 @@ fn the_memory_store_carries_between_the_last_eight_configurations() {
 /// every new key: each sweep scans the whole shard, so every new key cost
 /// a scan of it (found by an audit: 128 µs a key at 10,000 keys, growing
 /// with the shard). Until then a new key is refused as by a shard full of
-/// live keys; after, the sweep's room admits the new keys as fast as the
-/// old ones expire.
+/// live keys; after, the sweep's room admits the new keys about as fast as
+/// the old ones expire.
 #[test]
 fn a_full_shard_sweeps_once_a_sixteenth_of_it_expired() {
     const MAX: usize = 4_096;
@@ -332,12 +332,14 @@ fn a_full_shard_sweeps_once_a_sixteenth_of_it_expired() {
         clock.advance(step);
     }
     // The first new key meets one key expired: a sweep frees it. Then a
-    // sixteenth of the shard, 255 keys, expires in 25.5 ms: the next sweep
-    // is due within twice that (the keys' expiries are counted by powers
-    // of two of µs: 2^15 µs, 327 steps). Each sweep after frees as many
-    // keys as the new ones it makes room for.
-    assert_eq!(refused, (1..=327).collect::<Vec<_>>());
-    assert_eq!(admitted.len(), 2_000 - 327);
+    // sixteenth of the shard, 255 keys, expires in 25.5 ms, and is counted
+    // expired once their buckets' times pass (a key's expiry rounded up to
+    // a power of two of an eighth of its second: 2^17 µs): the next sweep
+    // comes 280 steps on. Each sweep after frees about as many keys as the
+    // new ones it makes room for; one comes 6 steps late.
+    let late: Vec<u64> = (1..=280).chain(562..=567).collect();
+    assert_eq!(refused, late);
+    assert_eq!(admitted.len(), 2_000 - late.len());
     assert!(admitted.iter().all(|&(_, allowed)| allowed));
 }
 
@@ -421,4 +423,37 @@ fn keys_made_after_a_sweep_count_towards_the_next() {
             .check_sync(&Key::from(2_000_001u64), &second, 1)
             .is_ok()
     );
+}
+
+/// How late a full shard counts its keys expired depends on their own
+/// lifetime, not on how long ago it last swept: second-long keys made ten
+/// hours after a sweep are swept within a second or so of expiring (they
+/// were counted nine hours late, found by a review).
+#[test]
+fn a_full_shard_counts_keys_expired_by_their_own_lifetime() {
+    const MAX: usize = 4_096;
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_keys(MAX)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let day = Policy::new("day", Algorithm::Gcra, "1/day").unwrap();
+    let second = Policy::new("second", Algorithm::Gcra, "1/s").unwrap();
+    for i in 0..MAX as u64 {
+        let policy = if i < 512 { &second } else { &day };
+        assert!(store.check_sync(&Key::from(i), policy, 1).is_ok());
+    }
+    // A sweep frees the 512 second-long keys.
+    clock.advance(Duration::from_secs(2));
+    assert!(store.check_sync(&Key::from(10_000u64), &second, 1).is_ok());
+    // Ten hours on, 511 more fill the shard, and expire.
+    clock.advance(Duration::from_secs(36_000));
+    for i in 0..511u64 {
+        assert!(store.check_sync(&Key::from(20_000 + i), &second, 1).is_ok());
+    }
+    assert!(store.check_sync(&Key::from(30_000u64), &second, 1).is_err());
+    clock.advance(Duration::from_millis(1_250));
+    assert!(store.check_sync(&Key::from(30_001u64), &second, 1).is_ok());
 }

@@ -69,7 +69,7 @@ impl Maps {
         let mut key = |at: u64| {
             let keep = live(at, now, &mut next);
             if keep {
-                expiries.add(at - now);
+                expiries.add(now, at);
             }
             keep
         };
@@ -84,38 +84,50 @@ impl Maps {
     }
 }
 
-/// How many keys expire how far from a sweep: counts by the power of two
-/// of the wait in µs, so that a full shard knows, without scanning, when
-/// enough of its keys will have expired for a sweep to be worth its scan.
+/// When a shard's keys expire, as far as sweeping a full shard needs to
+/// know without scanning it: each key counted at its expiry rounded up to
+/// a power of two of an eighth of its lifetime (so counted as expired at
+/// most a quarter of its lifetime late), in buckets by that time. A key
+/// decided again after it was counted is counted again, and once counted
+/// expired stays so until the next sweep counts afresh: a count too high,
+/// which makes a sweep come sooner, never later.
+#[derive(Default)]
 pub(super) struct Expiries {
-    /// `counts[i]`: the keys that expire between 2^i and 2^(i+1) µs on.
-    counts: [u32; 64],
-}
-
-impl Default for Expiries {
-    fn default() -> Self {
-        Self { counts: [0; 64] }
-    }
+    /// The keys whose bucket's time has passed.
+    expired: usize,
+    /// The other keys, by their bucket's time (µs).
+    buckets: std::collections::BTreeMap<u64, u32>,
 }
 
 impl Expiries {
-    pub(super) fn add(&mut self, wait_us: u64) {
-        let octave = wait_us.max(1).ilog2() as usize;
-        self.counts[octave] = self.counts[octave].saturating_add(1);
+    /// Counts a key that expires at `expires_at`, at `now` (µs).
+    pub(super) fn add(&mut self, now: u64, expires_at: u64) {
+        self.fold(now);
+        if expires_at <= now {
+            self.expired += 1;
+            return;
+        }
+        let step = ((expires_at - now) / 8).max(1).next_power_of_two();
+        let due = expires_at.div_ceil(step).saturating_mul(step);
+        *self.buckets.entry(due).or_default() += 1;
     }
 
-    /// A wait (µs) by whose end at least `n` of the keys counted will have
-    /// expired, unless decided again meanwhile (at most twice the least
-    /// such wait); `None` if fewer than `n` were counted.
-    pub(super) fn until(&self, n: usize) -> Option<u64> {
-        let mut expired = 0usize;
-        for (octave, &count) in self.counts.iter().enumerate() {
-            expired += count as usize;
-            if expired >= n {
-                return Some(1u64.checked_shl(octave as u32 + 1).unwrap_or(u64::MAX));
+    /// Whether at least `n` keys have expired by `now` (µs), as counted.
+    pub(super) fn expired_by(&mut self, now: u64, n: usize) -> bool {
+        self.fold(now);
+        self.expired >= n
+    }
+
+    /// Moves the buckets whose time has passed into `expired`: the
+    /// buckets held are those still to come, so they stay few (a few per
+    /// power of two of the keys' lifetimes).
+    fn fold(&mut self, now: u64) {
+        while let Some(bucket) = self.buckets.first_entry() {
+            if *bucket.key() > now {
+                break;
             }
+            self.expired += bucket.remove() as usize;
         }
-        None
     }
 }
 

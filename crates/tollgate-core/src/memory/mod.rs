@@ -31,14 +31,13 @@ mod shard;
 ///   its expired keys in one pass when it has doubled in size since its
 ///   last pass, or when it is full and a sixteenth of its keys has
 ///   expired (any one key, in a shard of fewer than 1,024), as a count of
-///   their expiries kept since its last pass tells; so sweeping costs a
-///   bounded amount per new key, and a
-///   shard full of live keys is never scanned. Until then, a full shard
-///   refuses a new key as if its keys were all live, for at most twice
-///   the time that sixteenth takes to expire. A key whose state still
-///   matters is never evicted to make room: when a shard is full of live
-///   keys, a new key gets [`StoreError::Full`] and the caller's failure
-///   policy decides.
+///   their expiries tells, which counts each key expired at most a quarter
+///   of its lifetime late; so sweeping costs a bounded amount per new key,
+///   and a shard full of live keys is never scanned. Until then, a full
+///   shard refuses a new key as if its keys were all live. A key whose
+///   state still matters is never evicted to make room: when a shard is
+///   full of live keys, a new key gets [`StoreError::Full`] and the
+///   caller's failure policy decides.
 ///   Blocks, and the fences of resets and blocks (see
 ///   [`Settlement::fence`](crate::Settlement::fence)), are held beside the
 ///   keys and not counted against `max_keys`; they count towards a shard's

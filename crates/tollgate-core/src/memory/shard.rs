@@ -116,15 +116,12 @@ pub(super) struct Shard {
     next_expiry: u64,
     /// No block or fence held ends before this (µs).
     next_end: u64,
-    /// When the keys expire, counted from `swept_at`: those the last
-    /// sweep kept, each key made since, and each expiry a refund brought
-    /// forward (a key counted twice only makes a sweep come sooner). A
-    /// full shard sweeps once a [`FULL_SWEEP_SHARE`] of its keys have
-    /// expired by this count, so that each scan frees room for many new
-    /// keys.
+    /// When the keys expire: those the last sweep kept, each key made
+    /// since, and each expiry a refund brought forward (a key counted
+    /// twice only makes a sweep come sooner). A full shard sweeps once a
+    /// [`FULL_SWEEP_SHARE`] of its keys have expired by this count, so
+    /// that each scan frees room for many new keys.
     expiries: Expiries,
-    /// When the shard last swept (µs), 0 before its first sweep.
-    swept_at: u64,
 }
 
 pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -323,7 +320,6 @@ impl Shard {
             next_expiry: u64::MAX,
             next_end: u64::MAX,
             expiries: Expiries::default(),
-            swept_at: 0,
         }
     }
 
@@ -431,16 +427,16 @@ impl Shard {
             });
         }
         F::map(&mut self.maps).insert(hash, held);
-        self.expires(expires_at);
+        self.expires(now, expires_at);
         shared.keys_gauge.add(1);
         Ok(())
     }
 
-    /// Counts a key that expires at `expires_at` (µs): made, or brought
-    /// forward.
-    pub(super) fn expires(&mut self, expires_at: u64) {
+    /// Counts a key that expires at `expires_at`, at `now` (µs): made, or
+    /// brought forward.
+    pub(super) fn expires(&mut self, now: u64, expires_at: u64) {
         self.next_expiry = self.next_expiry.min(expires_at);
-        self.expiries.add(expires_at.saturating_sub(self.swept_at));
+        self.expiries.add(now, expires_at);
     }
 
     /// Everything the shard holds: its keys, and the blocks and fences of
@@ -478,19 +474,14 @@ impl Shard {
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
         (self.next_expiry, self.next_end, self.expiries) = self.maps.retain_live(now);
-        self.swept_at = now;
         before - self.len()
     }
 
     /// Whether a [`FULL_SWEEP_SHARE`] of the shard's keys have expired by
     /// `now` (µs), as far as its count of their expiries tells (any one
     /// key, in a shard of fewer than [`MIN_SWEEP`]).
-    fn enough_expired(&self, now: u64) -> bool {
-        // Never swept, its count has no start.
-        if self.len() < MIN_SWEEP || self.swept_at == 0 {
-            return true;
-        }
-        let wait = self.expiries.until(self.len() / FULL_SWEEP_SHARE);
-        wait.is_none_or(|wait| now >= self.swept_at.saturating_add(wait))
+    fn enough_expired(&mut self, now: u64) -> bool {
+        let share = self.len() / FULL_SWEEP_SHARE;
+        self.len() < MIN_SWEEP || self.expiries.expired_by(now, share)
     }
 }

@@ -94,7 +94,7 @@ impl Visit for Settle<'_> {
             let decision = F::settle(held, policy, self.now, settlement);
             // A refund can bring the key's expiry forward.
             let expires_at = F::expires_at(held);
-            self.shard.expires(expires_at);
+            self.shard.expires(self.now.as_micros(), expires_at);
             return Ok(decision);
         }
         if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
@@ -162,7 +162,7 @@ impl Visit for Seed<'_> {
             };
             let (held, expires_at) = F::hold(merged, policy);
             map.insert(hash, held);
-            self.shard.expires(expires_at);
+            self.shard.expires(self.now.as_micros(), expires_at);
             return Ok(());
         }
         let (held, expires_at) = F::hold(state, policy);
