@@ -104,12 +104,13 @@ impl Expiries {
     pub(super) fn add(&mut self, now: u64, expires_at: u64) {
         self.fold(now);
         if expires_at <= now {
-            self.expired += 1;
+            self.expired = self.expired.saturating_add(1);
             return;
         }
         let step = ((expires_at - now) / 8).max(1).next_power_of_two();
         let due = expires_at.div_ceil(step).saturating_mul(step);
-        *self.buckets.entry(due).or_default() += 1;
+        let count = self.buckets.entry(due).or_default();
+        *count = count.saturating_add(1);
     }
 
     /// Whether at least `n` keys have expired by `now` (µs), as counted.
@@ -126,7 +127,7 @@ impl Expiries {
             if *bucket.key() > now {
                 break;
             }
-            self.expired += bucket.remove() as usize;
+            self.expired = self.expired.saturating_add(bucket.remove() as usize);
         }
     }
 }

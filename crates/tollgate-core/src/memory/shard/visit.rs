@@ -91,10 +91,13 @@ impl Visit for Settle<'_> {
             self.settlement
         };
         if let Some(held) = F::map(&mut self.shard.maps).get_mut(&hash) {
+            let before = F::expires_at(held);
             let decision = F::settle(held, policy, self.now, settlement);
             // A refund can bring the key's expiry forward.
             let expires_at = F::expires_at(held);
-            self.shard.expires(self.now.as_micros(), expires_at);
+            if expires_at < before {
+                self.shard.expires(self.now.as_micros(), expires_at);
+            }
             return Ok(decision);
         }
         if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
