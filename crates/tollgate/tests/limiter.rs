@@ -464,3 +464,35 @@ async fn callers_waiting_on_one_key_check_in_line() {
     next.await.unwrap().unwrap();
     assert_eq!(waited.elapsed(), Duration::from_millis(100));
 }
+
+/// A line is of one cost: a caller of 1 unit is not held behind one of 10
+/// that waits for its whole burst (it waited 300 ms and gave up, where the
+/// unit came in 100 ms; found by a review).
+#[tokio::test(start_paused = true)]
+async fn a_small_caller_does_not_wait_in_line_behind_a_large_one() {
+    let policy = Policy::builder("partner")
+        .algorithm(Algorithm::Gcra)
+        .limit("10/s")
+        .burst(10)
+        .build()
+        .unwrap();
+    let limiter = limiter(policy);
+    let key = Key::custom("partner");
+    assert!(limiter.check_n(&key, 10).await.unwrap().is_allowed());
+    let large = tokio::spawn({
+        let (limiter, key) = (limiter.clone(), key.clone());
+        async move {
+            limiter
+                .until_n_ready(&key, 10, Duration::from_secs(5))
+                .await
+        }
+    });
+    tokio::task::yield_now().await;
+    let start = Instant::now();
+    limiter
+        .until_n_ready(&key, 1, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    large.await.unwrap().unwrap();
+}

@@ -31,7 +31,9 @@ pub enum WaitError {
     /// delay: a queued request's place is kept even when the wait is refused.
     #[error("admission in {needed:?} would exceed the maximum wait of {max_wait:?}")]
     TooLong {
-        /// How long from the last check admission would take.
+        /// How long from the last check admission would take (at least: for
+        /// a caller still in line behind others when its maximum wait
+        /// ran out, what was left of that wait at its last check).
         needed: Duration,
         /// The maximum wait that was given.
         max_wait: Duration,
@@ -190,11 +192,11 @@ impl<St: Store> RateLimiter<St> {
                 });
             }
             if in_line && place.is_none() {
-                let (joined, ahead) = Place::join(&self.lines, key);
+                let (joined, ahead) = Place::join(&self.lines, key, cost);
                 let Some(joined) = joined.head(ahead, deadline).await else {
                     self.gave_up(&decision, counted, refused);
                     return Err(WaitError::TooLong {
-                        needed: wait,
+                        needed: left,
                         max_wait,
                     });
                 };
@@ -235,29 +237,37 @@ impl<St: Store> RateLimiter<St> {
 /// head checks again after a refusal; the next checks once the head is
 /// done: at most 3 checks each (the first, one on reaching the head, one
 /// when its unit is due).
+///
+/// A line is of one key and one cost: a caller of a small cost, admitted
+/// sooner, does not wait behind one of a large cost.
 #[derive(Default)]
 pub(super) struct Lines {
-    keys: parking_lot::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    keys: parking_lot::Mutex<HashMap<(Key, u64), Arc<Line>>>,
 }
+
+/// One line: its head holds the lock.
+type Line = tokio::sync::Mutex<()>;
 
 /// A caller's place in its key's line, left when dropped (admitted, given
 /// up, or its future dropped); the key's line goes with its last caller.
 struct Place {
     lines: Arc<Lines>,
-    key: Key,
-    line: Arc<tokio::sync::Mutex<()>>,
+    key: (Key, u64),
+    line: Arc<Line>,
     head: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Place {
-    /// A place in `key`'s line, and whether others were in it.
-    fn join(lines: &Arc<Lines>, key: &Key) -> (Self, bool) {
+    /// A place in the line of `key` at `cost`, and whether others were in
+    /// it.
+    fn join(lines: &Arc<Lines>, key: &Key, cost: u64) -> (Self, bool) {
+        let key = (key.clone(), cost);
         let line = Arc::clone(lines.keys.lock().entry(key.clone()).or_default());
         let head = Arc::clone(&line).try_lock_owned().ok();
         let ahead = head.is_none();
         let place = Self {
             lines: Arc::clone(lines),
-            key: key.clone(),
+            key,
             line,
             head,
         };
