@@ -496,3 +496,56 @@ async fn a_small_caller_does_not_wait_in_line_behind_a_large_one() {
     assert_eq!(start.elapsed(), Duration::from_millis(100));
     large.await.unwrap().unwrap();
 }
+
+/// A store whose decisions carry no cost (built with `Decision::new`
+/// alone) is settled as the caller says it reserved: bounded by a cost of
+/// 0, its refunds became charges (found by a review).
+#[tokio::test]
+async fn a_store_that_reports_no_cost_settles_as_reserved() {
+    #[derive(Clone)]
+    struct NoCost(MemoryStore);
+    impl tollgate::Store for NoCost {
+        async fn check(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            cost: u64,
+        ) -> Result<tollgate::Decision, tollgate::StoreError> {
+            let d = self.0.check(key, policy, cost).await?;
+            let limits = d.limits().to_vec();
+            Ok(tollgate::Decision::new(
+                policy,
+                d.outcome(),
+                d.now(),
+                d.delay(),
+                limits,
+            ))
+        }
+        async fn settle(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            settlement: tollgate::Settlement,
+        ) -> Result<tollgate::Decision, tollgate::StoreError> {
+            self.0.settle(key, policy, settlement).await
+        }
+        async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), tollgate::StoreError> {
+            self.0.reset(key, policy).await
+        }
+        async fn block(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            duration: Duration,
+        ) -> Result<(), tollgate::StoreError> {
+            self.0.block(key, policy, duration).await
+        }
+    }
+    let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/min").unwrap();
+    let limiter = RateLimiter::with_store(policy, NoCost(MemoryStore::new()));
+    let key = Key::user("acme");
+    let reservation = limiter.check_n(&key, 300).await.unwrap();
+    assert_eq!(reservation.cost(), 0);
+    let after = limiter.settle(&key, &reservation, 300, 120).await.unwrap();
+    assert_eq!(after.remaining(), 880);
+}

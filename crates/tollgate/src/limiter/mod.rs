@@ -525,7 +525,8 @@ impl<St: Store> RateLimiter<St> {
     /// `actual` of 0 the store is not asked and the reservation is
     /// returned. A `reserved` above the reservation's own
     /// [cost](Decision::cost) counts as that cost: no settlement refunds
-    /// more than its reservation took. Settle each reservation once: a
+    /// more than its reservation took (of a store that reports no cost,
+    /// 0, `reserved` is taken as it is). Settle each reservation once: a
     /// second settlement of it refunds (or charges) again.
     pub async fn settle(
         &self,
@@ -542,11 +543,14 @@ impl<St: Store> RateLimiter<St> {
         // store is not asked.
         // Nor can a caller's figure refund more than the reservation's own
         // cost: settled as a larger reservation, a small one would mint
-        // the difference.
-        let reserved = match reservation.is_allowed() {
-            true => reserved.min(reservation.cost()),
-            false if actual == 0 => return Ok(reservation.clone()),
-            false => 0,
+        // the difference. (A cost of 0 is a store's that does not report
+        // it, built with `Decision::new` alone: the caller's figure is all
+        // there is.)
+        let reserved = match (reservation.is_allowed(), reservation.cost()) {
+            (true, 0) => reserved,
+            (true, cost) => reserved.min(cost),
+            (false, _) if actual == 0 => return Ok(reservation.clone()),
+            (false, _) => 0,
         };
         let settlement = Settlement::of(reservation, reserved, actual);
         let own = own_limits(self.overrides.as_deref(), key, &self.policy).await;
