@@ -22,8 +22,9 @@ use super::{KeyExtractor, MissingCause};
 /// that a long header costs no table more than 32 bytes.
 ///
 /// A gRPC binary metadata header (a name ending in `-bin`) is keyed by the
-/// bytes its base64 stands for: gRPC reads a value padded and unpadded as
-/// one, so they are one key, not two buckets for one credential. A value
+/// bytes its base64 stands for, read as gRPC reads it (padded or not,
+/// stray trailing bits allowed; of several comma-separated values, the
+/// first): one credential is one key, not a bucket per spelling. A value
 /// that is not base64 yields no key.
 ///
 /// ```
@@ -60,12 +61,18 @@ impl<B> KeyExtractor<B> for HeaderKey {
             return Some(Key::header(value.as_bytes()));
         }
         use base64::Engine as _;
-        // Padded or not, as gRPC reads it.
+        use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+        // As gRPC reads it: padded or not, stray trailing bits allowed; of
+        // several values sent as one, the first.
+        const GRPC: GeneralPurpose = GeneralPurpose::new(
+            &base64::alphabet::STANDARD,
+            GeneralPurposeConfig::new()
+                .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+                .with_decode_allow_trailing_bits(true),
+        );
         let text = value.as_bytes();
-        let unpadded = text.strip_suffix(b"==").or(text.strip_suffix(b"="));
-        let decoded = base64::engine::general_purpose::STANDARD_NO_PAD
-            .decode(unpadded.unwrap_or(text))
-            .ok()?;
+        let first = text.split(|&b| b == b',').next().unwrap_or(text);
+        let decoded = GRPC.decode(first.trim_ascii()).ok()?;
         Some(Key::header(decoded))
     }
 
@@ -93,6 +100,9 @@ mod tests {
         assert_eq!(with("YWJjZA=="), Some(Key::header(b"abcd")));
         assert_eq!(with("YWJjZA"), Some(Key::header(b"abcd")));
         assert_eq!(with("not base64!"), None);
+        // Trailing bits grpc-go accepts, and several values: the first.
+        assert_eq!(with("YWJjZB"), Some(Key::header(b"abcd")));
+        assert_eq!(with("YWJjZA==,eHl6"), Some(Key::header(b"abcd")));
         // A text header is keyed by its text.
         let text = HeaderKey::new(HeaderName::from_static("x-token"));
         let request = Request::get("/").header("x-token", "YWJjZA==").body(());
