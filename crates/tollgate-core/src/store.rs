@@ -157,7 +157,8 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// The state of `key` under `policy`, consuming nothing: a peek, the
-    /// decision of a request of cost 0, which is never denied. The default
+    /// decision of a request of cost 0, which is never denied (but for a
+    /// key an operator blocked: denied for the rest of the block). The default
     /// asks [`check`](Store::check) with cost 0.
     ///
     /// # Errors

@@ -12,8 +12,9 @@ use crate::keys::KeyNamer;
 
 /// Configures a [`RedisStore`](crate::RedisStore).
 ///
-/// The defaults suit a request path: a decision waits at most 50 ms, a
-/// response 50 ms, a new connection 100 ms and a pool checkout 25 ms.
+/// The defaults suit a request path: a decision waits at most 50 ms (the
+/// connection's response timeout, a backstop behind it, is 250 ms), a new
+/// connection 100 ms and a pool checkout 25 ms.
 #[derive(Debug)]
 #[must_use = "call .connect(url) to get the store"]
 pub struct RedisStoreBuilder {
@@ -158,8 +159,9 @@ impl RedisStoreBuilder {
     }
 
     /// The most denials the local deny cache holds (default 10,000; 0
-    /// turns it off). A key denied until a time is denied locally until
-    /// then, asking Redis again about once a second: a client hammering
+    /// turns it off). It holds the denials of requests of cost 1 under a
+    /// policy of one limit: such a key denied until a time is denied
+    /// locally until then, asking Redis again about once a second: a client hammering
     /// an exhausted limit costs Redis next to nothing, and decisions stay
     /// exact, but for what another app server did to the key (a reset, a
     /// block, a refund, a changed configuration), which reaches this one

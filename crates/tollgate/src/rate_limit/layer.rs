@@ -115,7 +115,8 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     }
 
     /// The cost of each request (default 1). A cost of 0 only reads the
-    /// state: requests are never denied, but carry the headers.
+    /// state: requests are never denied (but for a key an operator
+    /// blocked), and carry the headers.
     pub fn cost(mut self, cost: u64) -> Self {
         self.config.cost = cost;
         self
