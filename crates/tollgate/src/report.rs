@@ -118,19 +118,10 @@ impl Telemetry {
         Self::with_limits(policy.name(), Some(policy.limits()))
     }
 
-    fn with_limits(policy: &str, limits: Option<&[tollgate_core::Limit]>) -> Self {
-        Self::sharing(policy, limits, Arc::default())
-    }
-
-    /// The telemetry of `policy` whose warnings share `throttles`.
-    fn sharing(
-        policy: &str,
-        _limits: Option<&[tollgate_core::Limit]>,
-        throttles: Arc<Throttles>,
-    ) -> Self {
+    fn with_limits(policy: &str, _limits: Option<&[tollgate_core::Limit]>) -> Self {
         Self {
             policy: policy.into(),
-            throttles,
+            throttles: Arc::default(),
             #[cfg(feature = "metrics")]
             counters: Counters::new(policy, _limits),
         }
@@ -365,12 +356,18 @@ impl Default for Throttles {
 /// one per request for a router called as a service, and the warnings of
 /// each policy are throttled across them all. The policies past the first
 /// [`MAX_CHOSEN`] names (a chooser that makes one per tenant, say) share
-/// one set of throttles, so that they cannot flood the log either.
+/// one telemetry, named [`OTHER_POLICIES`]: their metrics count under that
+/// one `policy` label (their series stay bounded), and their warnings
+/// share its throttles.
 #[derive(Debug, Default)]
 pub(crate) struct Chosen {
     known: RwLock<HashMap<Box<str>, Arc<Telemetry>>>,
-    overflow: Arc<Throttles>,
+    overflow: std::sync::OnceLock<Arc<Telemetry>>,
 }
+
+/// The name the chosen policies past [`MAX_CHOSEN`] are reported under: a
+/// space keeps it from being any policy's name.
+pub(crate) const OTHER_POLICIES: &str = "other policies";
 
 /// The most chosen policies with throttles of their own, per layer.
 const MAX_CHOSEN: usize = 1_024;
@@ -381,7 +378,14 @@ impl Chosen {
     pub(crate) fn of(&self, policy: &Policy) -> Arc<Telemetry> {
         let name = policy.name();
         let limits = Some(policy.limits());
-        let overflow = || Arc::new(Telemetry::sharing(name, limits, self.overflow.clone()));
+        // Made once: registering a policy's metrics on every request cost
+        // a lookup of each of them.
+        let overflow = || {
+            // Decisions counted; no near-limit count per limit, whose
+            // limits differ from one policy to the next.
+            let made = || Arc::new(Telemetry::with_limits(OTHER_POLICIES, Some(&[])));
+            Arc::clone(self.overflow.get_or_init(made))
+        };
         let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(telemetry) = known.get(name) {
             return telemetry.clone();

@@ -470,3 +470,43 @@ fn an_adaptive_layer_reports_its_limit_in_flight_queue_and_sheds_by_class() {
         assert_eq!(values.get(ADAPTIVE_QUEUED, &work), 0.0);
     });
 }
+
+/// Past the first 1,024 policies a chooser picks (one per tenant, say),
+/// the rest are counted under one `policy` label, `other policies`: the
+/// series stay bounded, and a request registers no metric anew (each
+/// registered all 17 of its counters again, found by an audit).
+#[test]
+fn past_1024_chosen_policies_the_rest_are_counted_as_other_policies() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let values = with_recorder(&recorder, || async {
+        let default = Policy::new("tenant-default", Algorithm::Gcra, "1000/s").unwrap();
+        let chooser = |request: &Request<Body>| {
+            let tenant = request.headers().get("x-client")?.to_str().ok()?;
+            Policy::new(format!("tenant-{tenant}"), Algorithm::Gcra, "1000/s").ok()
+        };
+        let layer = RateLimitLayer::new(default, client_header()).choose_policy(chooser);
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        for i in 0..1_100 {
+            assert_eq!(send(&app, &format!("t{i}")).await, StatusCode::OK);
+        }
+        for _ in 0..100 {
+            assert_eq!(send(&app, "t1050").await, StatusCode::OK);
+        }
+        Values::take(&snapshotter)
+    });
+    let allowed = |policy| values.get(DECISIONS, &[("policy", policy), ("outcome", "allowed")]);
+    assert_eq!(allowed("tenant-t0"), 1.0);
+    assert_eq!(allowed("tenant-t1023"), 1.0);
+    assert_eq!(allowed("tenant-t1050"), 0.0);
+    assert_eq!(allowed("other policies"), 76.0 + 100.0);
+    let policies: BTreeSet<&str> = (values.0.iter())
+        .filter(|(name, ..)| name == DECISIONS)
+        .filter_map(|(_, labels, _)| labels.iter().find(|(k, _)| k == "policy"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    // The first 1,024 chosen, the other ones, and the layer's default.
+    assert_eq!(policies.len(), 1_024 + 2);
+}
