@@ -155,3 +155,34 @@ fn calls_redis_never_answered_are_no_latency_samples() {
     });
     assert_eq!(samples(&snapshotter), 0, "no reply came");
 }
+
+/// During an outage, a key the deny cache still denies is answered from
+/// it, and counted as a deny-cache hit: those answers were counted
+/// nowhere, neither as hits nor as store errors (found by an audit).
+#[test]
+fn denials_answered_from_the_deny_cache_in_an_outage_are_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut server = RedisServer::spawn();
+    let policy = Policy::new("cutoff", Algorithm::Gcra, "1/h").unwrap();
+    block_on(&recorder, || async {
+        let store = RedisStore::builder()
+            .deadline(Duration::from_millis(100))
+            .connect(server.url())
+            .await
+            .unwrap();
+        let key = Key::user("bad");
+        assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
+        assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+        change(&snapshotter, DENY_CACHE_HITS, &[("policy", "cutoff")]);
+        server.kill();
+        // Past the second in which the cache answers for a live Redis.
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        for _ in 0..10 {
+            let denied = store.check(&key, &policy, 1).await.unwrap();
+            assert!(!denied.is_allowed());
+        }
+    });
+    let hits = change(&snapshotter, DENY_CACHE_HITS, &[("policy", "cutoff")]);
+    assert_eq!(hits, 10.0);
+}

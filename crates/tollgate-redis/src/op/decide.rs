@@ -88,11 +88,17 @@ impl<C: RedisConnection> RedisStore<C> {
                     .record(&state_key, policy, &decision, sent_at);
                 Ok(decision)
             }
-            // A key Redis cut off stays cut off while Redis cannot answer.
-            Err(error) => inner
-                .deny_cache
-                .lookup_on_failure(&state_key, policy, cost, inner.local_now())
-                .ok_or(error),
+            // A key Redis cut off stays cut off while Redis cannot answer:
+            // a denial from the deny cache, counted as one (the failure is
+            // not the caller's: its request is answered).
+            Err(error) => {
+                let denied = (inner.deny_cache)
+                    .lookup_on_failure(&state_key, policy, cost, inner.local_now())
+                    .ok_or(error)?;
+                #[cfg(feature = "metrics")]
+                inner.count_hit(policy.name());
+                Ok(denied)
+            }
         }
     }
 
