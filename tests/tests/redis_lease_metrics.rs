@@ -81,3 +81,86 @@ fn lease_metrics_equal_the_calls_and_the_leases_held() {
     assert!(calls.returns > 0, "the leases went back: {calls:?}");
     assert_eq!(gauges, (0.0, 0.0));
 }
+
+/// Two leased stores in one process: the gauges hold what both hold. Each
+/// set them to its own, so one that held no lease reported 0 for the
+/// process while the other held leases (found by an audit); a store
+/// dropped takes its own off.
+#[test]
+fn the_lease_gauges_add_up_every_store_of_the_process() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // A snapshot drains: the gauges are the sum of every change seen.
+    let seen = std::cell::Cell::new((0.0, 0.0));
+    let gauges = || {
+        let (mut leases, mut units) = seen.get();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            match (key.key().name(), value) {
+                (LEASES_HELD, DebugValue::Gauge(g)) => leases += g.into_inner(),
+                (LEASE_UNITS, DebugValue::Gauge(g)) => units += g.into_inner(),
+                _ => {}
+            }
+        }
+        seen.set((leases, units));
+        (leases, units)
+    };
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let url = require_redis().await;
+                let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+                let mut stores = Vec::new();
+                for name in ["holding", "idle"] {
+                    let prefix = unique_prefix(&format!("lease-gauges-{name}"));
+                    let redis = RedisStore::builder()
+                        .prefix(prefix.clone())
+                        .test_clock(clock.clone())
+                        .deadline(Duration::from_secs(5))
+                        .response_timeout(Duration::from_secs(5))
+                        .connect(url.as_str())
+                        .await
+                        .unwrap();
+                    let store = LeasedStore::builder()
+                        .interval(Duration::from_millis(8))
+                        .share(4)
+                        .channel(format!("{prefix}:leases"))
+                        .test_clock(clock.clone())
+                        .connect(redis, url.as_str())
+                        .await
+                        .unwrap();
+                    stores.push(store);
+                }
+                let policy = Policy::new("hot", Algorithm::Gcra, "10000/s").unwrap();
+                let key = Key::user("ada");
+                for _ in 0..10 {
+                    for _ in 0..10 {
+                        assert!(
+                            stores[0]
+                                .check(&key, &policy, 1)
+                                .await
+                                .unwrap()
+                                .is_allowed()
+                        );
+                    }
+                    clock.advance(Duration::from_millis(1));
+                }
+                stores[0].wait_for_grants().await;
+                // A sweep of each reports what it holds (the fake clock
+                // stands still: no lease ends).
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                stores[1].return_leases().await;
+                let (leases, units) = stores[0].outstanding();
+                assert!(leases > 0);
+                #[allow(clippy::cast_precision_loss)]
+                let held = (leases as f64, units as f64);
+                assert_eq!(gauges(), held);
+                drop(stores.remove(1));
+                assert_eq!(gauges(), held);
+                drop(stores.remove(0));
+                assert_eq!(gauges(), (0.0, 0.0));
+            });
+    });
+}

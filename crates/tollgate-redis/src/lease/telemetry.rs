@@ -14,13 +14,19 @@ pub(super) enum Call {
     Return,
 }
 
-/// The counters of every policy seen, and the gauges of leases held.
+/// The counters of every policy seen, and the gauges of leases held. The
+/// gauges are the process's: each store adds what it holds, as a change
+/// from what it reported last, and takes it off when dropped (set, the
+/// last store to report overwrote the others').
 #[derive(Default)]
 pub(super) struct LeaseMetrics {
     #[cfg(feature = "metrics")]
     counters: std::sync::RwLock<std::collections::HashMap<Box<str>, [metrics::Counter; 3]>>,
     #[cfg(feature = "metrics")]
     gauges: Option<[metrics::Gauge; 2]>,
+    /// What this store reported last: `(leases, units)`.
+    #[cfg(feature = "metrics")]
+    reported: std::sync::Mutex<(f64, f64)>,
 }
 
 impl LeaseMetrics {
@@ -33,6 +39,7 @@ impl LeaseMetrics {
             Self {
                 counters: std::sync::RwLock::default(),
                 gauges: Some([metrics::gauge!(LEASES_HELD), metrics::gauge!(LEASE_UNITS)]),
+                reported: std::sync::Mutex::default(),
             }
         }
         #[cfg(not(feature = "metrics"))]
@@ -69,16 +76,35 @@ impl LeaseMetrics {
         }
     }
 
-    /// Sets the gauges to what is held: `(leases, units)`.
+    /// Reports what this store holds: `(leases, units)`.
     #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
     pub(super) fn held(&self, _outstanding: (usize, u64)) {
         #[cfg(feature = "metrics")]
-        if let Some([leases, units]) = &self.gauges {
+        {
             #[allow(clippy::cast_precision_loss)] // a gauge is a float
-            {
-                leases.set(_outstanding.0 as f64);
-                units.set(_outstanding.1 as f64);
-            }
+            let now = (_outstanding.0 as f64, _outstanding.1 as f64);
+            self.change_to(now);
         }
+    }
+
+    /// Moves the gauges by the change from what this store reported last
+    /// to `now`.
+    #[cfg(feature = "metrics")]
+    fn change_to(&self, now: (f64, f64)) {
+        use std::sync::PoisonError;
+        let Some([leases, units]) = &self.gauges else {
+            return;
+        };
+        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        leases.increment(now.0 - reported.0);
+        units.increment(now.1 - reported.1);
+        *reported = now;
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for LeaseMetrics {
+    fn drop(&mut self) {
+        self.change_to((0.0, 0.0));
     }
 }
