@@ -329,3 +329,38 @@ async fn a_reset_or_a_block_fences_refunds_on_every_master() {
         "keys per master: {spread:?}"
     );
 }
+
+/// A cluster that asks for a password is reached with the one in the
+/// seeds' URLs, on every node: only each seed's address was kept, and
+/// every node was asked without it, so the store never knew a master
+/// and every decision failed (found by an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_password_opens_every_node() {
+    let cluster = RedisCluster::spawn();
+    for node in &cluster.nodes {
+        let mut con = redis::Client::open(node.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("s3cret")
+            .query(&mut con)
+            .unwrap();
+    }
+    let urls = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://:s3cret@127.0.0.1:{}", n.port()));
+    let store = RedisStore::builder()
+        .deadline(Duration::from_secs(5))
+        .connect_cluster(urls)
+        .await
+        .unwrap();
+    let policy = Policy::new("guarded", Algorithm::Gcra, "5/h").unwrap();
+    for key in 0..30 {
+        let decision = store.check(&Key::user(format!("k{key}")), &policy, 1).await;
+        assert!(decision.unwrap().is_allowed(), "k{key}");
+    }
+}

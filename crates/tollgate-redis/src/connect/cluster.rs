@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, ServerErrorKind,
-    Value,
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, FromRedisValue,
+    IntoConnectionInfo, ServerErrorKind, Value,
 };
 
 use crate::builder::RedisStoreBuilder;
@@ -39,6 +39,9 @@ pub struct ClusterConnection {
 struct Inner {
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
+    /// The first seed's settings (user, password, TLS): every node's
+    /// connection is made with them, at its own address.
+    template: ConnectionInfo,
     seeds: Vec<String>,
     connections: Mutex<HashMap<String, MultiplexedConnection>>,
     slots: RwLock<Vec<Arc<str>>>,
@@ -54,9 +57,10 @@ impl std::fmt::Debug for ClusterConnection {
 }
 
 impl ClusterConnection {
-    /// Connects through any of `seeds` (`host:port`) and reads the slot map.
+    /// Connects through any of `seeds` (`host:port`) and reads the slot map;
+    /// every node is connected to with `template`'s settings.
     pub(crate) async fn connect(
-        seeds: Vec<String>,
+        (template, seeds): (ConnectionInfo, Vec<String>),
         config: AsyncConnectionConfig,
         connect_timeout: Duration,
     ) -> Result<Self, RedisStoreError> {
@@ -64,6 +68,7 @@ impl ClusterConnection {
             inner: Arc::new(Inner {
                 config,
                 connect_timeout,
+                template,
                 seeds,
                 connections: Mutex::new(HashMap::new()),
                 slots: RwLock::new(vec![Arc::from(""); SLOTS]),
@@ -109,7 +114,7 @@ impl ClusterConnection {
         if let Some(con) = existing {
             return Ok(con);
         }
-        let client = redis::Client::open(format!("redis://{addr}"))?;
+        let client = redis::Client::open(self.node_info(addr)?)?;
         let con = tokio::time::timeout(
             self.inner.connect_timeout,
             client.get_multiplexed_async_connection_with_config(&self.inner.config),
@@ -134,6 +139,33 @@ impl ClusterConnection {
 
     /// Reads `CLUSTER SLOTS` from the first node that answers: the known
     /// masters, then the seeds.
+    /// The settings of the node at `addr` (`host:port`, or `[v6]:port`): the
+    /// seeds' user, password and TLS, at that address.
+    fn node_info(&self, addr: &str) -> Result<ConnectionInfo, RedisStoreError> {
+        let bad = || RedisStoreError::Protocol(format!("a cluster node at {addr:?}"));
+        let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let at = match self.inner.template.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            // A plain TCP seed (a cluster has no Unix sockets between nodes).
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        Ok(self.inner.template.clone().set_addr(at))
+    }
+
     async fn refresh(&self) -> Result<(), RedisStoreError> {
         let mut candidates = self.masters();
         candidates.extend(self.inner.seeds.iter().cloned());
@@ -152,7 +184,7 @@ impl ClusterConnection {
                 .map_err(RedisStoreError::from)
             }
             .await;
-            match reply.and_then(|ranges| parse_slots(&ranges)) {
+            match reply.and_then(|ranges| parse_slots(&ranges, &addr)) {
                 Ok(map) => {
                     *self
                         .inner
@@ -226,7 +258,9 @@ impl RedisStoreBuilder {
     /// Connects to a Redis Cluster through any of `nodes` (URLs such as
     /// `redis://10.0.0.1:6379`), with a [`ClusterConnection`]: each decision
     /// goes to its slot's master, a failed master affects only its slots,
-    /// and the circuit breaker is kept per range of 128 slots.
+    /// and the circuit breaker is kept per range of 128 slots. Every node
+    /// is reached with the first URL's user, password and TLS
+    /// (`rediss://`), at the address the cluster gives for it.
     ///
     /// Keep the response timeout at most the deadline, as by default (on
     /// a cluster it defaults to the deadline, not to its ceiling: a
@@ -235,20 +269,28 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// As [`RedisStoreBuilder::connect`].
+    /// As [`RedisStoreBuilder::connect`]; [`ConfigError::InvalidSetting`](tollgate_core::ConfigError::InvalidSetting)
+    /// for no node at all.
     pub async fn connect_cluster<I: IntoConnectionInfo>(
         self,
         nodes: impl IntoIterator<Item = I>,
     ) -> Result<RedisStore<ClusterConnection>, RedisStoreError> {
         self.check()?;
         let mut seeds = Vec::new();
+        let mut template = None;
         for node in nodes {
             let info = node.into_connection_info()?;
             seeds.push(info.addr().to_string());
+            template.get_or_insert(info);
         }
+        let template = template.ok_or(tollgate_core::ConfigError::InvalidSetting {
+            setting: "nodes",
+            reason: "name at least one cluster node",
+        })?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout.unwrap_or(self.deadline)));
+        let seeds = (template, seeds);
         let connection = ClusterConnection::connect(seeds, config, self.connect_timeout).await?;
         Self {
             breaker_ranges: 128,
@@ -328,8 +370,11 @@ impl RedisConnection for ClusterConnection {
     }
 }
 
-/// The slot map of a `CLUSTER SLOTS` reply: each slot's master `host:port`.
-fn parse_slots(ranges: &[Value]) -> Result<Vec<Arc<str>>, RedisStoreError> {
+/// The slot map of a `CLUSTER SLOTS` reply, asked of the node at `asked`:
+/// each slot's master `host:port` (`[host]:port` for IPv6). A master
+/// named `""` or `"?"` (an endpoint the node does not know or tell) is at
+/// the host that was asked, as the Redis Cluster spec has it.
+fn parse_slots(ranges: &[Value], asked: &str) -> Result<Vec<Arc<str>>, RedisStoreError> {
     let bad = || RedisStoreError::Protocol("unexpected CLUSTER SLOTS reply".into());
     let int = |v: &Value| match v {
         Value::Int(n) => usize::try_from(*n).ok(),
@@ -356,7 +401,12 @@ fn parse_slots(ranges: &[Value]) -> Result<Vec<Arc<str>>, RedisStoreError> {
         else {
             return Err(bad());
         };
-        let addr: Arc<str> = Arc::from(format!("{host}:{port}"));
+        let asked_host = asked.rsplit_once(':').map_or(asked, |(host, _)| host);
+        let addr: Arc<str> = Arc::from(match host.as_str() {
+            "" | "?" => format!("{asked_host}:{port}"),
+            v6 if v6.contains(':') => format!("[{v6}]:{port}"),
+            host => format!("{host}:{port}"),
+        });
         if let Some(range) = map.get_mut(start..=end.min(SLOTS - 1)) {
             range.fill(addr.clone());
         }
@@ -367,4 +417,37 @@ fn parse_slots(ranges: &[Value]) -> Result<Vec<Arc<str>>, RedisStoreError> {
         ));
     }
     Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(start: i64, end: i64, host: &str, port: i64) -> Value {
+        let master = vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+        ];
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(master),
+        ])
+    }
+
+    /// A master named `""` or `"?"` is at the host that was asked, and an
+    /// IPv6 one is bracketed: such a slot map failed the app's start with
+    /// a URL that did not parse (found by an audit).
+    #[test]
+    fn every_endpoint_a_node_may_name_is_an_address() {
+        let ranges = [
+            range(0, 5_000, "", 7001),
+            range(5_001, 10_000, "?", 7002),
+            range(10_001, 16_383, "2001:db8::7", 7003),
+        ];
+        let map = parse_slots(&ranges, "10.0.0.9:7000").unwrap();
+        assert_eq!(&*map[0], "10.0.0.9:7001");
+        assert_eq!(&*map[5_001], "10.0.0.9:7002");
+        assert_eq!(&*map[16_383], "[2001:db8::7]:7003");
+    }
 }
