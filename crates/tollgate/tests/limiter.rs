@@ -361,14 +361,28 @@ async fn a_settlement_refunds_no_more_than_its_reservation_took() {
     assert_eq!(after.remaining(), 1);
 }
 
-/// A store that counts the checks it is asked for.
+/// A memory store that counts the checks it is asked for and, with
+/// `no_cost`, answers them as a store that reports no cost would (built
+/// with `Decision::new` alone).
 #[derive(Clone)]
-struct Counting {
+struct Wrapped {
     store: MemoryStore,
     checks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    no_cost: bool,
 }
 
-impl tollgate::Store for Counting {
+impl Wrapped {
+    fn new(store: MemoryStore, no_cost: bool) -> Self {
+        let checks = Default::default();
+        Self {
+            store,
+            checks,
+            no_cost,
+        }
+    }
+}
+
+impl tollgate::Store for Wrapped {
     async fn check(
         &self,
         key: &Key,
@@ -376,7 +390,18 @@ impl tollgate::Store for Counting {
         cost: u64,
     ) -> Result<tollgate::Decision, tollgate::StoreError> {
         (self.checks).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.store.check(key, policy, cost).await
+        let d = self.store.check(key, policy, cost).await?;
+        if !self.no_cost {
+            return Ok(d);
+        }
+        let limits = d.limits().to_vec();
+        Ok(tollgate::Decision::new(
+            policy,
+            d.outcome(),
+            d.now(),
+            d.delay(),
+            limits,
+        ))
     }
 
     async fn settle(
@@ -402,6 +427,16 @@ impl tollgate::Store for Counting {
     }
 }
 
+/// A partner's pace: GCRA, 10 a second, with a burst of `burst`.
+fn partner(burst: u64) -> Policy {
+    Policy::builder("partner")
+        .algorithm(Algorithm::Gcra)
+        .limit("10/s")
+        .burst(burst)
+        .build()
+        .unwrap()
+}
+
 /// Callers refused together on a key whose policy frees one unit at a
 /// time wait in line: only the head checks again, so 50 callers cost at
 /// most three checks each (the first, one on reaching the head, one when
@@ -411,18 +446,9 @@ impl tollgate::Store for Counting {
 /// leaves the line.
 #[tokio::test(start_paused = true)]
 async fn callers_waiting_on_one_key_check_in_line() {
-    let policy = Policy::builder("partner")
-        .algorithm(Algorithm::Gcra)
-        .limit("10/s")
-        .burst(1)
-        .build()
-        .unwrap();
     let clock = TokioClock::starting_at(Timestamp::from_secs(1_700_000_040));
-    let store = Counting {
-        store: MemoryStore::builder().clock(clock).build().unwrap(),
-        checks: Default::default(),
-    };
-    let limiter = RateLimiter::with_store(policy, store.clone());
+    let store = Wrapped::new(MemoryStore::builder().clock(clock).build().unwrap(), false);
+    let limiter = RateLimiter::with_store(partner(1), store.clone());
     let key = Key::custom("partner");
     let start = Instant::now();
     let tasks: Vec<_> = (0..50)
@@ -470,13 +496,7 @@ async fn callers_waiting_on_one_key_check_in_line() {
 /// unit came in 100 ms; found by a review).
 #[tokio::test(start_paused = true)]
 async fn a_small_caller_does_not_wait_in_line_behind_a_large_one() {
-    let policy = Policy::builder("partner")
-        .algorithm(Algorithm::Gcra)
-        .limit("10/s")
-        .burst(10)
-        .build()
-        .unwrap();
-    let limiter = limiter(policy);
+    let limiter = limiter(partner(10));
     let key = Key::custom("partner");
     assert!(limiter.check_n(&key, 10).await.unwrap().is_allowed());
     let large = tokio::spawn({
@@ -502,47 +522,8 @@ async fn a_small_caller_does_not_wait_in_line_behind_a_large_one() {
 /// 0, its refunds became charges (found by a review).
 #[tokio::test]
 async fn a_store_that_reports_no_cost_settles_as_reserved() {
-    #[derive(Clone)]
-    struct NoCost(MemoryStore);
-    impl tollgate::Store for NoCost {
-        async fn check(
-            &self,
-            key: &Key,
-            policy: &Policy,
-            cost: u64,
-        ) -> Result<tollgate::Decision, tollgate::StoreError> {
-            let d = self.0.check(key, policy, cost).await?;
-            let limits = d.limits().to_vec();
-            Ok(tollgate::Decision::new(
-                policy,
-                d.outcome(),
-                d.now(),
-                d.delay(),
-                limits,
-            ))
-        }
-        async fn settle(
-            &self,
-            key: &Key,
-            policy: &Policy,
-            settlement: tollgate::Settlement,
-        ) -> Result<tollgate::Decision, tollgate::StoreError> {
-            self.0.settle(key, policy, settlement).await
-        }
-        async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), tollgate::StoreError> {
-            self.0.reset(key, policy).await
-        }
-        async fn block(
-            &self,
-            key: &Key,
-            policy: &Policy,
-            duration: Duration,
-        ) -> Result<(), tollgate::StoreError> {
-            self.0.block(key, policy, duration).await
-        }
-    }
     let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/min").unwrap();
-    let limiter = RateLimiter::with_store(policy, NoCost(MemoryStore::new()));
+    let limiter = RateLimiter::with_store(policy, Wrapped::new(MemoryStore::new(), true));
     let key = Key::user("acme");
     let reservation = limiter.check_n(&key, 300).await.unwrap();
     assert_eq!(reservation.cost(), 0);
