@@ -11,6 +11,28 @@ use tollgate::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
 use tollgate_redis::{LeaseCalls, LeasedStore, RedisStore};
 use tollgate_tests::{require_redis, unique_prefix};
 
+/// A leased store of its own prefix on `url`, on `clock`: leases of 16 ms
+/// of the clock, a sweep every 8 ms.
+async fn leased(url: &str, name: &str, clock: &FakeClock) -> LeasedStore<RedisStore> {
+    let prefix = unique_prefix(name);
+    let redis = RedisStore::builder()
+        .prefix(prefix.clone())
+        .test_clock(clock.clone())
+        .deadline(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .unwrap();
+    LeasedStore::builder()
+        .interval(Duration::from_millis(8))
+        .share(4)
+        .channel(format!("{prefix}:leases"))
+        .test_clock(clock.clone())
+        .connect(redis, url)
+        .await
+        .unwrap()
+}
+
 #[test]
 fn lease_metrics_equal_the_calls_and_the_leases_held() {
     let recorder = DebuggingRecorder::new();
@@ -22,24 +44,8 @@ fn lease_metrics_equal_the_calls_and_the_leases_held() {
             .unwrap()
             .block_on(async {
                 let url = require_redis().await;
-                let prefix = unique_prefix("lease-metrics");
                 let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-                let redis = RedisStore::builder()
-                    .prefix(prefix.clone())
-                    .test_clock(clock.clone())
-                    .deadline(Duration::from_secs(5))
-                    .response_timeout(Duration::from_secs(5))
-                    .connect(url.as_str())
-                    .await
-                    .unwrap();
-                let store = LeasedStore::builder()
-                    .interval(Duration::from_millis(8))
-                    .share(4)
-                    .channel(format!("{prefix}:leases"))
-                    .test_clock(clock.clone())
-                    .connect(redis, url.as_str())
-                    .await
-                    .unwrap();
+                let store = leased(&url, "lease-metrics", &clock).await;
                 // 10,000 a second: a lease's units take 100 µs each to drain
                 // from the key's backlog, so those left are still in it when
                 // they go back (a lease gives back no more than that).
@@ -113,25 +119,8 @@ fn the_lease_gauges_add_up_every_store_of_the_process() {
                 let url = require_redis().await;
                 let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
                 let mut stores = Vec::new();
-                for name in ["holding", "idle"] {
-                    let prefix = unique_prefix(&format!("lease-gauges-{name}"));
-                    let redis = RedisStore::builder()
-                        .prefix(prefix.clone())
-                        .test_clock(clock.clone())
-                        .deadline(Duration::from_secs(5))
-                        .response_timeout(Duration::from_secs(5))
-                        .connect(url.as_str())
-                        .await
-                        .unwrap();
-                    let store = LeasedStore::builder()
-                        .interval(Duration::from_millis(8))
-                        .share(4)
-                        .channel(format!("{prefix}:leases"))
-                        .test_clock(clock.clone())
-                        .connect(redis, url.as_str())
-                        .await
-                        .unwrap();
-                    stores.push(store);
+                for name in ["lease-gauges-holding", "lease-gauges-idle"] {
+                    stores.push(leased(&url, name, &clock).await);
                 }
                 let policy = Policy::new("hot", Algorithm::Gcra, "10000/s").unwrap();
                 let key = Key::user("ada");

@@ -139,11 +139,7 @@ fn calls_redis_never_answered_are_no_latency_samples() {
             .sum()
     };
     block_on(&recorder, || async {
-        let store = RedisStore::builder()
-            .deadline(Duration::from_millis(100))
-            .connect(server.url())
-            .await
-            .unwrap();
+        let store = soon_given_up(&server).await;
         let policy = Policy::new("latency", Algorithm::Gcra, "10/s").unwrap();
         store.check(&Key::user("x"), &policy, 1).await.unwrap();
         assert_eq!(samples(&snapshotter), 1, "a reply");
@@ -166,11 +162,7 @@ fn denials_answered_from_the_deny_cache_in_an_outage_are_counted() {
     let mut server = RedisServer::spawn();
     let policy = Policy::new("cutoff", Algorithm::Gcra, "1/h").unwrap();
     block_on(&recorder, || async {
-        let store = RedisStore::builder()
-            .deadline(Duration::from_millis(100))
-            .connect(server.url())
-            .await
-            .unwrap();
+        let store = soon_given_up(&server).await;
         let key = Key::user("bad");
         assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
         assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
@@ -185,4 +177,13 @@ fn denials_answered_from_the_deny_cache_in_an_outage_are_counted() {
     });
     let hits = change(&snapshotter, DENY_CACHE_HITS, &[("policy", "cutoff")]);
     assert_eq!(hits, 10.0);
+}
+
+/// A store on `server` whose calls give up after 100 ms.
+async fn soon_given_up(server: &RedisServer) -> RedisStore {
+    RedisStore::builder()
+        .deadline(Duration::from_millis(100))
+        .connect(server.url())
+        .await
+        .unwrap()
 }

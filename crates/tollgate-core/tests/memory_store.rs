@@ -205,13 +205,7 @@ fn bad_store_settings_are_typed_errors() {
 /// has expired, not only once the key's first expiry has passed.
 #[test]
 fn a_full_shard_admits_a_new_key_once_a_refunded_key_expired() {
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-    let store = MemoryStore::builder()
-        .shards(1)
-        .max_keys(1)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, store) = one_shard(1);
     let policy = Policy::new("refunded", Algorithm::Gcra, "10/s").unwrap();
     // Ten reserved: the key's state expires a second on.
     let reserved = store.check_sync(&Key::user("a"), &policy, 10).unwrap();
@@ -306,13 +300,7 @@ fn the_memory_store_carries_between_the_last_eight_configurations() {
 #[test]
 fn a_full_shard_sweeps_once_a_sixteenth_of_it_expired() {
     const MAX: usize = 4_096;
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-    let store = MemoryStore::builder()
-        .shards(1)
-        .max_keys(MAX)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, store) = one_shard(MAX);
     // Each key's state lasts a second from its check, 100 µs apart.
     let policy = Policy::new("flood", Algorithm::Gcra, "1/s").unwrap();
     let step = Duration::from_micros(100);
@@ -384,61 +372,15 @@ async fn a_reset_or_block_forgets_a_key_under_a_configuration_no_longer_carried_
     }
 }
 
-/// The keys made after a full shard's sweep count towards its next one:
-/// a shard of hour-long keys whose sweep made room for short-lived ones
-/// sweeps once those have expired, not an hour on.
-#[test]
-fn keys_made_after_a_sweep_count_towards_the_next() {
-    const MAX: usize = 4_096;
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-    let store = MemoryStore::builder()
-        .shards(1)
-        .max_keys(MAX)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let hour = Policy::new("hour", Algorithm::Gcra, "1/h").unwrap();
-    let second = Policy::new("second", Algorithm::Gcra, "1/s").unwrap();
-    // 512 keys for a second, then the rest for an hour.
-    for i in 0..MAX as u64 {
-        let policy = if i < 512 { &second } else { &hour };
-        assert!(store.check_sync(&Key::from(i), policy, 1).is_ok());
-    }
-    // The second-long ones expire; a new key's sweep frees them, and 512
-    // more take their room.
-    clock.advance(Duration::from_secs(2));
-    for i in 0..512u64 {
-        let key = Key::from(1_000_000 + i);
-        assert!(store.check_sync(&key, &second, 1).is_ok(), "{i}");
-    }
-    assert!(
-        store
-            .check_sync(&Key::from(2_000_000u64), &second, 1)
-            .is_err()
-    );
-    // Once those expire, the next new key's sweep frees them too.
-    clock.advance(Duration::from_secs(2));
-    assert!(
-        store
-            .check_sync(&Key::from(2_000_001u64), &second, 1)
-            .is_ok()
-    );
-}
-
-/// How late a full shard counts its keys expired depends on their own
-/// lifetime, not on how long ago it last swept: second-long keys made ten
-/// hours after a sweep are swept within a second or so of expiring (they
-/// were counted nine hours late, found by a review).
+/// The keys made after a full shard's sweep count towards its next one,
+/// and how late it counts them expired depends on their own lifetime, not
+/// on how long ago it last swept: second-long keys made ten hours after a
+/// sweep are swept within a second or so of expiring (they were not
+/// counted at all, then counted nine hours late, found by reviews).
 #[test]
 fn a_full_shard_counts_keys_expired_by_their_own_lifetime() {
     const MAX: usize = 4_096;
-    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
-    let store = MemoryStore::builder()
-        .shards(1)
-        .max_keys(MAX)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, store) = one_shard(MAX);
     let day = Policy::new("day", Algorithm::Gcra, "1/day").unwrap();
     let second = Policy::new("second", Algorithm::Gcra, "1/s").unwrap();
     for i in 0..MAX as u64 {
@@ -456,4 +398,16 @@ fn a_full_shard_counts_keys_expired_by_their_own_lifetime() {
     assert!(store.check_sync(&Key::from(30_000u64), &second, 1).is_err());
     clock.advance(Duration::from_millis(1_250));
     assert!(store.check_sync(&Key::from(30_001u64), &second, 1).is_ok());
+}
+
+/// A store of one shard of `max_keys`, on a fake clock.
+fn one_shard(max_keys: usize) -> (FakeClock, MemoryStore) {
+    let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_keys(max_keys)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (clock, store)
 }
