@@ -517,16 +517,29 @@ async fn a_small_caller_does_not_wait_in_line_behind_a_large_one() {
     large.await.unwrap().unwrap();
 }
 
-/// A store whose decisions carry no cost (built with `Decision::new`
-/// alone) is settled as the caller says it reserved: bounded by a cost of
-/// 0, its refunds became charges (found by a review).
+/// A reservation of cost 0 refunds nothing: a peek settled as a
+/// reservation of 10 minted 10 units (found by a review). Of a store whose
+/// decisions carry no cost (built with `Decision::new` alone), no refund
+/// becomes a charge, and a use beyond the caller's figure is charged.
 #[tokio::test]
-async fn a_store_that_reports_no_cost_settles_as_reserved() {
+async fn a_reservation_of_cost_0_refunds_nothing_and_charges_only_the_excess() {
+    let exhausted = limiter(Policy::new("peeked", Algorithm::Gcra, "10/min").unwrap());
+    let key = Key::user("minter");
+    assert!(exhausted.check_n(&key, 10).await.unwrap().is_allowed());
+    let peek = exhausted.check_n(&key, 0).await.unwrap();
+    assert_eq!((peek.is_allowed(), peek.cost()), (true, 0));
+    for _ in 0..5 {
+        exhausted.settle(&key, &peek, 10, 0).await.unwrap();
+    }
+    assert!(!exhausted.check(&key).await.unwrap().is_allowed());
+
     let policy = Policy::new("tokens", Algorithm::TokenBucket, "1000/min").unwrap();
     let limiter = RateLimiter::with_store(policy, Wrapped::new(MemoryStore::new(), true));
     let key = Key::user("acme");
     let reservation = limiter.check_n(&key, 300).await.unwrap();
     assert_eq!(reservation.cost(), 0);
     let after = limiter.settle(&key, &reservation, 300, 120).await.unwrap();
-    assert_eq!(after.remaining(), 880);
+    assert_eq!(after.remaining(), 700);
+    let after = limiter.settle(&key, &reservation, 300, 350).await.unwrap();
+    assert_eq!(after.remaining(), 650);
 }

@@ -525,9 +525,11 @@ impl<St: Store> RateLimiter<St> {
     /// `actual` of 0 the store is not asked and the reservation is
     /// returned. A `reserved` above the reservation's own
     /// [cost](Decision::cost) counts as that cost: no settlement refunds
-    /// more than its reservation took (of a store that reports no cost,
-    /// 0, `reserved` is taken as it is). Settle each reservation once: a
-    /// second settlement of it refunds (or charges) again.
+    /// more than its reservation took. A reservation of cost 0 (a peek, or
+    /// a decision of a store that reports no cost) refunds nothing, and is
+    /// charged only what `actual` exceeds `reserved` by. Settle each
+    /// reservation once: a second settlement of it refunds (or charges)
+    /// again.
     pub async fn settle(
         &self,
         key: &Key,
@@ -543,10 +545,12 @@ impl<St: Store> RateLimiter<St> {
         // store is not asked.
         // Nor can a caller's figure refund more than the reservation's own
         // cost: settled as a larger reservation, a small one would mint
-        // the difference. (A cost of 0 is a store's that does not report
-        // it, built with `Decision::new` alone: the caller's figure is all
-        // there is.)
+        // the difference. A cost of 0 is a peek's (which reserved nothing)
+        // or a store's that reports none (built with `Decision::new`
+        // alone): neither refunds, and what was used past the caller's
+        // figure is charged.
         let reserved = match (reservation.is_allowed(), reservation.cost()) {
+            (true, 0) if actual <= reserved => return Ok(reservation.clone()),
             (true, 0) => reserved,
             (true, cost) => reserved.min(cost),
             (false, _) if actual == 0 => return Ok(reservation.clone()),
