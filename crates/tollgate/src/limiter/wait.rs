@@ -69,9 +69,10 @@ impl<St: Store> RateLimiter<St> {
     /// competes fairly with other workers sharing the limit. Where the
     /// policy frees one unit at a time (all but the fixed window and the
     /// sliding log), the callers of one limiter and its clones refused on
-    /// one key wait in line: only the first checks again, the next once it
-    /// is admitted or gives up, so that N of them make at most 3N checks
-    /// rather than about N²/2, each a round trip to a shared store. By default
+    /// one key wait in line, first come first served whatever their cost:
+    /// only the first checks again, the next once it is admitted or gives
+    /// up, so that N of them make at most 3N checks rather than about
+    /// N²/2, each a round trip to a shared store. By default
     /// the jitter is a random part of the refusing limit's emission
     /// interval where that limit frees units in bulk (a fixed window, a
     /// sliding log), so that workers refused together are not admitted
@@ -192,7 +193,7 @@ impl<St: Store> RateLimiter<St> {
                 });
             }
             if in_line && place.is_none() {
-                let (joined, ahead) = Place::join(&self.lines, key, cost);
+                let (joined, ahead) = Place::join(&self.lines, key);
                 let Some(joined) = joined.head(ahead, deadline).await else {
                     self.gave_up(&decision, counted, refused);
                     return Err(WaitError::TooLong {
@@ -238,11 +239,13 @@ impl<St: Store> RateLimiter<St> {
 /// done: at most 3 checks each (the first, one on reaching the head, one
 /// when its unit is due).
 ///
-/// A line is of one key and one cost: a caller of a small cost, admitted
-/// sooner, does not wait behind one of a large cost.
+/// A line is of one key, whatever its callers' costs, first come first
+/// served: a caller of a small cost waits behind one of a large cost, which
+/// a stream of small ones would otherwise starve (each taking a unit as it
+/// came back).
 #[derive(Default)]
 pub(super) struct Lines {
-    keys: parking_lot::Mutex<HashMap<(Key, u64), Arc<Line>>>,
+    keys: parking_lot::Mutex<HashMap<Key, Arc<Line>>>,
 }
 
 /// One line: its head holds the lock.
@@ -252,16 +255,15 @@ type Line = tokio::sync::Mutex<()>;
 /// up, or its future dropped); the key's line goes with its last caller.
 struct Place {
     lines: Arc<Lines>,
-    key: (Key, u64),
+    key: Key,
     line: Arc<Line>,
     head: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Place {
-    /// A place in the line of `key` at `cost`, and whether others were in
-    /// it.
-    fn join(lines: &Arc<Lines>, key: &Key, cost: u64) -> (Self, bool) {
-        let key = (key.clone(), cost);
+    /// A place in `key`'s line, and whether others were in it.
+    fn join(lines: &Arc<Lines>, key: &Key) -> (Self, bool) {
+        let key = key.clone();
         let line = Arc::clone(lines.keys.lock().entry(key.clone()).or_default());
         let head = Arc::clone(&line).try_lock_owned().ok();
         let ahead = head.is_none();
