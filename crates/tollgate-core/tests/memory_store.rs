@@ -319,13 +319,13 @@ fn a_full_shard_sweeps_once_a_sixteenth_of_it_expired() {
         assert!(store.len() <= MAX);
         clock.advance(step);
     }
-    // The first new key meets one key expired: a sweep frees it. Then a
-    // sixteenth of the shard, 255 keys, expires in 25.5 ms, and is counted
-    // expired once their buckets' times pass (a key's expiry rounded up to
-    // a power of two of an eighth of its second: 2^17 µs): the next sweep
-    // comes 280 steps on. Each sweep after frees about as many keys as the
-    // new ones it makes room for; one comes 6 steps late.
-    let late: Vec<u64> = (1..=280).chain(562..=567).collect();
+    // The first new key meets one key expired: a sweep frees it. The next
+    // sweep comes once a sixteenth of the shard's keys has expired as its
+    // count of expiries tells (each rounded up to a power of two of an
+    // eighth of its second: 2^17 µs), or as many new keys were refused,
+    // whichever is first: here the refusals, 256 steps on. Each sweep
+    // after frees about as many keys as the new ones it makes room for.
+    let late: Vec<u64> = (1..=256).chain(514..=526).chain(797..=813).collect();
     assert_eq!(refused, late);
     assert_eq!(admitted.len(), 2_000 - late.len());
     assert!(admitted.iter().all(|&(_, allowed)| allowed));
@@ -410,4 +410,38 @@ fn one_shard(max_keys: usize) -> (FakeClock, MemoryStore) {
         .build()
         .unwrap();
     (clock, store)
+}
+
+/// A full shard whose keys have all expired sweeps within a sixteenth of
+/// its size in refused new keys, however long-lived its keys: the count
+/// of expiries counts a day-long key up to hours late, and new keys were
+/// refused for hours against a shard holding nothing live (found by a
+/// review).
+#[test]
+fn a_full_shard_of_expired_keys_sweeps_within_a_sixteenth_of_refusals() {
+    const MAX: usize = 4_096;
+    let (clock, store) = one_shard(MAX);
+    let day = Policy::new("day", Algorithm::Gcra, "1/day").unwrap();
+    let second = Policy::new("second", Algorithm::Gcra, "1/s").unwrap();
+    // A sweep, then the shard full of day-long keys.
+    for i in 0..MAX as u64 - 1 {
+        assert!(store.check_sync(&Key::from(i), &day, 1).is_ok());
+    }
+    assert!(
+        store
+            .check_sync(&Key::from(1_000_000u64), &second, 1)
+            .is_ok()
+    );
+    clock.advance(Duration::from_secs(2));
+    assert!(store.check_sync(&Key::from(1_000_001u64), &day, 1).is_ok());
+    // Every key expired a second ago.
+    clock.advance(Duration::from_secs(86_400));
+    let refused = (0..2 * MAX as u64)
+        .take_while(|i| {
+            store
+                .check_sync(&Key::from(2_000_000 + i), &second, 1)
+                .is_err()
+        })
+        .count();
+    assert!(refused <= MAX / 16, "{refused} new keys refused");
 }

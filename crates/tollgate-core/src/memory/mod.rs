@@ -29,12 +29,14 @@ mod shard;
 /// - **Bounded.** At most [`max_keys`](MemoryStoreBuilder::max_keys) keys
 ///   are held (the budget is split evenly over the shards). A shard forgets
 ///   its expired keys in one pass when it has doubled in size since its
-///   last pass, or when it is full and a sixteenth of its keys has
-///   expired (any one key, in a shard of fewer than 1,024), as a count of
-///   their expiries tells, which counts each key expired at most a quarter
-///   of its lifetime late; so sweeping costs a bounded amount per new key,
-///   and a shard full of live keys is never scanned. Until then, a full
-///   shard refuses a new key as if its keys were all live. A key whose
+///   last pass, or when it is full and something has expired, once a
+///   sixteenth of its keys has expired as a count of their expiries tells
+///   (which counts each key expired at most a quarter of its lifetime
+///   late) or it has refused as many new keys since its last pass (any
+///   one key, in a shard of fewer than 1,024); so sweeping costs a bounded
+///   amount per new key, and a shard full of live keys is never scanned.
+///   Until then, a full shard refuses a new key as if its keys were all
+///   live. A key whose
 ///   state still matters is never evicted to make room: when a shard is
 ///   full of live keys, a new key gets [`StoreError::Full`] and the
 ///   caller's failure policy decides.

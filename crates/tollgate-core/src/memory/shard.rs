@@ -122,6 +122,11 @@ pub(super) struct Shard {
     /// [`FULL_SWEEP_SHARE`] of its keys have expired by this count, so
     /// that each scan frees room for many new keys.
     expiries: Expiries,
+    /// New keys refused since the last sweep: as many as a
+    /// [`FULL_SWEEP_SHARE`] of the keys make a sweep due too, whatever the
+    /// count of expiries says (it counts a key expired up to a quarter of
+    /// its lifetime late: hours, for day-long keys).
+    refused: usize,
 }
 
 pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -320,6 +325,7 @@ impl Shard {
             next_expiry: u64::MAX,
             next_end: u64::MAX,
             expiries: Expiries::default(),
+            refused: 0,
         }
     }
 
@@ -422,6 +428,7 @@ impl Shard {
         let now = now.as_micros();
         self.sweep_if_due(shared, now);
         if self.len() >= shared.shard_capacity {
+            self.refused = self.refused.saturating_add(1);
             return Err(StoreError::Full {
                 max_keys: shared.max_keys,
             });
@@ -474,14 +481,16 @@ impl Shard {
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.len();
         (self.next_expiry, self.next_end, self.expiries) = self.maps.retain_live(now);
+        self.refused = 0;
         before - self.len()
     }
 
     /// Whether a [`FULL_SWEEP_SHARE`] of the shard's keys have expired by
-    /// `now` (µs), as far as its count of their expiries tells (any one
-    /// key, in a shard of fewer than [`MIN_SWEEP`]).
+    /// `now` (µs), as far as its count of their expiries tells, or as many
+    /// new keys were refused since the last sweep (any one key, in a shard
+    /// of fewer than [`MIN_SWEEP`]): either way, a scan is paid for.
     fn enough_expired(&mut self, now: u64) -> bool {
         let share = self.len() / FULL_SWEEP_SHARE;
-        self.len() < MIN_SWEEP || self.expiries.expired_by(now, share)
+        self.len() < MIN_SWEEP || self.refused >= share || self.expiries.expired_by(now, share)
     }
 }
