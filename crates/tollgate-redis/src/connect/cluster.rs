@@ -336,7 +336,7 @@ impl RedisConnection for ClusterConnection {
                     let asking = e.kind() == ErrorKind::Server(ServerErrorKind::Ask);
                     let target = e
                         .redirect_node()
-                        .map(|(host, port)| format!("{host}:{port}"));
+                        .map(|(host, port)| endpoint(Some(host), port, &addr));
                     let Some(target) = target else {
                         return Err(e.into());
                     };
@@ -370,10 +370,21 @@ impl RedisConnection for ClusterConnection {
     }
 }
 
+/// The address of a node named `host` (`None`: NULL), at `port`, by a
+/// reply of the node at `asked`: `host:port`, `[host]:port` for IPv6; a
+/// NULL or empty host is the host of the node that replied, as the Redis
+/// Cluster spec has it (a one-node cluster, a `MOVED` to `:6381`).
+fn endpoint(host: Option<&str>, port: impl std::fmt::Display, asked: &str) -> String {
+    let asked_host = asked.rsplit_once(':').map_or(asked, |(host, _)| host);
+    match host.unwrap_or("") {
+        "" => format!("{asked_host}:{port}"),
+        v6 if v6.contains(':') && !v6.starts_with('[') => format!("[{v6}]:{port}"),
+        host => format!("{host}:{port}"),
+    }
+}
+
 /// The slot map of a `CLUSTER SLOTS` reply, asked of the node at `asked`:
-/// each slot's master `host:port` (`[host]:port` for IPv6). A master
-/// named `""` or `"?"` (an endpoint the node does not know or tell) is at
-/// the host that was asked, as the Redis Cluster spec has it.
+/// each slot's master, as [`endpoint`] names it.
 fn parse_slots(ranges: &[Value], asked: &str) -> Result<Vec<Arc<str>>, RedisStoreError> {
     let bad = || RedisStoreError::Protocol("unexpected CLUSTER SLOTS reply".into());
     let int = |v: &Value| match v {
@@ -397,16 +408,16 @@ fn parse_slots(ranges: &[Value], asked: &str) -> Result<Vec<Arc<str>>, RedisStor
         let Some(Value::Array(master)) = items.get(2) else {
             return Err(bad());
         };
-        let (Some(host), Some(port)) = (master.first().and_then(text), master.get(1).and_then(int))
-        else {
+        // NULL: the node asked. (`?`, a node that does not know its
+        // endpoint, stays as it is: its calls fail, not the whole map.)
+        let host = match master.first() {
+            Some(Value::Nil) => None,
+            host => Some(host.and_then(text).ok_or_else(bad)?),
+        };
+        let Some(port) = master.get(1).and_then(int) else {
             return Err(bad());
         };
-        let asked_host = asked.rsplit_once(':').map_or(asked, |(host, _)| host);
-        let addr: Arc<str> = Arc::from(match host.as_str() {
-            "" | "?" => format!("{asked_host}:{port}"),
-            v6 if v6.contains(':') => format!("[{v6}]:{port}"),
-            host => format!("{host}:{port}"),
-        });
+        let addr: Arc<str> = Arc::from(endpoint(host.as_deref(), port, asked));
         if let Some(range) = map.get_mut(start..=end.min(SLOTS - 1)) {
             range.fill(addr.clone());
         }
@@ -435,19 +446,31 @@ mod tests {
         ])
     }
 
-    /// A master named `""` or `"?"` is at the host that was asked, and an
+    /// A master named NULL or `""` is at the host that was asked, and an
     /// IPv6 one is bracketed: such a slot map failed the app's start with
-    /// a URL that did not parse (found by an audit).
+    /// a URL that did not parse (found by an audit); `"?"` fails its own
+    /// calls only.
     #[test]
     fn every_endpoint_a_node_may_name_is_an_address() {
+        let null = Value::Array(vec![
+            Value::Int(5_001),
+            Value::Int(8_000),
+            Value::Array(vec![Value::Nil, Value::Int(7004)]),
+        ]);
         let ranges = [
             range(0, 5_000, "", 7001),
-            range(5_001, 10_000, "?", 7002),
+            null,
+            range(8_001, 10_000, "?", 7002),
             range(10_001, 16_383, "2001:db8::7", 7003),
         ];
         let map = parse_slots(&ranges, "10.0.0.9:7000").unwrap();
         assert_eq!(&*map[0], "10.0.0.9:7001");
-        assert_eq!(&*map[5_001], "10.0.0.9:7002");
+        assert_eq!(&*map[5_001], "10.0.0.9:7004");
+        // Unknown: its calls fail, the map stands.
+        assert_eq!(&*map[8_001], "?:7002");
         assert_eq!(&*map[16_383], "[2001:db8::7]:7003");
+        // A MOVED to a bare port, or to IPv6.
+        assert_eq!(endpoint(Some(""), 6381, "[::1]:7000"), "[::1]:6381");
+        assert_eq!(endpoint(Some("::1"), 6381, "x:1"), "[::1]:6381");
     }
 }
