@@ -77,11 +77,14 @@ impl Counters {
             Some(_) => counter(name, outcome),
             None => metrics::Counter::noop(),
         };
+        // No near-limit counts for a layer that decides nothing, nor for
+        // the chosen policies past the bound (no limits of their own: their
+        // near-limit counts would read as a key's own limits').
         let near = |limit: String| match limits {
-            Some(_) => {
+            Some(limits) if !limits.is_empty() => {
                 metrics::counter!(NEAR_LIMIT, "policy" => policy.to_owned(), "limit" => limit)
             }
-            None => metrics::Counter::noop(),
+            Some(_) | None => metrics::Counter::noop(),
         };
         Self {
             near: limits
@@ -357,8 +360,8 @@ impl Default for Throttles {
 /// each policy are throttled across them all. The policies past the first
 /// [`MAX_CHOSEN`] names (a chooser that makes one per tenant, say) share
 /// one telemetry, named [`OTHER_POLICIES`]: their metrics count under that
-/// one `policy` label (their series stay bounded), and their warnings
-/// share its throttles.
+/// one `policy` label (their series stay bounded; no near-limit counts),
+/// and their logs name them so, under one throttle.
 #[derive(Debug, Default)]
 pub(crate) struct Chosen {
     known: RwLock<HashMap<Box<str>, Arc<Telemetry>>>,

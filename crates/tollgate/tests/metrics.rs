@@ -502,6 +502,17 @@ fn past_1024_chosen_policies_the_rest_are_counted_as_other_policies() {
     assert_eq!(allowed("tenant-t1023"), 1.0);
     assert_eq!(allowed("tenant-t1050"), 0.0);
     assert_eq!(allowed("other policies"), 76.0 + 100.0);
+    // Near-limit counts of other policies are not a key's own limits'.
+    let near = values
+        .0
+        .iter()
+        .filter(|(name, ..)| name == tollgate::telemetry::NEAR_LIMIT);
+    let other = |(_, labels, _): &&(String, Labels, f64)| {
+        labels
+            .iter()
+            .any(|(k, v)| k == "policy" && v == "other policies")
+    };
+    assert_eq!(near.filter(other).count(), 0);
     let policies: BTreeSet<&str> = (values.0.iter())
         .filter(|(name, ..)| name == DECISIONS)
         .filter_map(|(_, labels, _)| labels.iter().find(|(k, _)| k == "policy"))
