@@ -159,10 +159,12 @@ impl RedisStoreBuilder {
     }
 
     /// The most denials the local deny cache holds (default 10,000; 0
-    /// turns it off). It holds the denials of requests of cost 1 under a
-    /// policy of one limit: such a key denied until a time is denied
-    /// locally until then, asking Redis again about once a second: a client hammering
-    /// an exhausted limit costs Redis next to nothing, and decisions stay
+    /// turns it off). While Redis answers, it answers locally only the
+    /// denials of requests of cost 1 under a policy of one limit (it keeps
+    /// the others to answer while Redis fails): such a key denied until a
+    /// time is denied locally until then, asking Redis again about once a
+    /// second: a client hammering an exhausted limit costs Redis next to
+    /// nothing, and decisions stay
     /// exact, but for what another app server did to the key (a reset, a
     /// block, a refund, a changed configuration), which reaches this one
     /// within a second. The store remembers

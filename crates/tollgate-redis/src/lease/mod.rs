@@ -422,7 +422,7 @@ impl<S: Store> Shared<S> {
         answer
     }
 
-    /// Sets the gauges of leases held to what the table holds now.
+    /// Reports to the gauges of leases held what the table holds now.
     fn report_held(&self) {
         self.metrics.held(self.table.outstanding());
     }

@@ -72,8 +72,9 @@ impl<B> KeyExtractor<B> for HeaderKey {
         );
         let text = value.as_bytes();
         let first = text.split(|&b| b == b',').next().unwrap_or(text);
+        // An empty value (`,`, say) is no key, as an empty header is.
         let decoded = GRPC.decode(first.trim_ascii()).ok()?;
-        Some(Key::header(decoded))
+        (!decoded.is_empty()).then(|| Key::header(decoded))
     }
 
     /// The client must send the header: [`MissingCause::Client`].
@@ -103,6 +104,7 @@ mod tests {
         // Trailing bits grpc-go accepts, and several values: the first.
         assert_eq!(with("YWJjZB"), Some(Key::header(b"abcd")));
         assert_eq!(with("YWJjZA==,eHl6"), Some(Key::header(b"abcd")));
+        assert_eq!(with(","), None);
         // A text header is keyed by its text.
         let text = HeaderKey::new(HeaderName::from_static("x-token"));
         let request = Request::get("/").header("x-token", "YWJjZA==").body(());
