@@ -41,7 +41,7 @@ impl Verdict {
 #[derive(Debug)]
 pub(crate) struct Telemetry {
     policy: Box<str>,
-    throttles: Arc<Throttles>,
+    throttles: Throttles,
     #[cfg(feature = "metrics")]
     counters: Counters,
 }
@@ -124,7 +124,7 @@ impl Telemetry {
     fn with_limits(policy: &str, _limits: Option<&[tollgate_core::Limit]>) -> Self {
         Self {
             policy: policy.into(),
-            throttles: Arc::default(),
+            throttles: Throttles::default(),
             #[cfg(feature = "metrics")]
             counters: Counters::new(policy, _limits),
         }

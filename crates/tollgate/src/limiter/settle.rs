@@ -1,0 +1,89 @@
+//! Settling what a limiter's reservation really cost:
+//! [`RateLimiter::settle`].
+
+use tollgate_core::{Decision, Key, Settlement, Store, StoreError};
+
+use super::RateLimiter;
+use crate::fallback::Reserved;
+use crate::overrides::own_limits;
+
+impl<St: Store> RateLimiter<St> {
+    /// Settles what a piece of work admitted earlier really cost: checked
+    /// (reserved) at `reservation`'s cost `reserved`, it cost `actual`.
+    /// Refunds the unused part or charges the rest (past the allowance,
+    /// as debt: see [`Settlement`]), and returns the state after it.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Key, Policy, RateLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tokens = RateLimiter::new(Policy::new("llm-tokens", Algorithm::TokenBucket, "1000/min")?);
+    /// let tenant = Key::user("acme");
+    /// let reservation = tokens.check_n(&tenant, 300).await?;
+    /// assert!(reservation.is_allowed());
+    /// let used = 120; // what the model call really took
+    /// let after = tokens.settle(&tenant, &reservation, 300, used).await?;
+    /// assert_eq!(after.remaining(), 880);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::check`], except that no failure mode turns a
+    /// failed settlement into a decision: the caller decides whether to
+    /// retry it.
+    ///
+    /// The settlement goes where the reservation was made, as
+    /// [`Decision::decided_by`] tells: to the store alone, or to the local
+    /// fallback alone for a reservation it made while the store failed
+    /// (refunded in the store, it would be quota the store never charged).
+    /// A reservation no one counted (let through under
+    /// [`FailureMode::Open`](crate::FailureMode::Open), or a key exempt
+    /// by an override) settles nowhere: the reservation is returned. A
+    /// denied reservation reserved nothing, whatever `reserved` says: only
+    /// a charge of `actual` (work that ran anyway) is settled, and with
+    /// `actual` of 0 the store is not asked and the reservation is
+    /// returned. A `reserved` above the reservation's own
+    /// [cost](Decision::cost) counts as that cost: no settlement refunds
+    /// more than its reservation took. A reservation of cost 0 (a peek, or
+    /// a decision of a store that reports no cost) refunds nothing, and is
+    /// charged only what `actual` exceeds `reserved` by. Settle each
+    /// reservation once: a second settlement of it refunds (or charges)
+    /// again.
+    pub async fn settle(
+        &self,
+        key: &Key,
+        reservation: &Decision,
+        reserved: u64,
+        actual: u64,
+    ) -> Result<Decision, StoreError> {
+        let Some(reserved_in) = Reserved::by(reservation.decided_by()) else {
+            return Ok(reservation.clone());
+        };
+        // A refund of a denial would be quota no one reserved: a client
+        // could mint it by being denied. With nothing to charge either, the
+        // store is not asked.
+        // Nor can a caller's figure refund more than the reservation's own
+        // cost: settled as a larger reservation, a small one would mint
+        // the difference. A cost of 0 is a peek's (which reserved nothing)
+        // or a store's that reports none (built with `Decision::new`
+        // alone): neither refunds, and what was used past the caller's
+        // figure is charged.
+        let reserved = match (reservation.is_allowed(), reservation.cost()) {
+            (true, 0) if actual <= reserved => return Ok(reservation.clone()),
+            (true, 0) => reserved,
+            (true, cost) => reserved.min(cost),
+            (false, _) if actual == 0 => return Ok(reservation.clone()),
+            (false, _) => 0,
+        };
+        let settlement = Settlement::of(reservation, reserved, actual);
+        let own = own_limits(self.overrides.as_deref(), key, &self.policy).await;
+        let policy = own.as_ref().unwrap_or(&self.policy);
+        let store = &self.store;
+        store
+            .settle_reserved(reserved_in, key, policy, settlement)
+            .await
+    }
+}
