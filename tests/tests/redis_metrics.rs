@@ -77,6 +77,50 @@ fn every_answer_from_the_deny_cache_is_counted() {
     assert!(hits >= 900.0, "{hits} hits");
 }
 
+/// Past 1,024 policies, the deny cache's hits are counted under one
+/// `policy` label, `other policies`: a policy per tenant cannot grow the
+/// series without end.
+#[test]
+fn past_1024_policies_deny_cache_hits_are_counted_as_other_policies() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let server = RedisServer::spawn();
+    let hits_each = block_on(&recorder, || async {
+        let clock = FakeClock::new(Timestamp::from_secs(1_700_000_000));
+        let store = RedisStore::builder()
+            .deadline(Duration::from_secs(5))
+            .test_clock(clock.clone())
+            .connect(server.url())
+            .await
+            .unwrap();
+        let mut hits_each = Vec::new();
+        for i in 0..1_100 {
+            let policy =
+                Policy::new(format!("tenant-{i}"), Algorithm::FixedWindow, "1/10s").unwrap();
+            let before = command_calls(&mut server.connection(), "evalsha");
+            for _ in 0..4 {
+                store.check(&Key::user("t"), &policy, 1).await.unwrap();
+            }
+            let calls = command_calls(&mut server.connection(), "evalsha") - before;
+            hits_each.push(4 - calls);
+        }
+        hits_each
+    });
+    // One admission, one denial from Redis that fills the cache, two hits.
+    assert!(hits_each.iter().all(|&h| h == 2), "{hits_each:?}");
+    let series: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == DENY_CACHE_HITS)
+        .collect();
+    assert_eq!(series.len(), 1_025, "1,024 policies and the others");
+    assert!(series.iter().any(|(key, _, _, value)| {
+        key.key().labels().any(|l| l.value() == "other policies")
+            && *value == DebugValue::Counter(2 * 76)
+    }));
+}
+
 #[test]
 fn the_circuit_gauge_follows_the_breaker() {
     let recorder = DebuggingRecorder::new();

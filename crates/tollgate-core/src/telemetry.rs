@@ -8,7 +8,8 @@
 //!
 //! | name | kind | labels | counts |
 //! |---|---|---|---|
-//! | [`DECISIONS`] | counter | `policy`, `outcome` | requests decided: `allowed`, `limited` (rejected, an operator's block included), `shadow_limited` (would have been rejected; let through by shadow mode, which never waives a block) |
+//! | [`DECISIONS`] | counter | `policy`, `outcome` | requests decided: `allowed`, `limited` (rejected, an operator's block included), `shadow_limited` (would have been rejected; let through by shadow mode, which never waives a block), `denied` (refused by an operator's deny override, without asking the store) |
+//! | [`KEYLESS`] | counter | `policy`, `outcome` | requests without a rate-limit key, by whose mistake it was: `client` (answered 400 by default), `unauthenticated` (401), `server` (500), or `let_through` (`MissingKey::Allow`: not asked) |
 //! | [`STORE_ERRORS`] | counter | `policy`, `outcome` | store failures by kind: `timeout`, `circuit_open`, `full`, `backend`, `unavailable`, `overloaded` |
 //! | [`FALLBACKS`] | counter | `policy`, `outcome` | requests the failure policy handled: `open` (let through), `closed` (503), `local_allowed`, `local_limited` |
 //! | [`DENY_CACHE_HITS`] | counter | `policy` | denials the Redis store answered from its deny cache, without a round trip |
@@ -29,6 +30,11 @@
 //! | [`LEASES_HELD`] | gauge | none | leases a `LeasedStore` holds, refreshed every lease interval |
 //! | [`LEASE_UNITS`] | gauge | none | units those leases hold unspent, refreshed every lease interval |
 //!
+//! The `policy` label takes at most [`MAX_POLICY_LABELS`] names in each
+//! layer, limiter or store; the policies seen past those (a chooser that
+//! makes a policy per tenant, say) are counted together under
+//! [`OTHER_POLICIES`], so that no deployment grows its series without end.
+//!
 //! Every metric is in [`ALL`], with its `# HELP` text; [`describe`] (with
 //! the `metrics` feature) gives them to the installed recorder, and every
 //! layer, limiter and store calls it when built. Handles are registered
@@ -36,8 +42,13 @@
 //! first.
 
 /// Counter of decisions, labelled `policy` and `outcome` (`allowed`,
-/// `limited`, `shadow_limited`).
+/// `limited`, `shadow_limited`, `denied`).
 pub const DECISIONS: &str = "tollgate_decisions_total";
+
+/// Counter of requests without a rate-limit key, labelled `policy` and
+/// `outcome`: `client`, `unauthenticated`, `server` (the extractor's
+/// `MissingCause`) or `let_through`.
+pub const KEYLESS: &str = "tollgate_keyless_requests_total";
 
 /// Counter of store failures, labelled `policy` and `outcome`, the kind of
 /// failure (`timeout`, `circuit_open`, `full`, `backend`, `unavailable`,
@@ -131,6 +142,14 @@ pub const WAITS: &str = "tollgate_waits_total";
 /// `override` when a key's own limits decided. A request near two limits
 /// counts once for each.
 pub const NEAR_LIMIT: &str = "tollgate_near_limit_total";
+
+/// The most policy names a layer, limiter or store gives series of their
+/// own; the policies seen past them are labelled [`OTHER_POLICIES`].
+pub const MAX_POLICY_LABELS: usize = 1_024;
+
+/// The `policy` label of the policies past [`MAX_POLICY_LABELS`]: a space
+/// keeps it from being any policy's name.
+pub const OTHER_POLICIES: &str = "other policies";
 
 /// How much of a limit must be used, in percent, for [`NEAR_LIMIT`].
 pub const NEAR_LIMIT_PERCENT: u64 = 80;
@@ -240,7 +259,13 @@ pub const ALL: &[Metric] = {
             DECISIONS,
             Counter,
             &["policy", "outcome"],
-            "Requests decided, by policy and outcome: allowed, limited (refused), shadow_limited (let through by shadow mode)",
+            "Requests decided, by policy and outcome: allowed, limited (refused), shadow_limited (let through by shadow mode), denied (by an operator's deny override)",
+        ),
+        Metric::new(
+            KEYLESS,
+            Counter,
+            &["policy", "outcome"],
+            "Requests without a rate-limit key, by policy and whose mistake it was: client, unauthenticated, server; let_through when let through unasked",
         ),
         Metric::new(
             STORE_ERRORS,

@@ -101,6 +101,8 @@ mod overrides;
 mod patience;
 mod running;
 mod script;
+#[cfg(feature = "metrics")]
+mod series;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

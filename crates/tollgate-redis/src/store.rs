@@ -92,39 +92,27 @@ pub(crate) struct Inner<C> {
     pub(crate) lanes: Lanes,
     /// Which server the deny cache's denials came from.
     pub(crate) server: ServerIdentity,
-    /// Deny-cache hit counters by policy name, registered once each, so a
-    /// hit allocates nothing.
     /// The store-latency histogram, registered once.
     #[cfg(feature = "metrics")]
     pub(crate) latency: metrics::Histogram,
+    /// Deny-cache hit counters by policy name, registered once each, so a
+    /// hit allocates nothing.
     #[cfg(feature = "metrics")]
-    pub(crate) hit_counters:
-        std::sync::RwLock<std::collections::HashMap<Box<str>, metrics::Counter>>,
+    pub(crate) hit_counters: crate::series::ByPolicy<metrics::Counter>,
 }
 
 impl<C> Inner<C> {
     /// Counts a denial answered from the deny cache.
     #[cfg(feature = "metrics")]
     pub(crate) fn count_hit(&self, policy: &str) {
-        use std::sync::PoisonError;
-        let counters = self
-            .hit_counters
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(counter) = counters.get(policy) {
-            counter.increment(1);
-            return;
-        }
-        drop(counters);
-        let counter = metrics::counter!(
-            tollgate_core::telemetry::DENY_CACHE_HITS,
-            "policy" => policy.to_owned()
-        );
-        counter.increment(1);
+        let make = |label: &str| {
+            metrics::counter!(
+                tollgate_core::telemetry::DENY_CACHE_HITS,
+                "policy" => label.to_owned()
+            )
+        };
         self.hit_counters
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(policy.into(), counter);
+            .with(policy, make, |counter| counter.increment(1));
     }
 }
 

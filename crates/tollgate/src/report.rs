@@ -17,6 +17,37 @@ use crate::extract::MissingCause;
 use crate::fallback::{FailureMode, FailureReport, Handled};
 use crate::trace;
 
+/// Why a request had no key, or that it was let through without asking:
+/// the `outcome` of [`KEYLESS`](tollgate_core::telemetry::KEYLESS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(enum_map::Enum))]
+pub(crate) enum Keyless {
+    Client,
+    Unauthenticated,
+    Server,
+    LetThrough,
+}
+
+impl Keyless {
+    fn of(cause: &MissingCause) -> Self {
+        match cause {
+            MissingCause::Client(_) => Keyless::Client,
+            MissingCause::Unauthenticated => Keyless::Unauthenticated,
+            MissingCause::Server(_) => Keyless::Server,
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn label(self) -> &'static str {
+        match self {
+            Keyless::Client => "client",
+            Keyless::Unauthenticated => "unauthenticated",
+            Keyless::Server => "server",
+            Keyless::LetThrough => "let_through",
+        }
+    }
+}
+
 /// What became of a decided request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -63,6 +94,11 @@ struct Counters {
     near_override: metrics::Counter,
     waits_admitted: metrics::Counter,
     waits_gave_up: metrics::Counter,
+    /// Registered on first use, as most policies never see one: requests
+    /// an operator's override denied, and requests without a key by
+    /// [`Keyless`].
+    denied: std::sync::OnceLock<metrics::Counter>,
+    keyless: enum_map::EnumMap<Keyless, std::sync::OnceLock<metrics::Counter>>,
 }
 
 #[cfg(feature = "metrics")]
@@ -102,6 +138,8 @@ impl Counters {
             fallbacks: enum_map::EnumMap::from_fn(|outcome: Handled| {
                 counter(FALLBACKS, outcome.label())
             }),
+            denied: std::sync::OnceLock::new(),
+            keyless: enum_map::EnumMap::default(),
         }
     }
 }
@@ -258,9 +296,45 @@ impl Telemetry {
         }
     }
 
-    /// Logs a request without a key, at most once a second: a client's
-    /// mistake at debug level, a server's wiring at error level.
+    /// Counts a request refused by an operator's deny override, which no
+    /// store decided, and logs it at debug level.
+    pub(crate) fn denied_by_operator(&self) {
+        #[cfg(feature = "metrics")]
+        self.counters
+            .denied
+            .get_or_init(|| self.counter(tollgate_core::telemetry::DECISIONS, "denied"))
+            .increment(1);
+        tracing::debug!(
+            policy = &*self.policy,
+            outcome = "denied",
+            "rate-limit decision"
+        );
+    }
+
+    /// Counts a request without a key that was let through unasked.
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(crate) fn keyless_let_through(&self) {
+        self.count_keyless(Keyless::LetThrough);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn count_keyless(&self, _keyless: Keyless) {
+        #[cfg(feature = "metrics")]
+        self.counters.keyless[_keyless]
+            .get_or_init(|| self.counter(tollgate_core::telemetry::KEYLESS, _keyless.label()))
+            .increment(1);
+    }
+
+    /// A counter of this telemetry's policy, registered now.
+    #[cfg(feature = "metrics")]
+    fn counter(&self, name: &'static str, outcome: &'static str) -> metrics::Counter {
+        metrics::counter!(name, "policy" => self.policy.to_string(), "outcome" => outcome)
+    }
+
+    /// Counts a request without a key, and logs it at most once a second:
+    /// a client's mistake at debug level, a server's wiring at error level.
     pub(crate) fn key_missing(&self, cause: &MissingCause) {
+        self.count_keyless(Keyless::of(cause));
         let Some(suppressed) = self.throttles.missing.may_log(Instant::now()) else {
             return;
         };
@@ -368,12 +442,10 @@ pub(crate) struct Chosen {
     overflow: std::sync::OnceLock<Arc<Telemetry>>,
 }
 
-/// The name the chosen policies past [`MAX_CHOSEN`] are reported under: a
-/// space keeps it from being any policy's name.
-pub(crate) const OTHER_POLICIES: &str = "other policies";
+pub(crate) use tollgate_core::telemetry::OTHER_POLICIES;
 
 /// The most chosen policies with throttles of their own, per layer.
-const MAX_CHOSEN: usize = 1_024;
+const MAX_CHOSEN: usize = tollgate_core::telemetry::MAX_POLICY_LABELS;
 
 impl Chosen {
     /// The telemetry of `policy`: made on first use, and counting its

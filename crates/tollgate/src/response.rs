@@ -92,11 +92,13 @@ impl Responder {
     }
 
     /// The answer to a request of a key an operator's override denies,
-    /// for `ends_in` still if it expires: 403 (see `answer::denied_by_operator`).
+    /// for `ends_in` still if it expires: 403 (see
+    /// `answer::denied_by_operator`). Counted as `denied`.
     pub(crate) fn denied_by_operator(
         &self,
         ends_in: Option<std::time::Duration>,
     ) -> Response<Bytes> {
+        self.telemetry.denied_by_operator();
         answer::denied_by_operator(&self.policy, ends_in, self.protocol)
     }
 

@@ -6,6 +6,8 @@
 
 #[path = "support/down.rs"]
 mod down;
+#[path = "support/flaky.rs"]
+mod flaky;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -15,9 +17,10 @@ use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tollgate::telemetry::{DECISIONS, FALLBACKS, MEMORY_STORE_KEYS, STORE_ERRORS};
+use tollgate::telemetry::{DECISIONS, FALLBACKS, KEYLESS, MEMORY_STORE_KEYS, STORE_ERRORS};
 use tollgate::{
-    Algorithm, FailureMode, FakeClock, HeaderKey, MemoryStore, Policy, RateLimitLayer, Timestamp,
+    Algorithm, FailureMode, FakeClock, HeaderKey, Key, MemoryStore, Policy, RateLimitLayer,
+    RateLimiter, Timestamp,
 };
 use tower::ServiceExt;
 
@@ -520,4 +523,92 @@ fn past_1024_chosen_policies_the_rest_are_counted_as_other_policies() {
         .collect();
     // The first 1,024 chosen, the other ones, and the layer's default.
     assert_eq!(policies.len(), 1_024 + 2);
+}
+
+/// A limiter's failed settlement is counted in the store errors, as the
+/// layer's is; the decisions count only the check.
+#[test]
+fn a_limiters_failed_settlement_is_a_store_error() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    with_recorder(&recorder, || async {
+        let shared = flaky::Flaky::new(MemoryStore::new());
+        let policy = Policy::new("tokens-settled", Algorithm::TokenBucket, "1000/min").unwrap();
+        let limiter = RateLimiter::with_store(policy, shared.clone());
+        let key = Key::user("acme");
+        let reservation = limiter.check_n(&key, 300).await.unwrap();
+        shared.fail(true);
+        for _ in 0..3 {
+            assert!(limiter.settle(&key, &reservation, 300, 900).await.is_err());
+        }
+    });
+    let values = Values::take(&snapshotter);
+    let get =
+        |name, outcome| values.get(name, &[("policy", "tokens-settled"), ("outcome", outcome)]);
+    assert_eq!(get(STORE_ERRORS, "timeout"), 3.0);
+    assert_eq!(get(DECISIONS, "allowed"), 1.0);
+}
+
+/// A request an operator's deny refuses is counted as `denied`, by the
+/// layer and by a limiter, and no store decides it; a request without a
+/// key is counted by whose mistake it was, or as let through.
+#[test]
+fn denials_by_an_operator_and_requests_without_a_key_are_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    with_recorder(&recorder, || async {
+        let overrides = tollgate::MemoryOverrides::new();
+        let mallory = Key::header("mallory");
+        let deny: tollgate::Override = "deny".parse().unwrap();
+        for name in ["denied-layer", "denied-limiter"] {
+            let policy = Policy::new(name, Algorithm::Gcra, "10/s").unwrap();
+            tollgate::OverrideStore::set(&overrides, &mallory, &policy, deny.clone(), None)
+                .await
+                .unwrap();
+        }
+        let layer = Policy::new("denied-layer", Algorithm::Gcra, "10/s").unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(layer, client_header()).overrides(overrides.clone()));
+        for _ in 0..3 {
+            assert_eq!(send(&app, "mallory").await, StatusCode::FORBIDDEN);
+        }
+        assert_eq!(send(&app, "ada").await, StatusCode::OK);
+        let keyless = Request::get("/").body(Body::empty()).unwrap();
+        let status = app.clone().oneshot(keyless).await.unwrap().status();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+
+        let limited = Policy::new("denied-limiter", Algorithm::Gcra, "10/s").unwrap();
+        let limiter = RateLimiter::new(limited).overrides(overrides);
+        for _ in 0..2 {
+            assert!(!limiter.check(&mallory).await.unwrap().is_allowed());
+        }
+
+        let allow = Policy::new("keyless-allowed", Algorithm::Gcra, "10/s").unwrap();
+        let layer = RateLimitLayer::new(allow, client_header())
+            .on_missing_key(tollgate::MissingKey::Allow)
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        for _ in 0..4 {
+            let keyless = Request::get("/").body(Body::empty()).unwrap();
+            let status = app.clone().oneshot(keyless).await.unwrap().status();
+            assert_eq!(status, StatusCode::OK);
+        }
+    });
+    let values = Values::take(&snapshotter);
+    let get = |name, policy, outcome| values.get(name, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(get(DECISIONS, "denied-layer", "denied"), 3.0);
+    assert_eq!(get(DECISIONS, "denied-layer", "allowed"), 1.0);
+    assert_eq!(get(DECISIONS, "denied-layer", "limited"), 0.0);
+    assert_eq!(get(DECISIONS, "denied-limiter", "denied"), 2.0);
+    assert_eq!(get(DECISIONS, "denied-limiter", "limited"), 0.0);
+    assert_eq!(get(KEYLESS, "denied-layer", "client"), 1.0);
+    assert_eq!(get(KEYLESS, "keyless-allowed", "let_through"), 4.0);
+    // Registered on first use only: no `denied` series for a policy that
+    // never saw one.
+    assert!(!values.0.iter().any(|(n, l, _)| n == DECISIONS
+        && l.contains(&("policy".into(), "keyless-allowed".into()))
+        && l.contains(&("outcome".into(), "denied".into()))));
 }

@@ -131,7 +131,7 @@ impl RedisStoreBuilder {
                     metrics::histogram!(tollgate_core::telemetry::STORE_LATENCY)
                 },
                 #[cfg(feature = "metrics")]
-                hit_counters: std::sync::RwLock::default(),
+                hit_counters: crate::series::ByPolicy::default(),
             }),
         };
         store.inner.wire.saw_time(seen);

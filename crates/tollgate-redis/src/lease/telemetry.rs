@@ -21,7 +21,7 @@ pub(super) enum Call {
 #[derive(Default)]
 pub(super) struct LeaseMetrics {
     #[cfg(feature = "metrics")]
-    counters: std::sync::RwLock<std::collections::HashMap<Box<str>, [metrics::Counter; 3]>>,
+    counters: crate::series::ByPolicy<[metrics::Counter; 3]>,
     #[cfg(feature = "metrics")]
     gauges: Option<[metrics::Gauge; 2]>,
     /// What this store reported last: `(leases, units)`.
@@ -37,7 +37,7 @@ impl LeaseMetrics {
             use tollgate_core::telemetry::{LEASE_UNITS, LEASES_HELD, describe};
             describe();
             Self {
-                counters: std::sync::RwLock::default(),
+                counters: crate::series::ByPolicy::default(),
                 gauges: Some([metrics::gauge!(LEASES_HELD), metrics::gauge!(LEASE_UNITS)]),
                 reported: std::sync::Mutex::default(),
             }
@@ -51,28 +51,18 @@ impl LeaseMetrics {
     pub(super) fn count(&self, _call: Call, _policy: &str) {
         #[cfg(feature = "metrics")]
         {
-            use std::sync::PoisonError;
+            use tollgate_core::telemetry::{LEASE_DIRECT, LEASE_GRANTS, LEASE_RETURNS};
             let index = match _call {
                 Call::Grant => 0,
                 Call::Direct => 1,
                 Call::Return => 2,
             };
-            let counters = self.counters.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(counters) = counters.get(_policy) {
-                counters[index].increment(1);
-                return;
-            }
-            drop(counters);
-            let mut counters = self
-                .counters
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            let entry = counters.entry(_policy.into()).or_insert_with(|| {
-                use tollgate_core::telemetry::{LEASE_DIRECT, LEASE_GRANTS, LEASE_RETURNS};
+            let make = |label: &str| {
                 [LEASE_GRANTS, LEASE_DIRECT, LEASE_RETURNS]
-                    .map(|name| metrics::counter!(name, "policy" => _policy.to_owned()))
-            });
-            entry[index].increment(1);
+                    .map(|name| metrics::counter!(name, "policy" => label.to_owned()))
+            };
+            self.counters
+                .with(_policy, make, |counters| counters[index].increment(1));
         }
     }
 

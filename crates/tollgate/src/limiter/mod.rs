@@ -306,7 +306,8 @@ impl<St: Store> RateLimiter<St> {
 
     /// Checks and consumes `cost` units for `key`. A cost of 0 only reads.
     /// Every check is counted in [`telemetry::DECISIONS`](crate::telemetry::DECISIONS)
-    /// as `allowed` or `limited`.
+    /// as `allowed` or `limited`, or as `denied` when an operator's
+    /// override denies the key.
     ///
     /// # Errors
     ///
@@ -349,7 +350,14 @@ impl<St: Store> RateLimiter<St> {
                 own = policy;
                 &own
             }
-            Some(Checked::Decided(decision)) => return Ok((decision, false)),
+            Some(Checked::Decided(decision)) => {
+                // An operator's deny is counted, as the layer counts it; an
+                // exemption's let-through is not a decision.
+                if overridden::denial(&decision).is_some() {
+                    self.telemetry.denied_by_operator();
+                }
+                return Ok((decision, false));
+            }
         };
         let answer = self
             .store

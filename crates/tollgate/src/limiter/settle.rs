@@ -33,7 +33,9 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// As [`RateLimiter::check`], except that no failure mode turns a
     /// failed settlement into a decision: the caller decides whether to
-    /// retry it.
+    /// retry it. A failed settlement is counted in
+    /// [`telemetry::STORE_ERRORS`](crate::telemetry::STORE_ERRORS), and
+    /// logged as a warning at most once a second.
     ///
     /// The settlement goes where the reservation was made, as
     /// [`Decision::decided_by`] tells: to the store alone, or to the local
@@ -81,9 +83,14 @@ impl<St: Store> RateLimiter<St> {
         let settlement = Settlement::of(reservation, reserved, actual);
         let own = own_limits(self.overrides.as_deref(), key, &self.policy).await;
         let policy = own.as_ref().unwrap_or(&self.policy);
-        let store = &self.store;
-        store
+        let settled = (self.store)
             .settle_reserved(reserved_in, key, policy, settlement)
-            .await
+            .await;
+        // Counted in the store errors and logged (throttled), as the
+        // layer's failed settlements are; the caller gets the error.
+        if let Err(error) = &settled {
+            self.telemetry.store_failed(None, error);
+        }
+        settled
     }
 }

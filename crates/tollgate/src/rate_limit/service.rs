@@ -338,7 +338,10 @@ where
     F: std::future::Future,
 {
     match config.responder.missing {
-        MissingKey::Allow => ResponseFuture::call(inner, request),
+        MissingKey::Allow => {
+            config.responder.telemetry.keyless_let_through();
+            ResponseFuture::call(inner, request)
+        }
         MissingKey::ByCause | MissingKey::Error | MissingKey::Reject(_) => {
             let cause = config.extractor.missing(&request);
             let response = config.responder.missing_key(&cause);
