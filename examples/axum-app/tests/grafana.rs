@@ -217,5 +217,5 @@ fn the_dashboard_picks_its_prometheus_and_its_policies() {
             targets += 1;
         }
     }
-    assert_eq!(targets, 24);
+    assert_eq!(targets, 25);
 }
