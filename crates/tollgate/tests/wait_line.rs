@@ -68,44 +68,6 @@ async fn a_caller_behind_a_head_due_after_its_wait_gives_up_at_once() {
     assert_eq!(start.elapsed(), Duration::from_secs(1));
 }
 
-/// A caller that comes while others wait goes behind them before it
-/// checks: a worker taking each unit as it came back starved a caller of
-/// 10 units that was first in line (it gave up after 5 s, the worker
-/// admitted 59 times; found by a review).
-#[tokio::test(start_paused = true)]
-async fn a_caller_that_comes_later_waits_behind_the_line() {
-    let limiter = RateLimiter::with_store(partner(10), memory());
-    let key = Key::custom("partner");
-    assert!(limiter.check_n(&key, 10).await.unwrap().is_allowed());
-    let start = Instant::now();
-    let large = waiting(&limiter, &key, 10, Duration::from_secs(5));
-    tokio::task::yield_now().await;
-    let worker = {
-        let (limiter, key) = (limiter.clone(), key.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            let mut admitted = Vec::new();
-            while start.elapsed() < Duration::from_secs(3) {
-                limiter
-                    .until_ready(&key, Duration::from_secs(10))
-                    .await
-                    .unwrap();
-                admitted.push(start.elapsed());
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            admitted
-        })
-    };
-    large.await.unwrap().unwrap();
-    assert_eq!(start.elapsed(), Duration::from_secs(1));
-    let admitted = worker.await.unwrap();
-    // Behind the large caller, then on the policy's pace: the next unit
-    // at 1.1 s, and one every 100 ms (its own sleep after each admission
-    // lasts the unit's interval).
-    let pace: Vec<_> = (11..30).map(|i| Duration::from_millis(100 * i)).collect();
-    assert_eq!(admitted, pace);
-}
-
 /// In an outage, a cost that only the store can hold (above this
 /// instance's share, refused for now) waits outside the line: it held
 /// the line for its whole wait, and a caller of one unit that the share

@@ -74,9 +74,10 @@ impl<St: Store> RateLimiter<St> {
     /// one key wait in line, first come first served whatever their cost:
     /// only the first checks again, the next once it is admitted or gives
     /// up, so that N of them make at most 3N checks rather than about
-    /// N²/2, each a round trip to a shared store. A caller that finds
-    /// others in line goes behind them before it checks, and gives up at
-    /// once if the head expects its own admission after `max_wait`. (A
+    /// N²/2, each a round trip to a shared store. A refused caller that
+    /// finds others in line gives up at once if the head expects its own
+    /// admission after `max_wait`. (A caller checks before it looks at
+    /// the line, so a new caller can take a unit before those in line. A
     /// cost that only the store can hold, refused for now by the local
     /// fallback's share in an outage, waits outside the line; a wait kept
     /// but no longer polled keeps its place until dropped.) By default
@@ -142,26 +143,12 @@ impl<St: Store> RateLimiter<St> {
         max_wait: Duration,
     ) -> Result<Decision, WaitError> {
         let deadline = crate::clock::instant_after(max_wait);
-        // Whether a check (or the line) refused the call, which then counts
-        // as a wait.
+        // Whether a check refused the call, which then counts as a wait.
         let mut refused = false;
         // Where the policy frees one unit at a time, a refused caller waits
         // in its key's line: see `Lines`.
         let in_line = !self.policy.algorithm().frees_in_bulk();
         let mut place: Option<Place> = None;
-        // A caller that finds others waiting on the key goes behind them
-        // before it checks: first come, first served.
-        if in_line && let Some(mut joined) = Place::join_if_waiting(&self.lines, key) {
-            refused = true;
-            if let Err(needed) = joined.reach_head(deadline).await {
-                self.telemetry.waited(false);
-                return Err(WaitError::TooLong {
-                    needed: needed.unwrap_or(max_wait),
-                    max_wait,
-                });
-            }
-            place = Some(joined);
-        }
         loop {
             let (decision, counted) = self.decide(key, cost).await?;
             let now = tokio::time::Instant::now();
@@ -277,9 +264,8 @@ impl<St: Store> RateLimiter<St> {
 /// A line is of one key, whatever its callers' costs, first come first
 /// served: a caller of a small cost waits behind one of a large cost, which
 /// a stream of small ones would otherwise starve (each taking a unit as it
-/// came back), and a caller that finds others in line goes behind them
-/// before it checks. A caller behind a head that expects its admission
-/// after the caller's maximum wait gives up at once.
+/// came back, once refused). A caller behind a head that expects its
+/// admission after the caller's maximum wait gives up at once.
 #[derive(Default)]
 pub(super) struct Lines {
     /// Each key's line, and how many places it has: the line goes with
@@ -326,14 +312,6 @@ impl Place {
             line: Arc::clone(line),
             head: false,
         }
-    }
-
-    /// A place at the back of `key`'s line, if others wait in it.
-    fn join_if_waiting(lines: &Arc<Lines>, key: &Key) -> Option<Self> {
-        let waiting = lines.keys.lock().contains_key(key);
-        // A line that empties meanwhile is made again: a place in it is
-        // its head at once.
-        waiting.then(|| Self::join(lines, key))
     }
 
     /// Waits for this place to be the head: `Ok(true)` if it was first in
