@@ -59,7 +59,7 @@ impl LimitParams {
             None => {
                 let period = self.period_us.max(1);
                 let start = t - t % period;
-                (start, start + period)
+                (start, start.saturating_add(period))
             }
             Some(calendar) => calendar.window(t),
         }

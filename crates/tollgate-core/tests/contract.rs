@@ -205,6 +205,29 @@ mod hostile {
         ]
     }
 
+    /// A settlement whose reservation names the end of time, under every
+    /// algorithm, one limit and two: an overflow panicked.
+    #[test]
+    fn a_reservation_at_the_end_of_time_settles_without_panicking() {
+        let now = Timestamp::from_secs(1_700_000_000);
+        for algorithm in Algorithm::ALL {
+            for limits in [&["5/s"][..], &["5/s", "100/h"]] {
+                let policy = limits
+                    .iter()
+                    .fold(Policy::builder("api").algorithm(algorithm), |b, l| {
+                        b.limit(*l)
+                    })
+                    .build()
+                    .unwrap();
+                let mut state = KeyState::new(&policy, now);
+                assert!(state.decide(&policy, now, 5).is_allowed());
+                let end = Timestamp::from_micros(u64::MAX);
+                let settled = state.settle(&policy, now, &Settlement::new(5, 0, end));
+                assert!(settled.remaining() <= 5, "{algorithm}");
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2_000))]
         #[test]
@@ -213,6 +236,7 @@ mod hostile {
             state_words in prop::collection::vec(word(), 0..12),
             gap in 0u64..200_000_000,
             cost in prop_oneof![Just(0u64), Just(1), Just(7), Just(u64::MAX)],
+            reserved_at in word(),
         ) {
             let policy = Policy::builder("api")
                 .algorithm(algorithm)
@@ -238,6 +262,10 @@ mod hostile {
                 state.expires_at(policy);
                 state.settle(policy, at, &Settlement::of(&decision, 1, u64::MAX));
                 state.settle(policy, at, &Settlement::of(&decision, 5, 0));
+                // A settlement that names any time at all as its reservation's.
+                let since = Timestamp::from_micros(reserved_at);
+                state.settle(policy, at, &Settlement::new(5, 0, since));
+                state.settle(policy, at, &Settlement::new(5, 9, since));
                 state.decide(policy, at, 1);
                 let again = KeyState::from_bytes(policy, &state.to_bytes());
                 prop_assert!(again.is_ok(), "{:?}", again);

@@ -190,6 +190,15 @@ fn overload_refuses_what_it_cannot_simulate() {
     let (out, _, stderr) = sim(&["overload", "--workers", "0"]);
     assert!(!out.status.success());
     assert!(stderr.contains("invalid workers"), "{stderr}");
+    // A deadline or service time no run could reach is refused, not a panic.
+    for (option, value) in [
+        ("--deadline-ms", "18446744073709551615"),
+        ("--service-ms", "1e12"),
+    ] {
+        let (out, _, stderr) = sim(&["overload", "--give-up", option, value]);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("at most a day"), "{stderr}");
+    }
     let (out, _, stderr) = sim(&["overload", "--scenario", "spike"]);
     assert!(!out.status.success());
     assert!(stderr.contains("unknown scenario \"spike\""), "{stderr}");

@@ -113,7 +113,9 @@ impl Generator {
                 _ => 200,
             };
             Generated {
-                secs: this.start_secs + n * this.span_secs / this.lines.max(1),
+                secs: this
+                    .start_secs
+                    .saturating_add(spread(n, this.span_secs, this.lines)),
                 ip,
                 user,
                 method: route.1,
@@ -148,5 +150,41 @@ impl Generator {
             )?;
         }
         Ok(())
+    }
+}
+
+/// Line `n`'s offset into a log of `lines` lines over `span` seconds, at
+/// most `span`, with no overflow for any input.
+fn spread(n: u64, span: u64, lines: u64) -> u64 {
+    let offset = u128::from(n) * u128::from(span) / u128::from(lines.max(1));
+    u64::try_from(offset).unwrap_or(span)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_span_gives_times_that_never_go_back_and_never_overflow() {
+        let generator = Generator {
+            lines: 4,
+            span_secs: u64::MAX,
+            start_secs: u64::MAX - 10,
+            ..Generator::default()
+        };
+        let secs: Vec<u64> = generator.requests().map(|r| r.secs).collect();
+        assert_eq!(secs, [u64::MAX - 10, u64::MAX, u64::MAX, u64::MAX]);
+        let mut out = Vec::new();
+        generator.write_combined(&mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap().lines().count(), 4);
+        // Within range, line n is n/lines of the way through the span.
+        let even = Generator {
+            lines: 4,
+            span_secs: 8,
+            start_secs: 100,
+            ..Generator::default()
+        };
+        let secs: Vec<u64> = even.requests().map(|r| r.secs).collect();
+        assert_eq!(secs, [100, 102, 104, 106]);
     }
 }

@@ -19,8 +19,8 @@ use tollgate_redis::RedisStore;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// How long the workers run, in seconds.
-    #[arg(long, default_value_t = 60)]
+    /// How long the workers run, in seconds (at most a year).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(..=31_536_000))]
     seconds: u64,
     /// Worker processes, each with its own Redis connection.
     #[arg(long, default_value_t = 2)]

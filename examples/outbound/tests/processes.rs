@@ -36,3 +36,15 @@ fn two_worker_processes_pass_the_acceptance_at_a_sixth_of_its_length() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_run_longer_than_a_year_is_refused_before_it_starts() {
+    let output = Command::new(env!("CARGO_BIN_EXE_outbound"))
+        .args(["--seconds", "18446744073709551615"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--seconds"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -87,7 +87,7 @@ impl Rule for SlidingWindow {
         let reserved_in = window_start(since, p.period_us);
         if reserved_in == self.start {
             self.curr -= n.min(self.curr);
-        } else if reserved_in + p.period_us == self.start {
+        } else if reserved_in.checked_add(p.period_us) == Some(self.start) {
             self.prev -= n.min(self.prev);
         }
     }

@@ -208,8 +208,8 @@ impl Plan {
     ///
     /// # Errors
     ///
-    /// [`OverloadError::InvalidOption`] for no workers, a zero service time
-    /// or deadline, a load that is not a positive number, or a mix whose
+    /// [`OverloadError::InvalidOption`] for no workers, a service time or
+    /// deadline under 1 µs or over a day, a load that is not a positive number, or a mix whose
     /// shares are negative or add up to nothing.
     pub fn new(scenario: Scenario, options: &OverloadOptions) -> Result<Self, OverloadError> {
         check(options)?;
@@ -316,11 +316,11 @@ fn check(options: &OverloadOptions) -> Result<(), OverloadError> {
     if options.workers == 0 {
         return invalid("workers", "must be at least 1");
     }
-    if micros(options.service) == 0 {
-        return invalid("service time", "must be at least 1 µs");
+    if !(1..=DAY_US).contains(&micros(options.service)) {
+        return invalid("service time", "must be at least 1 µs and at most a day");
     }
-    if options.deadline.is_zero() {
-        return invalid("deadline", "must be above zero");
+    if !(1..=DAY_US).contains(&micros(options.deadline)) {
+        return invalid("deadline", "must be at least 1 µs and at most a day");
     }
     if !(options.load.is_finite() && options.load > 0.0 && options.load <= 1_000.0) {
         return invalid("load", "must be above 0 and at most 1,000");
@@ -338,6 +338,9 @@ fn check(options: &OverloadOptions) -> Result<(), OverloadError> {
     }
     Ok(())
 }
+
+/// The longest service time or deadline a run takes: a day, in µs.
+const DAY_US: u64 = 86_400_000_000;
 
 /// Whole microseconds of `duration`, saturating.
 pub(super) fn micros(duration: Duration) -> u64 {
