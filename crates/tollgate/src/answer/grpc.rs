@@ -244,6 +244,16 @@ fn retry_info(wait: Duration) -> Vec<u8> {
     any
 }
 
+/// Whether the gRPC refusal in `headers` pushes its client back for less
+/// than `wait` (to the millisecond; a pushback of -1, never to retry, is
+/// not less).
+pub(super) fn pushes_back_less(headers: &http::HeaderMap, wait: Duration) -> bool {
+    let told = headers
+        .get(PUSHBACK)
+        .and_then(|t| t.to_str().ok()?.parse::<u64>().ok());
+    told.is_some_and(|told| told < pushback_ms(wait))
+}
+
 /// Tells the gRPC refusal in `headers` to wait `wait`, which is longer
 /// than the wait it tells: its pushback (unless it says never to retry)
 /// and its `RetryInfo`. For a nearer layer's refusal of a request an outer

@@ -91,9 +91,9 @@ pub(crate) struct Decoration {
     limit: u64,
     remaining: u64,
     reset_secs: u64,
-    /// When this layer admits a request again, in whole seconds rounded
-    /// up, if the decision left its binding limit empty; else 0.
-    empty_for: u32,
+    /// When this layer admits a request again, if the decision left its
+    /// binding limit empty; else none.
+    empty_for: Wait,
     /// Whether the layer enforces its limit for the key (not in shadow
     /// mode), for an admitted request: a settlement's decoration is made
     /// so too. (A denial's is made as enforced; it raises nothing.)
@@ -130,9 +130,8 @@ impl Decoration {
         // denial's own refusal tells its wait, and a layer in shadow mode
         // refuses nothing.
         let empty_for = match (enforce && decision.is_allowed(), binding.remaining()) {
-            (true, 0) => u32::try_from(retry_after_secs(next_unit(binding, values.drains)))
-                .unwrap_or(u32::MAX),
-            _ => 0,
+            (true, 0) => Wait::of(next_unit(binding, values.drains)),
+            _ => Wait::NONE,
         };
         Some(Self {
             limit: binding.capacity(),
@@ -165,8 +164,8 @@ impl Decoration {
     /// refusal next.
     #[inline]
     pub(crate) fn raise_wait<B>(&self, response: &mut http::Response<B>) {
-        if self.empty_for > 0 {
-            raise_wait(response, u64::from(self.empty_for));
+        if self.empty_for != Wait::NONE {
+            raise_wait(response, self.empty_for.get());
         }
     }
 
@@ -232,24 +231,56 @@ impl Decoration {
     }
 }
 
+/// A wait in 32 bits: whole milliseconds, rounded up, below 2^31 ms
+/// (about 24 days); whole seconds, rounded up, beyond (to 68 years, where
+/// it saturates). 0 is no wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wait(u32);
+
+impl Wait {
+    const NONE: Wait = Wait(0);
+    const IN_SECONDS: u32 = 1 << 31;
+
+    fn of(wait: Duration) -> Self {
+        let ms = wait.as_micros().div_ceil(1_000).max(1);
+        match u32::try_from(ms) {
+            Ok(ms) if ms < Self::IN_SECONDS => Wait(ms),
+            Ok(_) | Err(_) => {
+                let secs = u32::try_from(retry_after_secs(wait)).unwrap_or(u32::MAX);
+                Wait(Self::IN_SECONDS | secs.min(Self::IN_SECONDS - 1))
+            }
+        }
+    }
+
+    fn get(self) -> Duration {
+        match self.0 & Self::IN_SECONDS {
+            0 => Duration::from_millis(u64::from(self.0)),
+            _ => Duration::from_secs(u64::from(self.0 & !Self::IN_SECONDS)),
+        }
+    }
+}
+
 /// Raises the wait a refusal in `response` tells, if it is one (a 429, or
-/// gRPC's `RESOURCE_EXHAUSTED`) and tells a shorter one, to `secs`: its
-/// `Retry-After` (one that is not a number of seconds, a date the app
-/// set, is left as it is), and a gRPC refusal's pushback and `RetryInfo`.
+/// gRPC's `RESOURCE_EXHAUSTED`) and tells a shorter one, to `wait`: its
+/// `Retry-After` in whole seconds (one that is not a number of seconds, a
+/// date the app set, is left as it is), and a gRPC refusal's pushback and
+/// `RetryInfo`, to the millisecond.
 #[cold]
-fn raise_wait<B>(response: &mut http::Response<B>, secs: u64) {
+fn raise_wait<B>(response: &mut http::Response<B>, wait: Duration) {
     if super::grpc::http_status(response) != http::StatusCode::TOO_MANY_REQUESTS {
         return;
     }
     let grpc = response.status() == http::StatusCode::OK;
     let headers = response.headers_mut();
+    let secs = retry_after_secs(wait);
     let told = headers.get(http::header::RETRY_AFTER);
     let told = told.and_then(|t| t.to_str().ok()?.parse::<u64>().ok());
-    if told.is_some_and(|told| told < secs) {
+    let later = told.is_some_and(|told| told < secs);
+    if later {
         headers.insert(http::header::RETRY_AFTER, number(secs));
-        if grpc {
-            super::grpc::wait_longer(headers, std::time::Duration::from_secs(secs));
-        }
+    }
+    if grpc && (later || super::grpc::pushes_back_less(headers, wait)) {
+        super::grpc::wait_longer(headers, wait);
     }
 }
 
@@ -522,6 +553,23 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Milliseconds, rounded up, to about 24 days; whole seconds beyond,
+    /// rounded up, saturating at 68 years; never no wait.
+    #[test]
+    fn a_wait_keeps_milliseconds_then_seconds_and_never_shortens() {
+        let ms = Duration::from_millis;
+        assert_eq!(Wait::of(Duration::from_nanos(1)).get(), ms(1));
+        assert_eq!(Wait::of(Duration::ZERO).get(), ms(1));
+        assert_eq!(Wait::of(Duration::from_micros(500_001)).get(), ms(501));
+        let last_ms = ms((1 << 31) - 1);
+        assert_eq!(Wait::of(last_ms).get(), last_ms);
+        let past = ms(1 << 31);
+        assert_eq!(Wait::of(past).get(), Duration::from_secs(2_147_484));
+        let most = Duration::from_secs((1 << 31) - 1);
+        assert_eq!(Wait::of(Duration::MAX).get(), most);
+        assert_eq!(Wait::of(most).get(), most);
+    }
 
     #[test]
     fn epoch_seconds_are_reused_within_a_second_only() {

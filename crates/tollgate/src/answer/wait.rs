@@ -15,7 +15,9 @@ pub(super) const RETRY_SOON: Duration = Duration::from_secs(1);
 /// `wait` in the whole seconds `Retry-After` carries: rounded up, at least
 /// 1 (a client told 0 would retry at once).
 pub(super) fn retry_after_secs(wait: Duration) -> u64 {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let secs = wait
+        .as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0));
     secs.max(1)
 }
 

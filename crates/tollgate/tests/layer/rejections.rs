@@ -272,6 +272,34 @@ async fn a_grpc_refusal_waits_for_an_outer_layer_left_empty() {
     );
 }
 
+/// Within one second, the pushback is raised to the outer layer's wait to
+/// the millisecond, though `retry-after` (whole seconds) tells 1 s for
+/// both: the nearer layer's refusal would have its client back after
+/// 300 ms, while the outer layer, left empty, admits again after 500 ms.
+#[tokio::test]
+async fn a_grpc_refusal_waits_for_an_outer_layer_to_the_millisecond() {
+    let (clock, store) = clock_and_store();
+    let layer = |name: &str, algorithm, limit: &str| {
+        let policy = Policy::new(name, algorithm, limit).unwrap();
+        RateLimitLayer::new(policy, GlobalKey)
+            .store(store.clone())
+            .grpc()
+    };
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer("user-1", Algorithm::FixedWindow, "1/s"))
+        .layer(layer("ip-2", Algorithm::Gcra, "2/s"));
+    clock.advance(std::time::Duration::from_millis(700));
+    app.clone().oneshot(get_root()).await.unwrap();
+    let res = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("500"));
+    let has = grpc_details(&res);
+    // Any { value: RetryInfo { retry_delay: Duration { nanos: 500,000,000 } } }
+    assert!(has(&[0x12, 8, 0x0a, 6, 0x10, 0x80, 0xca, 0xb5, 0xee, 0x01]));
+}
+
 /// A gRPC client of a key an operator blocked is pushed back for the rest
 /// of the block, and told it is a block rather than which limit fired.
 #[tokio::test]
