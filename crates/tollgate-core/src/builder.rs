@@ -261,7 +261,7 @@ impl PolicyBuilder {
         }
         let (calendar, periods) =
             calendar_periods(&self.name, self.algorithm, self.calendar, &self.limits)?;
-        let params = self
+        let mut params = self
             .limits
             .iter()
             .zip(periods)
@@ -271,6 +271,11 @@ impl PolicyBuilder {
                 Ok(params)
             })
             .collect::<Result<Box<[_]>, ConfigError>>()?;
+        // A joint queue (the leaky bucket's) moves by the slowest interval.
+        let step = params.iter().map(|p| p.interval_us).max().unwrap_or(1);
+        for p in &mut params {
+            p.per_queue_step = Divisor::new(step);
+        }
         Ok(Policy::from_parts(
             self.name,
             self.algorithm,
@@ -308,6 +313,7 @@ fn params_for(
         interval_us,
         capacity,
         per_interval: Divisor::new(interval_us),
+        per_queue_step: Divisor::new(interval_us),
         calendar: None,
     })
 }

@@ -44,6 +44,10 @@ pub struct LimitParams {
     /// to count the remaining requests, and a 64-bit `div` instruction costs
     /// as much as the rest of a memory-store GCRA check's arithmetic.
     pub(crate) per_interval: Divisor,
+    /// The longest interval of the policy's limits, prepared for division
+    /// likewise: how far a joint queue (the leaky bucket's) moves on for
+    /// each unit of cost admitted, whatever the limit.
+    pub(crate) per_queue_step: Divisor,
     /// The calendar period of a limit per day, week or month under a
     /// calendar (and of every monthly limit); `None` for a window aligned
     /// to the epoch.

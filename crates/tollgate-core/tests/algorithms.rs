@@ -309,7 +309,18 @@ fn cost_above_capacity_never_succeeds_for_every_algorithm() {
         );
         assert_eq!(d.retry_after(), None);
         assert_eq!(d.binding().limit().to_string(), "5/s");
-        assert_eq!(h.check(0).remaining(), 5, "{algorithm}: nothing consumed");
+        // The leaky bucket's joint queue moves 600 ms a request (the
+        // minute's interval): a second of queue holds two.
+        let room = if algorithm == Algorithm::LeakyBucket {
+            2
+        } else {
+            5
+        };
+        assert_eq!(
+            h.check(0).remaining(),
+            room,
+            "{algorithm}: nothing consumed"
+        );
     }
 }
 

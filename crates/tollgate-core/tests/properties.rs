@@ -212,6 +212,33 @@ proptest! {
         prop_assert!(failures.is_empty(), "{failures:?}");
     }
 
+    /// What an admission says remains is exactly what is admitted at once:
+    /// that many requests of one unit, at the same instant, and not one
+    /// more. (The leaky bucket's joint queue, two limits of different
+    /// rates, promised about twice what it admitted.)
+    #[test]
+    fn remaining_is_what_is_admitted_at_once(case in case()) {
+        let mut failures = Vec::new();
+        let mut state = PolicyState::new(&case.policy, Timestamp::from_micros(case.start));
+        let mut now = case.start;
+        for &(gap, cost) in &case.arrivals {
+            now += gap;
+            let at = Timestamp::from_micros(now);
+            let decision = state.decide(&case.policy, at, cost);
+            let promised = decision.remaining();
+            let mut after = state.clone();
+            let admitted = (0..=promised)
+                .take_while(|_| after.decide(&case.policy, at, 1).is_allowed())
+                .count() as u64;
+            // A denial's binding limit is the one that admits it last, whose
+            // count another limit may undercut.
+            if decision.is_allowed() && admitted != promised {
+                failures.push(format!("{promised} promised, {admitted} admitted at {now}"));
+            }
+        }
+        prop_assert!(failures.is_empty(), "{failures:?}");
+    }
+
     #[test]
     fn denials_consume_nothing(case in case()) {
         let mut failures = Vec::new();

@@ -3,7 +3,7 @@
 //! is kept in the one-time form of `gcra.rs`.
 
 use crate::algorithm::rule::{
-    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled, saved_time,
+    Rule, backlog, backlog_admits, charged, refunded, rescaled, saved_time,
 };
 use crate::policy::LimitParams;
 
@@ -19,8 +19,18 @@ impl Rule for LeakyBucket {
         LeakyBucket { free_at: 0 }
     }
 
+    /// Each unit admitted moves the joint queue on by the policy's longest
+    /// interval: a limit of a shorter one admits `1 + (room - interval) /
+    /// step` more, where `room` is its capacity in time less the backlog
+    /// (with one limit, `room / interval`, as GCRA counts).
     fn status(&self, p: &LimitParams, now: u64, queue_free: u64) -> (u64, u64) {
-        backlog_status(p, queue_free, now)
+        let backlog = queue_free.saturating_sub(now);
+        let room = (p.capacity * p.interval_us).saturating_sub(backlog);
+        let remaining = match room.checked_sub(p.interval_us) {
+            Some(beyond_one) => 1 + beyond_one / p.per_queue_step,
+            None => 0,
+        };
+        (remaining, backlog)
     }
 
     fn admits(&self, p: &LimitParams, now: u64, cost: u64, queue_free: u64) -> Result<(), u64> {

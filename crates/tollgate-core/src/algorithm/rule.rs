@@ -145,7 +145,7 @@ pub(crate) fn still_held(p: &LimitParams, since: u64, now: u64) -> u64 {
 }
 
 /// `(remaining, backlog)` of a limit whose state is the time `at` its
-/// backlog clears: what GCRA and the leaky bucket report.
+/// backlog clears: what GCRA reports.
 pub(crate) fn backlog_status(p: &LimitParams, at: u64, now: u64) -> (u64, u64) {
     let backlog = at.saturating_sub(now);
     let remaining = (p.capacity * p.interval_us).saturating_sub(backlog) / p.per_interval;

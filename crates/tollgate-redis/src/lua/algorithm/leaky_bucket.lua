@@ -7,9 +7,15 @@ queue_free = function()
   for i = 1, n do qf = max(qf, S[i].a) end
   return qf
 end
+-- Each unit admitted moves the joint queue on by the longest interval: a
+-- limit of a shorter one admits 1 + (room - interval) / step more.
+local step = 1
+for i = 1, n do step = max(step, P[i].interval) end
 status = function(i, p, s, qf)
   local backlog = max(qf - now, 0)
-  return idiv(max(p.cap * p.interval - backlog, 0), p.interval), backlog
+  local room = p.cap * p.interval - backlog
+  if room < p.interval then return 0, backlog end
+  return 1 + idiv(room - p.interval, step), backlog
 end
 admits = function(i, p, s, qf)
   local departure = max(qf, now)
