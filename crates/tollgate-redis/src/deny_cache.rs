@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use tollgate_core::{Decision, LimitStatus, Outcome, Policy, Timestamp};
+use tollgate_core::{Algorithm, Decision, LimitStatus, Outcome, Policy, Timestamp};
 
 /// How long a cached denial answers for Redis after its call was sent, in
 /// µs, the unit of the cache's times: a second (see [`DenyCache`]).
@@ -174,10 +174,10 @@ impl DenyCache {
     /// Redis made and that is still in force, for when Redis cannot decide:
     /// any denial of this cost or less, of this configuration of the
     /// policy. Its limits' other numbers are as Redis last reported them.
-    /// A larger cost than the one denied waits until every limit is fully
-    /// back (it is never admitted sooner than the smaller one, and the
-    /// smaller one's wait would bring its client back too early), or is
-    /// denied for good past a limit's capacity.
+    /// A larger cost than the one denied waits until every limit has room
+    /// for it ([`fits_after`]; never less than the smaller cost's wait,
+    /// which would bring its client back too early), or is denied for good
+    /// past a limit's capacity.
     pub(crate) fn lookup_on_failure(
         &self,
         state_key: &str,
@@ -201,7 +201,7 @@ impl DenyCache {
             },
             None => Outcome::Limited {
                 retry_after: (denied.limits().iter())
-                    .map(LimitStatus::reset)
+                    .filter_map(|s| fits_after(policy.algorithm(), s, cost))
                     .chain(denied.retry_after())
                     .max()
                     .unwrap_or_default(),
@@ -366,6 +366,27 @@ impl DenyCache {
 
 fn cacheable(policy: &Policy, cost: u64) -> bool {
     cost == 1 && policy.limits().len() == 1
+}
+
+/// When the limit whose state is `status` has room for `cost` (at most its
+/// capacity), if it has none now and nothing else uses it meanwhile: a
+/// rate-based limit when its backlog has drained to the capacity less the
+/// cost, exactly; a window when it is fully back (the sliding window and
+/// log tell nothing sooner: late, never early).
+fn fits_after(algorithm: Algorithm, status: &LimitStatus, cost: u64) -> Option<Duration> {
+    if status.remaining() >= cost {
+        return None;
+    }
+    match algorithm {
+        Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let room = status.capacity().saturating_sub(cost);
+            let room = room.saturating_mul(status.limit().interval_micros());
+            Some(status.reset().saturating_sub(Duration::from_micros(room)))
+        }
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+            Some(status.reset())
+        }
+    }
 }
 
 /// `decision` as it stands `elapsed` µs later, with `retry` µs to go.

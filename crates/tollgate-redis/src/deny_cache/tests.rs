@@ -79,6 +79,54 @@ fn a_standing_denial_tells_a_larger_cost_when_it_fits() {
     assert_eq!(wait(3), (None, exceeds));
 }
 
+/// Under every algorithm, with a minute's limit spent beside a day's with
+/// room, a standing denial of one unit tells a larger cost the memory
+/// store's own wait for it: exactly for the rate-based algorithms and the
+/// fixed window, never sooner for the sliding ones. The day's limit, which
+/// has room, counted: it told the day's end.
+#[test]
+fn a_standing_denial_tells_a_larger_cost_the_stores_own_wait() {
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::builder("api")
+            .algorithm(algorithm)
+            .limit("4/min")
+            .limit("1000/d")
+            .build()
+            .unwrap();
+        let clock = tollgate_core::FakeClock::new(Timestamp::from_secs(1_700_000_010));
+        let store = MemoryStore::builder().clock(clock).build().unwrap();
+        let check = |cost| {
+            let checked = store.try_check_now(&Key::user("k"), &policy, cost);
+            checked.and_then(Result::ok).unwrap()
+        };
+        let denied = std::iter::repeat_with(|| check(1))
+            .find(|d| !d.is_allowed())
+            .unwrap();
+        let cache = DenyCache::new(10);
+        cache.insert("k", &policy, 1, (0, 0, cache.sent("k")), &denied);
+        for cost in 2..=4 {
+            let told = cache.lookup_on_failure("k", &policy, cost, 0).unwrap();
+            let (told, exact) = (
+                told.retry_after().unwrap(),
+                check(cost).retry_after().unwrap(),
+            );
+            match algorithm {
+                Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                    assert!(told >= exact, "{algorithm}, {cost}: {told:?} < {exact:?}")
+                }
+                Algorithm::Gcra
+                | Algorithm::TokenBucket
+                | Algorithm::LeakyBucket
+                | Algorithm::FixedWindow => assert_eq!(told, exact, "{algorithm}, {cost}"),
+            }
+            // Never the day's end: at most when the minute is fully back.
+            let minute = denied.limits()[0];
+            assert!(told <= minute.reset(), "{algorithm}, {cost}");
+            assert!(minute.reset() < std::time::Duration::from_secs(120));
+        }
+    }
+}
+
 /// A denial decided while a key was reset (its reply on its way when
 /// the reset removed the key's denial) is not taken in: it may be of
 /// the state before the reset, and would deny the key here until it

@@ -247,19 +247,20 @@ fn retry_info(wait: Duration) -> Vec<u8> {
 /// Whether the gRPC refusal in `headers` pushes its client back for less
 /// than `wait` (to the millisecond; a pushback of -1, never to retry, is
 /// not less).
-pub(super) fn pushes_back_less(headers: &http::HeaderMap, wait: Duration) -> bool {
+fn pushes_back_less(headers: &http::HeaderMap, wait: Duration) -> bool {
     let told = headers
         .get(PUSHBACK)
         .and_then(|t| t.to_str().ok()?.parse::<u64>().ok());
     told.is_some_and(|told| told < pushback_ms(wait))
 }
 
-/// Tells the gRPC refusal in `headers` to wait `wait`, which is longer
-/// than the wait it tells: its pushback (unless it says never to retry)
-/// and its `RetryInfo`. For a nearer layer's refusal of a request an outer
-/// layer admitted and left empty (see `Decoration::raise_wait`).
+/// Tells the gRPC refusal in `headers` to wait at least `wait`: each of
+/// its pushback (unless it says never to retry) and its `RetryInfo`
+/// delays that tells a shorter wait is raised to it; a longer one, which
+/// the app may have set, stays. For a nearer layer's refusal of a request
+/// an outer layer admitted and left empty (see `Decoration::raise_wait`).
 pub(super) fn wait_longer(headers: &mut http::HeaderMap, wait: Duration) {
-    if headers.get(PUSHBACK).is_some_and(|told| told != "-1") {
+    if pushes_back_less(headers, wait) {
         headers.insert(PUSHBACK, pushback(Some(wait)));
     }
     let engine = base64::engine::general_purpose::STANDARD_NO_PAD;
@@ -285,8 +286,8 @@ pub(super) fn wait_longer(headers: &mut http::HeaderMap, wait: Duration) {
 }
 
 /// The `google.rpc.Status` `status` with each `RetryInfo` detail's delay
-/// `wait`, every other field as it was; `None` if `status` is not
-/// protobuf's wire format.
+/// raised to `wait` where it is shorter (or cannot be read), every other
+/// field as it was; `None` if `status` is not protobuf's wire format.
 fn with_retry_info(status: &[u8], wait: Duration) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(status.len() + 8);
     let mut rest = status;
@@ -295,7 +296,9 @@ fn with_retry_info(status: &[u8], wait: Duration) -> Option<Vec<u8>> {
         let is_retry_info = match value {
             Some(any) if field == 3 => {
                 let (url_field, url, _) = next_field(any)?;
-                url_field == 1 && url == Some(RETRY_INFO)
+                url_field == 1
+                    && url == Some(RETRY_INFO)
+                    && retry_delay(any).is_none_or(|delay| delay < wait)
             }
             Some(_) | None => false,
         };
@@ -306,6 +309,45 @@ fn with_retry_info(status: &[u8], wait: Duration) -> Option<Vec<u8>> {
         rest = after;
     }
     Some(out)
+}
+
+/// The delay of the `google.rpc.RetryInfo` in the `google.protobuf.Any`
+/// `any`, if it can be read.
+fn retry_delay(any: &[u8]) -> Option<Duration> {
+    let info = field_bytes(any, 2)?;
+    let duration = field_bytes(info, 1).unwrap_or_default();
+    let (mut secs, mut nanos) = (0, 0);
+    let mut rest = duration;
+    while !rest.is_empty() {
+        let (field, value, after) = next_field(rest)?;
+        if value.is_none() {
+            // The varint just read, again: `next_field` keeps only the
+            // bytes of a length-delimited field.
+            let (number, _) = read_varint(read_varint(rest)?.1)?;
+            match field {
+                1 => secs = number,
+                2 => nanos = u32::try_from(number).ok()?,
+                _ => {}
+            }
+        }
+        rest = after;
+    }
+    Some(Duration::new(secs, 0).saturating_add(Duration::from_nanos(u64::from(nanos))))
+}
+
+/// The bytes of the last length-delimited field numbered `number` in
+/// `message`, if there is one and the message can be read.
+fn field_bytes(message: &[u8], number: u64) -> Option<&[u8]> {
+    let mut found = None;
+    let mut rest = message;
+    while !rest.is_empty() {
+        let (field, value, after) = next_field(rest)?;
+        if field == number {
+            found = value.or(found);
+        }
+        rest = after;
+    }
+    found
 }
 
 /// A field in protobuf's wire format: its number, its bytes if

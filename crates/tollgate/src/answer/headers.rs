@@ -279,7 +279,7 @@ fn raise_wait<B>(response: &mut http::Response<B>, wait: Duration) {
     if later {
         headers.insert(http::header::RETRY_AFTER, number(secs));
     }
-    if grpc && (later || super::grpc::pushes_back_less(headers, wait)) {
+    if grpc {
         super::grpc::wait_longer(headers, wait);
     }
 }

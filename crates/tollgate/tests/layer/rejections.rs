@@ -300,6 +300,48 @@ async fn a_grpc_refusal_waits_for_an_outer_layer_to_the_millisecond() {
     assert!(has(&[0x12, 8, 0x0a, 6, 0x10, 0x80, 0xca, 0xb5, 0xee, 0x01]));
 }
 
+/// An app's own gRPC refusal under a layer left empty (10 s to go): each
+/// wait it tells that is shorter is raised to the layer's, and each that is
+/// longer stays, whatever the others tell. A pushback of a minute and a
+/// `RetryInfo` of 20 s were lowered to 10 s.
+#[tokio::test]
+async fn an_apps_longer_grpc_waits_stay_under_a_layer_left_empty() {
+    use base64::Engine as _;
+    for (app_delay, told_delay) in [(20, 20), (2, 10)] {
+        // google.rpc.Status { code: 8, details: [Any { RetryInfo { retry_delay } }] }
+        let url = b"type.googleapis.com/google.rpc.RetryInfo";
+        let mut any = vec![0x0a, 40];
+        any.extend_from_slice(url);
+        any.extend_from_slice(&[0x12, 4, 0x0a, 2, 0x08, app_delay]);
+        let mut status = vec![0x08, 8, 0x1a, any.len() as u8];
+        status.extend_from_slice(&any);
+        let details = base64::engine::general_purpose::STANDARD_NO_PAD.encode(status);
+        let refusal = move || {
+            let details = details.clone();
+            async move {
+                Response::builder()
+                    .header("content-type", "application/grpc")
+                    .header("grpc-status", "8")
+                    .header("retry-after", "1")
+                    .header("grpc-retry-pushback-ms", "60000")
+                    .header("grpc-status-details-bin", details)
+                    .body(Body::empty())
+                    .unwrap()
+            }
+        };
+        let (_, store) = clock_and_store();
+        let policy = Policy::new("ip-2", Algorithm::FixedWindow, "2/10s").unwrap();
+        let layer = RateLimitLayer::new(policy, GlobalKey).store(store).grpc();
+        let app = Router::new().route("/", get(refusal)).layer(layer);
+        app.clone().oneshot(get_root()).await.unwrap();
+        let res = app.oneshot(get_root()).await.unwrap();
+        assert_eq!(header(&res, "retry-after"), Some("10"));
+        assert_eq!(header(&res, "grpc-retry-pushback-ms"), Some("60000"));
+        let has = grpc_details(&res);
+        assert!(has(&[0x12, 4, 0x0a, 2, 0x08, told_delay]), "{app_delay} s");
+    }
+}
+
 /// A gRPC client of a key an operator blocked is pushed back for the rest
 /// of the block, and told it is a block rather than which limit fired.
 #[tokio::test]
