@@ -24,8 +24,10 @@ use super::Ledger;
 ///   ([`Settlement::reserved_at`]), so that each bucket holds the actual
 ///   cost of the requests admitted in it, whenever they settled. A
 ///   settlement of a key blocked meanwhile is recorded too: the request
-///   ran. A settlement the store failed to take is not (the reservation
-///   stands).
+///   ran. A settlement that failed is not: the store did not take it
+///   (the reservation stands), or its reply was lost or late after it
+///   did (a remote store's timeout), and then the ledger keeps the
+///   reserved cost while the limit counted the settled one.
 /// - A reset or a block changes the limiter's state, never the ledger:
 ///   billing history is not erased.
 /// - Wrapped around a leased store, the units spent from a lease are

@@ -130,9 +130,11 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// headers show the state after settling. A charge past the allowance
     /// is debt that delays the key's next admission (see
     /// [`Settlement`](tollgate_core::Settlement) for each algorithm). If
-    /// the settlement fails, the reservation stands, the failure is
-    /// reported like any store failure, and the headers show the
-    /// reservation's state. A settlement goes where its reservation was
+    /// the settlement fails, the failure is reported like any store
+    /// failure and the headers show the reservation's state; the
+    /// reservation stands, unless the call timed out after the store took
+    /// it (a remote store's reply can be lost or late: the settlement
+    /// then holds, and this instance cannot know it). A settlement goes where its reservation was
     /// made: a request the local fallback decided (under
     /// [`FailureMode::Local`](crate::FailureMode::Local)) is settled there,
     /// never in the shared store, which did not charge it.
