@@ -128,10 +128,17 @@ impl Decoration {
         let binding = decision.binding();
         // Of a request admitted by a layer that enforces its limit only: a
         // denial's own refusal tells its wait, and a layer in shadow mode
-        // refuses nothing.
-        let empty_for = match (enforce && decision.is_allowed(), binding.remaining()) {
-            (true, 0) => Wait::of(next_unit(binding, values.drains)),
-            _ => Wait::NONE,
+        // refuses nothing. The layer admits a request of this one's cost
+        // (at least 1: a store of another crate may not report it) again
+        // when every limit it left short has room for it.
+        let cost = decision.cost().max(1);
+        let empty_for = match enforce && decision.is_allowed() {
+            true => (decision.limits().iter())
+                .filter(|s| s.remaining() < cost)
+                .map(|s| next_unit(s, values.drains, cost))
+                .max()
+                .map_or(Wait::NONE, Wait::of),
+            false => Wait::NONE,
         };
         Some(Self {
             limit: binding.capacity(),
@@ -157,11 +164,11 @@ impl Decoration {
         reset.is_none_or(|reset| reset < reset_secs)
     }
 
-    /// A nearer layer's refusal (a 429, with its `Retry-After`; or gRPC's
-    /// `RESOURCE_EXHAUSTED`, with its pushback and `RetryInfo` too) of a
-    /// request this layer admitted and left empty waits at least until
-    /// this layer admits a request again: the client would meet this one's
-    /// refusal next.
+    /// A nearer layer's refusal (a 429 or a 503, with its `Retry-After`;
+    /// or gRPC's `RESOURCE_EXHAUSTED` or `UNAVAILABLE`, with its pushback
+    /// and `RetryInfo` too) of a request this layer admitted and left short
+    /// of another of its cost waits at least until this layer admits such
+    /// a request again: the client would meet this one's refusal next.
     #[inline]
     pub(crate) fn raise_wait<B>(&self, response: &mut http::Response<B>) {
         if self.empty_for != Wait::NONE {
@@ -260,15 +267,16 @@ impl Wait {
     }
 }
 
-/// Raises the wait a refusal in `response` tells, if it is one (a 429, or
-/// gRPC's `RESOURCE_EXHAUSTED`) and tells a shorter one, to `wait`: its
+/// Raises the wait a refusal in `response` tells, if it is one (a 429 or a
+/// 503, or their gRPC codes) and tells a shorter one, to `wait`: its
 /// `Retry-After` in whole seconds (one that is not a number of seconds, a
 /// date the app set, is left as it is), and a gRPC refusal's pushback and
 /// `RetryInfo`, to the millisecond.
 #[cold]
 fn raise_wait<B>(response: &mut http::Response<B>, wait: Duration) {
-    if super::grpc::http_status(response) != http::StatusCode::TOO_MANY_REQUESTS {
-        return;
+    match super::grpc::http_status(response) {
+        http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE => {}
+        _ => return,
     }
     let grpc = response.status() == http::StatusCode::OK;
     let headers = response.headers_mut();
@@ -477,7 +485,7 @@ fn ietf_values(decision: &Decision, name: &str, drains: bool) -> Option<[HeaderV
         let more_in = if status.remaining() > 0 {
             0
         } else {
-            ceil_secs(next_unit(status, drains))
+            ceil_secs(next_unit(status, drains, 1))
         };
         let _ = write!(state, "{sep}{item};r={};t={more_in}", status.remaining());
     }
@@ -488,14 +496,14 @@ fn ietf_values(decision: &Decision, name: &str, drains: bool) -> Option<[HeaderV
     ])
 }
 
-/// When a limit that has nothing left gives a unit back: when it would
-/// admit the request it denied; for a limit that `drains` one unit every
-/// interval, when its backlog (the reset) has drained to what leaves room
-/// for one unit, the capacity less one in intervals (a backlog past the
-/// capacity, a debt settled or several limits' joint queue, drains first);
-/// otherwise, when it is fully back (a fixed window's end; the sliding
-/// window and log report nothing sooner).
-fn next_unit(status: &LimitStatus, drains: bool) -> Duration {
+/// When a limit that has less than `cost` left has room for it again:
+/// when it would admit the request it denied; for a limit that `drains`
+/// one unit every interval, when its backlog (the reset) has drained to
+/// what leaves room for `cost`, the capacity less `cost` in intervals (a
+/// backlog past the capacity, a debt settled or several limits' joint
+/// queue, drains first); otherwise, when it is fully back (a fixed
+/// window's end; the sliding window and log report nothing sooner).
+fn next_unit(status: &LimitStatus, drains: bool, cost: u64) -> Duration {
     if let Some(retry) = status.retry_after() {
         return retry;
     }
@@ -504,7 +512,10 @@ fn next_unit(status: &LimitStatus, drains: bool) -> Duration {
         return reset;
     }
     let interval = status.limit().interval_micros();
-    let room = status.capacity().saturating_sub(1).saturating_mul(interval);
+    let room = status
+        .capacity()
+        .saturating_sub(cost)
+        .saturating_mul(interval);
     let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
     match reset_us.saturating_sub(room) {
         // Empty by another count than its own backlog: nothing sooner known.

@@ -272,9 +272,9 @@ async fn a_refusal_waits_for_an_outer_layer_left_empty() {
     clock.advance(Duration::from_secs(50));
     assert_eq!(app.oneshot(get_root()).await.unwrap().status(), 200);
 
-    // Not an app's own answer that is not a refusal (a 503 with its own
-    // Retry-After), nor under a layer in shadow mode, which refuses
-    // nothing: their Retry-After stays.
+    // An app's own 503 tells a client to come back after 5 s: it would
+    // meet the layer's refusal until the minute's end, and is told so.
+    // Under a layer in shadow mode, which refuses nothing, a wait stays.
     let busy = || async {
         let mut res = axum::response::Response::new(axum::body::Body::empty());
         *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -287,7 +287,7 @@ async fn a_refusal_waits_for_an_outer_layer_left_empty() {
         .layer(layer("ip-1", "1/min"));
     let res = app.oneshot(get_root()).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(header(&res, "retry-after"), Some("5"));
+    assert_eq!(header(&res, "retry-after"), Some("60"));
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer("user-shadowed", "1/10s"))
@@ -302,6 +302,71 @@ async fn a_refusal_waits_for_an_outer_layer_left_empty() {
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(header(&res, "retry-after"), Some(retry));
     }
+}
+
+/// An outer layer of cost 2 left with 1 refuses the next request until
+/// its window ends: a nearer layer's refusal says so (it told its own
+/// 40 s, and the client met the outer layer's refusal then).
+#[tokio::test]
+async fn a_refusal_waits_for_an_outer_layer_left_short_of_its_cost() {
+    let (clock, store) = clock_and_store();
+    clock.advance(Duration::from_secs(20));
+    let layer = |name: &str, limit: &str| {
+        let policy = Policy::new(name, Algorithm::FixedWindow, limit).unwrap();
+        RateLimitLayer::new(policy, GlobalKey).store(store.clone())
+    };
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer("user-1", "1/min"))
+        .layer(layer("ip-5", "5/h").cost(2));
+    assert_eq!(app.clone().oneshot(get_root()).await.unwrap().status(), 200);
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The hour's window ends at the next whole hour.
+    let to_hour = 3_600 - (super::T0 + 20) % 3_600;
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some(to_hour.to_string().as_str())
+    );
+    clock.advance(Duration::from_secs(to_hour - 1));
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "tollgate-exceeded"), Some("ip-5; limit=5/h"));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(app.oneshot(get_root()).await.unwrap().status(), 200);
+}
+
+/// Of an outer layer's limits left empty, the one back last sets the
+/// wait, not the binding one: a leaky bucket of 100 in 10 s and 1 in 11 s
+/// (one queue, both left empty at once; the first has a unit back after
+/// 100 ms, the second after 11 s). It told 2 s, the nearer layer's wait.
+#[tokio::test]
+async fn a_refusal_waits_for_the_last_of_an_outer_layers_limits() {
+    let (clock, store) = clock_and_store();
+    let inner = Policy::new("user", Algorithm::Gcra, "1/2s").unwrap();
+    let inner = RateLimitLayer::new(inner, GlobalKey).store(store.clone());
+    let outer = Policy::builder("ip")
+        .algorithm(Algorithm::LeakyBucket)
+        .limit("100/10s")
+        .limit("1/11s")
+        .build()
+        .unwrap();
+    let outer = RateLimitLayer::new(outer, GlobalKey).store(store);
+    let only_inner = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(inner.clone());
+    let both = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(inner)
+        .layer(outer);
+    assert_eq!(only_inner.oneshot(get_root()).await.unwrap().status(), 200);
+    let res = both.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("11"));
+    clock.advance(Duration::from_millis(10_999));
+    let res = both.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&res, "tollgate-exceeded"), Some("ip; limit=1/11s"));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(both.oneshot(get_root()).await.unwrap().status(), 200);
 }
 
 #[tokio::test]
