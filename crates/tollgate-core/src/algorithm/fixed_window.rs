@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::rule::{Rule, saved_count, saved_time, window_start};
+use crate::algorithm::rule::{Rule, Seen, saved_count, saved_time, window_start};
 use crate::decision::{Decision, LimitStatus, Outcome};
 use crate::policy::{LimitParams, MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
@@ -108,10 +108,10 @@ impl Rule for FixedWindow {
         }
     }
 
-    fn seeded(self, _p: &LimitParams, used: u64, _now: u64) -> Self {
+    fn seeded(self, _p: &LimitParams, seen: Seen, _now: u64) -> Self {
         FixedWindow {
             start: self.start,
-            count: used,
+            count: seen.used,
         }
     }
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::rule::{
-    Rule, backlog, backlog_admits, backlog_status, charged, refunded, rescaled, saved_time,
+    Rule, Seen, backlog_admits, backlog_status, charged, refunded, rescaled, saved_time,
 };
 use crate::decision::{Decision, LimitStatus, Outcome};
-use crate::policy::{LimitParams, Policy};
+use crate::policy::{LimitParams, MAX_SPAN_US, Policy};
 use crate::time::Timestamp;
 
 /// The theoretical arrival time: when the limit's backlog clears.
@@ -54,9 +54,9 @@ impl Rule for Gcra {
         }
     }
 
-    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
+    fn seeded(self, _p: &LimitParams, seen: Seen, now: u64) -> Self {
         Gcra {
-            tat: now + backlog(p, used),
+            tat: now + seen.backlog_us.min(MAX_SPAN_US),
         }
     }
 

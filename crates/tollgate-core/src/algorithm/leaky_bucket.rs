@@ -2,10 +2,8 @@
 //! they leave at the limit's rate. Lua: `leaky_bucket.lua`; a single limit
 //! is kept in the one-time form of `gcra.rs`.
 
-use crate::algorithm::rule::{
-    Rule, backlog, backlog_admits, charged, refunded, rescaled, saved_time,
-};
-use crate::policy::LimitParams;
+use crate::algorithm::rule::{Rule, Seen, backlog_admits, charged, refunded, rescaled, saved_time};
+use crate::policy::{LimitParams, MAX_SPAN_US};
 
 /// When the queue can next release a request: the last admitted request's
 /// departure plus its cost in intervals.
@@ -60,9 +58,9 @@ impl Rule for LeakyBucket {
         }
     }
 
-    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
+    fn seeded(self, _p: &LimitParams, seen: Seen, now: u64) -> Self {
         LeakyBucket {
-            free_at: now + backlog(p, used),
+            free_at: now + seen.backlog_us.min(MAX_SPAN_US),
         }
     }
 

@@ -47,10 +47,10 @@ pub(crate) trait Rule: Sized {
         self
     }
 
-    /// A fresh state (`self`) that has used `used` units at `now`, as
-    /// another store reported: windows and logs count it at `now`, buckets
-    /// as a backlog from then.
-    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self;
+    /// A fresh state (`self`) that has used what `seen` says at `now`, as
+    /// another store reported: windows and logs count its units at `now`,
+    /// buckets take its backlog from then.
+    fn seeded(self, p: &LimitParams, seen: Seen, now: u64) -> Self;
 
     /// Appends the words this state is made of: its saved form (see
     /// `state::KeyState::to_bytes`).
@@ -142,6 +142,18 @@ pub(crate) fn still_held(p: &LimitParams, since: u64, now: u64) -> u64 {
     // arithmetic on it must stay exact in a double.
     let gone_at = since.min(1 << 52).saturating_add(backlog(p, p.capacity));
     gone_at.saturating_sub(now).div_ceil(p.interval_us.max(1))
+}
+
+/// What another store reported of a limit, in this limit's terms
+/// ([`Rule::seeded`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen {
+    /// The units used, rounded up.
+    pub(crate) used: u64,
+    /// The backlog in µs, for a rate-based limit: the time until it is
+    /// whole again, to the microsecond (whole units would round it up to
+    /// an interval).
+    pub(crate) backlog_us: u64,
 }
 
 /// `(remaining, backlog)` of a limit whose state is the time `at` its

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use crate::algorithm::rule::{MAX_SAVED_COUNT, Rule, saved_count, saved_time};
+use crate::algorithm::rule::{MAX_SAVED_COUNT, Rule, Seen, saved_count, saved_time};
 use crate::policy::{LimitParams, MAX_SPAN_US};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,10 +102,10 @@ impl Rule for SlidingLog {
         self.entries.back().map_or(0, |&(at, _)| at + p.period_us)
     }
 
-    fn seeded(self, _p: &LimitParams, used: u64, now: u64) -> Self {
+    fn seeded(self, _p: &LimitParams, seen: Seen, now: u64) -> Self {
         SlidingLog {
-            entries: std::iter::once((now, used)).collect(),
-            used,
+            entries: std::iter::once((now, seen.used)).collect(),
+            used: seen.used,
         }
     }
 

@@ -2,7 +2,7 @@
 //! previous window's, weighted by how much of it the sliding period still
 //! overlaps. Lua: `sliding_window.lua`.
 
-use crate::algorithm::rule::{Rule, saved_count, saved_time, window_start};
+use crate::algorithm::rule::{Rule, Seen, saved_count, saved_time, window_start};
 use crate::policy::{LimitParams, MAX_SPAN_US};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,11 +102,11 @@ impl Rule for SlidingWindow {
         }
     }
 
-    fn seeded(self, _p: &LimitParams, used: u64, _now: u64) -> Self {
+    fn seeded(self, _p: &LimitParams, seen: Seen, _now: u64) -> Self {
         SlidingWindow {
             start: self.start,
             prev: 0,
-            curr: used,
+            curr: seen.used,
         }
     }
 

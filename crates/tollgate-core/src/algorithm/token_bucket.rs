@@ -2,8 +2,8 @@
 //! Lua: `token_bucket.lua`; a single limit is kept in the one-time form of
 //! `gcra.rs`, the time the bucket is full again.
 
-use crate::algorithm::rule::{Rule, backlog, charged, refunded, rescaled, saved_count, saved_time};
-use crate::policy::LimitParams;
+use crate::algorithm::rule::{Rule, Seen, charged, refunded, rescaled, saved_count, saved_time};
+use crate::policy::{LimitParams, MAX_SPAN_US};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
@@ -97,8 +97,8 @@ impl Rule for TokenBucket {
         )
     }
 
-    fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
-        TokenBucket::full_at(now + backlog(p, used), p, now)
+    fn seeded(self, p: &LimitParams, seen: Seen, now: u64) -> Self {
+        TokenBucket::full_at(now + seen.backlog_us.min(MAX_SPAN_US), p, now)
     }
 
     fn save(&self, out: &mut Vec<u64>) {

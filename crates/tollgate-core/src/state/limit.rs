@@ -6,6 +6,7 @@ use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::leaky_bucket::LeakyBucket;
 use crate::algorithm::rule::Rule;
+use crate::algorithm::rule::Seen;
 use crate::algorithm::sliding_log::SlidingLog;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
@@ -98,8 +99,8 @@ impl LimitState {
         each!(self, s => wrap s.carried(old, new, now))
     }
 
-    pub(crate) fn seeded(self, p: &LimitParams, used: u64, now: u64) -> Self {
-        each!(self, s => wrap s.seeded(p, used, now))
+    pub(crate) fn seeded(self, p: &LimitParams, seen: Seen, now: u64) -> Self {
+        each!(self, s => wrap s.seeded(p, seen, now))
     }
 
     pub(crate) fn save(&self, out: &mut Vec<u64>) {

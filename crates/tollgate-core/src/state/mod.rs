@@ -40,6 +40,7 @@ use crate::algorithm::Algorithm;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::leaky_bucket::LeakyBucket;
+use crate::algorithm::rule::Seen;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::decision::{Decision, LimitStatus, Outcome};
 use crate::policy::Policy;
@@ -318,10 +319,16 @@ impl PolicyState {
             // A rate-based limit's reset is its backlog, the time until it
             // is whole again, which holds its debt too (a settlement charged
             // past the allowance), where what remains stops at nothing: the
-            // backlog in this limit's units keeps it.
+            // backlog, to the microsecond, in this limit's time (its share
+            // of the seen limit's span), keeps it.
+            let mut backlog_us = 0;
             match policy.algorithm() {
                 Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                    let backlog = seen.reset().as_micros();
+                    let span = u128::from(p.capacity) * u128::from(p.interval_us);
+                    let seen_span =
+                        u128::from(seen_cap) * u128::from(seen.limit().interval_micros());
+                    let backlog = (seen.reset().as_micros() * span).div_ceil(seen_span.max(1));
+                    backlog_us = u64::try_from(backlog).unwrap_or(u64::MAX);
                     let owed = backlog.div_ceil(u128::from(p.interval_us.max(1)));
                     used = used.max(u64::try_from(owed).unwrap_or(u64::MAX));
                 }
@@ -329,7 +336,7 @@ impl PolicyState {
             }
             if used > 0 {
                 let fresh = LimitState::fresh(policy.algorithm(), p, t0);
-                *limit = fresh.seeded(p, used, t0);
+                *limit = fresh.seeded(p, Seen { used, backlog_us }, t0);
             }
         }
         state
