@@ -150,9 +150,10 @@ pub(crate) fn still_held(p: &LimitParams, since: u64, now: u64) -> u64 {
 pub(crate) struct Seen {
     /// The units used, rounded up.
     pub(crate) used: u64,
-    /// The backlog in µs, for a rate-based limit: the time until it is
-    /// whole again, to the microsecond (whole units would round it up to
-    /// an interval).
+    /// The time in µs until the limit is whole again (its reset), to the
+    /// microsecond: a rate-based limit's backlog (whole units would round
+    /// it up to an interval), in this limit's time; when a window or a
+    /// log has its use back.
     pub(crate) backlog_us: u64,
 }
 

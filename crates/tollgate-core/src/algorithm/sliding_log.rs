@@ -102,9 +102,13 @@ impl Rule for SlidingLog {
         self.entries.back().map_or(0, |&(at, _)| at + p.period_us)
     }
 
-    fn seeded(self, _p: &LimitParams, seen: Seen, now: u64) -> Self {
+    /// As one entry made when the log's last entry was, a period before it
+    /// is whole again: no entry of the log seen leaves later. (Made at
+    /// `now`, it held the use for a whole period, past the wait told.)
+    fn seeded(self, p: &LimitParams, seen: Seen, now: u64) -> Self {
+        let early = p.period_us.saturating_sub(seen.backlog_us);
         SlidingLog {
-            entries: std::iter::once((now, seen.used)).collect(),
+            entries: std::iter::once((now.saturating_sub(early), seen.used)).collect(),
             used: seen.used,
         }
     }

@@ -102,11 +102,23 @@ impl Rule for SlidingWindow {
         }
     }
 
-    fn seeded(self, _p: &LimitParams, seen: Seen, _now: u64) -> Self {
+    /// In the current window, unless the limit is whole again by its end:
+    /// then the use was all in the previous window, whose count is at
+    /// least what makes it weigh `used` now. (Put in the current window, it
+    /// counted for two periods, past the wait told.)
+    fn seeded(self, p: &LimitParams, seen: Seen, now: u64) -> Self {
+        let left = (self.start + p.period_us).saturating_sub(now);
+        if seen.backlog_us > left || left == 0 {
+            return SlidingWindow {
+                curr: seen.used,
+                ..self
+            };
+        }
+        let prev = (u128::from(seen.used) * u128::from(p.period_us)).div_ceil(u128::from(left));
         SlidingWindow {
-            start: self.start,
-            prev: 0,
-            curr: seen.used,
+            prev: u64::try_from(prev).unwrap_or(u64::MAX).min(MAX_SPAN_US),
+            curr: 0,
+            ..self
         }
     }
 

@@ -320,20 +320,23 @@ impl PolicyState {
             // is whole again, which holds its debt too (a settlement charged
             // past the allowance), where what remains stops at nothing: the
             // backlog, to the microsecond, in this limit's time (its share
-            // of the seen limit's span), keeps it.
-            let mut backlog_us = 0;
-            match policy.algorithm() {
+            // of the seen limit's span), keeps it. A window's or a log's
+            // reset, when its use is back, is the same under a share.
+            let backlog_us = match policy.algorithm() {
                 Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                     let span = u128::from(p.capacity) * u128::from(p.interval_us);
                     let seen_span =
                         u128::from(seen_cap) * u128::from(seen.limit().interval_micros());
                     let backlog = (seen.reset().as_micros() * span).div_ceil(seen_span.max(1));
-                    backlog_us = u64::try_from(backlog).unwrap_or(u64::MAX);
                     let owed = backlog.div_ceil(u128::from(p.interval_us.max(1)));
                     used = used.max(u64::try_from(owed).unwrap_or(u64::MAX));
+                    backlog
                 }
-                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {}
-            }
+                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                    seen.reset().as_micros()
+                }
+            };
+            let backlog_us = u64::try_from(backlog_us).unwrap_or(u64::MAX);
             if used > 0 {
                 let fresh = LimitState::fresh(policy.algorithm(), p, t0);
                 *limit = fresh.seeded(p, Seen { used, backlog_us }, t0);
