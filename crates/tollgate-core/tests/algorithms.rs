@@ -340,3 +340,27 @@ fn multi_limit_reports_every_limit_and_binds_the_tightest() {
     assert_eq!(d.binding().index(), 0);
     assert_eq!((d.limit(), d.remaining()), (25, 24));
 }
+
+/// A sliding window seeded from a decision that shows nothing left may
+/// hide a debt: 100 settled into a window of 10 a minute weighs 25 at
+/// 45 s into the next window. The seeded state holds the limit until the
+/// window's end rather than admit then (it admitted 5: a share of the use
+/// seen, 10, decayed as 20 in the previous window).
+#[test]
+fn a_seeded_sliding_window_keeps_a_hidden_debt_until_its_window_ends() {
+    use tollgate_core::Settlement;
+    use tollgate_core::state::PolicyState;
+    let policy = Policy::new("debt", Algorithm::SlidingWindow, "10/min").unwrap();
+    let start = Timestamp::from_secs(MINUTE_START);
+    let mut state = PolicyState::new(&policy, start);
+    let reserved = state.decide(&policy, start, 1);
+    state.settle(&policy, start, &Settlement::of(&reserved, 1, 100));
+    let at = |secs| Timestamp::from_secs(MINUTE_START + secs);
+    let last = state.clone().decide(&policy, at(90), 0);
+    assert_eq!(last.remaining(), 0);
+    let mut seeded = PolicyState::seeded(&policy, &last);
+    assert!(!state.decide(&policy, at(105), 1).is_allowed());
+    assert!(!seeded.decide(&policy, at(105), 1).is_allowed());
+    assert!(!seeded.decide(&policy, at(119), 1).is_allowed());
+    assert!(seeded.decide(&policy, at(120), 1).is_allowed());
+}

@@ -105,7 +105,9 @@ impl Rule for SlidingWindow {
     /// In the current window, unless the limit is whole again by its end:
     /// then the use was all in the previous window, whose count is at
     /// least what makes it weigh `used` now. (Put in the current window, it
-    /// counted for two periods, past the wait told.)
+    /// counted for two periods, past the wait told.) A limit seen with
+    /// nothing left may hide a debt (a settled charge) that weighs more
+    /// than the count: it is held until the window's end.
     fn seeded(self, p: &LimitParams, seen: Seen, now: u64) -> Self {
         let left = (self.start + p.period_us).saturating_sub(now);
         if seen.backlog_us > left || left == 0 {
@@ -114,7 +116,10 @@ impl Rule for SlidingWindow {
                 ..self
             };
         }
-        let prev = (u128::from(seen.used) * u128::from(p.period_us)).div_ceil(u128::from(left));
+        let prev = match seen.used >= p.limit.count() {
+            true => u128::from(MAX_SPAN_US),
+            false => (u128::from(seen.used) * u128::from(p.period_us)).div_ceil(u128::from(left)),
+        };
         SlidingWindow {
             prev: u64::try_from(prev).unwrap_or(u64::MAX).min(MAX_SPAN_US),
             curr: 0,

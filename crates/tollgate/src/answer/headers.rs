@@ -137,6 +137,7 @@ impl Decoration {
                 .filter(|s| s.remaining() < cost)
                 .map(|s| next_unit(s, values.drains, cost))
                 .max()
+                .filter(|wait| !wait.is_zero())
                 .map_or(Wait::NONE, Wait::of),
             false => Wait::NONE,
         };
@@ -518,6 +519,10 @@ fn next_unit(status: &LimitStatus, drains: bool, cost: u64) -> Duration {
         .saturating_mul(interval);
     let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
     match reset_us.saturating_sub(room) {
+        // Room for the cost now: a joint queue (the leaky bucket's) moves
+        // by the longest interval per unit, so a limit of a shorter one may
+        // count less than a larger cost yet hold it.
+        0 if cost > 1 => Duration::ZERO,
         // Empty by another count than its own backlog: nothing sooner known.
         0 => reset,
         wait => Duration::from_micros(wait),

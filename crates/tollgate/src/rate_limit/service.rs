@@ -421,9 +421,10 @@ where
             Settlement::new(reserved, actual, reservation.at).with_decided_by(reservation.by);
         Some(Box::pin(async move {
             let store = &shared.store;
-            store
-                .settle_reserved(place, &key, &policy, settlement)
-                .await
+            // As the answer to a request of the reserved cost: what the
+            // headers take the next request of this layer to cost.
+            let settled = store.settle_reserved(place, &key, &policy, settlement);
+            settled.await.map(|decision| decision.with_cost(reserved))
         }))
     })
 }
