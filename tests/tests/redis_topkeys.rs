@@ -67,6 +67,9 @@ async fn instance_publishing(
     interval: Duration,
 ) -> (WatchedStore<RedisStore>, RedisTopKeys) {
     let store = RedisStore::builder()
+        // A busy machine (CI beside two busy loops) may take longer than
+        // the default 100 ms to connect: slowness, not what is tested.
+        .connect_timeout(Duration::from_secs(5))
         .prefix(prefix)
         .deadline(Duration::from_secs(10))
         .response_timeout(Duration::from_secs(10))

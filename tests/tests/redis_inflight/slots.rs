@@ -43,6 +43,9 @@ async fn slot_op(
 async fn memory_and_redis_hold_slots_alike() {
     let url = require_redis().await;
     let redis = RedisStore::builder()
+        // A busy machine (CI beside two busy loops) may take longer than
+        // the default 100 ms to connect: slowness, not what is tested.
+        .connect_timeout(Duration::from_secs(5))
         .prefix(unique_prefix("inflight-same"))
         .deadline(Duration::from_secs(5))
         .response_timeout(Duration::from_secs(5))
@@ -112,6 +115,9 @@ fn slot_operations_agree_on_memory_and_redis_for_random_sequences() {
     let redis = runtime.block_on(async {
         let url = require_redis().await;
         RedisStore::builder()
+            // A busy machine (CI beside two busy loops) may take longer than
+            // the default 100 ms to connect: slowness, not what is tested.
+            .connect_timeout(Duration::from_secs(5))
             .prefix(unique_prefix("inflight-prop"))
             .deadline(Duration::from_secs(5))
             .response_timeout(Duration::from_secs(5))
@@ -237,6 +243,9 @@ async fn store_and_connection(name: &str) -> (String, RedisStore, redis::Connect
     let url = require_redis().await;
     let prefix = unique_prefix(name);
     let store = RedisStore::builder()
+        // A busy machine (CI beside two busy loops) may take longer than
+        // the default 100 ms to connect: slowness, not what is tested.
+        .connect_timeout(Duration::from_secs(5))
         .prefix(prefix.as_str())
         .deadline(Duration::from_secs(5))
         .response_timeout(Duration::from_secs(5))
