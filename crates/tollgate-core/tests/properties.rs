@@ -70,6 +70,17 @@ fn case() -> impl Strategy<Value = Case> {
         })
 }
 
+/// The state the case's arrivals leave, and the time of the last one.
+fn after_arrivals(case: &Case) -> (PolicyState, Timestamp) {
+    let mut now = case.start;
+    let mut state = PolicyState::new(&case.policy, Timestamp::from_micros(now));
+    for &(gap, cost) in &case.arrivals {
+        now += gap;
+        state.decide(&case.policy, Timestamp::from_micros(now), cost);
+    }
+    (state, Timestamp::from_micros(now))
+}
+
 /// One admitted request.
 #[derive(Debug, Clone, Copy)]
 struct Admit {
@@ -308,13 +319,7 @@ proptest! {
     fn a_seeded_state_admits_no_more_than_the_state_it_was_seeded_from(case in case()) {
         // Whatever the arrivals left, a state seeded from the last decision
         // admits, at that instant, at most what the state itself admits.
-        let mut now = case.start;
-        let mut state = PolicyState::new(&case.policy, Timestamp::from_micros(now));
-        for &(gap, cost) in &case.arrivals {
-            now += gap;
-            state.decide(&case.policy, Timestamp::from_micros(now), cost);
-        }
-        let at = Timestamp::from_micros(now);
+        let (mut state, at) = after_arrivals(&case);
         let last = state.clone().decide(&case.policy, at, 0);
         let mut seeded = PolicyState::seeded(&case.policy, &last);
         let count = |s: &mut PolicyState| (0..40).filter(|_| s.decide(&case.policy, at, 1).is_allowed()).count();
@@ -332,13 +337,7 @@ proptest! {
     /// more: told 5.7 s, refused for 60 s more).
     #[test]
     fn a_seeded_state_tells_the_same_wait_or_at_most_until_whole(case in case()) {
-        let mut now = case.start;
-        let mut state = PolicyState::new(&case.policy, Timestamp::from_micros(now));
-        for &(gap, cost) in &case.arrivals {
-            now += gap;
-            state.decide(&case.policy, Timestamp::from_micros(now), cost);
-        }
-        let at = Timestamp::from_micros(now);
+        let (mut state, at) = after_arrivals(&case);
         let last = state.clone().decide(&case.policy, at, 0);
         let mut seeded = PolicyState::seeded(&case.policy, &last);
         let first = |s: &mut PolicyState| {

@@ -9,7 +9,7 @@ use tollgate_core::{Algorithm, Decision, LimitStatus, Policy};
 
 use super::numbers::{SMALL, number};
 use super::prebuilt::{self, Window};
-use super::wait::{retry_after_secs, write_retry_after};
+use super::wait::{Wait, retry_after_secs, write_retry_after};
 
 /// `x-ratelimit-limit`: capacity of the binding limit.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -235,35 +235,6 @@ impl Decoration {
         headers.insert(X_RATELIMIT_RESET, epoch_secs(self.reset_secs));
         if let Some(name) = &values.name {
             headers.insert(X_RATELIMIT_RESOURCE, name.clone());
-        }
-    }
-}
-
-/// A wait in 32 bits: whole milliseconds, rounded up, below 2^31 ms
-/// (about 24 days); whole seconds, rounded up, beyond (to 68 years, where
-/// it saturates). 0 is no wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Wait(u32);
-
-impl Wait {
-    const NONE: Wait = Wait(0);
-    const IN_SECONDS: u32 = 1 << 31;
-
-    fn of(wait: Duration) -> Self {
-        let ms = wait.as_micros().div_ceil(1_000).max(1);
-        match u32::try_from(ms) {
-            Ok(ms) if ms < Self::IN_SECONDS => Wait(ms),
-            Ok(_) | Err(_) => {
-                let secs = u32::try_from(retry_after_secs(wait)).unwrap_or(u32::MAX);
-                Wait(Self::IN_SECONDS | secs.min(Self::IN_SECONDS - 1))
-            }
-        }
-    }
-
-    fn get(self) -> Duration {
-        match self.0 & Self::IN_SECONDS {
-            0 => Duration::from_millis(u64::from(self.0)),
-            _ => Duration::from_secs(u64::from(self.0 & !Self::IN_SECONDS)),
         }
     }
 }
@@ -569,23 +540,6 @@ pub fn write(style: HeaderStyle, decision: &Decision, policy: &str, headers: &mu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Milliseconds, rounded up, to about 24 days; whole seconds beyond,
-    /// rounded up, saturating at 68 years; never no wait.
-    #[test]
-    fn a_wait_keeps_milliseconds_then_seconds_and_never_shortens() {
-        let ms = Duration::from_millis;
-        assert_eq!(Wait::of(Duration::from_nanos(1)).get(), ms(1));
-        assert_eq!(Wait::of(Duration::ZERO).get(), ms(1));
-        assert_eq!(Wait::of(Duration::from_micros(500_001)).get(), ms(501));
-        let last_ms = ms((1 << 31) - 1);
-        assert_eq!(Wait::of(last_ms).get(), last_ms);
-        let past = ms(1 << 31);
-        assert_eq!(Wait::of(past).get(), Duration::from_secs(2_147_484));
-        let most = Duration::from_secs((1 << 31) - 1);
-        assert_eq!(Wait::of(Duration::MAX).get(), most);
-        assert_eq!(Wait::of(most).get(), most);
-    }
 
     #[test]
     fn epoch_seconds_are_reused_within_a_second_only() {
