@@ -228,9 +228,10 @@ impl Settlement {
     /// What the fence of a reset or a block leaves of this settlement (see
     /// [`Settlement::fence`]): a refund becomes the request settled at
     /// what it reserved, which changes nothing; a charge, or a request
-    /// that cost what it reserved, stays as it is. (Tollgate's stores also
-    /// settle so a refund of a key kept under another configuration that
-    /// does not carry over whole: see [`Store::settle`](crate::Store::settle).)
+    /// that cost what it reserved, stays as it is. (Tollgate's stores
+    /// settle a refund or a charge of a key kept under another
+    /// configuration that does not carry over whole at what it reserved:
+    /// see [`Store::settle`](crate::Store::settle).)
     ///
     /// ```
     /// use tollgate_core::{Settlement, Timestamp};
@@ -250,6 +251,17 @@ impl Settlement {
             }
         } else {
             *self
+        }
+    }
+
+    /// The settlement of this request at what it reserved, which changes
+    /// nothing: what a store settles in place of a refund or a charge of a
+    /// key kept under another configuration that does not carry over
+    /// whole.
+    pub(crate) fn unchanged(&self) -> Self {
+        Self {
+            actual: self.reserved,
+            ..*self
         }
     }
 

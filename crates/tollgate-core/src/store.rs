@@ -193,15 +193,19 @@ pub trait Store: Send + Sync + 'static {
     /// key's state after it: an allowed decision whose remaining and reset
     /// are what the response's headers show. A key blocked meanwhile
     /// stays blocked: the decision is the block's denial, and nothing
-    /// changes. In tollgate's stores, a refund of a key kept under another
-    /// configuration of the policy (the request was reserved under a plan,
-    /// an override or a deploy that the key has moved on from) changes
-    /// nothing either, unless the key's state carries over to `policy`
-    /// whole (the same algorithm, and a limit of each of its periods), and
-    /// reports the key's state as `policy` reads it (the memory store
-    /// knows the last eight configurations of a name: of a key kept under
-    /// an older one, a fresh state): carrying the key over would drop a
-    /// limit of its own, and what that limit holds.
+    /// changes. In tollgate's stores, a refund or a charge of a key kept
+    /// under another configuration of the policy (the request was
+    /// reserved under a plan, an override or a deploy that the key has
+    /// moved on from) changes nothing either, unless the key's state
+    /// carries over to `policy` whole (the same algorithm, and a limit of
+    /// each of its periods) or holds nothing any more (every limit whole
+    /// again; under a calendar, every limit empty), and reports the key's
+    /// state as `policy` reads it (the memory store knows the last eight
+    /// configurations of a name: of a key kept under an older one, a
+    /// fresh state): carrying the key over would drop a limit of its own,
+    /// and what that limit holds. Such a charge goes uncounted: one
+    /// request's excess missed, rather than a fresh limit handed to the
+    /// key.
     ///
     /// # Errors
     ///

@@ -1,12 +1,12 @@
-//! A refund of a request reserved under a configuration that the key has
-//! moved on from (a plan before its override was known, a lease of the
-//! plan returned after an override, a deploy) changes nothing where the
-//! key's own configuration has a limit whose period the refund's lacks
-//! (or another algorithm), on memory and Redis alike, in every compact
-//! form and the general scripts. Carrying the key over to the refund's
-//! configuration used to drop what those limits held, and hand out a
-//! fresh quota. Where the key's state carries over whole, the refund
-//! lands as before.
+//! A refund or a charge of a request reserved under a configuration that
+//! the key has moved on from (a plan before its override was known, a
+//! lease of the plan returned after an override, a deploy) changes
+//! nothing where the key's own configuration has a limit whose period the
+//! settlement's lacks (or another algorithm), on memory and Redis alike,
+//! in every compact form and the general scripts. Carrying the key over to
+//! the settlement's configuration used to drop what those limits held, and
+//! hand out a fresh quota. Where the key's state carries over whole, or
+//! holds nothing any more, the settlement lands as before.
 
 use std::time::Duration;
 
@@ -85,6 +85,71 @@ fn a_refund_under_a_configuration_the_key_moved_on_from_drops_none_of_its_limits
             let settled = Settlement::of(&a, 1, 0);
             settle(&harness, &memory, &key, &reserved_under, settled);
             op(&harness, &memory, &key, &moved_to, Op::Check(1));
+        }
+    }
+}
+
+#[test]
+fn a_charge_under_a_configuration_the_key_moved_on_from_drops_none_of_its_limits() {
+    let harness = Harness::new("moved-on-charge");
+    let start = Timestamp::from_secs(1_700_002_800);
+    for algorithm in Algorithm::ALL {
+        for (i, (before, after, _)) in MOVES.into_iter().enumerate() {
+            let (reserved_under, moved_to) = (policy(algorithm, before), policy(algorithm, after));
+            let memory = MemoryStore::builder()
+                .clock(harness.clock.clone())
+                .build()
+                .unwrap();
+            let key = Key::user(format!("charged-{algorithm:?}-{i}"));
+            let case = format!("{reserved_under} then {moved_to}");
+            harness.clock.set(start);
+            let a = op(&harness, &memory, &key, &reserved_under, Op::Check(1));
+            assert!(a.is_allowed(), "{case}");
+            harness.clock.set(start + Duration::from_secs(1));
+            let mut admitted = 0;
+            while op(&harness, &memory, &key, &moved_to, Op::Check(1)).is_allowed() {
+                admitted += 1;
+                assert!(admitted <= 20, "{case}");
+            }
+            assert!(admitted > 0, "{case}");
+            // A cost one more than A reserved, settled under the
+            // configuration it was reserved under: the spent key stays
+            // spent (it used to be carried back, and its own limit that
+            // the old configuration lacks started afresh).
+            settle(
+                &harness,
+                &memory,
+                &key,
+                &reserved_under,
+                Settlement::of(&a, 1, 2),
+            );
+            let after_charge = op(&harness, &memory, &key, &moved_to, Op::Check(1));
+            assert!(
+                !after_charge.is_allowed(),
+                "{case}: admitted after the charge"
+            );
+            // Two days on, the key's state holds nothing: carrying it over
+            // drops nothing, and the charge lands as on a new key (Redis
+            // still has the key: tests keep keys for ten minutes).
+            harness.clock.set(start + Duration::from_secs(2 * 86_400));
+            let landed = settle(
+                &harness,
+                &memory,
+                &key,
+                &reserved_under,
+                Settlement::of(&a, 1, 2),
+            );
+            let fresh = Key::user(format!("charged-fresh-{algorithm:?}-{i}"));
+            let on_a_new_key = settle(
+                &harness,
+                &memory,
+                &fresh,
+                &reserved_under,
+                Settlement::of(&a, 1, 2),
+            );
+            assert_eq!(landed, on_a_new_key, "{case}: the charge landed");
+            let first = &landed.limits()[0];
+            assert!(first.remaining() < first.capacity(), "{case}: charged");
         }
     }
 }

@@ -385,26 +385,41 @@ impl Shard {
 
     /// The state the key of `base` holds under another configuration of
     /// `policy`'s name, carried over to `policy`, taken out of the shard;
-    /// for a `refund`, a copy if the other configuration does not carry
-    /// over whole (see [`PolicyState::carries_whole`]), the shard keeping
-    /// it as it was. Also says whether it is such a copy.
+    /// for a settlement that `changes` the key, a copy if the other
+    /// configuration does not carry over whole (see
+    /// [`PolicyState::carries_whole`]) and the state still holds use (see
+    /// [`PolicyState::holds_use`]), the shard keeping it as it was. Also
+    /// says whether it is such a copy.
     fn other(
         &mut self,
         shared: &Shared,
         base: KeyHash,
         policy: &Policy,
         now: Timestamp,
-        refund: bool,
+        changes: bool,
     ) -> Option<(PolicyState, bool)> {
         for other in shared.other_configs(policy) {
-            let keep = refund && !PolicyState::carries_whole(&other, policy);
+            let partial = changes && !PolicyState::carries_whole(&other, policy);
+            let hash = base ^ other.config_mix();
             let take = Take {
                 shard: self,
-                hash: base ^ other.config_mix(),
+                hash,
                 now,
-                keep,
+                keep: partial,
             };
             if let Some(mut state) = dispatch(&other, take) {
+                // A state that holds no use any more drops nothing: it
+                // carries over as any other.
+                let keep = partial && state.holds_use(&other, now);
+                if partial && !keep {
+                    let take = Take {
+                        shard: self,
+                        hash,
+                        now,
+                        keep: false,
+                    };
+                    dispatch(&other, take);
+                }
                 if !keep {
                     shared.keys_gauge.sub(1);
                 }

@@ -174,6 +174,17 @@ impl PolicyState {
                 .all(|q| to.params().iter().any(|p| p.period_us == q.period_us))
     }
 
+    /// Whether this state, kept under `policy`, still holds use at `now`
+    /// that carrying it over to another configuration could drop: a limit
+    /// whose expiry is ahead. Under a calendar, whose periods' ends a store
+    /// that keeps only the configuration's descriptor cannot tell, any
+    /// limit that is not empty. (As tollgate-redis's carry.lua tells it.)
+    pub(crate) fn holds_use(&self, policy: &Policy, now: Timestamp) -> bool {
+        let calendar = policy.params().iter().any(|p| p.calendar.is_some());
+        let after = if calendar { 0 } else { now.as_micros() };
+        (self.limits.iter().zip(policy.params())).any(|(s, p)| s.expires_at(p) > after)
+    }
+
     /// The state of a policy of [`Shape::Tat`](crate::Shape::Tat) whose
     /// compact form is `word` (see [`decide_tat`]); `None` for a policy of
     /// another shape. With [`PolicyState::tat`], this lets a store that

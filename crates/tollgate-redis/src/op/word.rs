@@ -14,10 +14,11 @@ use crate::wire::{RedisClock, Wire, WriteOrder};
 /// block rather than a key's state (see `lua/lib/block.lua`).
 pub(crate) const BLOCKED: u64 = 1 << 63;
 
-/// The flag of a word script's word that a settlement's refund left as it
-/// was: behind the fence of a reset or a block (see `lua/lib/fence.lua`),
-/// or of a key kept under a configuration that does not carry over to the
-/// refund's whole (see `lua/lib/carry.lua`).
+/// The flag of a word script's word that a settlement left as it was: a
+/// refund behind the fence of a reset or a block (see
+/// `lua/lib/fence.lua`), or a refund or a charge of a key kept under a
+/// configuration that does not carry over to the settlement's whole (see
+/// `lua/lib/carry.lua`).
 pub(crate) const FENCED: u64 = 1 << 62;
 
 /// When the request a settlement settles was reserved, in µs, as a word
@@ -31,7 +32,7 @@ pub(crate) fn reserved_at(settlement: &Settlement) -> u64 {
 
 /// Redis's time and a request's old word (see the word scripts), both in
 /// µs; the word flagged [`BLOCKED`] for a key blocked until then, or
-/// [`FENCED`] for a refund that changed nothing.
+/// [`FENCED`] for a settlement that changed nothing.
 pub(crate) type Word = (u64, u64);
 
 /// One request to a word script: its state key and numbers (see each
@@ -259,7 +260,10 @@ pub(crate) fn decision(
     match op {
         WordOp::Check(cost) => Some(form.decide(policy, word & !FENCED, now, cost)),
         WordOp::Settle(settlement) if word & FENCED != 0 => {
-            form.settled(policy, word & !FENCED, now, &settlement.behind_fence())
+            // Settled at what it reserved: nothing changed.
+            let (reserved, at) = (settlement.reserved(), settlement.reserved_at());
+            let unchanged = Settlement::new(reserved, reserved, at);
+            form.settled(policy, word & !FENCED, now, &unchanged)
         }
         WordOp::Settle(settlement) => form.settled(policy, word, now, settlement),
     }

@@ -52,8 +52,9 @@ pub(crate) enum Reply {
 /// time was ahead, now minus that time, a negative integer (the one-time
 /// script only); an array of integers, now and each request's word, minus
 /// the end of the block for a blocked key (flagged [`BLOCKED`]); for a
-/// refund that changed nothing (a fence or another configuration dropped
-/// it), `now`, the word and 0 (flagged [`FENCED`]); or the
+/// settlement that changed nothing (a refund that a fence dropped, or a
+/// settlement that another configuration dropped), `now`, the word and 0
+/// (flagged [`FENCED`]); or the
 /// string `"<seconds> <microseconds> <word_1> ... <word_n>"`, now as Redis
 /// `TIME` gave it and each word in decimal or as `0x` and hexadecimal (the
 /// window-word script's reply to one request).
@@ -63,8 +64,9 @@ pub(crate) fn words(reply: &redis::Value, n: usize) -> Result<Reply, RedisStoreE
     match reply {
         Value::Int(now) if *now >= 0 => Ok(Reply::Words(vec![(now.unsigned_abs(), 0); n])),
         Value::Int(gap) if n == 1 => Ok(Reply::Ahead(gap.unsigned_abs())),
-        // A refund that changed nothing (behind a fence, or of a key kept
-        // under another configuration): `{now, word, 0}`.
+        // A settlement that changed nothing (a refund behind a fence, or
+        // a settlement of a key kept under another configuration):
+        // `{now, word, 0}`.
         Value::Array(items) if n == 1 && items.len() == 3 => match items[..] {
             [Value::Int(now), Value::Int(word), Value::Int(0)] if now >= 0 && word >= 0 => {
                 let word = word.unsigned_abs();

@@ -103,20 +103,21 @@ impl Visit for Settle<'_> {
         if let Some(blocked) = self.shard.blocked(self.base, policy, self.now) {
             return Ok(blocked);
         }
-        // A refund of a key kept under a configuration that does not carry
-        // over to the refund's whole (a plan, an override or a deploy the
-        // key has moved on from) changes nothing: carrying the key over
-        // would drop what its own limits hold. It reports the key's state
-        // as the refund's configuration reads it.
-        let refund = self.settlement.refund() > 0;
+        // A refund or a charge of a key kept under a configuration that
+        // does not carry over to the settlement's whole (a plan, an
+        // override or a deploy the key has moved on from) changes nothing:
+        // carrying the key over would drop what its own limits hold. It
+        // reports the key's state as the settlement's configuration reads
+        // it.
+        let changes = self.settlement.refund() > 0 || self.settlement.charge() > 0;
         let other = self
             .shard
-            .other(self.shared, self.base, policy, self.now, refund);
+            .other(self.shared, self.base, policy, self.now, changes);
         let state = match other {
             Some((state, false)) => state,
             Some((state, true)) => {
                 let (mut held, _) = F::hold(state, policy);
-                let nothing = settlement.behind_fence();
+                let nothing = settlement.unchanged();
                 return Ok(F::settle(&mut held, policy, self.now, &nothing));
             }
             None => PolicyState::new(policy, self.now),

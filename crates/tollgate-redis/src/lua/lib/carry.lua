@@ -18,18 +18,21 @@
 --   intervals, rescaled to the new interval (rounded up, at most 2^50 µs);
 -- - another algorithm starts every limit afresh.
 --
--- A refund is not carried where the carry is not whole (another
--- algorithm, or an old limit without a match): it changes nothing of the
--- key and writes nothing, since the request was reserved under a plan, an
--- override or a deploy that the key has moved on from, and carrying the
--- key over would drop what its own limits hold. It replies with the state
--- carried over, as a fenced refund does.
+-- A settlement (a refund or a charge) is not carried where the carry is
+-- not whole (another algorithm, or an old limit without a match) and the
+-- old state still holds use: it changes nothing of the key and writes
+-- nothing, since the request was reserved under a plan, an override or a
+-- deploy that the key has moved on from, and carrying the key over would
+-- drop what its own limits hold. It replies with the state carried over,
+-- as a fenced refund does. A state that holds no use drops nothing, and
+-- is as no state at all (which Redis would have let expire).
 --
 -- carry_over(alg, P, flat, value, now) returns nil when the key holds no
 -- state of this policy at all, else the carried state of each limit of P
 -- in the general scripts' fields { a, b, c, s } (nil where none carries)
 -- and whether the carry is whole (tollgate-core's
--- PolicyState::carries_whole).
+-- PolicyState::carries_whole), or drops nothing since the old state holds
+-- no use any more (PolicyState::holds_use).
 -- `flat` is the key's hash as HGETALL returned it, or nil and `value` its
 -- string. Defined inside one function, so that a script pays for it only
 -- when a key changed configuration.
@@ -93,12 +96,13 @@ local function carry_over(alg, P, flat, value, now)
     return string.match(descriptor, '^(%S+)'), limits
   end
 
-  local old_alg, O
+  local old_alg, O, old_descriptor
   if flat then
     local H = {}
     for j = 1, #flat, 2 do H[flat[j]] = flat[j + 1] end
     if not H['c'] then return nil end
-    old_alg, O = limits_of(H['c'])
+    old_descriptor = H['c']
+    old_alg, O = limits_of(old_descriptor)
     for j, o in ipairs(O) do
       o.a = tonumber(H[j .. 'a']) or 0
       o.b = tonumber(H[j .. 'b']) or 0
@@ -109,7 +113,8 @@ local function carry_over(alg, P, flat, value, now)
     local bar = string.find(value, '|', 1, true)
     if not bar then return nil end
     local word = tonumber(string.sub(value, 1, bar - 1))
-    old_alg, O = limits_of(string.sub(value, bar + 1))
+    old_descriptor = string.sub(value, bar + 1)
+    old_alg, O = limits_of(old_descriptor)
     local o = O[1]
     if not word or not o then return nil end
     if old_alg == 'token_bucket' then
@@ -122,8 +127,38 @@ local function carry_over(alg, P, flat, value, now)
     end
   end
 
+  -- Whether the old state still holds use that carrying it over could
+  -- drop (tollgate-core's PolicyState::holds_use): a limit whose expiry
+  -- (each algorithm's `expires`) is ahead; under a calendar, whose
+  -- periods' ends the descriptor does not tell, a limit not empty.
+  local after = now
+  if string.find(old_descriptor, ' cal:', 1, true) then after = 0 end
+  local live = false
+  for _, o in ipairs(O) do
+    local ends
+    if old_alg == 'gcra' or old_alg == 'leaky_bucket' then
+      ends = o.a
+    elseif old_alg == 'token_bucket' then
+      local held = o.a
+      if held > o.cap then held = o.cap end
+      ends = o.b + (o.cap - held) * o.interval
+    elseif old_alg == 'fixed_window' then
+      ends = 0
+      if o.b > 0 then ends = window_start(o.a, o.period) + o.period end
+    elseif old_alg == 'sliding_window' then
+      ends = 0
+      if o.c > 0 then ends = o.a + 2 * o.period
+      elseif o.b > 0 then ends = o.a + o.period end
+    else
+      -- The sliding log: a = what it holds, b = its last entry's time.
+      ends = 0
+      if o.a > 0 then ends = o.b + o.period end
+    end
+    if ends > after then live = true end
+  end
+
   local S = {}
-  if old_alg ~= alg then return S, false end
+  if old_alg ~= alg then return S, not live end
   local matched = 0
   for i, p in ipairs(P) do
     for _, o in ipairs(O) do
@@ -146,7 +181,7 @@ local function carry_over(alg, P, flat, value, now)
     end
   end
   -- Periods are unique in a policy: every old limit matched one of P.
-  return S, matched == #O
+  return S, matched == #O or not live
 end
 
 -- The compact form of S, carried state of a single limit p of `alg` (see

@@ -33,9 +33,9 @@ for each in string.gmatch(costs, '%S+') do
     local qf = queue_free()
     local amount, since = string.match(each, '^.(%d+)@?(%d*)$')
     amount = num(amount)
-    -- A refund behind a reset's or a block's fence, or of a key kept
-    -- under another configuration, changes nothing.
-    if sign == 43 or not (adrift or (fenced and fenced(num(since), now))) then
+    -- A refund behind a reset's or a block's fence, or a settlement of a
+    -- key kept under another configuration, changes nothing.
+    if not adrift and (sign == 43 or not (fenced and fenced(num(since), now))) then
       for i = 1, n do
         if sign == 43 then charge(i, P[i], S[i], amount, qf)
         else refund(i, P[i], S[i], amount, num(since)) end

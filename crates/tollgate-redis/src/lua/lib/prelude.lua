@@ -125,9 +125,14 @@ do
   end
 end
 
--- A refund of a key kept under another configuration that does not carry
--- over whole changes nothing and writes nothing (see carry.lua).
-local adrift = not whole and string.byte(costs) == 45
+-- A settlement (a refund '-' or a charge '+') of a key kept under another
+-- configuration that does not carry over whole changes nothing and writes
+-- nothing (see carry.lua).
+local adrift = false
+if not whole then
+  local sign = string.byte(costs)
+  adrift = sign == 45 or sign == 43
+end
 
 local function window_start(t, period)
   return t - (t - idiv(t, period) * period)

@@ -35,8 +35,8 @@
 --              (lib/fence.lua)
 --   descriptor a key written under another one (another count or burst,
 --              or another layout) is carried over and written back in this
---              one's terms, even when denied (a refund, only where it
---              carries over whole: see lib/carry.lua)
+--              one's terms, even when denied (a settlement, only where
+--              it carries over whole: see lib/carry.lua)
 -- ARGV[n+1]    (test clock only) now in µs since the Unix epoch; without it
 --              the script reads Redis TIME
 -- ARGV[n+2]    (test clock only) the shortest TTL to set, in ms
@@ -63,9 +63,9 @@
 -- (0 where it was not ahead of now, minus the end of the block for a key
 -- blocked until then, which nothing changes). The client repeats the
 -- arithmetic (tollgate_core::state::decide_tat) to build each decision.
--- A refund that the fence or another configuration drops (a settlement
--- is sent alone) changes nothing and replies {now, time, 0}: three
--- items, the time as above.
+-- A refund that the fence drops, or a settlement that another
+-- configuration drops (a settlement is sent alone), changes nothing and
+-- replies {now, time, 0}: three items, the time as above.
 -- Every number stays below 2^53, which Lua doubles hold exactly.
 --
 -- Written for Redis's CPU, which every decision of every app server
@@ -118,8 +118,8 @@ local olds, gap
 -- cost, as most of a batch) is the same string, told in one comparison,
 -- and is not read again. The slack is read only when needed.
 local last, step, slack, descriptor
--- The time of a refund that the fence or another configuration dropped,
--- if any.
+-- The time of a refund that the fence dropped, or of a settlement that
+-- another configuration dropped, if any.
 local held
 for i = 1, n do
   local key = KEYS[i]
@@ -171,10 +171,12 @@ for i = 1, n do
       blocked = block_end(raw)
       if not blocked then
         local word, whole = carried_word(key, raw, descriptor, now)
-        if step < 0 and not whole then
-          -- A refund of a key kept under a configuration that does not
-          -- carry over whole changes nothing (see lib/carry.lua), and
-          -- replies as a fenced one does, with the word carried over.
+        if not whole and (step < 0
+            or (step > 0 and tonumber(sub(request, 16, 29), 16) == MAX_SPAN)) then
+          -- A settlement (a refund, or a charge: its slack is 2^50) of a
+          -- key kept under a configuration that does not carry over whole
+          -- changes nothing (see lib/carry.lua), and replies as a fenced
+          -- refund does, with the word carried over.
           held = word or 0
         else
           old, carried = word, true
@@ -191,8 +193,9 @@ for i = 1, n do
       end
     end
   end
-  if blocked then
-    -- Blocked: nothing changes.
+  if blocked or held then
+    -- Blocked, or a settlement another configuration dropped: nothing
+    -- changes.
   elseif old and old > now then
     -- The key's time is ahead: admit from it, or leave it as it is (a
     -- denial writes nothing, unless the time was carried over).
@@ -270,7 +273,7 @@ end
 
 if held then
   -- A settlement is sent alone.
-  if n ~= 1 then error('tollgate: a dropped refund among other requests') end
+  if n ~= 1 then error('tollgate: a dropped settlement among other requests') end
   return { now, held, 0 }
 end
 if olds then

@@ -33,8 +33,8 @@
 --              before the fence of a reset or a block (lib/fence.lua)
 --   descriptor a key written under another one (another count, or
 --              another layout) is carried over and written back in this
---              one's terms, even when denied (a refund, only where it
---              carries over whole: see lib/carry.lua)
+--              one's terms, even when denied (a settlement, only where
+--              it carries over whole: see lib/carry.lua)
 -- ARGV[n+1]    (test clock only) now in µs since the Unix epoch; without it
 --              the script reads Redis TIME
 -- ARGV[n+2]    (test clock only) the shortest TTL to set, in ms
@@ -50,9 +50,9 @@
 -- no count of the current window, minus the end of the block for a key
 -- blocked until then). The client
 -- repeats the reference arithmetic (tollgate_core::state::decide_window_word)
--- on each word. A refund that the fence or another configuration drops (a
--- settlement is sent alone) changes nothing and replies {now, word, 0}: three items, the word as
--- above.
+-- on each word. A refund that the fence drops, or a settlement that
+-- another configuration drops (a settlement is sent alone), changes
+-- nothing and replies {now, word, 0}: three items, the word as above.
 --
 -- Per call: TIME. Per request: a GET, then, if admitted, a SET: of a new
 -- window's word with its expiry, or of the counted word keeping its
@@ -94,8 +94,8 @@ local olds, only
 -- The request read last, and its numbers (see tat.lua): a request equal to
 -- the one before is not read again. The slack is read only when needed.
 local last, step, refund, period, start, slack, descriptor
--- The word of a refund that the fence or another configuration dropped,
--- if any.
+-- The word of a refund that the fence dropped, or of a settlement that
+-- another configuration dropped, if any.
 local held
 for i = 1, n do
   local key = KEYS[i]
@@ -139,10 +139,11 @@ for i = 1, n do
       blocked = block_end(raw)
       if not blocked then
         local word, whole = carried_word(key, raw, descriptor, now)
-        if refund and not whole then
-          -- A refund of a key kept under a configuration that does not
-          -- carry over whole changes nothing (see lib/carry.lua), and
-          -- replies as a fenced one does, with the word carried over.
+        if not whole and (refund or byte(request) == 43) then
+          -- A settlement (a refund, or a charge: '+') of a key kept under
+          -- a configuration that does not carry over whole changes
+          -- nothing (see lib/carry.lua), and replies as a fenced refund
+          -- does, with the word carried over.
           held = word or 0
         else
           old, carried = word, true
@@ -159,8 +160,9 @@ for i = 1, n do
       end
     end
   end
-  if blocked then
-    -- Blocked: nothing changes.
+  if blocked or held then
+    -- Blocked, or a settlement another configuration dropped: nothing
+    -- changes.
   elseif old and old >= start then
     -- A count of this window (or, after Redis's clock stepped back, of a
     -- later one, which the reference keeps too): admit if it leaves room.
@@ -217,7 +219,7 @@ end
 
 if held then
   -- A settlement is sent alone.
-  if n ~= 1 then error('tollgate: a dropped refund among other requests') end
+  if n ~= 1 then error('tollgate: a dropped settlement among other requests') end
   return { now, held, 0 }
 end
 if n == 1 and olds and olds[2] >= 0 then
