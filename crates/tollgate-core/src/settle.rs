@@ -230,8 +230,8 @@ impl Settlement {
     /// what it reserved, which changes nothing; a charge, or a request
     /// that cost what it reserved, stays as it is. (Tollgate's stores
     /// settle a refund or a charge of a key kept under another
-    /// configuration that does not carry over whole at what it reserved:
-    /// see [`Store::settle`](crate::Store::settle).)
+    /// configuration that does not carry over whole, and still holds use,
+    /// at what it reserved: see [`Store::settle`](crate::Store::settle).)
     ///
     /// ```
     /// use tollgate_core::{Settlement, Timestamp};
@@ -257,7 +257,7 @@ impl Settlement {
     /// The settlement of this request at what it reserved, which changes
     /// nothing: what a store settles in place of a refund or a charge of a
     /// key kept under another configuration that does not carry over
-    /// whole.
+    /// whole and still holds use.
     pub(crate) fn unchanged(&self) -> Self {
         Self {
             actual: self.reserved,

@@ -47,6 +47,15 @@ struct Known {
     stale_at: u64,
 }
 
+/// Which record of a key a decision may replace: a check's, any; a
+/// refund's, only one of its configuration; a charge's, none of another.
+#[derive(Clone, Copy)]
+enum Replaces {
+    Any,
+    Own,
+    NoOther,
+}
+
 impl LastKnown {
     pub(crate) fn new(max_entries: usize) -> Self {
         Self {
@@ -67,7 +76,7 @@ impl LastKnown {
     /// Remembers `decision`, made for `state_key` under `policy` at local
     /// time `now` (µs).
     pub(crate) fn record(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
-        self.put(state_key, policy, decision, now, false);
+        self.put(state_key, policy, decision, now, Replaces::Any);
     }
 
     /// Records `decision`, a refund's, as [`record`](Self::record) does,
@@ -77,11 +86,29 @@ impl LastKnown {
     /// stays. Without a record, it makes none: the last check's, which a
     /// refund would have lowered, can only count more used.
     pub(crate) fn refresh(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
-        self.put(state_key, policy, decision, now, true);
+        self.put(state_key, policy, decision, now, Replaces::Own);
     }
 
-    /// [`record`](Self::record), or (`refund`) [`refresh`](Self::refresh).
-    fn put(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64, refund: bool) {
+    /// Records `decision`, a charge's, as [`record`](Self::record) does,
+    /// but never over a record of another configuration: a charge of a
+    /// key kept under another configuration may have changed nothing (see
+    /// `lib/carry.lua`), and its decision reads the key as the charge's
+    /// configuration would, often as a new key. Without a record, it makes
+    /// one: a charge counts more used than the last check did.
+    pub(crate) fn charged(&self, state_key: &str, policy: &Policy, decision: &Decision, now: u64) {
+        self.put(state_key, policy, decision, now, Replaces::NoOther);
+    }
+
+    /// [`record`](Self::record), [`refresh`](Self::refresh) or
+    /// [`charged`](Self::charged), as `replaces` says.
+    fn put(
+        &self,
+        state_key: &str,
+        policy: &Policy,
+        decision: &Decision,
+        now: u64,
+        replaces: Replaces,
+    ) {
         if self.per_shard == 0 {
             return;
         }
@@ -95,7 +122,12 @@ impl LastKnown {
         let (mut shard, hash) = self.shard(state_key);
         let held = shard.entries.get_mut(&hash);
         let same = |k: &Known| k.policy.fingerprint() == policy.fingerprint();
-        if refund && held.as_deref().is_none_or(|k| !same(k)) {
+        let skip = match replaces {
+            Replaces::Any => false,
+            Replaces::Own => held.as_deref().is_none_or(|k| !same(k)),
+            Replaces::NoOther => held.as_deref().is_some_and(|k| !same(k)),
+        };
+        if skip {
             return;
         }
         if let Some(known) = held {
@@ -265,6 +297,30 @@ mod tests {
         known.record("k", &plan, &decision(&plan), 3);
         known.refresh("k", &plan, &decision(&plan), 4);
         assert!(known.get("k", &plan, 5).is_some());
+    }
+
+    /// A charge's decision under the plan leaves a record of the key's own
+    /// limits as it was (1 of 2 used): the charge may have changed
+    /// nothing, and its decision read the key as a new one. Without a
+    /// record, it records.
+    #[test]
+    fn a_charge_replaces_no_record_of_another_configuration() {
+        let plan = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
+        let own = Policy::new("p", Algorithm::Gcra, "2/s").unwrap_or_else(|_| unreachable!());
+        let nothing_used = MemoryStore::new()
+            .try_check_now(&Key::user("k"), &plan, 0)
+            .and_then(Result::ok)
+            .unwrap_or_else(|| unreachable!("the memory store decides at once"));
+        let known = LastKnown::new(160);
+        known.record("k", &own, &decision(&own), 0);
+        known.charged("k", &plan, &nothing_used, 1);
+        let kept = known.get("k", &own, 2).map(|d| d.remaining());
+        assert_eq!(kept, Some(1));
+        let fresh = LastKnown::new(160);
+        fresh.charged("k", &plan, &decision(&plan), 0);
+        assert_eq!(held(&fresh), 1);
+        let charged = fresh.get("k", &plan, 1).map(|d| d.remaining());
+        assert_eq!(charged, Some(0));
     }
 
     /// A record made under another configuration of the policy answers

@@ -393,8 +393,9 @@ impl Table {
             // and the old one's leases are dropped, not given back. A
             // return settles under the configuration it was granted
             // under: it would carry the key back to the old one where the
-            // new one's state carries over whole, and change nothing
-            // elsewhere (see `lua/lib/carry.lua`). The units left stay
+            // new one's state carries over whole (or holds nothing any
+            // more), and change nothing elsewhere (see
+            // `lua/lib/carry.lua`). The units left stay
             // counted until they age out, which can only under-admit, by
             // at most a lease.
             drop(entry.lease.take());

@@ -52,13 +52,14 @@ impl<C: RedisConnection> RedisStore<C> {
         // A refund may have made room; a charge moved the end of the
         // denial, which the cached one would answer unchanged.
         inner.deny_cache.remove(&state_key);
-        match refund {
-            true => inner
-                .last_known
-                .refresh(&state_key, policy, &decision, sent_at),
-            false => inner
-                .last_known
-                .record(&state_key, policy, &decision, sent_at),
+        // A refund or a charge of a key kept under another configuration
+        // may have changed nothing (see `lua/lib/carry.lua`): its decision
+        // replaces no record of that configuration.
+        let known = &inner.last_known;
+        match (refund, settlement.charge() > 0) {
+            (true, _) => known.refresh(&state_key, policy, &decision, sent_at),
+            (false, true) => known.charged(&state_key, policy, &decision, sent_at),
+            (false, false) => known.record(&state_key, policy, &decision, sent_at),
         }
         Ok(decision)
     }

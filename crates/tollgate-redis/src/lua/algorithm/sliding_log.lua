@@ -6,8 +6,8 @@ local function parse(member)
   return num(t), num(c)
 end
 init = function(i, p)
-  -- Entries of another configuration are dropped (not by a refund that
-  -- changes nothing of it: see carry.lua).
+  -- Entries of another configuration are dropped (not by a settlement
+  -- that changes nothing of it: see carry.lua).
   if not adrift then redis.call('DEL', KEYS[1 + i]) end
   return { a = 0, b = 0, c = 0, s = 0 }
 end
