@@ -276,17 +276,24 @@ mod tests {
         assert_eq!(held(&known), 1);
     }
 
-    /// A refund's decision under the plan leaves the record of the key's
-    /// own limits as it was (1 of 2 used): carried from the refund's, it
-    /// would read 0 used.
-    #[test]
-    fn a_refund_refreshes_only_a_record_of_its_own_configuration() {
+    /// A plan of 1/s and the key's own 2/s, and a decision of the plan
+    /// with nothing used.
+    fn plan_and_own() -> (Policy, Policy, Decision) {
         let plan = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
         let own = Policy::new("p", Algorithm::Gcra, "2/s").unwrap_or_else(|_| unreachable!());
         let nothing_used = MemoryStore::new()
             .try_check_now(&Key::user("k"), &plan, 0)
             .and_then(Result::ok)
             .unwrap_or_else(|| unreachable!("the memory store decides at once"));
+        (plan, own, nothing_used)
+    }
+
+    /// A refund's decision under the plan leaves the record of the key's
+    /// own limits as it was (1 of 2 used): carried from the refund's, it
+    /// would read 0 used.
+    #[test]
+    fn a_refund_refreshes_only_a_record_of_its_own_configuration() {
+        let (plan, own, nothing_used) = plan_and_own();
         let known = LastKnown::new(160);
         known.refresh("k", &plan, &decision(&plan), 0);
         assert_eq!(held(&known), 0);
@@ -305,12 +312,7 @@ mod tests {
     /// record, it records.
     #[test]
     fn a_charge_replaces_no_record_of_another_configuration() {
-        let plan = Policy::new("p", Algorithm::Gcra, "1/s").unwrap_or_else(|_| unreachable!());
-        let own = Policy::new("p", Algorithm::Gcra, "2/s").unwrap_or_else(|_| unreachable!());
-        let nothing_used = MemoryStore::new()
-            .try_check_now(&Key::user("k"), &plan, 0)
-            .and_then(Result::ok)
-            .unwrap_or_else(|| unreachable!("the memory store decides at once"));
+        let (plan, own, nothing_used) = plan_and_own();
         let known = LastKnown::new(160);
         known.record("k", &own, &decision(&own), 0);
         known.charged("k", &plan, &nothing_used, 1);

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Key, MemoryStore, Policy, Settlement, Timestamp};
+use tollgate_core::{Algorithm, Decision, Key, MemoryStore, Policy, Settlement, Timestamp};
 
 use super::harness::{Harness, Op, op, settle};
 
@@ -37,54 +37,106 @@ const MOVES: [(&[&str], &[&str], u64); 5] = [
     (&["10/min", "100/h"], &["10/min"], 1),
 ];
 
+/// A key that took request A under `before`, then moved on to `after` at
+/// `start` plus a second and spent it: memory and Redis alike.
+struct Spent {
+    memory: MemoryStore,
+    key: Key,
+    a: Decision,
+    reserved_under: Policy,
+    moved_to: Policy,
+    case: String,
+}
+
+fn spent(
+    harness: &Harness,
+    start: Timestamp,
+    name: String,
+    moves: (&[&str], &[&str]),
+    algorithm: Algorithm,
+) -> Spent {
+    let (reserved_under, moved_to) = (policy(algorithm, moves.0), policy(algorithm, moves.1));
+    let memory = MemoryStore::builder()
+        .clock(harness.clock.clone())
+        .build()
+        .unwrap();
+    let key = Key::user(name);
+    let case = format!("{reserved_under} then {moved_to}");
+    harness.clock.set(start);
+    let a = op(harness, &memory, &key, &reserved_under, Op::Check(1));
+    assert!(a.is_allowed(), "{case}");
+    harness.clock.set(start + Duration::from_secs(1));
+    let admitted = drain(harness, &memory, &key, &moved_to, &case);
+    assert!(admitted > 0, "{case}");
+    Spent {
+        memory,
+        key,
+        a,
+        reserved_under,
+        moved_to,
+        case,
+    }
+}
+
+impl Spent {
+    /// Settles A, which reserved 1, at `actual`, under the configuration
+    /// it was reserved under.
+    fn settle_a(&self, harness: &Harness, actual: u64) -> Decision {
+        let settlement = Settlement::of(&self.a, 1, actual);
+        settle(
+            harness,
+            &self.memory,
+            &self.key,
+            &self.reserved_under,
+            settlement,
+        )
+    }
+
+    /// The key's next request, of cost 1, under the configuration it moved
+    /// on to.
+    fn next(&self, harness: &Harness) -> Decision {
+        op(
+            harness,
+            &self.memory,
+            &self.key,
+            &self.moved_to,
+            Op::Check(1),
+        )
+    }
+}
+
+/// How many requests of cost 1 `policy` admits of `key` now, in a row.
+fn drain(harness: &Harness, memory: &MemoryStore, key: &Key, policy: &Policy, case: &str) -> u64 {
+    let mut admitted = 0;
+    while op(harness, memory, key, policy, Op::Check(1)).is_allowed() {
+        admitted += 1;
+        assert!(admitted <= 20, "{case}");
+    }
+    admitted
+}
+
 #[test]
 fn a_refund_under_a_configuration_the_key_moved_on_from_drops_none_of_its_limits() {
     let harness = Harness::new("moved-on");
     let start = Timestamp::from_secs(1_700_002_800);
     for algorithm in Algorithm::ALL {
         for (i, (before, after, freed)) in MOVES.into_iter().enumerate() {
-            let (reserved_under, moved_to) = (policy(algorithm, before), policy(algorithm, after));
-            let memory = MemoryStore::builder()
-                .clock(harness.clock.clone())
-                .build()
-                .unwrap();
-            let key = Key::user(format!("moved-{algorithm:?}-{i}"));
-            let case = format!("{reserved_under} then {moved_to}");
-            harness.clock.set(start);
-            let a = op(&harness, &memory, &key, &reserved_under, Op::Check(1));
-            assert!(a.is_allowed(), "{case}");
-            // The key moves on, and its new configuration is spent.
-            harness.clock.set(start + Duration::from_secs(1));
-            let mut admitted = 0;
-            while op(&harness, &memory, &key, &moved_to, Op::Check(1)).is_allowed() {
-                admitted += 1;
-                assert!(admitted <= 20, "{case}");
-            }
-            assert!(admitted > 0, "{case}");
+            let name = format!("moved-{algorithm:?}-{i}");
+            let spent = spent(&harness, start, name, (before, after), algorithm);
+            let case = &spent.case;
             // A's refund under the configuration it was reserved under
             // starts nothing afresh: it gives the spent key back its own
             // unit, or nothing.
-            settle(
-                &harness,
-                &memory,
-                &key,
-                &reserved_under,
-                Settlement::of(&a, 1, 0),
-            );
-            let mut more = 0;
-            while op(&harness, &memory, &key, &moved_to, Op::Check(1)).is_allowed() {
-                more += 1;
-                assert!(more <= 20, "{case}");
-            }
+            spent.settle_a(&harness, 0);
+            let more = drain(&harness, &spent.memory, &spent.key, &spent.moved_to, case);
             assert_eq!(more, freed, "{case}: what the refund freed");
             // A minute on, the key's units have left its minute's limit.
             // A refund then leaves the key's own state whole (a sliding
             // log's entries with the sums its hash keeps of them) for the
             // decisions after it.
             harness.clock.set(start + Duration::from_secs(62));
-            let settled = Settlement::of(&a, 1, 0);
-            settle(&harness, &memory, &key, &reserved_under, settled);
-            op(&harness, &memory, &key, &moved_to, Op::Check(1));
+            spent.settle_a(&harness, 0);
+            spent.next(&harness);
         }
     }
 }
@@ -95,35 +147,15 @@ fn a_charge_under_a_configuration_the_key_moved_on_from_drops_none_of_its_limits
     let start = Timestamp::from_secs(1_700_002_800);
     for algorithm in Algorithm::ALL {
         for (i, (before, after, _)) in MOVES.into_iter().enumerate() {
-            let (reserved_under, moved_to) = (policy(algorithm, before), policy(algorithm, after));
-            let memory = MemoryStore::builder()
-                .clock(harness.clock.clone())
-                .build()
-                .unwrap();
-            let key = Key::user(format!("charged-{algorithm:?}-{i}"));
-            let case = format!("{reserved_under} then {moved_to}");
-            harness.clock.set(start);
-            let a = op(&harness, &memory, &key, &reserved_under, Op::Check(1));
-            assert!(a.is_allowed(), "{case}");
-            harness.clock.set(start + Duration::from_secs(1));
-            let mut admitted = 0;
-            while op(&harness, &memory, &key, &moved_to, Op::Check(1)).is_allowed() {
-                admitted += 1;
-                assert!(admitted <= 20, "{case}");
-            }
-            assert!(admitted > 0, "{case}");
+            let name = format!("charged-{algorithm:?}-{i}");
+            let spent = spent(&harness, start, name, (before, after), algorithm);
+            let case = &spent.case;
             // A cost one more than A reserved, settled under the
             // configuration it was reserved under: the spent key stays
             // spent (it used to be carried back, and its own limit that
             // the old configuration lacks started afresh).
-            settle(
-                &harness,
-                &memory,
-                &key,
-                &reserved_under,
-                Settlement::of(&a, 1, 2),
-            );
-            let after_charge = op(&harness, &memory, &key, &moved_to, Op::Check(1));
+            spent.settle_a(&harness, 2);
+            let after_charge = spent.next(&harness);
             assert!(
                 !after_charge.is_allowed(),
                 "{case}: admitted after the charge"
@@ -132,20 +164,14 @@ fn a_charge_under_a_configuration_the_key_moved_on_from_drops_none_of_its_limits
             // drops nothing, and the charge lands as on a new key (Redis
             // still has the key: tests keep keys for ten minutes).
             harness.clock.set(start + Duration::from_secs(2 * 86_400));
-            let landed = settle(
-                &harness,
-                &memory,
-                &key,
-                &reserved_under,
-                Settlement::of(&a, 1, 2),
-            );
+            let landed = spent.settle_a(&harness, 2);
             let fresh = Key::user(format!("charged-fresh-{algorithm:?}-{i}"));
             let on_a_new_key = settle(
                 &harness,
-                &memory,
+                &spent.memory,
                 &fresh,
-                &reserved_under,
-                Settlement::of(&a, 1, 2),
+                &spent.reserved_under,
+                Settlement::of(&spent.a, 1, 2),
             );
             assert_eq!(landed, on_a_new_key, "{case}: the charge landed");
             let first = &landed.limits()[0];
