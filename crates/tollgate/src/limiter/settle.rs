@@ -1,7 +1,7 @@
 //! Settling what a limiter's reservation really cost:
 //! [`RateLimiter::settle`].
 
-use tollgate_core::{Decision, Key, Settlement, Store, StoreError};
+use tollgate_core::{Decision, Key, Limit, Policy, Settlement, Store, StoreError};
 
 use super::RateLimiter;
 use crate::fallback::Reserved;
@@ -51,7 +51,11 @@ impl<St: Store> RateLimiter<St> {
     /// [cost](Decision::cost) counts as that cost: no settlement refunds
     /// more than its reservation took. A reservation of cost 0 (a peek, or
     /// a decision of a store that reports no cost) refunds nothing, and is
-    /// charged only what `actual` exceeds `reserved` by. Settle each
+    /// charged only what `actual` exceeds `reserved` by. A settlement
+    /// goes under the key's own limits now: where they have a limit of a
+    /// period the reservation was not counted in (an override set or
+    /// changed since), a refund would give that limit units it never took,
+    /// and nothing is refunded: the reservation is returned. Settle each
     /// reservation once: a second settlement of it refunds (or charges)
     /// again.
     pub async fn settle(
@@ -83,6 +87,15 @@ impl<St: Store> RateLimiter<St> {
         let settlement = Settlement::of(reservation, reserved, actual);
         let own = own_limits(self.overrides.as_deref(), key, &self.policy).await;
         let policy = own.as_ref().unwrap_or(&self.policy);
+        // The key's own limits now may not be those the reservation was
+        // decided under (an override set, changed or lifted since), and a
+        // limit of a period the reservation's lacks never counted it: a
+        // refund there would give it units it never took. Such a refund
+        // changes nothing, as a store's of a configuration the key has
+        // moved on from.
+        if settlement.refund() > 0 && !counted_in_each(reservation, policy) {
+            return Ok(reservation.clone());
+        }
         let settled = (self.store)
             .settle_reserved(reserved_in, key, policy, settlement)
             .await;
@@ -93,4 +106,18 @@ impl<St: Store> RateLimiter<St> {
         }
         settled
     }
+}
+
+/// Whether `reservation` was counted in a limit of each of `policy`'s
+/// periods: a reservation that tells no limits (a store's that reports
+/// none) is taken to have been.
+fn counted_in_each(reservation: &Decision, policy: &Policy) -> bool {
+    let counted = reservation.limits();
+    counted.is_empty()
+        || (policy.limits().iter())
+            .all(|limit| (counted.iter()).any(|status| same_period(&status.limit(), limit)))
+}
+
+fn same_period(a: &Limit, b: &Limit) -> bool {
+    a.period_micros() == b.period_micros() && a.is_monthly() == b.is_monthly()
 }

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 mod first_answer;
+mod settle;
 
 use std::convert::Infallible;
 use std::sync::Arc;
