@@ -337,3 +337,38 @@ async fn a_lease_returned_after_another_instance_moved_the_key_on_takes_nothing_
     let status = other.status(&key, &hour).await.unwrap();
     assert_eq!(1_000_000 - status.remaining(), 100, "{status:?}");
 }
+
+/// A key's lease size, learnt under one configuration, is held to the
+/// largest lease of the next: 16 instances' shares of 160 an hour are 10
+/// each, whatever the key's first costly requests asked for under the
+/// day's million (a lease of 100). A lease of 100 of the hour's 160 would
+/// let the instances together exceed the hour by far more than the
+/// leases' bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_after_a_configuration_change_is_no_larger_than_the_new_share() {
+    let url = require_redis().await;
+    let clock = FakeClock::new(START);
+    let store = leased(&url, "lease-shrunk", &clock).await;
+    let day = Policy::new("shrunk", Algorithm::FixedWindow, "1000000/day").unwrap();
+    let hour = Policy::new("shrunk", Algorithm::FixedWindow, "160/h").unwrap();
+    let key = Key::user("shrunk");
+    // Two requests of 50 within an interval: the second takes a lease of
+    // the 100 seen.
+    for _ in 0..2 {
+        assert!(store.check(&key, &day, 50).await.unwrap().is_allowed());
+        store.wait_for_grants().await;
+    }
+    assert_eq!(store.calls().grants, 1, "{:?}", store.calls());
+    // The limits change within the interval: the first request under the
+    // hour asks for a lease, of the hour's share.
+    let decision = store.check(&key, &hour, 1).await.unwrap();
+    assert!(decision.is_allowed(), "{decision:?}");
+    store.wait_for_grants().await;
+    assert_eq!(store.calls().grants, 2, "{:?}", store.calls());
+    let status = store.get_ref().status(&key, &hour).await.unwrap();
+    assert_eq!(
+        160 - status.remaining(),
+        10,
+        "one lease of the share: {status:?}"
+    );
+}

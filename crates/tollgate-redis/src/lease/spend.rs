@@ -176,6 +176,10 @@ impl<S: Store> Store for LeasedStore<S> {
                             }
                             None => entry.observe(cost, now, shared.interval, cap),
                         }
+                        // A size learnt under another configuration
+                        // (within an interval of a change) may exceed this
+                        // one's largest lease.
+                        entry.size = entry.size.min(cap);
                         if entry.next.as_ref().is_some_and(|next| next.expires <= now) {
                             ended.extend(entry.next.take().map(|next| *next));
                         }
