@@ -109,13 +109,12 @@ impl<St: Store> RateLimiter<St> {
 }
 
 /// Whether `reservation` was counted in a limit of each of `policy`'s
-/// periods: a reservation that tells no limits (a store's that reports
-/// none) is taken to have been.
+/// periods (a decision reports every limit of the policy it was made
+/// under).
 fn counted_in_each(reservation: &Decision, policy: &Policy) -> bool {
     let counted = reservation.limits();
-    counted.is_empty()
-        || (policy.limits().iter())
-            .all(|limit| (counted.iter()).any(|status| same_period(&status.limit(), limit)))
+    (policy.limits().iter())
+        .all(|limit| (counted.iter()).any(|status| same_period(&status.limit(), limit)))
 }
 
 fn same_period(a: &Limit, b: &Limit) -> bool {
