@@ -10,8 +10,9 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, DecidedBy, FailureMode, FakeClock, FallbackStore, Key, MemoryOverrides, MemoryStore,
-    Outcome, Override, OverrideStore, Policy, Settlement, Store, StoreError, Timestamp,
+    Algorithm, DecidedBy, FailureMode, FakeClock, FallbackStore, InstanceCount, Key,
+    MemoryOverrides, MemoryStore, Outcome, Override, OverrideStore, Policy, Settlement, Store,
+    StoreError, Timestamp,
 };
 
 use flaky::Flaky;
@@ -383,4 +384,62 @@ async fn the_retry_of_a_request_too_costly_for_a_fixed_windows_share_ends_with_t
             retry_after: two_hours
         }
     );
+}
+
+/// What this instance admitted in an outage counts under its new share
+/// when the instance count changes during it. Each failure seeds the key
+/// with the shared store's last decision, and the seed of the new share
+/// started afresh, forgetting the old share's admissions: with 2
+/// instances then 4, this instance admitted 30 of its share of 50, then
+/// 15 more of a share of 25. Now the key's state under the old share
+/// carries over to the new one, as a changed configuration does, and each
+/// limit keeps the more used of it and the seed: nothing more once this
+/// instance admitted more than its new share.
+///
+/// When the share grows, the carried state holds the old share's seed as
+/// units, smaller than the new share's: what this instance admits is
+/// bounded by the new share, less what it admitted, plus the two seeds'
+/// difference (asserted), where it was the whole new share less the seed.
+#[tokio::test]
+async fn a_changed_instance_count_in_an_outage_keeps_what_was_admitted_under_the_old_share() {
+    for algorithm in Algorithm::ALL {
+        for (before, after) in [(2, 4), (4, 2)] {
+            let (_, shared, fallback) = local_fallback();
+            let instances = InstanceCount::new(NonZeroU64::new(before).unwrap());
+            let fallback = fallback.local_instances(instances.clone());
+            let policy = Policy::new("partner", algorithm, "100/min").unwrap();
+            let key = Key::user("ada");
+            // The shared store counted 40 of 100: 40% of each share seeded.
+            let counted = fallback.check(&key, &policy, 40).await.unwrap();
+            assert_eq!(counted.remaining(), 60, "{algorithm}");
+            shared.fail(true);
+            let seed = |count: u64| 100 / count * 40 / 100;
+            let first = admitted(&fallback, &policy, &key).await;
+            assert_eq!(first, 100 / before - seed(before), "{algorithm}, {before}");
+            instances.set(NonZeroU64::new(after).unwrap());
+            let second = admitted(&fallback, &policy, &key).await;
+            // The old share, used up, carries over whole.
+            let (old_share, share) = (100 / before, 100 / after);
+            let expected = share.saturating_sub(old_share.max(seed(after)));
+            assert_eq!(
+                second, expected,
+                "{algorithm}, {before} then {after} instances"
+            );
+            // What an instance of the new share admits from the seed, less
+            // what this one admitted: exact, but for the seeds' difference.
+            let exact = (share - seed(after)).saturating_sub(first);
+            let over = seed(after).saturating_sub(seed(before));
+            assert!(second <= exact + over, "{algorithm}, {before} then {after}");
+        }
+    }
+}
+
+/// How many requests of cost 1 `fallback` admits of `key` in a row (at
+/// most 1,000).
+async fn admitted(fallback: &FallbackStore<Flaky>, policy: &Policy, key: &Key) -> u64 {
+    let mut admitted = 0;
+    while admitted < 1_000 && fallback.check(key, policy, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+    }
+    admitted
 }

@@ -228,12 +228,13 @@ impl MemoryStore {
     /// Takes `state` as the state of `key` under `policy`: for a local
     /// fallback that takes over from a failed shared store what it last
     /// knew of the key (see [`Store::last_known`] and
-    /// [`PolicyState::seeded`]). Where the store holds some already under
-    /// `policy`'s configuration (it decided the key in this failure, or in
-    /// an earlier one), each limit keeps the more used of the two: what
-    /// the shared store counted since an earlier failure is not lost, nor
-    /// what was admitted here. (State the store holds under another
-    /// configuration of the name is left as it is.)
+    /// [`PolicyState::seeded`]). Where the store holds some already (it
+    /// decided the key in this failure, or in an earlier one), each limit
+    /// keeps the more used of the two: what the shared store counted since
+    /// an earlier failure is not lost, nor what was admitted here. State
+    /// held under another configuration of the name (a share of the limit
+    /// before the count of instances changed, say) is carried over first,
+    /// as a check carries it.
     ///
     /// ```
     /// use tollgate_core::state::PolicyState;

@@ -39,7 +39,7 @@ pub enum FailureMode {
     Closed,
     /// Decide with an in-memory store instead, and log a warning: limiting
     /// goes on, per instance, with each instance's share of the limit (see
-    /// [`RateLimitLayer::local_divisor`](crate::RateLimitLayer::local_divisor)(crate::RateLimitLayer::local_divisor)).
+    /// [`RateLimitLayer::local_divisor`](crate::RateLimitLayer::local_divisor)).
     /// The default.
     #[default]
     Local,

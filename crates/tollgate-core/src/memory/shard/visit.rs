@@ -169,11 +169,21 @@ impl Visit for Seed<'_> {
             self.shard.expires(self.now.as_micros(), expires_at);
             return Ok(());
         }
+        // Held under another configuration (a failure's local share before
+        // the instance count changed, say): carried over, as a check
+        // carries it, and merged the same way, so that what this fallback
+        // admitted under it is not forgotten.
+        let carried = self
+            .shard
+            .other(self.shared, self.base, policy, self.now, false);
+        let state = match carried {
+            Some((carried, _)) => carried.more_used(state, policy, self.now),
+            None => state,
+        };
         let (held, expires_at) = F::hold(state, policy);
         if expires_at <= self.now.as_micros() {
             return Ok(());
         }
-        self.shared.other_configs(policy);
         self.shard
             .admit::<F>(self.shared, self.now, hash, held, expires_at)
     }
