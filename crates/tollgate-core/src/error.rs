@@ -373,6 +373,31 @@ impl StoreError {
         }
     }
 
+    /// Whether the store did not answer within its deadline
+    /// ([`Timeout`](StoreError::Timeout)): it is slow, so a caller that
+    /// tries again on its own waits longer than after a failure that came
+    /// at once (a refused or dropped connection, an error reply), rather
+    /// than add to the store's load.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::StoreError;
+    ///
+    /// assert!(StoreError::Timeout(Duration::from_millis(50)).is_timeout());
+    /// let dropped = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+    /// assert!(!StoreError::backend(dropped).is_timeout());
+    /// ```
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Self::Timeout(_) => true,
+            Self::Full { .. }
+            | Self::CircuitOpen
+            | Self::Backend(_)
+            | Self::Unavailable(_)
+            | Self::Overloaded => false,
+        }
+    }
+
     /// Whether the store may have acted on the request before this error:
     /// a [`Timeout`](StoreError::Timeout) or a
     /// [`Backend`](StoreError::Backend) failure may come after the store

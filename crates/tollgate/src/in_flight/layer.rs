@@ -36,10 +36,11 @@ use super::telemetry::Telemetry;
 /// every slot meanwhile, so the limit holds again for new requests within
 /// a third of the lease: no new request takes a slot until fewer than the
 /// limit run (see [`Renewal`](tollgate_core::Renewal)). A renewal that
-/// fails without being applied (the store's breaker open, its connection
-/// refused) is tried again after a twelfth of the lease, so a store that
-/// was away when its renewals came counts the running requests again
-/// within a twelfth of the lease of answering; one that timed out waits
+/// fails at once (the store's breaker open, its connection refused, or
+/// dropped as a restarting Redis drops it) is tried again after a twelfth
+/// of the lease, so a store that was away when its renewals came counts
+/// the running requests again within a twelfth of the lease of answering;
+/// one that timed out waits
 /// the whole third, not to add to a slow store's load. (A store that
 /// stops answering times out until its breaker opens.)
 ///

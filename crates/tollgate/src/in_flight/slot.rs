@@ -160,16 +160,18 @@ impl<St: SlotStore + Clone> Slot<St> {
                         let renewed = tokio::time::timeout(lease, renewal)
                             .await
                             .unwrap_or(Err(StoreError::Timeout(lease)));
-                        // A renewal that failed without being applied (the
-                        // store's breaker open, its connection refused, or
-                        // an error reply such as `LOADING`) is tried again
-                        // after a quarter of the period, not a whole one:
-                        // the store may have lost the slot, and new
-                        // requests take it until a renewal gets through.
-                        // Not one that timed out (the store is slow: more
-                        // calls add to its load) or met this process's own
-                        // load.
-                        let cheap = |e: &StoreError| !e.may_have_acted() && !e.is_own_load();
+                        // A renewal that failed at once (the store's
+                        // breaker open, its connection refused or dropped,
+                        // or an error reply such as `LOADING`) is tried
+                        // again after a quarter of the period, not a whole
+                        // one: the store may have lost the slot (a Redis
+                        // restarted empty drops its connections), and new
+                        // requests take it until a renewal gets through. A
+                        // renewal is taken again whole, so one that may
+                        // have been applied is tried again as soon. Not one
+                        // that timed out (the store is slow: more calls add
+                        // to its load) or met this process's own load.
+                        let cheap = |e: &StoreError| !e.is_timeout() && !e.is_own_load();
                         if renewed.as_ref().err().is_some_and(cheap) {
                             tick.reset_after(every / 4);
                         }
