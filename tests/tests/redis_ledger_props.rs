@@ -1,7 +1,10 @@
 //! The differential property test of the usage ledger: the same random
 //! requests (gaps across hours, days and months, costs from 0, refunds
-//! and charges, resets and blocks) through a metered memory store and a
-//! metered Redis store on one fake clock leave identical buckets.
+//! and charges, resets and blocks) through a metered memory store and two
+//! instances of a metered Redis store on one fake clock leave identical
+//! buckets. Each request is admitted by the first instance and settled by
+//! either, and either flushes between requests: a refund or a charge may
+//! reach Redis before the record it settles.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,12 +20,22 @@ use tollgate_redis::{RedisLedger, RedisStore};
 use tollgate_tests::{require_redis, unique_prefix};
 
 /// One request: the gap before it (ms), its cost, its actual cost if it
-/// settles, and 0 for a reset before it, 1 for a block.
-type Op = (u64, u64, Option<u64>, u8);
+/// settles, 0 for a reset before it and 1 for a block, whether the second
+/// instance settles it, and which instance flushes after it (0 or 1, or
+/// neither).
+type Op = (u64, u64, Option<u64>, u8, bool, u8);
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let gap = prop_oneof![0u64..2_000, 0u64..(6 * 3_600_000)];
-    prop::collection::vec((gap, 0u64..30, prop::option::of(0u64..80), 0u8..25), 1..40)
+    let op = (
+        gap,
+        0u64..30,
+        prop::option::of(0u64..80),
+        0u8..25,
+        any::<bool>(),
+        0u8..4,
+    );
+    prop::collection::vec(op, 1..40)
 }
 
 #[test]
@@ -35,9 +48,10 @@ fn memory_and_redis_ledgers_agree() {
     let url = runtime.block_on(require_redis());
     // 2026-01-31 20:00 UTC: the first cases cross a month's end.
     let clock = FakeClock::new(Timestamp::from_secs(1_769_889_600));
-    let redis = runtime.block_on(async {
+    let prefix = unique_prefix("ledger-props");
+    let instance = || async {
         let store = RedisStore::builder()
-            .prefix(unique_prefix("ledger-props"))
+            .prefix(prefix.as_str())
             .deadline(Duration::from_secs(10))
             .response_timeout(Duration::from_secs(10))
             .test_clock(clock.clone())
@@ -50,7 +64,8 @@ fn memory_and_redis_ledgers_agree() {
             .build()
             .unwrap();
         MeteredStore::new(store, ledger)
-    });
+    };
+    let (redis, other) = runtime.block_on(async { (instance().await, instance().await) });
     let policies = [
         Policy::new("ledger-gcra", Algorithm::Gcra, "60/h").unwrap(),
         Policy::new("ledger-window", Algorithm::FixedWindow, "40/h").unwrap(),
@@ -70,7 +85,7 @@ fn memory_and_redis_ledgers_agree() {
         let memory = MeteredStore::new(memory, MemoryLedger::new());
         let from = clock.now();
         runtime.block_on(async {
-            for &(gap, cost, actual, action) in &ops {
+            for &(gap, cost, actual, action, elsewhere, flush) in &ops {
                 clock.advance(Duration::from_millis(gap));
                 for store in [&memory as &dyn Dispatch, &redis] {
                     store.act(&key, policy, action).await;
@@ -83,12 +98,19 @@ fn memory_and_redis_ledgers_agree() {
                         .settle(&key, policy, Settlement::of(&m, cost, actual))
                         .await
                         .unwrap();
-                    redis
+                    let settles = if elsewhere { &other } else { &redis };
+                    settles
                         .settle(&key, policy, Settlement::of(&r, cost, actual))
                         .await
                         .unwrap();
                 }
+                match flush {
+                    0 => redis.ledger().flush().await.unwrap(),
+                    1 => other.ledger().flush().await.unwrap(),
+                    _ => {}
+                }
             }
+            other.ledger().flush().await.unwrap();
             redis.ledger().flush().await.unwrap();
             let to = Timestamp::from_micros(clock.now().as_micros() + 3_600_000_000);
             for g in Granularity::ALL {
