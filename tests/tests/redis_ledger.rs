@@ -531,6 +531,19 @@ async fn a_key_whose_batch_keeps_failing_holds_back_no_other_key() {
 }
 
 /// The key of a test's `i`th user of `round`.
+/// Restarts `server` empty, and waits until `store` answers through it
+/// again: its first call after the restart may still meet the connection
+/// manager's last refusal from while Redis was down (on a busy machine,
+/// a flush right after the restart did).
+async fn restart(server: &mut RedisServer, store: &RedisStore) {
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.health_check().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn user(round: u64, i: u64) -> Key {
     Key::user(format!("user-{round}-{i}"))
 }
@@ -565,7 +578,7 @@ async fn ten_pending_keys(name: &str) -> (RedisServer, FakeClock, RedisStore, Re
 /// held behind the full bound writes the batches kept, then its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped() {
-    let (mut server, clock, _, ledger) = ten_pending_keys("ledger-bound").await;
+    let (mut server, clock, store, ledger) = ten_pending_keys("ledger-bound").await;
     server.kill();
     for round in 1..=5 {
         for i in 0..10 {
@@ -578,7 +591,7 @@ async fn an_outage_holds_at_most_the_pending_bound_and_counts_the_rest_dropped()
     assert_eq!(ledger.pending(), 20);
     assert_eq!(ledger.dropped(), 30);
 
-    server.restart();
+    restart(&mut server, &store).await;
     // A read of a pair recorded behind the full bound: the batches kept go
     // first, then its own record, which the read includes.
     let usage = ledger.usage(&user(2, 0), "api", month_query()).await;
@@ -621,7 +634,7 @@ async fn a_flush_that_succeeds_after_an_outage_leaves_nothing_pending() {
     }
     assert_eq!(ledger.pending(), 20);
 
-    server.restart();
+    restart(&mut server, &store).await;
     // At shutdown: one flush, then the process is gone.
     ledger.flush().await.unwrap();
     assert_eq!(ledger.pending(), 0);
@@ -690,7 +703,7 @@ async fn new_pairs_recorded_during_a_full_outage_take_no_held_pairs_room() {
     assert_eq!(ledger.pending(), 400);
     assert_eq!(ledger.dropped(), recorded, "every new pair dropped");
 
-    server.restart();
+    restart(&mut server, &store).await;
     ledger.flush().await.unwrap();
     ledger.flush().await.unwrap();
     assert_eq!(ledger.pending(), 0);
@@ -749,7 +762,7 @@ async fn a_usage_read_writes_its_own_keys_records_only() {
     ledger.record(&users[1], "api", clock.now(), 10);
     assert!(ledger.usage(&users[1], "api", month_query()).await.is_err());
     assert_eq!(ledger.pending(), 4, "user-1's batch, and three pending");
-    server.restart();
+    restart(&mut server, &store).await;
     ledger.record(&users[1], "api", clock.now(), 100);
     let usage = ledger.usage(&users[1], "api", month_query()).await;
     assert_eq!(
