@@ -29,7 +29,10 @@ pub(crate) use builder::instance_name;
 /// sent at once on the store's connection; a
 /// [`usage`](Ledger::usage) read writes its own key's records first. Each bucket is a Redis key of
 /// its own (`<prefix>:usage/<policy>:{<hash>}:<h|d|m><start>`, the key's
-/// buckets sharing a cluster slot) that expires after the retention.
+/// buckets sharing a cluster slot) that expires after the retention. A
+/// bucket's value can be below 0 for a while (a refund that another
+/// instance flushed before the record it settles): a read counts it as 0,
+/// as [`MemoryLedger`] does.
 ///
 /// **What a crash can lose**: the records since the last flush, at most
 /// one flush interval of them (more while Redis is unreachable: a failed
