@@ -337,8 +337,17 @@ impl Concurrency {
 
 /// `share` of `limit` in whole requests, rounded up.
 fn reserved_slots(limit: u32, share: f64) -> u32 {
-    // A share is below 1, so the result is at most `limit`.
-    (f64::from(limit) * share).ceil() as u32
+    let slots = f64::from(limit) * share;
+    // A product a hair past a whole number is that number: 100 × 0.07 is
+    // 7.000000000000001 in binary, and kept 8. Only a fraction of a
+    // request rounds up. (A share is below 1, so the result is at most
+    // `limit`, and the product's error at most a few parts in 10^16.)
+    let whole = slots.round();
+    let slots = match (slots - whole).abs() <= whole * 1e-12 {
+        true => whole,
+        false => slots.ceil(),
+    };
+    slots as u32
 }
 
 #[cfg(test)]

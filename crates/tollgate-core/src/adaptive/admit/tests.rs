@@ -344,3 +344,32 @@ fn an_ignored_completion_frees_its_slot_and_teaches_nothing() {
     }
     assert_eq!(state.limit(later), 9);
 }
+
+/// A share whose product with the limit is a whole number in decimal
+/// keeps exactly that many requests: the product is a hair past it in
+/// binary (100 × 0.07 is 7.000000000000001), and 8 were kept, so the
+/// classes below got one slot fewer than the share says (92 default
+/// requests of 100, where 93 are documented). A fraction still rounds up.
+#[test]
+fn a_share_of_a_whole_number_of_requests_keeps_that_many() {
+    for limit in 1..=1_000 {
+        for percent in 1..100 {
+            let share = f64::from(percent) / 100.0;
+            let exact = limit * percent;
+            assert_eq!(
+                reserved_slots(limit, share),
+                exact.div_ceil(100),
+                "{percent}% of {limit}"
+            );
+        }
+    }
+    let state = Concurrency::new(
+        &AdaptiveLimit::builder("test")
+            .fixed(100)
+            .reserve(Priority::Critical, 0.07)
+            .build()
+            .unwrap_or_else(|error| unreachable!("{error}")),
+        T0,
+    );
+    assert_eq!(state.ceiling_of(Priority::Default, T0), 93);
+}
