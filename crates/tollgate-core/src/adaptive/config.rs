@@ -208,7 +208,7 @@ impl AdaptiveLimit {
             algorithm: LimitAlgorithm::Vegas,
             min: 4,
             max: 1_000,
-            initial: 20,
+            initial: None,
             fixed: None,
             reserved: [0.0; 3],
             warm_up: None,
@@ -261,7 +261,7 @@ pub struct AdaptiveLimitBuilder {
     algorithm: LimitAlgorithm,
     min: u32,
     max: u32,
-    initial: u32,
+    initial: Option<u32>,
     fixed: Option<u32>,
     reserved: [f64; 3],
     warm_up: Option<WarmUp>,
@@ -269,6 +269,9 @@ pub struct AdaptiveLimitBuilder {
 }
 
 impl AdaptiveLimitBuilder {
+    /// The initial limit unless one is set.
+    const DEFAULT_INITIAL: u32 = 20;
+
     const DEFAULT_WINDOW: SampleWindow = SampleWindow {
         min_samples: 10,
         min_time: Duration::ZERO,
@@ -288,9 +291,10 @@ impl AdaptiveLimitBuilder {
     }
 
     /// The limit before any latency is observed (default 20, or the
-    /// minimum if that is higher).
+    /// bound nearest it when the bounds leave 20 out; one set below the
+    /// minimum starts at the minimum).
     pub fn initial(mut self, initial: u32) -> Self {
-        self.initial = initial;
+        self.initial = Some(initial);
         self
     }
 
@@ -360,7 +364,11 @@ impl AdaptiveLimitBuilder {
         validate_name(&self.name)?;
         let (min, max, initial) = match self.fixed {
             Some(limit) => (limit, limit, limit),
-            None => (self.min, self.max, self.initial.max(self.min)),
+            None => {
+                // The default within the bounds, whatever they are.
+                let initial = self.initial.unwrap_or(Self::DEFAULT_INITIAL.min(self.max));
+                (self.min, self.max, initial.max(self.min))
+            }
         };
         let invalid = |setting, reason| Err(ConfigError::InvalidSetting { setting, reason });
         if min == 0 {
@@ -420,5 +428,33 @@ impl AdaptiveLimitBuilder {
             warm_up: self.warm_up,
             window: self.window,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bounds that leave out the default initial limit of 20 start the
+    /// limit at the nearest bound: `bounds(2, 10)` alone was refused,
+    /// "adaptive limit initial: must be within the bounds", for a setting
+    /// never made. One set outside them is still refused above the
+    /// maximum.
+    #[test]
+    fn the_default_initial_limit_is_kept_within_the_bounds() {
+        let initial = |builder: AdaptiveLimitBuilder| builder.build().map(|limit| limit.initial());
+        let api = || AdaptiveLimit::builder("api");
+        assert_eq!(initial(api()), Ok(20));
+        assert_eq!(initial(api().bounds(2, 10)), Ok(10));
+        assert_eq!(initial(api().bounds(30, 100)), Ok(30));
+        assert_eq!(initial(api().bounds(2, 10).initial(5)), Ok(5));
+        assert_eq!(initial(api().bounds(30, 100).initial(5)), Ok(30));
+        assert!(matches!(
+            api().bounds(2, 10).initial(20).build(),
+            Err(ConfigError::InvalidSetting {
+                setting: "adaptive limit initial",
+                ..
+            })
+        ));
     }
 }

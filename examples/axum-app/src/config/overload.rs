@@ -45,8 +45,12 @@ pub(super) fn overload(raw: RawOverload) -> Result<OverloadConfig, ConfigFileErr
     };
     let mut limit = AdaptiveLimit::builder("work")
         .algorithm(algorithm)
-        .bounds(count("min", raw.min, 4)?, count("max", raw.max, 1_000)?)
-        .initial(count("initial", raw.initial, 20)?)
+        .bounds(count("min", raw.min, 4)?, count("max", raw.max, 1_000)?);
+    // Unset, the builder's default: 20 within the bounds.
+    if let Some(initial) = raw.initial {
+        limit = limit.initial(count("initial", Some(initial), 20)?);
+    }
+    let mut limit = limit
         .reserve(Priority::Critical, raw.reserve_critical.unwrap_or(0.2))
         .reserve(Priority::Default, raw.reserve_default.unwrap_or(0.1));
     match (raw.warm_up_from, raw.warm_up_secs) {
