@@ -144,10 +144,11 @@ impl Concurrency {
         if elapsed >= warm_up.over {
             return self.config.max;
         }
-        let span = f64::from(self.config.max - warm_up.from);
-        let ramp = span * elapsed.as_secs_f64() / warm_up.over.as_secs_f64();
-        // Between `from` and the maximum, both u32.
-        warm_up.from + ramp as u32
+        // In whole µs, so that `ceiling_rises_at` finds each rise exactly.
+        let span = u128::from(self.config.max - warm_up.from);
+        let ramp = span * elapsed.as_micros() / warm_up.over.as_micros().max(1);
+        // Between `from` and the maximum, both u32 (elapsed < over).
+        warm_up.from + u32::try_from(ramp).unwrap_or(0)
     }
 
     /// The limit in force at `now`.
@@ -203,6 +204,57 @@ impl Concurrency {
             .map(|at| Timestamp::from_micros(at.as_micros().saturating_add(Self::CLOSED_FOR_US)))
             .max()?;
         (until > now).then_some(until)
+    }
+
+    /// When a request of `class` that may not run at `now` could run
+    /// though no request ends: when its class reopens
+    /// ([`closed_until`](Self::closed_until)), or else, while a warm-up's
+    /// ceiling holds the limit down, when that ceiling next rises. `None`
+    /// when only a request ending can make room. For a queue of waiting
+    /// requests, which nothing else serves when none is in flight.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{AdaptiveLimit, Concurrency, Priority, Timestamp};
+    ///
+    /// // From 1 to 101 over 10 s: one more every 100 ms.
+    /// let limit = AdaptiveLimit::builder("api")
+    ///     .bounds(1, 101)
+    ///     .initial(101)
+    ///     .warm_up(1, Duration::from_secs(10))
+    ///     .build()?;
+    /// let start = Timestamp::from_secs(1_700_000_000);
+    /// let mut state = Concurrency::new(&limit, start);
+    /// let _running = state.try_acquire(Priority::Default, start);
+    /// let next = start + Duration::from_millis(100);
+    /// assert_eq!(state.next_opening(Priority::Default, start), Some(next));
+    /// assert!(state.try_acquire(Priority::Critical, next).is_some());
+    /// # Ok::<(), tollgate_core::ConfigError>(())
+    /// ```
+    pub fn next_opening(&self, class: Priority, now: Timestamp) -> Option<Timestamp> {
+        self.closed_until(class, now)
+            .or_else(|| self.ceiling_rises_at(now))
+    }
+
+    /// When the warm-up's ceiling next rises by a request, if it holds the
+    /// limit down at `now`.
+    fn ceiling_rises_at(&self, now: Timestamp) -> Option<Timestamp> {
+        let warm_up = self.config.warm_up?;
+        let ceiling = self.ceiling(now);
+        if self.estimator.limit() <= ceiling || ceiling >= self.config.max {
+            return None;
+        }
+        // The ceiling is `from` plus the span times the share of the
+        // warm-up gone, rounded down: it reaches `ceiling + 1` at that
+        // share of the warm-up, rounded up to the µs.
+        let span = u128::from(self.config.max - warm_up.from);
+        let next = u128::from(ceiling - warm_up.from + 1);
+        let over = warm_up.over.as_micros();
+        let after = (over * next).div_ceil(span).min(over);
+        let after = u64::try_from(after).unwrap_or(u64::MAX);
+        Some(Timestamp::from_micros(
+            self.started.as_micros().saturating_add(after),
+        ))
     }
 
     /// Counts a request that waits for a slot, at `now`: the limit holds

@@ -148,14 +148,15 @@ impl Gate {
         (inner.concurrency.snapshot(now), waiting(&inner))
     }
 
-    /// Sets a timer to serve the requests waiting when the class
-    /// `dispatch` stopped at reopens (at `reopens`, if it stopped at a
-    /// closed class): a release is not what lets a closed class in, and
-    /// none may come. No timer is set if one fires sooner; one sleeps at
-    /// most the 100 ms of a closure (a clock stepped back would put the
-    /// reopening far away), and one past its time without firing (its
-    /// runtime gone) is replaced. None outside a Tokio runtime (a release
-    /// from a drop there): the next release or entry dispatches.
+    /// Sets a timer to serve the requests waiting when the one `dispatch`
+    /// stopped at could run though no request ends (at `reopens`: its
+    /// class reopens, or a warm-up raises the limit): a release is not
+    /// what lets it in, and none may come. No timer is set if one fires
+    /// sooner; one sleeps at most the 100 ms of a closure (a clock stepped
+    /// back would put the reopening far away), and one past its time
+    /// without firing (its runtime gone) is replaced. None outside a Tokio
+    /// runtime (a release from a drop there): the next release or entry
+    /// dispatches.
     fn wake_at(self: &Arc<Self>, inner: &mut Inner, reopens: Option<Timestamp>, now: Timestamp) {
         let Some(reopens) = reopens else {
             return;
@@ -238,7 +239,8 @@ impl Gate {
 /// Passes the free slots to the requests waiting, the most important
 /// first, the oldest first within a class; stops at the first that may
 /// not run yet (the classes below may use no more than it). Returns when
-/// that one's class reopens, if a refusal above closed it.
+/// that one could run though no request ends: when its class reopens, if
+/// a refusal above closed it, or when a warm-up next raises the limit.
 fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
     let Inner {
         concurrency,
@@ -253,7 +255,7 @@ fn dispatch(inner: &mut Inner, now: Timestamp) -> Option<Timestamp> {
                 continue;
             }
             if !concurrency.would_admit(class, now) {
-                return concurrency.closed_until(class, now);
+                return concurrency.next_opening(class, now);
             }
             let waiter = queue.pop_front()?;
             let Some(permit) = concurrency.try_acquire(class, now) else {

@@ -224,3 +224,37 @@ async fn a_wait_is_counted_from_the_requests_entry_not_its_first_poll() {
     assert_eq!(start.elapsed(), Duration::ZERO);
     running.abort();
 }
+
+/// While a warm-up raises the limit, the requests waiting run as it rises,
+/// though no request ends: they waited, with room for them, until a
+/// request ended or came, and with none they were shed at their deadline.
+/// Here the limit rises from 1 to 101 over 10 s (one more every 100 ms)
+/// while the first request holds its slot: the four behind it run one a
+/// rise, the last at 400 ms, where all four were shed at 5 s.
+#[tokio::test(start_paused = true)]
+async fn requests_waiting_run_as_a_warm_up_raises_the_limit() {
+    let held = Held::default();
+    let limit = AdaptiveLimit::builder("api")
+        .bounds(1, 101)
+        .initial(101)
+        .warm_up(1, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let layer = layer(limit).queue(10, Duration::from_secs(5)).unwrap();
+    let state = layer.handle();
+    let app = held.app(layer);
+    let (first, _) = send(&app, Priority::Default, 1).await;
+    let (waiting, shed) = send(&app, Priority::Default, 4).await;
+    assert_eq!((waiting.len(), shed, state.queued()), (4, 0, 4));
+    let mut running = Vec::new();
+    // Halfway between rises.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for rise in 1..=4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        running.push((state.snapshot().in_flight, state.queued()));
+        assert_eq!(state.snapshot().limit, 1 + rise);
+    }
+    assert_eq!(running, [(2, 3), (3, 2), (4, 1), (5, 0)]);
+    held.go.add_permits(5);
+    answered(first.into_iter().chain(waiting), StatusCode::OK).await;
+}

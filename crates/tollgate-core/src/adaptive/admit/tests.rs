@@ -373,3 +373,50 @@ fn a_share_of_a_whole_number_of_requests_keeps_that_many() {
     );
     assert_eq!(state.ceiling_of(Priority::Default, T0), 93);
 }
+
+/// While a warm-up's ceiling holds the limit down, the next opening is
+/// the instant it next rises, exactly: then one more request runs, and not
+/// a µs before. Once the estimate is below the ceiling, or the warm-up is
+/// over, only a request ending makes room.
+#[test]
+fn a_warm_up_opens_a_slot_each_time_its_ceiling_rises() {
+    // From 1 to 8 over 1 s: 7 rises, every 142,857.14 µs.
+    let config = AdaptiveLimit::builder("test")
+        .bounds(1, 8)
+        .initial(8)
+        .warm_up(1, Duration::from_secs(1))
+        .build()
+        .unwrap_or_else(|error| unreachable!("{error}"));
+    let mut state = Concurrency::new(&config, T0);
+    let mut held = vec![state.try_acquire(Priority::Default, T0)];
+    let mut at = T0;
+    let mut rises = Vec::new();
+    while let Some(next) = state.next_opening(Priority::Default, at) {
+        assert!(next > at);
+        let just_before = Timestamp::from_micros(next.as_micros() - 1);
+        assert_eq!(state.limit(just_before), state.limit(at));
+        assert_eq!(state.limit(next), state.limit(at) + 1);
+        held.push(state.try_acquire(Priority::Default, next));
+        rises.push(next.as_micros() - T0.as_micros());
+        at = next;
+    }
+    assert_eq!(
+        rises,
+        [
+            142_858, 285_715, 428_572, 571_429, 714_286, 857_143, 1_000_000
+        ]
+    );
+    assert!(held.iter().all(Option::is_some));
+    assert_eq!(state.in_flight(), 8);
+    // An estimate below the ceiling: a rise changes nothing.
+    let low = AdaptiveLimit::builder("test")
+        .bounds(1, 8)
+        .initial(2)
+        .warm_up(1, Duration::from_secs(1))
+        .build()
+        .unwrap_or_else(|error| unreachable!("{error}"));
+    let state = Concurrency::new(&low, T0);
+    let later = T0 + Duration::from_millis(500);
+    assert_eq!(state.limit(later), 2);
+    assert_eq!(state.next_opening(Priority::Default, later), None);
+}
