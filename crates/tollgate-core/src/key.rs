@@ -126,6 +126,18 @@ impl Key {
     }
 
     /// A key for an authenticated user or client id.
+    ///
+    /// Not the key the `tollgate` crate's `ExtensionKey` makes of the same
+    /// id: that one also records the id's type ([`Key::typed`], through
+    /// its `ToKey` trait), so that a user id `7` and a name `"7"` are two
+    /// keys. To read, reset or bill what such a layer counted, make the key
+    /// as it does (`"ada".to_key()`).
+    ///
+    /// ```
+    /// use tollgate_core::{Key, KeyKind, TypeTag};
+    ///
+    /// assert_ne!(Key::user("ada"), Key::typed(KeyKind::User, TypeTag::Str, "ada"));
+    /// ```
     pub fn user(id: impl AsRef<[u8]>) -> Self {
         Self::new(KeyKind::User, id)
     }

@@ -151,7 +151,8 @@ pub use tollgate_core::{
 /// Guides: how to choose, key, run, observe and roll out limits.
 ///
 /// The same pages are in the crate's `guides/` folder; every code block
-/// in them is compiled and run as a doctest.
+/// in them is compiled as a doctest, and run unless it needs a Redis
+/// server (marked `no_run`).
 pub mod guides {
     #[doc = include_str!("../guides/choosing-an-algorithm.md")]
     pub mod choosing_an_algorithm {}

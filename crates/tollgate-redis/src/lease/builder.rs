@@ -135,7 +135,9 @@ fn sweep_every<S: Store>(shared: Weak<Shared<S>>, interval: Duration) {
 }
 
 impl LeasedStore<()> {
-    /// Settings, to [`connect`](LeasedStoreBuilder::connect) around a store.
+    /// Settings, to [`wrap`](LeasedStoreBuilder::wrap) around a store (or
+    /// [`connect`](LeasedStoreBuilder::connect) around one, subscribing
+    /// through a URL of its own).
     pub fn builder() -> LeasedStoreBuilder {
         LeasedStoreBuilder::default()
     }

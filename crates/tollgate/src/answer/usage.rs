@@ -23,15 +23,15 @@ use super::http::json_escaped;
 /// [`read`](UsageReport::read) to show an operator any user's usage.
 ///
 /// ```
-/// use tollgate::UsageReport;
-/// use tollgate::Key;
+/// use tollgate::{ToKey, UsageReport};
 /// use tollgate_core::ledger::{Granularity, Ledger, MemoryLedger, UsageQuery};
 /// use tollgate_core::Timestamp;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ledger = MemoryLedger::new();
-/// let ada = Key::user("ada");
+/// // The key a layer keyed by `ExtensionKey::<String>` made of her id.
+/// let ada = "ada".to_key();
 /// let day = Timestamp::from_secs(1_767_225_600); // 2026-01-01
 /// ledger.record(&ada, "items", day, 3);
 /// let query = UsageQuery::new(Granularity::Day, day, Timestamp::from_secs(1_767_312_000))?;

@@ -68,7 +68,7 @@ type Route = Arc<dyn Fn(&Request) -> Option<(Key, Policy)> + Send + Sync>;
 ///     .store(store.clone())
 ///     .plans(plans.clone());
 /// let app = Router::new()
-///     .route("/items", get(|| async { "items" }).layer(items))
+///     .route("/items", get(|| async { "items" }).route_layer(items))
 ///     .route("/rate_limit", get(RateLimitStatus::new(store).route(user, plans)))
 ///     .layer(middleware::from_fn(auth));
 ///

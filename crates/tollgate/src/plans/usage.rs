@@ -76,7 +76,7 @@ type Route = Arc<dyn Fn(&Request) -> Option<(Key, Arc<[String]>)> + Send + Sync>
 ///     .store(store)
 ///     .plans(plans.clone());
 /// let app = Router::new()
-///     .route("/items", get(|| async { "items" }).layer(items))
+///     .route("/items", get(|| async { "items" }).route_layer(items))
 ///     .route("/usage", get(UsageStatus::new(ledger).route(user, plans)))
 ///     .layer(middleware::from_fn(auth));
 ///

@@ -296,7 +296,7 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
     /// let plans = PlanMap::builder(free.clone())
     ///     .plan("pro", Choice::new(pro).cost(5))
     ///     .from_extension::<Plan>()?;
-    /// let app = Router::new().route("/export", get(|| async { "..." })).layer(
+    /// let app = Router::new().route("/export", get(|| async { "..." })).route_layer(
     ///     RateLimitLayer::new(free, ExtensionKey::<String>::new())
     ///         .store(MemoryStore::builder().clock(FakeClock::default()).build()?)
     ///         .cost(10)
