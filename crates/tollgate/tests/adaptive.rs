@@ -264,6 +264,8 @@ async fn warm_up_ramps_the_limit_from_its_start_to_the_maximum() {
 mod backend;
 #[path = "adaptive/queue.rs"]
 mod queue;
+#[path = "adaptive/stacked.rs"]
+mod stacked;
 
 #[tokio::test(start_paused = true)]
 async fn beside_a_per_key_limit_a_request_refused_for_its_key_never_takes_a_slot() {
