@@ -275,3 +275,38 @@ async fn a_cluster_store_built_before_its_cluster_decides_through_it_once_up() {
         "one count in the cluster, shared by both"
     );
 }
+
+/// A store's first call after Redis came back goes through Redis. While
+/// Redis was down, the connection manager's last attempt to connect again
+/// was refused, and it kept that refusal for the next call: the first
+/// call after Redis came back failed with it, whenever it came (here 2 s
+/// later), and only the one after connected. Likewise a connection that
+/// died while the store was idle (Redis restarted in between) failed the
+/// first call on it. Now a store whose calls did not go through for a
+/// second pings Redis in the background, and connects again within about
+/// a second of Redis answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_redis_came_back_goes_through() {
+    let mut server = RedisServer::spawn();
+    let url = server.url();
+    let policy = Policy::new("back", Algorithm::Gcra, "50/h").unwrap();
+    let key = Key::user("ada");
+    let store = store(&url, &unique_prefix("back")).await;
+    assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    // Down for a while: calls fail, and the attempts they set off to
+    // connect again are refused.
+    server.kill();
+    for _ in 0..3 {
+        assert!(store.check(&key, &policy, 1).await.is_err());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.restart();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first = store.check(&key, &policy, 1).await;
+    assert!(first.is_ok(), "after Redis came back: {first:?}");
+    // Restarted while the store is idle.
+    server.restart();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first = store.check(&key, &policy, 1).await;
+    assert!(first.is_ok(), "after a restart while idle: {first:?}");
+}

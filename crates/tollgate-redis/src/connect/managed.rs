@@ -19,12 +19,26 @@ use crate::running::Running;
 /// behind a DNS name or proxy, the new connection reaches the new master.
 /// At most one replacement runs at a time, in the background; requests go
 /// on with the current connection meanwhile.
+///
+/// A second in which no call went through (the store was idle, or Redis
+/// failed), it sends Redis a `PING` in the background: so a connection
+/// that died while the store was idle (Redis restarted) is found dead and
+/// made anew before a request needs it, and one whose last attempt to
+/// connect again was refused while Redis was down connects again within a
+/// second of Redis answering, rather than failing the first request after
+/// it with that old refusal.
 #[derive(Clone)]
 pub struct ManagedConnection {
     client: redis::Client,
     config: ConnectionManagerConfig,
     swap: Swappable,
+    /// Whether a call went through since the watch last looked (see
+    /// [`ManagedConnection::watch`]).
+    through: Arc<AtomicBool>,
 }
+
+/// How often a [`ManagedConnection`] that no call went through checks it.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for ManagedConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -57,11 +71,62 @@ impl ManagedConnection {
             let (client, config) = (client.clone(), config.clone());
             async move { ConnectionManager::new_with_config(client, config).await }
         };
-        Self {
+        let connection = Self {
             client,
             config,
             swap: Swappable::connect(fresh, connect_budget).await,
-        }
+            through: Arc::new(AtomicBool::new(false)),
+        };
+        connection.watch(connect_budget);
+        connection
+    }
+
+    /// Starts the watch: every [`WATCH_EVERY`] in which no call went
+    /// through, a `PING` through the connection manager (one more if it
+    /// fails, which waits for the attempt to connect again that the first
+    /// set off), or an attempt to connect while there is none. Each within
+    /// `budget`. It ends once the last clone of the connection is dropped.
+    fn watch(&self, budget: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let through = Arc::downgrade(&self.through);
+        let this = self.clone();
+        // The watch holds no strong count of `through`: its own clone
+        // gives its `through` up at once.
+        let Self {
+            client,
+            config,
+            swap,
+            through: _,
+        } = this;
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH_EVERY).await;
+                let Some(went_through) = through.upgrade() else {
+                    return;
+                };
+                if went_through.swap(false, Ordering::Relaxed) {
+                    continue;
+                }
+                drop(went_through);
+                let Some(mut connection) = swap.current() else {
+                    let (client, config) = (client.clone(), config.clone());
+                    swap.refresh(async move {
+                        ConnectionManager::new_with_config(client, config).await
+                    });
+                    continue;
+                };
+                for _ in 0..2 {
+                    let ping = redis::cmd("PING");
+                    let pinged =
+                        tokio::time::timeout(budget, ping.query_async::<()>(&mut connection));
+                    if matches!(pinged.await, Ok(Ok(()))) {
+                        break;
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -79,7 +144,12 @@ impl RedisConnection for ManagedConnection {
             self.refresh();
             return Err(self.swap.not_connected());
         };
-        Ok(cmd.query_async(&mut connection).await?)
+        let reply = cmd.query_async(&mut connection).await?;
+        // Read first: most calls find it set, and leave its line shared.
+        if !self.through.load(Ordering::Relaxed) {
+            self.through.store(true, Ordering::Relaxed);
+        }
+        Ok(reply)
     }
 
     fn is_one_server(&self) -> bool {
