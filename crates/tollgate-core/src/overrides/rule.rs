@@ -24,7 +24,9 @@ use crate::policy::Policy;
 ///   rate-limit headers (there is no limit to tell of), and the key's
 ///   state under the policy is left as it was, so it resumes there when
 ///   the exemption ends. To keep counting a tenant (for usage), raise its
-///   limit instead.
+///   limit instead. Not refused by an operator's block either, which
+///   lives in the store: to shut an exempt key out, set a `deny` in the
+///   exemption's place.
 /// - [`Deny`](Override::Deny): always refused, consuming nothing, with
 ///   **403 Forbidden** (gRPC `PERMISSION_DENIED`), not 429: the refusal is
 ///   an operator's decision, not a rate, and a client that retries a 429

@@ -501,7 +501,11 @@ impl<St: Store> RateLimiter<St> {
     /// is denied, with `Retry-After` exactly the rest of the block, until
     /// it ends; then the key starts afresh. [`RateLimiter::reset`] lifts
     /// it. Blocks the key in the local fallback too, and under its own
-    /// limits as well as the family's (see [`RateLimiter::reset`]).
+    /// limits as well as the family's (see [`RateLimiter::reset`]). A key
+    /// with an `exempt` [`Override`](tollgate_core::Override) is let
+    /// through without the store, so a block does not hold against it
+    /// while the exemption lasts: to shut such a key out, set a `deny`
+    /// override in the exemption's place.
     ///
     /// ```
     /// use std::time::Duration;

@@ -154,6 +154,30 @@ async fn exempt_is_neither_refused_nor_counted_and_has_no_headers() {
     assert_eq!(status.remaining(), 10);
 }
 
+/// An exempt key is let through without the store, so an operator's
+/// block in the store does not hold against it, as documented; a deny set
+/// in the exemption's place shuts it out, and once the exemption is gone
+/// the block holds.
+#[tokio::test]
+async fn a_block_holds_against_an_exempt_key_only_once_the_exemption_is_replaced() {
+    let app = App::new();
+    app.set("ci-bot", "exempt", None).await;
+    let key = Key::header("ci-bot");
+    app.store
+        .block(&key, &app.policy, Duration::from_secs(900))
+        .await
+        .unwrap();
+    assert_eq!(app.request("ci-bot").await.0, StatusCode::OK);
+    app.set("ci-bot", "deny", None).await;
+    assert_eq!(app.request("ci-bot").await.0, StatusCode::FORBIDDEN);
+    app.overrides.clear(&key, &app.policy).await.unwrap();
+    let (status, [_, _, retry], _) = app.request("ci-bot").await;
+    assert_eq!(
+        (status, retry.as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, "900")
+    );
+}
+
 #[tokio::test]
 async fn deny_is_a_403_that_says_so_with_the_rest_as_retry_after() {
     let app = App::new();
