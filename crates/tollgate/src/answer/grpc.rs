@@ -173,10 +173,18 @@ fn pushback(wait: Option<Duration>) -> HeaderValue {
     }
 }
 
-/// `wait` in whole milliseconds, rounded up.
+/// `wait` in whole milliseconds, rounded up, at most [`MAX_PUSHBACK_MS`].
 fn pushback_ms(wait: Duration) -> u64 {
-    u64::try_from(wait.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX)
+    let ms = u64::try_from(wait.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX);
+    ms.min(MAX_PUSHBACK_MS)
 }
+
+/// The longest pushback told: 2^31 - 1 ms (24.8 days), the most a client
+/// that reads it as a 32-bit integer (grpc-java) can take. Past it, such a
+/// client reads a negative or unparseable number, which gRFC A6 takes as
+/// "never retry": a 30-day block would be told never to come back. A
+/// client pushed back that long and refused again is told the rest.
+const MAX_PUSHBACK_MS: u64 = (1 << 31) - 1;
 
 /// A `google.rpc.Status` of `code` and `message` whose details are a
 /// `google.rpc.RetryInfo` of `wait`, if any, and a `google.rpc.QuotaFailure`
@@ -496,6 +504,17 @@ mod tests {
         assert_eq!(pushback(Some(Duration::from_secs(1))), "1000");
         assert_eq!(pushback(Some(Duration::from_micros(66_000_001))), "66001");
         assert_eq!(pushback(None), "-1");
+        // A 30-day block, and the longest wait there is: at most 2^31 - 1,
+        // a 32-bit integer (it was 2592000000, and 18446744073709551615).
+        assert_eq!(
+            pushback(Some(Duration::from_secs(30 * 86_400))),
+            "2147483647"
+        );
+        assert_eq!(pushback(Some(Duration::MAX)), "2147483647");
+        assert_eq!(
+            pushback_ms(Duration::from_millis((1 << 31) - 1)),
+            (1 << 31) - 1
+        );
     }
 
     /// A refusal's `RetryInfo` is replaced, its other details kept;
