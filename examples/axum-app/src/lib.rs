@@ -330,7 +330,8 @@ pub fn metrics_route(handle: PrometheusHandle) -> Router {
 /// - tower-http's `TraceLayer`, whose `request` span
 ///   ([`RequestSpan`](serve::RequestSpan)) carries the request id, the
 ///   method, the matched route and tollgate's decision (the fields of
-///   [`tollgate::trace`]);
+///   [`tollgate::trace`]), and which logs a failed response (a 5xx) at
+///   most once a second ([`ThrottledFailureLog`](serve::ThrottledFailureLog));
 /// - tower-http's `PropagateRequestIdLayer`: the response carries the
 ///   request's `x-request-id`.
 ///
@@ -343,7 +344,11 @@ pub fn serve_layers(router: Router) -> Router {
         tower::ServiceBuilder::new()
             .layer(serve::request_id_check())
             .layer(SetRequestIdLayer::new(serve::REQUEST_ID, MakeRequestUuid))
-            .layer(TraceLayer::new_for_http().make_span_with(serve::RequestSpan))
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(serve::RequestSpan)
+                    .on_failure(serve::ThrottledFailureLog::default()),
+            )
             .layer(PropagateRequestIdLayer::new(serve::REQUEST_ID)),
     )
 }
