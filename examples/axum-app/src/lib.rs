@@ -45,6 +45,7 @@ use std::fmt;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Extension, Query, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -458,16 +459,21 @@ const MAX_TOKENS: u64 = 100_000;
 /// `POST /api/complete?tokens=N` stands in for an LLM call that used N
 /// tokens, known only when it is done: it reports them to the layer, which
 /// settles the request's reservation to them. A real service measures the
-/// tokens itself; here the client says, so a count above [`MAX_TOKENS`] is
-/// the client's mistake, a 400 that used no tokens, rather than a charge
-/// that would lock the user out for years.
+/// tokens itself; here the client says, so a count above [`MAX_TOKENS`],
+/// or one that does not parse, is the client's mistake, a 400 that used no
+/// tokens, rather than a charge that would lock the user out for years.
 async fn complete(
     Extension(user): Extension<UserId>,
-    Query(query): Query<CompleteQuery>,
+    query: Result<Query<CompleteQuery>, QueryRejection>,
 ) -> Result<
     (Extension<ActualCost>, Json<serde_json::Value>),
     (StatusCode, Extension<ActualCost>, String),
 > {
+    // Refused before the handler, it would keep its whole reservation.
+    let Query(query) = query.map_err(|rejection| {
+        let message = format!("{}\n", rejection.body_text());
+        (StatusCode::BAD_REQUEST, Extension(ActualCost(0)), message)
+    })?;
     if query.tokens > MAX_TOKENS {
         let message = format!("tokens must be at most {MAX_TOKENS}\n");
         return Err((StatusCode::BAD_REQUEST, Extension(ActualCost(0)), message));

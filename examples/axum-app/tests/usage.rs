@@ -180,8 +180,9 @@ async fn bad_parameters_are_400() {
 }
 
 /// A client that says its completion used more tokens than any call of
-/// the demo does gets a 400, and its quota is not charged for them: a
-/// count of 2^64 - 1 was settled, and locked the user out for decades.
+/// the demo does, or a count that does not parse, gets a 400, and its
+/// quota is not charged for them: a count of 2^64 - 1 was settled, and
+/// locked the user out for decades.
 #[tokio::test]
 async fn a_completion_of_more_tokens_than_any_call_uses_is_a_400_and_charges_nothing() {
     let app = demo();
@@ -193,6 +194,16 @@ async fn a_completion_of_more_tokens_than_any_call_uses_is_a_400_and_charges_not
     );
     let (status, body) = send(&app, "POST", "/api/complete?tokens=100001", "demo-ada").await;
     assert_eq!(status, 400, "{body}");
+    // A count that does not parse, or past 2^64 - 1, likewise (each was
+    // refused before the handler and kept its reservation of 200: ten of
+    // them spent the 2,000 of the minute).
+    for tokens in ["abc", "-1", "18446744073709551616"] {
+        for _ in 0..10 {
+            let uri = format!("/api/complete?tokens={tokens}");
+            let (status, body) = send(&app, "POST", &uri, "demo-ada").await;
+            assert_eq!(status, 400, "{tokens}: {body}");
+        }
+    }
     let (status, body) = send(&app, "POST", "/api/complete?tokens=1500", "demo-ada").await;
     assert_eq!(status, 200, "{body}");
     let (_, body) = send(&app, "GET", &format!("/usage?{JANUARY}"), "demo-ada").await;
