@@ -113,15 +113,28 @@ pub(crate) fn routes(config: &AppConfig, overrides: &AppOverrides, admin: AdminT
                 Ok(Query(expiry)) => expiry,
                 Err(rejection) => return rejection.into_response(),
             };
-            let Some(family) = find(&families, &policy) else {
+            let Some(named) = find(&families, &policy) else {
                 return not_found();
             };
             let body = axum::body::to_bytes(request.into_body(), 1024).await;
-            let text = body.ok().and_then(|b| String::from_utf8(b.to_vec()).ok());
-            let rule = match text.unwrap_or_default().parse::<Override>() {
+            let Ok(body) = body else {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    "an override is at most 1024 bytes\n",
+                )
+                    .into_response();
+            };
+            let Ok(text) = String::from_utf8(body.to_vec()) else {
+                return (StatusCode::BAD_REQUEST, "an override is UTF-8 text\n").into_response();
+            };
+            let rule = match text.parse::<Override>() {
                 Ok(rule) => rule,
                 Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
             };
+            if let Some(refused) = named.too_small(&rule) {
+                return (StatusCode::BAD_REQUEST, refused).into_response();
+            }
+            let family = &named.family;
             let expires_in = expiry.seconds.map(Duration::from_secs);
             match overrides
                 .set(family, &UserId(user).to_key(), rule, expires_in)
@@ -141,10 +154,10 @@ pub(crate) fn routes(config: &AppConfig, overrides: &AppOverrides, admin: AdminT
             if let Some(refused) = admin.refuses(&request) {
                 return refused;
             }
-            let Some(family) = find(&families, &policy) else {
+            let Some(named) = find(&families, &policy) else {
                 return not_found();
             };
-            match overrides.clear(family, &UserId(user).to_key()).await {
+            match overrides.clear(&named.family, &UserId(user).to_key()).await {
                 Ok(()) => StatusCode::NO_CONTENT.into_response(),
                 Err(_) => unavailable(),
             }
@@ -158,24 +171,75 @@ pub(crate) fn routes(config: &AppConfig, overrides: &AppOverrides, admin: AdminT
 
 /// Each name an operator may give, and the family it stands for: a
 /// user-keyed route's policy name, its family; a plan's, that policy.
-fn families(config: &AppConfig) -> std::sync::Arc<[(String, PolicyFamily)]> {
+fn families(config: &AppConfig) -> std::sync::Arc<[Named]> {
     let user_keyed = config.routes.iter().filter(|r| r.key == KeySpec::User);
     let mut all = Vec::new();
     for route in user_keyed {
-        let family = route.plan_map.family().clone();
-        all.push((route.policy.name().to_owned(), family));
+        let plans = route.plans.iter().map(|p| (p.policy.clone(), p.cost));
+        all.push(Named {
+            name: route.policy.name().to_owned(),
+            family: route.plan_map.family().clone(),
+            costs: std::iter::once((route.policy.clone(), route.cost))
+                .chain(plans)
+                .collect(),
+        });
         for plan in &route.plans {
-            all.push((plan.policy.name().to_owned(), plan.policy.clone().into()));
+            all.push(Named {
+                name: plan.policy.name().to_owned(),
+                family: plan.policy.clone().into(),
+                costs: vec![(plan.policy.clone(), plan.cost)],
+            });
         }
     }
     all.into()
 }
 
-fn find<'a>(families: &'a [(String, PolicyFamily)], policy: &str) -> Option<&'a PolicyFamily> {
-    families
-        .iter()
-        .find(|(name, _)| name == policy)
-        .map(|(_, f)| f)
+/// A name an operator may give: the family it stands for, and each of the
+/// family's policies with the cost of a request under it.
+struct Named {
+    name: String,
+    family: PolicyFamily,
+    costs: Vec<(Policy, u64)>,
+}
+
+impl Named {
+    /// Why `rule` would admit no request of a policy of the family, if it
+    /// would not: its limits hold less than a request costs, as the policy
+    /// file refuses for a route's own limits.
+    fn too_small(&self, rule: &Override) -> Option<String> {
+        let (limits, burst) = match rule {
+            Override::Limits { limits, burst } => (limits, *burst),
+            Override::Exempt | Override::Deny => return None,
+        };
+        self.costs.iter().find_map(|(policy, cost)| {
+            let mut own = Policy::builder(policy.name()).algorithm(policy.algorithm());
+            for &limit in limits {
+                own = own.limit(limit);
+            }
+            if let Some(burst) = burst {
+                own = own.burst(burst);
+            }
+            // One that does not build is refused when it is set.
+            let capacity = own
+                .build()
+                .ok()?
+                .params()
+                .iter()
+                .map(|p| p.capacity)
+                .min()?;
+            (capacity < *cost).then(|| {
+                format!(
+                    "the override holds {capacity} under '{}', less than a request's cost of \
+                     {cost}: no request would be admitted\n",
+                    policy.name()
+                )
+            })
+        })
+    }
+}
+
+fn find<'a>(families: &'a [Named], policy: &str) -> Option<&'a Named> {
+    families.iter().find(|named| named.name == policy)
 }
 
 fn not_found() -> Response {

@@ -411,3 +411,32 @@ async fn an_operators_block_holds_through_an_outage_and_a_reset_lifts_it() {
     store.fail(true);
     assert_eq!(burst(&app, "/api/items", user, 3).await.0, 3);
 }
+
+/// An operator's override whose limits hold less than a request of the
+/// route costs is refused with 400, as the policy file refuses such
+/// limits: `export` costs 10 on the free plan, so `5/h` would admit no
+/// export of olga's again (it was taken with 204, and every export of hers
+/// refused for good). The plan's policy named alone costs 5. A body too
+/// long or not UTF-8 says so (it read as an empty override).
+#[tokio::test]
+async fn an_override_that_holds_less_than_a_request_costs_is_refused() {
+    let admin = axum_app::AdminToken::new("s3cret");
+    let app =
+        axum_app::app_with_admin(&config(), BoxStore::with_slots(MemoryStore::new()), admin).layer(
+            MockConnectInfo(SocketAddr::from(([198, 51, 100, 11], 5555))),
+        );
+    let set = |policy: &str, body: Body| {
+        let mut request = as_admin("PUT", &format!("/admin/rate_limit/{policy}/olga/override"));
+        *request.body_mut() = body;
+        request
+    };
+    let status =
+        async |request: Request<Body>| app.clone().oneshot(request).await.unwrap().status();
+    assert_eq!(status(set("export", "5/h".into())).await, 400);
+    assert_eq!(status(set("export", "100/h burst 9".into())).await, 400);
+    assert_eq!(burst(&app, "/api/export", "olga", 6).await.0, 5);
+    assert_eq!(status(set("export-pro", "5/h".into())).await, 204);
+    assert_eq!(status(set("export", "10/h".into())).await, 204);
+    assert_eq!(status(set("export", "x".repeat(2_000).into())).await, 400);
+    assert_eq!(status(set("export", vec![0xff, 0xfe].into())).await, 400);
+}
