@@ -371,6 +371,15 @@ fn handler(method: &str, path: &str) -> MethodRouter {
     }
 }
 
+/// The credentials of a `Bearer` authorization, whose scheme is
+/// case-insensitive (RFC 9110: `bearer x` is `Bearer x`).
+pub(crate) fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, credentials) = value.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"Bearer ")
+        .then_some(credentials)
+}
+
 /// `Authorization: Bearer demo-<user>` authenticates as `<user>` on the
 /// free plan, `Bearer demo-pro-<user>` on the pro plan; anything else gets
 /// 401.
@@ -378,8 +387,9 @@ pub(crate) async fn demo_auth(mut request: Request, next: Next) -> Response {
     let token = request
         .headers()
         .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer demo-"));
+        .and_then(|v| bearer(v.as_bytes()))
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.strip_prefix("demo-"));
     let (plan, user) = match token {
         Some(token) => match token.strip_prefix("pro-") {
             Some(user) => (Plan("pro"), user),

@@ -126,7 +126,7 @@ impl AdminToken {
         let given = request
             .headers()
             .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            .and_then(|v| crate::bearer(v.as_bytes()));
         match given {
             None => Some(
                 (

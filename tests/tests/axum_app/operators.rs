@@ -99,6 +99,9 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     assert_eq!(json(&app, reset(ada, Some("Bearer demo-ada"))).await.0, 403);
     assert_eq!(json(&app, reset(ada, Some("Bearer s3cre"))).await.0, 403);
     assert_eq!(json(&app, reset(ada, Some("s3cret"))).await.0, 401);
+    // The scheme's case does not matter (it was a 401).
+    let lower = Request::get(ada).header("authorization", "bearer s3cret");
+    assert_eq!(json(&app, lower.body(Body::empty()).unwrap()).await.0, 200);
     let unknown = "/admin/rate_limit/api-ip/ada";
     assert_eq!(
         json(&app, reset(unknown, Some("Bearer s3cret"))).await.0,
