@@ -4,7 +4,7 @@
 //! binding limit), with each of the policy's limits under `limits`
 //! (`search` has 2/s and 100/h), consuming nothing; and, with an admin token configured,
 //! `DELETE /admin/rate_limit/{policy}/{user}`, which lets a spent user in
-//! again, `POST /admin/rate_limit/{policy}/{user}/block?seconds=N`, which
+//! again, `POST /admin/rate_limit/{policy}/{user}/block?seconds=N` (N at least 1), which
 //! shuts one out, and `GET /admin/rate_limit/{policy}/{user}`, which shows
 //! the user's state. A route's policy name (`export`) stands for the
 //! route's [`PolicyFamily`]: the route's policy and every plan's
@@ -242,6 +242,10 @@ impl Admin {
         let Some(limiter) = self.family(&policy).and_then(|f| self.limiter(f, true)) else {
             return not_found();
         };
+        if let Some(Block { seconds: 0 }) = block {
+            // A block of no time would forget the user's use, as a reset.
+            return (StatusCode::BAD_REQUEST, "seconds must be at least 1\n").into_response();
+        }
         let key = UserId(user).to_key();
         let done = match block {
             None => limiter.reset(&key).await,

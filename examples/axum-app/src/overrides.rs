@@ -2,8 +2,8 @@
 //! ([`AppOverrides`]: in memory, or in Redis when the store is), and, with
 //! an admin token, `PUT /admin/rate_limit/{policy}/{user}/override` (the
 //! body is the override: `1000/min`, `5/s 100/h burst 10`, `exempt` or
-//! `deny`; `?seconds=N` makes it expire) and `DELETE` of the same path,
-//! which clears it. As for the other admin routes, a route's policy name
+//! `deny`; `?seconds=N`, N at least 1, makes it expire) and `DELETE` of the
+//! same path, which clears it. As for the other admin routes, a route's policy name
 //! stands for the route's family (the route's policy and every plan's):
 //! the user's override holds whichever plan they are on.
 
@@ -113,6 +113,10 @@ pub(crate) fn routes(config: &AppConfig, overrides: &AppOverrides, admin: AdminT
                 Ok(Query(expiry)) => expiry,
                 Err(rejection) => return rejection.into_response(),
             };
+            if expiry.seconds == Some(0) {
+                // An override that ends as it is set.
+                return (StatusCode::BAD_REQUEST, "seconds must be at least 1\n").into_response();
+            }
             let Some(named) = find(&families, &policy) else {
                 return not_found();
             };

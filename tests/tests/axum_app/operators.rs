@@ -136,6 +136,13 @@ async fn operators(store: BoxStore, clock: &FakeClock) -> Vec<serde_json::Value>
     }
     let no_seconds = "/admin/rate_limit/export/ada/block";
     assert_eq!(json(&app, block(no_seconds, "Bearer s3cret")).await.0, 400);
+    // A block, or an override, of no time is refused (a block of 0 s
+    // forgot the user's use, as a reset does, and answered 204).
+    let no_time = "/admin/rate_limit/export/ada/block?seconds=0";
+    assert_eq!(json(&app, block(no_time, "Bearer s3cret")).await.0, 400);
+    let mut instant = as_admin("PUT", "/admin/rate_limit/export/ada/override?seconds=0");
+    *instant.body_mut() = Body::from("deny");
+    assert_eq!(json(&app, instant).await.0, 400);
     assert_eq!(json(&app, block(blocking, "Bearer s3cret")).await.0, 204);
     let (admitted, denied) = burst(&app, "/api/export", "ada", 1).await;
     assert_eq!((admitted, denied.get("retry-after")), (0, Some("90")));
