@@ -133,6 +133,7 @@ pub use rate_limit::{
     ActualCost, BodyKind, Choice, ChosenPolicy, KeepBody, RateLimit, RateLimitLayer,
     ResponseFuture, Settle, WrapBody,
 };
+pub use report::LogThrottle;
 pub use tollgate_core::ledger;
 pub use tollgate_core::telemetry;
 pub use tollgate_core::topkeys;

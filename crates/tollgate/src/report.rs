@@ -413,17 +413,17 @@ fn current_span_has_fields() -> bool {
 #[derive(Debug)]
 struct Throttles {
     /// Store failures.
-    failure: Throttle,
+    failure: LogThrottle,
     /// Requests without a key: a flood of them must not hold back the
     /// store-failure warnings, nor flood the log itself.
-    missing: Throttle,
+    missing: LogThrottle,
 }
 
 impl Default for Throttles {
     fn default() -> Self {
         Self {
-            failure: Throttle::new(Duration::from_secs(1)),
-            missing: Throttle::new(Duration::from_secs(1)),
+            failure: LogThrottle::new(Duration::from_secs(1)),
+            missing: LogThrottle::new(Duration::from_secs(1)),
         }
     }
 }
@@ -483,10 +483,26 @@ impl Chosen {
     }
 }
 
-/// Lets a line through at most once per interval, counting the ones it
-/// holds back, so an outage cannot flood the logs.
+/// Lets a log line through at most once per interval, counting the ones it
+/// holds back, so that an outage, or a client, cannot flood the logs: what
+/// the layers log their warnings through, for an app's own lines too (the
+/// demo logs its failed responses through one).
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use tollgate::LogThrottle;
+///
+/// let throttle = LogThrottle::new(Duration::from_secs(1));
+/// let start = Instant::now();
+/// assert_eq!(throttle.may_log(start), Some(0));
+/// assert_eq!(throttle.may_log(start), None);
+/// assert_eq!(throttle.may_log(start + Duration::from_millis(999)), None);
+/// // The next line, with the two held back since.
+/// assert_eq!(throttle.may_log(start + Duration::from_secs(1)), Some(2));
+/// ```
 #[derive(Debug)]
-pub(crate) struct Throttle {
+pub struct LogThrottle {
     origin: Instant,
     interval: Duration,
     /// When the last line was logged, in ms since `origin`, plus one (0: never).
@@ -494,8 +510,9 @@ pub(crate) struct Throttle {
     suppressed: AtomicU64,
 }
 
-impl Throttle {
-    pub(crate) fn new(interval: Duration) -> Self {
+impl LogThrottle {
+    /// A throttle of one line per `interval`, from now.
+    pub fn new(interval: Duration) -> Self {
         Self {
             origin: Instant::now(),
             interval,
@@ -505,8 +522,8 @@ impl Throttle {
     }
 
     /// `Some(lines held back since the last one)` if a line may be logged
-    /// at `now`.
-    pub(crate) fn may_log(&self, now: Instant) -> Option<u64> {
+    /// at `now`; `None` (and the line counted as held back) if not.
+    pub fn may_log(&self, now: Instant) -> Option<u64> {
         let now_ms = u64::try_from(now.saturating_duration_since(self.origin).as_millis())
             .unwrap_or(u64::MAX - 1)
             + 1;
@@ -572,7 +589,7 @@ mod tests {
 
     #[test]
     fn logs_once_per_second_with_the_count_of_the_rest() {
-        let throttle = Throttle::new(Duration::from_secs(1));
+        let throttle = LogThrottle::new(Duration::from_secs(1));
         let t0 = throttle.origin;
         assert_eq!(throttle.may_log(t0), Some(0));
         for _ in 0..99 {

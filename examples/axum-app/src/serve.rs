@@ -109,22 +109,24 @@ fn record_matched_path(request: Request) -> Request {
     request
 }
 
-/// tower-http's log of a failed response (a 5xx), at most one line a
-/// second: a client can make the server answer 503 to every request (the
-/// service shedding its load, a store failing closed), and must not make
-/// it write a line for each. A line says how many failures it stands for
-/// (`failures`: itself and those left unwritten since the last line).
-#[derive(Debug, Clone, Default)]
+/// tower-http's log of a failed response (a 5xx), through a
+/// [`LogThrottle`](tollgate::LogThrottle) of a second: a client can make
+/// the server answer 503 to every request (the service shedding its load, a
+/// store failing closed), and must not make it write a line for each. A
+/// line says how many failures it stands for (`failures`: itself and those
+/// held back since the last line).
+#[derive(Debug, Clone)]
 pub struct ThrottledFailureLog {
-    state: std::sync::Arc<FailureLog>,
+    throttle: std::sync::Arc<tollgate::LogThrottle>,
 }
 
-#[derive(Debug, Default)]
-struct FailureLog {
-    /// The second, since the Unix epoch, of the last line written.
-    second: std::sync::atomic::AtomicU64,
-    /// The failures since then, not written.
-    unwritten: std::sync::atomic::AtomicU64,
+impl Default for ThrottledFailureLog {
+    fn default() -> Self {
+        let throttle = tollgate::LogThrottle::new(std::time::Duration::from_secs(1));
+        Self {
+            throttle: std::sync::Arc::new(throttle),
+        }
+    }
 }
 
 impl tower_http::trace::OnFailure<tower_http::classify::ServerErrorsFailureClass>
@@ -136,26 +138,14 @@ impl tower_http::trace::OnFailure<tower_http::classify::ServerErrorsFailureClass
         latency: std::time::Duration,
         span: &Span,
     ) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let now = tollgate::Clock::now(&tollgate::SystemClock).as_micros() / 1_000_000;
-        let last = self.state.second.load(Relaxed);
-        // One thread a second writes; the rest count.
-        if last >= now
-            || self
-                .state
-                .second
-                .compare_exchange(last, now, Relaxed, Relaxed)
-                .is_err()
-        {
-            self.state.unwritten.fetch_add(1, Relaxed);
+        let Some(held_back) = self.throttle.may_log(tokio::time::Instant::now()) else {
             return;
-        }
-        let failures = self.state.unwritten.swap(0, Relaxed) + 1;
+        };
         tracing::error!(
             parent: span,
             classification = %class,
             latency_ms = latency.as_millis(),
-            failures,
+            failures = held_back + 1,
             "response failed"
         );
     }

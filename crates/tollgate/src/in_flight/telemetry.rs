@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tollgate_core::Renewal;
 
 use crate::fallback::{FailureMode, FailureReport, Handled};
-use crate::report::Throttle;
+use crate::report::LogThrottle;
 /// The layer's metrics (with the `metrics` feature) and throttled logs.
 #[derive(Clone)]
 pub(super) struct Telemetry {
@@ -13,8 +13,8 @@ pub(super) struct Telemetry {
     held: metrics::Gauge,
     #[cfg(feature = "metrics")]
     rejected: metrics::Counter,
-    throttle: Arc<Throttle>,
-    gone: Arc<Throttle>,
+    throttle: Arc<LogThrottle>,
+    gone: Arc<LogThrottle>,
     /// Counts store failures and what the failure policy made of them,
     /// as a rate limit of the same name does.
     failures: Arc<crate::report::Telemetry>,
@@ -35,8 +35,8 @@ impl Telemetry {
                 tollgate_core::telemetry::INFLIGHT_REJECTED,
                 "policy" => _name.to_owned()
             ),
-            throttle: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
-            gone: Arc::new(Throttle::new(std::time::Duration::from_secs(1))),
+            throttle: Arc::new(LogThrottle::new(std::time::Duration::from_secs(1))),
+            gone: Arc::new(LogThrottle::new(std::time::Duration::from_secs(1))),
             failures: Arc::new(crate::report::Telemetry::new(_name)),
         }
     }

@@ -13,7 +13,7 @@ use tollgate_core::{
     SystemClock, Timestamp,
 };
 
-use crate::report::Throttle;
+use crate::report::LogThrottle;
 
 use asks::{Asked, Asks, First, Pending};
 
@@ -143,7 +143,7 @@ struct Inner<L> {
     asked: Mutex<Asks>,
     /// Failed lookups' warnings: a failing source logs once a second, not
     /// once per key.
-    failures: Throttle,
+    failures: LogThrottle,
 }
 
 impl<L: OverrideLookup> CachedLookup<L> {
@@ -286,7 +286,7 @@ impl<L: OverrideLookup> CachedLookupBuilder<L> {
                 clock: self.clock,
                 table: OverrideTable::new(),
                 asked: Mutex::new(Asks::default()),
-                failures: Throttle::new(Duration::from_secs(1)),
+                failures: LogThrottle::new(Duration::from_secs(1)),
             }),
         })
     }
