@@ -90,16 +90,9 @@ impl ManagedConnection {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        // Weak, so that the watch ends with the connection's last clone.
         let through = Arc::downgrade(&self.through);
-        let this = self.clone();
-        // The watch holds no strong count of `through`: its own clone
-        // gives its `through` up at once.
-        let Self {
-            client,
-            config,
-            swap,
-            through: _,
-        } = this;
+        let (client, config, swap) = (self.client.clone(), self.config.clone(), self.swap.clone());
         runtime.spawn(async move {
             loop {
                 tokio::time::sleep(WATCH_EVERY).await;
