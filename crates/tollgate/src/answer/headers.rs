@@ -59,18 +59,18 @@ pub enum HeaderStyle {
     ///
     /// ```text
     /// RateLimit-Policy: "search-0";q=25;w=5, "search-1";q=300;w=60
-    /// RateLimit: "search-0";r=0;t=3, "search-1";r=290;t=0
+    /// RateLimit: "search-0";r=0;t=3, "search-1";r=290;t=42
     /// ```
     ///
     /// Items are named after the policy, with `-<index>` when it has several
     /// limits. `q` is the capacity, `w` the period in seconds (rounded up),
     /// `r` the remaining quota and `t` the seconds until more quota is
-    /// available (0 while some remains; rounded up): for a limit with none
-    /// left, when a request denied would be admitted, or when the next
-    /// unit comes back (a token bucket, leaky bucket or GCRA limit gives
-    /// one back every period divided by its count; a fixed window at its
-    /// end; a sliding window or log is counted to when it is fully back,
-    /// the stores telling nothing sooner).
+    /// available (rounded up; 0 while none is used): for a limit with none
+    /// left, when a request denied would be admitted; otherwise when the
+    /// next unit comes back (a token bucket, leaky bucket or GCRA limit
+    /// gives one back every period divided by its count; a fixed window all
+    /// at its end; a sliding window or log is counted to when it is fully
+    /// back, the stores telling nothing sooner).
     Ietf,
     /// [`HeaderStyle::GitHub`] and [`HeaderStyle::Ietf`].
     Both,
@@ -454,11 +454,7 @@ fn ietf_values(decision: &Decision, name: &str, drains: bool) -> Option<[HeaderV
         };
         let window = ceil_secs(status.limit().period());
         let _ = write!(policy, "{sep}{item};q={};w={window}", status.capacity());
-        let more_in = if status.remaining() > 0 {
-            0
-        } else {
-            ceil_secs(next_unit(status, drains, 1))
-        };
+        let more_in = ceil_secs(more_in(status, drains));
         let _ = write!(state, "{sep}{item};r={};t={more_in}", status.remaining());
     }
     // Policy names are validated tokens, so both values are valid header values.
@@ -466,6 +462,34 @@ fn ietf_values(decision: &Decision, name: &str, drains: bool) -> Option<[HeaderV
         HeaderValue::try_from(policy).ok()?,
         HeaderValue::try_from(state).ok()?,
     ])
+}
+
+/// The IETF `t` of `status`, "the seconds until additional quota is made
+/// available" (draft -10), with `drains` as [`PolicyValues`] has it:
+/// nothing while none of it is used; for a limit with none left, when a
+/// unit comes back ([`next_unit`]); for one with some left, when its next
+/// unit comes back if it `drains`, otherwise when it is fully back (a
+/// fixed window's end; a sliding window or log, the stores telling
+/// nothing sooner).
+fn more_in(status: &LimitStatus, drains: bool) -> Duration {
+    let used = status.used();
+    if used == 0 {
+        return Duration::ZERO;
+    }
+    if status.remaining() == 0 {
+        return next_unit(status, drains, 1);
+    }
+    let reset = status.reset();
+    if !drains {
+        return reset;
+    }
+    let backlog = (used - 1).saturating_mul(status.limit().interval_micros());
+    let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
+    match reset_us.saturating_sub(backlog) {
+        // Used by another count than its own backlog: nothing sooner known.
+        0 => reset,
+        wait => Duration::from_micros(wait),
+    }
 }
 
 /// When a limit that has less than `cost` left has room for it again:
@@ -506,7 +530,7 @@ fn next_unit(status: &LimitStatus, drains: bool, cost: u64) -> Duration {
 /// `Retry-After` when the decision denies: for code that decides outside
 /// the layer, such as a middleware over [`RateLimiter`](crate::RateLimiter).
 /// Known only by its name here, the policy's algorithm is not: the IETF
-/// `t` of a limit that an admitted request left empty counts to when it is
+/// `t` of a limit that an admitted request used counts to when it is
 /// fully back, where the layer counts to its next unit for the rate-based
 /// algorithms.
 ///

@@ -391,7 +391,7 @@ async fn ietf_draft_headers_list_every_limit() {
     );
     assert_eq!(
         header(&res, "ratelimit"),
-        Some(r#""search-0";r=1;t=0, "search-1";r=299;t=0"#)
+        Some(r#""search-0";r=1;t=5, "search-1";r=299;t=60"#)
     );
     assert_eq!(
         header(&res, "x-ratelimit-remaining"),
@@ -407,7 +407,7 @@ async fn ietf_draft_headers_list_every_limit() {
     // 4.5 s until the 5 s window ends: t = 5, as is Retry-After.
     assert_eq!(
         header(&res, "ratelimit"),
-        Some(r#""search-0";r=0;t=5, "search-1";r=298;t=0"#)
+        Some(r#""search-0";r=0;t=5, "search-1";r=298;t=60"#)
     );
     assert_eq!(header(&res, "retry-after"), Some("5"));
 
@@ -420,7 +420,7 @@ async fn ietf_draft_headers_list_every_limit() {
     );
     let res = app.oneshot(get_root()).await.unwrap();
     assert_eq!(header(&res, "ratelimit-policy"), Some(r#""one";q=10;w=1"#));
-    assert_eq!(header(&res, "ratelimit"), Some(r#""one";r=9;t=0"#));
+    assert_eq!(header(&res, "ratelimit"), Some(r#""one";r=9;t=1"#));
     assert_eq!(header(&res, "x-ratelimit-limit"), None);
 }
 
@@ -466,6 +466,41 @@ async fn ietf_t_of_an_emptied_limit_counts_to_its_next_unit() {
             Some(want.as_str()),
             "{algorithm}"
         );
+    }
+}
+
+/// The IETF `t` of a limit with quota left: when more of it comes back
+/// (draft -10's "additional quota"), never 0 while some is used. A
+/// rate-based limit of 10 a minute used 3 times gives its next unit back
+/// in 6 s, and 4 s after a fourth request 2 s later; a fixed window's is
+/// its end; a sliding window's when it is fully back.
+#[tokio::test(start_paused = true)]
+async fn ietf_t_of_a_limit_with_quota_left_counts_to_its_next_unit() {
+    for (algorithm, first, later) in [
+        (Algorithm::Gcra, 6, 4),
+        (Algorithm::TokenBucket, 6, 4),
+        (Algorithm::LeakyBucket, 6, 4),
+        (Algorithm::FixedWindow, 60, 58),
+        (Algorithm::SlidingWindow, 120, 118),
+    ] {
+        let (clock, store) = clock_and_store();
+        let policy = Policy::new("one", algorithm, "10/min").unwrap();
+        let app = Router::new().route("/", get(|| async { "ok" })).layer(
+            RateLimitLayer::new(policy, GlobalKey)
+                .store(store)
+                .headers(HeaderStyle::Ietf),
+        );
+        for _ in 0..2 {
+            app.clone().oneshot(get_root()).await.unwrap();
+        }
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        let want = format!(r#""one";r=7;t={first}"#);
+        let got = header(&res, "ratelimit");
+        assert_eq!(got, Some(want.as_str()), "{algorithm}");
+        clock.advance(Duration::from_secs(2));
+        let res = app.oneshot(get_root()).await.unwrap();
+        let got = header(&res, "ratelimit").unwrap_or_default();
+        assert!(got.ends_with(&format!(";t={later}")), "{algorithm}: {got}");
     }
 }
 
