@@ -33,6 +33,7 @@
 
 pub mod config;
 pub mod dashboard;
+pub mod listen;
 pub mod operators;
 pub mod overload;
 pub mod overrides;

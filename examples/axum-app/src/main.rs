@@ -72,6 +72,10 @@ struct Args {
     /// who reads Redis test guesses of the token offline.
     #[arg(long, env = "TOLLGATE_LABEL_SECRET", hide_env_values = true)]
     label_secret: Option<String>,
+    /// How long a client may take to send a request's headers, in
+    /// milliseconds, before its connection is closed.
+    #[arg(long, env = "TOLLGATE_HEADER_TIMEOUT_MS", default_value_t = axum_app::listen::HEADER_TIMEOUT_MS)]
+    header_timeout_ms: u64,
 }
 
 #[tokio::main]
@@ -334,6 +338,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             )
         }
     };
+    if args.header_timeout_ms == 0 {
+        return Err("--header-timeout-ms: 0 would close every connection at once".into());
+    }
+    let header_timeout = std::time::Duration::from_millis(args.header_timeout_ms);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {}", args.listen, chain(&e)))?;
@@ -393,21 +401,21 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     reload_on_sighup(args.config.clone(), current.clone(), parts);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let signalled = stopping.clone();
-    let serve = axum::serve(
+    let serve = axum_app::listen::serve(
         listener,
-        axum_app::serve_layers(Router::new().fallback_service(current))
-            .into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        stop_signal().await;
-        signalled.notify_one();
-    });
+        axum_app::serve_layers(Router::new().fallback_service(current)),
+        header_timeout,
+        async move {
+            stop_signal().await;
+            signalled.notify_one();
+        },
+    );
     // No longer than a grace period after the signal is spent waiting for
     // connections still open (they go on, on their own tasks, until the
     // runtime stops): the last usage is flushed well before `docker
     // stop`'s kill, 10 s after its signal.
     tokio::select! {
-        served = serve => served?,
+        () = serve => {}
         () = async {
             stopping.notified().await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;

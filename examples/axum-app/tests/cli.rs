@@ -183,3 +183,19 @@ fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
+
+/// A header timeout of 0 would close every connection: refused at start.
+#[test]
+fn a_header_timeout_of_zero_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_axum-app"))
+        .args(["--listen", "127.0.0.1:0", "--header-timeout-ms", "0"])
+        .env_remove("REDIS_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--header-timeout-ms: 0 would close every connection at once"),
+        "{stderr}"
+    );
+}
