@@ -118,21 +118,35 @@ impl Channel for RedisChannel {
         })
     }
 
+    /// Publishes on the connection kept for it, made anew when it is
+    /// missing. A connection found dead (Redis restarted since it was
+    /// used: the message never left) is made anew and the message sent
+    /// once more on it, so that the first invalidation or acknowledgement
+    /// after a restart is not lost.
     fn publish<'a>(&'a self, message: &'a str) -> BoxFuture<'a, Result<u64, ChannelError>> {
         Box::pin(async move {
             let mut publisher = self.publisher.lock().await;
-            let connection = match &mut *publisher {
-                Some(connection) => connection,
-                empty @ None => empty.insert(
-                    self.client
-                        .get_multiplexed_async_connection()
-                        .await
-                        .map_err(boxed)?,
-                ),
-            };
-            let sent: redis::RedisResult<u64> = connection.publish(&self.name, message).await;
-            if sent.is_err() {
-                *publisher = None;
+            let mut sent = Ok(0);
+            for _ in 0..2 {
+                let connection = match &mut *publisher {
+                    Some(connection) => connection,
+                    empty @ None => empty.insert(
+                        self.client
+                            .get_multiplexed_async_connection()
+                            .await
+                            .map_err(boxed)?,
+                    ),
+                };
+                sent = connection.publish(&self.name, message).await;
+                match &sent {
+                    Ok(_) => break,
+                    Err(error) => {
+                        *publisher = None;
+                        if !(error.is_connection_dropped() || error.is_connection_refusal()) {
+                            break;
+                        }
+                    }
+                }
             }
             sent.map_err(boxed)
         })
