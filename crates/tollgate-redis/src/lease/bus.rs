@@ -116,6 +116,10 @@ impl Bus {
                     continue;
                 };
                 pause = Duration::from_millis(50);
+                // A grant asked for while no invalidation could be heard
+                // (an operator's reset may have come and gone unheard) is
+                // not kept, even if its answer lands once heard again.
+                strong.bus().generation.fetch_add(1, Ordering::AcqRel);
                 strong.bus().listening.store(true, Ordering::Release);
                 // However hearing ends (the subscription lost, or this task
                 // panicking, or dropped with its runtime), the instance stops

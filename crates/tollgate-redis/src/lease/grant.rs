@@ -349,6 +349,8 @@ impl<S: Store> LeasedStore<S> {
                 // Sent now: the lease's life and the key's rate count
                 // from here.
                 asking.now()
+            } else if !asking.bus.listening() {
+                return;
             } else {
                 now
             };
