@@ -36,7 +36,7 @@ pub enum ChartError {
 /// use tollgate_core::{Algorithm, Policy};
 /// use tollgate_sim::{Pattern, PatternOptions, SimOptions, chart, simulate};
 ///
-/// let workload = Pattern::Boundary.workload(&PatternOptions::default());
+/// let workload = Pattern::Boundary.workload(&PatternOptions::default())?;
 /// let policy = Policy::new("fixed", Algorithm::FixedWindow, "60/min")?;
 /// let run = simulate(&workload, &policy, SimOptions::default())?;
 /// let svg = chart::svg(&[run], "boundary");

@@ -34,7 +34,7 @@
 //! use tollgate_core::{Algorithm, Policy};
 //! use tollgate_sim::{Pattern, PatternOptions, SimOptions, simulate};
 //!
-//! let workload = Pattern::BurstThenSteady.workload(&PatternOptions::default());
+//! let workload = Pattern::BurstThenSteady.workload(&PatternOptions::default())?;
 //! let policy = Policy::new("log", Algorithm::SlidingLog, "300/5min")?;
 //! let run = simulate(&workload, &policy, SimOptions::default())?;
 //! assert_eq!(run.denied, 0);
@@ -53,5 +53,6 @@ mod workload;
 pub use sim::{Attempt, Run, SimError, SimOptions, simulate};
 pub use spec::parse_policy;
 pub use workload::{
-    Arrival, EpochUnit, LineError, Log, LogError, Pattern, PatternOptions, Phase, Start, Workload,
+    Arrival, EpochUnit, LineError, Log, LogError, MAX_PATTERN_REQUESTS, Pattern, PatternError,
+    PatternOptions, Phase, Start, Workload,
 };

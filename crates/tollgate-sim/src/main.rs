@@ -185,7 +185,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 retry: args.retry,
                 ..PatternOptions::default()
             };
-            (pattern.workload(&options), format!("pattern {pattern}"))
+            (pattern.workload(&options)?, format!("pattern {pattern}"))
         }
         (None, None) => return Err("give --log FILE or --pattern NAME".into()),
     };

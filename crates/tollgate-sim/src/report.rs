@@ -13,7 +13,7 @@ use crate::sim::Run;
 /// use tollgate_core::{Algorithm, Policy};
 /// use tollgate_sim::{Pattern, PatternOptions, SimOptions, report, simulate};
 ///
-/// let workload = Pattern::Burst.workload(&PatternOptions::default());
+/// let workload = Pattern::Burst.workload(&PatternOptions::default())?;
 /// let policy = Policy::new("per-min", Algorithm::FixedWindow, "60/min")?;
 /// let run = simulate(&workload, &policy, SimOptions::default())?;
 /// let text = report::text(&[run], &workload.keys, 5);

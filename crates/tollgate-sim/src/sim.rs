@@ -109,7 +109,7 @@ type Queued = Reverse<(u64, u64, u32, u64, u32, u64)>;
 /// use tollgate_core::{Algorithm, Policy};
 /// use tollgate_sim::{Pattern, PatternOptions, SimOptions, simulate};
 ///
-/// let workload = Pattern::Burst.workload(&PatternOptions::default());
+/// let workload = Pattern::Burst.workload(&PatternOptions::default())?;
 /// let policy = Policy::new("60-per-min", Algorithm::FixedWindow, "60/min")?;
 /// let run = simulate(&workload, &policy, SimOptions::default())?;
 /// // Ten bursts of 100, each in its own minute: 60 of each admitted.

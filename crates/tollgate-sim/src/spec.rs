@@ -51,8 +51,8 @@ pub fn parse_policy(spec: &str) -> Result<Policy, String> {
             }
         })
         .collect();
-    let mut builder =
-        Policy::builder(name.map_or(default_name, str::to_owned)).algorithm(algorithm);
+    let mut builder = Policy::builder(name.map_or_else(|| short_name(default_name), str::to_owned))
+        .algorithm(algorithm);
     for limit in limits.split('+') {
         builder = builder.limit(limit.trim());
     }
@@ -60,4 +60,20 @@ pub fn parse_policy(spec: &str) -> Result<Policy, String> {
         builder = builder.burst(burst);
     }
     builder.build().map_err(|e| format!("policy {spec:?}: {e}"))
+}
+
+/// `name` if it is short enough for a policy's name, else its first part
+/// and a hash of the whole (FNV-1a, the same on every run), so that a spec
+/// of many limits given without a name is not refused for the name made
+/// up for it.
+fn short_name(name: String) -> String {
+    // The longest name tollgate-core takes.
+    const MAX: usize = 64;
+    if name.len() <= MAX {
+        return name;
+    }
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{}-{hash:016x}", &name[..MAX - 17])
 }

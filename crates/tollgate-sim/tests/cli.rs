@@ -199,6 +199,15 @@ fn overload_refuses_what_it_cannot_simulate() {
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains("at most a day"), "{stderr}");
     }
+    // A backend or a load no run could hold is refused, not an abort.
+    for (option, value, said) in [
+        ("--workers", "4000000000", "at most 1,000,000"),
+        ("--workers", "1000000", "more than 20,000,000 requests"),
+    ] {
+        let (out, _, stderr) = sim(&["overload", option, value]);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(said), "{stderr}");
+    }
     let (out, _, stderr) = sim(&["overload", "--scenario", "spike"]);
     assert!(!out.status.success());
     assert!(stderr.contains("unknown scenario \"spike\""), "{stderr}");

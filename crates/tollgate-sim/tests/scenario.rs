@@ -9,7 +9,9 @@ use tollgate_sim::{Pattern, PatternOptions, Run, SimOptions, chart, parse_policy
 const S: u64 = 1_000_000;
 
 fn run(spec: &str) -> Run {
-    let workload = Pattern::BurstThenSteady.workload(&PatternOptions::default());
+    let workload = Pattern::BurstThenSteady
+        .workload(&PatternOptions::default())
+        .unwrap();
     simulate(
         &workload,
         &parse_policy(spec).unwrap(),

@@ -208,9 +208,11 @@ impl Plan {
     ///
     /// # Errors
     ///
-    /// [`OverloadError::InvalidOption`] for no workers, a service time or
-    /// deadline under 1 µs or over a day, a load that is not a positive number, or a mix whose
-    /// shares are negative or add up to nothing.
+    /// [`OverloadError::InvalidOption`] for no workers or more than
+    /// 1,000,000, a service time or deadline under 1 µs or over a day, a
+    /// load that is not a positive number, a run of more than 20,000,000
+    /// requests offered, or a mix whose shares are negative or add up to
+    /// nothing.
     pub fn new(scenario: Scenario, options: &OverloadOptions) -> Result<Self, OverloadError> {
         check(options)?;
         let (w, s, load) = (options.workers, micros(options.service), options.load);
@@ -313,8 +315,8 @@ impl Plan {
 
 fn check(options: &OverloadOptions) -> Result<(), OverloadError> {
     let invalid = |option, reason| Err(OverloadError::InvalidOption { option, reason });
-    if options.workers == 0 {
-        return invalid("workers", "must be at least 1");
+    if !(1..=MAX_WORKERS).contains(&options.workers) {
+        return invalid("workers", "must be at least 1 and at most 1,000,000");
     }
     if !(1..=DAY_US).contains(&micros(options.service)) {
         return invalid("service time", "must be at least 1 µs and at most a day");
@@ -324,6 +326,16 @@ fn check(options: &OverloadOptions) -> Result<(), OverloadError> {
     }
     if !(options.load.is_finite() && options.load > 0.0 && options.load <= 1_000.0) {
         return invalid("load", "must be above 0 and at most 1,000");
+    }
+    // The offered requests of the longest scenario (70 s), each held for
+    // the whole run.
+    let offered =
+        f64::from(options.workers) * 1e6 / micros(options.service) as f64 * options.load * 70.0;
+    if offered > MAX_OFFERED {
+        return invalid(
+            "load",
+            "with the workers and the service time, more than 20,000,000 requests in a run",
+        );
     }
     if options
         .mix
@@ -338,6 +350,12 @@ fn check(options: &OverloadOptions) -> Result<(), OverloadError> {
     }
     Ok(())
 }
+
+/// The most workers a backend has.
+const MAX_WORKERS: u32 = 1_000_000;
+
+/// The most requests a run offers.
+const MAX_OFFERED: f64 = 20_000_000.0;
 
 /// The longest service time or deadline a run takes: a day, in µs.
 const DAY_US: u64 = 86_400_000_000;

@@ -32,6 +32,14 @@ pub enum LogError {
     /// No line could be used.
     #[error("the traffic log holds no request")]
     Empty,
+    /// Every line that could hold a request was malformed.
+    #[error("none of the traffic log's {skipped} lines holds a request; the first: {first}")]
+    NoValidLine {
+        /// The first malformed line and why.
+        first: LineError,
+        /// How many lines were malformed.
+        skipped: u64,
+    },
 }
 
 /// How numeric timestamps of a log are read.
@@ -188,7 +196,10 @@ impl Log {
             }
         }
         if rows.is_empty() {
-            return Err(LogError::Empty);
+            return Err(match errors.into_iter().next() {
+                Some(first) => LogError::NoValidLine { first, skipped },
+                None => LogError::Empty,
+            });
         }
         rows.sort_by_key(|&(at, ..)| at);
         let start = rows[0].0;

@@ -4,7 +4,7 @@ mod log;
 mod pattern;
 
 pub use log::{EpochUnit, LineError, Log, LogError};
-pub use pattern::{Pattern, PatternOptions};
+pub use pattern::{MAX_PATTERN_REQUESTS, Pattern, PatternError, PatternOptions};
 
 use tollgate_core::Timestamp;
 

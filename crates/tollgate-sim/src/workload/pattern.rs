@@ -98,17 +98,64 @@ impl Default for PatternOptions {
     }
 }
 
+/// The most requests a pattern makes: each takes memory for the whole
+/// replay (about 24 bytes, and its attempts), so a larger one is refused
+/// rather than run out of memory.
+pub const MAX_PATTERN_REQUESTS: u64 = 20_000_000;
+
+/// Why a pattern's requests cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PatternError {
+    /// The options make more requests than [`MAX_PATTERN_REQUESTS`].
+    #[error(
+        "the pattern would make {requests} requests, more than {MAX_PATTERN_REQUESTS}: \
+         shorten --duration, or lower --rate or --burst"
+    )]
+    TooManyRequests {
+        /// How many it would make (at least).
+        requests: u128,
+    },
+}
+
 impl Pattern {
+    /// How many requests the pattern makes with `options`.
+    fn requests(self, options: &PatternOptions) -> u128 {
+        let duration_us = u128::from(micros(options.duration));
+        match self {
+            Pattern::Steady => steady_count(options.rate, duration_us),
+            Pattern::Burst => {
+                let every = u128::from(micros(options.every).max(1));
+                duration_us.div_ceil(every) * u128::from(options.burst)
+            }
+            Pattern::BurstThenSteady => 300,
+            Pattern::Boundary => {
+                let boundaries = duration_us.max(60_000_001).saturating_sub(60_000_000);
+                boundaries.div_ceil(120_000_000) * 2 * u128::from(options.burst)
+            }
+        }
+    }
+
     /// The pattern's requests.
     ///
     /// ```
     /// use tollgate_sim::{Pattern, PatternOptions};
     ///
-    /// let w = Pattern::BurstThenSteady.workload(&PatternOptions::default());
+    /// let w = Pattern::BurstThenSteady.workload(&PatternOptions::default())?;
     /// assert_eq!(w.len(), 300);
     /// assert!(w.retry);
+    /// # Ok::<(), tollgate_sim::PatternError>(())
     /// ```
-    pub fn workload(self, options: &PatternOptions) -> Workload {
+    ///
+    /// # Errors
+    ///
+    /// [`PatternError::TooManyRequests`] when `options` make more than
+    /// [`MAX_PATTERN_REQUESTS`].
+    pub fn workload(self, options: &PatternOptions) -> Result<Workload, PatternError> {
+        let requests = self.requests(options);
+        if requests > u128::from(MAX_PATTERN_REQUESTS) {
+            return Err(PatternError::TooManyRequests { requests });
+        }
         let arrival = |offset_us: u64| Arrival {
             offset_us,
             key: 0,
@@ -119,10 +166,13 @@ impl Pattern {
         let at = |offset: u64| Start::At(Timestamp::from_micros(origin.as_micros() + offset));
         let (phases, retry) = match self {
             Pattern::Steady => {
+                // Request i at i periods over the count (rounded down):
+                // never sooner than the rate, where a rounded interval
+                // ran ahead of it.
                 let (count, period) = options.rate;
-                let interval = (micros(period) / count.max(1)).max(1);
-                let arrivals = (0..duration_us / interval)
-                    .map(|i| arrival(i * interval))
+                let (count, period) = (u128::from(count.max(1)), u128::from(micros(period).max(1)));
+                let arrivals = (0..steady_count(options.rate, u128::from(duration_us)))
+                    .map(|i| arrival(u64::try_from(i * period / count).unwrap_or(u64::MAX)))
                     .collect();
                 (
                     vec![Phase {
@@ -183,13 +233,20 @@ impl Pattern {
                 )
             }
         };
-        Workload {
+        Ok(Workload {
             origin,
             keys: vec!["client".to_owned()],
             phases,
             retry,
-        }
+        })
     }
+}
+
+/// How many requests a steady `rate` (count per period) makes in
+/// `duration_us`: whole ones, the first at 0.
+fn steady_count((count, period): (u64, Duration), duration_us: u128) -> u128 {
+    let period = u128::from(micros(period).max(1));
+    (duration_us * u128::from(count.max(1))).div_ceil(period)
 }
 
 fn micros(d: Duration) -> u64 {
