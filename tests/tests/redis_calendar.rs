@@ -2,7 +2,8 @@
 //! Redis's own clock, among the boundaries the store sends; and a lease
 //! of a calendar period ends at its boundary. (Memory and Redis decide
 //! calendar periods alike in `redis_conformance`: the conformance suite's
-//! calendar cases and boundaries, and the differential property test.)
+//! calendar cases and boundaries, and the differential property tests,
+//! one of them across calendar changes.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::time::Duration;
@@ -353,4 +354,70 @@ async fn a_calendar_changed_mid_month_keeps_the_months_use_on_memory_and_redis()
         .await
         .unwrap();
     assert_eq!(calendar_changes(&redis, &clock).await, on_memory);
+}
+
+/// A daily limit (with a per-minute one) on plain UTC days, then on New
+/// York's (UTC-5), whose day 2027-01-10 05:00 to 01-11 05:00 UTC holds a
+/// request made at 22:00 UTC on the 10th.
+fn redeployed(zone: Option<&str>) -> Policy {
+    let policy = Policy::builder("calendar-read")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("1/day")
+        .limit("5/min");
+    match zone {
+        Some(zone) => policy.calendar(Calendar::new(zone).unwrap()),
+        None => policy,
+    }
+    .build()
+    .unwrap()
+}
+
+/// A request at 22:00 UTC on plain days; at 00:00:30 a read of the key
+/// (`read`: none, a peek, a status) on the same days; at 00:01 a request
+/// on New York's days. The read, which consumes nothing, stores nothing
+/// either: New York's day holds the first request, and the second is
+/// refused.
+async fn read_then_redeploy(store: &impl Store, clock: &FakeClock, read: u8) -> (bool, u64) {
+    let key = Key::user(format!("read-{read}"));
+    let (plain, new_york) = (redeployed(None), redeployed(Some("America/New_York")));
+    let jan11 = 1_799_625_600; // 2027-01-11T00:00:00Z
+    clock.set(Timestamp::from_secs(jan11 - 2 * 3600));
+    assert!(store.check(&key, &plain, 1).await.unwrap().is_allowed());
+    clock.set(Timestamp::from_secs(jan11 + 30));
+    match read {
+        0 => {}
+        1 => assert!(store.check(&key, &plain, 0).await.unwrap().is_allowed()),
+        _ => assert!(store.status(&key, &plain).await.unwrap().is_allowed()),
+    }
+    clock.set(Timestamp::from_secs(jan11 + 60));
+    let decision = store.check(&key, &new_york, 1).await.unwrap();
+    (decision.is_allowed(), decision.limits()[0].remaining())
+}
+
+#[tokio::test]
+async fn a_read_before_a_calendar_change_stores_nothing_on_memory_or_redis() {
+    let url = require_redis().await;
+    let clock = FakeClock::default();
+    let memory = tollgate::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("calendar-read"))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    for read in 0..3 {
+        assert_eq!(
+            read_then_redeploy(&memory, &clock, read).await,
+            (false, 0),
+            "memory, read {read}"
+        );
+        assert_eq!(
+            read_then_redeploy(&redis, &clock, read).await,
+            (false, 0),
+            "Redis, read {read}"
+        );
+    }
 }

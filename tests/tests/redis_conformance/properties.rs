@@ -8,7 +8,7 @@ use proptest::test_runner::FileFailurePersistence;
 use tollgate_core::{Algorithm, Decision};
 
 use super::harness::Harness;
-use super::strategies::{calendar_case, case, change_case, settle_case};
+use super::strategies::{calendar_case, calendar_change_case, case, change_case, settle_case};
 
 /// `larger`, the settlement of more than `smaller` from the same state at
 /// the same instant: no limit has more remaining.
@@ -121,4 +121,5 @@ conformance! {
     leaky_bucket_agrees_across_configurations => change_case(Algorithm::LeakyBucket),
     gcra_agrees_across_configurations => change_case(Algorithm::Gcra),
     calendar_memory_and_redis_agree => calendar_case(),
+    calendar_changes_memory_and_redis_agree => calendar_change_case(),
 }

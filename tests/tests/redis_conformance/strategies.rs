@@ -275,3 +275,78 @@ pub(crate) fn calendar_case() -> impl Strategy<Value = Case> {
 fn units_of(limits: &[(u64, &'static str)]) -> Vec<&'static str> {
     limits.iter().map(|l| l.1).collect()
 }
+
+/// Two configurations of one fixed-window policy served in turn that
+/// differ in their calendar (zone, offset, or none at all), with the same
+/// or other counts, over the hard moments; checks (peeks among them),
+/// settlements, blocks and resets: a deploy that moves a policy to
+/// another calendar (or adds a monthly limit to a weekly one, which moves
+/// its weeks) carries each key's use over alike on both stores.
+pub(crate) fn calendar_change_case() -> impl Strategy<Value = Case> {
+    let zone = prop::sample::select(vec![
+        "",
+        "Europe/Berlin",
+        "America/Santiago",
+        "Australia/Lord_Howe",
+        "Asia/Kolkata",
+        "UTC",
+        "Pacific/Kiritimati",
+        "America/Adak",
+    ]);
+    let offset = prop_oneof![2 => Just(0u64), 1 => 0u64..86_400_000_000];
+    let count = || prop_oneof![4 => 1u64..12, 1 => 12u64..1_000];
+    let unit = prop::sample::select(vec!["day", "week", "month"]);
+    let limits = prop::collection::vec((count(), unit), 1..=2);
+    let minute = prop::option::of(count());
+    let recount = prop::collection::vec(count(), 2);
+    let start = prop_oneof![
+        3 => (prop::sample::select(HARD_MOMENTS.to_vec()), 0..4 * DAY_US)
+            .prop_map(|(moment, around)| moment - 2 * DAY_US + around),
+        1 => 1_000_000_000_000_000u64..4_102_444_800_000_000,
+    ];
+    (
+        (zone.clone(), offset.clone()),
+        (zone, offset),
+        limits,
+        minute,
+        recount,
+        start,
+    )
+        .prop_flat_map(|((z1, o1), (z2, o2), limits, minute, recount, start)| {
+            let build = |zone: &str, offset: u64, counts: &[u64]| {
+                let mut builder = Policy::builder("conf").algorithm(Algorithm::FixedWindow);
+                if !zone.is_empty() {
+                    let calendar = tollgate_core::Calendar::new(zone)
+                        .unwrap()
+                        .with_offset(Duration::from_micros(offset));
+                    builder = builder.calendar(calendar);
+                }
+                let mut units = Vec::new();
+                for (&(_, unit), &count) in limits.iter().zip(counts) {
+                    if !units.contains(&unit) {
+                        units.push(unit);
+                        builder = builder.limit(format!("{count}/{unit}"));
+                    }
+                }
+                if let Some(count) = minute {
+                    builder = builder.limit(format!("{count}/min"));
+                }
+                builder.build().unwrap()
+            };
+            let counts: Vec<u64> = limits.iter().map(|l| l.0).collect();
+            let policies = vec![build(z1, o1, &counts), build(z2, o2, &recount)];
+            let shortest = if minute.is_some() {
+                60_000_000
+            } else if units_of(&limits).contains(&"day") {
+                DAY_US
+            } else {
+                7 * DAY_US
+            };
+            (Just(policies), Just(start), arrivals(shortest, 2))
+        })
+        .prop_map(|(policies, start, arrivals)| Case {
+            policies,
+            start,
+            arrivals,
+        })
+}

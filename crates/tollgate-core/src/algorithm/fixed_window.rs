@@ -43,6 +43,13 @@ impl FixedWindow {
     fn end(&self, p: &LimitParams) -> u64 {
         p.window(self.start).1
     }
+
+    /// Whether advancing to `now` would move the window's start to
+    /// another calendar's window (see [`realigned`]), as
+    /// `fixed_window.lua` then stores the state whatever the decision.
+    pub(crate) fn realigns(&self, p: &LimitParams, now: u64) -> bool {
+        p.window(now).0 != self.start && realigned(self.start, p, now) != self.start
+    }
 }
 
 impl Rule for FixedWindow {

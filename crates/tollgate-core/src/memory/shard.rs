@@ -423,7 +423,7 @@ impl Shard {
                 if !keep {
                     shared.keys_gauge.sub(1);
                 }
-                state.carry_to(policy, now);
+                state.carry_and_advance(policy, now);
                 return Some((state, keep));
             }
         }

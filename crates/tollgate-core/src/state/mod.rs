@@ -394,9 +394,71 @@ impl PolicyState {
         self.decided(policy, now, cost).with_cost(cost)
     }
 
-    /// [`PolicyState::decide`], but for the cost in the decision.
-    fn decided(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+    /// Carries this state over to `policy` ([`PolicyState::carry_to`]) and
+    /// advances every limit to `now`: what the Redis scripts store of a
+    /// key they carried over, whatever the request (see
+    /// [`PolicyState::decided`]).
+    pub(crate) fn carry_and_advance(&mut self, policy: &Policy, now: Timestamp) {
         self.carry_to(policy, now);
+        let now = now.as_micros();
+        for (state, p) in self.limits.iter_mut().zip(policy.params()) {
+            state.advance(p, now);
+        }
+    }
+
+    /// [`PolicyState::decide`], but for the cost in the decision.
+    ///
+    /// A fixed window's decision that consumes nothing (a peek, a status,
+    /// a denial, a cost above the capacity) keeps the windows as they were
+    /// stored, as the Redis scripts store nothing then, unless the state
+    /// was carried over or a window realigned (then both keep what the
+    /// decision advanced). A window rolled on to the current one would
+    /// carry nothing of the last one's use into another calendar's window
+    /// that overlaps it, where the stored one carries it.
+    fn decided(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
+        let carried = !self.fits(policy);
+        self.carry_to(policy, now);
+        let stored = match policy.algorithm() {
+            Algorithm::FixedWindow if !carried => self.unmoved_windows(policy, now),
+            Algorithm::FixedWindow
+            | Algorithm::SlidingLog
+            | Algorithm::SlidingWindow
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => None,
+        };
+        let decision = self.advanced(policy, now, cost);
+        if let Some(stored) = stored
+            && (cost == 0 || !decision.is_allowed())
+        {
+            self.limits.clear();
+            self.limits.extend(stored);
+        }
+        decision
+    }
+
+    /// The limits' fixed windows as they are, if advancing them to `now`
+    /// would at most roll them on (none realigned to another calendar).
+    fn unmoved_windows(
+        &self,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Option<SmallVec<[LimitState; 4]>> {
+        let now = now.as_micros();
+        let unmoved = (self.limits.iter().zip(policy.params())).all(|(state, p)| match state {
+            LimitState::FixedWindow(window) => !window.realigns(p, now),
+            LimitState::SlidingLog(_)
+            | LimitState::SlidingWindow(_)
+            | LimitState::TokenBucket(_)
+            | LimitState::LeakyBucket(_)
+            | LimitState::Gcra(_) => false,
+        });
+        unmoved.then(|| self.limits.iter().cloned().collect())
+    }
+
+    /// [`PolicyState::decided`] after the carry-over: every limit advanced
+    /// to `now`, then the request decided and, if admitted, consumed.
+    fn advanced(&mut self, policy: &Policy, now: Timestamp, cost: u64) -> Decision {
         let params = policy.params();
         let now_us = now.as_micros();
         for (state, p) in self.limits.iter_mut().zip(params) {
@@ -458,6 +520,11 @@ impl PolicyState {
     /// configuration of the policy is first [carried
     /// over](PolicyState::carry_to).
     pub fn settle(&mut self, policy: &Policy, now: Timestamp, settlement: &Settlement) -> Decision {
+        // Nothing to charge or refund: the state as a peek reads it, and
+        // stored as a peek leaves it.
+        if let Change::None = settlement.change() {
+            return self.decided(policy, now, 0);
+        }
         self.carry_to(policy, now);
         let params = policy.params();
         let now_us = now.as_micros();
