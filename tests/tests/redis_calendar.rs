@@ -421,3 +421,51 @@ async fn a_read_before_a_calendar_change_stores_nothing_on_memory_or_redis() {
         );
     }
 }
+
+/// A key written while the clock read three days ahead, then decided once
+/// it stepped back: its window, two periods and more ahead of the bounds
+/// the store sends, is moved to now's with its count kept, on both stores
+/// alike (the script failed every request of the key until it expired).
+async fn clock_stepped_back(store: &impl Store, clock: &FakeClock) -> Vec<(bool, u64)> {
+    let key = Key::user("stepped-back");
+    let berlin = Policy::builder("calendar-back")
+        .algorithm(Algorithm::FixedWindow)
+        .limit("5/day")
+        .limit("50/month")
+        .calendar(Calendar::new("Europe/Berlin").unwrap())
+        .build()
+        .unwrap();
+    let t = 1_810_000_000; // 2027-05-10
+    let mut seen = Vec::new();
+    for (at, cost) in [(t + 3 * 86_400, 1), (t, 1), (t + 1, 0), (t + 86_400, 1)] {
+        clock.set(Timestamp::from_secs(at));
+        let decision = store.check(&key, &berlin, cost).await.unwrap();
+        seen.push((decision.is_allowed(), decision.limits()[0].remaining()));
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_clock_stepped_back_days_keeps_the_keys_use_on_memory_and_redis() {
+    let url = require_redis().await;
+    let clock = FakeClock::default();
+    let memory = tollgate::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix("calendar-back"))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    // Counted on the 13th; on the 10th the count is kept (3 left after a
+    // second request), a peek reads it, and on the 11th a new day starts.
+    let expected = vec![(true, 4), (true, 3), (true, 3), (true, 4)];
+    assert_eq!(
+        clock_stepped_back(&memory, &clock).await,
+        expected,
+        "memory"
+    );
+    assert_eq!(clock_stepped_back(&redis, &clock).await, expected, "Redis");
+}

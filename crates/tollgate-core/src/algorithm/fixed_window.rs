@@ -48,8 +48,18 @@ impl FixedWindow {
     /// another calendar's window (see [`realigned`]), as
     /// `fixed_window.lua` then stores the state whatever the decision.
     pub(crate) fn realigns(&self, p: &LimitParams, now: u64) -> bool {
-        p.window(now).0 != self.start && realigned(self.start, p, now) != self.start
+        p.window(now).0 != self.start
+            && (beyond_bounds(self.start, p, now) || realigned(self.start, p, now) != self.start)
     }
+}
+
+/// Whether a calendar window starting at `start` begins after the periods
+/// around `now` that the Redis store sends its scripts (two periods or
+/// more ahead: the clock stepped back since it was written), which they
+/// cannot place.
+fn beyond_bounds(start: u64, p: &LimitParams, now: u64) -> bool {
+    p.calendar_bounds(now)
+        .is_some_and(|[.., last]| start >= last)
 }
 
 impl Rule for FixedWindow {
@@ -63,6 +73,13 @@ impl Rule for FixedWindow {
     fn advance(&mut self, p: &LimitParams, now: u64) {
         let ws = p.window(now).0;
         if ws == self.start {
+            return;
+        }
+        // A calendar window two periods or more ahead (the clock stepped
+        // back): moved to now's window, its count kept, as
+        // `fixed_window.lua` does, which cannot place it.
+        if beyond_bounds(self.start, p, now) {
+            self.start = ws;
             return;
         }
         // A store that does not tell calendars apart (a saved state keeps

@@ -13,6 +13,14 @@ init = function(i, p) return { a = (window(now, p)), b = 0, c = 0 } end
 advance = function(i, p, s)
   local ws = window(now, p)
   if ws == s.a then return end
+  -- A calendar window two periods or more ahead of now (the clock stepped
+  -- back since it was written), which the bounds sent cannot place: moved
+  -- to now's window, its count kept (as tollgate-core's advance).
+  if p.bounds and s.a >= p.bounds[#p.bounds] then
+    s.a = ws
+    changed = true
+    return
+  end
   local os, oe = window_at(s.a, p)
   if os and os ~= s.a then
     local near = os
