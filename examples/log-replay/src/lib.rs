@@ -57,7 +57,7 @@
 //! let line = "198.51.100.7 - ada [20/Nov/2026:10:00:00 +0000] \"GET /api/items HTTP/1.1\" 200 12\n";
 //! let text = line.repeat(12);
 //! let log = AccessLog::new(text.as_bytes(), AccessFormat::Common);
-//! let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+//! let runtime = log_replay::runtime()?;
 //! runtime.block_on(async {
 //!     for record in log {
 //!         replay.send(&record?).await;
@@ -78,3 +78,20 @@ mod tally;
 
 pub use replay::{Replay, ReplayError};
 pub use tally::{ClientTally, LaneTally, Timeline};
+
+/// The runtime a replay runs on: one thread, whose timers run on a paused
+/// clock that jumps ahead whenever the replay waits. The stores decide on
+/// their fake clock, set to each line's time; a wait the layers make
+/// meanwhile (a leaky bucket's delay before it calls the route) so takes
+/// no wall time, where on the real clock a replay slept through every
+/// delay it shaped.
+///
+/// # Errors
+///
+/// When the runtime cannot be built.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+}

@@ -165,10 +165,7 @@ fn replay(
     };
     let started = Instant::now();
     let mut log = AccessLog::new(input, format);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let runtime = log_replay::runtime().map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async {
         while let Some(record) = log.next() {
             let record = record.map_err(|e| format!("cannot read the log: {e}"))?;
