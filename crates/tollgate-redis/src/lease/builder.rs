@@ -65,6 +65,11 @@ impl LeasedStoreBuilder {
 
     /// The Redis channel invalidations go through (default
     /// `tollgate:leases`). Every instance of one limit must use the same.
+    /// Give apps that share a Redis under different prefixes a channel
+    /// each: a reset or block waits for every subscriber of its channel to
+    /// acknowledge, the other app's instances too, and a subscriber that
+    /// never acknowledges (a `PSUBSCRIBE *` of a monitoring tool) makes
+    /// each one wait the [`ack_timeout`](Self::ack_timeout).
     pub fn channel(mut self, channel: impl Into<String>) -> Self {
         self.channel = channel.into();
         self

@@ -152,6 +152,11 @@ use telemetry::{Call, LeaseMetrics};
 ///
 /// **Failures.** A lease already granted is spent while Redis fails (its
 /// units were counted), unless the subscription is lost, which drops it.
+/// A Redis that restarts or fails over drops every subscription, and with
+/// them every lease; one that loses its data without dropping them (a
+/// `FLUSHALL`, or state kept on another server than the channel's) leaves
+/// each instance spending at most the two leases per key it holds, which
+/// the fresh state no longer counts, until they end.
 /// Every decision that needs the store returns the store's error, and the
 /// layer's [`FailureMode`](https://docs.rs/tollgate/latest/tollgate/enum.FailureMode.html)
 /// applies.
