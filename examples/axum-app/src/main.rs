@@ -189,19 +189,24 @@ fn build(config: &AppConfig, parts: &Parts) -> Router {
             parts.admin.clone(),
         ))
         .merge(metrics_route(parts.metrics.clone()))
-        .merge(operator_views(parts))
+        .merge(operator_views(config, parts))
         // Every layer built once, not once per request (see `app`).
         .with_state(())
 }
 
-/// With an admin token, the dashboard and the top keys.
-fn operator_views(parts: &Parts) -> Router {
+/// With an admin token, the dashboard and the top keys (of the policies
+/// of `config`'s routes and their plans).
+fn operator_views(config: &AppConfig, parts: &Parts) -> Router {
+    let policies = (config.routes.iter())
+        .flat_map(|r| std::iter::once(&r.policy).chain(r.plans.iter().map(|p| &p.policy)))
+        .map(|policy| policy.name().to_owned())
+        .collect();
     match (&parts.admin, &parts.dashboard) {
-        (Some(token), Some(dashboard)) => axum_app::serve::record_route(
-            dashboard
-                .routes(token.clone())
-                .merge(axum_app::topkeys::routes(&parts.top, token.clone())),
-        ),
+        (Some(token), Some(dashboard)) => {
+            axum_app::serve::record_route(dashboard.routes(token.clone()).merge(
+                axum_app::topkeys::routes(&parts.top, token.clone(), policies),
+            ))
+        }
         (None, _) | (Some(_), None) => Router::new(),
     }
 }

@@ -134,16 +134,20 @@ struct Params {
 }
 
 /// `GET /admin/top_keys/{policy}?ranking=limited|active&n=N` (limited
-/// and 10 by default, at most 100), with the admin token: the policy's
-/// top keys as JSON, each with its count and the most that count may
-/// overstate (`error`).
-pub fn routes(top: &AppTopKeys, token: AdminToken) -> Router {
-    let top = top.clone();
+/// and 10 by default, at most 100), with the admin token: the top keys of
+/// `policy`, one of `policies` (any other is a 404, not an empty list
+/// that a mistyped name would read as no traffic), as JSON, each with its
+/// count and the most that count may overstate (`error`).
+pub fn routes(top: &AppTopKeys, token: AdminToken, policies: Vec<String>) -> Router {
+    let (top, policies) = (top.clone(), std::sync::Arc::new(policies));
     let handler = move |Path(policy): Path<String>, request: Request| {
-        let (top, token) = (top.clone(), token.clone());
+        let (top, token, policies) = (top.clone(), token.clone(), policies.clone());
         async move {
             if let Some(refused) = token.refuses(&request) {
                 return refused;
+            }
+            if !policies.contains(&policy) {
+                return (StatusCode::NOT_FOUND, "no policy of that name\n").into_response();
             }
             let Ok(Query(params)) = Query::<Params>::try_from_uri(request.uri()) else {
                 return bad_request("use ?ranking=limited|active&n=N");

@@ -436,6 +436,12 @@ fn two_instances_merge_their_top_keys_through_redis() {
     let admin = format!("Bearer {TOKEN}");
     let path = "/admin/top_keys/items-read?ranking=limited&n=5";
     assert_eq!(a.send("GET", path, None).0, 401);
+    let mistyped = a.send(
+        "GET",
+        "/admin/top_keys/items-raed",
+        Some(&format!("Bearer {TOKEN}")),
+    );
+    assert_eq!(mistyped.0, 404, "{}", mistyped.1);
     let deadline = Instant::now() + Duration::from_secs(15);
     for app in [&a, &b] {
         let top = loop {
