@@ -52,6 +52,14 @@ fn bad_config_exits_non_zero_naming_the_field() {
             ),
             "route 2 (POST /api/items): field `name`: invalid value \"n\": route 1 (GET /api/items) has that name already",
         ),
+        (
+            format!("{route}limits = [\"5/s\"]\n[overload]\nmin = 50\nmax = 10\n"),
+            "[overload] field `min` and `max`: invalid value 50, 10: the minimum is above the maximum",
+        ),
+        (
+            format!("{route}limits = [\"5/s\"]\n[overload]\nreserve_default = 1.5\n"),
+            "[overload] field `reserve_critical` and `reserve_default`: invalid value unset, 1.5",
+        ),
     ];
     for (config, expected) in cases {
         let (ok, stderr) = run_with(&config);

@@ -67,9 +67,32 @@ pub(super) fn overload(raw: RawOverload) -> Result<OverloadConfig, ConfigFileErr
             ));
         }
     }
-    let limit = limit
-        .build()
-        .map_err(|error| ConfigFileError(format!("[overload]: {error}")))?;
+    let limit = limit.build().map_err(|error| match error {
+        // The builder's settings, by the fields of the section that set them.
+        tollgate::ConfigError::InvalidSetting { setting, reason } => {
+            let (fields, value) = match setting {
+                "reserve" => (
+                    "reserve_critical` and `reserve_default",
+                    format!(
+                        "{}, {}",
+                        shown(raw.reserve_critical),
+                        shown(raw.reserve_default)
+                    ),
+                ),
+                "adaptive limit bounds" => (
+                    "min` and `max",
+                    format!("{}, {}", shown(raw.min), shown(raw.max)),
+                ),
+                "adaptive limit initial" => ("initial", shown(raw.initial)),
+                "warm_up" => ("warm_up_from", shown(raw.warm_up_from)),
+                other => (other, String::new()),
+            };
+            ConfigFileError(format!(
+                "[overload] field `{fields}`: invalid value {value}: {reason}"
+            ))
+        }
+        other => ConfigFileError(format!("[overload]: {other}")),
+    })?;
     let queue = match (raw.queue, raw.queue_wait_ms) {
         (None, None) => None,
         (Some(size), Some(wait)) => {
@@ -98,4 +121,9 @@ pub(super) fn overload(raw: RawOverload) -> Result<OverloadConfig, ConfigFileErr
         limit,
         queue,
     })
+}
+
+/// A field's value as the file gave it, or `unset`.
+fn shown<T: std::fmt::Debug>(value: Option<T>) -> String {
+    value.map_or_else(|| "unset".to_owned(), |value| format!("{value:?}"))
 }
