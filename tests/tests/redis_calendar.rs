@@ -16,6 +16,23 @@ use tollgate_tests::{require_redis, unique_prefix};
 
 const DAY_US: u64 = 86_400_000_000;
 
+/// A memory store and a Redis store (under a prefix of `name`) on `clock`.
+async fn both_stores(clock: &FakeClock, name: &str) -> (tollgate::MemoryStore, RedisStore) {
+    let url = require_redis().await;
+    let memory = tollgate::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let redis = RedisStore::builder()
+        .prefix(unique_prefix(name))
+        .deadline(Duration::from_secs(2))
+        .test_clock(clock.clone())
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    (memory, redis)
+}
+
 /// Runs the decision script of `policy` (one limit, per UTC day) on
 /// Redis's clock, with the boundaries computed around `skew` µs before
 /// Redis's time, as an instance whose clock is that far behind would.
@@ -216,20 +233,9 @@ async fn features_meet(store: &impl Store, clock: &FakeClock) {
 
 #[tokio::test]
 async fn settle_status_carry_over_block_and_reset_meet_on_memory_and_redis() {
-    let url = require_redis().await;
     let clock = FakeClock::new(MID_OCTOBER);
-    let memory = tollgate::MemoryStore::builder()
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (memory, redis) = both_stores(&clock, "calendar-features").await;
     features_meet(&memory, &clock).await;
-    let redis = RedisStore::builder()
-        .prefix(unique_prefix("calendar-features"))
-        .deadline(Duration::from_secs(2))
-        .test_clock(clock.clone())
-        .connect(url.as_str())
-        .await
-        .unwrap();
     features_meet(&redis, &clock).await;
 }
 
@@ -341,18 +347,8 @@ async fn calendar_changes<S: Store>(store: &S, clock: &FakeClock) -> Vec<(bool, 
 #[tokio::test]
 async fn a_calendar_changed_mid_month_keeps_the_months_use_on_memory_and_redis() {
     let clock = FakeClock::default();
-    let memory = tollgate::MemoryStore::builder()
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (memory, redis) = both_stores(&clock, "calendar-change").await;
     let on_memory = calendar_changes(&memory, &clock).await;
-    let url = require_redis().await;
-    let redis = RedisStore::builder()
-        .prefix(unique_prefix("calendar-change"))
-        .test_clock(clock.clone())
-        .connect(url.as_str())
-        .await
-        .unwrap();
     assert_eq!(calendar_changes(&redis, &clock).await, on_memory);
 }
 
@@ -396,18 +392,8 @@ async fn read_then_redeploy(store: &impl Store, clock: &FakeClock, read: u8) -> 
 
 #[tokio::test]
 async fn a_read_before_a_calendar_change_stores_nothing_on_memory_or_redis() {
-    let url = require_redis().await;
     let clock = FakeClock::default();
-    let memory = tollgate::MemoryStore::builder()
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let redis = RedisStore::builder()
-        .prefix(unique_prefix("calendar-read"))
-        .test_clock(clock.clone())
-        .connect(url.as_str())
-        .await
-        .unwrap();
+    let (memory, redis) = both_stores(&clock, "calendar-read").await;
     for read in 0..3 {
         assert_eq!(
             read_then_redeploy(&memory, &clock, read).await,
@@ -447,18 +433,8 @@ async fn clock_stepped_back(store: &impl Store, clock: &FakeClock) -> Vec<(bool,
 
 #[tokio::test]
 async fn a_clock_stepped_back_days_keeps_the_keys_use_on_memory_and_redis() {
-    let url = require_redis().await;
     let clock = FakeClock::default();
-    let memory = tollgate::MemoryStore::builder()
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let redis = RedisStore::builder()
-        .prefix(unique_prefix("calendar-back"))
-        .test_clock(clock.clone())
-        .connect(url.as_str())
-        .await
-        .unwrap();
+    let (memory, redis) = both_stores(&clock, "calendar-back").await;
     // Counted on the 13th; on the 10th the count is kept (3 left after a
     // second request), a peek reads it, and on the 11th a new day starts.
     let expected = vec![(true, 4), (true, 3), (true, 3), (true, 4)];
