@@ -107,6 +107,48 @@ async fn a_store_built_while_redis_loads_its_data_decides_through_it_once_loaded
     assert_eq!(alternately(&early, &late).await, 50);
 }
 
+/// Redis running another client's script past `busy-reply-threshold`
+/// turns every call away with `BUSY`, unrun, as a loading one does with
+/// `LOADING`: a store built meanwhile starts (the failure policy answers,
+/// the breaker counting Redis unavailable), and decides through Redis once
+/// the script is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_built_while_redis_runs_a_long_script_decides_through_it_once_free() {
+    let server = RedisServer::spawn_with(&["--busy-reply-threshold", "50"]);
+    let url = server.url();
+    // A script that runs until killed, on a thread of its own.
+    let mut busy = server.connection();
+    let runner = std::thread::spawn(move || {
+        let ran: redis::RedisResult<()> = redis::cmd("EVAL")
+            .arg("local i = 0 while true do i = i + 1 end")
+            .arg(0)
+            .query(&mut busy);
+        ran.is_err()
+    });
+    // Until Redis turns calls away.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut probe = server.connection();
+    while redis::cmd("PING").query::<String>(&mut probe).is_ok() {
+        assert!(Instant::now() < deadline, "Redis never said BUSY");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let policy = Policy::new("boot-busy", Algorithm::Gcra, "50/h").unwrap();
+    let store = store(&url, &unique_prefix("boot-busy")).await;
+    match store.check(&Key::user("ada"), &policy, 1).await {
+        Err(tollgate::StoreError::Unavailable(reason)) => {
+            let reason = reason.to_string();
+            assert!(
+                reason.contains("BUSY") || reason.contains("connect"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected Redis to be unavailable while busy, got {other:?}"),
+    }
+    let _: String = redis::cmd("SCRIPT").arg("KILL").query(&mut probe).unwrap();
+    assert!(runner.join().unwrap(), "the script was killed");
+    until_ready(&store, "busy").await;
+}
+
 /// A local port with nothing listening: one the system gave out and took
 /// back.
 fn closed_port() -> u16 {

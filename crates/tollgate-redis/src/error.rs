@@ -211,11 +211,14 @@ fn failure_of(error: &redis::RedisError) -> &'static str {
 /// a script's first write, makes a change: too few replicas for
 /// `min-replicas-to-write` (`NOREPLICAS`, a master cut off from its
 /// replicas) and a failed save under `stop-writes-on-bgsave-error`
-/// (`MISCONF`) as memory at its limit (`OOM`) does.
+/// (`MISCONF`) as memory at its limit (`OOM`) does; a script of another
+/// client's running past `busy-reply-threshold` (`BUSY`) turns every call
+/// away unrun, as loading data does (`LOADING`).
 const UNAVAILABLE: &[&str] = &[
     "READONLY",
     "MASTERDOWN",
     "LOADING",
+    "BUSY",
     "CLUSTERDOWN",
     "TRYAGAIN",
     "OOM",
