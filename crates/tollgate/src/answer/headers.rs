@@ -240,7 +240,9 @@ impl Decoration {
 }
 
 /// Raises the wait a refusal in `response` tells, if it is one (a 429 or a
-/// 503, or their gRPC codes) and tells a shorter one, to `wait`: its
+/// 503, or their gRPC codes, or a layer's refusal in its own rejection
+/// status, a 403 say, which `tollgate-exceeded` marks) and tells a
+/// shorter one, to `wait`: its
 /// `Retry-After` in whole seconds (one that is not a number of seconds, a
 /// date the app set, is left as it is), and a gRPC refusal's pushback and
 /// `RetryInfo`, to the millisecond.
@@ -248,6 +250,7 @@ impl Decoration {
 fn raise_wait<B>(response: &mut http::Response<B>, wait: Duration) {
     match super::grpc::http_status(response) {
         http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE => {}
+        _ if response.headers().contains_key(TOLLGATE_EXCEEDED) => {}
         _ => return,
     }
     let grpc = response.status() == http::StatusCode::OK;

@@ -272,6 +272,22 @@ async fn a_refusal_waits_for_an_outer_layer_left_empty() {
     clock.advance(Duration::from_secs(50));
     assert_eq!(app.oneshot(get_root()).await.unwrap().status(), 200);
 
+    // The same in GitHub's 403 mode: a refusal in the layers' own status.
+    let forbidding = |name: &str, limit: &str| {
+        let status = StatusCode::FORBIDDEN;
+        layer(name, limit).rejection_status(status).unwrap()
+    };
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(forbidding("user-403", "1/10s"))
+        .layer(forbidding("ip-403", "2/min"));
+    assert_eq!(app.clone().oneshot(get_root()).await.unwrap().status(), 200);
+    let res = app.clone().oneshot(get_root()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(app.oneshot(get_root()).await.unwrap().status(), 200);
+
     // An app's own 503 tells a client to come back after 5 s: it would
     // meet the layer's refusal until the minute's end, and is told so.
     // Under a layer in shadow mode, which refuses nothing, a wait stays.
