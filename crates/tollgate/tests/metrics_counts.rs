@@ -3,6 +3,9 @@
 #![cfg(feature = "metrics")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+#[path = "support/flaky.rs"]
+mod flaky;
+
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -157,4 +160,34 @@ fn near_limit_counts_each_limit_at_80_percent() {
         assert_eq!(near("50/min"), 11);
         assert_eq!(near("override"), 1);
     });
+}
+
+/// A wait refused once, then ended by the store's failure, counts once:
+/// given up.
+#[test]
+fn a_wait_ended_by_a_store_failure_is_given_up() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    with_recorder(&recorder, || async {
+        let clock = TokioClock::starting_at(Timestamp::from_secs(1_700_000_000));
+        let store = flaky::Flaky::new(MemoryStore::builder().clock(clock).build().unwrap());
+        let policy = Policy::new("failing", Algorithm::Gcra, "1/s").unwrap();
+        let limiter = RateLimiter::with_store(policy, store.clone())
+            .on_store_error(tollgate::FailureMode::Closed);
+        let key = Key::custom("k");
+        limiter.check(&key).await.unwrap();
+        let waiting = {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move { limiter.until_ready(&key, Duration::from_secs(5)).await })
+        };
+        // Refused once, and waiting.
+        tokio::task::yield_now().await;
+        store.fail(true);
+        let ended = waiting.await.unwrap();
+        assert!(matches!(ended, Err(WaitError::Store(_))), "{ended:?}");
+    });
+    // 1 allowed; the wait's refusal is not a decision of its own (1
+    // limited would be the gave-up check's); the wait given up.
+    let (_, _, admitted, gave_up) = counts(&snapshotter, "failing");
+    assert_eq!((admitted, gave_up), (0, 1));
 }

@@ -481,6 +481,8 @@ impl<St: Store> RateLimiter<St> {
         for own in owns {
             self.store.reset(key, &own).await?;
         }
+        // The key's callers in line wait for a time the reset made old.
+        self.lines.renew(key);
         Ok(())
     }
 

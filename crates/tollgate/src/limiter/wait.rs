@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Decision, Key, Outcome, Store, StoreError};
+use tollgate_core::{DecidedBy, Decision, Key, Outcome, Store, StoreError};
 
 use super::RateLimiter;
 use crate::report::Verdict;
@@ -150,7 +150,16 @@ impl<St: Store> RateLimiter<St> {
         let in_line = !self.policy.algorithm().frees_in_bulk();
         let mut place: Option<Place> = None;
         loop {
-            let (decision, counted) = self.decide(key, cost).await?;
+            let (decision, counted) = match self.decide(key, cost).await {
+                Ok(decided) => decided,
+                Err(error) => {
+                    // A wait that ends in the store's failure is given up.
+                    if refused {
+                        self.telemetry.waited(false);
+                    }
+                    return Err(error.into());
+                }
+            };
             let now = tokio::time::Instant::now();
             let left = deadline.saturating_duration_since(now);
             let wait = match decision.outcome() {
@@ -176,7 +185,11 @@ impl<St: Store> RateLimiter<St> {
                     // The next in line checks while this one waits out
                     // its shaping delay.
                     drop(place.take());
-                    tokio::time::sleep(delay).await;
+                    // Not even a yield without a delay: dropped there, the
+                    // caller would never learn of the unit it was given.
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
                     return Ok(decision);
                 }
                 Outcome::CostExceedsCapacity { cost, capacity } => {
@@ -191,7 +204,24 @@ impl<St: Store> RateLimiter<St> {
                         },
                     });
                 }
-                Outcome::Limited { retry_after } => retry_after,
+                Outcome::Limited { retry_after } => {
+                    // A cost above a limit the store decides by (or an
+                    // operator's deny names) is never admitted: said at
+                    // once, not once the block, the deny or the limit that
+                    // refused it now has passed.
+                    let counts = matches!(decision.decided_by(), DecidedBy::Store)
+                        || super::overridden::denial(&decision).is_some();
+                    let never = decision.limits().iter().find(|s| cost > s.capacity());
+                    if let (true, Some(limit)) = (counts, never) {
+                        self.gave_up(&decision, counted, refused);
+                        return Err(WaitError::CostExceedsCapacity {
+                            policy: self.policy.name().to_owned(),
+                            cost,
+                            capacity: limit.capacity(),
+                        });
+                    }
+                    retry_after
+                }
             };
             refused = true;
             if wait > left {
@@ -234,7 +264,15 @@ impl<St: Store> RateLimiter<St> {
             let jitter = self
                 .draws
                 .draw(self.jitter, algorithm, refusing, left - wait);
-            tokio::time::sleep(wait + jitter).await;
+            // The head checks again early when a reset renews its line.
+            match place.as_ref().filter(|place| place.head) {
+                Some(head) => {
+                    let line = Arc::clone(&head.line);
+                    let renewed = line.renewed.notified();
+                    let _ = tokio::time::timeout(wait + jitter, renewed).await;
+                }
+                None => tokio::time::sleep(wait + jitter).await,
+            }
         }
     }
 
@@ -280,6 +318,21 @@ struct Line {
     turn: tokio::sync::Semaphore,
     /// When the head expects to be admitted, as its last refusal told it.
     due: parking_lot::Mutex<Option<tokio::time::Instant>>,
+    /// Wakes the head when a reset of the key made its expectation old
+    /// (see [`Lines::renew`]).
+    renewed: tokio::sync::Notify,
+}
+
+impl Lines {
+    /// After a reset of `key`: its head's expected admission is old news.
+    /// Forgotten, so that a caller joining is not turned away for it, and
+    /// the head, woken, checks again.
+    pub(super) fn renew(&self, key: &Key) {
+        if let Some((line, _)) = self.keys.lock().get(key) {
+            *line.due.lock() = None;
+            line.renewed.notify_one();
+        }
+    }
 }
 
 /// A caller's place in its key's line, left when dropped (admitted, given
@@ -302,6 +355,7 @@ impl Place {
             let line = Line {
                 turn: tokio::sync::Semaphore::new(1),
                 due: parking_lot::Mutex::new(None),
+                renewed: tokio::sync::Notify::new(),
             };
             (Arc::new(line), 0)
         });
