@@ -45,7 +45,8 @@ pub struct PartnerLimits<St> {
     peak: RateLimiter<St>,
     /// The day, for [`Pacing::Gcra`].
     daily: Option<RateLimiter<St>>,
-    /// The peak's period: a wait longer than this is the day's.
+    /// The peak's period as paced (the headroom included): a wait
+    /// longer than this is the day's.
     period: Duration,
 }
 
@@ -104,7 +105,8 @@ impl<St: Store + Clone> PartnerLimits<St> {
                 .jitter(jitter)
                 .on_store_error(FailureMode::Closed),
             daily,
-            period: quota.period,
+            // The peak's period as paced: the partner's, and the headroom.
+            period: quota.period.saturating_add(headroom),
         })
     }
 

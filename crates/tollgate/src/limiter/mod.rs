@@ -395,7 +395,10 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// # Errors
     ///
-    /// As [`RateLimiter::check`].
+    /// A [`StoreError`] when the store fails, but under
+    /// [`FailureMode::Local`](crate::FailureMode::Local), which reads the
+    /// local fallback's state instead. (A failure `check` lets through
+    /// under `FailureMode::Open` has no state to read: an error here.)
     pub async fn status(&self, key: &Key) -> Result<Decision, StoreError> {
         let own = own_limits(self.overrides.as_deref(), key, &self.policy).await;
         self.store
@@ -433,7 +436,7 @@ impl<St: Store> RateLimiter<St> {
     ///
     /// # Errors
     ///
-    /// As [`RateLimiter::check`].
+    /// As [`RateLimiter::status`].
     pub async fn family_status(&self, key: &Key) -> Result<Vec<(Policy, Decision)>, StoreError> {
         let members = self.family.members();
         let owns = own_limits_each(self.overrides.as_deref(), key, members).await;
