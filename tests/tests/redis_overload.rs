@@ -391,3 +391,48 @@ fn pool_of_one(prefix: &str, checkout: Duration) -> tollgate_redis::RedisStoreBu
         .deadline(DEADLINE)
         .circuit_breaker(1, Duration::from_secs(60))
 }
+
+/// A burst of 15,000 new keys at once under a policy of two limits (the
+/// general script, one call per key): our own queueing, on a healthy
+/// Redis. Every request is decided by Redis or refused as overloaded
+/// (the store's own queue full), none locally, and the breaker stays
+/// closed. (Each one's call went on the connection at once, and the tail
+/// met its deadline behind the head.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_new_keys_under_several_limits_is_not_a_store_failure() {
+    let server = RedisServer::spawn();
+    let policy = Policy::builder("spray-general")
+        .algorithm(Algorithm::Gcra)
+        .limit("100/h")
+        .limit("1000/d")
+        .build()
+        .unwrap();
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("spray-general"))
+        .connect(server.url())
+        .await
+        .unwrap();
+    let limiter =
+        Arc::new(RateLimiter::with_store(policy, store.clone()).on_store_error(FailureMode::Local));
+    limiter.check(&Key::user("warm")).await.unwrap();
+    let tasks: Vec<_> = (0..15_000)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check(&Key::user(format!("spray-{i}"))).await })
+        })
+        .collect();
+    let (mut by_redis, mut overloaded) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(decision) => {
+                assert_eq!(decision.decided_by(), DecidedBy::Store);
+                assert!(decision.is_allowed());
+                by_redis += 1;
+            }
+            Err(StoreError::Overloaded) => overloaded += 1,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(by_redis + overloaded, 15_000);
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
+}

@@ -18,9 +18,17 @@
 //! only while a change of the key's limits takes effect. A request the
 //! lane has no room for fails at once with [`RedisStoreError::QueueFull`],
 //! which the breaker does not count.
+//!
+//! Across keys, at most [`GENERAL_IN_FLIGHT`] calls are on their way at a
+//! time ([`Gate`]): a burst of many keys (a spray of new clients) queues
+//! here, where its wait is our own, rather than all at once on the
+//! connection, where the tail met its deadline behind the head and
+//! opened the breaker with Redis healthy.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tollgate_core::{Decision, Policy};
@@ -53,6 +61,92 @@ pub(crate) const MAX_QUEUED: usize = 4 * MAX_BATCH;
 
 type Reply = oneshot::Sender<Result<Decision, RedisStoreError>>;
 
+/// The most general-script calls on their way at a time, across keys.
+pub(crate) const GENERAL_IN_FLIGHT: usize = 64;
+
+/// The most calls waiting for a place among them; one more fails at once
+/// with [`RedisStoreError::QueueFull`].
+pub(crate) const GATE_QUEUED: usize = 65_536;
+
+/// The places of the general-script calls on their way
+/// ([`GENERAL_IN_FLIGHT`]). A call that finds none free waits for one, in
+/// our own queue, with no deadline of its own: as long as calls keep
+/// coming back, answered or failed (each frees a place; a failed one was
+/// Redis's lateness, counted by the breaker, which then turns the calls
+/// behind it away at once). Each call's deadline starts once it has its
+/// place. Only a whole ceiling with none back fails the wait.
+pub(crate) struct Gate {
+    places: tokio::sync::Semaphore,
+    waiting: AtomicUsize,
+    /// Calls come back so far: the queue's progress.
+    back: AtomicU64,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            places: tokio::sync::Semaphore::new(GENERAL_IN_FLIGHT),
+            waiting: AtomicUsize::new(0),
+            back: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A call's place: given back, and counted as come back, when dropped.
+pub(crate) struct Place<'a> {
+    gate: &'a Gate,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.gate.back.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Gate {
+    /// A place for a call, waiting for one (see [`Gate`]) under `deadline`.
+    pub(crate) async fn enter(&self, deadline: Duration) -> Result<Place<'_>, RedisStoreError> {
+        let place = |permit| Place {
+            gate: self,
+            _permit: permit,
+        };
+        if let Ok(permit) = self.places.try_acquire() {
+            return Ok(place(permit));
+        }
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= GATE_QUEUED {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(RedisStoreError::QueueFull);
+        }
+        // Counted out however the wait ends, dropped on its way too.
+        let _queued = Queued(&self.waiting);
+        // Every call on its way comes back within its ceiling, answered or
+        // failed (and counted by the breaker): a ceiling with none back
+        // is not Redis's lateness but a call that never ends.
+        let window = crate::patience::ceiling(deadline);
+        let mut waited = Duration::ZERO;
+        loop {
+            let seen = self.back.load(Ordering::Relaxed);
+            match tokio::time::timeout(window, self.places.acquire()).await {
+                Ok(Ok(permit)) => return Ok(place(permit)),
+                // Never closed.
+                Ok(Err(_)) => return Err(RedisStoreError::QueueFull),
+                Err(_) if self.back.load(Ordering::Relaxed) != seen => waited += window,
+                Err(_) => return Err(RedisStoreError::Deadline(waited + window)),
+            }
+        }
+    }
+}
+
+/// A call waiting for a place, counted in [`Gate::waiting`] while it lives.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A request waiting behind its key's call.
 struct Waiting {
     policy: Policy,
@@ -65,6 +159,8 @@ struct Waiting {
 #[derive(Default)]
 pub(crate) struct Lanes {
     map: Mutex<HashMap<String, Vec<Waiting>>>,
+    /// The places of the calls on their way, across keys.
+    pub(crate) gate: Gate,
 }
 
 impl Lanes {

@@ -242,6 +242,7 @@ impl<C: RedisConnection> GeneralCalls for Inner<C> {
         policy: &Policy,
         costs: &[u64],
     ) -> Result<Vec<Decision>, RedisStoreError> {
+        let _place = self.lanes.gate.enter(self.deadline).await?;
         self.guarded(key, self.wire.general(key, policy, costs))
             .await
     }
