@@ -169,6 +169,12 @@ impl<C: RedisConnection> RedisStore<C> {
             // Sent alone, exactly as without batching, holding its place
             // until the reply is in.
             Turn::Now(place) => {
+                // Unbatched (batching off, or a cluster), a call takes a
+                // place among the store's unbatched calls on their way.
+                let _gate = match inner.batcher(form) {
+                    Some(_) => None,
+                    None => Some(inner.lanes.gate.enter(inner.deadline).await?),
+                };
                 let words = inner
                     .guarded(state_key, inner.wire.send(form, &[request]))
                     .await;
