@@ -76,7 +76,7 @@ pub(crate) const GATE_QUEUED: usize = 65_536;
 /// coming back, answered or failed (each frees a place; a failed one was
 /// Redis's lateness, counted by the breaker, which then turns the calls
 /// behind it away at once). Each call's deadline starts once it has its
-/// place. Only a whole ceiling with none back fails the wait.
+/// place. Only two whole ceilings with none back fail the wait.
 pub(crate) struct Gate {
     places: tokio::sync::Semaphore,
     waiting: AtomicUsize,
@@ -123,9 +123,11 @@ impl Gate {
         // Counted out however the wait ends, dropped on its way too.
         let _queued = Queued(&self.waiting);
         // Every call on its way comes back within its ceiling, answered or
-        // failed (and counted by the breaker): a ceiling with none back
-        // is not Redis's lateness but a call that never ends.
-        let window = crate::patience::ceiling(deadline);
+        // failed (and counted by the breaker): twice that with none back
+        // is not Redis's lateness but a call that never ends. (On a
+        // cluster, the calls to a failed master come back failed within
+        // their ceiling, and free their places for the healthy ones'.)
+        let window = crate::patience::ceiling(deadline).saturating_mul(2);
         let mut waited = Duration::ZERO;
         loop {
             let seen = self.back.load(Ordering::Relaxed);
