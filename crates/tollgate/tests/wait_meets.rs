@@ -128,3 +128,27 @@ async fn a_wait_admitted_at_once_is_ready_on_its_first_poll() {
     assert!(ready);
     assert_eq!(limiter.status(&key).await.unwrap().remaining(), 0);
 }
+
+/// On a fixed window (which frees in bulk: no line), a caller waiting out
+/// an hour's block checks again at once when the key is reset.
+#[tokio::test(start_paused = true)]
+async fn a_reset_wakes_a_caller_waiting_outside_any_line() {
+    let policy = Policy::new("window", Algorithm::FixedWindow, "100/min").unwrap();
+    let limiter = RateLimiter::with_store(policy, memory());
+    let key = Key::custom("window");
+    limiter
+        .block(&key, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let waiting = {
+        let (limiter, key) = (limiter.clone(), key.clone());
+        tokio::spawn(async move { limiter.until_ready(&key, Duration::from_secs(7200)).await })
+    };
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    limiter.reset(&key).await.unwrap();
+    assert!(waiting.await.unwrap().is_ok());
+    assert_eq!(start.elapsed(), Duration::ZERO);
+}

@@ -2,6 +2,7 @@
 //! up ([`WaitError`]).
 
 use std::collections::HashMap;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,7 +150,11 @@ impl<St: Store> RateLimiter<St> {
         // in its key's line: see `Lines`.
         let in_line = !self.policy.algorithm().frees_in_bulk();
         let mut place: Option<Place> = None;
+        // Outside the line (a policy that frees in bulk, or a cost only the
+        // store can hold), a place that only hears of resets.
+        let mut watch: Option<Place> = None;
         loop {
+            let resets = self.lines.resets.load(std::sync::atomic::Ordering::Acquire);
             let (decision, counted) = match self.decide(key, cost).await {
                 Ok(decided) => decided,
                 Err(error) => {
@@ -264,15 +269,23 @@ impl<St: Store> RateLimiter<St> {
             let jitter = self
                 .draws
                 .draw(self.jitter, algorithm, refusing, left - wait);
-            // The head checks again early when a reset renews its line.
-            match place.as_ref().filter(|place| place.head) {
-                Some(head) => {
-                    let line = Arc::clone(&head.line);
-                    let renewed = line.renewed.notified();
-                    let _ = tokio::time::timeout(wait + jitter, renewed).await;
-                }
-                None => tokio::time::sleep(wait + jitter).await,
+            // A caller that sleeps checks again early when a reset of its
+            // key renews its line (in line or not): told of one from here
+            // on, or checking at once if one came since its last check.
+            let line = match &place {
+                Some(place) => Arc::clone(&place.line),
+                None => Arc::clone(
+                    &watch
+                        .get_or_insert_with(|| Place::join(&self.lines, key))
+                        .line,
+                ),
+            };
+            let mut renewed = pin!(line.renewed.notified());
+            renewed.as_mut().enable();
+            if self.lines.resets.load(std::sync::atomic::Ordering::Acquire) != resets {
+                continue;
             }
+            let _ = tokio::time::timeout(wait + jitter, renewed).await;
         }
     }
 
@@ -310,6 +323,8 @@ pub(super) struct Lines {
     /// its last place (counted under this lock, so that two places leaving
     /// at once cannot both see the other and leave the line behind).
     keys: parking_lot::Mutex<HashMap<Key, (Arc<Line>, usize)>>,
+    /// The resets made through the limiter, of any key.
+    resets: std::sync::atomic::AtomicU64,
 }
 
 /// One key's line.
@@ -318,7 +333,7 @@ struct Line {
     turn: tokio::sync::Semaphore,
     /// When the head expects to be admitted, as its last refusal told it.
     due: parking_lot::Mutex<Option<tokio::time::Instant>>,
-    /// Wakes the head when a reset of the key made its expectation old
+    /// Wakes the key's sleeping callers when a reset made their waits old
     /// (see [`Lines::renew`]).
     renewed: tokio::sync::Notify,
 }
@@ -326,11 +341,15 @@ struct Line {
 impl Lines {
     /// After a reset of `key`: its head's expected admission is old news.
     /// Forgotten, so that a caller joining is not turned away for it, and
-    /// the head, woken, checks again.
+    /// every caller of the key that sleeps, woken, checks again. One that
+    /// checked before the reset and had yet to sleep sees [`Lines::resets`]
+    /// moved on, and checks again at once.
     pub(super) fn renew(&self, key: &Key) {
+        self.resets
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if let Some((line, _)) = self.keys.lock().get(key) {
             *line.due.lock() = None;
-            line.renewed.notify_one();
+            line.renewed.notify_waiters();
         }
     }
 }
