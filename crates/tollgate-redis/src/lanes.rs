@@ -129,9 +129,12 @@ impl Gate {
         // their ceiling, and free their places for the healthy ones'.)
         let window = crate::patience::ceiling(deadline).saturating_mul(2);
         let mut waited = Duration::ZERO;
+        // One ask for a place, kept across windows: its turn in the queue
+        // with it.
+        let mut acquire = std::pin::pin!(self.places.acquire());
         loop {
             let seen = self.back.load(Ordering::Relaxed);
-            match tokio::time::timeout(window, self.places.acquire()).await {
+            match tokio::time::timeout(window, acquire.as_mut()).await {
                 Ok(Ok(permit)) => return Ok(place(permit)),
                 // Never closed.
                 Ok(Err(_)) => return Err(RedisStoreError::QueueFull),
@@ -470,5 +473,60 @@ mod tests {
         let mut next = Box::pin(decide(&stuck, "k", &policy, 1));
         assert!(futures::poll!(next.as_mut()).is_pending());
         assert_eq!(stuck.calls.load(Ordering::SeqCst), 2, "sent, not queued");
+    }
+}
+
+#[cfg(test)]
+mod gate_tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{GENERAL_IN_FLIGHT, Gate};
+
+    /// A call that waits past one window of the gate, while calls came
+    /// back (not yet to it), keeps its turn: a call that came later does
+    /// not go first.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_call_waiting_past_a_window_keeps_its_turn() {
+        let gate = Arc::new(Gate::default());
+        // A deadline of 10 ms: a ceiling of 40 ms, a window of 80 ms.
+        let deadline = Duration::from_millis(10);
+        let mut held: Vec<_> = (0..GENERAL_IN_FLIGHT)
+            .map(|_| gate.places.try_acquire().unwrap())
+            .collect();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let waiter = |name: &'static str| {
+            let (gate, tx) = (Arc::clone(&gate), tx.clone());
+            tokio::spawn(async move {
+                let _place = gate.enter(deadline).await.unwrap();
+                tx.send(name).unwrap();
+                std::future::pending::<()>().await;
+            })
+        };
+        // A call comes back: its place is given back, and counted.
+        let back = |held: &mut Vec<_>| {
+            drop(held.pop());
+            gate.back.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        };
+        let start = tokio::time::Instant::now();
+        let at = |ms: u64| tokio::time::sleep_until(start + Duration::from_millis(ms));
+        let _x = waiter("x");
+        at(1).await;
+        let _a = waiter("a");
+        at(70).await;
+        back(&mut held);
+        at(72).await;
+        assert_eq!(rx.try_recv().ok(), Some("x"));
+        at(75).await;
+        let _b = waiter("b");
+        // a's first window ends at 81 ms, with a call back meanwhile.
+        at(85).await;
+        back(&mut held);
+        at(87).await;
+        assert_eq!(
+            rx.try_recv().ok(),
+            Some("a"),
+            "a waited since 1 ms, b since 75"
+        );
     }
 }
