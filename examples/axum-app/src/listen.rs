@@ -1,6 +1,6 @@
-//! The demo's server: the router served by hyper, as `axum::serve` serves
-//! it, with a bound on how long a client may take to send a request's
-//! headers ([`serve`]).
+//! The demo's server: the router served by hyper over HTTP/1.1, with a
+//! bound on how long a client may take to send a request's headers
+//! ([`serve`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -8,8 +8,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
+use hyper::server::conn::http1::Builder;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -24,9 +24,11 @@ pub const HEADER_TIMEOUT_MS: u64 = 10_000;
 /// its client's [`ConnectInfo<SocketAddr>`], as `axum::serve` with
 /// `into_make_service_with_connect_info` gives it.
 ///
-/// A connection whose client takes longer than `header_timeout` to send
-/// a request's headers, or its first byte, is closed. `axum::serve` sets no timer, and hyper
-/// bounds nothing without one: a client could hold any number of
+/// HTTP/1.1 only: a connection whose client takes longer than
+/// `header_timeout` to send a request's headers, or its first byte, is
+/// closed. `axum::serve` sets no timer, and hyper bounds nothing without
+/// one (nor does it bound the sniffing of HTTP/2's preface, or an HTTP/2
+/// connection's headers): a client could hold any number of
 /// connections open by sending a byte of its headers now and then, and
 /// no rate limit sees a request that never arrives. A failure to accept a
 /// connection (too many open files) waits a second before the next.
@@ -49,32 +51,32 @@ pub async fn serve(
     header_timeout: Duration,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut builder = Builder::new(TokioExecutor::new());
+    let mut builder = Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (stream, remote) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    if !is_connection_error(&error) {
-                        tracing::error!(%error, "cannot accept a connection");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    continue;
-                }
-            },
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
+        };
+        let (stream, remote) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) if is_connection_error(&error) => continue,
+            Err(error) => {
+                tracing::error!(%error, "cannot accept a connection");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = &mut shutdown => break,
+                }
+            }
         };
         let (builder, watcher, app) = (builder.clone(), graceful.watcher(), app.clone());
         tokio::spawn(async move {
-            // Until a client's first byte says which HTTP it speaks, hyper
-            // reads with no timer: a client that sends nothing is bounded
-            // here.
+            // Until a client's first byte, hyper reads with no timer: a
+            // client that sends nothing is bounded here.
             let mut first = [0u8; 1];
             match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
                 Ok(Ok(1..)) => {}
@@ -85,9 +87,9 @@ pub async fn serve(
                 request
             });
             let service = TowerToHyperService::new(service);
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             // A client's broken connection or timeout: nothing to tell.
-            let _ = watcher.watch(connection.into_owned()).await;
+            let _ = watcher.watch(connection).await;
         });
     }
     drop(listener);

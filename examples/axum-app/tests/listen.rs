@@ -116,15 +116,24 @@ async fn a_client_slow_to_send_its_headers_is_cut_off() {
     assert!(!got.contains("200 OK"), "{got}");
 }
 
-/// A client that connects and sends nothing, and one that keeps its
-/// connection open after a response, are cut off after the header
-/// timeout.
+/// A client that connects and sends nothing, one that sends a byte and
+/// then nothing, and one that keeps its connection open after a
+/// response, are cut off after the header timeout.
 #[tokio::test]
 async fn a_silent_or_idle_client_is_cut_off() {
     let (addr, _stop, _server) = start().await;
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let closed = until_closed(&mut silent, Duration::from_secs(5)).await;
     assert_eq!(closed, Some(Vec::new()), "a silent client's connection");
+    // One byte, then nothing (HTTP/2's preface begins so).
+    let mut one_byte = TcpStream::connect(addr).await.unwrap();
+    one_byte.write_all(b"P").await.unwrap();
+    assert!(
+        until_closed(&mut one_byte, Duration::from_secs(5))
+            .await
+            .is_some(),
+        "one byte"
+    );
     let mut idle = TcpStream::connect(addr).await.unwrap();
     idle.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
