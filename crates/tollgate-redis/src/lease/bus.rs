@@ -4,9 +4,9 @@
 //! Every instance subscribes to one channel. Once the reset or block is
 //! in the store, an invalidation publishes `d <nonce> <identity>`;
 //! `PUBLISH` answers how many subscribers got it. Each drops its leases of
-//! the identity, then publishes `a <nonce>`, and the invalidating instance
-//! waits for that many acknowledgements before the reset or block
-//! returns. So no lease granted before it is spent after it returns (a
+//! the identity, then publishes `a <nonce> <instance>`, and the
+//! invalidating instance waits for that many instances' acknowledgements
+//! before the reset or block returns. So no lease granted before it is spent after it returns (a
 //! grant on its way when an instance hears the invalidation is dropped
 //! when it lands); one spent while the operation is under way is
 //! concurrent with it. An instance that is not subscribed (Redis is down,
@@ -22,7 +22,7 @@
 //! The channel itself is a [`Channel`]: Redis pub/sub (`redis.rs`), or
 //! anything that delivers every message to every subscriber.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -50,7 +50,7 @@ pub(crate) trait Channel: Send + Sync + 'static {
 pub(crate) struct Bus {
     channel: Box<dyn Channel>,
     /// Invalidations this instance waits on: acknowledgements so far.
-    pending: Mutex<HashMap<String, watch::Sender<u64>>>,
+    pending: Mutex<HashMap<String, Acks>>,
     /// Subscribed: leases may be taken.
     listening: AtomicBool,
     /// Counts the invalidations received, so that a grant on its way
@@ -58,6 +58,26 @@ pub(crate) struct Bus {
     pub(crate) generation: AtomicU64,
     instance: u64,
     next_nonce: AtomicU64,
+}
+
+/// The acknowledgements of one invalidation: how many instances, each
+/// counted once by the name it gives (an instance of an earlier version,
+/// which gives none, counted at each).
+struct Acks {
+    count: watch::Sender<u64>,
+    by: HashSet<String>,
+}
+
+impl Acks {
+    fn heard(&mut self, by: Option<&str>) {
+        let new = match by {
+            Some(instance) => self.by.insert(instance.to_owned()),
+            None => true,
+        };
+        if new {
+            self.count.send_modify(|n| *n += 1);
+        }
+    }
 }
 
 /// What a [`Bus`] asks of the store it serves.
@@ -161,13 +181,16 @@ impl Bus {
                     self.generation.fetch_add(1, Ordering::AcqRel);
                     listener.drop_identity(&identity);
                 }
-                // Acknowledged even when unreadable: the sender waits.
-                let _ = self.publish(&format!("a {nonce}")).await;
+                // Acknowledged even when unreadable: the sender waits. Named
+                // by this instance, so that an invalidation heard twice (its
+                // publish sent again) is acknowledged once.
+                let ack = format!("a {nonce} {:x}", self.instance);
+                let _ = self.publish(&ack).await;
             }
-            (Some("a"), Some(nonce), None) => {
-                let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(acks) = pending.get(nonce) {
-                    acks.send_modify(|n| *n += 1);
+            (Some("a"), Some(nonce), by) => {
+                let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(acks) = pending.get_mut(nonce) {
+                    acks.heard(by);
                 }
             }
             _ => {}
@@ -190,7 +213,11 @@ impl Bus {
             self.instance,
             self.next_nonce.fetch_add(1, Ordering::Relaxed)
         );
-        let (acks, mut seen) = watch::channel(0);
+        let (count, mut seen) = watch::channel(0);
+        let acks = Acks {
+            count,
+            by: HashSet::new(),
+        };
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -382,5 +409,122 @@ pub(super) mod tests {
         assert_eq!(parse_identity(&hex(&id)), Some(id));
         assert_eq!(parse_identity("zz"), None);
         assert_eq!(parse_identity(&"g".repeat(32)), None);
+    }
+}
+
+#[cfg(test)]
+mod resent {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use futures::future::BoxFuture;
+    use futures::stream::BoxStream;
+    use tokio::sync::mpsc;
+
+    use super::{Bus, Channel, ChannelError, InvalidateError, Listener};
+
+    /// Every subscriber's inbox.
+    #[derive(Default)]
+    struct Hub {
+        inboxes: Mutex<Vec<mpsc::UnboundedSender<Vec<u8>>>>,
+    }
+
+    impl Hub {
+        fn deliver(&self, message: &str) -> u64 {
+            let inboxes = self.inboxes.lock().unwrap();
+            for inbox in inboxes.iter() {
+                let _ = inbox.send(message.as_bytes().to_vec());
+            }
+            inboxes.len() as u64
+        }
+    }
+
+    /// One instance's channel. `reads` is false for an instance that is
+    /// subscribed (counted by PUBLISH) but slow to read its messages.
+    /// An invalidation is delivered twice, as `RedisChannel::publish`
+    /// does when the first PUBLISH ran but its reply was lost to a
+    /// dropped connection (`is_connection_dropped`), and it sends again.
+    struct Hubbed {
+        hub: Arc<Hub>,
+        reads: bool,
+        held: Mutex<Option<mpsc::UnboundedReceiver<Vec<u8>>>>,
+    }
+
+    impl Channel for Hubbed {
+        fn name(&self) -> &str {
+            "hub"
+        }
+        fn subscribe(&self) -> BoxFuture<'_, Result<BoxStream<'static, Vec<u8>>, ChannelError>> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.hub.inboxes.lock().unwrap().push(tx);
+            let stream: BoxStream<'static, Vec<u8>> = if self.reads {
+                Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|m| (m, rx))
+                }))
+            } else {
+                *self.held.lock().unwrap() = Some(rx);
+                Box::pin(futures::stream::pending())
+            };
+            Box::pin(std::future::ready(Ok(stream)))
+        }
+        fn publish<'a>(&'a self, message: &'a str) -> BoxFuture<'a, Result<u64, ChannelError>> {
+            let mut receivers = self.hub.deliver(message);
+            if message.starts_with("d ") {
+                // The first PUBLISH ran; its reply was lost; sent again.
+                receivers = self.hub.deliver(message);
+            }
+            Box::pin(std::future::ready(Ok(receivers)))
+        }
+    }
+
+    struct Instance {
+        bus: Bus,
+        dropped: AtomicU64,
+    }
+
+    impl Listener for Instance {
+        fn drop_identity(&self, _: &[u8; 16]) {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+        fn drop_all(&self) {}
+        fn bus(&self) -> &Bus {
+            &self.bus
+        }
+    }
+
+    /// An invalidation delivered twice (sent again after its reply was
+    /// lost) to a fast instance and a slow one: the fast one's two
+    /// acknowledgements count once, and the invalidation waits for the
+    /// slow one (here, until its timeout).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_invalidation_heard_twice_is_acknowledged_once_by_each_instance() {
+        let hub = Arc::new(Hub::default());
+        let instance = |reads| {
+            Arc::new(Instance {
+                bus: Bus::new(Hubbed {
+                    hub: Arc::clone(&hub),
+                    reads,
+                    held: Mutex::new(None),
+                }),
+                dropped: AtomicU64::new(0),
+            })
+        };
+        let fast = instance(true);
+        let slow = instance(false);
+        Bus::listen(Arc::downgrade(&fast)).await;
+        Bus::listen(Arc::downgrade(&slow)).await;
+        assert!(fast.bus.listening() && slow.bus.listening());
+        let invalidated = fast.bus.invalidate(&[7; 16], Duration::from_secs(1)).await;
+        assert_eq!(
+            slow.dropped.load(Ordering::SeqCst),
+            0,
+            "slow has not heard it"
+        );
+        assert!(
+            matches!(invalidated, Err(InvalidateError::Timeout)),
+            "returned {:?} with the slow instance's leases held",
+            invalidated.map_err(|e| e.to_string())
+        );
     }
 }
