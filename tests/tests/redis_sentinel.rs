@@ -104,3 +104,63 @@ async fn the_store_follows_a_sentinel_failover_and_is_exact_after_it() {
     }
     assert_eq!(admitted, 50);
 }
+
+/// The master hangs (SIGSTOP: a host that lost power, or a network cut
+/// with no reset), and Sentinel promotes the replica. Its calls end at the
+/// store's deadline with no error of the connection's own, and the store
+/// asks the sentinels again then: decisions resume on the new master (it
+/// called the hung one until the test's 20 s were out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_failover_away_from_a_hung_master() {
+    const HUNG: &str = "tollgate-hung";
+    let master = RedisServer::spawn();
+    let master_port = master.port().to_string();
+    let replica = RedisServer::spawn_with(&["--replicaof", "127.0.0.1", &master_port]);
+    wait_for("the replica syncs", Duration::from_secs(20), || {
+        replica.in_sync()
+    })
+    .await;
+    let sentinels: Vec<RedisSentinel> = (0..3)
+        .map(|_| RedisSentinel::spawn(&master, HUNG, 2))
+        .collect();
+    wait_for("the sentinels agree", Duration::from_secs(30), || {
+        sentinels.iter().all(|s| s.sees(HUNG, 1, 2))
+    })
+    .await;
+    let store = RedisStore::builder()
+        .prefix("sentinel-hung")
+        .connect_sentinel(HUNG, sentinels.iter().map(RedisSentinel::url))
+        .await
+        .unwrap();
+    let policy = Policy::new("hung", Algorithm::Gcra, "100000/s").unwrap();
+    let key = Key::user("hung");
+    assert!(store.decide(&key, &policy, 1).await.is_ok());
+
+    let signal = |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &master.pid().to_string()])
+            .status()
+            .unwrap();
+    };
+    signal("-STOP");
+    let stopped = Instant::now();
+    let mut promoted = None;
+    let mut recovered = None;
+    while stopped.elapsed() < Duration::from_secs(20) && recovered.is_none() {
+        let decided = store.decide(&key, &policy, 1).await.is_ok();
+        if promoted.is_none()
+            && sentinels[0].master_port(HUNG) == Some(replica.port())
+            && replica.role().as_deref() == Some("master")
+        {
+            promoted = Some(stopped.elapsed());
+        }
+        if decided && promoted.is_some() {
+            recovered = Some(stopped.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal("-CONT");
+    let promoted = promoted.expect("Sentinel promoted the replica");
+    let recovered = recovered.expect("the store followed the failover");
+    assert!(recovered >= promoted, "{recovered:?} {promoted:?}");
+}

@@ -228,6 +228,9 @@ impl<C: RedisConnection> Inner<C> {
                 if error.wants_refresh() {
                     self.wire.connection.refresh();
                 }
+                if let RedisStoreError::Deadline(_) = error {
+                    self.wire.connection.late();
+                }
                 if error.is_connection_lost() && self.wire.connection.is_one_server() {
                     // The connection is being made anew, perhaps to another
                     // server or to one that lost its data. (On a cluster,

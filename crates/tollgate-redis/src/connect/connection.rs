@@ -65,4 +65,12 @@ pub trait RedisConnection: Send + Sync + 'static {
     /// default does nothing; cluster connections refresh their slot map by
     /// themselves.
     fn refresh(&self) {}
+
+    /// Called after a call missed the store's deadline with no error of
+    /// the connection's own: a server that stopped answering (hung, or cut
+    /// off without a reset) sends none, and may have been replaced. The
+    /// default does nothing; a
+    /// [`SentinelConnection`](crate::SentinelConnection) asks the
+    /// sentinels for the master again.
+    fn late(&self) {}
 }

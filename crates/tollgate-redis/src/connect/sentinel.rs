@@ -22,8 +22,9 @@ use crate::store::RedisStore;
 /// Made by [`RedisStoreBuilder::connect_sentinel`](crate::RedisStoreBuilder::connect_sentinel).
 /// It holds a multiplexed `ConnectionManager` to the master it was last
 /// told of. When a call finds that master gone (the connection lost or
-/// refused) or demoted (`READONLY`), it fails, as any call to a failed
-/// server does (the store's failure policy answers it), and the
+/// refused), demoted (`READONLY`) or silent (a call past the store's
+/// deadline: hung, or cut off without a reset), it fails, as any call to a
+/// failed server does (the store's failure policy answers it), and the
 /// connection asks the sentinels for the master again, in the background,
 /// one question at a time: once Sentinel has promoted a replica, the next
 /// calls go to it.
@@ -255,6 +256,12 @@ impl RedisConnection for SentinelConnection {
 
     fn is_one_server(&self) -> bool {
         true
+    }
+
+    /// A master that stopped answering (hung, or cut off) may have been
+    /// replaced by the sentinels: asked again, as after an error.
+    fn late(&self) {
+        self.refresh();
     }
 
     /// Asks the sentinels for the master again, in the background, unless
