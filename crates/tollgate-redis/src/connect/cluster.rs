@@ -26,7 +26,9 @@ const SLOTS: usize = 16_384;
 ///
 /// Each decision goes to the master of its key's hash slot, so a failed
 /// master affects only its own slots: requests for other slots never wait
-/// on it. `MOVED` updates the slot and retries once on the new owner,
+/// on its connection (they may wait, up to about a deadline, for a place
+/// among the store's calls on their way, which a hung master's calls hold
+/// until their deadline). `MOVED` updates the slot and retries once on the new owner,
 /// `ASK` retries once with `ASKING`, both safe because the script did not
 /// run. A connection error drops that node's connection and refreshes the
 /// slot map in the background (one refresh at a time), so that after a
