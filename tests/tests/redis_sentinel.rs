@@ -22,9 +22,10 @@ async fn wait_for(what: &str, limit: Duration, done: impl Fn() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_follows_a_sentinel_failover_and_is_exact_after_it() {
-    let mut master = RedisServer::spawn();
+/// A master, its replica in sync, and three sentinels of `service` that
+/// know both and each other.
+async fn deployment(service: &str) -> (RedisServer, RedisServer, Vec<RedisSentinel>) {
+    let master = RedisServer::spawn();
     let master_port = master.port().to_string();
     let replica = RedisServer::spawn_with(&["--replicaof", "127.0.0.1", &master_port]);
     wait_for("the replica syncs", Duration::from_secs(20), || {
@@ -32,14 +33,20 @@ async fn the_store_follows_a_sentinel_failover_and_is_exact_after_it() {
     })
     .await;
     let sentinels: Vec<RedisSentinel> = (0..3)
-        .map(|_| RedisSentinel::spawn(&master, SERVICE, 2))
+        .map(|_| RedisSentinel::spawn(&master, service, 2))
         .collect();
     wait_for(
         "the sentinels know the replica and each other",
         Duration::from_secs(30),
-        || sentinels.iter().all(|s| s.sees(SERVICE, 1, 2)),
+        || sentinels.iter().all(|s| s.sees(service, 1, 2)),
     )
     .await;
+    (master, replica, sentinels)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_sentinel_failover_and_is_exact_after_it() {
+    let (mut master, replica, sentinels) = deployment(SERVICE).await;
 
     let store = RedisStore::builder()
         .prefix("sentinel")
@@ -113,20 +120,7 @@ async fn the_store_follows_a_sentinel_failover_and_is_exact_after_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_follows_a_failover_away_from_a_hung_master() {
     const HUNG: &str = "tollgate-hung";
-    let master = RedisServer::spawn();
-    let master_port = master.port().to_string();
-    let replica = RedisServer::spawn_with(&["--replicaof", "127.0.0.1", &master_port]);
-    wait_for("the replica syncs", Duration::from_secs(20), || {
-        replica.in_sync()
-    })
-    .await;
-    let sentinels: Vec<RedisSentinel> = (0..3)
-        .map(|_| RedisSentinel::spawn(&master, HUNG, 2))
-        .collect();
-    wait_for("the sentinels agree", Duration::from_secs(30), || {
-        sentinels.iter().all(|s| s.sees(HUNG, 1, 2))
-    })
-    .await;
+    let (master, replica, sentinels) = deployment(HUNG).await;
     let store = RedisStore::builder()
         .prefix("sentinel-hung")
         .connect_sentinel(HUNG, sentinels.iter().map(RedisSentinel::url))
