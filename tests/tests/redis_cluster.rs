@@ -181,9 +181,11 @@ async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(promoted.is_some(), "the victim's replica took over");
+    let promoted = promoted.expect("the victim's replica took over");
     assert_eq!(healthy_errors, 0, "keys on healthy masters saw errors");
-    let limit = RedisCluster::NODE_TIMEOUT + Duration::from_secs(2);
+    // Within a second of the promotion, which a busy machine delays (the
+    // cluster's own failure detection, not the store's).
+    let limit = promoted + Duration::from_secs(1);
     for (i, healed) in healed_at.iter().enumerate().filter(|(i, _)| on_victim[*i]) {
         assert!(
             healed.is_some_and(|t| t <= limit),
