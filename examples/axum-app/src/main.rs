@@ -72,6 +72,10 @@ struct Args {
     /// who reads Redis test guesses of the token offline.
     #[arg(long, env = "TOLLGATE_LABEL_SECRET", hide_env_values = true)]
     label_secret: Option<String>,
+    /// How long a decision waits for Redis, in milliseconds, before the
+    /// failure policy answers it (the store's deadline).
+    #[arg(long, env = "TOLLGATE_REDIS_DEADLINE_MS", default_value_t = 50)]
+    redis_deadline_ms: u64,
     /// How long a client may take to send a request's headers, in
     /// milliseconds, before its connection is closed.
     #[arg(long, env = "TOLLGATE_HEADER_TIMEOUT_MS", default_value_t = axum_app::listen::HEADER_TIMEOUT_MS)]
@@ -281,10 +285,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "top keys: no --label-secret, so this instance's hashed keys do not merge with others'"
         );
     }
+    let redis_deadline = std::time::Duration::from_millis(args.redis_deadline_ms);
     let (store, ledger, top, store_kind) = match &args.redis_url {
         Some(url) if url.starts_with("redis+sentinel://") => {
             let store = RedisStore::builder()
                 .prefix(args.redis_prefix.as_str())
+                .deadline(redis_deadline)
                 .connect_sentinel_url(url)
                 .await
                 .map_err(|e| format!("cannot use Redis through {}: {}", redact(url), chain(&e)))?;
@@ -308,6 +314,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 let info = RedisStoreBuilder::parse_url(url)?;
                 RedisStore::builder()
                     .prefix(args.redis_prefix.as_str())
+                    .deadline(redis_deadline)
                     .connect(info)
                     .await
             }
