@@ -1,7 +1,9 @@
 //! What a client is told, in one home: the rate-limit headers of every
 //! answer (`headers.rs`, public as `tollgate::headers`, with the numbers of
-//! `numbers.rs` and the values made once for good of `prebuilt.rs`), and every answer the layer makes by itself when it
-//! refuses a request, in the protocol the layer speaks.
+//! `numbers.rs`, the values made once for good of `prebuilt.rs` and the
+//! IETF values and next units of `ietf.rs`), and every answer the layer
+//! makes by itself when it refuses a request, in the protocol the layer
+//! speaks.
 //!
 //! | Refusal | HTTP | gRPC |
 //! |---|---|---|
@@ -24,6 +26,7 @@
 mod grpc;
 pub mod headers;
 mod http;
+mod ietf;
 mod missing;
 mod numbers;
 mod own;
