@@ -224,6 +224,66 @@ async fn an_expiry_at_the_end_of_time_is_in_force_and_kept_a_hundred_years() {
     let _: () = redis::cmd("DEL").arg(&keys).query(&mut redis).unwrap();
 }
 
+/// A retention past what Redis can set as a TTL is refused when the
+/// source starts; one of a hundred years, the longest, sweeps (renews the
+/// keys' TTL) like any other. Before, `Duration::MAX` was accepted and
+/// every sweep failed: the source never loaded.
+#[tokio::test]
+async fn a_retention_past_a_hundred_years_is_refused_and_a_hundred_years_sweeps() {
+    let clock = FakeClock::new(Timestamp::from_secs(T0));
+    let prefix = unique_prefix("overrides-retention");
+    let a = Instance::start(&prefix, &clock).await;
+    let api = api();
+    let raised = Override::limit("1000/min").unwrap();
+    a.overrides
+        .set(&Key::header("acme"), &api, raised, None)
+        .await
+        .unwrap();
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    let refused = RedisOverrides::builder()
+        .retention(Duration::MAX)
+        .start(&a.store)
+        .await
+        .err();
+    assert!(
+        matches!(
+            refused,
+            Some(tollgate::ConfigError::InvalidSetting {
+                setting: "retention",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let longest = RedisOverrides::builder()
+        .retention(century)
+        .clock(clock.clone())
+        .start(&a.store)
+        .await
+        .unwrap();
+    // Its first poll, a sweep, runs on its own task: bounded real time.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !longest.is_loaded() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(longest.is_loaded(), "the sweep failed");
+    let mut redis = admin().await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(a.overrides.hash_key())
+        .query(&mut redis)
+        .unwrap();
+    let century_ms = i64::try_from(century.as_millis()).unwrap();
+    assert!(
+        (century_ms - 60_000..=century_ms).contains(&ttl),
+        "ttl {ttl}"
+    );
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut redis)
+        .unwrap();
+    let _: () = redis::cmd("DEL").arg(&keys).query(&mut redis).unwrap();
+}
+
 #[tokio::test]
 async fn after_a_restart_the_override_is_still_in_force() {
     let clock = FakeClock::new(Timestamp::from_secs(T0));

@@ -143,7 +143,8 @@ impl RedisOverridesBuilder {
 
     /// How long the overrides stay in Redis after the last instance stops
     /// renewing them, and at least after the last change (default 30 days,
-    /// at least a minute).
+    /// at least a minute, at most a hundred years: Redis refuses a TTL
+    /// past its clock's range).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
@@ -182,7 +183,8 @@ impl RedisOverridesBuilder {
     /// # Errors
     ///
     /// [`ConfigError::InvalidSetting`] for a poll interval outside 10 ms
-    /// to 1 s, a retention under a minute, or a first wait over 5 s.
+    /// to 1 s, a retention under a minute or over a hundred years, or a
+    /// first wait over 5 s.
     pub async fn start<C: RedisConnection>(
         self,
         store: &RedisStore<C>,
@@ -197,6 +199,12 @@ impl RedisOverridesBuilder {
             return Err(ConfigError::InvalidSetting {
                 setting: "retention",
                 reason: "must be at least a minute",
+            });
+        }
+        if self.retention > MAX_KEEP {
+            return Err(ConfigError::InvalidSetting {
+                setting: "retention",
+                reason: "must not exceed a hundred years (Redis refuses the TTL)",
             });
         }
         if self.first_wait > MAX_FIRST_WAIT {
