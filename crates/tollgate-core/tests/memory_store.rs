@@ -198,6 +198,16 @@ fn bad_store_settings_are_typed_errors() {
         err.to_string(),
         "invalid setting shards: must not exceed max_keys"
     );
+    // A shard is a lock made at build time: a count without a bound was
+    // a panic (capacity overflow) or an out-of-memory abort.
+    let many = |shards| {
+        let builder = MemoryStore::builder().max_keys(usize::MAX);
+        builder.shards(shards).build().map_err(|e| e.to_string())
+    };
+    let refused = "invalid setting shards: must not exceed 4096";
+    assert_eq!(many(usize::MAX).err().as_deref(), Some(refused));
+    assert_eq!(many(4097).err().as_deref(), Some(refused));
+    assert!(many(4096).is_ok());
 }
 
 /// A refund brings a held key's expiry forward, and the shard's next

@@ -435,6 +435,11 @@ impl Default for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
+    /// The most shards a store may have: each is a lock of its own, padded
+    /// to a cache line, made when the store is built; past a few per CPU,
+    /// more shards hold no lock less often.
+    pub const MAX_SHARDS: usize = 4096;
+
     /// The most keys held at once (default [`MemoryStore::DEFAULT_MAX_KEYS`]).
     /// Each shard holds `max_keys / shards` of them.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
@@ -442,7 +447,8 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The number of shards (default: 16 per CPU, 16 to 256).
+    /// The number of shards (default: 16 per CPU, 16 to 256; at most
+    /// [`MAX_SHARDS`](Self::MAX_SHARDS)).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -460,7 +466,8 @@ impl MemoryStoreBuilder {
     /// # Errors
     ///
     /// [`ConfigError::InvalidSetting`] when `max_keys` or `shards` is zero,
-    /// or there are more shards than keys.
+    /// there are more shards than keys, or more than
+    /// [`MAX_SHARDS`](Self::MAX_SHARDS).
     pub fn build(self) -> Result<MemoryStore, ConfigError> {
         if self.max_keys == 0 {
             return Err(ConfigError::InvalidSetting {
@@ -476,6 +483,10 @@ impl MemoryStoreBuilder {
             Some(n) if n > self.max_keys => Err(ConfigError::InvalidSetting {
                 setting: "shards",
                 reason: "must not exceed max_keys",
+            }),
+            Some(n) if n > Self::MAX_SHARDS => Err(ConfigError::InvalidSetting {
+                setting: "shards",
+                reason: "must not exceed 4096",
             }),
             _ => Ok(MemoryStore::build_unchecked(self)),
         }
