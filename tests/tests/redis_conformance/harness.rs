@@ -69,14 +69,15 @@ impl Harness {
         self.clock.set(Timestamp::from_micros(case.start));
         RT.block_on(async {
             let (mut from_memory, mut from_redis) = (Vec::new(), Vec::new());
-            // The last admitted request: its cost and when.
-            let mut reserved = None;
+            // The admitted requests: their costs and when.
+            let mut admitted = Vec::new();
             for &(gap, op, which) in &case.arrivals {
                 self.clock.advance(Duration::from_micros(gap));
                 let policy = &case.policies[which];
+                let reserved = op.reservation(&admitted);
                 let (m, r) = self.apply(&memory, &key, policy, op, reserved).await;
                 if let (Op::Check(cost), true) = (op, r.is_allowed()) {
-                    reserved = Some((cost, r.now()));
+                    admitted.push((cost, r.now()));
                 }
                 from_memory.push(m);
                 from_redis.push(r);
@@ -104,7 +105,7 @@ impl Harness {
                 self.redis.check(key, policy, cost).await,
                 self.reading_first.check(key, policy, cost).await,
             ),
-            Op::Settle(actual) => {
+            Op::Settle(actual) | Op::SettleOlder(actual, _) => {
                 let (cost, at) = reserved.unwrap_or((0, now));
                 let settlement = Settlement::new(cost, actual, at);
                 (
@@ -160,9 +161,10 @@ impl Harness {
         let policy = &case.history.policies[0];
         self.clock.set(Timestamp::from_micros(case.history.start));
         RT.block_on(async {
-            let mut reserved = None;
+            let mut admitted = Vec::new();
             for &(gap, op, _) in &case.history.arrivals {
                 self.clock.advance(Duration::from_micros(gap));
+                let reserved = op.reservation(&admitted);
                 let mut decided = Vec::new();
                 for key in &keys {
                     decided.push(self.apply(&memory, key, policy, op, reserved).await);
@@ -171,9 +173,10 @@ impl Harness {
                 let (m, r) = &decided[0];
                 assert_eq!(m, r, "{op:?} in the history");
                 if let (Op::Check(cost), true) = (op, r.is_allowed()) {
-                    reserved = Some((cost, r.now()));
+                    admitted.push((cost, r.now()));
                 }
             }
+            let reserved = admitted.last().copied();
             self.clock.advance(Duration::from_micros(case.then));
             let (a, b) = case.costs;
             let settled = [
@@ -209,11 +212,28 @@ pub(crate) enum Op {
     /// Settles the last admitted request (or, before any, one of cost 0)
     /// at this actual cost.
     Settle(u64),
+    /// Settles an admitted request this many before the last (or, before
+    /// any such, one of cost 0) at this actual cost: a response that took
+    /// longer than later ones, or a request settled again.
+    SettleOlder(u64, usize),
     /// Blocks the key for this many µs, then peeks.
     Block(u64),
     /// Resets the key, then peeks. A later settlement of a request
     /// reserved before it meets the reset's fence.
     Reset,
+}
+
+impl Op {
+    /// The admitted request this op settles, of those `admitted` so far
+    /// (cost, when); `None` for an op that settles none.
+    pub(crate) fn reservation(self, admitted: &[(u64, Timestamp)]) -> Option<(u64, Timestamp)> {
+        let back = match self {
+            Op::Settle(_) => 0,
+            Op::SettleOlder(_, back) => back + 1,
+            Op::Check(_) | Op::Block(_) | Op::Reset => return None,
+        };
+        admitted.iter().rev().nth(back).copied()
+    }
 }
 
 /// Arrivals at one key under one or more configurations of one policy.

@@ -75,7 +75,8 @@ fn arrivals(shortest: u64, configs: usize) -> impl Strategy<Value = Vec<(u64, Op
     ];
     let op = prop_oneof![
         12 => cost.prop_map(Op::Check),
-        3 => actual.prop_map(Op::Settle),
+        3 => actual.clone().prop_map(Op::Settle),
+        1 => (actual, 0usize..3).prop_map(|(actual, back)| Op::SettleOlder(actual, back)),
         1 => block.prop_map(Op::Block),
         1 => Just(Op::Reset),
     ];
