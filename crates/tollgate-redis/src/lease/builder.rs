@@ -37,9 +37,9 @@ impl Default for LeasedStoreBuilder {
 }
 
 impl LeasedStoreBuilder {
-    /// The lease interval (default 1 s): a lease covers one and a half
-    /// intervals of its key's traffic, and lives two before its unused
-    /// part goes back.
+    /// The lease interval (default 1 s, at least 8 µs: a shorter one is
+    /// taken as 8 µs): a lease covers one and a half intervals of its
+    /// key's traffic, and lives two before its unused part goes back.
     /// Longer intervals mean fewer calls to the store and more units held
     /// by each instance.
     pub fn interval(mut self, interval: Duration) -> Self {
@@ -48,7 +48,7 @@ impl LeasedStoreBuilder {
     }
 
     /// A lease holds at most `1 / share` of a limit's capacity (default
-    /// 16, at least 1). An instance holds two leases of a key at most (the
+    /// 16, at least 1: 0 is taken as 1). An instance holds two leases of a key at most (the
     /// one being spent and the next): with `n` instances, at most
     /// `2n / share` of the capacity is outstanding at once.
     pub fn share(mut self, share: u64) -> Self {
