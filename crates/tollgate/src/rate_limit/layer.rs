@@ -187,9 +187,10 @@ impl<K, St, M> RateLimitLayer<K, St, M> {
 
     /// Waits instead of rejecting: a denied request is held until the exact
     /// time it would be admitted and then checked again, as long as that
-    /// is within `max_wait` of its arrival; otherwise it is rejected as
-    /// usual (at once, without waiting in vain). A request whose cost can
-    /// never be admitted is rejected at once.
+    /// is within `max_wait` of its arrival, or within its own gRPC
+    /// deadline (`grpc-timeout`) if that is shorter; otherwise it is
+    /// rejected as usual (at once, without waiting in vain). A request
+    /// whose cost can never be admitted is rejected at once.
     ///
     /// Meant for clients: wrap a Tower client service (an HTTP client for a
     /// third-party API with a quota) so that every caller, on every machine

@@ -12,6 +12,7 @@ mod answers;
 mod body;
 mod call;
 mod choose;
+mod deadline;
 mod future;
 mod layer;
 mod overridden;

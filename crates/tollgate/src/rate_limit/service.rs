@@ -18,6 +18,7 @@ use crate::response::Responder;
 
 use super::body::{BodyKind, WrapBody};
 use super::call::{Check, Deferred, Inner, Waiter};
+use super::deadline;
 use super::future::ResponseFuture;
 use super::overridden::{Overridden, overridden};
 use super::responders::Responders;
@@ -160,6 +161,8 @@ where
         let Some(key) = config.extractor.extract(&request) else {
             return missing_key(config, inner, request);
         };
+        // In waiting mode, no longer than the request's own deadline.
+        let max_wait = (config.wait).map(|max| deadline::max_wait(request.headers(), max));
 
         // The chooser's policy, if it picked one, and the responder that
         // names it; otherwise the layer's own. A request the store decides
@@ -189,7 +192,9 @@ where
                     Some(Overridden::Denied(response)) => return ResponseFuture::respond(response),
                     Some(Overridden::Pending) => {
                         let call = inner.defer(request);
-                        return pending(shared, source, key, policy, cost, responder, call);
+                        return pending(
+                            shared, source, key, policy, cost, responder, call, max_wait,
+                        );
                     }
                 }
             }
@@ -201,7 +206,7 @@ where
         // more (about a hundred instructions a request).
         let enforce = responder.enforces(&key);
         let waiter =
-            (config.wait).map(|max_wait| waiter(shared, &key, policy, cost, responder, max_wait));
+            max_wait.map(|max_wait| waiter(shared, &key, policy, cost, responder, max_wait));
         let settle =
             (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
         match shared.store.get_ref().try_check_now(&key, policy, cost) {
@@ -226,6 +231,7 @@ where
 /// first answer to wait for), it is decided now.
 #[cold]
 #[inline(never)]
+#[allow(clippy::too_many_arguments)] // what `call` knows of the request, moved along
 fn pending<K, St, F, M>(
     shared: &Arc<Shared<K, St>>,
     source: &dyn OverrideSource,
@@ -234,6 +240,7 @@ fn pending<K, St, F, M>(
     cost: u64,
     responder: &Arc<Responder>,
     call: Deferred<F>,
+    max_wait: Option<Duration>,
 ) -> ResponseFuture<F, M>
 where
     K: Send + Sync + 'static,
@@ -241,7 +248,7 @@ where
     F: Future,
 {
     let Some(first) = source.first_answer(&key, policy) else {
-        let state = decided_after(shared, key, policy, cost, responder, call, Duration::ZERO);
+        let state = decided_after(shared, key, policy, cost, responder, call, max_wait);
         return ResponseFuture::new(state);
     };
     let (shared, arrived) = (shared.clone(), tokio::time::Instant::now());
@@ -250,8 +257,8 @@ where
         first,
         call: Some(call),
         then: Some(Box::new(move |call| {
-            let waited = arrived.elapsed();
-            decided_after(&shared, key, &policy, cost, &responder, call, waited)
+            let left = max_wait.map(|max_wait| max_wait.saturating_sub(arrived.elapsed()));
+            decided_after(&shared, key, &policy, cost, &responder, call, left)
         })),
     })
 }
@@ -260,8 +267,8 @@ where
 /// chooser's) at `cost`, told by `responder`, that `waited` for its key's
 /// first answer: as in `call`, under the key's override if one is in
 /// force (the policy as it is, if the answer is still not in), then as
-/// the store answers. In waiting mode it waits for admission until
-/// `max_wait` after its arrival, the time it `waited` included.
+/// the store answers. In waiting mode it waits for admission for what is
+/// `left` of its wait.
 fn decided_after<K, St, F>(
     shared: &Arc<Shared<K, St>>,
     key: Key,
@@ -269,7 +276,7 @@ fn decided_after<K, St, F>(
     cost: u64,
     responder: &Arc<Responder>,
     call: Deferred<F>,
-    waited: Duration,
+    left: Option<Duration>,
 ) -> State<F, F::Output>
 where
     K: Send + Sync + 'static,
@@ -300,10 +307,7 @@ where
         None => (policy, responder),
     };
     let enforce = responder.enforces(&key);
-    let waiter = (config.wait).map(|max_wait| {
-        let left = max_wait.saturating_sub(waited);
-        waiter(shared, &key, policy, cost, responder, left)
-    });
+    let waiter = left.map(|left| waiter(shared, &key, policy, cost, responder, left));
     let settle = (config.settle.as_ref()).map(|rule| settle_call(shared, rule, &key, policy, cost));
     match shared.store.get_ref().try_check_now(&key, policy, cost) {
         Some(result) => {

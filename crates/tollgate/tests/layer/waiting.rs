@@ -133,3 +133,40 @@ async fn an_unbounded_wait_holds_requests_without_overflowing() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(start.elapsed(), Duration::ZERO);
 }
+
+/// A request with a gRPC deadline (`grpc-timeout`) shorter than the
+/// layer's wait waits no longer than its deadline: one that would be
+/// admitted after it is rejected at once, not held until its caller has
+/// given up (with its unit taken); one whose deadline leaves time waits
+/// as before. A malformed `grpc-timeout` leaves the layer's wait.
+#[tokio::test(start_paused = true)]
+async fn a_request_waits_no_longer_than_its_grpc_deadline() {
+    let clock = TokioClock::starting_at(Timestamp::from_secs(T0));
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let policy = Policy::new("rpc", Algorithm::Gcra, "1/s").unwrap();
+    let app = app(RateLimitLayer::new(policy, GlobalKey)
+        .store(store)
+        .wait(Duration::from_secs(30)));
+    let with_timeout = |timeout: &str| {
+        let mut request = get_root();
+        let value = http::HeaderValue::from_str(timeout).unwrap();
+        request.headers_mut().insert("grpc-timeout", value);
+        request
+    };
+    let start = tokio::time::Instant::now();
+    let at = |start: tokio::time::Instant| start.elapsed().as_millis();
+    let first = app.clone().oneshot(with_timeout("100m")).await.unwrap();
+    assert_eq!((first.status(), at(start)), (StatusCode::OK, 0));
+    // Its turn is in 1 s, past its 500 ms: refused now.
+    let short = app.clone().oneshot(with_timeout("500m")).await.unwrap();
+    assert_eq!(
+        (short.status(), at(start)),
+        (StatusCode::TOO_MANY_REQUESTS, 0)
+    );
+    // 2 s leaves time: it waits its second.
+    let long = app.clone().oneshot(with_timeout("2S")).await.unwrap();
+    assert_eq!((long.status(), at(start)), (StatusCode::OK, 1_000));
+    // Not a deadline: the layer's 30 s hold.
+    let odd = app.clone().oneshot(with_timeout("1.5S")).await.unwrap();
+    assert_eq!((odd.status(), at(start)), (StatusCode::OK, 2_000));
+}
