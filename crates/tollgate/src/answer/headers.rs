@@ -48,6 +48,16 @@ pub enum HeaderStyle {
     /// `Retry-After` waits until every layer that admitted the request and
     /// was left with none admits again (but a layer in shadow mode, which
     /// refuses nothing).
+    ///
+    /// Remaining counts units, as costs do. A request refused for costing
+    /// more than remains is told what remains (`x-ratelimit-remaining: 2`
+    /// for a request of cost 4, say), and one that costs more than the
+    /// capacity is told its key's state as it is. GitHub's clients read
+    /// GitHub's requests of cost 1: octokit's throttling plugin retries a
+    /// refusal as a primary limit only when remaining is `0`, so it does
+    /// not retry the first (its `Retry-After` says when it would pass),
+    /// and retries the second once its key is back, in vain, when its key
+    /// has none left.
     #[default]
     GitHub,
     /// The same as [`HeaderStyle::GitHub`], which sends all five of
