@@ -173,6 +173,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(Command::Overload(overload)) = &args.command {
         return run_overload(overload);
     }
+    // A policy's name is what the report and the chart tell it by.
+    for (i, policy) in args.policies.iter().enumerate() {
+        if args.policies[..i].iter().any(|p| p.name() == policy.name()) {
+            let name = policy.name();
+            return Err(
+                format!("two --policy specs are named {name:?}: name each NAME=SPEC").into(),
+            );
+        }
+    }
     let started = Instant::now();
     let (workload, source) = match (&args.log, args.pattern) {
         (Some(path), _) => (read_log(path, &args)?, path.display().to_string()),

@@ -109,6 +109,15 @@ fn bad_policies_and_missing_input_are_refused() {
     let (out, _, stderr) = sim(&["--pattern", "sawtooth", "--policy", "gcra:1/s"]);
     assert!(!out.status.success());
     assert!(stderr.contains("unknown pattern \"sawtooth\""), "{stderr}");
+    // Two policies of one name could not be told apart in the report.
+    let twice = ["--pattern", "steady", "--policy", "a=gcra:1/s"];
+    let (out, stdout, stderr) = sim(&[&twice[..], &["--policy", "a=fixed_window:2/s"]].concat());
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(r#"two --policy specs are named "a""#),
+        "{stderr}"
+    );
+    assert!(stdout.is_empty(), "{stdout}");
 }
 
 #[test]
