@@ -357,6 +357,80 @@ async fn a_refund_whose_call_missed_its_deadline_lifts_the_denial() {
     assert!(after.is_allowed(), "{after:?}");
 }
 
+/// A reset whose call missed its deadline, or was dropped on its way, but
+/// ran in Redis, lifts the key's cached denial as one that came back does:
+/// before, the key stayed denied here (a day-long block's denial
+/// included) while Redis admitted it, and through an outage after.
+#[tokio::test]
+async fn a_reset_whose_call_missed_its_deadline_or_was_dropped_lifts_the_denial() {
+    let server = RedisServer::spawn();
+    let clock = FakeClock::default();
+    let store = frozen_store(&server, Duration::from_millis(200), &clock).await;
+    let policy = Policy::new("late-reset", Algorithm::FixedWindow, "2/day").unwrap();
+    let key = Key::user("reset");
+    for _ in 0..2 {
+        assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    }
+    assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(store.deny_cache_len(), 1);
+    server.pause_writes(1_000);
+    let reset = store.reset(&key, &policy).await;
+    assert!(matches!(reset, Err(StoreError::Timeout(_))), "{reset:?}");
+    assert_eq!(store.deny_cache_len(), 0);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let after = store.check(&key, &policy, 1).await.unwrap();
+    assert_eq!(
+        (after.is_allowed(), after.remaining()),
+        (true, 1),
+        "{after:?}"
+    );
+
+    // Blocked for a day, then a reset dropped on its way.
+    let day = Duration::from_secs(86_400);
+    store.block(&key, &policy, day).await.unwrap();
+    assert!(store.check(&key, &policy, 1).await.unwrap().is_blocked());
+    assert_eq!(store.deny_cache_len(), 1);
+    server.pause_writes(500);
+    let dropped = tokio::time::timeout(Duration::from_millis(50), store.reset(&key, &policy)).await;
+    assert!(dropped.is_err(), "still on its way: {dropped:?}");
+    assert_eq!(store.deny_cache_len(), 0);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let after = store.check(&key, &policy, 1).await.unwrap();
+    assert!(
+        after.is_allowed(),
+        "the block was lifted in Redis: {after:?}"
+    );
+}
+
+/// A denial of a larger cost leaves a key's standing denial of cost 1 in
+/// place: it still answers while Redis is down. Before, it replaced it,
+/// and the cost-1 request went to the failure policy (a client choosing
+/// its cost could end its own denial just before an outage).
+#[tokio::test]
+async fn a_costlier_denial_leaves_the_standing_denial_of_cost_one() {
+    let mut server = RedisServer::spawn();
+    let store = live_store(&server, Duration::from_millis(200)).await;
+    let policy = Policy::builder("outage-cost")
+        .limit("3/h")
+        .limit("10/d")
+        .build()
+        .unwrap();
+    let key = Key::user("cut-off");
+    for _ in 0..3 {
+        assert!(store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    }
+    assert!(!store.check(&key, &policy, 1).await.unwrap().is_allowed());
+    assert!(!store.check(&key, &policy, 2).await.unwrap().is_allowed());
+    server.kill();
+    for cost in [1, 2] {
+        let decision = store.check(&key, &policy, cost).await;
+        assert!(
+            decision.as_ref().is_ok_and(|d| !d.is_allowed()),
+            "cost {cost}: {decision:?}"
+        );
+    }
+}
+
 /// What another app server does to a key reaches this one's cached denial
 /// within a second: a reset lifts it, and a block replaces it, with the
 /// block's own retry time. Before, the denial answered until its own retry

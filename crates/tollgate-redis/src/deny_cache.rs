@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Decision, LimitStatus, Outcome, Policy, Timestamp};
 
+use crate::error::RedisStoreError;
+
 /// How long a cached denial answers for Redis after its call was sent, in
 /// µs, the unit of the cache's times: a second (see [`DenyCache`]).
 const ANSWERS_FOR_US: u64 = 1_000_000;
@@ -53,6 +55,53 @@ pub(crate) struct DenyCache {
     /// the removals of other keys (a settlement removes one) rarely turn
     /// away a hammered key's denial.
     removals: [AtomicU64; STRIPES],
+}
+
+/// What becomes of a key's cached denial when a call that changes the
+/// key's state in Redis (a refund, a reset, a block) may have run there
+/// without its caller learning so: `then` (a [`DenyCache::demote`] or a
+/// [`DenyCache::remove`]) when the call fails after Redis may have run it
+/// ([`RedisStoreError::may_have_acted`]), or when it is dropped on its way
+/// (its caller went away, or a timeout of the app's own). Disarmed, it
+/// does nothing.
+pub(crate) struct Uncertain<'a> {
+    cache: &'a DenyCache,
+    state_key: &'a str,
+    then: fn(&DenyCache, &str),
+    armed: bool,
+}
+
+impl<'a> Uncertain<'a> {
+    pub(crate) fn new(
+        cache: &'a DenyCache,
+        state_key: &'a str,
+        then: fn(&DenyCache, &str),
+        armed: bool,
+    ) -> Self {
+        Self {
+            cache,
+            state_key,
+            then,
+            armed,
+        }
+    }
+
+    /// The call came back with `result`: `then`, if armed and Redis may
+    /// have run it though it failed.
+    pub(crate) fn came_back<T>(mut self, result: &Result<T, RedisStoreError>) {
+        let armed = std::mem::replace(&mut self.armed, false);
+        if armed && result.as_ref().is_err_and(RedisStoreError::may_have_acted) {
+            (self.then)(self.cache, self.state_key);
+        }
+    }
+}
+
+impl Drop for Uncertain<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            (self.then)(self.cache, self.state_key);
+        }
+    }
 }
 
 /// How many stripes count removals (see [`DenyCache::sent`]).
@@ -255,6 +304,17 @@ impl DenyCache {
         if removed.load(Ordering::Acquire) != sent.removals {
             return;
         }
+        // A key's denial of a smaller cost, still in force, stays: it
+        // stands for every cost from its own up while Redis cannot answer,
+        // where this one would stand for fewer (and a client choosing its
+        // cost could end its own denial just before an outage).
+        let fingerprint = policy.fingerprint();
+        if entries
+            .get(state_key)
+            .is_some_and(|e| e.cost < cost && sent_at < e.until && e.fingerprint == fingerprint)
+        {
+            return;
+        }
         if entries.len() >= self.max_entries && !entries.contains_key(state_key) {
             // Full of denials still in force: a scan before the first of
             // them ends would free nothing, so hostile keys denied one
@@ -277,7 +337,7 @@ impl DenyCache {
         entries.insert(
             state_key.to_owned(),
             Entry {
-                fingerprint: policy.fingerprint(),
+                fingerprint,
                 cost,
                 exact: cacheable(policy, cost),
                 epoch: sent.epoch,

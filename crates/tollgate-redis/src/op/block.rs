@@ -6,6 +6,7 @@ use std::time::Duration;
 use tollgate_core::{Key, Policy, Settlement, Timestamp};
 
 use crate::connect::RedisConnection;
+use crate::deny_cache::{DenyCache, Uncertain};
 use crate::error::RedisStoreError;
 use crate::keys::{fence_key, log_keys};
 use crate::op::word_reply::decimal;
@@ -51,9 +52,17 @@ impl<C: RedisConnection> RedisStore<C> {
         keys.extend(log_keys(&state_key, policy));
         keys.push(fence_key(&state_key));
         let fence = Settlement::fence(policy);
+        // A reset or block that failed or was dropped on its way may have
+        // run: the key's denial goes as if it had (a reset key denied
+        // here until its old denial's end, through an outage too, is worse
+        // than a blocked one asked about again).
+        let cache = &inner.deny_cache;
+        let uncertain = Uncertain::new(cache, &state_key, DenyCache::remove, true);
         let ends = inner
             .guarded(&state_key, inner.wire.forget(&keys, duration, fence))
-            .await?;
+            .await;
+        uncertain.came_back(&ends);
+        let ends = ends?;
         inner.deny_cache.remove(&state_key);
         inner.last_known.remove(&state_key);
         Ok(Timestamp::from_micros(ends))

@@ -4,6 +4,7 @@
 use tollgate_core::{Decision, Key, Policy, Settlement};
 
 use crate::connect::RedisConnection;
+use crate::deny_cache::{DenyCache, Uncertain};
 use crate::error::RedisStoreError;
 use crate::keys::fence_key;
 use crate::op::form::Form;
@@ -37,17 +38,11 @@ impl<C: RedisConnection> RedisStore<C> {
         let state_key = inner.names.state_key(policy, key);
         let sent_at = inner.local_now();
         let refund = settlement.refund() > 0;
-        // A refund dropped on its way (its caller went away) may have run.
-        let mut on_drop = DemoteOnDrop {
-            store: self,
-            state_key: &state_key,
-            armed: refund,
-        };
+        // A refund that failed or was dropped on its way may have run.
+        let cache = &inner.deny_cache;
+        let uncertain = Uncertain::new(cache, &state_key, DenyCache::demote, refund);
         let settled = self.settled(policy, &state_key, settlement).await;
-        on_drop.armed = false;
-        if settled.as_ref().is_err_and(|e| e.may_have_acted()) && refund {
-            inner.deny_cache.demote(&state_key);
-        }
+        uncertain.came_back(&settled);
         let decision = settled?;
         // A refund may have made room; a charge moved the end of the
         // denial, which the cached one would answer unchanged.
@@ -90,22 +85,6 @@ impl<C: RedisConnection> RedisStore<C> {
                 inner.guarded(state_key, call).await?
             }
         })
-    }
-}
-
-/// Demotes a key's cached denial when dropped armed: a refund whose call
-/// was dropped on its way may have run in Redis.
-struct DemoteOnDrop<'a, C> {
-    store: &'a RedisStore<C>,
-    state_key: &'a str,
-    armed: bool,
-}
-
-impl<C> Drop for DemoteOnDrop<'_, C> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.store.inner.deny_cache.demote(self.state_key);
-        }
     }
 }
 
