@@ -441,3 +441,86 @@ async fn readonly_oom_and_noreplicas_are_unavailable_and_health_checks_run_the_s
     server.kill();
     assert!(store.health_check().await.is_err());
 }
+
+/// A proxy on a free loopback port to `to`'s port; once `silenced`, the
+/// connections made before answer nothing, without an error (a host gone
+/// silent, a partition, an address moved to another server), and new ones
+/// go to `then`'s port.
+async fn silencing_proxy(to: u16, then: u16, silenced: Arc<std::sync::atomic::AtomicBool>) -> u16 {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let old = !silenced.load(Ordering::SeqCst);
+            let target = if old { to } else { then };
+            let Ok(upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                continue;
+            };
+            let (client_read, client_write) = client.into_split();
+            let (upstream_read, upstream_write) = upstream.into_split();
+            for (mut from, mut into) in [
+                (
+                    Box::new(client_read) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                    Box::new(upstream_write) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                ),
+                (Box::new(upstream_read), Box::new(client_write)),
+            ] {
+                let silenced = silenced.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 16 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf).await {
+                        let silent = old && silenced.load(Ordering::SeqCst);
+                        if !silent && into.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    port
+}
+
+/// A connection gone silent without an error is replaced: the store's
+/// watch finds neither of its `PING`s answered and connects afresh, and
+/// the store is back on Redis within the watch's second, the two `PING`s'
+/// budget and the breaker's cooldown. Before, the connection manager,
+/// which reconnects on errors only, kept the silent connection, and every
+/// call failed for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_gone_silent_is_replaced() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let (old, new) = (RedisServer::spawn(), RedisServer::spawn());
+    let silenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = silencing_proxy(old.port(), new.port(), silenced.clone()).await;
+    let store = RedisStore::builder()
+        .deadline(DEADLINE)
+        .connect(format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let policy = Policy::new("silent", Algorithm::Gcra, "1000/h").unwrap();
+    let key = Key::user("k");
+    assert_eq!(
+        store.check(&key, &policy, 1).await.unwrap().remaining(),
+        999
+    );
+    silenced.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (stalls, silent_at) = (StallMeter::start(), Instant::now());
+    let back = loop {
+        if let Ok(decision) = store.check(&key, &policy, 1).await {
+            break decision;
+        }
+        assert!(silent_at.elapsed() < Duration::from_secs(20), "never back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (took, stall) = (silent_at.elapsed(), stalls.stop());
+    // Decided by the new server, which never saw the key.
+    assert_eq!(back.remaining(), 999);
+    // The watch's first look may find the call before the silence; its
+    // second pings twice, within the connect budget (2 × 100 ms) each;
+    // then the breaker's cooldown (1 s), a request's poll (50 ms).
+    let bound = Duration::from_millis(2 * 1_000 + 2 * 200 + 200 + 1_000 + 50) + stall * 4;
+    assert!(took <= bound, "back after {took:?}, bound {bound:?}");
+}

@@ -26,7 +26,10 @@ use crate::running::Running;
 /// made anew before a request needs it, and one whose last attempt to
 /// connect again was refused while Redis was down connects again within a
 /// second of Redis answering, rather than failing the first request after
-/// it with that old refusal.
+/// it with that old refusal. A connection that answers neither that `PING`
+/// nor one more is replaced: one gone silent without an error (a host
+/// that lost power, a partition, an address moved to another server)
+/// would otherwise fail every call for good.
 #[derive(Clone)]
 pub struct ManagedConnection {
     client: redis::Client,
@@ -85,7 +88,9 @@ impl ManagedConnection {
     /// through, a `PING` through the connection manager (one more if it
     /// fails, which waits for the attempt to connect again that the first
     /// set off), or an attempt to connect while there is none. Each within
-    /// `budget`. It ends once the last clone of the connection is dropped.
+    /// `budget`. When neither `PING` is answered, a fresh connection
+    /// replaces the manager's. It ends once the last clone of the
+    /// connection is dropped.
     fn watch(&self, budget: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -110,13 +115,26 @@ impl ManagedConnection {
                     });
                     continue;
                 };
+                let mut answered = false;
                 for _ in 0..2 {
                     let ping = redis::cmd("PING");
                     let pinged =
                         tokio::time::timeout(budget, ping.query_async::<()>(&mut connection));
                     if matches!(pinged.await, Ok(Ok(()))) {
+                        answered = true;
                         break;
                     }
+                }
+                // A connection that answers nothing, without an error of
+                // its own (a host gone silent, a partition, an address
+                // moved to another server), is never made anew by the
+                // connection manager, which reconnects on errors only: a
+                // fresh one replaces it.
+                if !answered {
+                    let (client, config) = (client.clone(), config.clone());
+                    swap.refresh(async move {
+                        ConnectionManager::new_with_config(client, config).await
+                    });
                 }
             }
         });
