@@ -448,3 +448,90 @@ async fn burst_of_new_keys(policy: Policy, batch_size: usize) {
     assert_eq!(by_redis + overloaded, 15_000);
     assert_eq!(store.breaker_state(), BreakerState::Closed);
 }
+
+/// 15,000 settlements of new keys at once, then 15,000 acquires of their
+/// in-flight slots, on a healthy Redis: every call answered by Redis, and
+/// the breaker never seen open while they run. (They skipped the store's places for
+/// unbatched calls, went on the connection all at once, and the tail met
+/// its deadline behind the head: the breaker opened.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_settlements_or_slot_calls_is_not_a_store_failure() {
+    use tollgate::{InFlightLimit, Settlement, SlotStore, Store, Timestamp};
+    let server = RedisServer::spawn();
+    let store = RedisStore::builder()
+        .prefix(unique_prefix("settle-burst"))
+        .connect(server.url())
+        .await
+        .unwrap();
+    let policy = Policy::new("settle-burst", Algorithm::Gcra, "100/h").unwrap();
+    let limit = InFlightLimit::new("slot-burst", 10).unwrap();
+    store.check(&Key::user("warm"), &policy, 1).await.unwrap();
+    // Watched from a thread of its own: the runtime's workers are busy.
+    let (stop, opened) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let watch = std::thread::spawn({
+        let (stop, opened, store) = (stop.clone(), opened.clone(), store.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                if store.breaker_state() != BreakerState::Closed {
+                    opened.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    let count = |results: Vec<Result<(), StoreError>>| {
+        let overloaded = results
+            .iter()
+            .filter(|r| matches!(r, Err(StoreError::Overloaded)));
+        let overloaded = overloaded.count();
+        let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert_eq!(failed.len(), overloaded, "{:?}", failed.first());
+        results.len() - overloaded
+    };
+    let settlements: Vec<_> = (0..15_000)
+        .map(|i| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let refund = Settlement::new(2, 1, Timestamp::from_secs(1));
+                store
+                    .settle(&Key::user(format!("s-{i}")), &policy, refund)
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in settlements {
+        results.push(task.await.unwrap());
+    }
+    let settled = count(results);
+    let acquires: Vec<_> = (0..15_000u64)
+        .map(|i| {
+            let (store, limit) = (store.clone(), limit.clone());
+            tokio::spawn(async move {
+                store
+                    .acquire(&Key::user(format!("a-{i}")), &limit, i)
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in acquires {
+        results.push(task.await.unwrap());
+    }
+    let acquired = count(results);
+    stop.store(true, Ordering::Relaxed);
+    watch.join().unwrap();
+    assert!(
+        !opened.load(Ordering::Relaxed),
+        "the breaker opened on a healthy Redis"
+    );
+    assert!(
+        settled > 0 && acquired > 0,
+        "{settled} settled, {acquired} acquired"
+    );
+}

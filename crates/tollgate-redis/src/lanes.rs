@@ -23,9 +23,10 @@
 //! time ([`Gate`]): a burst of many keys (a spray of new clients) queues
 //! here, where its wait is our own, rather than all at once on the
 //! connection, where the tail met its deadline behind the head and
-//! opened the breaker with Redis healthy. The word scripts' calls that
-//! are not batched (batching off, or a cluster) take their places here
-//! too.
+//! opened the breaker with Redis healthy. Every other call for a key
+//! takes its place here too (`Inner::gated`): the word scripts' calls that
+//! are not batched (batching off, or a cluster), settlements, resets and
+//! blocks, and in-flight slots.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

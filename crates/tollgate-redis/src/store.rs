@@ -185,6 +185,21 @@ impl<C: RedisConnection> Inner<C> {
     /// its connection; a wait for one that the app's own calls made too
     /// long is not counted either ([`RedisStoreError::PoolBusy`]; see
     /// [`RedisConnection::handed_out`]).
+    /// [`Inner::guarded`], once the call has a place among the store's
+    /// unbatched calls on their way ([`Gate`](crate::lanes::Gate)): a
+    /// burst of them (a spray of new keys, the settlements of many
+    /// responses at once, in-flight slots) waits in our own queue, rather
+    /// than meeting its deadline on the connection behind its own head and
+    /// opening the breaker with Redis healthy.
+    pub(crate) async fn gated<T>(
+        &self,
+        state_key: &str,
+        call: impl std::future::Future<Output = Result<T, RedisStoreError>>,
+    ) -> Result<T, RedisStoreError> {
+        let _place = self.lanes.gate.enter(self.deadline).await?;
+        self.guarded(state_key, call).await
+    }
+
     pub(crate) async fn guarded<T>(
         &self,
         state_key: &str,

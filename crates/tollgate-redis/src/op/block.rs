@@ -59,7 +59,7 @@ impl<C: RedisConnection> RedisStore<C> {
         let cache = &inner.deny_cache;
         let uncertain = Uncertain::new(cache, &state_key, DenyCache::remove, true);
         let ends = inner
-            .guarded(&state_key, inner.wire.forget(&keys, duration, fence))
+            .gated(&state_key, inner.wire.forget(&keys, duration, fence))
             .await;
         uncertain.came_back(&ends);
         let ends = ends?;

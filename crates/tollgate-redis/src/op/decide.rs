@@ -171,13 +171,12 @@ impl<C: RedisConnection> RedisStore<C> {
             Turn::Now(place) => {
                 // Unbatched (batching off, or a cluster), a call takes a
                 // place among the store's unbatched calls on their way.
-                let _gate = match inner.batcher(form) {
-                    Some(_) => None,
-                    None => Some(inner.lanes.gate.enter(inner.deadline).await?),
+                let requests = [request];
+                let call = inner.wire.send(form, &requests);
+                let words = match inner.batcher(form) {
+                    Some(_) => inner.guarded(state_key, call).await,
+                    None => inner.gated(state_key, call).await,
                 };
-                let words = inner
-                    .guarded(state_key, inner.wire.send(form, &[request]))
-                    .await;
                 if words.is_ok() {
                     place.answered();
                 }
@@ -248,9 +247,7 @@ impl<C: RedisConnection> GeneralCalls for Inner<C> {
         policy: &Policy,
         costs: &[u64],
     ) -> Result<Vec<Decision>, RedisStoreError> {
-        let _place = self.lanes.gate.enter(self.deadline).await?;
-        self.guarded(key, self.wire.general(key, policy, costs))
-            .await
+        self.gated(key, self.wire.general(key, policy, costs)).await
     }
 }
 

@@ -72,7 +72,7 @@ impl<C: RedisConnection> RedisStore<C> {
             Some(form) => {
                 let args = settle_args(form, policy, settlement);
                 let call = wire.settle_word(form, state_key, policy, &args);
-                let (now, word) = inner.guarded(state_key, call).await?;
+                let (now, word) = inner.gated(state_key, call).await?;
                 decision(form, policy, now, word, WordOp::Settle(settlement))
                     .ok_or_else(|| RedisStoreError::Protocol("no decision".into()))?
             }
@@ -82,7 +82,7 @@ impl<C: RedisConnection> RedisStore<C> {
                     None => "0".to_owned(),
                 };
                 let call = wire.settle_general(state_key, policy, &request);
-                inner.guarded(state_key, call).await?
+                inner.gated(state_key, call).await?
             }
         })
     }

@@ -36,7 +36,7 @@ impl<C: RedisConnection> SlotStore for RedisStore<C> {
         let call = inner
             .wire
             .acquire_slot(&slots, &given_back, holder, limit.max(), lease);
-        let (acquired, held) = inner.guarded(&slots, call).await?;
+        let (acquired, held) = inner.gated(&slots, call).await?;
         Ok(Slots { acquired, held })
     }
 
@@ -51,7 +51,7 @@ impl<C: RedisConnection> SlotStore for RedisStore<C> {
         let call = inner
             .wire
             .renew_slot(&slots, holder, limit.max(), limit.lease_duration());
-        Ok(inner.guarded(&slots, call).await?)
+        Ok(inner.gated(&slots, call).await?)
     }
 
     async fn release(
@@ -64,7 +64,7 @@ impl<C: RedisConnection> SlotStore for RedisStore<C> {
         let slots = inner.names.slots_key(limit.name(), key);
         let (given_back, lease) = (given_back(&slots), limit.lease_duration());
         let call = inner.wire.release_slot(&slots, &given_back, holder, lease);
-        Ok(inner.guarded(&slots, call).await?)
+        Ok(inner.gated(&slots, call).await?)
     }
 }
 
