@@ -102,6 +102,26 @@ impl RedisStoreError {
         }
     }
 
+    /// Whether Redis answered the call, in time, with an error about the
+    /// data it was asked of (`WRONGTYPE`: a key under the prefix that a
+    /// foreign writer gave a type of its own): not a sign of a Redis in
+    /// trouble, which the breaker counts, but of that key alone.
+    pub(crate) fn is_data_error(&self) -> bool {
+        match self {
+            Self::Redis(e) => e.code() == Some("WRONGTYPE"),
+            Self::Config(_)
+            | Self::Unavailable { .. }
+            | Self::NotConnected { .. }
+            | Self::CircuitOpen
+            | Self::PoolTimeout
+            | Self::PoolBusy
+            | Self::QueueFull
+            | Self::Deadline(_)
+            | Self::UnsupportedVersion { .. }
+            | Self::Protocol(_) => false,
+        }
+    }
+
     /// Whether the connection should be made anew: Redis turned the call
     /// away (a replica after a failover, a server still loading, ...), so
     /// the server behind the address may have changed.

@@ -233,7 +233,10 @@ impl<C: RedisConnection> Inner<C> {
             Err(missed) => Err(RedisStoreError::Deadline(missed.waited(self.deadline))),
         };
         match &result {
+            // Redis answered in time (of a key a foreign writer gave a
+            // type of its own, which fails alone).
             Ok(_) => permit.success(),
+            Err(error) if error.is_data_error() => permit.success(),
             // Queued behind the app's own calls in the pool: Redis was not
             // asked, so the permit reports nothing (a probe's lets the next
             // call probe).

@@ -101,9 +101,17 @@ do
     -- on as it is.
     if not string.find(flat.err, '^WRONGTYPE') then error(flat) end
     was_string = true
-    local value = redis.call('GET', key)
-    local ends = block_end(value)
-    if not ends then
+    local value = redis.pcall('GET', key)
+    if type(value) == 'table' then
+      -- Neither a hash nor a string (a foreign writer's, under the
+      -- prefix): no state of ours, which the write below replaces.
+      if not string.find(value.err, '^WRONGTYPE') then error(value) end
+      value = nil
+    end
+    local ends = value and block_end(value)
+    if not value then
+      -- Nothing of ours to carry over.
+    elseif not ends then
       local carried, all = carry_over(string.match(descriptor, '^(%S+)'), P, nil, value, now)
       S, whole = carried or {}, all ~= false
     elseif ends > now then
