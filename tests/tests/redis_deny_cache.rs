@@ -431,6 +431,46 @@ async fn a_costlier_denial_leaves_the_standing_denial_of_cost_one() {
     }
 }
 
+/// A costlier denial whose own numbers leave room for cost 1 (another
+/// server reset the key) ends the key's cost-1 denial: it no longer
+/// stands while Redis is down.
+#[tokio::test]
+async fn a_costlier_denial_with_room_for_one_ends_the_cost_one_denial() {
+    let mut server = RedisServer::spawn();
+    let prefix = tollgate_tests::unique_prefix("stale-denial");
+    let connect = || {
+        RedisStore::builder()
+            .prefix(prefix.clone())
+            .deadline(Duration::from_millis(200))
+            .connect(server.url())
+    };
+    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+    let policy = Policy::new("stale", Algorithm::Gcra, "10/h").unwrap();
+    let key = Key::user("k");
+    for _ in 0..10 {
+        assert!(a.check(&key, &policy, 1).await.unwrap().is_allowed());
+    }
+    assert!(!a.check(&key, &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(a.deny_cache_len(), 1);
+    // Another app server resets the key and spends 7: 3 remain.
+    b.reset(&key, &policy).await.unwrap();
+    for _ in 0..7 {
+        assert!(b.check(&key, &policy, 1).await.unwrap().is_allowed());
+    }
+    // Redis tells A, in a fresh denial of cost 5, that 3 remain.
+    let five = a.check(&key, &policy, 5).await.unwrap();
+    assert!(!five.is_allowed());
+    assert_eq!(five.remaining(), 3, "{five:?}");
+    server.kill();
+    // Redis's last word is that a cost-1 request fits; A still denies it
+    // from the old cost-1 denial (until its end, ~6 min away).
+    let one = a.check(&key, &policy, 1).await;
+    assert!(
+        !one.as_ref().is_ok_and(|d| !d.is_allowed()),
+        "denied from a stale cost-1 denial Redis contradicted: {one:?}"
+    );
+}
+
 /// What another app server does to a key reaches this one's cached denial
 /// within a second: a reset lifts it, and a block replaces it, with the
 /// block's own retry time. Before, the denial answered until its own retry

@@ -37,6 +37,10 @@ const STALL: Duration = Duration::from_millis(70);
 /// then arrive 100 ms and more late as observed (1 run in 4 failed so),
 /// which no deadline logic inside the process can tell from Redis's own
 /// latency. To the runtime, a blocked thread is a busy one.
+/// The tests that load the machine take turns: side by side, one test's
+/// burst becomes another's stall on two cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn stalled<F: Future>(request: F, stall: Duration) -> (F::Output, bool) {
     let mut request = pin!(request);
     if let Poll::Ready(output) = futures::poll!(request.as_mut()) {
@@ -143,6 +147,7 @@ fn a_starved_runtime_neither_opens_the_breaker_nor_decides_locally() {
 /// failure: it opens the breaker, and the failure policy decides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_pool_neither_opens_the_breaker_nor_decides_locally() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     const HOLDERS: usize = 8;
     const CALLERS: usize = 8;
     let mut server = RedisServer::spawn();
@@ -402,6 +407,7 @@ fn pool_of_one(prefix: &str, checkout: Duration) -> tollgate_redis::RedisStoreBu
 /// once on two cores would starve the servers for real.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_new_keys_is_not_a_store_failure() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let general = Policy::builder("spray-general")
         .algorithm(Algorithm::Gcra)
         .limit("100/h")
@@ -456,6 +462,7 @@ async fn burst_of_new_keys(policy: Policy, batch_size: usize) {
 /// its deadline behind the head: the breaker opened.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_settlements_or_slot_calls_is_not_a_store_failure() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     use tollgate::{InFlightLimit, Settlement, SlotStore, Store, Timestamp};
     let server = RedisServer::spawn();
     let store = RedisStore::builder()

@@ -309,10 +309,16 @@ impl DenyCache {
         // where this one would stand for fewer (and a client choosing its
         // cost could end its own denial just before an outage).
         let fingerprint = policy.fingerprint();
-        if entries
-            .get(state_key)
-            .is_some_and(|e| e.cost < cost && sent_at < e.until && e.fingerprint == fingerprint)
-        {
+        if entries.get(state_key).is_some_and(|e| {
+            // Only while this decision still leaves it no room: one
+            // that shows room for it (a reset or refund elsewhere)
+            // ends it.
+            e.cost < cost
+                && sent_at < e.until
+                && e.fingerprint == fingerprint
+                && (decision.is_blocked()
+                    || decision.limits().iter().any(|s| s.remaining() < e.cost))
+        }) {
             return;
         }
         if entries.len() >= self.max_entries && !entries.contains_key(state_key) {
