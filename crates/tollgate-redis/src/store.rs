@@ -176,17 +176,8 @@ impl<C> RedisStore<C> {
 }
 
 impl<C: RedisConnection> Inner<C> {
-    /// Runs `call`, a script call for `state_key`, under the store's
-    /// deadline and breaker: an open breaker fails it at once, and its
-    /// outcome counts towards the breaker. A deadline that fired late,
-    /// because our own runtime was too busy to run the call, is not
-    /// counted: the call waits on for its reply, up to the hard ceiling
-    /// (see [`patience`]). On a pool, the deadline starts once the call has
-    /// its connection; a wait for one that the app's own calls made too
-    /// long is not counted either ([`RedisStoreError::PoolBusy`]; see
-    /// [`RedisConnection::handed_out`]).
-    /// [`Inner::guarded`], once the call has a place among the store's
-    /// unbatched calls on their way ([`Gate`](crate::lanes::Gate)): a
+    /// Runs `call` as [`Inner::guarded`] does, once it has a place among
+    /// the store's unbatched calls on their way ([`Gate`](crate::lanes::Gate)): a
     /// burst of them (a spray of new keys, the settlements of many
     /// responses at once, in-flight slots) waits in our own queue, rather
     /// than meeting its deadline on the connection behind its own head and
@@ -200,6 +191,15 @@ impl<C: RedisConnection> Inner<C> {
         self.guarded(state_key, call).await
     }
 
+    /// Runs `call`, a script call for `state_key`, under the store's
+    /// deadline and breaker: an open breaker fails it at once, and its
+    /// outcome counts towards the breaker. A deadline that fired late,
+    /// because our own runtime was too busy to run the call, is not
+    /// counted: the call waits on for its reply, up to the hard ceiling
+    /// (see [`patience`]). On a pool, the deadline starts once the call has
+    /// its connection; a wait for one that the app's own calls made too
+    /// long is not counted either ([`RedisStoreError::PoolBusy`]; see
+    /// [`RedisConnection::handed_out`]).
     pub(crate) async fn guarded<T>(
         &self,
         state_key: &str,
