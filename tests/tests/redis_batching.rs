@@ -516,3 +516,84 @@ async fn the_lane_of_one_key_holds_at_most_4096_and_waits_at_most_five_calls() {
     let decision = store.decide(&key, &policy, 1).await.unwrap();
     assert_eq!(decision.limit(), 100);
 }
+
+/// A store used from several runtimes: the calls that hold the batch's
+/// places run on the runtime that sent them. That runtime's one thread
+/// blocked (as by a handler's CPU-bound work) is our own lateness, and a
+/// request queued behind its places from another, idle runtime waits on
+/// for them, rather than meeting its deadline in the queue and failing
+/// with Redis healthy.
+#[test]
+fn a_request_queued_behind_another_runtimes_stalled_calls_waits_for_them() {
+    let server = RedisServer::spawn();
+    let deadline = Duration::from_millis(100);
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (home, caller) = (runtime(), runtime());
+    let store = home
+        .block_on(
+            RedisStore::builder()
+                .prefix(tollgate_tests::unique_prefix("batch-runtimes"))
+                .deadline(deadline)
+                .circuit_breaker(1, Duration::from_secs(60))
+                .connect(server.url().as_str()),
+        )
+        .unwrap();
+    let policy = Policy::new("runtimes", Algorithm::Gcra, "100/h").unwrap();
+    // Connected, and the scripts known.
+    let first = home.block_on(store.decide(&Key::user("warm"), &policy, 1));
+    assert!(first.unwrap().is_allowed());
+
+    // A runtime of one thread sends two decisions, which take both places,
+    // then blocks its thread for 250 ms: past the deadline and its slack,
+    // within the ceiling (4 deadlines). It runs until told to stop: the
+    // call that sends the queued request runs there too.
+    let (held, holding) = std::sync::mpsc::channel();
+    let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
+    let stalled = std::thread::spawn({
+        let (store, policy) = (store.clone(), policy.clone());
+        move || {
+            let stalled = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            stalled.block_on(async move {
+                let calls: Vec<_> = ["a", "b"]
+                    .map(|name| {
+                        let (store, policy) = (store.clone(), policy.clone());
+                        tokio::spawn(
+                            async move { store.decide(&Key::user(name), &policy, 1).await },
+                        )
+                    })
+                    .into();
+                for _ in 0..4 {
+                    tokio::task::yield_now().await;
+                }
+                held.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(250));
+                let mut decisions = Vec::new();
+                for call in calls {
+                    decisions.push(call.await.unwrap());
+                }
+                let _ = stopping.await;
+                decisions
+            })
+        }
+    });
+    holding.recv().unwrap();
+    let queued = caller.block_on(store.decide(&Key::user("queued"), &policy, 1));
+    stop.send(()).unwrap();
+    assert!(
+        queued.as_ref().is_ok_and(Decision::is_allowed),
+        "decided by Redis once the stalled runtime ran again: {queued:?}"
+    );
+    for decision in stalled.join().unwrap() {
+        assert!(decision.is_ok_and(|d| d.is_allowed()));
+    }
+    assert_eq!(store.breaker_state(), tollgate_redis::BreakerState::Closed);
+}

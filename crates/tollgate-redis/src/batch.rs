@@ -38,13 +38,14 @@ use std::time::Duration;
 
 use std::future::Future;
 
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tollgate_core::Policy;
 
 use crate::error::RedisStoreError;
 use crate::op::word::{BatchOf, Request, Word, WordForm};
-use crate::patience::{self, Missed};
+use crate::patience::{self, Missed, Runtimes};
 use crate::running;
 
 /// What the queue needs of whoever owns it (the store): the batcher of a
@@ -101,9 +102,36 @@ impl Queued {
 #[derive(Default)]
 struct Queue {
     waiting: Vec<Queued>,
-    in_flight: usize,
+    /// The places among the calls on their way: a taken one holds the
+    /// runtime its call runs on (see [`wait`]).
+    places: [Option<Holder>; IN_FLIGHT],
     /// The `seq` of the last request queued.
     last_seq: u64,
+}
+
+/// A taken place: the runtime of the task whose call holds it, none
+/// outside a runtime. Until that runtime polls the call again, its reply
+/// in or not, the place is not handed on: that runtime's lateness is the
+/// queue's too.
+struct Holder(Option<Handle>);
+
+impl Queue {
+    /// Takes a free place for a call run on the current runtime: its
+    /// index, or none if every place is taken.
+    fn take_place(&mut self) -> Option<usize> {
+        let slot = self.places.iter().position(Option::is_none)?;
+        self.places[slot] = Some(Holder(Handle::try_current().ok()));
+        Some(slot)
+    }
+
+    /// The runtimes whose calls hold places.
+    fn holders(&self) -> Vec<Handle> {
+        self.places
+            .iter()
+            .flatten()
+            .filter_map(|holder| holder.0.clone())
+            .collect()
+    }
 }
 
 /// The store's batchers, one per word form.
@@ -157,18 +185,19 @@ pub(crate) enum Turn<S: WordCalls> {
 /// A place among the calls on their way; dropping it (when the call has
 /// returned, or its caller stopped waiting) hands it to the queue.
 pub(crate) struct Place<S: WordCalls> {
-    inner: Option<(Arc<S>, Kind)>,
+    /// The store, the kind of its batcher, and the index of the place.
+    inner: Option<(Arc<S>, Kind, usize)>,
 }
 
 impl<S: WordCalls> Place<S> {
-    fn new(inner: Option<(Arc<S>, Kind)>) -> Self {
+    fn new(inner: Option<(Arc<S>, Kind, usize)>) -> Self {
         Self { inner }
     }
 
     /// Records that the call sent in this place came back with Redis's
     /// reply: the queue behind it is moving.
     pub(crate) fn answered(&self) {
-        if let Some((inner, kind)) = &self.inner
+        if let Some((inner, kind, _)) = &self.inner
             && let Some(batcher) = inner.batcher(*kind)
         {
             batcher.answered();
@@ -178,8 +207,8 @@ impl<S: WordCalls> Place<S> {
 
 impl<S: WordCalls> Drop for Place<S> {
     fn drop(&mut self) {
-        if let Some((inner, kind)) = &self.inner {
-            release(inner, *kind);
+        if let Some((inner, kind, slot)) = &self.inner {
+            release(inner, *kind, *slot);
         }
     }
 }
@@ -223,12 +252,11 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
         return Turn::Now(Place::new(None));
     };
     let mut queue = batcher.queue();
-    if queue.in_flight < IN_FLIGHT {
-        // A returning call that finds a queue keeps its place for it; only
-        // requests it left behind, too old to send (see `take`), can be
-        // queued while a place is free, and this one goes before them.
-        queue.in_flight += 1;
-        return Turn::Now(Place::new(Some((inner.clone(), kind))));
+    // A returning call that finds a queue keeps its place for it; only
+    // requests it left behind, too old to send (see `take`), can be queued
+    // while a place is free, and this one goes before them.
+    if let Some(slot) = queue.take_place() {
+        return Turn::Now(Place::new(Some((inner.clone(), kind, slot))));
     }
     if queue.waiting.len() >= MAX_QUEUED {
         return Turn::Full;
@@ -252,8 +280,8 @@ pub(crate) fn enter<S: WordCalls>(inner: &Arc<S>, kind: Kind, request: Request<'
 /// Waits for the word of the request queued in `batcher` as `seq`. The
 /// request gives up with [`RedisStoreError::Deadline`] at a deadline
 /// (judged as [`patience::within`] judges it, with the store's `home`
-/// runtime) in which no call of the
-/// batcher was answered; while calls come back, the queue moves and it
+/// runtime and those of the calls holding places, see [`Ahead`]) in which
+/// no call of the batcher was answered; while calls come back, the queue moves and it
 /// waits on. When it gives up, its caller stops waiting, so it is left out
 /// of the next call, never sent late. Once taken into a call it no longer
 /// gives up: that call's outcome is its own (Redis may have decided it),
@@ -282,7 +310,8 @@ pub(crate) async fn wait(
     loop {
         let seen = batcher.answered.load(Ordering::Relaxed);
         let pool = handed_out();
-        match patience::within(deadline, home, &mut reply).await {
+        let ahead = Ahead { home, batcher };
+        match patience::within(deadline, &ahead, &mut reply).await {
             Ok(Ok(word)) => return word,
             Ok(Err(_)) => return Err(dropped()),
             Err(Missed::Deadline | Missed::Ceiling) => {}
@@ -311,34 +340,55 @@ pub(crate) async fn wait(
     }
 }
 
-/// Gives a place back, or hands it to a task that sends the queue.
-fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
+/// The runtimes a queued request's wait is judged on: the store's and the
+/// caller's, and those of the calls holding the places ahead of it. One
+/// too busy to poll its call again holds its place, reply in or not, and
+/// the queue does not move: our own lateness, not Redis's.
+struct Ahead<'a> {
+    home: &'a patience::Home,
+    batcher: &'a Batcher,
+}
+
+impl Runtimes for Ahead<'_> {
+    fn runtimes(&self) -> Vec<Handle> {
+        let mut all = self.home.runtimes();
+        for holder in self.batcher.queue().holders() {
+            if all.iter().all(|known| known.id() != holder.id()) {
+                all.push(holder);
+            }
+        }
+        all
+    }
+}
+
+/// Gives the place `slot` back, or hands it to a task that sends the
+/// queue.
+fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind, slot: usize) {
     let Some(batcher) = inner.batcher(kind) else {
         return;
     };
-    let batch = take(batcher);
+    let batch = take(batcher, slot);
     if batch.is_empty() {
         return;
     }
-    match running::hand_on_runtime() {
+    let runtime = running::hand_on_runtime();
+    batcher.queue().places[slot] = runtime.clone().map(|runtime| Holder(Some(runtime)));
+    match runtime {
         Some(runtime) => {
             // The place goes with the batch: the task hands it on when it
             // is dropped mid-call or unrun (a runtime shutting down).
-            let place = Place::new(Some((inner.clone(), kind)));
+            let place = Place::new(Some((inner.clone(), kind, slot)));
             running::hand_on(&runtime, drive(place, batch));
         }
         // Outside a runtime (or inside a spawn that dropped the place
         // unrun) nothing can send: the batch's requests fail (their
-        // senders are dropped) and the place is given back.
-        None => {
-            drop(batch);
-            batcher.queue().in_flight -= 1;
-        }
+        // senders are dropped) and the place is given back (above).
+        None => drop(batch),
     }
 }
 
 /// The next batch from the queue, leaving out requests nobody waits for;
-/// an empty batch gives the place back.
+/// an empty batch gives the place `slot` back.
 ///
 /// A call takes only the requests that have not waited a deadline since
 /// the queue last moved (since they queued, or since a call was last
@@ -349,7 +399,7 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind) {
 /// nothing, a request ends within a deadline and a call's ceiling of its
 /// queueing. So a place can be given back while old requests wait in the
 /// queue; a request that finds it free is sent at once, alone.
-fn take(batcher: &Batcher) -> Vec<Queued> {
+fn take(batcher: &Batcher, slot: usize) -> Vec<Queued> {
     let mut queue = batcher.queue();
     queue.waiting.retain(|q| !q.reply.is_closed());
     let now = Instant::now();
@@ -362,7 +412,7 @@ fn take(batcher: &Batcher) -> Vec<Queued> {
         .take(batcher.max_keys)
         .collect();
     if batch.is_empty() {
-        queue.in_flight -= 1;
+        queue.places[slot] = None;
     }
     batch
 }
@@ -371,7 +421,7 @@ fn take(batcher: &Batcher) -> Vec<Queued> {
 /// queued (see [`take`]), then gives the place back. Dropped before (mid-call, or unrun), the place hands the
 /// queue on, or is given back.
 async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
-    let Some((inner, kind)) = place.inner.clone() else {
+    let Some((inner, kind, slot)) = place.inner.clone() else {
         return;
     };
     let Some(batcher) = inner.batcher(kind) else {
@@ -395,7 +445,7 @@ async fn drive<S: WordCalls>(mut place: Place<S>, mut batch: Vec<Queued>) {
                 }
             }
         }
-        batch = take(batcher);
+        batch = take(batcher, slot);
         if batch.is_empty() {
             // `take` gave the place back.
             place.inner = None;

@@ -87,7 +87,7 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// workers' own queues).
 pub(crate) async fn within<F: Future>(
     deadline: Duration,
-    home: &Home,
+    home: &impl Runtimes,
     call: F,
 ) -> Result<F::Output, Missed> {
     let start = Instant::now();
@@ -141,16 +141,25 @@ impl Home {
     pub(crate) fn here() -> Self {
         Home(tokio::runtime::Handle::try_current().ok())
     }
+}
 
-    /// The runtimes a call's lateness is judged on: the one it runs on,
-    /// and this one if another.
-    fn runtimes(&self) -> impl Iterator<Item = tokio::runtime::Handle> {
+/// The runtimes whose lateness is a wait's own: the one it runs on and,
+/// once each, those whose tasks must run for it to end (see [`Home`]).
+/// Looked at only once a deadline has fired.
+pub(crate) trait Runtimes {
+    /// Each of them, the current one first.
+    fn runtimes(&self) -> Vec<tokio::runtime::Handle>;
+}
+
+impl Runtimes for Home {
+    /// The one a call runs on, and the store's if another.
+    fn runtimes(&self) -> Vec<tokio::runtime::Handle> {
         let current = tokio::runtime::Handle::try_current().ok();
         let home = self
             .0
             .clone()
             .filter(|home| current.as_ref().is_none_or(|c| c.id() != home.id()));
-        current.into_iter().chain(home)
+        current.into_iter().chain(home).collect()
     }
 }
 
@@ -159,8 +168,9 @@ impl Home {
 /// requests queues there, and the connection's task that would read
 /// Redis's reply waits behind them, while the deadline's timer still fires
 /// on time. Such a deadline is our own queueing too.
-pub(crate) fn backlogged(home: &Home) -> bool {
+pub(crate) fn backlogged(home: &impl Runtimes) -> bool {
     home.runtimes()
+        .iter()
         .any(|runtime| runtime.metrics().global_queue_depth() > 0)
 }
 
@@ -182,9 +192,10 @@ pub(crate) struct Parks(Vec<(tokio::runtime::Handle, Vec<u64>)>);
 
 impl Parks {
     /// From now.
-    pub(crate) fn now(home: &Home) -> Self {
+    pub(crate) fn now(home: &impl Runtimes) -> Self {
         Parks(
             home.runtimes()
+                .into_iter()
                 .map(|runtime| {
                     let metrics = runtime.metrics();
                     let counts = (0..metrics.num_workers())
