@@ -40,6 +40,7 @@ pub use missing::MissingKey;
 pub(crate) use own::{OwnAnswer, mark as mark_own, reads_as_limited, reads_as_overload};
 pub use status::RateLimitReport;
 pub use usage::UsageReport;
+#[cfg(feature = "axum")]
 pub(crate) use usage::bad_usage_query;
 pub(crate) use wait::write_retry_after;
 

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::Response;
 use tollgate_core::ledger::{Ledger, Usage, UsageQuery};
 use tollgate_core::{Key, StoreError};
 
@@ -153,6 +153,7 @@ impl axum::response::IntoResponse for UsageReport {
 }
 
 /// 400 for a usage query whose parameters do not parse, saying why.
+#[cfg(feature = "axum")]
 pub(crate) fn bad_usage_query(error: &tollgate_core::ConfigError) -> Response<Bytes> {
-    super::http::problem(StatusCode::BAD_REQUEST, &error.to_string())
+    super::http::problem(http::StatusCode::BAD_REQUEST, &error.to_string())
 }
