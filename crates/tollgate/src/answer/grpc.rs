@@ -10,7 +10,8 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::numbers::number;
-use super::wait::retry_after;
+use super::retry_text;
+use super::wait::{retry_after, retry_after_secs};
 use http::{Response, StatusCode};
 
 /// The gRPC status codes the layer answers with.
@@ -104,6 +105,7 @@ pub(crate) fn http_status<B>(response: &Response<B>) -> StatusCode {
 
 const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 const DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+const MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// A trailers-only gRPC response with `code` and `message`.
 pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
@@ -115,7 +117,7 @@ pub(super) fn response(code: Code, message: &str) -> Response<Bytes> {
     // application's own text (a missing key's cause), with any character.
     let encoded = percent_encoding::utf8_percent_encode(message, MESSAGE_ESCAPED).to_string();
     if let Ok(message) = HeaderValue::from_str(&encoded) {
-        headers.insert("grpc-message", message);
+        headers.insert(MESSAGE, message);
     }
     super::own::mark(&mut response);
     response
@@ -263,13 +265,21 @@ fn pushes_back_less(headers: &http::HeaderMap, wait: Duration) -> bool {
 }
 
 /// Tells the gRPC refusal in `headers` to wait at least `wait`: each of
-/// its pushback (unless it says never to retry) and its `RetryInfo`
-/// delays that tells a shorter wait is raised to it; a longer one, which
-/// the app may have set, stays. For a nearer layer's refusal of a request
-/// an outer layer admitted and left empty (see `Decoration::raise_wait`).
+/// its pushback (unless it says never to retry), its `RetryInfo` delays
+/// and the whole seconds its message closes with ("retry in 10 s", in
+/// `grpc-message` and in the status) that tells a shorter wait is raised
+/// to it; a longer one, which the app may have set, stays. For a nearer
+/// layer's refusal of a request an outer layer admitted and left empty
+/// (see `Decoration::raise_wait`).
 pub(super) fn wait_longer(headers: &mut http::HeaderMap, wait: Duration) {
     if pushes_back_less(headers, wait) {
         headers.insert(PUSHBACK, pushback(Some(wait)));
+    }
+    let secs = retry_after_secs(wait);
+    let message = headers.get(MESSAGE);
+    let message = message.and_then(|message| retry_text::raised(message.as_bytes(), secs));
+    if let Some(Ok(message)) = message.as_deref().map(HeaderValue::from_bytes) {
+        headers.insert(MESSAGE, message);
     }
     let engine = base64::engine::general_purpose::STANDARD_NO_PAD;
     let details = headers.get(DETAILS).map(|value| {
@@ -294,25 +304,30 @@ pub(super) fn wait_longer(headers: &mut http::HeaderMap, wait: Duration) {
 }
 
 /// The `google.rpc.Status` `status` with each `RetryInfo` detail's delay
-/// raised to `wait` where it is shorter (or cannot be read), every other
-/// field as it was; `None` if `status` is not protobuf's wire format.
+/// raised to `wait` where it is shorter (or cannot be read), and the
+/// whole seconds its message closes with likewise, every other field as
+/// it was; `None` if `status` is not protobuf's wire format.
 fn with_retry_info(status: &[u8], wait: Duration) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(status.len() + 8);
     let mut rest = status;
     while !rest.is_empty() {
         let (field, value, after) = next_field(rest)?;
-        let is_retry_info = match value {
+        let raised = match value {
             Some(any) if field == 3 => {
                 let (url_field, url, _) = next_field(any)?;
-                url_field == 1
+                let shorter = url_field == 1
                     && url == Some(RETRY_INFO)
-                    && retry_delay(any).is_none_or(|delay| delay < wait)
+                    && retry_delay(any).is_none_or(|delay| delay < wait);
+                shorter.then(|| (3, retry_info(wait)))
             }
-            Some(_) | None => false,
+            Some(message) if field == 2 => {
+                retry_text::raised(message, retry_after_secs(wait)).map(|raised| (2, raised))
+            }
+            Some(_) | None => None,
         };
-        match is_retry_info {
-            true => bytes_field(&mut out, 3, &retry_info(wait)),
-            false => out.extend_from_slice(&rest[..rest.len() - after.len()]),
+        match raised {
+            Some((field, raised)) => bytes_field(&mut out, field, &raised),
+            None => out.extend_from_slice(&rest[..rest.len() - after.len()]),
         }
         rest = after;
     }

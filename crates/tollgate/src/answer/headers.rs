@@ -177,10 +177,12 @@ impl Decoration {
     }
 
     /// A nearer layer's refusal (a 429 or a 503, with its `Retry-After`;
-    /// or gRPC's `RESOURCE_EXHAUSTED` or `UNAVAILABLE`, with its pushback
-    /// and `RetryInfo` too) of a request this layer admitted and left short
-    /// of another of its cost waits at least until this layer admits such
-    /// a request again: the client would meet this one's refusal next.
+    /// or gRPC's `RESOURCE_EXHAUSTED` or `UNAVAILABLE`, with its pushback,
+    /// `RetryInfo` and message too) of a request this layer admitted and
+    /// left short of another of its cost waits at least until this layer
+    /// admits such a request again: the client would meet this one's
+    /// refusal next. An HTTP refusal's body, which the layer does not
+    /// read, keeps the wait its text tells.
     #[inline]
     pub(crate) fn raise_wait<B>(&self, response: &mut http::Response<B>) {
         if self.empty_for != Wait::NONE {

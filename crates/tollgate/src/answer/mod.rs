@@ -18,7 +18,8 @@
 //! This file decides what each refusal says and picks the protocol;
 //! `http.rs` writes `application/problem+json` bodies and `grpc.rs`
 //! trailers-only statuses with their pushback and `RetryInfo`; `wait.rs`
-//! turns a wait into `Retry-After`. None of them imports this file. The
+//! turns a wait into `Retry-After`, and `retry_text.rs` raises the wait a
+//! refusal's text tells. None of them imports this file. The
 //! rate-limit headers of a denial are added by the layer's `Responder`,
 //! which also swaps in a custom rejection; the public [`rejection`] adds
 //! them here, for code that decides outside the layer.
@@ -31,6 +32,7 @@ mod missing;
 mod numbers;
 mod own;
 mod prebuilt;
+mod retry_text;
 mod status;
 mod usage;
 mod wait;

@@ -239,7 +239,8 @@ fn grpc_details(res: &Response<impl Sized>) -> impl Fn(&[u8]) -> bool {
 
 /// A nearer gRPC layer's refusal of a call an outer layer admitted and
 /// left empty tells the outer layer's wait, in each form a gRPC client
-/// reads it: `retry-after`, the pushback and `RetryInfo` (they told the
+/// reads it: `retry-after`, the pushback, `RetryInfo` and the message's
+/// closing words, in `grpc-message` and in the status (they told the
 /// nearer layer's 10 s, where the client would meet the outer layer's
 /// refusal until the minute's end). The rest of the details stay.
 #[tokio::test]
@@ -266,10 +267,12 @@ async fn a_grpc_refusal_waits_for_an_outer_layer_left_empty() {
     assert!(has(&[0x12, 4, 0x0a, 2, 0x08, 60]));
     assert!(!has(&[0x12, 4, 0x0a, 2, 0x08, 10]));
     assert!(has(b"google.rpc.QuotaFailure") && has(b"limit 1/10s exceeded"));
-    assert_eq!(
-        header(&res, "grpc-message"),
-        Some("limit 'user-1' exceeded, retry in 10 s")
-    );
+    let message = "limit 'user-1' exceeded, retry in 60 s";
+    assert_eq!(header(&res, "grpc-message"), Some(message));
+    // Status { message (field 2) }: its length, then the text.
+    let status_message = [&[0x12, 38][..], message.as_bytes()].concat();
+    assert_eq!(message.len(), 38);
+    assert!(has(&status_message) && !has(b"retry in 10 s"));
 }
 
 /// Within one second, the pushback is raised to the outer layer's wait to
