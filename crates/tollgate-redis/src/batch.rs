@@ -55,6 +55,9 @@ pub(crate) trait WordCalls: Send + Sync + 'static {
     /// The batcher of `form`'s requests, if the store batches them.
     fn batcher(&self, form: &dyn WordForm) -> Option<&Batcher>;
 
+    /// The runtime the store was built on.
+    fn home(&self) -> &patience::Home;
+
     /// Decides `batch` in one call, in order: each request's word.
     fn call_queued(
         &self,
@@ -371,7 +374,7 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind, slot: usize) {
     if batch.is_empty() {
         return;
     }
-    let runtime = running::hand_on_runtime();
+    let runtime = running::hand_on_runtime(inner.home());
     batcher.queue().places[slot] = runtime.clone().map(|runtime| Holder(Some(runtime)));
     match runtime {
         Some(runtime) => {
@@ -380,8 +383,8 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind, slot: usize) {
             let place = Place::new(Some((inner.clone(), kind, slot)));
             running::hand_on(&runtime, drive(place, batch));
         }
-        // Outside a runtime (or inside a spawn that dropped the place
-        // unrun) nothing can send: the batch's requests fail (their
+        // With no runtime to send on (outside any, of a store whose home
+        // is not known, or inside a spawn that dropped the place unrun): the batch's requests fail (their
         // senders are dropped) and the place is given back (above).
         None => drop(batch),
     }

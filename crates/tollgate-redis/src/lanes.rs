@@ -46,6 +46,9 @@ use crate::running;
 pub(crate) trait GeneralCalls: Send + Sync + 'static {
     fn lanes(&self) -> &Lanes;
 
+    /// The runtime the store was built on.
+    fn home(&self) -> &crate::patience::Home;
+
     /// Decides requests of `costs` for `key` under `policy` in turn, in one
     /// call.
     fn call_general(
@@ -283,7 +286,7 @@ impl<S: GeneralCalls> Drop for Lane<S> {
             return;
         }
         let key = std::mem::take(&mut self.key);
-        match running::hand_on_runtime() {
+        match running::hand_on_runtime(self.inner.home()) {
             Some(runtime) => {
                 // The lane goes with the batch: the task hands it on or
                 // closes it when dropped mid-call or unrun (a runtime
@@ -295,8 +298,9 @@ impl<S: GeneralCalls> Drop for Lane<S> {
                 };
                 running::hand_on(&runtime, drive(lane, batch));
             }
-            // Outside a runtime (or inside a spawn that dropped the lane
-            // unrun) nothing can send: the queued requests fail (their
+            // With no runtime to send on (outside any, of a store whose
+            // home is not known, or inside a spawn that dropped the lane
+            // unrun): the queued requests fail (their
             // senders are dropped) and the lane closes.
             None => {
                 drop(batch);
@@ -356,6 +360,9 @@ mod tests {
         fn lanes(&self) -> &Lanes {
             &self.lanes
         }
+        fn home(&self) -> &crate::patience::Home {
+            &crate::patience::Home::NONE
+        }
         async fn call_general(
             &self,
             _: &str,
@@ -378,6 +385,9 @@ mod tests {
     impl GeneralCalls for Gated {
         fn lanes(&self) -> &Lanes {
             &self.lanes
+        }
+        fn home(&self) -> &crate::patience::Home {
+            &crate::patience::Home::NONE
         }
         async fn call_general(
             &self,

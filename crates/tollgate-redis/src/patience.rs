@@ -141,6 +141,11 @@ impl Home {
     pub(crate) fn here() -> Self {
         Home(tokio::runtime::Handle::try_current().ok())
     }
+
+    /// The runtime, if known.
+    pub(crate) fn handle(&self) -> Option<&tokio::runtime::Handle> {
+        self.0.as_ref()
+    }
 }
 
 /// The runtimes whose lateness is a wait's own: the one it runs on and,

@@ -7,7 +7,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, RuntimeFlavor};
+
+use crate::patience::Home;
 
 /// The flag that marks background work as under way, held by that work.
 /// Taken before the work is spawned and moved into its future, it is let
@@ -36,16 +38,33 @@ thread_local! {
     static HANDING_ON: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The runtime to hand work on to: the current one, unless there is none
-/// or this thread is handing work on already. A runtime shutting down
-/// drops what it is given at once, unrun, inside the spawn, and the guard
-/// in that work would hand on again, as deep as there is work queued: the
-/// nested guard gets `None` instead, and gives up what it holds.
-pub(crate) fn hand_on_runtime() -> Option<Handle> {
+/// The runtime to hand work on to, for others' requests: the current one
+/// if it runs tasks on worker threads of its own, or is the store's
+/// `home` runtime; the store's home otherwise (or the current one, if the
+/// home is not known). A current-thread runtime runs tasks only while
+/// its thread blocks on a future: a job worker's runtime that blocks on
+/// its own decision and then goes on to other work would leave the work
+/// unrun, and the requests in it waiting for its next decision. Outside a
+/// runtime, the home too. `None` if there is none, or this thread is
+/// handing work on already: a runtime shutting down drops what it is
+/// given at once, unrun, inside the spawn, and the guard in that work
+/// would hand on again, as deep as there is work queued; the nested
+/// guard gets `None` instead, and gives up what it holds.
+pub(crate) fn hand_on_runtime(home: &Home) -> Option<Handle> {
     if HANDING_ON.get() {
         return None;
     }
-    Handle::try_current().ok()
+    let current = Handle::try_current().ok();
+    match (current, home.handle()) {
+        (Some(current), Some(home))
+            if current.runtime_flavor() == RuntimeFlavor::CurrentThread
+                && current.id() != home.id() =>
+        {
+            Some(home.clone())
+        }
+        (Some(current), _) => Some(current),
+        (None, home) => home.cloned(),
+    }
 }
 
 /// Spawns `work`, which holds a guard that hands on what it holds when

@@ -16,6 +16,9 @@ impl WordCalls for Stuck {
     fn batcher(&self, _: &dyn WordForm) -> Option<&Batcher> {
         Some(&self.0)
     }
+    fn home(&self) -> &patience::Home {
+        &patience::Home::NONE
+    }
     async fn call_queued(
         &self,
         _: &dyn WordForm,
@@ -31,6 +34,9 @@ struct Slow(Batcher);
 impl WordCalls for Slow {
     fn batcher(&self, _: &dyn WordForm) -> Option<&Batcher> {
         Some(&self.0)
+    }
+    fn home(&self) -> &patience::Home {
+        &patience::Home::NONE
     }
     async fn call_queued(
         &self,

@@ -13,6 +13,7 @@ use crate::lanes::{self, GeneralCalls, Lanes};
 use crate::op::form::Form;
 use crate::op::general::{Arg, general_args};
 use crate::op::word::{Request, Word, WordForm, WordOp, decision};
+use crate::patience::Home;
 use crate::store::{Inner, RedisStore};
 
 impl<C: RedisConnection> RedisStore<C> {
@@ -225,6 +226,10 @@ impl<C: RedisConnection> WordCalls for Inner<C> {
         Some(self.batchers.as_ref()?.of(form.batcher()))
     }
 
+    fn home(&self) -> &Home {
+        &self.home
+    }
+
     async fn call_queued(
         &self,
         form: &dyn WordForm,
@@ -239,6 +244,10 @@ impl<C: RedisConnection> WordCalls for Inner<C> {
 impl<C: RedisConnection> GeneralCalls for Inner<C> {
     fn lanes(&self) -> &Lanes {
         &self.lanes
+    }
+
+    fn home(&self) -> &Home {
+        &self.home
     }
 
     async fn call_general(
