@@ -8,7 +8,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Decision, Key, Policy, Store};
+use tollgate_core::{Algorithm, Decision, Key, Policy};
 use tollgate_redis::{BreakerState, RedisStore, RedisStoreError};
 use tollgate_tests::{RedisServer, unique_prefix};
 
