@@ -285,6 +285,16 @@ pub enum StoreError {
     /// circuit breaker.
     #[error("store overloaded: its queue of requests is full")]
     Overloaded,
+    /// The store's answer was not read within this wait (the store's
+    /// ceiling) because the app's own runtime was too busy to run the
+    /// call: a burst of work queued on its workers, or the process
+    /// starved of CPU. It is the app's own load, as
+    /// [`Overloaded`](StoreError::Overloaded) is: a failure policy never
+    /// decides it (it is refused) and a circuit breaker does not count it.
+    /// Unlike `Overloaded`, the request was sent, and the store may have
+    /// applied it.
+    #[error("the app was too busy to read the store's answer within {0:?}")]
+    Late(Duration),
 }
 
 impl StoreError {
@@ -317,21 +327,22 @@ impl StoreError {
     ///
     /// assert_eq!(
     ///     StoreError::KINDS,
-    ///     ["full", "circuit_open", "timeout", "backend", "unavailable", "overloaded"]
+    ///     ["full", "circuit_open", "timeout", "backend", "unavailable", "overloaded", "late"]
     /// );
     /// ```
-    pub const KINDS: [&'static str; 6] = [
+    pub const KINDS: [&'static str; 7] = [
         "full",
         "circuit_open",
         "timeout",
         "backend",
         "unavailable",
         "overloaded",
+        "late",
     ];
 
     /// A short name of the kind of failure, as used in metrics labels:
-    /// `full`, `circuit_open`, `timeout`, `backend`, `unavailable` or
-    /// `overloaded`.
+    /// `full`, `circuit_open`, `timeout`, `backend`, `unavailable`,
+    /// `overloaded` or `late`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -347,24 +358,26 @@ impl StoreError {
             Self::Backend(_) => "backend",
             Self::Unavailable(_) => "unavailable",
             Self::Overloaded => "overloaded",
+            Self::Late(_) => "late",
         }
     }
 
     /// Whether the error is the app's own load rather than a failure of
-    /// the store ([`Overloaded`](StoreError::Overloaded)): a failure
-    /// policy refuses it whatever its mode, and a circuit breaker does not
-    /// count it.
+    /// the store ([`Overloaded`](StoreError::Overloaded),
+    /// [`Late`](StoreError::Late)): a failure policy refuses it whatever
+    /// its mode, and a circuit breaker does not count it.
     ///
     /// ```
     /// use std::time::Duration;
     /// use tollgate_core::StoreError;
     ///
     /// assert!(StoreError::Overloaded.is_own_load());
+    /// assert!(StoreError::Late(Duration::from_millis(200)).is_own_load());
     /// assert!(!StoreError::Timeout(Duration::from_millis(50)).is_own_load());
     /// ```
     pub fn is_own_load(&self) -> bool {
         match self {
-            Self::Overloaded => true,
+            Self::Overloaded | Self::Late(_) => true,
             Self::Full { .. }
             | Self::CircuitOpen
             | Self::Timeout(_)
@@ -394,14 +407,15 @@ impl StoreError {
             | Self::CircuitOpen
             | Self::Backend(_)
             | Self::Unavailable(_)
-            | Self::Overloaded => false,
+            | Self::Overloaded
+            | Self::Late(_) => false,
         }
     }
 
     /// Whether the store may have acted on the request before this error:
-    /// a [`Timeout`](StoreError::Timeout) or a
-    /// [`Backend`](StoreError::Backend) failure may come after the store
-    /// applied it (a reply lost on its way back). The other kinds were
+    /// a [`Timeout`](StoreError::Timeout), a [`Late`](StoreError::Late)
+    /// answer or a [`Backend`](StoreError::Backend) failure may come after
+    /// the store applied it (a reply lost on its way back, or not read). The other kinds were
     /// never applied: the request was not sent, or the store refused it
     /// whole ([`Unavailable`](StoreError::Unavailable) among them). What a
     /// caller took, such as an in-flight slot, is given back after an
@@ -417,7 +431,7 @@ impl StoreError {
     /// ```
     pub fn may_have_acted(&self) -> bool {
         match self {
-            Self::Timeout(_) | Self::Backend(_) => true,
+            Self::Timeout(_) | Self::Backend(_) | Self::Late(_) => true,
             Self::Full { .. } | Self::CircuitOpen | Self::Unavailable(_) | Self::Overloaded => {
                 false
             }
@@ -454,6 +468,7 @@ mod kinds {
             StoreError::backend(std::fmt::Error),
             StoreError::unavailable(std::fmt::Error),
             StoreError::Overloaded,
+            StoreError::Late(Duration::ZERO),
         ];
         for error in &all {
             match error {
@@ -462,7 +477,8 @@ mod kinds {
                 | StoreError::Timeout(_)
                 | StoreError::Backend(_)
                 | StoreError::Unavailable(_)
-                | StoreError::Overloaded => {}
+                | StoreError::Overloaded
+                | StoreError::Late(_) => {}
             }
         }
         all

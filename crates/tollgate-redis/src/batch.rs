@@ -317,7 +317,7 @@ pub(crate) async fn wait(
         match patience::within(deadline, &ahead, &mut reply).await {
             Ok(Ok(word)) => return word,
             Ok(Err(_)) => return Err(dropped()),
-            Err(Missed::Deadline | Missed::Ceiling) => {}
+            Err(Missed::Deadline | Missed::Ceiling | Missed::Busy) => {}
         }
         let pool_served = pool.is_some() && handed_out() != pool;
         // Still queued (looked up under the queue's lock, so that no call

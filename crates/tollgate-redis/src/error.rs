@@ -69,6 +69,15 @@ pub enum RedisStoreError {
     /// The decision took longer than the per-decision deadline.
     #[error("redis did not decide within the deadline of {0:?}")]
     Deadline(Duration),
+    /// The call's reply was not read within the store's ceiling (four
+    /// deadlines) because our own runtime was too busy to run it: at the
+    /// ceiling too its timer fired late, or ready tasks waited for a
+    /// worker. The app's own load: as a `StoreError` it is
+    /// [`Late`](tollgate_core::StoreError::Late), which no failure policy
+    /// decides, and the circuit breaker does not count it. Redis may have
+    /// run the call.
+    #[error("our runtime was too busy to read redis's reply within {0:?}")]
+    Late(Duration),
     /// The server is older than Redis 7.0, the oldest version the store is
     /// tested against. Found when the store is built.
     #[error("redis {version} is too old: tollgate needs Redis 7.0 or later")]
@@ -97,6 +106,7 @@ impl RedisStoreError {
             | Self::PoolBusy
             | Self::QueueFull
             | Self::Deadline(_)
+            | Self::Late(_)
             | Self::UnsupportedVersion { .. }
             | Self::Protocol(_) => false,
         }
@@ -117,6 +127,7 @@ impl RedisStoreError {
             | Self::PoolBusy
             | Self::QueueFull
             | Self::Deadline(_)
+            | Self::Late(_)
             | Self::UnsupportedVersion { .. }
             | Self::Protocol(_) => false,
         }
@@ -136,6 +147,7 @@ impl RedisStoreError {
             | Self::PoolBusy
             | Self::QueueFull
             | Self::Deadline(_)
+            | Self::Late(_)
             | Self::UnsupportedVersion { .. }
             | Self::Protocol(_) => false,
         }
@@ -147,7 +159,7 @@ impl RedisStoreError {
     pub(crate) fn may_have_acted(&self) -> bool {
         match self {
             Self::Redis(e) => !e.is_connection_refusal(),
-            Self::Deadline(_) | Self::Protocol(_) => true,
+            Self::Deadline(_) | Self::Late(_) | Self::Protocol(_) => true,
             Self::Config(_)
             | Self::Unavailable { .. }
             | Self::CircuitOpen
@@ -176,6 +188,7 @@ impl RedisStoreError {
             Self::PoolBusy => Self::PoolBusy,
             Self::QueueFull => Self::QueueFull,
             Self::Deadline(d) => Self::Deadline(*d),
+            Self::Late(d) => Self::Late(*d),
             Self::UnsupportedVersion { version } => Self::UnsupportedVersion {
                 version: version.clone(),
             },
@@ -188,6 +201,7 @@ impl From<RedisStoreError> for StoreError {
     fn from(error: RedisStoreError) -> Self {
         match error {
             RedisStoreError::Deadline(d) => StoreError::Timeout(d),
+            RedisStoreError::Late(d) => StoreError::Late(d),
             RedisStoreError::CircuitOpen => StoreError::CircuitOpen,
             // The store's own queue, or the pool's: the app's load, which
             // no failure policy decides.

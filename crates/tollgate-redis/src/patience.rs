@@ -10,7 +10,9 @@
 //! ready tasks wait for a worker, or after which a worker stays busy with
 //! its own queue through that slack: the reader may be among the tasks
 //! that wait. Such a request waits on for its reply, up to a hard ceiling
-//! of [`CEILING`] deadlines, which is a failure again if it is reached.
+//! of [`CEILING`] deadlines, where it ends: a failure of Redis if our
+//! runtime ran the ceiling's timer on time with no ready task waiting for
+//! a worker, else our own lateness still ([`Missed::Busy`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -38,8 +40,13 @@ pub(crate) enum Missed {
     Deadline,
     /// The deadline fired late, or on a runtime that stayed busy after it
     /// (our runtime was late), and the call went on to the ceiling without
-    /// its reply.
+    /// its reply, whose timer our runtime ran on time, with no ready task
+    /// waiting for a worker: Redis was late.
     Ceiling,
+    /// As [`Missed::Ceiling`], but the ceiling's timer fired late too, or
+    /// ready tasks waited for a worker at it: our runtime was still too
+    /// busy to read the reply, which may be in. The app's own load.
+    Busy,
 }
 
 impl Missed {
@@ -47,7 +54,7 @@ impl Missed {
     pub(crate) fn waited(self, deadline: Duration) -> Duration {
         match self {
             Missed::Deadline => deadline,
-            Missed::Ceiling => ceiling(deadline),
+            Missed::Ceiling | Missed::Busy => ceiling(deadline),
         }
     }
 }
@@ -107,10 +114,14 @@ pub(crate) async fn within<F: Future>(
         if let Some(output) = call.as_mut().now_or_never() {
             return Ok(output);
         }
-        if due >= last {
-            return Err(Missed::Ceiling);
-        }
         let on_time = Instant::now().saturating_duration_since(due) <= slack && !backlogged(home);
+        if due >= last {
+            return Err(if on_time {
+                Missed::Ceiling
+            } else {
+                Missed::Busy
+            });
+        }
         due = match (parks.take(), on_time) {
             (None, true) => {
                 parks = Some(Parks::now(home));
@@ -397,5 +408,29 @@ mod tests {
         );
         assert_eq!(started.elapsed(), deadline * CEILING);
         assert_eq!(Missed::Ceiling.waited(deadline), deadline * CEILING);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_runtime_late_at_the_ceiling_too_is_our_own_load() {
+        // Late at the deadline, then late again at the ceiling (its timer
+        // fires a deadline late): the reply may be in, unread. Our own
+        // load, not Redis's lateness; and still the ceiling bounds it.
+        let deadline = Duration::from_millis(20);
+        let late_twice = async {
+            tokio::time::advance(deadline * 2).await;
+            tokio::time::sleep(deadline * 2 - Duration::from_millis(1)).await;
+            tokio::time::advance(deadline).await;
+            std::future::pending::<()>().await;
+        };
+        let started = Instant::now();
+        assert_eq!(
+            within(deadline, &Home::here(), late_twice).await,
+            Err(Missed::Busy)
+        );
+        assert_eq!(
+            started.elapsed(),
+            deadline * (CEILING + 1) - Duration::from_millis(1)
+        );
+        assert_eq!(Missed::Busy.waited(deadline), deadline * CEILING);
     }
 }

@@ -17,7 +17,7 @@ use crate::identity::ServerIdentity;
 use crate::keys::KeyNamer;
 use crate::known::LastKnown;
 use crate::lanes::Lanes;
-use crate::patience::{self, Home};
+use crate::patience::{self, Home, Missed};
 use crate::wire::Wire;
 
 /// A [`Store`](tollgate_core::Store) in Redis: every app server that points at the same Redis
@@ -176,6 +176,12 @@ impl<C> RedisStore<C> {
 }
 
 impl<C: RedisConnection> Inner<C> {
+    /// The ceiling of a call and the slack after it: a call that ends
+    /// later was run late by our own runtime (see [`patience`]).
+    fn past_ceiling(&self) -> std::time::Duration {
+        patience::ceiling(self.deadline).saturating_add(patience::slack(self.deadline))
+    }
+
     /// Runs `call` as [`Inner::guarded`] does, once it has a place among
     /// the store's unbatched calls on their way ([`Gate`](crate::lanes::Gate)): a
     /// burst of them (a spray of new keys, the settlements of many
@@ -230,17 +236,31 @@ impl<C: RedisConnection> Inner<C> {
                 let _ = sent;
                 result
             }
-            Err(missed) => Err(RedisStoreError::Deadline(missed.waited(self.deadline))),
+            Err(missed @ (Missed::Deadline | Missed::Ceiling)) => {
+                Err(RedisStoreError::Deadline(missed.waited(self.deadline)))
+            }
+            Err(missed @ Missed::Busy) => Err(RedisStoreError::Late(missed.waited(self.deadline))),
+        };
+        // The connection's own response timeout (see `patience::backstop`)
+        // beat the ceiling's judgment: its timer fired in the call, which
+        // our runtime polled past the ceiling. Our own lateness as well.
+        let result = match result {
+            Err(RedisStoreError::Redis(e))
+                if e.is_timeout() && sent.elapsed() > self.past_ceiling() =>
+            {
+                Err(RedisStoreError::Late(sent.elapsed()))
+            }
+            other => other,
         };
         match &result {
             // Redis answered in time (of a key a foreign writer gave a
             // type of its own, which fails alone).
             Ok(_) => permit.success(),
             Err(error) if error.is_data_error() => permit.success(),
-            // Queued behind the app's own calls in the pool: Redis was not
-            // asked, so the permit reports nothing (a probe's lets the next
-            // call probe).
-            Err(RedisStoreError::PoolBusy) => drop(permit),
+            // Queued behind the app's own calls in the pool (Redis was not
+            // asked), or its reply left unread by our own busy runtime: the
+            // permit reports nothing (a probe's lets the next call probe).
+            Err(RedisStoreError::PoolBusy | RedisStoreError::Late(_)) => drop(permit),
             Err(error) => {
                 permit.failure();
                 if error.wants_refresh() {
@@ -301,7 +321,8 @@ fn answered<T>(result: &Result<T, RedisStoreError>) -> bool {
             | RedisStoreError::PoolTimeout
             | RedisStoreError::PoolBusy
             | RedisStoreError::QueueFull
-            | RedisStoreError::Deadline(_),
+            | RedisStoreError::Deadline(_)
+            | RedisStoreError::Late(_),
         ) => false,
     }
 }

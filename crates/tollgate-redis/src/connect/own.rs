@@ -149,8 +149,10 @@ fn unreachable(error: &RedisStoreError) -> bool {
         RedisStoreError::Deadline(_)
         | RedisStoreError::NotConnected { .. }
         | RedisStoreError::PoolTimeout
-        // A pool the app's own calls kept busy: no answer yet either.
+        // A pool the app's own calls kept busy, or a reply our own busy
+        // runtime did not read: no answer yet either.
         | RedisStoreError::PoolBusy
+        | RedisStoreError::Late(_)
         // Redis answers, but cannot serve yet (`LOADING`, a replica whose
         // master is down, ...): as for every call, the failure policy
         // applies until it can.

@@ -116,6 +116,7 @@ pub(crate) fn reclassify(error: RedisStoreError) -> RedisStoreError {
         | RedisStoreError::PoolBusy
         | RedisStoreError::QueueFull
         | RedisStoreError::Deadline(_)
+        | RedisStoreError::Late(_)
         | RedisStoreError::UnsupportedVersion { .. }
         | RedisStoreError::Protocol(_)) => other,
     }

@@ -13,8 +13,9 @@ use crate::answer::StoreRefusal;
 /// does when the store it wraps cannot decide.
 ///
 /// A store whose own queue of requests is full
-/// ([`StoreError::Overloaded`]) did not fail: the app's own load is never
-/// let through nor decided locally. Such a request is refused under every
+/// ([`StoreError::Overloaded`]), or whose answer the app's own busy
+/// runtime did not read in time ([`StoreError::Late`]), did not fail: the
+/// app's own load is never let through nor decided locally. Such a request is refused under every
 /// mode, as [`Closed`](FailureMode::Closed) refuses.
 ///
 /// A mode is named in configuration by [`as_str`](FailureMode::as_str),
@@ -214,8 +215,9 @@ impl FailureMode {
         report: &impl FailureReport,
     ) -> Answer<T> {
         report.store_failed(self, &error);
-        // The store's own queue being full is the app's own load, not a
-        // failure: no mode decides it, it is refused.
+        // The store's own queue being full, or its answer left unread by
+        // the app's busy runtime, is the app's own load, not a failure: no
+        // mode decides it, it is refused.
         if error.is_own_load() {
             report.handled(Handled::Refused);
             return Answer::Refused(StoreRefusal { error });
