@@ -153,3 +153,75 @@ fn a_request_waiting_behind_a_runtime_that_stops_running_tasks_is_sent() {
         assert_eq!(store.breaker_state(), BreakerState::Closed, "{name}");
     }
 }
+
+/// A connection made anew because a worker's call met `READONLY` (as on
+/// a demoted master) is made on the store's runtime: the fresh
+/// connection's tasks, which every runtime's calls wait on, do not live
+/// on the worker's runtime, which runs them only while it blocks on a
+/// future.
+#[test]
+fn a_connection_a_workers_call_replaced_runs_on_the_stores_runtime() {
+    let server = RedisServer::spawn();
+    let policy = Policy::new("replaced", Algorithm::Gcra, "100/h").unwrap();
+    let home = runtime();
+    let store = home
+        .block_on(
+            RedisStore::builder()
+                .prefix(unique_prefix("runtimes-refresh"))
+                .deadline(Duration::from_millis(300))
+                .circuit_breaker(1_000, Duration::from_secs(60))
+                .deny_cache(0)
+                .connect(server.url().as_str()),
+        )
+        .unwrap();
+    let warm = home.block_on(store.decide(&Key::user("warm"), &policy, 1));
+    assert!(warm.unwrap().is_allowed());
+    let mut admin = server.connection();
+    let mut replica_of = |host: &str, port: &str| {
+        let set = redis::cmd("REPLICAOF")
+            .arg(host)
+            .arg(port)
+            .query::<()>(&mut admin);
+        set.unwrap();
+    };
+    // Redis turns writes away: READONLY.
+    replica_of("127.0.0.1", "1");
+    let (step, stepped) = mpsc::channel();
+    let (go, going) = mpsc::channel::<()>();
+    let worker = {
+        let (store, policy) = (store.clone(), policy.clone());
+        std::thread::spawn(move || {
+            let local = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let first = local.block_on(store.decide(&Key::user("job"), &policy, 1));
+            step.send(first.is_err()).unwrap();
+            going.recv().unwrap();
+            // The next job, with async work of its own after its decision.
+            let second = local.block_on(async {
+                let decided = store.decide(&Key::user("job"), &policy, 1).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                decided
+            });
+            step.send(second.is_ok()).unwrap();
+            // Other work.
+            let _ = going.recv_timeout(Duration::from_secs(20));
+        })
+    };
+    assert!(stepped.recv().unwrap(), "the first job met READONLY");
+    replica_of("NO", "ONE");
+    // Whoever made the connection anew, it serves the store's runtime.
+    let _ = home.block_on(store.decide(&Key::user("home-before"), &policy, 1));
+    go.send(()).unwrap();
+    let second = stepped.recv().unwrap();
+    // The worker is idle now.
+    let after = home.block_on(store.decide(&Key::user("home-after"), &policy, 1));
+    let _ = go.send(());
+    worker.join().unwrap();
+    assert!(second, "the worker's second job was decided");
+    assert!(
+        after.as_ref().is_ok_and(Decision::is_allowed),
+        "decided while the worker idles: {after:?}"
+    );
+}

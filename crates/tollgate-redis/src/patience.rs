@@ -157,6 +157,12 @@ impl Home {
     pub(crate) fn handle(&self) -> Option<&tokio::runtime::Handle> {
         self.0.as_ref()
     }
+
+    /// `runtime`, for tests.
+    #[cfg(test)]
+    pub(crate) fn of(runtime: tokio::runtime::Handle) -> Self {
+        Home(Some(runtime))
+    }
 }
 
 /// The runtimes whose lateness is a wait's own: the one it runs on and,

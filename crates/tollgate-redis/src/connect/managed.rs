@@ -184,6 +184,7 @@ pub(crate) struct Swappable {
     current: Arc<Mutex<Result<ConnectionManager, String>>>,
     refreshing: Arc<AtomicBool>,
     connect_budget: Duration,
+    home: crate::patience::Home,
 }
 
 impl Swappable {
@@ -209,6 +210,7 @@ impl Swappable {
             current: Arc::new(Mutex::new(first)),
             refreshing: Arc::new(AtomicBool::new(false)),
             connect_budget,
+            home: crate::patience::Home::here(),
         }
     }
 
@@ -248,7 +250,10 @@ impl Swappable {
             return;
         };
         let this = self.clone();
-        tokio::spawn(async move {
+        let Some(runtime) = crate::running::hand_on_runtime(&self.home) else {
+            return;
+        };
+        runtime.spawn(async move {
             let _running = running;
             let made = tokio::time::timeout(this.connect_budget, fresh).await;
             {
@@ -283,12 +288,15 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let swap = live.block_on(Swappable::connect(refused(), Duration::from_millis(100)));
+        let mut swap = live.block_on(Swappable::connect(refused(), Duration::from_millis(100)));
         assert!(swap.current().is_none());
         let handle = crate::running::shut_down_runtime();
         {
+            // A store whose home runtime shut down.
+            let home = std::mem::replace(&mut swap.home, crate::patience::Home::of(handle.clone()));
             let _inside = handle.enter();
             swap.refresh(refused());
+            swap.home = home;
         }
         assert!(
             !swap.refreshing(),
