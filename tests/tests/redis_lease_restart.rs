@@ -141,10 +141,13 @@ async fn the_first_reset_after_redis_restarted_is_acknowledged() {
 }
 
 /// A store whose answers to checks come `delay` late (once `delay` is
-/// set): the check itself reaches Redis at once.
+/// set): the check itself reaches Redis at once, unless `held` holds it
+/// back first (counted in `waiting` while it does).
 struct LateAnswers {
     inner: RedisStore,
     delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    waiting: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store for LateAnswers {
@@ -154,6 +157,13 @@ impl Store for LateAnswers {
         policy: &Policy,
         cost: u64,
     ) -> Result<tollgate::Decision, tollgate::StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.held.load(SeqCst) {
+            self.waiting.fetch_add(1, SeqCst);
+            while self.held.load(SeqCst) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
         let answer = self.inner.check(key, policy, cost).await;
         let delay = self.delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         if delay > 0 {
@@ -196,7 +206,7 @@ impl Store for LateAnswers {
 #[test]
 fn a_grant_asked_for_while_unsubscribed_is_not_kept_across_a_reset() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let server = RedisServer::spawn();
     let url = server.url();
     let port = server.port();
@@ -223,6 +233,8 @@ fn a_grant_asked_for_while_unsubscribed_is_not_kept_across_a_reset() {
     let prefix = unique_prefix("lease-unsubscribed-grant");
     let interval = Duration::from_millis(8);
     let delay_ms = Arc::new(AtomicU64::new(0));
+    let held = Arc::new(AtomicBool::new(false));
+    let waiting = Arc::new(AtomicU64::new(0));
     let (a, b) = r1.block_on(async {
         let a = instance_with(&url, &prefix, &clock, interval, 64).await;
         let redis_b = RedisStore::builder()
@@ -243,6 +255,8 @@ fn a_grant_asked_for_while_unsubscribed_is_not_kept_across_a_reset() {
                 LateAnswers {
                     inner: redis_b,
                     delay_ms: Arc::clone(&delay_ms),
+                    held: Arc::clone(&held),
+                    waiting: Arc::clone(&waiting),
                 },
                 &b_channel_url,
             )
@@ -254,8 +268,8 @@ fn a_grant_asked_for_while_unsubscribed_is_not_kept_across_a_reset() {
     let policy = Policy::new("unsub", Algorithm::Gcra, "6000/s").unwrap();
     let key = Key::user("ada");
 
-    // B's requests run on r2, where the tasks they spawn (grants asked
-    // for ahead) run only while r2 is driven.
+    // B's requests run on r2; the grants they ask for ahead run on r1,
+    // B's own runtime.
     r2.block_on(async {
         for _ in 0..10 {
             for _ in 0..10 {
@@ -267,12 +281,16 @@ fn a_grant_asked_for_while_unsubscribed_is_not_kept_across_a_reset() {
     });
     assert!(b.outstanding().1 > 0, "B holds a lease");
     // Spend from the lease, one request a block_on, until a grant is
-    // asked for ahead: its task is spawned on r2, and waits there.
+    // asked for ahead: it is held back before it reaches Redis.
+    held.store(true, Ordering::SeqCst);
     let mut spawned = false;
     for _ in 0..1000 {
         let d = r2.block_on(b.check(&key, &policy, 1)).unwrap();
         assert!(d.is_allowed());
-        if r2.metrics().num_alive_tasks() > 0 {
+        // The grant's task, on r1, reaches the hold at once: a request
+        // past it would wait for the lease it brings.
+        std::thread::sleep(Duration::from_millis(2));
+        if waiting.load(Ordering::SeqCst) > 0 {
             spawned = true;
             break;
         }
@@ -297,6 +315,7 @@ fn a_grant_asked_for_while_unsubscribed_is_not_kept_across_a_reset() {
 
     delay_ms.store(1500, Ordering::SeqCst);
     let grants_before = b.calls().grants;
+    held.store(false, Ordering::SeqCst);
     r2.block_on(async {
         // The grant asked for ahead runs now: B, which cannot hear
         // invalidations, asks for nothing, or Redis decides it, and its

@@ -112,6 +112,7 @@ impl LeasedStoreBuilder {
             ahead_done: tokio::sync::Notify::new(),
             gather_origin: tokio::time::Instant::now(),
             flush: tokio::sync::Notify::new(),
+            home: crate::patience::Home::here(),
         });
         Bus::listen(Arc::downgrade(&shared)).await;
         sweep_every(Arc::downgrade(&shared), self.interval);

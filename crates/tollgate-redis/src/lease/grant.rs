@@ -301,7 +301,7 @@ impl<S: Store> LeasedStore<S> {
     ) -> Option<Ahead> {
         let shared = &self.shared;
         let size = entry.ahead(now, shared.interval, || shared.cap(policy))?;
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let runtime = crate::running::hand_on_runtime(&shared.home)?;
         if !shared.bus.listening() {
             return None;
         }

@@ -242,6 +242,8 @@ struct Shared<S> {
     gather_origin: tokio::time::Instant,
     /// Sends the grants asked for ahead that wait for their tick now.
     flush: tokio::sync::Notify,
+    /// The runtime the store was built on.
+    home: crate::patience::Home,
 }
 
 #[derive(Default)]

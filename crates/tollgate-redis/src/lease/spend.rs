@@ -74,15 +74,18 @@ impl<S: Store> LeasedStore<S> {
     }
 }
 
-/// Runs `operation` to its end on the current runtime, whether or not its
-/// caller waits for it: a reset or block the caller gave up on (a
-/// timeout, a client gone) may have acted in the store already, and every
-/// instance's leases of the key must end all the same. Outside a runtime,
-/// it runs in the caller's future.
+/// Runs `operation` to its end on a runtime that runs it (the current
+/// one, or the store's home if the current one runs tasks only while its
+/// thread blocks on a future: see [`crate::running::hand_on_runtime`]),
+/// whether or not its caller waits for it: a reset or block the caller
+/// gave up on (a timeout, a client gone) may have acted in the store
+/// already, and every instance's leases of the key must end all the same.
+/// With no runtime to run it on, it runs in the caller's future.
 async fn to_the_end(
+    home: &crate::patience::Home,
     operation: impl Future<Output = Result<(), StoreError>> + Send + 'static,
 ) -> Result<(), StoreError> {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    let Some(runtime) = crate::running::hand_on_runtime(home) else {
         return operation.await;
     };
     match runtime.spawn(operation).await {
@@ -118,7 +121,7 @@ impl<S: Store> Store for LeasedStore<S> {
                 // Those go back in the background: only within a runtime
                 // context, to run it.
                 None => {
-                    let runtime = tokio::runtime::Handle::try_current().ok()?;
+                    let runtime = crate::running::hand_on_runtime(&shared.home)?;
                     (entry.promote(cost, now, &mut ended)?, Some(runtime))
                 }
             };
@@ -198,7 +201,10 @@ impl<S: Store> Store for LeasedStore<S> {
             }
         };
         self.ask_ahead(ahead, key, policy);
-        if let (Plan::Spent(_), Ok(runtime)) = (&plan, tokio::runtime::Handle::try_current()) {
+        if let Plan::Spent(_) = &plan
+            && !ended.is_empty()
+            && let Some(runtime) = crate::running::hand_on_runtime(&shared.home)
+        {
             // Decided here: the ended lease goes back in the background,
             // not on this request's time.
             shared.give_back_later(&runtime, std::mem::take(&mut ended));
@@ -314,7 +320,7 @@ impl<S: Store> Store for LeasedStore<S> {
     /// goes away.
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
         let (this, key, policy) = (self.clone(), key.clone(), policy.clone());
-        to_the_end(async move {
+        to_the_end(&self.shared.home, async move {
             let done = this.shared.store.reset(&key, &policy).await;
             this.invalidate_after(done, &key, &policy).await
         })
@@ -331,7 +337,7 @@ impl<S: Store> Store for LeasedStore<S> {
         duration: Duration,
     ) -> Result<(), StoreError> {
         let (this, key, policy) = (self.clone(), key.clone(), policy.clone());
-        to_the_end(async move {
+        to_the_end(&self.shared.home, async move {
             let done = this.shared.store.block(&key, &policy, duration).await;
             this.invalidate_after(done, &key, &policy).await
         })
