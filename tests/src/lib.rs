@@ -127,3 +127,30 @@ pub fn bench_rounds(default: usize) -> usize {
         .and_then(|r| r.parse().ok())
         .unwrap_or(default)
 }
+
+/// A runtime of one worker thread: a store's home, in tests of a store
+/// used from several runtimes.
+///
+/// # Panics
+///
+/// When the runtime cannot be built.
+pub fn one_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("a runtime: {e}"))
+}
+
+/// A runtime of the calling thread only, as a job worker's: it runs tasks
+/// only while that thread blocks on a future.
+///
+/// # Panics
+///
+/// When the runtime cannot be built.
+pub fn thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("a runtime: {e}"))
+}

@@ -10,26 +10,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tollgate_core::{Algorithm, FakeClock, Key, Policy, Store, Timestamp};
-use tollgate_tests::{RedisServer, leased_store, unique_prefix};
+use tollgate_tests::{
+    RedisServer, leased_store, one_worker_runtime, thread_runtime, unique_prefix,
+};
 
 const START: Timestamp = Timestamp::from_secs(1_700_000_000);
-
-/// A runtime of one worker thread: the store's.
-fn home_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// A job worker's runtime: of its thread only.
-fn worker_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// The next lease of a hot key, asked for ahead by a worker's request,
 /// is granted on the store's runtime: the key's requests elsewhere never
@@ -37,7 +22,7 @@ fn worker_runtime() -> tokio::runtime::Runtime {
 #[test]
 fn a_lease_asked_for_ahead_by_a_worker_is_granted_on_the_stores_runtime() {
     let server = RedisServer::spawn();
-    let home = home_runtime();
+    let home = one_worker_runtime();
     let clock = FakeClock::new(START);
     let policy = Policy::new("ahead", Algorithm::Gcra, "100000/s").unwrap();
     let key = Key::user("hot");
@@ -69,7 +54,7 @@ fn a_lease_asked_for_ahead_by_a_worker_is_granted_on_the_stores_runtime() {
     let worker = {
         let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
         std::thread::spawn(move || {
-            let local = worker_runtime();
+            let local = thread_runtime();
             let mut jobs = 0;
             while local.metrics().num_alive_tasks() == 0 && jobs < 2_000 {
                 let decision = local.block_on(store.check(&key, &policy, 1)).unwrap();
@@ -107,7 +92,7 @@ fn a_lease_asked_for_ahead_by_a_worker_is_granted_on_the_stores_runtime() {
 #[test]
 fn a_reset_a_worker_gave_up_on_still_ends_every_instances_leases() {
     let server = RedisServer::spawn();
-    let home = home_runtime();
+    let home = one_worker_runtime();
     let clock = FakeClock::new(START);
     let policy = Policy::new("reset", Algorithm::Gcra, "100000/s").unwrap();
     let key = Key::user("hot");
@@ -133,7 +118,7 @@ fn a_reset_a_worker_gave_up_on_still_ends_every_instances_leases() {
     let worker = {
         let (a, policy, key) = (a.clone(), policy.clone(), key.clone());
         std::thread::spawn(move || {
-            let local = worker_runtime();
+            let local = thread_runtime();
             let reset = local.block_on(async {
                 tokio::time::timeout(Duration::from_millis(50), a.reset(&key, &policy)).await
             });

@@ -10,16 +10,7 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Decision, Key, Policy};
 use tollgate_redis::{BreakerState, RedisStore, RedisStoreError};
-use tollgate_tests::{RedisServer, unique_prefix};
-
-/// A runtime of one worker thread.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tollgate_tests::{RedisServer, one_worker_runtime, thread_runtime, unique_prefix};
 
 /// A store of `server` built on `home`, with `deadline` and a breaker
 /// that one failure opens, connected and its scripts known.
@@ -60,10 +51,7 @@ fn sender_thread(
 ) -> std::thread::JoinHandle<Result<Decision, RedisStoreError>> {
     let (store, policy) = (store.clone(), policy.clone());
     std::thread::spawn(move || {
-        let local = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let local = thread_runtime();
         let decision = local.block_on(async move {
             let [a, _b] = ["a", "b"].map(|name| {
                 let (store, policy) = (store.clone(), policy.clone());
@@ -91,7 +79,7 @@ fn sender_thread(
 fn a_request_queued_behind_another_runtimes_stalled_calls_waits_for_them() {
     let server = RedisServer::spawn();
     let policy = Policy::new("runtimes", Algorithm::Gcra, "100/h").unwrap();
-    let (home, caller) = (runtime(), runtime());
+    let (home, caller) = (one_worker_runtime(), one_worker_runtime());
     let store = store_on(&home, &server, Duration::from_millis(100), &policy);
 
     // The two decisions take both places, then the thread is blocked for
@@ -131,7 +119,7 @@ fn a_request_waiting_behind_a_runtime_that_stops_running_tasks_is_sent() {
         .build()
         .unwrap();
     for policy in [one_limit, two_limits] {
-        let (home, waiter) = (runtime(), runtime());
+        let (home, waiter) = (one_worker_runtime(), one_worker_runtime());
         // A deadline well past Redis's pause below.
         let store = store_on(&home, &server, Duration::from_secs(2), &policy);
         // Redis holds the sender's two calls for 150 ms, so that the
@@ -163,7 +151,7 @@ fn a_request_waiting_behind_a_runtime_that_stops_running_tasks_is_sent() {
 fn a_connection_a_workers_call_replaced_runs_on_the_stores_runtime() {
     let server = RedisServer::spawn();
     let policy = Policy::new("replaced", Algorithm::Gcra, "100/h").unwrap();
-    let home = runtime();
+    let home = one_worker_runtime();
     let store = home
         .block_on(
             RedisStore::builder()
@@ -191,10 +179,7 @@ fn a_connection_a_workers_call_replaced_runs_on_the_stores_runtime() {
     let worker = {
         let (store, policy) = (store.clone(), policy.clone());
         std::thread::spawn(move || {
-            let local = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let local = thread_runtime();
             let first = local.block_on(store.decide(&Key::user("job"), &policy, 1));
             step.send(first.is_err()).unwrap();
             going.recv().unwrap();
