@@ -10,7 +10,7 @@
 //! |---|---|---|---|
 //! | [`DECISIONS`] | counter | `policy`, `outcome` | requests decided: `allowed`, `limited` (rejected, an operator's block included), `shadow_limited` (would have been rejected; let through by shadow mode, which never waives a block), `denied` (refused by an operator's deny override, without asking the store) |
 //! | [`KEYLESS`] | counter | `policy`, `outcome` | requests without a rate-limit key, by whose mistake it was: `client` (answered 400 by default), `unauthenticated` (401), `server` (500), or `let_through` (`MissingKey::Allow`: not asked) |
-//! | [`STORE_ERRORS`] | counter | `policy`, `outcome` | store failures by kind: `timeout`, `circuit_open`, `full`, `backend`, `unavailable`, `overloaded` |
+//! | [`STORE_ERRORS`] | counter | `policy`, `outcome` | store failures by kind: `timeout`, `circuit_open`, `full`, `backend`, `unavailable`, `overloaded`, `late` |
 //! | [`FALLBACKS`] | counter | `policy`, `outcome` | requests the failure policy handled: `open` (let through), `closed` (503), `local_allowed`, `local_limited` |
 //! | [`DENY_CACHE_HITS`] | counter | `policy` | denials the Redis store answered from its deny cache, without a round trip |
 //! | [`MEMORY_STORE_KEYS`] | gauge | none | keys held by the process's memory stores |
@@ -52,7 +52,7 @@ pub const KEYLESS: &str = "tollgate_keyless_requests_total";
 
 /// Counter of store failures, labelled `policy` and `outcome`, the kind of
 /// failure (`timeout`, `circuit_open`, `full`, `backend`, `unavailable`,
-/// `overloaded`; see [`StoreError::kind`](crate::StoreError::kind)).
+/// `overloaded`, `late`; see [`StoreError::kind`](crate::StoreError::kind)).
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 
 /// Counter of requests handled by the failure policy, labelled `policy`
@@ -271,7 +271,7 @@ pub const ALL: &[Metric] = {
             STORE_ERRORS,
             Counter,
             &["policy", "outcome"],
-            "Rate-limit store failures, by policy and kind: timeout, circuit_open, full, backend, unavailable, overloaded",
+            "Rate-limit store failures, by policy and kind: timeout, circuit_open, full, backend, unavailable, overloaded, late",
         ),
         Metric::new(
             FALLBACKS,

@@ -38,6 +38,8 @@ pub(crate) struct CircuitBreaker {
     state: Mutex<Inner>,
     /// Probes let through so far: each half-open state knows its own.
     probes: AtomicU64,
+    /// Calls that succeeded so far: Redis's signs of life.
+    successes: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -95,7 +97,14 @@ impl CircuitBreaker {
             cooldown,
             state: Mutex::new(Inner::Closed { failures: 0 }),
             probes: AtomicU64::new(0),
+            successes: AtomicU64::new(0),
         })
+    }
+
+    /// How many calls have succeeded so far: one that moved since a call
+    /// was sent says Redis answered meanwhile.
+    pub(crate) fn successes(&self) -> u64 {
+        self.successes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The current state.
@@ -212,6 +221,8 @@ impl Permit<'_> {
     /// The call succeeded.
     pub(crate) fn success(mut self) {
         self.reported = true;
+        let successes = &self.breaker.successes;
+        successes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.breaker.report(true);
     }
 

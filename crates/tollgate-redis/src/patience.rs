@@ -91,7 +91,10 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// too and every worker of the runtime went idle meanwhile with the reply
 /// still out ([`Parks`]), and waits on until the ceiling otherwise (the
 /// connection's reader, with the reply, may be among the tasks in the
-/// workers' own queues).
+/// workers' own queues). At the ceiling it ends: [`Missed::Ceiling`] if
+/// that timer fired on time with no ready task waiting for a worker, else
+/// [`Missed::Busy`] (the store then asks whether Redis answered other
+/// calls meanwhile).
 pub(crate) async fn within<F: Future>(
     deadline: Duration,
     home: &impl Runtimes,
@@ -137,9 +140,11 @@ pub(crate) async fn within<F: Future>(
 /// of Redis's replies among them) run there, so its lateness is our own
 /// too, judged with that of the runtime the call runs on when the two
 /// differ (a store built on the main runtime, used from per-thread ones).
-/// Connections made later, a bb8 pool's or a reconnection's, run their
-/// tasks on the runtime of the call that made them, which this does not
-/// follow. A home runtime that has shut down never goes idle: a late call
+/// Connections made later, a bb8 pool's or the redis crate's own
+/// reconnection after a dropped connection, run their tasks on the
+/// runtime of the call that made them, which this does not follow (a
+/// replacement the store asks for itself is made on the home runtime:
+/// see [`crate::running::hand_on_runtime`]). A home runtime that has shut down never goes idle: a late call
 /// then waits to the ceiling.
 #[derive(Clone, Debug)]
 pub(crate) struct Home(Option<tokio::runtime::Handle>);

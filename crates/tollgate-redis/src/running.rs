@@ -38,14 +38,16 @@ thread_local! {
     static HANDING_ON: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The runtime to hand work on to, for others' requests: the current one
-/// if it runs tasks on worker threads of its own, or is the store's
-/// `home` runtime; the store's home otherwise (or the current one, if the
-/// home is not known). A current-thread runtime runs tasks only while
-/// its thread blocks on a future: a job worker's runtime that blocks on
-/// its own decision and then goes on to other work would leave the work
-/// unrun, and the requests in it waiting for its next decision. Outside a
-/// runtime, the home too. `None` if there is none, or this thread is
+/// The runtime to hand work on to, for others' requests: the store's
+/// `home` runtime when the current one is a current-thread runtime other
+/// than it and the home has worker threads of its own; the current one
+/// otherwise. A current-thread runtime runs tasks only while its thread
+/// blocks on a future: a job worker's runtime that blocks on its own
+/// decision and then goes on to other work would leave the work unrun,
+/// and the requests in it waiting for its next decision. (Runtimes of
+/// one thread each that always run, one per core, keep their work: a
+/// home of one thread too would take all of it.) Outside a runtime, the
+/// home, if known. `None` if there is none, or this thread is
 /// handing work on already: a runtime shutting down drops what it is
 /// given at once, unrun, inside the spawn, and the guard in that work
 /// would hand on again, as deep as there is work queued; the nested
@@ -58,6 +60,7 @@ pub(crate) fn hand_on_runtime(home: &Home) -> Option<Handle> {
     match (current, home.handle()) {
         (Some(current), Some(home))
             if current.runtime_flavor() == RuntimeFlavor::CurrentThread
+                && home.runtime_flavor() == RuntimeFlavor::MultiThread
                 && current.id() != home.id() =>
         {
             Some(home.clone())

@@ -211,10 +211,19 @@ impl<C: RedisConnection> Inner<C> {
         state_key: &str,
         call: impl std::future::Future<Output = Result<T, RedisStoreError>>,
     ) -> Result<T, RedisStoreError> {
-        let permit = self
+        let breaker = self
             .breaker(state_key)
-            .and_then(CircuitBreaker::try_acquire)
             .ok_or(RedisStoreError::CircuitOpen)?;
+        let permit = breaker.try_acquire().ok_or(RedisStoreError::CircuitOpen)?;
+        let successes = breaker.successes();
+        // A reply our own late runtime did not read by the ceiling: the
+        // app's own load if Redis answered other calls meanwhile; with no
+        // sign of life from Redis (hung, on an app too busy to tell), a
+        // missed deadline, which the breaker counts.
+        let unread = |waited| match breaker.successes() != successes {
+            true => RedisStoreError::Late(waited),
+            false => RedisStoreError::Deadline(waited),
+        };
         let mut sent = tokio::time::Instant::now();
         let outcome = match self.wire.connection.handed_out() {
             None => patience::within(self.deadline, &self.home, call).await,
@@ -239,7 +248,7 @@ impl<C: RedisConnection> Inner<C> {
             Err(missed @ (Missed::Deadline | Missed::Ceiling)) => {
                 Err(RedisStoreError::Deadline(missed.waited(self.deadline)))
             }
-            Err(missed @ Missed::Busy) => Err(RedisStoreError::Late(missed.waited(self.deadline))),
+            Err(missed @ Missed::Busy) => Err(unread(missed.waited(self.deadline))),
         };
         // The connection's own response timeout (see `patience::backstop`)
         // beat the ceiling's judgment: its timer fired in the call, which
@@ -248,7 +257,7 @@ impl<C: RedisConnection> Inner<C> {
             Err(RedisStoreError::Redis(e))
                 if e.is_timeout() && sent.elapsed() > self.past_ceiling() =>
             {
-                Err(RedisStoreError::Late(sent.elapsed()))
+                Err(unread(patience::ceiling(self.deadline)))
             }
             other => other,
         };

@@ -48,6 +48,8 @@ struct Inner {
     connections: Mutex<HashMap<String, MultiplexedConnection>>,
     slots: RwLock<Vec<Arc<str>>>,
     refreshing: Arc<AtomicBool>,
+    /// The runtime the connection was made on: its refreshes run there.
+    home: crate::patience::Home,
 }
 
 impl std::fmt::Debug for ClusterConnection {
@@ -75,6 +77,7 @@ impl ClusterConnection {
                 connections: Mutex::new(HashMap::new()),
                 slots: RwLock::new(vec![Arc::from(""); SLOTS]),
                 refreshing: Arc::new(AtomicBool::new(false)),
+                home: crate::patience::Home::here(),
             }),
         };
         if let Err(error) = this.refresh().await {
@@ -208,8 +211,11 @@ impl ClusterConnection {
         let Some(running) = Running::take(&self.inner.refreshing) else {
             return;
         };
+        let Some(runtime) = crate::running::hand_on_runtime(&self.inner.home) else {
+            return;
+        };
         let this = self.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let _running = running;
             let _ = this.refresh().await;
             // At most one refresh per 50 ms while a node stays down.

@@ -117,8 +117,11 @@ impl<C: RedisConnection> RedisStore<C> {
         let Some(running) = inner.server.due(now_ms) else {
             return;
         };
+        let Some(runtime) = crate::running::hand_on_runtime(&inner.home) else {
+            return;
+        };
         let inner = self.inner.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let _running = running;
             let mut info = redis::cmd("INFO");
             info.arg("server");
