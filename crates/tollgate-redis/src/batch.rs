@@ -384,8 +384,9 @@ fn release<S: WordCalls>(inner: &Arc<S>, kind: Kind, slot: usize) {
             running::hand_on(&runtime, drive(place, batch));
         }
         // With no runtime to send on (outside any, of a store whose home
-        // is not known, or inside a spawn that dropped the place unrun): the batch's requests fail (their
-        // senders are dropped) and the place is given back (above).
+        // is not known, or inside a spawn that dropped the place unrun):
+        // the batch's requests fail (their senders are dropped) and the
+        // place is given back (above).
         None => drop(batch),
     }
 }

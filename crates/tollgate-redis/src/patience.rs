@@ -144,8 +144,8 @@ pub(crate) async fn within<F: Future>(
 /// reconnection after a dropped connection, run their tasks on the
 /// runtime of the call that made them, which this does not follow (a
 /// replacement the store asks for itself is made on the home runtime:
-/// see [`crate::running::hand_on_runtime`]). A home runtime that has shut down never goes idle: a late call
-/// then waits to the ceiling.
+/// see [`crate::running::hand_on_runtime`]). A home runtime that has
+/// shut down never goes idle: a late call then waits to the ceiling.
 #[derive(Clone, Debug)]
 pub(crate) struct Home(Option<tokio::runtime::Handle>);
 
