@@ -319,12 +319,19 @@ mod tests {
         missed
     }
 
+    /// Whether a call missed the ceiling, not its deadline. On the real
+    /// clock of a busy machine the ceiling's own timer may fire late,
+    /// which makes it `Busy`: both waited to the ceiling.
+    fn waited_to_the_ceiling(missed: Result<(), Missed>) -> bool {
+        matches!(missed, Err(Missed::Ceiling | Missed::Busy))
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_deadline_through_which_the_runtime_never_went_idle_waits_for_the_ceiling() {
         // Busy throughout, while its timers still fire on time: it never
         // parks, so the deadline is our own queueing, not Redis's.
         let missed = never_answered(Duration::from_millis(10), Duration::ZERO).await;
-        assert_eq!(missed, Err(Missed::Ceiling));
+        assert!(waited_to_the_ceiling(missed), "{missed:?}");
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -336,7 +343,10 @@ mod tests {
         let deadline = Duration::from_millis(40);
         for busy in [deadline / 4, deadline * 7 / 8] {
             let missed = never_answered(deadline, busy).await;
-            assert_eq!(missed, Err(Missed::Ceiling), "busy from {busy:?}");
+            assert!(
+                waited_to_the_ceiling(missed),
+                "busy from {busy:?}: {missed:?}"
+            );
         }
     }
 
