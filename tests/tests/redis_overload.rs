@@ -360,7 +360,9 @@ async fn decide_together(
                 assert_eq!(decision.decided_by(), DecidedBy::Store, "{decision:?}");
                 decided += 1;
             }
-            Err(StoreError::Overloaded) => refused += 1,
+            // The pool's own queue, or (on a machine too busy to run the
+            // test's runtime in time) a reply left unread: the app's load.
+            Err(own) if own.is_own_load() => refused += 1,
             Err(other) => panic!("queued behind the app's own calls: {other}"),
         }
     }
@@ -438,9 +440,9 @@ fn pool_of_one(prefix: &str, checkout: Duration) -> tollgate_redis::RedisStoreBu
 /// A burst of 15,000 new keys at once under a policy of two limits (the
 /// general script, one call per key), then under one limit with batching
 /// off (as on a cluster, which batches nothing): our own queueing, on a
-/// healthy Redis. Every request is decided by Redis or refused as
-/// overloaded (the store's own queue full), none locally, and the breaker
-/// stays closed. (Each one's call went on the connection at once, and the
+/// healthy Redis. Every request is decided by Redis or refused as the
+/// app's own load (the store's own queue full, or its reply unread by a
+/// runtime too busy), none locally, and the breaker stays closed. (Each one's call went on the connection at once, and the
 /// tail met its deadline behind the head.) One after the other: two at
 /// once on two cores would starve the servers for real.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -485,7 +487,9 @@ async fn burst_of_new_keys(policy: Policy, batch_size: usize) {
                 assert!(decision.is_allowed());
                 by_redis += 1;
             }
-            Err(StoreError::Overloaded) => overloaded += 1,
+            // The store's queue full, or (on a machine too busy to run
+            // the test's runtime in time) a reply left unread.
+            Err(own) if own.is_own_load() => overloaded += 1,
             Err(other) => panic!("{other}"),
         }
     }
