@@ -13,7 +13,7 @@ use crate::keys::KeyNamer;
 /// Configures a [`RedisStore`](crate::RedisStore).
 ///
 /// The defaults suit a request path: a decision waits at most 50 ms (the
-/// connection's response timeout, a backstop behind it, is 250 ms), a new
+/// connection's response timeout, a backstop behind it, is 1 s), a new
 /// connection 100 ms and a pool checkout 25 ms.
 #[derive(Debug)]
 #[must_use = "call .connect(url) to get the store"]
@@ -92,15 +92,18 @@ impl RedisStoreBuilder {
 
     /// How long the connection waits for Redis to answer a command before
     /// it fails the command itself (default: 5 × the deadline, one past
-    /// the deadline's hard ceiling, so the store's own deadline judges
-    /// first).
+    /// the deadline's hard ceiling, and at least 1 s, so the store's own
+    /// deadline judges first).
     ///
     /// The store tells a late Redis from a late app: a deadline that fires
     /// late because the app's runtime was too busy to poll it is no
     /// failure, and the request waits on for its reply up to 4 × the
-    /// deadline. The connection's response timeout cannot tell them apart,
-    /// so a response timeout under that ceiling counts the app's own
-    /// overload as Redis's failure again.
+    /// deadline, and, if the app was stalled past that, a quarter of a
+    /// deadline more once it runs again. The connection's response timeout
+    /// cannot tell them apart, so a response timeout under that ceiling
+    /// counts the app's own overload as Redis's failure again; and one
+    /// that fires in a call the app was too stalled to poll drops a reply
+    /// that may have been in.
     ///
     /// ```
     /// use std::time::Duration;
@@ -117,7 +120,7 @@ impl RedisStoreBuilder {
     }
 
     /// The connection's response timeout: as set, or one deadline past
-    /// the deadline's hard ceiling.
+    /// the deadline's hard ceiling, and at least a second.
     pub(crate) fn response_timeout_or_default(&self) -> Duration {
         self.response_timeout
             .unwrap_or_else(|| crate::patience::backstop(self.deadline))

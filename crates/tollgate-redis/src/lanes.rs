@@ -39,6 +39,7 @@ use tollgate_core::{Decision, Policy};
 use std::future::Future;
 
 use crate::error::RedisStoreError;
+use crate::patience::Missed;
 use crate::running;
 
 /// What the lanes need of whoever owns them (the store): the lanes, and a
@@ -80,7 +81,9 @@ pub(crate) const GATE_QUEUED: usize = 65_536;
 /// coming back, answered or failed (each frees a place; a failed one was
 /// Redis's lateness, counted by the breaker, which then turns the calls
 /// behind it away at once). Each call's deadline starts once it has its
-/// place. Only two whole ceilings with none back fail the wait.
+/// place. Only two whole ceilings with none back fail the wait, and only
+/// as the app's own lateness ([`RedisStoreError::Late`]) if our runtime
+/// was too late to tell (see [`crate::patience::at_most`]).
 pub(crate) struct Gate {
     places: tokio::sync::Semaphore,
     waiting: AtomicUsize,
@@ -111,8 +114,13 @@ impl Drop for Place<'_> {
 }
 
 impl Gate {
-    /// A place for a call, waiting for one (see [`Gate`]) under `deadline`.
-    pub(crate) async fn enter(&self, deadline: Duration) -> Result<Place<'_>, RedisStoreError> {
+    /// A place for a call, waiting for one (see [`Gate`]) under `deadline`,
+    /// on `home`'s runtimes.
+    pub(crate) async fn enter(
+        &self,
+        deadline: Duration,
+        home: &impl crate::patience::Runtimes,
+    ) -> Result<Place<'_>, RedisStoreError> {
         let place = |permit| Place {
             gate: self,
             _permit: permit,
@@ -130,20 +138,29 @@ impl Gate {
         // failed (and counted by the breaker): twice that with none back
         // is not Redis's lateness but a call that never ends. (On a
         // cluster, the calls to a failed master come back failed within
-        // their ceiling, and free their places for the healthy ones'.)
+        // their ceiling, and free their places for the healthy ones'.) A
+        // window whose timer our runtime ran late, still late at its last
+        // look, is our own lateness: the calls on their way were late with
+        // it, and answer to the breaker themselves.
         let window = crate::patience::ceiling(deadline).saturating_mul(2);
-        let mut waited = Duration::ZERO;
+        let slack = crate::patience::slack(deadline);
+        let queued = tokio::time::Instant::now();
         // One ask for a place, kept across windows: its turn in the queue
         // with it.
         let mut acquire = std::pin::pin!(self.places.acquire());
         loop {
             let seen = self.back.load(Ordering::Relaxed);
-            match tokio::time::timeout(window, acquire.as_mut()).await {
+            match crate::patience::at_most(window, slack, home, acquire.as_mut()).await {
                 Ok(Ok(permit)) => return Ok(place(permit)),
                 // Never closed.
                 Ok(Err(_)) => return Err(RedisStoreError::QueueFull),
-                Err(_) if self.back.load(Ordering::Relaxed) != seen => waited += window,
-                Err(_) => return Err(RedisStoreError::Deadline(waited + window)),
+                Err(_) if self.back.load(Ordering::Relaxed) != seen => {}
+                Err(Missed::Busy | Missed::Backlogged) => {
+                    return Err(RedisStoreError::Late(queued.elapsed()));
+                }
+                Err(Missed::Deadline | Missed::Ceiling) => {
+                    return Err(RedisStoreError::Deadline(queued.elapsed()));
+                }
             }
         }
     }
@@ -488,56 +505,4 @@ mod tests {
 }
 
 #[cfg(test)]
-mod gate_tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::{GENERAL_IN_FLIGHT, Gate};
-
-    /// A call that waits past one window of the gate, while calls came
-    /// back (not yet to it), keeps its turn: a call that came later does
-    /// not go first.
-    #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_call_waiting_past_a_window_keeps_its_turn() {
-        let gate = Arc::new(Gate::default());
-        // A deadline of 10 ms: a ceiling of 40 ms, a window of 80 ms.
-        let deadline = Duration::from_millis(10);
-        let mut held: Vec<_> = (0..GENERAL_IN_FLIGHT)
-            .map(|_| gate.places.try_acquire().unwrap())
-            .collect();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let waiter = |name: &'static str| {
-            let (gate, tx) = (Arc::clone(&gate), tx.clone());
-            tokio::spawn(async move {
-                let _place = gate.enter(deadline).await.unwrap();
-                tx.send(name).unwrap();
-                std::future::pending::<()>().await;
-            })
-        };
-        // A call comes back: its place is given back, and counted.
-        let back = |held: &mut Vec<_>| {
-            drop(held.pop());
-            gate.back.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        };
-        let start = tokio::time::Instant::now();
-        let at = |ms: u64| tokio::time::sleep_until(start + Duration::from_millis(ms));
-        let _x = waiter("x");
-        at(1).await;
-        let _a = waiter("a");
-        at(70).await;
-        back(&mut held);
-        at(72).await;
-        assert_eq!(rx.try_recv().ok(), Some("x"));
-        at(75).await;
-        let _b = waiter("b");
-        // a's first window ends at 81 ms, with a call back meanwhile.
-        at(85).await;
-        back(&mut held);
-        at(87).await;
-        assert_eq!(
-            rx.try_recv().ok(),
-            Some("a"),
-            "a waited since 1 ms, b since 75"
-        );
-    }
-}
+mod gate_tests;

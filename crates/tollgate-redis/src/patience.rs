@@ -12,7 +12,11 @@
 //! that wait. Such a request waits on for its reply, up to a hard ceiling
 //! of [`CEILING`] deadlines, where it ends: a failure of Redis if our
 //! runtime ran the ceiling's timer on time with no ready task waiting for
-//! a worker, else our own lateness still ([`Missed::Busy`]).
+//! a worker. If it ran it late, the call gets a last look of one slack
+//! once our runtime runs again (a reply that sat unread through a stall
+//! of the whole process is read then), and ends as that look's timer was
+//! run: on time, a failure of Redis; late, or with ready tasks waiting,
+//! our own lateness still ([`Missed::Busy`], [`Missed::Backlogged`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -43,10 +47,27 @@ pub(crate) enum Missed {
     /// its reply, whose timer our runtime ran on time, with no ready task
     /// waiting for a worker: Redis was late.
     Ceiling,
-    /// As [`Missed::Ceiling`], but the ceiling's timer fired late too, or
-    /// ready tasks waited for a worker at it: our runtime was still too
-    /// busy to read the reply, which may be in. The app's own load.
+    /// As [`Missed::Ceiling`], but the ceiling's timer fired late, and so
+    /// did that of the last look after it (see [`last_look`]), with no
+    /// ready task waiting for a worker: our runtime, or the whole process,
+    /// was stalled through it, and the reply may be in, unread. Or Redis
+    /// hung meanwhile: the store asks whether it answered other calls.
     Busy,
+    /// As [`Missed::Busy`], but at the last look ready tasks waited for a
+    /// worker of our runtimes: the connection's reader, with the reply,
+    /// may be among them. The app's own load.
+    Backlogged,
+}
+
+/// How our runtime ran a timer that fired with the call still out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ran {
+    /// Within the slack, with no ready task waiting for a worker.
+    OnTime,
+    /// Past the slack, with no ready task waiting for a worker.
+    Late,
+    /// With ready tasks waiting for a worker (see [`backlogged`]).
+    Backlogged,
 }
 
 impl Missed {
@@ -54,7 +75,7 @@ impl Missed {
     pub(crate) fn waited(self, deadline: Duration) -> Duration {
         match self {
             Missed::Deadline => deadline,
-            Missed::Ceiling | Missed::Busy => ceiling(deadline),
+            Missed::Ceiling | Missed::Busy | Missed::Backlogged => ceiling(deadline),
         }
     }
 }
@@ -73,12 +94,17 @@ pub(crate) fn slack(wait: Duration) -> Duration {
     (wait / SLACK_DIVISOR).max(MIN_SLACK)
 }
 
+/// The least the connection's own response timeout is by default.
+const MIN_BACKSTOP: Duration = Duration::from_secs(1);
+
 /// The connection's own response timeout under `deadline`, by default:
-/// one deadline past the ceiling, so that the store's judgment comes first
-/// and a reply that waited in the socket while our process was not
-/// running is still taken by the grace poll at the ceiling.
+/// one deadline past the ceiling, and at least [`MIN_BACKSTOP`], so that
+/// the store's judgment comes first, and a reply that waited in the socket
+/// while our process was stalled past the ceiling is still there for the
+/// last look (see [`within`]) once it runs again: that timeout, fired in
+/// such a call, would drop the reply unread.
 pub(crate) fn backstop(deadline: Duration) -> Duration {
-    deadline.saturating_mul(CEILING + 1)
+    deadline.saturating_mul(CEILING + 1).max(MIN_BACKSTOP)
 }
 
 /// Runs `call` under `deadline`. When the deadline fires, the call is
@@ -91,10 +117,7 @@ pub(crate) fn backstop(deadline: Duration) -> Duration {
 /// too and every worker of the runtime went idle meanwhile with the reply
 /// still out ([`Parks`]), and waits on until the ceiling otherwise (the
 /// connection's reader, with the reply, may be among the tasks in the
-/// workers' own queues). At the ceiling it ends: [`Missed::Ceiling`] if
-/// that timer fired on time with no ready task waiting for a worker, else
-/// [`Missed::Busy`] (the store then asks whether Redis answered other
-/// calls meanwhile).
+/// workers' own queues). At the ceiling it ends as [`last_look`] judges.
 pub(crate) async fn within<F: Future>(
     deadline: Duration,
     home: &impl Runtimes,
@@ -108,23 +131,14 @@ pub(crate) async fn within<F: Future>(
     // Set once the deadline fired on time: the slack after it is waited.
     let mut parks: Option<Parks> = None;
     loop {
-        if let Ok(output) = tokio::time::timeout_at(due, call.as_mut()).await {
-            return Ok(output);
-        }
-        // The grace poll. How long the yield took counts as lateness too:
-        // on a starved runtime it is one more turn of the busy tasks.
-        tokio::task::yield_now().await;
-        if let Some(output) = call.as_mut().now_or_never() {
-            return Ok(output);
-        }
-        let on_time = Instant::now().saturating_duration_since(due) <= slack && !backlogged(home);
+        let ran = match until(due, slack, home, call.as_mut()).await {
+            Ok(output) => return Ok(output),
+            Err(ran) => ran,
+        };
         if due >= last {
-            return Err(if on_time {
-                Missed::Ceiling
-            } else {
-                Missed::Busy
-            });
+            return last_look(ran, slack, home, call).await;
         }
+        let on_time = ran == Ran::OnTime;
         due = match (parks.take(), on_time) {
             (None, true) => {
                 parks = Some(Parks::now(home));
@@ -133,6 +147,71 @@ pub(crate) async fn within<F: Future>(
             (Some(parks), true) if parks.went_idle() => return Err(Missed::Deadline),
             (Some(_) | None, _) => last,
         };
+    }
+}
+
+/// Waits for `call` at most `wait`, a hard bound, judged as [`within`]
+/// judges its ceiling ([`last_look`]).
+pub(crate) async fn at_most<F: Future>(
+    wait: Duration,
+    slack: Duration,
+    home: &impl Runtimes,
+    call: F,
+) -> Result<F::Output, Missed> {
+    let mut call = std::pin::pin!(call);
+    match until(after(Instant::now(), wait), slack, home, call.as_mut()).await {
+        Ok(output) => Ok(output),
+        Err(ran) => last_look(ran, slack, home, call).await,
+    }
+}
+
+/// Waits for `call` until `due`, then polls it once more after the
+/// runtime's other ready tasks have had their turn (the grace poll): its
+/// output, or how our runtime ran the timer (on time: within `slack`).
+async fn until<F: Future>(
+    due: Instant,
+    slack: Duration,
+    home: &impl Runtimes,
+    mut call: std::pin::Pin<&mut F>,
+) -> Result<F::Output, Ran> {
+    if let Ok(output) = tokio::time::timeout_at(due, call.as_mut()).await {
+        return Ok(output);
+    }
+    // How long the yield took counts as lateness too: on a starved
+    // runtime it is one more turn of the busy tasks.
+    tokio::task::yield_now().await;
+    if let Some(output) = call.as_mut().now_or_never() {
+        return Ok(output);
+    }
+    Err(match () {
+        () if backlogged(home) => Ran::Backlogged,
+        () if Instant::now().saturating_duration_since(due) > slack => Ran::Late,
+        () => Ran::OnTime,
+    })
+}
+
+/// How a wait ends at its ceiling, whose timer our runtime `ran` as it
+/// did. On time: [`Missed::Ceiling`], the other side's lateness. Late
+/// (our runtime, or the whole process, was stalled, or ready tasks waited
+/// for a worker): the reply may have sat unread meanwhile, so the call
+/// gets a last look, a slack more from when our runtime runs again, in
+/// which such a reply is read. Still out at its end: [`Missed::Ceiling`]
+/// if that timer fired on time, else [`Missed::Busy`] or
+/// [`Missed::Backlogged`], as our runtime ran it.
+async fn last_look<F: Future>(
+    ran: Ran,
+    slack: Duration,
+    home: &impl Runtimes,
+    call: std::pin::Pin<&mut F>,
+) -> Result<F::Output, Missed> {
+    if ran == Ran::OnTime {
+        return Err(Missed::Ceiling);
+    }
+    match until(after(Instant::now(), slack), slack, home, call).await {
+        Ok(output) => Ok(output),
+        Err(Ran::OnTime) => Err(Missed::Ceiling),
+        Err(Ran::Late) => Err(Missed::Busy),
+        Err(Ran::Backlogged) => Err(Missed::Backlogged),
     }
 }
 
@@ -320,10 +399,14 @@ mod tests {
     }
 
     /// Whether a call missed the ceiling, not its deadline. On the real
-    /// clock of a busy machine the ceiling's own timer may fire late,
-    /// which makes it `Busy`: both waited to the ceiling.
+    /// clock of a busy machine the ceiling's own timer, and its last
+    /// look's, may fire late, which makes it `Busy` (or `Backlogged`): all
+    /// waited to the ceiling.
     fn waited_to_the_ceiling(missed: Result<(), Missed>) -> bool {
-        matches!(missed, Err(Missed::Ceiling | Missed::Busy))
+        matches!(
+            missed,
+            Err(Missed::Ceiling | Missed::Busy | Missed::Backlogged)
+        )
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -432,10 +515,29 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_runtime_late_at_the_ceiling_too_is_our_own_load() {
+    async fn a_reply_read_at_the_last_look_after_a_late_ceiling_is_a_success() {
         // Late at the deadline, then late again at the ceiling (its timer
-        // fires a deadline late): the reply may be in, unread. Our own
-        // load, not Redis's lateness; and still the ceiling bounds it.
+        // fires a deadline late, as when the whole process was stalled):
+        // the reply, in meanwhile, is read in the last look after it.
+        let deadline = Duration::from_millis(20);
+        let late_twice_then_read = async {
+            tokio::time::advance(deadline * 2).await;
+            tokio::time::sleep(deadline * 2 - Duration::from_millis(1)).await;
+            tokio::time::advance(deadline).await;
+            tokio::time::sleep(slack(deadline) / 2).await;
+            5
+        };
+        assert_eq!(
+            within(deadline, &Home::here(), late_twice_then_read).await,
+            Ok(5)
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_runtime_late_at_the_ceiling_then_on_time_with_no_reply_misses_it() {
+        // Late at the ceiling, then on time through the last look, with
+        // no reply: Redis's lateness, as a hung Redis on an app whose
+        // stall has ended.
         let deadline = Duration::from_millis(20);
         let late_twice = async {
             tokio::time::advance(deadline * 2).await;
@@ -446,12 +548,36 @@ mod tests {
         let started = Instant::now();
         assert_eq!(
             within(deadline, &Home::here(), late_twice).await,
-            Err(Missed::Busy)
+            Err(Missed::Ceiling)
         );
+        // The stall, and the last look's slack after it.
         assert_eq!(
             started.elapsed(),
-            deadline * (CEILING + 1) - Duration::from_millis(1)
+            deadline * (CEILING + 1) - Duration::from_millis(1) + slack(deadline)
         );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_runtime_late_at_the_ceiling_and_its_last_look_is_busy() {
+        // Late at the deadline, at the ceiling, and at the last look: the
+        // reply may be in, unread. The store asks whether Redis answered
+        // other calls meanwhile; the ceiling and one slack bound the wait
+        // but for the stalls themselves.
+        let deadline = Duration::from_millis(20);
+        let late_thrice = async {
+            tokio::time::advance(deadline * 2).await;
+            tokio::time::sleep(deadline * 2 - Duration::from_millis(1)).await;
+            tokio::time::advance(deadline).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::advance(deadline).await;
+            std::future::pending::<()>().await;
+        };
+        let started = Instant::now();
+        assert_eq!(
+            within(deadline, &Home::here(), late_thrice).await,
+            Err(Missed::Busy)
+        );
+        assert_eq!(started.elapsed(), deadline * (CEILING + 2));
         assert_eq!(Missed::Busy.waited(deadline), deadline * CEILING);
     }
 }

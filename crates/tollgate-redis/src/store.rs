@@ -193,7 +193,7 @@ impl<C: RedisConnection> Inner<C> {
         state_key: &str,
         call: impl std::future::Future<Output = Result<T, RedisStoreError>>,
     ) -> Result<T, RedisStoreError> {
-        let _place = self.lanes.gate.enter(self.deadline).await?;
+        let _place = self.lanes.gate.enter(self.deadline, &self.home).await?;
         self.guarded(state_key, call).await
     }
 
@@ -216,10 +216,10 @@ impl<C: RedisConnection> Inner<C> {
             .ok_or(RedisStoreError::CircuitOpen)?;
         let permit = breaker.try_acquire().ok_or(RedisStoreError::CircuitOpen)?;
         let successes = breaker.successes();
-        // A reply our own late runtime did not read by the ceiling: the
-        // app's own load if Redis answered other calls meanwhile; with no
-        // sign of life from Redis (hung, on an app too busy to tell), a
-        // missed deadline, which the breaker counts.
+        // A reply our own stalled runtime did not read by the ceiling and
+        // its last look: the app's own load if Redis answered other calls
+        // meanwhile; with no sign of life from Redis (hung, on an app too
+        // busy to tell), a missed deadline, which the breaker counts.
         let unread = |waited| match breaker.successes() != successes {
             true => RedisStoreError::Late(waited),
             false => RedisStoreError::Deadline(waited),
@@ -249,6 +249,11 @@ impl<C: RedisConnection> Inner<C> {
                 Err(RedisStoreError::Deadline(missed.waited(self.deadline)))
             }
             Err(missed @ Missed::Busy) => Err(unread(missed.waited(self.deadline))),
+            // Ready tasks waited for a worker through the last look: the
+            // reader, with the reply, may be among them.
+            Err(missed @ Missed::Backlogged) => {
+                Err(RedisStoreError::Late(missed.waited(self.deadline)))
+            }
         };
         // The connection's own response timeout (see `patience::backstop`)
         // beat the ceiling's judgment: its timer fired in the call, which
