@@ -321,7 +321,7 @@ pub(crate) async fn wait(
             // nothing, its own queue, many requests whose timers fire
             // at once, keeps the runtime backlogged, which here says
             // nothing of the app's load.
-            Err(Missed::Deadline | Missed::Ceiling | Missed::Busy | Missed::Backlogged) => {}
+            Err(Missed::Deadline | Missed::Ceiling | Missed::Busy) => {}
         }
         let pool_served = pool.is_some() && handed_out() != pool;
         // Still queued (looked up under the queue's lock, so that no call

@@ -38,8 +38,11 @@ pub(crate) struct CircuitBreaker {
     state: Mutex<Inner>,
     /// Probes let through so far: each half-open state knows its own.
     probes: AtomicU64,
-    /// Calls that succeeded so far: Redis's signs of life.
-    successes: AtomicU64,
+    /// When the breaker was made: the origin of [`Self::answered`].
+    born: Instant,
+    /// When a call last succeeded, Redis's last sign of life: nanoseconds
+    /// since `born`, plus one (none yet: zero).
+    answered: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -97,14 +100,29 @@ impl CircuitBreaker {
             cooldown,
             state: Mutex::new(Inner::Closed { failures: 0 }),
             probes: AtomicU64::new(0),
-            successes: AtomicU64::new(0),
+            born: Instant::now(),
+            answered: AtomicU64::new(0),
         })
     }
 
-    /// How many calls have succeeded so far: one that moved since a call
-    /// was sent says Redis answered meanwhile.
-    pub(crate) fn successes(&self) -> u64 {
-        self.successes.load(std::sync::atomic::Ordering::Relaxed)
+    /// Whether a call succeeded within `window` of now: Redis answered
+    /// lately.
+    pub(crate) fn answered_within(&self, window: Duration) -> bool {
+        self.answered_within_at(window, Instant::now())
+    }
+
+    fn answered_within_at(&self, window: Duration, now: Instant) -> bool {
+        let last = self.answered.load(std::sync::atomic::Ordering::Relaxed);
+        let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        last != 0 && self.since_born(now).saturating_sub(last - 1) <= window
+    }
+
+    /// Nanoseconds from `born` to `now`, saturating some 584 years on.
+    fn since_born(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.born).as_nanos();
+        u64::try_from(since)
+            .unwrap_or(u64::MAX - 1)
+            .min(u64::MAX - 1)
     }
 
     /// The current state.
@@ -157,6 +175,11 @@ impl CircuitBreaker {
     }
 
     fn report_at(&self, ok: bool, now: Instant) {
+        if ok {
+            let answered = self.since_born(now) + 1;
+            self.answered
+                .store(answered, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut state = self.lock();
         let was_closed = state.is_closed();
         *state = match (*state, ok) {
@@ -221,8 +244,6 @@ impl Permit<'_> {
     /// The call succeeded.
     pub(crate) fn success(mut self) {
         self.reported = true;
-        let successes = &self.breaker.successes;
-        successes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.breaker.report(true);
     }
 
@@ -256,6 +277,26 @@ impl Drop for Permit<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_success_is_a_sign_of_life_for_a_window() {
+        let b = CircuitBreaker::new(3, Duration::from_millis(20)).unwrap();
+        let t0 = Instant::now();
+        let second = Duration::from_secs(1);
+        assert!(!b.answered_within_at(second, t0), "none yet");
+        let mut permit = b.try_acquire_at(t0).unwrap();
+        permit.reported = true;
+        b.report_at(false, t0);
+        assert!(!b.answered_within_at(second, t0), "a failure is none");
+        let mut permit = b.try_acquire_at(t0).unwrap();
+        permit.reported = true;
+        b.report_at(true, t0 + second);
+        assert!(b.answered_within_at(second, t0 + second));
+        assert!(b.answered_within_at(second, t0 + second * 2));
+        let just_past = t0 + second * 2 + Duration::from_nanos(1);
+        assert!(!b.answered_within_at(second, just_past));
+        assert!(b.answered_within_at(Duration::MAX, just_past));
+    }
 
     #[test]
     fn opens_after_consecutive_failures_and_probes_after_cooldown() {

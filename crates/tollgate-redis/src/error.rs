@@ -71,8 +71,12 @@ pub enum RedisStoreError {
     Deadline(Duration),
     /// The call's reply was not read within the store's ceiling (four
     /// deadlines) because our own runtime was too busy to run it: at the
-    /// ceiling too its timer fired late, or ready tasks waited for a
-    /// worker. The app's own load: as a `StoreError` it is
+    /// ceiling, and at a last look a quarter of a deadline after, its
+    /// timer fired late or ready tasks waited for a worker, while Redis
+    /// answered a call within the last second (or two ceilings; else it
+    /// is a [`Deadline`](Self::Deadline)). Also a request that waited two
+    /// ceilings for a place among the general script's calls so. The
+    /// app's own load: as a `StoreError` it is
     /// [`Late`](tollgate_core::StoreError::Late), which no failure policy
     /// decides, and the circuit breaker does not count it. Redis may have
     /// run the call.

@@ -155,7 +155,7 @@ impl Gate {
                 // Never closed.
                 Ok(Err(_)) => return Err(RedisStoreError::QueueFull),
                 Err(_) if self.back.load(Ordering::Relaxed) != seen => {}
-                Err(Missed::Busy | Missed::Backlogged) => {
+                Err(Missed::Busy) => {
                     return Err(RedisStoreError::Late(queued.elapsed()));
                 }
                 Err(Missed::Deadline | Missed::Ceiling) => {

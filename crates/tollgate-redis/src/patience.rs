@@ -16,7 +16,7 @@
 //! once our runtime runs again (a reply that sat unread through a stall
 //! of the whole process is read then), and ends as that look's timer was
 //! run: on time, a failure of Redis; late, or with ready tasks waiting,
-//! our own lateness still ([`Missed::Busy`], [`Missed::Backlogged`]).
+//! our own lateness still ([`Missed::Busy`]), if Redis answered lately.
 
 use std::future::Future;
 use std::time::Duration;
@@ -47,27 +47,12 @@ pub(crate) enum Missed {
     /// its reply, whose timer our runtime ran on time, with no ready task
     /// waiting for a worker: Redis was late.
     Ceiling,
-    /// As [`Missed::Ceiling`], but the ceiling's timer fired late, and so
-    /// did that of the last look after it (see [`last_look`]), with no
-    /// ready task waiting for a worker: our runtime, or the whole process,
-    /// was stalled through it, and the reply may be in, unread. Or Redis
-    /// hung meanwhile: the store asks whether it answered other calls.
+    /// As [`Missed::Ceiling`], but our runtime ran the ceiling's timer
+    /// late or with ready tasks waiting for a worker, and the last look
+    /// after it as well (see [`last_look`]): our runtime, or the whole
+    /// process, was too busy to read the reply, which may be in. Or Redis
+    /// hung meanwhile: the store asks whether it answered lately.
     Busy,
-    /// As [`Missed::Busy`], but at the last look ready tasks waited for a
-    /// worker of our runtimes: the connection's reader, with the reply,
-    /// may be among them. The app's own load.
-    Backlogged,
-}
-
-/// How our runtime ran a timer that fired with the call still out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ran {
-    /// Within the slack, with no ready task waiting for a worker.
-    OnTime,
-    /// Past the slack, with no ready task waiting for a worker.
-    Late,
-    /// With ready tasks waiting for a worker (see [`backlogged`]).
-    Backlogged,
 }
 
 impl Missed {
@@ -75,7 +60,7 @@ impl Missed {
     pub(crate) fn waited(self, deadline: Duration) -> Duration {
         match self {
             Missed::Deadline => deadline,
-            Missed::Ceiling | Missed::Busy | Missed::Backlogged => ceiling(deadline),
+            Missed::Ceiling | Missed::Busy => ceiling(deadline),
         }
     }
 }
@@ -92,6 +77,23 @@ pub(crate) fn ceiling(deadline: Duration) -> Duration {
 /// How late a timer of `wait` may fire and still count as on time.
 pub(crate) fn slack(wait: Duration) -> Duration {
     (wait / SLACK_DIVISOR).max(MIN_SLACK)
+}
+
+/// The least time within which Redis must have answered a call for a
+/// call that ended [`Missed::Busy`] to be the app's own load (see
+/// [`lately`]).
+const LATELY: Duration = Duration::from_secs(1);
+
+/// How lately Redis must have answered a call (any call of the same
+/// breaker) for a call that ended [`Missed::Busy`] to be the app's own
+/// load, not Redis's lateness: two ceilings, and at least [`LATELY`].
+/// While Redis answers, a runtime too busy to read a reply is the app's
+/// own load. Once Redis has answered nothing for that long, a miss is
+/// Redis's again, however busy the app: a hung Redis on an app whose
+/// runtime stays busy (its own requests keep coming) still opens the
+/// breaker, within that time and the misses the breaker needs.
+pub(crate) fn lately(deadline: Duration) -> Duration {
+    ceiling(deadline).saturating_mul(2).max(LATELY)
 }
 
 /// The least the connection's own response timeout is by default.
@@ -131,14 +133,13 @@ pub(crate) async fn within<F: Future>(
     // Set once the deadline fired on time: the slack after it is waited.
     let mut parks: Option<Parks> = None;
     loop {
-        let ran = match until(due, slack, home, call.as_mut()).await {
+        let on_time = match until(due, slack, home, call.as_mut()).await {
             Ok(output) => return Ok(output),
-            Err(ran) => ran,
+            Err(on_time) => on_time,
         };
         if due >= last {
-            return last_look(ran, slack, home, call).await;
+            return last_look(on_time, slack, home, call).await;
         }
-        let on_time = ran == Ran::OnTime;
         due = match (parks.take(), on_time) {
             (None, true) => {
                 parks = Some(Parks::now(home));
@@ -150,8 +151,8 @@ pub(crate) async fn within<F: Future>(
     }
 }
 
-/// Waits for `call` at most `wait`, a hard bound, judged as [`within`]
-/// judges its ceiling ([`last_look`]).
+/// Waits for `call` at most `wait`, judged as [`within`] judges its
+/// ceiling ([`last_look`]).
 pub(crate) async fn at_most<F: Future>(
     wait: Duration,
     slack: Duration,
@@ -161,19 +162,20 @@ pub(crate) async fn at_most<F: Future>(
     let mut call = std::pin::pin!(call);
     match until(after(Instant::now(), wait), slack, home, call.as_mut()).await {
         Ok(output) => Ok(output),
-        Err(ran) => last_look(ran, slack, home, call).await,
+        Err(on_time) => last_look(on_time, slack, home, call).await,
     }
 }
 
 /// Waits for `call` until `due`, then polls it once more after the
 /// runtime's other ready tasks have had their turn (the grace poll): its
-/// output, or how our runtime ran the timer (on time: within `slack`).
+/// output, or whether our runtime ran the timer on time: within `slack`,
+/// with no ready task waiting for a worker.
 async fn until<F: Future>(
     due: Instant,
     slack: Duration,
     home: &impl Runtimes,
     mut call: std::pin::Pin<&mut F>,
-) -> Result<F::Output, Ran> {
+) -> Result<F::Output, bool> {
     if let Ok(output) = tokio::time::timeout_at(due, call.as_mut()).await {
         return Ok(output);
     }
@@ -183,35 +185,30 @@ async fn until<F: Future>(
     if let Some(output) = call.as_mut().now_or_never() {
         return Ok(output);
     }
-    Err(match () {
-        () if backlogged(home) => Ran::Backlogged,
-        () if Instant::now().saturating_duration_since(due) > slack => Ran::Late,
-        () => Ran::OnTime,
-    })
+    Err(Instant::now().saturating_duration_since(due) <= slack && !backlogged(home))
 }
 
-/// How a wait ends at its ceiling, whose timer our runtime `ran` as it
-/// did. On time: [`Missed::Ceiling`], the other side's lateness. Late
-/// (our runtime, or the whole process, was stalled, or ready tasks waited
-/// for a worker): the reply may have sat unread meanwhile, so the call
-/// gets a last look, a slack more from when our runtime runs again, in
-/// which such a reply is read. Still out at its end: [`Missed::Ceiling`]
-/// if that timer fired on time, else [`Missed::Busy`] or
-/// [`Missed::Backlogged`], as our runtime ran it.
+/// How a wait ends at its ceiling, whose timer our runtime ran
+/// `on_time` or not. On time: [`Missed::Ceiling`], the other side's
+/// lateness. Late (our runtime, or the whole process, was stalled, or
+/// ready tasks waited for a worker): the reply may have sat unread
+/// meanwhile, so the call gets a last look, a slack more from when our
+/// runtime runs again, in which such a reply is read. Still out at its
+/// end: [`Missed::Ceiling`] if that look's timer fired on time (a hung
+/// Redis, on an app whose stall has ended), else [`Missed::Busy`].
 async fn last_look<F: Future>(
-    ran: Ran,
+    on_time: bool,
     slack: Duration,
     home: &impl Runtimes,
     call: std::pin::Pin<&mut F>,
 ) -> Result<F::Output, Missed> {
-    if ran == Ran::OnTime {
+    if on_time {
         return Err(Missed::Ceiling);
     }
     match until(after(Instant::now(), slack), slack, home, call).await {
         Ok(output) => Ok(output),
-        Err(Ran::OnTime) => Err(Missed::Ceiling),
-        Err(Ran::Late) => Err(Missed::Busy),
-        Err(Ran::Backlogged) => Err(Missed::Backlogged),
+        Err(true) => Err(Missed::Ceiling),
+        Err(false) => Err(Missed::Busy),
     }
 }
 
@@ -400,13 +397,10 @@ mod tests {
 
     /// Whether a call missed the ceiling, not its deadline. On the real
     /// clock of a busy machine the ceiling's own timer, and its last
-    /// look's, may fire late, which makes it `Busy` (or `Backlogged`): all
-    /// waited to the ceiling.
+    /// look's, may fire late, which makes it `Busy`: both waited to the
+    /// ceiling.
     fn waited_to_the_ceiling(missed: Result<(), Missed>) -> bool {
-        matches!(
-            missed,
-            Err(Missed::Ceiling | Missed::Busy | Missed::Backlogged)
-        )
+        matches!(missed, Err(Missed::Ceiling | Missed::Busy))
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -561,8 +555,8 @@ mod tests {
     async fn a_runtime_late_at_the_ceiling_and_its_last_look_is_busy() {
         // Late at the deadline, at the ceiling, and at the last look: the
         // reply may be in, unread. The store asks whether Redis answered
-        // other calls meanwhile; the ceiling and one slack bound the wait
-        // but for the stalls themselves.
+        // lately; the ceiling and one slack bound the wait but for the
+        // stalls themselves.
         let deadline = Duration::from_millis(20);
         let late_thrice = async {
             tokio::time::advance(deadline * 2).await;

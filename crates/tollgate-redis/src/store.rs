@@ -215,14 +215,13 @@ impl<C: RedisConnection> Inner<C> {
             .breaker(state_key)
             .ok_or(RedisStoreError::CircuitOpen)?;
         let permit = breaker.try_acquire().ok_or(RedisStoreError::CircuitOpen)?;
-        let successes = breaker.successes();
-        // A reply our own stalled runtime did not read by the ceiling and
-        // its last look: the app's own load if Redis answered other calls
-        // meanwhile; with no sign of life from Redis (hung, on an app too
-        // busy to tell), a missed deadline, which the breaker counts.
-        let unread = |waited| match breaker.successes() != successes {
-            true => RedisStoreError::Late(waited),
-            false => RedisStoreError::Deadline(waited),
+        // A reply our own busy runtime did not read by the ceiling and its
+        // last look: the app's own load if Redis answered lately; with no
+        // sign of life from Redis for that long (hung, on an app whose
+        // runtime stays busy), a missed deadline, which the breaker counts.
+        let unread = || match breaker.answered_within(patience::lately(self.deadline)) {
+            true => RedisStoreError::Late(patience::ceiling(self.deadline)),
+            false => RedisStoreError::Deadline(patience::ceiling(self.deadline)),
         };
         let mut sent = tokio::time::Instant::now();
         let outcome = match self.wire.connection.handed_out() {
@@ -248,12 +247,7 @@ impl<C: RedisConnection> Inner<C> {
             Err(missed @ (Missed::Deadline | Missed::Ceiling)) => {
                 Err(RedisStoreError::Deadline(missed.waited(self.deadline)))
             }
-            Err(missed @ Missed::Busy) => Err(unread(missed.waited(self.deadline))),
-            // Ready tasks waited for a worker through the last look: the
-            // reader, with the reply, may be among them.
-            Err(missed @ Missed::Backlogged) => {
-                Err(RedisStoreError::Late(missed.waited(self.deadline)))
-            }
+            Err(Missed::Busy) => Err(unread()),
         };
         // The connection's own response timeout (see `patience::backstop`)
         // beat the ceiling's judgment: its timer fired in the call, which
@@ -262,7 +256,7 @@ impl<C: RedisConnection> Inner<C> {
             Err(RedisStoreError::Redis(e))
                 if e.is_timeout() && sent.elapsed() > self.past_ceiling() =>
             {
-                Err(unread(patience::ceiling(self.deadline)))
+                Err(unread())
             }
             other => other,
         };
