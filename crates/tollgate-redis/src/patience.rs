@@ -508,40 +508,37 @@ mod tests {
         assert_eq!(Missed::Ceiling.waited(deadline), deadline * CEILING);
     }
 
+    /// A call that runs late at its deadline (the clock moves a deadline
+    /// past it while the call runs) and at its ceiling (whose timer then
+    /// fires a deadline late, as when the whole process was stalled),
+    /// then goes on as `after`.
+    async fn late_at_the_ceiling<T>(deadline: Duration, after: impl Future<Output = T>) -> T {
+        tokio::time::advance(deadline * 2).await;
+        tokio::time::sleep(deadline * 2 - Duration::from_millis(1)).await;
+        tokio::time::advance(deadline).await;
+        after.await
+    }
+
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_reply_read_at_the_last_look_after_a_late_ceiling_is_a_success() {
-        // Late at the deadline, then late again at the ceiling (its timer
-        // fires a deadline late, as when the whole process was stalled):
-        // the reply, in meanwhile, is read in the last look after it.
+        // The reply, in meanwhile, is read in the last look.
         let deadline = Duration::from_millis(20);
-        let late_twice_then_read = async {
-            tokio::time::advance(deadline * 2).await;
-            tokio::time::sleep(deadline * 2 - Duration::from_millis(1)).await;
-            tokio::time::advance(deadline).await;
+        let read = late_at_the_ceiling(deadline, async {
             tokio::time::sleep(slack(deadline) / 2).await;
             5
-        };
-        assert_eq!(
-            within(deadline, &Home::here(), late_twice_then_read).await,
-            Ok(5)
-        );
+        });
+        assert_eq!(within(deadline, &Home::here(), read).await, Ok(5));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_runtime_late_at_the_ceiling_then_on_time_with_no_reply_misses_it() {
-        // Late at the ceiling, then on time through the last look, with
-        // no reply: Redis's lateness, as a hung Redis on an app whose
-        // stall has ended.
+        // On time through the last look, with no reply: Redis's lateness,
+        // as a hung Redis on an app whose stall has ended.
         let deadline = Duration::from_millis(20);
-        let late_twice = async {
-            tokio::time::advance(deadline * 2).await;
-            tokio::time::sleep(deadline * 2 - Duration::from_millis(1)).await;
-            tokio::time::advance(deadline).await;
-            std::future::pending::<()>().await;
-        };
+        let never = late_at_the_ceiling(deadline, std::future::pending::<()>());
         let started = Instant::now();
         assert_eq!(
-            within(deadline, &Home::here(), late_twice).await,
+            within(deadline, &Home::here(), never).await,
             Err(Missed::Ceiling)
         );
         // The stall, and the last look's slack after it.
@@ -553,22 +550,18 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_runtime_late_at_the_ceiling_and_its_last_look_is_busy() {
-        // Late at the deadline, at the ceiling, and at the last look: the
-        // reply may be in, unread. The store asks whether Redis answered
-        // lately; the ceiling and one slack bound the wait but for the
-        // stalls themselves.
+        // Late at the last look too: the reply may be in, unread. The
+        // store asks whether Redis answered lately; the ceiling and one
+        // slack bound the wait but for the stalls themselves.
         let deadline = Duration::from_millis(20);
-        let late_thrice = async {
-            tokio::time::advance(deadline * 2).await;
-            tokio::time::sleep(deadline * 2 - Duration::from_millis(1)).await;
-            tokio::time::advance(deadline).await;
+        let late_again = late_at_the_ceiling(deadline, async {
             tokio::time::sleep(Duration::from_millis(1)).await;
             tokio::time::advance(deadline).await;
             std::future::pending::<()>().await;
-        };
+        });
         let started = Instant::now();
         assert_eq!(
-            within(deadline, &Home::here(), late_thrice).await,
+            within(deadline, &Home::here(), late_again).await,
             Err(Missed::Busy)
         );
         assert_eq!(started.elapsed(), deadline * (CEILING + 2));
