@@ -7,6 +7,8 @@
 
 #[path = "redis_inflight/instances.rs"]
 mod instances;
+#[path = "redis_inflight/runtimes.rs"]
+mod runtimes;
 #[path = "redis_inflight/slots.rs"]
 mod slots;
 

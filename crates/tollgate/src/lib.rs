@@ -97,6 +97,7 @@ mod body;
 mod clock;
 mod extract;
 mod fallback;
+mod home;
 mod in_flight;
 mod limiter;
 mod macros;

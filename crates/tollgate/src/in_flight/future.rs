@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use crate::answer;
 use crate::fallback::{Answer, FailureMode, FailureReport, Handled, InstanceCount};
+use crate::home::Home;
 use crate::response::Responder;
 
 use super::body::InFlightBody;
@@ -32,6 +33,9 @@ pub(super) struct Shared<K, St> {
     pub(super) instances: InstanceCount,
     pub(super) responder: Responder,
     pub(super) telemetry: Telemetry,
+    /// The runtime the layer made the service on, where slots are renewed
+    /// and given back when the request's runtime would leave that unrun.
+    pub(super) home: Home,
 }
 
 /// The response future of an [`InFlight`](super::InFlight) service.
@@ -51,6 +55,7 @@ where
 {
     let holder = shared.store.new_holder();
     let taking = Taking {
+        home: &shared.home,
         store: &shared.store,
         key: &key,
         limit: &shared.limit,
@@ -73,13 +78,14 @@ where
         .is_some_and(StoreError::may_have_acted);
     let unheld = || {
         if lost {
-            give_back(&shared.store, &key, &shared.limit, holder);
+            give_back(&shared.store, &key, &shared.limit, holder, &shared.home);
         }
     };
     // A request that runs while the store fails, registered there.
     let registered = |key| {
         let store = shared.store.clone();
-        Slot::registered(store, key, &shared.limit, holder, &shared.telemetry, lost)
+        let (telemetry, home) = (&shared.telemetry, &shared.home);
+        Slot::registered(store, key, &shared.limit, holder, telemetry, home, lost)
     };
     let taken = acquired.map(|slots| (slots, Holds::Store));
     // This instance's share of the limit, under the count of now.
@@ -104,7 +110,8 @@ where
                     (shared.failure == FailureMode::Local && shared.store.leases()).then(|| {
                         LocalHold::new(shared.local.clone(), key.clone(), local_limit(), holder)
                     });
-                let slot = Slot::boxed(store, key, &shared.limit, holder, &shared.telemetry);
+                let (telemetry, home) = (&shared.telemetry, &shared.home);
+                let slot = Slot::boxed(store, key, &shared.limit, holder, telemetry, home);
                 Some(Box::new((slot, local)))
             }
             Answer::Decided((Slots { acquired: true, .. }, Holds::Local))
@@ -152,6 +159,7 @@ where
 /// already, and it is given back rather than held until its lease ends.
 /// Forgotten once the store answers.
 struct Taking<'a, St: SlotStore + Clone> {
+    home: &'a Home,
     store: &'a St,
     key: &'a Key,
     limit: &'a InFlightLimit,
@@ -160,6 +168,6 @@ struct Taking<'a, St: SlotStore + Clone> {
 
 impl<St: SlotStore + Clone> Drop for Taking<'_, St> {
     fn drop(&mut self) {
-        give_back(self.store, self.key, self.limit, self.holder);
+        give_back(self.store, self.key, self.limit, self.holder, self.home);
     }
 }

@@ -8,6 +8,7 @@ use tower_layer::Layer;
 
 use crate::answer::headers::Values;
 use crate::fallback::{FailureMode, FailureSettings, InstanceCount};
+use crate::home::Home;
 use crate::macros::{failure_setters, grpc_setter};
 use crate::response::Responder;
 
@@ -43,6 +44,14 @@ use super::telemetry::Telemetry;
 /// one that timed out waits
 /// the whole third, not to add to a slow store's load. (A store that
 /// stops answering times out until its breaker opens.)
+///
+/// A slot's renewals and give-back run in the background: on the
+/// request's runtime, or on the one the layer made its service on (where
+/// [`Layer::layer`] was called) when that one has worker threads and the
+/// request's is a runtime of its own thread only (a job worker's, which
+/// runs tasks only while its thread blocks on a future), or the response
+/// is dropped outside any runtime. Build the layer on the app's runtime
+/// for workers to share it.
 ///
 /// When the store fails, the layer follows its [`FailureMode`] as
 /// [`RateLimitLayer`](crate::RateLimitLayer) does: under
@@ -187,6 +196,7 @@ impl<S, K, St: Clone> Layer<S> for InFlightLayer<K, St> {
                 instances: self.fallback.instances.clone(),
                 responder: self.responder.clone(),
                 telemetry: self.telemetry.clone(),
+                home: Home::here(),
             }),
         }
     }

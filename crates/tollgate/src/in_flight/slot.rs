@@ -8,6 +8,7 @@ use std::time::Duration;
 use tollgate_core::{InFlightLimit, Key, MemoryStore, SlotStore, StoreError};
 
 use super::telemetry::Telemetry;
+use crate::home::Home;
 /// Where a request's slot was taken: in the layer's store, or, while it
 /// fails, in the local fallback.
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +26,8 @@ pub(super) struct Slot<St: SlotStore + Clone> {
     holder: u64,
     renewal: Option<tokio::task::AbortHandle>,
     telemetry: Telemetry,
+    /// Where its renewals and give-back run (see [`Home::runtime`]).
+    home: Home,
     /// A slot taken in the store, or the registration there of one the
     /// local fallback gave.
     taken: bool,
@@ -44,13 +47,14 @@ impl<St: SlotStore + Clone> Slot<St> {
         limit: &InFlightLimit,
         holder: u64,
         telemetry: &Telemetry,
+        home: &Home,
     ) -> Box<dyn Any + Send + Sync> {
         Box::new(Self::take(
             store,
             key,
             limit.clone(),
             holder,
-            telemetry,
+            (telemetry, home),
             (true, false),
         ))
     }
@@ -68,9 +72,11 @@ impl<St: SlotStore + Clone> Slot<St> {
         limit: &InFlightLimit,
         holder: u64,
         telemetry: &Telemetry,
+        home: &Home,
         lost: bool,
     ) -> Self {
-        Self::take(store, key, limit.clone(), holder, telemetry, (false, lost))
+        let around = (telemetry, home);
+        Self::take(store, key, limit.clone(), holder, around, (false, lost))
     }
 
     /// This registration with the slot the local fallback gave in `local`
@@ -86,7 +92,7 @@ impl<St: SlotStore + Clone> Slot<St> {
             self.key.clone(),
             local_limit.clone(),
             self.holder,
-            &self.telemetry,
+            (&self.telemetry, &self.home),
             (true, false),
         );
         Box::new((local, self))
@@ -99,7 +105,7 @@ impl<St: SlotStore + Clone> Slot<St> {
         key: Key,
         limit: InFlightLimit,
         holder: u64,
-        telemetry: &Telemetry,
+        (telemetry, home): (&Telemetry, &Home),
         (taken, lost): (bool, bool),
     ) -> Self {
         let registered = Arc::new(AtomicU8::new(if lost {
@@ -110,14 +116,12 @@ impl<St: SlotStore + Clone> Slot<St> {
         if taken {
             telemetry.held(1.0);
         }
-        // Outside a runtime nothing renews: the slot is held until its
-        // lease ends, or it is given back.
-        let runtime = store
-            .leases()
-            .then(tokio::runtime::Handle::try_current)
-            .and_then(Result::ok);
+        // With no runtime to run on nothing renews: the slot is held until
+        // its lease ends, or it is given back.
+        let runtime = store.leases().then(|| home.runtime()).flatten();
         let renewal = runtime.map(|runtime| {
             let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
+            let home = home.clone();
             let (telemetry, reached) = (telemetry.clone(), Arc::clone(&registered));
             let lease = limit.lease_duration();
             let every = lease / 3;
@@ -187,7 +191,7 @@ impl<St: SlotStore + Clone> Slot<St> {
                             });
                         if state & Registered::DROPPED != 0 {
                             if taken || held != 0 {
-                                give_back(&store, &key, &limit, holder);
+                                give_back(&store, &key, &limit, holder, &home);
                             }
                             return;
                         }
@@ -208,6 +212,7 @@ impl<St: SlotStore + Clone> Slot<St> {
             holder,
             renewal,
             telemetry: telemetry.clone(),
+            home: home.clone(),
             taken,
             registered,
         }
@@ -230,7 +235,7 @@ impl<St: SlotStore + Clone> Drop for Slot<St> {
             renewal.abort();
         }
         if self.taken || state & Registered::MAY_HOLD != 0 {
-            give_back(&self.store, &self.key, &self.limit, self.holder);
+            give_back(&self.store, &self.key, &self.limit, self.holder, &self.home);
         }
     }
 }
@@ -294,17 +299,20 @@ impl Registered {
 /// the slot's lease would have ended anyway; lost, it would hold the slot
 /// until then, refusing the key's requests for up to a lease. At most
 /// [`MAX_RETRYING`] give-backs are tried again at once; past that, and
-/// outside a runtime, the lease frees the slot.
+/// with no runtime to run on, the lease frees the slot. It runs on the
+/// layer's `home` when the current runtime would leave it unrun (see
+/// [`Home::runtime`]).
 pub(super) fn give_back<St: SlotStore + Clone>(
     store: &St,
     key: &Key,
     limit: &InFlightLimit,
     holder: u64,
+    home: &Home,
 ) {
     if store.release_now(key, limit, holder) {
         return;
     }
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+    if let Some(runtime) = home.runtime() {
         let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
         runtime.spawn(async move {
             let lease = limit.lease_duration();

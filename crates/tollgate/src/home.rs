@@ -1,0 +1,39 @@
+//! The runtime a layer was built on, where its work in the background
+//! runs when the request's own runtime would leave it unrun.
+
+use tokio::runtime::{Handle, RuntimeFlavor};
+
+/// The runtime a layer was built on, if any. A job worker's runtime of
+/// its own thread runs tasks only while that thread blocks on a future:
+/// work spawned there as a job ends (an in-flight slot's give-back) would
+/// wait for the worker's next job, and meet it there, late.
+#[derive(Clone, Debug)]
+pub(crate) struct Home(Option<Handle>);
+
+impl Home {
+    /// The runtime this runs on, if any.
+    pub(crate) fn here() -> Self {
+        Self(Handle::try_current().ok())
+    }
+
+    /// The runtime to spawn background work on: this home when the
+    /// current runtime is a current-thread one other than it and the home
+    /// has worker threads of its own (runtimes of one thread each that
+    /// always run, one per core, keep their work: a home of one thread
+    /// too would take all of it); the current one otherwise; outside any
+    /// runtime, the home. `None` if there is neither. The Redis store
+    /// hands its own work on by the same rule.
+    pub(crate) fn runtime(&self) -> Option<Handle> {
+        match (Handle::try_current().ok(), &self.0) {
+            (Some(current), Some(home))
+                if current.runtime_flavor() == RuntimeFlavor::CurrentThread
+                    && home.runtime_flavor() == RuntimeFlavor::MultiThread
+                    && current.id() != home.id() =>
+            {
+                Some(home.clone())
+            }
+            (Some(current), _) => Some(current),
+            (None, home) => home.clone(),
+        }
+    }
+}
