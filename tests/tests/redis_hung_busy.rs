@@ -2,15 +2,17 @@
 //! for a worker are read as the app's own load while Redis may have
 //! answered (the connection's reader may be among them), but not for
 //! ever: here Redis answers nothing, so the breaker opens, and every
-//! request ends.
+//! request ends. And the converse: a healthy Redis on an app whose whole
+//! process stalls while a call waits for a pooled connection is the app's
+//! own load, which opens no breaker.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, DecidedBy, FailureMode, Key, Policy, RateLimiter};
-use tollgate_redis::{BreakerState, RedisStore};
+use tollgate::{Algorithm, DecidedBy, Decision, FailureMode, Key, Policy, RateLimiter, StoreError};
+use tollgate_redis::{BreakerState, Pool, RedisStore};
 use tollgate_tests::{RedisServer, unique_prefix};
 
 /// How long Redis holds every write.
@@ -109,4 +111,97 @@ async fn a_hung_redis_on_a_busy_runtime_opens_the_breaker() {
         "after {opened:?}"
     );
     assert!(opened < HUNG, "{opened:?}");
+}
+
+/// A decision waits for the one pooled connection, which the app's own
+/// call holds, and the whole process stalls (the one thread of its
+/// runtime blocked) past the store's ceiling and its slack, Redis
+/// healthy: the checkout's timers fire late, past the ceiling, and the
+/// decision is refused as the app's own load. The breaker, which one
+/// failure opens, stays closed, and nothing is decided locally. (It
+/// failed as `PoolTimeout`, which opened the breaker.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_checkout_a_stall_of_the_whole_process_ran_past_the_ceiling_is_our_own_load() {
+    let pool = PoolOfOne::spawn("stalled-checkout").await;
+    let held = pool.store.connection().get_owned().await.unwrap();
+    let refused = pool.stalled_checkout().await.unwrap_err();
+    assert!(refused.is_own_load(), "{refused}");
+    assert_eq!(pool.store.breaker_state(), BreakerState::Closed);
+
+    drop(held);
+    let after = pool.limiter.check(&PoolOfOne::key()).await.unwrap();
+    assert_eq!(after.decided_by(), DecidedBy::Store);
+    assert_eq!(after.remaining(), 98, "the refused decision took nothing");
+}
+
+/// The bound of the test above: when Redis answered no call for a second
+/// before the stall (the connection held that long, as by a call that
+/// hangs), the checkout is a failure, which opens the breaker, and the
+/// failure policy decides.
+#[tokio::test(flavor = "current_thread")]
+async fn a_stalled_checkout_after_a_second_with_no_answer_is_a_failure() {
+    let pool = PoolOfOne::spawn("stalled-checkout-quiet").await;
+    let _held = pool.store.connection().get_owned().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let decided = pool.stalled_checkout().await.unwrap();
+    assert_eq!(decided.decided_by(), DecidedBy::LocalFallback);
+    assert_eq!(pool.store.breaker_state(), BreakerState::Open);
+}
+
+/// The store's deadline in the two tests above.
+const STALLED_DEADLINE: Duration = Duration::from_millis(50);
+
+/// A Redis server, a store of it on a pool of one connection with a
+/// breaker that one failure opens, and a limiter of 100 an hour on that
+/// store.
+struct PoolOfOne {
+    _server: RedisServer,
+    store: RedisStore<Pool>,
+    limiter: Arc<RateLimiter<RedisStore<Pool>>>,
+}
+
+impl PoolOfOne {
+    /// Connected, with a first decision of [`Self::KEY`] made.
+    async fn spawn(name: &str) -> Self {
+        let server = RedisServer::spawn();
+        let store = RedisStore::builder()
+            .prefix(unique_prefix(name))
+            .pool_size(1)
+            .pool_checkout_timeout(Duration::from_millis(25))
+            .deadline(STALLED_DEADLINE)
+            .circuit_breaker(1, Duration::from_secs(60))
+            .connect_pool(server.url())
+            .await
+            .unwrap();
+        let policy = Policy::new(name, Algorithm::Gcra, "100/h").unwrap();
+        let limiter = RateLimiter::with_store(policy, store.clone());
+        let limiter = Arc::new(limiter.on_store_error(FailureMode::Local));
+        assert!(limiter.check(&Self::key()).await.unwrap().is_allowed());
+        Self {
+            _server: server,
+            store,
+            limiter,
+        }
+    }
+
+    /// The key decided.
+    fn key() -> Key {
+        Key::user("stalled")
+    }
+
+    /// A decision that waits for the connection (held by the caller) while
+    /// the whole process stalls past the ceiling (four deadlines) and its
+    /// slack (a quarter of one): its outcome.
+    async fn stalled_checkout(&self) -> Result<Decision, StoreError> {
+        let waiting = tokio::spawn({
+            let limiter = self.limiter.clone();
+            async move { limiter.check(&Self::key()).await }
+        });
+        // Under way, waiting for the connection.
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        std::thread::sleep(STALLED_DEADLINE * 8);
+        waiting.await.unwrap()
+    }
 }

@@ -49,7 +49,10 @@ pub enum RedisStoreError {
     PoolTimeout,
     /// Every pooled connection stayed in use by the app's other calls for
     /// the store's ceiling (four deadlines), while the pool kept handing
-    /// them out: this call queued behind the app's own load. (A call made
+    /// them out: this call queued behind the app's own load. Also a wait
+    /// whose timers our own runtime ran past the ceiling and a slack (a
+    /// stall of the whole process), while Redis answered a call within the
+    /// last second (see [`Late`](Self::Late)). (A call made
     /// outside a decision, such as a health check or a ledger flush, gives
     /// up after one checkout timeout.) As
     /// [`QueueFull`](Self::QueueFull), no failure policy decides it (as a

@@ -229,7 +229,16 @@ impl<C: RedisConnection> Inner<C> {
             Some(_) => after_checkout(self.deadline, &self.home, &mut sent, call).await,
         };
         let result = match outcome {
-            // No connection was had: Redis was not asked.
+            // No connection was had: Redis was not asked. A checkout whose
+            // timers our own runtime ran past the ceiling and its slack (a
+            // stall of the whole process) met the app's own load if Redis
+            // answered lately, as a reply left unread does.
+            Ok(Err(RedisStoreError::PoolTimeout))
+                if sent.elapsed() > self.past_ceiling()
+                    && breaker.answered_within(patience::lately(self.deadline)) =>
+            {
+                Err(RedisStoreError::PoolBusy)
+            }
             Ok(result @ Err(RedisStoreError::PoolBusy | RedisStoreError::PoolTimeout)) => result,
             Ok(result) => {
                 // Redis answered (a reply or an error reply): its latency,
