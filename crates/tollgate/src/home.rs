@@ -11,6 +11,9 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 pub(crate) struct Home(Option<Handle>);
 
 impl Home {
+    /// No runtime: background work runs on the current one, if any.
+    pub(crate) const NONE: Self = Self(None);
+
     /// The runtime this runs on, if any.
     pub(crate) fn here() -> Self {
         Self(Handle::try_current().ok())

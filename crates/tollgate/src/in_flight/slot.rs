@@ -118,7 +118,8 @@ impl<St: SlotStore + Clone> Slot<St> {
         }
         // With no runtime to run on nothing renews: the slot is held until
         // its lease ends, or it is given back.
-        let runtime = store.leases().then(|| home.runtime()).flatten();
+        let leases = store.leases();
+        let runtime = leases.then(|| home.runtime()).flatten();
         let renewal = runtime.map(|runtime| {
             let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
             let home = home.clone();
@@ -212,7 +213,8 @@ impl<St: SlotStore + Clone> Slot<St> {
             holder,
             renewal,
             telemetry: telemetry.clone(),
-            home: home.clone(),
+            // A store without leases gives back at once, with no runtime.
+            home: if leases { home.clone() } else { Home::NONE },
             taken,
             registered,
         }
