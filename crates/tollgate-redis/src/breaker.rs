@@ -117,12 +117,11 @@ impl CircuitBreaker {
         last != 0 && self.since_born(now).saturating_sub(last - 1) <= window
     }
 
-    /// Nanoseconds from `born` to `now`, saturating some 584 years on.
+    /// Nanoseconds from `born` to `now`, saturating some 584 years on one
+    /// short of `u64::MAX`, so that one more (the stored form) fits.
     fn since_born(&self, now: Instant) -> u64 {
         let since = now.saturating_duration_since(self.born).as_nanos();
-        u64::try_from(since)
-            .unwrap_or(u64::MAX - 1)
-            .min(u64::MAX - 1)
+        u64::try_from(since).unwrap_or(u64::MAX).min(u64::MAX - 1)
     }
 
     /// The current state.
