@@ -30,6 +30,16 @@ fn job_service(
         .service_fn(|_: Request<Body>| async { Ok(Response::new(Body::empty())) })
 }
 
+/// The app's runtime (of worker threads), a store built on it, and a
+/// limit of one request in flight.
+fn home_store_and_limit() -> (tokio::runtime::Runtime, RedisStore, InFlightLimit) {
+    let home = one_worker_runtime();
+    let url = home.block_on(require_redis());
+    let builder = RedisStore::builder().prefix(unique_prefix("inflight-runtimes"));
+    let store = home.block_on(builder.connect(url.as_str())).unwrap();
+    (home, store, InFlightLimit::new("jobs", 1).unwrap())
+}
+
 /// A job on a worker's thread: the worker's runtime blocks on one request
 /// through `service`, reads its response to the end, and then the thread
 /// goes on to other work (no task of that runtime runs until its next
@@ -57,16 +67,7 @@ fn one_job(
 /// built on), and the worker's next job is admitted.
 #[test]
 fn a_slot_a_job_workers_runtime_gave_back_is_free_before_its_next_job() {
-    let home = one_worker_runtime();
-    let url = home.block_on(require_redis());
-    let store = home
-        .block_on(
-            RedisStore::builder()
-                .prefix(unique_prefix("inflight-runtimes"))
-                .connect(url.as_str()),
-        )
-        .unwrap();
-    let limit = InFlightLimit::new("jobs", 1).unwrap();
+    let (home, store, limit) = home_store_and_limit();
     let service = job_service(&home, &limit, &store);
     let worker_service = service.clone();
     let worker = std::thread::spawn(move || {
@@ -91,16 +92,7 @@ fn a_slot_a_job_workers_runtime_gave_back_is_free_before_its_next_job() {
 /// not held until its lease ends.
 #[test]
 fn a_slot_dropped_outside_any_runtime_is_given_back() {
-    let home = one_worker_runtime();
-    let url = home.block_on(require_redis());
-    let store = home
-        .block_on(
-            RedisStore::builder()
-                .prefix(unique_prefix("inflight-runtimes"))
-                .connect(url.as_str()),
-        )
-        .unwrap();
-    let limit = InFlightLimit::new("jobs", 1).unwrap();
+    let (home, store, limit) = home_store_and_limit();
     let service = job_service(&home, &limit, &store);
     let response = std::thread::spawn(move || {
         thread_runtime()
