@@ -3,6 +3,7 @@
 //! future: the slot's give-back does not wait for the worker's next job.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use http::Response;
 use tollgate_tests::{one_worker_runtime, thread_runtime, unique_prefix};
@@ -110,5 +111,47 @@ fn a_slot_dropped_outside_any_runtime_is_given_back() {
     assert!(
         home.block_on(comes_free(&store, &limit)),
         "given back once the response is dropped"
+    );
+}
+
+/// A layer built on a runtime that then shut down (one for the app's
+/// set-up only), used from a job worker's runtime: the slot of a request
+/// that runs for more than two leases stays held, renewed, and is free
+/// once its response is dropped. (Both went to the runtime shut down,
+/// which dropped them unrun: a second request took the slot of one still
+/// running, and a slot was held until its lease ended.)
+#[test]
+fn a_layer_whose_runtime_shut_down_renews_and_gives_back_on_the_workers() {
+    let (home, store, _) = home_store_and_limit();
+    let lease = Duration::from_millis(600);
+    let limit = InFlightLimit::new("jobs", 1).unwrap().lease(lease).unwrap();
+    let set_up = one_worker_runtime();
+    let service = job_service(&set_up, &limit, &store);
+    drop(set_up);
+    let (ran, running) = std::sync::mpsc::channel();
+    let (end, ends) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        thread_runtime().block_on(async move {
+            let response = service.oneshot(export()).await.unwrap();
+            ran.send(response.status()).unwrap();
+            // The job runs on (its runtime running) until told to end.
+            while ends.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            drop(response);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        });
+    });
+    assert_eq!(running.recv().unwrap(), http::StatusCode::OK);
+    std::thread::sleep(lease * 2 + lease / 3);
+    assert!(
+        !home.block_on(is_free(&store, &limit)),
+        "held by the request still running, past two leases"
+    );
+    end.send(()).unwrap();
+    worker.join().unwrap();
+    assert!(
+        home.block_on(is_free(&store, &limit)),
+        "given back once the response was dropped"
     );
 }
