@@ -122,9 +122,11 @@ async fn a_hung_redis_on_a_busy_runtime_opens_the_breaker() {
 /// failed as `PoolTimeout`, which opened the breaker.)
 #[tokio::test(flavor = "current_thread")]
 async fn a_checkout_a_stall_of_the_whole_process_ran_past_the_ceiling_is_our_own_load() {
-    let pool = PoolOfOne::spawn("stalled-checkout").await;
+    let pool = PoolOfOne::spawn("stalled-checkout", DEADLINE, CHECKOUT).await;
     let held = pool.store.connection().get_owned().await.unwrap();
-    let refused = pool.stalled_checkout().await.unwrap_err();
+    // Past the ceiling (four deadlines) and its slack (a quarter of one).
+    let refused = pool.stalled_checkout(Duration::ZERO, DEADLINE * 8).await;
+    let refused = refused.unwrap_err();
     assert!(refused.is_own_load(), "{refused}");
     assert_eq!(pool.store.breaker_state(), BreakerState::Closed);
 
@@ -140,16 +142,39 @@ async fn a_checkout_a_stall_of_the_whole_process_ran_past_the_ceiling_is_our_own
 /// failure policy decides.
 #[tokio::test(flavor = "current_thread")]
 async fn a_stalled_checkout_after_a_second_with_no_answer_is_a_failure() {
-    let pool = PoolOfOne::spawn("stalled-checkout-quiet").await;
+    let pool = PoolOfOne::spawn("stalled-checkout-quiet", DEADLINE, CHECKOUT).await;
     let _held = pool.store.connection().get_owned().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let decided = pool.stalled_checkout().await.unwrap();
+    let decided = pool.stalled_checkout(Duration::ZERO, DEADLINE * 8).await;
+    let decided = decided.unwrap();
     assert_eq!(decided.decided_by(), DecidedBy::LocalFallback);
     assert_eq!(pool.store.breaker_state(), BreakerState::Open);
 }
 
-/// The store's deadline in the two tests above.
-const STALLED_DEADLINE: Duration = Duration::from_millis(50);
+/// A stall that begins in the checkout's second wait, after one checkout
+/// timeout in which the pool served no one (the connection held), and
+/// ends past the ceiling and its slack, Redis healthy: the app's own load
+/// too. (The wait past the ceiling that the stall made started the
+/// call's deadline, and the checkout's lateness was judged from there: a
+/// failure, which opened the breaker.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_stall_in_the_checkouts_second_wait_is_our_own_load() {
+    // Deadline 400 ms: ceiling 1.6 s and a slack of 100 ms. Checkout 800
+    // ms, then a second wait of a quarter of one, to 1 s.
+    let deadline = Duration::from_millis(400);
+    let checkout = Duration::from_millis(800);
+    let pool = PoolOfOne::spawn("stalled-second-wait", deadline, checkout).await;
+    let _held = pool.store.connection().get_owned().await.unwrap();
+    let stall = (Duration::from_millis(900), Duration::from_millis(1_000));
+    let refused = pool.stalled_checkout(stall.0, stall.1).await.unwrap_err();
+    assert!(refused.is_own_load(), "{refused}");
+    assert_eq!(pool.store.breaker_state(), BreakerState::Closed);
+}
+
+/// The store's deadline and the pool's checkout timeout in the first two
+/// tests above.
+const DEADLINE: Duration = Duration::from_millis(50);
+const CHECKOUT: Duration = Duration::from_millis(25);
 
 /// A Redis server, a store of it on a pool of one connection with a
 /// breaker that one failure opens, and a limiter of 100 an hour on that
@@ -161,14 +186,15 @@ struct PoolOfOne {
 }
 
 impl PoolOfOne {
-    /// Connected, with a first decision of [`Self::KEY`] made.
-    async fn spawn(name: &str) -> Self {
+    /// Connected, with `deadline` and a `checkout` timeout, and a first
+    /// decision of [`Self::key`] made.
+    async fn spawn(name: &str, deadline: Duration, checkout: Duration) -> Self {
         let server = RedisServer::spawn();
         let store = RedisStore::builder()
             .prefix(unique_prefix(name))
             .pool_size(1)
-            .pool_checkout_timeout(Duration::from_millis(25))
-            .deadline(STALLED_DEADLINE)
+            .pool_checkout_timeout(checkout)
+            .deadline(deadline)
             .circuit_breaker(1, Duration::from_secs(60))
             .connect_pool(server.url())
             .await
@@ -190,9 +216,13 @@ impl PoolOfOne {
     }
 
     /// A decision that waits for the connection (held by the caller) while
-    /// the whole process stalls past the ceiling (four deadlines) and its
-    /// slack (a quarter of one): its outcome.
-    async fn stalled_checkout(&self) -> Result<Decision, StoreError> {
+    /// the whole process stalls for `stall`, `before` after the decision
+    /// began: its outcome.
+    async fn stalled_checkout(
+        &self,
+        before: Duration,
+        stall: Duration,
+    ) -> Result<Decision, StoreError> {
         let waiting = tokio::spawn({
             let limiter = self.limiter.clone();
             async move { limiter.check(&Self::key()).await }
@@ -201,7 +231,8 @@ impl PoolOfOne {
         for _ in 0..16 {
             tokio::task::yield_now().await;
         }
-        std::thread::sleep(STALLED_DEADLINE * 8);
+        tokio::time::sleep(before).await;
+        std::thread::sleep(stall);
         waiting.await.unwrap()
     }
 }

@@ -224,6 +224,8 @@ impl<C: RedisConnection> Inner<C> {
             false => RedisStoreError::Deadline(patience::ceiling(self.deadline)),
         };
         let mut sent = tokio::time::Instant::now();
+        // (`sent` moves to where a pooled call's deadline starts.)
+        let began = sent;
         let outcome = match self.wire.connection.handed_out() {
             None => patience::within(self.deadline, &self.home, call).await,
             Some(_) => after_checkout(self.deadline, &self.home, &mut sent, call).await,
@@ -234,7 +236,7 @@ impl<C: RedisConnection> Inner<C> {
             // stall of the whole process) met the app's own load if Redis
             // answered lately, as a reply left unread does.
             Ok(Err(RedisStoreError::PoolTimeout))
-                if sent.elapsed() > self.past_ceiling()
+                if began.elapsed() > self.past_ceiling()
                     && breaker.answered_within(patience::lately(self.deadline)) =>
             {
                 Err(RedisStoreError::PoolBusy)
