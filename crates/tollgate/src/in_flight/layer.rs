@@ -50,8 +50,9 @@ use super::telemetry::Telemetry;
 /// [`Layer::layer`] was called) when that one has worker threads and the
 /// request's is a runtime of its own thread only (a job worker's, which
 /// runs tasks only while its thread blocks on a future), or the response
-/// is dropped outside any runtime; not once that runtime has shut down.
-/// Build the layer on the app's runtime for workers to share it.
+/// is dropped outside any runtime; not once that runtime has shut down
+/// (one idle task on it, for each runtime, tells when). Build the layer
+/// on the app's runtime for workers to share it.
 ///
 /// When the store fails, the layer follows its [`FailureMode`] as
 /// [`RateLimitLayer`](crate::RateLimitLayer) does: under
