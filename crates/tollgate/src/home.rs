@@ -69,7 +69,9 @@ impl Home {
     /// runtime, the home. A home that has shut down (a runtime the layer
     /// was built on for its set-up only) is passed over: it would drop
     /// the work unrun. `None` if there is neither. The Redis store hands
-    /// its own work on by the same rule.
+    /// its own work on by the same rule, but for the pass-over: its
+    /// connection's tasks live on its home, and without it the store
+    /// has no connection to work on.
     pub(crate) fn runtime(&self) -> Option<Handle> {
         let home = self
             .0
