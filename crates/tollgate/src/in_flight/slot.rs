@@ -54,7 +54,8 @@ impl<St: SlotStore + Clone> Slot<St> {
             key,
             limit.clone(),
             holder,
-            (telemetry, home),
+            telemetry,
+            home,
             (true, false),
         ))
     }
@@ -75,8 +76,8 @@ impl<St: SlotStore + Clone> Slot<St> {
         home: &Home,
         lost: bool,
     ) -> Self {
-        let around = (telemetry, home);
-        Self::take(store, key, limit.clone(), holder, around, (false, lost))
+        let limit = limit.clone();
+        Self::take(store, key, limit, holder, telemetry, home, (false, lost))
     }
 
     /// This registration with the slot the local fallback gave in `local`
@@ -92,7 +93,8 @@ impl<St: SlotStore + Clone> Slot<St> {
             self.key.clone(),
             local_limit.clone(),
             self.holder,
-            (&self.telemetry, &self.home),
+            &self.telemetry,
+            &self.home,
             (true, false),
         );
         Box::new((local, self))
@@ -105,7 +107,8 @@ impl<St: SlotStore + Clone> Slot<St> {
         key: Key,
         limit: InFlightLimit,
         holder: u64,
-        (telemetry, home): (&Telemetry, &Home),
+        telemetry: &Telemetry,
+        home: &Home,
         (taken, lost): (bool, bool),
     ) -> Self {
         let registered = Arc::new(AtomicU8::new(if lost {
