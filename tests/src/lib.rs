@@ -18,7 +18,7 @@ pub use cluster::RedisCluster;
 pub use leases::leased_store;
 pub use sentinel::RedisSentinel;
 pub use server::RedisServer;
-pub use stall::StallMeter;
+pub use stall::{StallMeter, stalled};
 pub use tollgate_core;
 
 /// Where the shared test Redis listens: `REDIS_URL`, or

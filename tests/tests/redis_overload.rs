@@ -4,10 +4,8 @@
 //! locally.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
 use std::time::Duration;
 
 use metrics::{SharedString, Unit};
@@ -16,7 +14,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tollgate::telemetry::{FALLBACKS, STORE_ERRORS, STORE_LATENCY};
 use tollgate::{Algorithm, DecidedBy, FailureMode, Key, Policy, RateLimiter, StoreError};
 use tollgate_redis::{BreakerState, Pool, RedisStore};
-use tollgate_tests::{RedisServer, unique_prefix};
+use tollgate_tests::{RedisServer, stalled, unique_prefix};
 
 /// The store's deadline: its default.
 const DEADLINE: Duration = Duration::from_millis(50);
@@ -27,28 +25,9 @@ const DEADLINE: Duration = Duration::from_millis(50);
 /// busy machine.
 const STALL: Duration = Duration::from_millis(70);
 
-/// Runs `request` until it waits on Redis, then blocks the runtime's one
-/// thread for `stall`, as a handler's CPU-bound work does (so the deadline
-/// passes while the request, and the connection that would read its
-/// reply, wait to be polled), then lets it finish.
-///
-/// The thread is blocked without burning a core: on a busy 2-core machine
-/// a test that spins is itself starved by the OS, and its Redis replies
-/// then arrive 100 ms and more late as observed (1 run in 4 failed so),
-/// which no deadline logic inside the process can tell from Redis's own
-/// latency. To the runtime, a blocked thread is a busy one.
 /// The tests that load the machine take turns: side by side, one test's
 /// burst becomes another's stall on two cores.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn stalled<F: Future>(request: F, stall: Duration) -> (F::Output, bool) {
-    let mut request = pin!(request);
-    if let Poll::Ready(output) = futures::poll!(request.as_mut()) {
-        return (output, false);
-    }
-    std::thread::sleep(stall);
-    (request.await, true)
-}
 
 /// Every value of `name` (any labels) in `snapshot`: counters summed, and
 /// the histogram's samples.
