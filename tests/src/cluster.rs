@@ -49,6 +49,11 @@ impl RedisCluster {
             "nodes.conf",
             "--cluster-node-timeout",
             timeout.as_str(),
+            // The healthy masters serve while a failed master's replica
+            // is promoted (Redis's default refuses every command until
+            // then), as the guide asks.
+            "--cluster-require-full-coverage",
+            "no",
             // Replicas sync at once (the default waits 5 s for more replicas),
             // and a replica that never synced cannot take over.
             "--repl-diskless-sync-delay",

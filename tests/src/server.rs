@@ -102,6 +102,17 @@ impl RedisServer {
         let _ = self.child.wait();
     }
 
+    /// Stops the server with SIGSTOP: it holds its connections open and
+    /// answers nothing, as a hung server does, until it is killed.
+    pub fn hang(&self) {
+        let stopped = Command::new("kill")
+            .args(["-STOP", &self.pid().to_string()])
+            .status();
+        if !stopped.as_ref().is_ok_and(|s| s.success()) {
+            panic!("kill -STOP {}: {stopped:?}", self.pid());
+        }
+    }
+
     /// Starts the server again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();

@@ -7,23 +7,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, Key, Policy, Store};
+use tollgate::{Algorithm, DecidedBy, FailureMode, Key, Policy, RateLimiter, Store};
 use tollgate_core::ledger::{Granularity, Ledger, MeteredStore, UsageQuery};
 use tollgate_core::testing::check_ledger;
 use tollgate_core::{Clock, FakeClock, Settlement, Timestamp};
-use tollgate_redis::{RedisLedger, RedisStore};
-use tollgate_tests::RedisCluster;
+use tollgate_redis::{BreakerState, RedisLedger, RedisStore};
+use tollgate_tests::{RedisCluster, RedisServer, stalled, unique_prefix};
 
 async fn store(
     cluster: &RedisCluster,
     deadline: Duration,
 ) -> RedisStore<tollgate_redis::ClusterConnection> {
     RedisStore::builder()
-        // The response timeout is the deadline, as by default on a
-        // cluster: a tighter one (it was a fifth of it) failed requests to
-        // healthy masters that a busy machine's runtime was slow to read,
-        // which is our own load, not Redis failing. A dead master fails
-        // its requests at once (the connection drops, or is refused).
+        // The response timeout is the default, past the deadline's
+        // ceiling: a tighter one failed requests to healthy masters that a
+        // busy machine's runtime was slow to read, which is our own load,
+        // not Redis failing. A dead master fails its requests at once (the
+        // connection drops, or is refused), a hung one at their deadline.
         .deadline(deadline)
         // A failed master's slot ranges are probed again soon after its
         // replica takes over.
@@ -115,6 +115,22 @@ async fn in_flight_slots_given_back_before_their_acquire_take_nothing_on_every_m
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
+    fails_over(RedisServer::kill).await;
+}
+
+/// A master that hangs (SIGSTOP: its connections stay open, and nothing
+/// answers) fails its calls at their deadline, and its replica is found
+/// once promoted, as when it dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_spares_healthy_keys_and_its_replica_heals_them() {
+    fails_over(|master| master.hang()).await;
+}
+
+/// One of a cluster's masters fails by `fail` under 300 keys' requests:
+/// keys on the healthy masters see no error, the failed master's keys are
+/// served again within a second of its replica's promotion, and no key is
+/// admitted more than one limit past its own.
+async fn fails_over(fail: impl FnOnce(&mut RedisServer)) {
     let mut cluster = RedisCluster::spawn();
     let store = store(&cluster, Duration::from_millis(500)).await;
     let policy = Policy::new("failover", Algorithm::Gcra, "5/h").unwrap();
@@ -143,9 +159,9 @@ async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
         affected > 50 && affected < 250,
         "{affected} keys on the victim"
     );
-    // Let the replicas catch up, then kill the master.
+    // Let the replicas catch up, then fail the master.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    cluster.nodes[victim].kill();
+    fail(&mut cluster.nodes[victim]);
     let killed = Instant::now();
 
     let mut admitted = vec![3u32; keys.len()];
@@ -176,12 +192,19 @@ async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
                 }
             }
         }
-        if promoted.is_none() && cluster.masters().len() == 3 {
+        // (Asking every node blocks: a hung one holds this worker until its
+        // timeout, and the store's calls must not take that for our own
+        // runtime's load.)
+        if promoted.is_none() && tokio::task::block_in_place(|| cluster.masters().len()) == 3 {
             promoted = Some(killed.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let promoted = promoted.expect("the victim's replica took over");
+    eprintln!(
+        "the replica was promoted by {promoted:?}; its keys all served again by {:?}",
+        healed_at.iter().flatten().max()
+    );
     assert_eq!(healthy_errors, 0, "keys on healthy masters saw errors");
     // Within a second of the promotion, which a busy machine delays (the
     // cluster's own failure detection, not the store's).
@@ -196,6 +219,53 @@ async fn a_master_failover_spares_healthy_keys_and_heals_affected_ones() {
     for (i, n) in admitted.iter().enumerate() {
         assert!(*n <= 10, "key f{i} admitted {n} times");
     }
+}
+
+/// Our own overload is not a store failure on a cluster either. Each
+/// request's runtime is blocked, once it is sent, past the store's
+/// deadline and well under its ceiling (four deadlines): it waits on for
+/// its reply, as on a single server. The cluster's connections failed
+/// such a call by their own response timeout, which defaulted to the
+/// deadline: the breaker opened and the failure policy decided locally.
+#[test]
+fn a_starved_runtime_on_a_cluster_neither_opens_the_breaker_nor_decides_locally() {
+    // The store's default deadline, and a stall past it and its slack.
+    const DEADLINE: Duration = Duration::from_millis(50);
+    const STALL: Duration = Duration::from_millis(70);
+    let cluster = RedisCluster::spawn();
+    let runtime = tollgate_tests::thread_runtime();
+    runtime.block_on(async {
+        let store = RedisStore::builder()
+            .prefix(unique_prefix("cluster-starved"))
+            .deadline(DEADLINE)
+            .circuit_breaker(5, Duration::from_secs(60))
+            .connect_cluster(cluster.urls())
+            .await
+            .unwrap();
+        let policy = Policy::new("starved", Algorithm::Gcra, "5/h").unwrap();
+        let limiter =
+            RateLimiter::with_store(policy, store.clone()).on_store_error(FailureMode::Local);
+        let keys: Vec<Key> = (0..9).map(|i| Key::user(format!("busy-{i}"))).collect();
+        // A first round unstalled: every master's connection is made.
+        for key in &keys {
+            assert!(limiter.check(key).await.unwrap().is_allowed());
+        }
+        let (mut admitted, mut stalls) = (keys.len(), 0);
+        for _ in 0..6 {
+            for key in &keys {
+                let (decision, stalled_request) = stalled(limiter.check(key), STALL).await;
+                let decision = decision.unwrap();
+                assert_eq!(decision.decided_by(), DecidedBy::Store, "{decision:?}");
+                assert_eq!(store.breaker_state(), BreakerState::Closed);
+                admitted += usize::from(decision.is_allowed());
+                stalls += usize::from(stalled_request);
+            }
+        }
+        // Exactly the limit of each key, every admission decided by Redis
+        // through a stall past its deadline.
+        assert_eq!(admitted, 5 * keys.len());
+        assert!(stalls >= 4 * keys.len(), "{stalls} stalled");
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,9 +93,8 @@ impl RedisStoreBuilder {
     /// How long the connection waits for Redis to answer a command before
     /// it fails the command itself (default: 5 × the deadline, one past
     /// the deadline's hard ceiling, and at least 1 s, so the store's own
-    /// deadline judges first; on a cluster, the deadline, see
-    /// [`connect_cluster`](Self::connect_cluster); a bb8 pool's
-    /// connections keep the redis crate's own).
+    /// deadline judges first, on a single server and on a cluster; a bb8
+    /// pool's connections keep the redis crate's own).
     ///
     /// The store tells a late Redis from a late app: a deadline that fires
     /// late because the app's runtime was too busy to poll it is no

@@ -21,6 +21,13 @@ use crate::store::RedisStore;
 
 const SLOTS: usize = 16_384;
 
+/// How long the slot map is watched after a call last missed its
+/// deadline (see [`ClusterConnection::late`]).
+const WATCH_FOR: Duration = Duration::from_secs(5);
+
+/// How often a watched slot map is read, at most.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
 /// A Redis Cluster connection: one multiplexed connection per node and a
 /// slot map from `CLUSTER SLOTS`.
 ///
@@ -48,6 +55,10 @@ struct Inner {
     connections: Mutex<HashMap<String, MultiplexedConnection>>,
     slots: RwLock<Vec<Arc<str>>>,
     refreshing: Arc<AtomicBool>,
+    /// Until when the slot map is read again and again, as long as it
+    /// does not change: a master stopped answering (see
+    /// [`ClusterConnection::late`]).
+    watch_until: Mutex<Option<tokio::time::Instant>>,
     /// The runtime the connection was made on: its refreshes run there.
     home: crate::patience::Home,
 }
@@ -77,6 +88,7 @@ impl ClusterConnection {
                 connections: Mutex::new(HashMap::new()),
                 slots: RwLock::new(vec![Arc::from(""); SLOTS]),
                 refreshing: Arc::new(AtomicBool::new(false)),
+                watch_until: Mutex::new(None),
                 home: crate::patience::Home::here(),
             }),
         };
@@ -171,7 +183,8 @@ impl ClusterConnection {
         Ok(self.inner.template.clone().set_addr(at))
     }
 
-    async fn refresh(&self) -> Result<(), RedisStoreError> {
+    /// Reads the slot map; whether it changed.
+    async fn refresh(&self) -> Result<bool, RedisStoreError> {
         let mut candidates = self.masters();
         candidates.extend(self.inner.seeds.iter().cloned());
         let mut last = RedisStoreError::Protocol("no cluster node to ask for slots".into());
@@ -191,12 +204,14 @@ impl ClusterConnection {
             .await;
             match reply.and_then(|ranges| parse_slots(&ranges, &addr)) {
                 Ok(map) => {
-                    *self
+                    let mut slots = self
                         .inner
                         .slots
                         .write()
-                        .unwrap_or_else(PoisonError::into_inner) = map;
-                    return Ok(());
+                        .unwrap_or_else(PoisonError::into_inner);
+                    let changed = *slots != map;
+                    *slots = map;
+                    return Ok(changed);
                 }
                 Err(e) => {
                     self.forget(&addr);
@@ -217,10 +232,30 @@ impl ClusterConnection {
         let this = self.clone();
         runtime.spawn(async move {
             let _running = running;
-            let _ = this.refresh().await;
-            // At most one refresh per 50 ms while a node stays down.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            loop {
+                let changed = this.refresh().await;
+                // At most one refresh per 50 ms while a node stays down.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if changed.unwrap_or(false) || !this.watching() {
+                    break;
+                }
+                tokio::time::sleep(WATCH_EVERY.saturating_sub(Duration::from_millis(50))).await;
+            }
         });
+    }
+
+    /// Whether the slot map is still watched; a watch that ran out ends.
+    fn watching(&self) -> bool {
+        let mut until = self
+            .inner
+            .watch_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let watching = until.is_some_and(|t| tokio::time::Instant::now() < t);
+        if !watching {
+            *until = None;
+        }
+        watching
     }
 
     fn owner(&self, key: &str) -> Arc<str> {
@@ -270,10 +305,13 @@ impl RedisStoreBuilder {
     /// is reached with the first URL's user, password and TLS
     /// (`rediss://`), at the address the cluster gives for it.
     ///
-    /// Keep the response timeout at most the deadline, as by default (on
-    /// a cluster it defaults to the deadline, not to its ceiling: a
-    /// cluster connection's own timeout then fails a call that our busy
-    /// runtime kept waiting past the deadline).
+    /// As on a single server, the store's deadline judges a call first: a
+    /// call the app's own busy runtime kept waiting past its deadline
+    /// waits on for its reply, and the connections' response timeout
+    /// defaults to one deadline past the ceiling
+    /// ([`response_timeout`](Self::response_timeout)). A master that stops
+    /// answering fails its calls at the deadline, and the slot map is read
+    /// again, so that a replica promoted in its place is found.
     ///
     /// # Errors
     ///
@@ -297,7 +335,7 @@ impl RedisStoreBuilder {
         })?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout.unwrap_or(self.deadline)));
+            .set_response_timeout(Some(self.response_timeout_or_default()));
         let seeds = (template, seeds);
         let connection = ClusterConnection::connect(seeds, config, self.connect_timeout).await?;
         Self {
@@ -374,6 +412,25 @@ impl RedisConnection for ClusterConnection {
     }
 
     fn refresh(&self) {
+        self.refresh_in_background();
+    }
+
+    /// A master that stopped answering (hung, or cut off without a reset)
+    /// gives no error to tell when the cluster has promoted a replica in
+    /// its place (after its node timeout and an election): the slot map
+    /// is read again every 100 ms until it changes, for five seconds after
+    /// a call last missed its deadline, so that the promoted replica is
+    /// found within about 100 ms. (A master that dies fails its calls at
+    /// once, and each failure reads the map again.) Its connection stays:
+    /// its calls end at their deadline, and it serves again if the master
+    /// does.
+    fn late(&self) {
+        *self
+            .inner
+            .watch_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) =
+            Some(tokio::time::Instant::now() + WATCH_FOR);
         self.refresh_in_background();
     }
 }
